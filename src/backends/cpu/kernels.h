@@ -1,0 +1,74 @@
+// CPU kernels used by the CPU executor. All activations are f32; weights and the KV cache are
+// f32 or bf16 as stored. Each function validates nothing (the graph checked shapes when it was
+// built); each dispatches to the best implementation for cpu::active_target() and splits work
+// over the given pool. Shapes are written outermost first.
+//
+// Every kernel has a plain scalar reference in kernels_ref.cc (namespace ref), used by the
+// op-consistency tests as the ground truth on every CPU target.
+#pragma once
+
+#include <cstdint>
+
+#include "core/thread_pool.h"
+#include "tformers/dtype.h"
+
+namespace tformers::cpu {
+
+// y (M,N) = x (M,K) @ w (N,K)^T [+ bias (N), f32 or wt]. w is in checkpoint (PyTorch Linear)
+// layout, dtype wt in {f32, bf16}.
+void linear(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
+            int64_t N, int64_t K, ThreadPool& pool);
+
+// out (n,D) = table (V,D)[ids (n)], converted to f32. Ids are in [0, V) (checked by the caller).
+void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out,
+               ThreadPool& pool);
+
+// y (M,D) = x (M,D) / sqrt(mean(x^2) + eps) * w (D), f32 math. y may alias x.
+void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D, float eps,
+              ThreadPool& pool);
+
+// x (M,H,D) rotated in place, rotate-half layout (pairs i and i + D/2), angle pos[m] * inv_freq[i]
+// for i < D/2 (inv_freq already includes any rope scaling).
+void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D,
+          ThreadPool& pool);
+
+// y (n) = silu(gate (n)) * up (n). y may alias gate or up.
+void silu_mul(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool);
+
+// y (n) = a (n) + b (n). y may alias a or b.
+void add(const float* a, const float* b, float* y, int64_t n, ThreadPool& pool);
+
+// Writes new keys or values into a static cache at slots [start, start+T):
+// cache (B,Hkv,S,D) in cache_type (f32|bf16); src (B,T,Hkv,D) f32.
+void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int64_t T,
+                 int64_t Hkv, int64_t S, int64_t D, int64_t start, ThreadPool& pool);
+
+// Scaled dot-product attention over a static KV cache, with grouped-query heads
+// (query head h reads KV head h / (Hq / Hkv)).
+//   q (B,T,Hq,D) f32; k_cache, v_cache (B,Hkv,S,D) in cache_type; out (B,T,Hq,D) f32.
+// Query t of a row sits at cache slot start + t and sees key slots j <= start + t for which
+// key_mask (B,S) is non-zero (key_mask may be null: all keys valid). Only slots < start + T are
+// read, so the cost follows the used length, not S. A query that sees no key gets zeros.
+// Per-thread scratch (scores) is kept thread_local and only grows, so steady-state decode
+// allocates nothing.
+void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
+               const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+               int64_t S, int64_t D, int64_t start, float scale, ThreadPool& pool);
+
+namespace ref {
+// Scalar references with the same contracts (single-threaded, no pool).
+void linear(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
+            int64_t N, int64_t K);
+void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out);
+void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D, float eps);
+void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D);
+void silu_mul(const float* gate, const float* up, float* y, int64_t n);
+void add(const float* a, const float* b, float* y, int64_t n);
+void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int64_t T,
+                 int64_t Hkv, int64_t S, int64_t D, int64_t start);
+void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
+               const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+               int64_t S, int64_t D, int64_t start, float scale);
+}  // namespace ref
+
+}  // namespace tformers::cpu

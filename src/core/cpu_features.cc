@@ -1,0 +1,111 @@
+#include "core/cpu_features.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "tformers/error.h"
+
+namespace tformers::cpu {
+
+namespace {
+
+Target detect() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+              __builtin_cpu_supports("f16c");
+  bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16") &&
+              __builtin_cpu_supports("avx512vnni");
+  if (bf16) return Target::kAVX512BF16;
+  if (avx512) return Target::kAVX512;
+  if (avx2) return Target::kAVX2;
+#endif
+  return Target::kScalar;
+}
+
+Target parse_target(std::string_view s) {
+  for (Target t : {Target::kScalar, Target::kAVX2, Target::kAVX512, Target::kAVX512BF16})
+    if (s == target_name(t)) return t;
+  throw InvalidArgumentError(detail::str_cat("TFORMERS_CPU_TARGET='", s,
+                                             "' is not a target: use scalar, avx2, avx512 or "
+                                             "avx512bf16"));
+}
+
+std::atomic<int>& active_slot() {
+  static std::atomic<int> slot = [] {
+    Target t = detect();
+    if (const char* env = std::getenv("TFORMERS_CPU_TARGET"); env && *env) {
+      Target forced = parse_target(env);
+      if (forced < t) t = forced;
+    }
+    return int(t);
+  }();
+  return slot;
+}
+
+}  // namespace
+
+std::string_view target_name(Target t) {
+  switch (t) {
+    case Target::kScalar:
+      return "scalar";
+    case Target::kAVX2:
+      return "avx2";
+    case Target::kAVX512:
+      return "avx512";
+    case Target::kAVX512BF16:
+      return "avx512bf16";
+  }
+  return "?";
+}
+
+Target detected_target() {
+  static const Target t = detect();
+  return t;
+}
+
+Target active_target() { return Target(active_slot().load(std::memory_order_relaxed)); }
+
+void set_active_target(Target t) {
+  if (t > detected_target())
+    throw InvalidArgumentError(detail::str_cat("CPU target ", target_name(t),
+                                               " is not supported by this CPU (best: ",
+                                               target_name(detected_target()), ")"));
+  active_slot().store(int(t));
+}
+
+std::vector<Target> supported_targets() {
+  std::vector<Target> out;
+  for (int i = 0; i <= int(detected_target()); ++i) out.push_back(Target(i));
+  return out;
+}
+
+std::string_view feature_string() {
+  static const std::string s = [] {
+    std::string out;
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+#define TF_FEATURE(name) \
+  if (__builtin_cpu_supports(name)) out += std::string(out.empty() ? "" : " ") + name;
+    TF_FEATURE("sse4.2")
+    TF_FEATURE("avx")
+    TF_FEATURE("avx2")
+    TF_FEATURE("fma")
+    TF_FEATURE("f16c")
+    TF_FEATURE("avx512f")
+    TF_FEATURE("avx512bw")
+    TF_FEATURE("avx512vl")
+    TF_FEATURE("avx512dq")
+    TF_FEATURE("avx512vnni")
+    TF_FEATURE("avx512bf16")
+#undef TF_FEATURE
+#endif
+    return out;
+  }();
+  return s;
+}
+
+}  // namespace tformers::cpu
