@@ -1,0 +1,101 @@
+// Causal language models loaded from Hugging Face checkpoint folders.
+//
+//   auto model = tformers::AutoModelForCausalLM::from_pretrained(
+//       "Qwen/Qwen3-0.6B", {.dtype = tformers::bfloat16, .device_map = "cpu"});
+//   auto out = model.generate({{785, 8585, 49041}}, {.max_new_tokens = 20});
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tformers/dtype.h"
+#include "tformers/generation.h"
+#include "tformers/tensor.h"
+
+namespace tformers {
+
+struct CompileStats {
+  uint64_t compiles = 0;  // graphs compiled (cache misses)
+  uint64_t hits = 0;      // executables found in the compile cache
+};
+
+// Process-wide compile cache counters.
+CompileStats compile_stats();
+
+struct LoadOptions {
+  // Weight dtype; unset means the checkpoint's config.json "torch_dtype" (as dtype="auto" in
+  // Transformers). Activations are computed in float32 on the CPU backend either way.
+  std::optional<DType> dtype;
+  // "cpu", "auto" (the best available device; says which on stderr), "tpu" or "cuda".
+  std::string device_map = "auto";
+  std::string revision = "main";
+  bool verbose = false;
+};
+
+// The fields of config.json that the decoder architectures read.
+struct ModelConfig {
+  std::string architecture;  // "Qwen3ForCausalLM"
+  std::string model_type;    // "qwen3"
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
+  int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6, rope_theta = 10000.0;
+  bool tie_word_embeddings = false, attention_bias = false, mlp_bias = false;
+  std::optional<DType> torch_dtype;
+  std::vector<float> inv_freq;  // RoPE frequencies after any rope_scaling
+};
+
+// Inputs of one forward pass over a static KV cache. Shapes (B,T) for ids and positions.
+struct ForwardArgs {
+  Tensor input_ids;       // int32 (B,T)
+  Tensor position_ids;    // int32 (B,T); default: cache_position + arange(T)
+  Tensor attention_mask;  // int32 (B, max_cache_len) over cache slots; default: all ones
+  int64_t cache_position = 0;  // cache slot of the first new token
+  int64_t logits_to_keep = 1;  // last positions whose logits are returned; 0 = all
+};
+
+class CausalLM {
+ public:
+  const ModelConfig& config() const;
+  const std::string& device() const;  // "cpu"
+  DType dtype() const;
+
+  // Allocates (or resets and reuses) the static KV cache for (batch, max_cache_len).
+  void reset_cache(int64_t batch, int64_t max_cache_len);
+  int64_t cache_batch() const;
+  int64_t max_cache_len() const;
+  // One forward step; returns float32 logits (B, logits_to_keep or T, V).
+  Tensor forward(const ForwardArgs& args);
+
+  // Greedy decoding for now; see generation.h.
+  std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& input_ids,
+                                             const GenerationConfig& config = {});
+
+  // Compiles and cache hits for this model's steps.
+  CompileStats compile_stats() const;
+  // Bytes that crossed between host and device (inputs in, logits out) since load.
+  uint64_t host_to_device_bytes() const;
+  uint64_t device_to_host_bytes() const;
+
+  struct Impl;
+  explicit CausalLM(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+class AutoModelForCausalLM {
+ public:
+  // `path` is a model folder or a Hub id found in the local Hugging Face cache. The class is
+  // chosen from config.json "architectures".
+  static CausalLM from_pretrained(const std::string& path, const LoadOptions& options = {});
+};
+
+// Architectures this build can load ("LlamaForCausalLM", "Qwen3ForCausalLM", ...).
+std::vector<std::string> supported_architectures();
+
+}  // namespace tformers

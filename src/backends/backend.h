@@ -1,0 +1,65 @@
+// The seam between graphs and the machines that run them. A Backend owns a device: it makes
+// buffers (weights, state), compiles graphs into Executables and counts every byte that crosses
+// between host and device. Nothing above backends/ knows which backend runs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "graph/graph.h"
+#include "tformers/tensor.h"
+
+namespace tformers::backends {
+
+struct TransferStats {
+  uint64_t host_to_device_bytes = 0;
+  uint64_t device_to_host_bytes = 0;
+  uint64_t host_to_device_copies = 0;
+  uint64_t device_to_host_copies = 0;
+};
+
+// Device memory holding one tensor.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual const graph::TensorType& type() const = 0;
+};
+
+class Executable {
+ public:
+  virtual ~Executable() = default;
+  // Runs the graph. params and states are device buffers in the order of the graph's
+  // leaves(kParameter) and leaves(kState); states are updated in place. inputs are host tensors
+  // in leaves(kInput) order, copied to the device; outputs are host tensors of the output types,
+  // filled from the device. Runtime values are validated (token ids in range, cache positions
+  // within the cache): a bad value is an InvalidArgumentError and leaves the state untouched.
+  virtual void run(std::span<Buffer* const> params, std::span<Buffer* const> states,
+                   std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) = 0;
+  // Bytes of scratch memory planned for intermediate values.
+  virtual uint64_t arena_bytes() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "cpu"
+  virtual Device device() const = 0;
+  virtual bool supports(const graph::Node& node) const = 0;
+  virtual std::unique_ptr<Executable> compile(const graph::Graph& graph) = 0;
+  // A device buffer with the host tensor's contents. The CPU backend uses the host bytes as
+  // they are (an mmap'd weight stays mapped and is never copied).
+  virtual std::shared_ptr<Buffer> upload(const Tensor& host) = 0;
+  // A zero-filled device buffer (KV cache).
+  virtual std::shared_ptr<Buffer> allocate(const graph::TensorType& type) = 0;
+  virtual Tensor download(const Buffer& buffer) = 0;
+
+  const TransferStats& transfer_stats() const { return stats_; }
+  void reset_transfer_stats() { stats_ = {}; }
+
+ protected:
+  TransferStats stats_;
+};
+
+}  // namespace tformers::backends

@@ -1,0 +1,295 @@
+#include "backends/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cpu/kernels.h"
+#include "tformers/error.h"
+
+namespace tformers::backends {
+
+namespace {
+
+using graph::Node;
+using graph::Op;
+
+class CpuBuffer : public Buffer {
+ public:
+  CpuBuffer(graph::TensorType type, Tensor tensor) : type_(std::move(type)), tensor_(tensor) {}
+  const graph::TensorType& type() const override { return type_; }
+  void* data() { return tensor_.raw(); }
+  const Tensor& tensor() const { return tensor_; }
+
+ private:
+  graph::TensorType type_;
+  Tensor tensor_;
+};
+
+// Where a node's value lives at run time.
+struct Slot {
+  enum Kind { kParam, kState, kArena } kind = kArena;
+  int64_t index = 0;  // parameter or state index, or arena byte offset
+};
+
+constexpr int64_t kAlign = 64;
+
+class CpuExecutable : public Executable {
+ public:
+  CpuExecutable(const graph::Graph& g, TransferStats* stats) : graph_(g), stats_(stats) { plan(); }
+
+  uint64_t arena_bytes() const override { return uint64_t(arena_size_); }
+
+  void run(std::span<Buffer* const> params, std::span<Buffer* const> states,
+           std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) override;
+
+ private:
+  void plan();
+  void* ptr(int id) const;
+  void check_runtime_values() const;
+  void execute(const Node& n, int id);
+
+  graph::Graph graph_;
+  TransferStats* stats_;  // the backend's counters
+  std::vector<Slot> slots_;
+  std::vector<int> param_ids_, state_ids_, input_ids_;
+  int64_t arena_size_ = 0;
+  std::unique_ptr<char, decltype(&std::free)> arena_{nullptr, &std::free};
+  // Bound for the duration of run().
+  std::span<Buffer* const> params_, states_;
+};
+
+void CpuExecutable::plan() {
+  const auto& nodes = graph_.nodes();
+  const int n = int(nodes.size());
+  slots_.resize(n);
+  param_ids_ = graph_.leaves(Op::kParameter);
+  state_ids_ = graph_.leaves(Op::kState);
+  input_ids_ = graph_.leaves(Op::kInput);
+
+  // Reshapes and cache writes alias their first input; everything else that is not a parameter
+  // or state gets its own arena block.
+  std::vector<int> root(n);
+  for (int i = 0; i < n; ++i) {
+    const Node& nd = nodes[i];
+    root[i] = (nd.op == Op::kReshape || nd.op == Op::kCacheWrite) ? root[nd.inputs[0]] : i;
+  }
+  std::vector<int> first(n, -1), last(n, -1);
+  for (int i = 0; i < n; ++i) {
+    if (first[root[i]] < 0) first[root[i]] = i;
+    last[root[i]] = std::max(last[root[i]], i);
+    for (int in : nodes[i].inputs) last[root[in]] = std::max(last[root[in]], i);
+  }
+  for (int o : graph_.outputs()) last[root[o]] = n;
+
+  struct Block {
+    int id;
+    int64_t size, begin, end, offset = -1;
+  };
+  std::vector<Block> blocks;
+  for (int i = 0; i < n; ++i) {
+    Op op = nodes[i].op;
+    if (root[i] != i || op == Op::kParameter || op == Op::kState) continue;
+    int64_t bytes = shape_numel(nodes[i].type.shape) * int64_t(dtype_size(nodes[i].type.dtype));
+    blocks.push_back({i, (bytes + kAlign - 1) / kAlign * kAlign, first[i], last[i]});
+  }
+  // Largest first, each at the lowest offset that no block alive at the same time overlaps.
+  std::vector<Block*> order;
+  for (auto& b : blocks) order.push_back(&b);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Block* a, const Block* b) { return a->size > b->size; });
+  std::vector<Block*> placed;
+  for (Block* b : order) {
+    std::vector<std::pair<int64_t, int64_t>> busy;
+    for (Block* p : placed)
+      if (p->begin <= b->end && b->begin <= p->end) busy.push_back({p->offset, p->offset + p->size});
+    std::sort(busy.begin(), busy.end());
+    int64_t offset = 0;
+    for (auto [lo, hi] : busy) {
+      if (offset + b->size <= lo) break;
+      offset = std::max(offset, hi);
+    }
+    b->offset = offset;
+    arena_size_ = std::max(arena_size_, offset + b->size);
+    placed.push_back(b);
+  }
+  for (const Block& b : blocks) slots_[b.id] = {Slot::kArena, b.offset};
+  for (size_t k = 0; k < param_ids_.size(); ++k) slots_[param_ids_[k]] = {Slot::kParam, int64_t(k)};
+  for (size_t k = 0; k < state_ids_.size(); ++k) slots_[state_ids_[k]] = {Slot::kState, int64_t(k)};
+  for (int i = 0; i < n; ++i) slots_[i] = slots_[root[i]];
+
+  arena_.reset(static_cast<char*>(std::aligned_alloc(kAlign, std::max<int64_t>(arena_size_, kAlign))));
+  if (!arena_) throw Error(detail::str_cat("CPU backend: cannot allocate ", arena_size_, " bytes"));
+}
+
+void* CpuExecutable::ptr(int id) const {
+  const Slot& s = slots_[id];
+  switch (s.kind) {
+    case Slot::kParam:
+      return static_cast<CpuBuffer*>(params_[s.index])->data();
+    case Slot::kState:
+      return static_cast<CpuBuffer*>(states_[s.index])->data();
+    case Slot::kArena:
+      return arena_.get() + s.index;
+  }
+  return nullptr;
+}
+
+// Values the graph cannot check statically, checked before anything is written.
+void CpuExecutable::check_runtime_values() const {
+  for (const Node& n : graph_.nodes()) {
+    if (n.op == Op::kEmbedding) {
+      const auto* ids = static_cast<const int32_t*>(ptr(n.inputs[1]));
+      int64_t vocab = graph_.node(n.inputs[0]).type.shape[0];
+      int64_t count = shape_numel(graph_.node(n.inputs[1]).type.shape);
+      for (int64_t i = 0; i < count; ++i)
+        if (ids[i] < 0 || ids[i] >= vocab)
+          throw InvalidArgumentError(detail::str_cat("token id ", ids[i], " at index ", i,
+                                                     " is out of range: the vocabulary has ",
+                                                     vocab, " entries (ids 0..", vocab - 1, ")"));
+    } else if (n.op == Op::kCacheWrite) {
+      int32_t start = *static_cast<const int32_t*>(ptr(n.inputs[2]));
+      int64_t cache_len = n.type.shape[2], t = graph_.node(n.inputs[1]).type.shape[1];
+      if (start < 0 || start + t > cache_len)
+        throw InvalidArgumentError(detail::str_cat(
+            "cache position ", start, " with ", t, " new tokens does not fit the static cache of ",
+            cache_len, " positions: allocate a larger cache (max_cache_len)"));
+    }
+  }
+}
+
+void CpuExecutable::run(std::span<Buffer* const> params, std::span<Buffer* const> states,
+                        std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) {
+  TF_CHECK(params.size() == param_ids_.size() && states.size() == state_ids_.size() &&
+               inputs.size() == input_ids_.size() && outputs.size() == graph_.outputs().size(),
+           "binding counts do not match the graph");
+  params_ = params;
+  states_ = states;
+  for (size_t k = 0; k < params.size(); ++k)
+    TF_CHECK(params[k]->type() == graph_.node(param_ids_[k]).type, "parameter ",
+             graph_.node(param_ids_[k]).name, " bound to ", params[k]->type().str());
+  for (size_t k = 0; k < states.size(); ++k)
+    TF_CHECK(states[k]->type() == graph_.node(state_ids_[k]).type, "state ",
+             graph_.node(state_ids_[k]).name);
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const Node& n = graph_.node(input_ids_[k]);
+    if (inputs[k]->dtype() != n.type.dtype || inputs[k]->shape() != n.type.shape)
+      throw InvalidArgumentError(detail::str_cat("input '", n.name, "' must be ", n.type.str(),
+                                                 ", got ", dtype_name(inputs[k]->dtype()),
+                                                 shape_str(inputs[k]->shape())));
+    std::memcpy(ptr(input_ids_[k]), inputs[k]->raw(), inputs[k]->nbytes());
+    stats_->host_to_device_bytes += inputs[k]->nbytes();
+    ++stats_->host_to_device_copies;
+  }
+  check_runtime_values();
+  const auto& nodes = graph_.nodes();
+  for (int i = 0; i < int(nodes.size()); ++i) execute(nodes[i], i);
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const Node& n = graph_.node(graph_.outputs()[k]);
+    TF_CHECK(outputs[k]->dtype() == n.type.dtype && outputs[k]->shape() == n.type.shape,
+             "output ", k, " must be ", n.type.str());
+    std::memcpy(outputs[k]->raw(), ptr(graph_.outputs()[k]), outputs[k]->nbytes());
+    stats_->device_to_host_bytes += outputs[k]->nbytes();
+    ++stats_->device_to_host_copies;
+  }
+}
+
+void CpuExecutable::execute(const Node& n, int id) {
+  ThreadPool& pool = ThreadPool::global();
+  auto in_type = [&](int k) -> const graph::TensorType& { return graph_.node(n.inputs[k]).type; };
+  auto in = [&](int k) { return ptr(n.inputs[k]); };
+  auto f32 = [&](int k) { return static_cast<const float*>(ptr(n.inputs[k])); };
+  float* out = static_cast<float*>(ptr(id));
+  const Shape& s = n.type.shape;
+  switch (n.op) {
+    case Op::kParameter:
+    case Op::kState:
+    case Op::kInput:
+    case Op::kReshape:
+      return;
+    case Op::kEmbedding: {
+      int64_t count = shape_numel(in_type(1).shape);
+      cpu::embedding(in(0), in_type(0).dtype, static_cast<const int32_t*>(in(1)), count, s.back(),
+                     out, pool);
+      return;
+    }
+    case Op::kLinear: {
+      int64_t k = in_type(0).shape.back(), m = shape_numel(in_type(0).shape) / k;
+      const void* bias = n.inputs.size() > 2 ? in(2) : nullptr;
+      DType bias_type = n.inputs.size() > 2 ? in_type(2).dtype : in_type(1).dtype;
+      TF_CHECK(bias == nullptr || bias_type == in_type(1).dtype, "bias dtype must match weight");
+      cpu::linear(f32(0), in(1), in_type(1).dtype, bias, out, m, s.back(), k, pool);
+      return;
+    }
+    case Op::kRMSNorm: {
+      int64_t d = s.back(), m = shape_numel(s) / d;
+      cpu::rms_norm(f32(0), in(1), in_type(1).dtype, out, m, d, n.floats[0], pool);
+      return;
+    }
+    case Op::kRope: {
+      if (out != f32(0)) std::memcpy(out, f32(0), shape_numel(s) * sizeof(float));
+      cpu::rope(out, static_cast<const int32_t*>(in(1)), n.floats.data(), s[0] * s[1], s[2], s[3],
+                pool);
+      return;
+    }
+    case Op::kSiluMul:
+      cpu::silu_mul(f32(0), f32(1), out, shape_numel(s), pool);
+      return;
+    case Op::kAdd:
+      cpu::add(f32(0), f32(1), out, shape_numel(s), pool);
+      return;
+    case Op::kCacheWrite: {
+      const Shape& u = in_type(1).shape;  // (B,T,Hkv,D)
+      int32_t start = *static_cast<const int32_t*>(in(2));
+      cpu::cache_write(ptr(id), n.type.dtype, f32(1), u[0], u[1], u[2], s[2], u[3], start, pool);
+      return;
+    }
+    case Op::kAttention: {
+      const Shape& c = in_type(1).shape;  // (B,Hkv,S,D)
+      int32_t start = *static_cast<const int32_t*>(in(3));
+      const int32_t* mask = n.inputs.size() > 4 ? static_cast<const int32_t*>(in(4)) : nullptr;
+      cpu::attention(f32(0), in(1), in(2), in_type(1).dtype, mask, out, s[0], s[1], s[2], c[1],
+                     c[2], s[3], start, n.floats[0], pool);
+      return;
+    }
+    case Op::kTakeLast: {
+      const Shape& x = in_type(0).shape;  // (B,T,D)
+      int64_t keep = n.ints[0], d = x[2];
+      for (int64_t b = 0; b < x[0]; ++b)
+        std::memcpy(out + b * keep * d, f32(0) + (b * x[1] + x[1] - keep) * d,
+                    keep * d * sizeof(float));
+      return;
+    }
+  }
+  TF_CHECK(false, "CPU backend: no kernel for op ", graph::op_name(n.op));
+}
+
+class CpuBackend : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  Device device() const override { return Device{"cpu", 0}; }
+  bool supports(const graph::Node&) const override { return true; }
+  std::unique_ptr<Executable> compile(const graph::Graph& g) override {
+    return std::make_unique<CpuExecutable>(g, &stats_);
+  }
+  std::shared_ptr<Buffer> upload(const Tensor& host) override {
+    return std::make_shared<CpuBuffer>(graph::TensorType{host.dtype(), host.shape()}, host);
+  }
+  std::shared_ptr<Buffer> allocate(const graph::TensorType& type) override {
+    return std::make_shared<CpuBuffer>(type, Tensor::zeros(type.shape, type.dtype));
+  }
+  Tensor download(const Buffer& buffer) override {
+    const Tensor& t = static_cast<const CpuBuffer&>(buffer).tensor();
+    Tensor copy = Tensor::zeros(t.shape(), t.dtype());
+    std::memcpy(copy.raw(), t.raw(), t.nbytes());
+    stats_.device_to_host_bytes += t.nbytes();
+    ++stats_.device_to_host_copies;
+    return copy;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace tformers::backends

@@ -1,0 +1,14 @@
+// The native CPU backend: always present. An executable is the graph's nodes in order, each a
+// kernel call, over one arena whose layout is planned once from tensor lifetimes; running it
+// allocates nothing.
+#pragma once
+
+#include <memory>
+
+#include "backends/backend.h"
+
+namespace tformers::backends {
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace tformers::backends

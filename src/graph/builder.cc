@@ -1,0 +1,106 @@
+#include "graph/builder.h"
+
+#include "tformers/error.h"
+
+namespace tformers::graph {
+
+Value GraphBuilder::add_node(Op op, std::vector<int> inputs, TensorType type, std::string name,
+                             std::vector<int64_t> ints, std::vector<float> floats) {
+  return graph_.add(Node{op, std::move(inputs), std::move(type), std::move(name), std::move(ints),
+                         std::move(floats)});
+}
+
+Value GraphBuilder::parameter(const std::string& name, TensorType type) {
+  return add_node(Op::kParameter, {}, std::move(type), name);
+}
+Value GraphBuilder::state(const std::string& name, TensorType type) {
+  return add_node(Op::kState, {}, std::move(type), name);
+}
+Value GraphBuilder::input(const std::string& name, TensorType type) {
+  return add_node(Op::kInput, {}, std::move(type), name);
+}
+
+Value GraphBuilder::embedding(Value table, Value ids, const std::string& name) {
+  const TensorType &t = type(table), &i = type(ids);
+  TF_CHECK(t.shape.size() == 2 && i.dtype == DType::i32, name, ": ", t.str(), " ", i.str());
+  Shape out = i.shape;
+  out.push_back(t.shape[1]);
+  return add_node(Op::kEmbedding, {table, ids}, {DType::f32, out}, name);
+}
+
+Value GraphBuilder::linear(Value x, Value w, Value bias, const std::string& name) {
+  const TensorType &xt = type(x), &wt = type(w);
+  TF_CHECK(wt.shape.size() == 2 && !xt.shape.empty() && xt.shape.back() == wt.shape[1], name,
+           ": x ", xt.str(), " w ", wt.str());
+  std::vector<int> inputs = {x, w};
+  if (bias >= 0) {
+    TF_CHECK(type(bias).shape == Shape{wt.shape[0]}, name, ": bias ", type(bias).str());
+    inputs.push_back(bias);
+  }
+  Shape out = xt.shape;
+  out.back() = wt.shape[0];
+  return add_node(Op::kLinear, std::move(inputs), {DType::f32, out}, name);
+}
+
+Value GraphBuilder::rms_norm(Value x, Value w, float eps, const std::string& name) {
+  const TensorType &xt = type(x), &wt = type(w);
+  TF_CHECK(wt.shape == Shape{xt.shape.back()}, name, ": x ", xt.str(), " w ", wt.str());
+  return add_node(Op::kRMSNorm, {x, w}, {DType::f32, xt.shape}, name, {}, {eps});
+}
+
+Value GraphBuilder::rope(Value x, Value pos, std::vector<float> inv_freq, const std::string& name) {
+  const TensorType &xt = type(x), &pt = type(pos);
+  TF_CHECK(xt.shape.size() == 4 && pt.shape == Shape({xt.shape[0], xt.shape[1]}) &&
+               int64_t(inv_freq.size()) * 2 == xt.shape[3],
+           name, ": x ", xt.str(), " pos ", pt.str());
+  return add_node(Op::kRope, {x, pos}, {DType::f32, xt.shape}, name, {}, std::move(inv_freq));
+}
+
+Value GraphBuilder::silu_mul(Value gate, Value up, const std::string& name) {
+  TF_CHECK(type(gate) == type(up), name);
+  return add_node(Op::kSiluMul, {gate, up}, type(gate), name);
+}
+
+Value GraphBuilder::add(Value a, Value b, const std::string& name) {
+  TF_CHECK(type(a) == type(b), name, ": ", type(a).str(), " + ", type(b).str());
+  return add_node(Op::kAdd, {a, b}, type(a), name);
+}
+
+Value GraphBuilder::reshape(Value x, Shape shape) {
+  TF_CHECK(shape_numel(shape) == shape_numel(type(x).shape), type(x).str(), " to ",
+           shape_str(shape));
+  return add_node(Op::kReshape, {x}, {type(x).dtype, std::move(shape)}, "");
+}
+
+Value GraphBuilder::cache_write(Value cache, Value update, Value start, const std::string& name) {
+  const TensorType &c = type(cache), &u = type(update);
+  TF_CHECK(c.shape.size() == 4 && u.shape.size() == 4 && c.shape[0] == u.shape[0] &&
+               c.shape[1] == u.shape[2] && c.shape[3] == u.shape[3] && u.shape[1] <= c.shape[2],
+           name, ": cache ", c.str(), " update ", u.str());
+  TF_CHECK(type(start).shape.empty() && type(start).dtype == DType::i32, name);
+  return add_node(Op::kCacheWrite, {cache, update, start}, c, name);
+}
+
+Value GraphBuilder::attention(Value q, Value k_cache, Value v_cache, Value start, Value key_mask,
+                              float scale, const std::string& name) {
+  const TensorType &qt = type(q), &kt = type(k_cache);
+  TF_CHECK(qt.shape.size() == 4 && kt.shape.size() == 4 && type(v_cache) == kt &&
+               qt.shape[0] == kt.shape[0] && qt.shape[3] == kt.shape[3] &&
+               qt.shape[2] % kt.shape[1] == 0,
+           name, ": q ", qt.str(), " cache ", kt.str());
+  std::vector<int> inputs = {q, k_cache, v_cache, start};
+  if (key_mask >= 0) {
+    TF_CHECK(type(key_mask).shape == Shape({kt.shape[0], kt.shape[2]}), name, ": mask ",
+             type(key_mask).str());
+    inputs.push_back(key_mask);
+  }
+  return add_node(Op::kAttention, std::move(inputs), {DType::f32, qt.shape}, name, {}, {scale});
+}
+
+Value GraphBuilder::take_last(Value x, int64_t n) {
+  const TensorType& xt = type(x);
+  TF_CHECK(xt.shape.size() == 3 && n >= 1 && n <= xt.shape[1], xt.str(), " last ", n);
+  return add_node(Op::kTakeLast, {x}, {xt.dtype, {xt.shape[0], n, xt.shape[2]}}, "", {n});
+}
+
+}  // namespace tformers::graph

@@ -1,0 +1,42 @@
+// Records graph nodes with shape and dtype checks. Models call these while building the forward
+// pass for one StepShape; a failed check is a bug in the model code (InternalError), since
+// checkpoint shapes are validated when weights load.
+#pragma once
+
+#include <string>
+
+#include "graph/graph.h"
+
+namespace tformers::graph {
+
+using Value = int;  // a node id
+
+class GraphBuilder {
+ public:
+  Value parameter(const std::string& name, TensorType type);
+  Value state(const std::string& name, TensorType type);
+  Value input(const std::string& name, TensorType type);
+
+  Value embedding(Value table, Value ids, const std::string& name = "");
+  Value linear(Value x, Value w, Value bias = -1, const std::string& name = "");
+  Value rms_norm(Value x, Value w, float eps, const std::string& name = "");
+  Value rope(Value x, Value pos, std::vector<float> inv_freq, const std::string& name = "");
+  Value silu_mul(Value gate, Value up, const std::string& name = "");
+  Value add(Value a, Value b, const std::string& name = "");
+  Value reshape(Value x, Shape shape);
+  Value cache_write(Value cache, Value update, Value start, const std::string& name = "");
+  Value attention(Value q, Value k_cache, Value v_cache, Value start, Value key_mask, float scale,
+                  const std::string& name = "");
+  Value take_last(Value x, int64_t n);
+
+  const TensorType& type(Value v) const { return graph_.node(v).type; }
+  void output(Value v) { graph_.mark_output(v); }
+  Graph finish() { return std::move(graph_); }
+
+ private:
+  Value add_node(Op op, std::vector<int> inputs, TensorType type, std::string name,
+                 std::vector<int64_t> ints = {}, std::vector<float> floats = {});
+  Graph graph_;
+};
+
+}  // namespace tformers::graph

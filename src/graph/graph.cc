@@ -1,0 +1,117 @@
+#include "graph/graph.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "tformers/error.h"
+
+namespace tformers::graph {
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kParameter:
+      return "parameter";
+    case Op::kState:
+      return "state";
+    case Op::kInput:
+      return "input";
+    case Op::kEmbedding:
+      return "embedding";
+    case Op::kLinear:
+      return "linear";
+    case Op::kRMSNorm:
+      return "rms_norm";
+    case Op::kRope:
+      return "rope";
+    case Op::kSiluMul:
+      return "silu_mul";
+    case Op::kAdd:
+      return "add";
+    case Op::kReshape:
+      return "reshape";
+    case Op::kCacheWrite:
+      return "cache_write";
+    case Op::kAttention:
+      return "attention";
+    case Op::kTakeLast:
+      return "take_last";
+  }
+  return "?";
+}
+
+std::string TensorType::str() const {
+  return std::string(dtype_name(dtype)) + shape_str(shape);
+}
+
+std::vector<int> Graph::leaves(Op kind) const {
+  std::vector<int> out;
+  for (size_t i = 0; i < nodes_.size(); ++i)
+    if (nodes_[i].op == kind) out.push_back(int(i));
+  return out;
+}
+
+int Graph::add(Node node) {
+  for (int in : node.inputs) TF_CHECK(in >= 0 && in < int(nodes_.size()), "bad input id ", in);
+  nodes_.push_back(std::move(node));
+  return int(nodes_.size()) - 1;
+}
+
+void Graph::mark_output(int id) {
+  TF_CHECK(id >= 0 && id < int(nodes_.size()), "bad output id ", id);
+  outputs_.push_back(id);
+}
+
+namespace {
+// FNV-1a over the bytes that define the graph.
+struct Hasher {
+  uint64_t h = 1469598103934665603ull;
+  void bytes(const void* p, size_t n) {
+    auto* c = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 1099511628211ull;
+  }
+  template <typename T>
+  void pod(const T& v) {
+    bytes(&v, sizeof v);
+  }
+  template <typename T>
+  void vec(const std::vector<T>& v) {
+    pod(v.size());
+    if (!v.empty()) bytes(v.data(), v.size() * sizeof(T));
+  }
+};
+}  // namespace
+
+uint64_t Graph::hash() const {
+  Hasher h;
+  h.pod(nodes_.size());
+  for (const Node& n : nodes_) {
+    h.pod(n.op);
+    h.vec(n.inputs);
+    h.pod(n.type.dtype);
+    h.vec(n.type.shape);
+    h.pod(n.name.size());
+    h.bytes(n.name.data(), n.name.size());
+    h.vec(n.ints);
+    h.vec(n.floats);
+  }
+  h.vec(outputs_);
+  return h.h;
+}
+
+std::string Graph::to_string() const {
+  std::ostringstream os;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& n = nodes_[i];
+    os << "%" << i << " = " << op_name(n.op) << "(";
+    for (size_t j = 0; j < n.inputs.size(); ++j) os << (j ? ", %" : "%") << n.inputs[j];
+    os << ") -> " << n.type.str();
+    if (!n.name.empty()) os << "  # " << n.name;
+    os << "\n";
+  }
+  os << "outputs:";
+  for (int o : outputs_) os << " %" << o;
+  os << "\n";
+  return os.str();
+}
+
+}  // namespace tformers::graph

@@ -1,0 +1,74 @@
+// The graph IR: a forward pass for one static shape signature. Nodes are (op, inputs, attributes)
+// with a static TensorType {dtype, shape}; values are not part of the graph. Leaves are
+// parameters (weights, bound once), state (the KV cache, updated in place) and inputs (per-call
+// tensors and runtime scalars such as the cache position). Node ids are positions in nodes(),
+// which is also a valid execution order (a node's inputs always come before it).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tformers/dtype.h"
+#include "tformers/tensor.h"
+
+namespace tformers::graph {
+
+enum class Op : uint8_t {
+  kParameter,   // leaf: a weight, bound by name
+  kState,       // leaf: device state updated in place (KV cache), bound by name
+  kInput,       // leaf: a per-call tensor copied from the host
+  kEmbedding,   // (table (V,D), ids (...)) -> (..., D) f32
+  kLinear,      // (x (..., K), w (N, K) [, bias (N)]) -> (..., N) f32
+  kRMSNorm,     // (x (..., D), w (D)) -> (..., D) f32; floats = {eps}
+  kRope,        // (x (B,T,H,D), pos (B,T)) -> (B,T,H,D); floats = inv_freq (D/2)
+  kSiluMul,     // (gate, up) -> silu(gate) * up
+  kAdd,         // (a, b) -> a + b
+  kReshape,     // (x) -> same bytes, shape of the node
+  kCacheWrite,  // (cache (B,Hkv,S,D), new (B,T,Hkv,D), start ()) -> cache, written in place
+  kAttention,   // (q (B,T,Hq,D), k_cache, v_cache, start () [, key_mask (B,S)]) -> (B,T,Hq,D);
+                // floats = {scale}
+  kTakeLast,    // (x (B,T,D)) -> (B,n,D): the last n = ints[0] positions
+};
+
+const char* op_name(Op op);
+
+struct TensorType {
+  DType dtype = DType::f32;
+  Shape shape;
+  bool operator==(const TensorType&) const = default;
+  std::string str() const;  // "bfloat16[2, 3]"
+};
+
+struct Node {
+  Op op;
+  std::vector<int> inputs;
+  TensorType type;
+  std::string name;  // binding name for leaves; a debug name for the rest
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+};
+
+class Graph {
+ public:
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const Node& node(int id) const { return nodes_.at(id); }
+  const std::vector<int>& outputs() const { return outputs_; }
+  // Leaves by kind, in creation order (the order bindings are given in).
+  std::vector<int> leaves(Op kind) const;
+
+  int add(Node node);  // checks that inputs exist; returns the node id
+  void mark_output(int id);
+
+  // A 64-bit hash of the structure, shapes, dtypes, names and attributes; two graphs with the
+  // same hash compile to the same executable.
+  uint64_t hash() const;
+  // One line per node: "%12 = linear(%10, %3) -> float32[1, 7, 64]  # layers.0.mlp.up_proj".
+  std::string to_string() const;
+
+ private:
+  std::vector<Node> nodes_;
+  std::vector<int> outputs_;
+};
+
+}  // namespace tformers::graph

@@ -1,0 +1,48 @@
+// The state behind a CausalLM handle: config, bound weights, the static KV cache and the
+// compiled steps. Shared by models/ (loading, forward) and generation/ (the decoding loop).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "models/architecture.h"
+#include "tformers/model.h"
+
+namespace tformers {
+
+struct CausalLM::Impl {
+  // A compiled step with its bindings resolved once, in the graph's leaf order.
+  struct Step {
+    std::shared_ptr<backends::Executable> exe;
+    std::vector<backends::Buffer*> params, states;
+  };
+
+  ModelConfig config;
+  const models::Architecture* arch = nullptr;
+  backends::Backend* backend = nullptr;
+  std::string path;
+  DType dtype = DType::f32;
+  bool verbose = false;
+  std::map<std::string, std::shared_ptr<backends::Buffer>> weights;
+  std::map<std::string, graph::TensorType> weight_types;
+
+  // Static KV cache: past_key_values.{i}.{key,value}, (B,Hkv,S,D) each.
+  int64_t cache_batch = 0, cache_len = 0;
+  std::map<std::string, std::shared_ptr<backends::Buffer>> cache;
+
+  std::map<models::StepShape, Step> steps;
+  CompileStats stats;
+
+  // The compiled step for a shape: looked up, else built, compiled (or found in the global
+  // compile cache) and bound.
+  Step& step(const models::StepShape& shape);
+  // Runs one step on the current cache with host inputs (B,T) ids and positions, the
+  // (B,S) mask and the cache slot of the first new token; fills logits (B,keep,V).
+  void run(Step& step, const Tensor& ids, const Tensor& positions, const Tensor& mask,
+           int64_t cache_position, Tensor& logits);
+};
+
+}  // namespace tformers
