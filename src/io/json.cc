@@ -1,0 +1,207 @@
+#include "io/json.h"
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <vector>
+
+#include "tformers/error.h"
+
+namespace tformers::io {
+
+namespace {
+
+using detail::str_cat;
+
+// nlohmann reports the number of bytes read when it failed; the offending byte is the last one
+// read. Lines and columns are 1-based, as editors show them.
+std::pair<size_t, size_t> line_col(const std::string& text, size_t byte) {
+  size_t end = std::min(byte == 0 ? 0 : byte - 1, text.size());
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i < end; ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return {line, col};
+}
+
+// nlohmann's messages start with "[json.exception.parse_error.101] parse error at line 1, column
+// 2: "; we print our own position, so keep only the description.
+std::string strip_nlohmann_prefix(const std::string& what) {
+  size_t p = what.find(": ");
+  if (what.rfind("[json.exception", 0) == 0 && p != std::string::npos) return what.substr(p + 2);
+  return what;
+}
+
+const char* type_name(const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return "boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned:
+      return "integer";
+    case Json::value_t::number_float:
+      return "floating-point number";
+    case Json::value_t::string:
+      return "string";
+    case Json::value_t::array:
+      return "array";
+    case Json::value_t::object:
+      return "object";
+    default:
+      return "binary";
+  }
+}
+
+// Containers are described by size only: dumping them could be huge (or deeply nested).
+std::string describe(const Json& v) {
+  if (v.is_array() || v.is_object()) return str_cat(type_name(v), " of ", v.size(), " elements");
+  std::string s = v.dump();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return str_cat(type_name(v), " ", s);
+}
+
+[[noreturn]] void type_error(const std::string& where, const std::string& field,
+                             const char* expected, const Json& got) {
+  throw FormatError(
+      str_cat(where, ": field '", field, "' must be ", expected, ", got ", describe(got)));
+}
+
+// Integers may be written as integral floats (4096.0, 1e6) by some exporters; Python would
+// accept them, so do we, as long as the value is exact and in range.
+template <typename I>
+I to_integer(const Json& v, const std::string& where, const std::string& field) {
+  constexpr auto lo = std::numeric_limits<I>::min();
+  constexpr auto hi = std::numeric_limits<I>::max();
+  if (v.is_number_unsigned()) {
+    uint64_t u = v.get<uint64_t>();
+    if (u > uint64_t(hi))
+      throw FormatError(str_cat(where, ": field '", field, "' = ", u, " is out of range (max ",
+                                int64_t(hi), ")"));
+    return I(u);
+  }
+  if (v.is_number_integer()) {
+    int64_t s = v.get<int64_t>();
+    if (s < int64_t(lo) || s > int64_t(hi))
+      throw FormatError(str_cat(where, ": field '", field, "' = ", s, " is out of range [",
+                                int64_t(lo), ", ", int64_t(hi), "]"));
+    return I(s);
+  }
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && d >= double(lo) && d <= double(hi)) return I(d);
+  }
+  type_error(where, field, "an integer", v);
+}
+
+template <typename T>
+T convert_value(const Json& v, const std::string& where, const std::string& field) {
+  if constexpr (std::is_same_v<T, Json>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) type_error(where, field, "a boolean (true or false)", v);
+    return v.get<bool>();
+  } else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, int>) {
+    return to_integer<T>(v, where, field);
+  } else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>) {
+    if (!v.is_number()) type_error(where, field, "a number", v);
+    return T(v.get<double>());
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) type_error(where, field, "a string", v);
+    return v.get<std::string>();
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    // A single integer counts as a list of one: generation_config.json writes eos_token_id
+    // either way.
+    if (v.is_number()) return {to_integer<int64_t>(v, where, field)};
+    if (!v.is_array()) type_error(where, field, "an integer or a list of integers", v);
+    std::vector<int64_t> out;
+    out.reserve(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      out.push_back(to_integer<int64_t>(v[i], where, str_cat(field, "[", i, "]")));
+    return out;
+  } else {
+    static_assert(sizeof(T) == 0, "get_required: unsupported field type");
+  }
+}
+
+const Json* lookup(const Json& obj, const std::string& key, const std::string& where) {
+  if (!obj.is_object())
+    throw FormatError(str_cat(where, ": expected a JSON object, got ", describe(obj)));
+  auto it = obj.find(key);
+  if (it == obj.end()) return nullptr;
+  return &*it;
+}
+
+}  // namespace
+
+Json load_json_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw NotFoundError(str_cat(path, ": file not found"));
+  if (std::filesystem::is_directory(path, ec))
+    throw FormatError(str_cat(path, ": is a directory, expected a JSON file"));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw NotFoundError(str_cat(path, ": cannot open file for reading"));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw FormatError(str_cat(path, ": read error"));
+  std::string text = ss.str();
+  try {
+    return Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    auto [line, col] = line_col(text, e.byte);
+    throw FormatError(
+        str_cat(path, ":", line, ":", col, ": malformed JSON: ", strip_nlohmann_prefix(e.what())));
+  } catch (const Json::exception& e) {
+    throw FormatError(str_cat(path, ": malformed JSON: ", strip_nlohmann_prefix(e.what())));
+  }
+}
+
+template <typename T>
+T get_required(const Json& obj, const std::string& key, const std::string& where) {
+  const Json* v = lookup(obj, key, where);
+  if (!v) throw NotFoundError(str_cat(where, ": required field '", key, "' is missing"));
+  if constexpr (!std::is_same_v<T, Json>) {
+    if (v->is_null()) throw NotFoundError(str_cat(where, ": required field '", key, "' is null"));
+  }
+  return convert_value<T>(*v, where, key);
+}
+
+template <typename T>
+T get_or(const Json& obj, const std::string& key, T fallback, const std::string& where) {
+  const Json* v = lookup(obj, key, where);
+  // null means "not set" in Transformers' configs (rope_scaling: null).
+  if (!v || v->is_null()) return fallback;
+  return convert_value<T>(*v, where, key);
+}
+
+template <typename T>
+std::optional<T> get_optional(const Json& obj, const std::string& key, const std::string& where) {
+  const Json* v = lookup(obj, key, where);
+  if (!v || v->is_null()) return std::nullopt;
+  return convert_value<T>(*v, where, key);
+}
+
+#define TFORMERS_INSTANTIATE(T)                                                    \
+  template T get_required<T>(const Json&, const std::string&, const std::string&); \
+  template T get_or<T>(const Json&, const std::string&, T, const std::string&);    \
+  template std::optional<T> get_optional<T>(const Json&, const std::string&, const std::string&);
+TFORMERS_INSTANTIATE(int64_t)
+TFORMERS_INSTANTIATE(int)
+TFORMERS_INSTANTIATE(double)
+TFORMERS_INSTANTIATE(float)
+TFORMERS_INSTANTIATE(bool)
+TFORMERS_INSTANTIATE(std::string)
+TFORMERS_INSTANTIATE(std::vector<int64_t>)
+TFORMERS_INSTANTIATE(Json)
+#undef TFORMERS_INSTANTIATE
+
+}  // namespace tformers::io

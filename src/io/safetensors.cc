@@ -1,0 +1,628 @@
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <set>
+#include <unordered_map>
+
+#include "io/json.h"
+#include "tformers/error.h"
+
+namespace tformers::io {
+
+namespace fs = std::filesystem;
+using detail::str_cat;
+using OrderedJson = nlohmann::ordered_json;
+
+namespace {
+
+// The reference implementation refuses headers above 100 MB; a real header is a few hundred KB.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char* kSupportedDtypes = "F32, BF16, F16, I32, I64, I8, U8";
+
+// Read-only private mapping of a whole file. Tensors returned by get() hold a shared_ptr to it.
+struct Mapping {
+  const uint8_t* base = nullptr;
+  size_t size = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (base) munmap(const_cast<uint8_t*>(base), size);
+  }
+};
+
+struct DtypeName {
+  const char* name;
+  DType dtype;
+};
+constexpr DtypeName kDtypes[] = {{"F32", DType::f32}, {"BF16", DType::bf16}, {"F16", DType::f16},
+                                 {"I32", DType::i32}, {"I64", DType::i64},   {"I8", DType::i8},
+                                 {"U8", DType::u8}};
+// Valid safetensors dtypes that tformers does not load.
+constexpr const char* kKnownUnsupported[] = {
+    "F64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2",     "F4",         "BOOL",
+    "I16", "U16",     "U32",     "U64",     "C64",     "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
+
+const char* safetensors_dtype_name(DType t) {
+  for (const auto& d : kDtypes)
+    if (d.dtype == t) return d.name;
+  TF_CHECK(false, "no safetensors name for dtype ", int(t));
+}
+
+std::string json_type(const OrderedJson& v) {
+  if (v.is_number_unsigned() || v.is_number_integer()) return "integer";
+  if (v.is_number_float()) return "number " + v.dump();
+  if (v.is_string()) {
+    std::string s = v.get<std::string>();
+    if (s.size() > 32) s = s.substr(0, 29) + "...";
+    return "string \"" + s + "\"";
+  }
+  return v.type_name();
+}
+
+// Parses and validates one safetensors header. `data_size` is the byte count after the header.
+class HeaderParser {
+ public:
+  HeaderParser(const std::string& path, uint64_t data_start, uint64_t data_size)
+      : path_(path), data_start_(data_start), data_size_(data_size) {}
+
+  [[noreturn]] void fail(const std::string& msg) const {
+    throw FormatError(str_cat(path_, ": ", msg));
+  }
+
+  void parse(const char* text, size_t n, std::vector<TensorInfo>& tensors,
+             std::map<std::string, std::string>& metadata) {
+    // nlohmann keeps the last of duplicated keys silently; a duplicated tensor name is an
+    // ambiguous file, so watch the top-level keys as they are parsed.
+    std::set<std::string> seen;
+    std::string duplicate;
+    auto cb = [&](int depth, OrderedJson::parse_event_t event, OrderedJson& parsed) {
+      if (event == OrderedJson::parse_event_t::key && depth == 1 && duplicate.empty()) {
+        const std::string& k = parsed.get_ref<const std::string&>();
+        if (!seen.insert(k).second) duplicate = k;
+      }
+      return true;
+    };
+    OrderedJson header;
+    try {
+      header = OrderedJson::parse(text, text + n, cb);
+    } catch (const OrderedJson::exception& e) {
+      std::string what = e.what();
+      if (what.rfind("[json.exception", 0) == 0 && what.find("] ") != std::string::npos)
+        what = what.substr(what.find("] ") + 2);
+      fail(str_cat("the JSON header (bytes 8..", 8 + n, ") is malformed: ", what,
+                   "; the file is corrupt or not a safetensors file"));
+    }
+    if (!duplicate.empty())
+      fail(str_cat("tensor '", duplicate, "' appears twice in the header; names must be unique"));
+    if (!header.is_object())
+      fail(str_cat("the JSON header must be an object of tensors, got ", json_type(header)));
+
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        parse_metadata(it.value(), metadata);
+      } else {
+        tensors.push_back(parse_entry(it.key(), it.value()));
+      }
+    }
+    check_layout(tensors);
+  }
+
+ private:
+  void parse_metadata(const OrderedJson& m, std::map<std::string, std::string>& metadata) const {
+    if (!m.is_object())
+      fail(str_cat("'__metadata__' must be an object of strings, got ", json_type(m)));
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      if (!it.value().is_string())
+        fail(str_cat("'__metadata__' field '", it.key(), "' must be a string, got ",
+                     json_type(it.value())));
+      metadata[it.key()] = it.value().get<std::string>();
+    }
+  }
+
+  TensorInfo parse_entry(const std::string& name, const OrderedJson& e) const {
+    auto where = [&] { return str_cat("tensor '", name, "'"); };
+    if (!e.is_object())
+      fail(str_cat(where(), ": entry must be an object {dtype, shape, data_offsets}, got ",
+                   json_type(e)));
+    for (const char* field : {"dtype", "shape", "data_offsets"})
+      if (!e.contains(field)) fail(str_cat(where(), ": field '", field, "' is missing"));
+
+    TensorInfo info;
+    info.name = name;
+    info.file = path_;
+
+    const OrderedJson& dt = e["dtype"];
+    if (!dt.is_string()) fail(str_cat(where(), ": 'dtype' must be a string, got ", json_type(dt)));
+    const std::string& dts = dt.get_ref<const std::string&>();
+    bool found = false;
+    for (const auto& d : kDtypes)
+      if (dts == d.name) info.dtype = d.dtype, found = true;
+    if (!found) {
+      for (const char* u : kKnownUnsupported)
+        if (dts == u)
+          fail(str_cat(where(), ": dtype '", dts, "' is not supported by tformers (supported: ",
+                       kSupportedDtypes, "); convert the checkpoint to bfloat16 or float32"));
+      std::string shown = dts.size() > 32 ? dts.substr(0, 29) + "..." : dts;
+      fail(str_cat(where(), ": unknown dtype '", shown, "' (supported: ", kSupportedDtypes, ")"));
+    }
+
+    const OrderedJson& sh = e["shape"];
+    if (!sh.is_array())
+      fail(str_cat(where(), ": 'shape' must be an array of integers, got ", json_type(sh)));
+    uint64_t numel = 1;
+    for (size_t i = 0; i < sh.size(); ++i) {
+      const OrderedJson& d = sh[i];
+      if (!d.is_number_integer() && !d.is_number_unsigned())
+        fail(str_cat(where(), ": shape[", i, "] must be a non-negative integer, got ",
+                     json_type(d)));
+      if (!d.is_number_unsigned() && d.get<int64_t>() < 0)
+        fail(str_cat(where(), ": shape[", i, "] = ", d.get<int64_t>(), " is negative"));
+      uint64_t dim = d.get<uint64_t>();
+      if (dim > uint64_t(INT64_MAX) || __builtin_mul_overflow(numel, dim, &numel))
+        fail(str_cat(where(), ": shape ", sh.dump(), " has more elements than fit in 64 bits"));
+      info.shape.push_back(int64_t(dim));
+    }
+    uint64_t nbytes = 0;
+    if (numel > uint64_t(INT64_MAX) ||
+        __builtin_mul_overflow(numel, dtype_size(info.dtype), &nbytes))
+      fail(str_cat(where(), ": shape ", sh.dump(), " of ", dts, " is larger than 2^64 bytes"));
+
+    const OrderedJson& off = e["data_offsets"];
+    if (!off.is_array() || off.size() != 2)
+      fail(str_cat(where(), ": 'data_offsets' must be an array [begin, end], got ",
+                   off.is_array() ? str_cat("an array of ", off.size()) : json_type(off)));
+    uint64_t be[2];
+    for (int i = 0; i < 2; ++i) {
+      if (!off[i].is_number_unsigned())
+        fail(str_cat(where(), ": data_offsets[", i, "] must be a non-negative integer, got ",
+                     off[i].is_number_integer() ? off[i].dump() : json_type(off[i])));
+      be[i] = off[i].get<uint64_t>();
+    }
+    uint64_t begin = be[0], end = be[1];
+    if (begin > end)
+      fail(str_cat(where(), ": data_offsets [", begin, ", ", end, "] has begin > end"));
+    if (end > data_size_)
+      fail(str_cat(where(), ": data_offsets [", begin, ", ", end,
+                   "] run past the end of the data buffer (", data_size_, " bytes, file bytes ",
+                   data_start_, "..", data_start_ + data_size_,
+                   "); the file is truncated or the header is corrupt"));
+    if (end - begin != nbytes)
+      fail(str_cat(where(), ": data_offsets [", begin, ", ", end, "] hold ", end - begin,
+                   " bytes but shape ", shape_str(info.shape), " of ", dts, " needs ", numel, " x ",
+                   dtype_size(info.dtype), " = ", nbytes, " bytes"));
+    info.offset = data_start_ + begin;
+    info.nbytes = nbytes;
+    return info;
+  }
+
+  // Tensors must tile the data buffer exactly: no overlap, no hole, nothing after the last.
+  // That is what the reference implementation (safetensors' Rust core, used by Transformers)
+  // accepts, so a file that passes here loads there and vice versa.
+  void check_layout(const std::vector<TensorInfo>& tensors) const {
+    std::vector<size_t> order(tensors.size());
+    std::iota(order.begin(), order.end(), 0);
+    auto begin_of = [&](size_t i) { return tensors[i].offset - data_start_; };
+    auto end_of = [&](size_t i) { return begin_of(i) + tensors[i].nbytes; };
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return begin_of(a) != begin_of(b) ? begin_of(a) < begin_of(b) : end_of(a) < end_of(b);
+    });
+    uint64_t pos = 0;
+    size_t prev = 0;
+    for (size_t i : order) {
+      const TensorInfo& t = tensors[i];
+      uint64_t b = begin_of(i), e = end_of(i);
+      if (b < pos)
+        fail(str_cat("tensors '", tensors[prev].name, "' (data_offsets [", begin_of(prev), ", ",
+                     pos, "]) and '", t.name, "' (data_offsets [", b, ", ", e,
+                     "]) overlap; the header is corrupt"));
+      if (b > pos)
+        fail(str_cat("data bytes [", pos, ", ", b, ") (file offset ", data_start_ + pos,
+                     ") before tensor '", t.name,
+                     "' belong to no tensor; safetensors requires tensors packed back to back "
+                     "(the reference library rejects this file too): re-save it with "
+                     "safetensors.torch.save_file"));
+      pos = e;
+      prev = i;
+    }
+    if (pos != data_size_)
+      fail(str_cat("the data buffer is ", data_size_, " bytes but the tensors end at ", pos,
+                   " (file offset ", data_start_ + pos,
+                   "); trailing bytes belong to no tensor: the file is corrupt or was "
+                   "appended to"));
+  }
+
+  const std::string& path_;
+  uint64_t data_start_;
+  uint64_t data_size_;
+};
+
+}  // namespace
+
+struct SafetensorsFile::Impl {
+  std::string path;
+  std::shared_ptr<const Mapping> mapping;
+  std::vector<TensorInfo> tensors;
+  std::map<std::string, std::string> metadata;
+  std::unordered_map<std::string, size_t> by_name;
+
+  // A view of `nbytes` at absolute file offset `offset`. safetensors does not align tensors, so
+  // a view whose address is not a multiple of the element size is copied into aligned memory:
+  // consumers may always assume element alignment.
+  Tensor view(Shape shape, DType dtype, uint64_t offset, uint64_t nbytes) const {
+    const uint8_t* p = mapping->base + offset;
+    if (reinterpret_cast<uintptr_t>(p) % dtype_size(dtype) != 0) {
+      Tensor t = Tensor::zeros(std::move(shape), dtype);
+      if (nbytes) std::memcpy(t.raw(), p, nbytes);
+      return t;
+    }
+    std::shared_ptr<const void> owner = mapping;
+    return Tensor::borrow(std::move(shape), dtype, const_cast<uint8_t*>(p), std::move(owner));
+  }
+};
+
+SafetensorsFile::~SafetensorsFile() = default;
+
+std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ENOENT) throw NotFoundError(str_cat(path, ": file not found"));
+    throw Error(str_cat(path, ": cannot open: ", std::strerror(err)));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw FormatError(str_cat(path, ": not a regular file"));
+  }
+  uint64_t size = uint64_t(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    throw FormatError(str_cat(path, ": file is ", size,
+                              " bytes, shorter than the 8-byte header length that starts every "
+                              "safetensors file; it is truncated or not a safetensors file"));
+  }
+  auto mapping = std::make_shared<Mapping>();
+  // Only the header pages are read here; tensor data is paged in when first used.
+  void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int err = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) throw Error(str_cat(path, ": mmap failed: ", std::strerror(err)));
+  mapping->base = static_cast<const uint8_t*>(p);
+  mapping->size = size;
+
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | mapping->base[i];
+  if (n > size - 8)
+    throw FormatError(
+        str_cat(path, ": header length ", n, " (bytes 0..8) runs past the end of the ", size,
+                "-byte file (header would end at byte ", n > UINT64_MAX - 8 ? UINT64_MAX : n + 8,
+                "); the file is truncated or not a safetensors file"));
+  if (n > kMaxHeaderBytes)
+    throw FormatError(str_cat(path, ": header length ", n, " is larger than the ", kMaxHeaderBytes,
+                              "-byte limit; the file is corrupt"));
+
+  auto f = std::shared_ptr<SafetensorsFile>(new SafetensorsFile());
+  f->impl_ = std::make_unique<Impl>();
+  Impl& impl = *f->impl_;
+  impl.path = path;
+  impl.mapping = mapping;
+  HeaderParser parser(impl.path, 8 + n, size - 8 - n);
+  parser.parse(reinterpret_cast<const char*>(mapping->base + 8), size_t(n), impl.tensors,
+               impl.metadata);
+  for (size_t i = 0; i < impl.tensors.size(); ++i) impl.by_name[impl.tensors[i].name] = i;
+  return f;
+}
+
+const std::string& SafetensorsFile::path() const { return impl_->path; }
+const std::vector<TensorInfo>& SafetensorsFile::tensors() const { return impl_->tensors; }
+const std::map<std::string, std::string>& SafetensorsFile::metadata() const {
+  return impl_->metadata;
+}
+
+const TensorInfo* SafetensorsFile::find(const std::string& name) const {
+  auto it = impl_->by_name.find(name);
+  return it == impl_->by_name.end() ? nullptr : &impl_->tensors[it->second];
+}
+
+namespace {
+
+[[noreturn]] void no_such_tensor(const std::string& where, const std::string& name,
+                                 const std::vector<std::string>& names) {
+  std::string msg = str_cat(where, ": no tensor named '", name, "'");
+  if (names.empty()) {
+    msg += " (it holds no tensors)";
+  } else {
+    msg += str_cat(" (it holds ", names.size(), ": ");
+    for (size_t i = 0; i < names.size() && i < 5; ++i) msg += (i ? ", " : "") + names[i];
+    msg += names.size() > 5 ? ", ...)" : ")";
+  }
+  throw NotFoundError(msg);
+}
+
+void check_rows(const TensorInfo& info, int64_t row_begin, int64_t row_end) {
+  if (info.shape.empty())
+    throw InvalidArgumentError(str_cat(info.file, ": tensor '", info.name,
+                                       "' is a scalar; get_rows needs at least one dimension"));
+  if (row_begin < 0 || row_begin > row_end || row_end > info.shape[0])
+    throw InvalidArgumentError(str_cat(info.file, ": tensor '", info.name, "' of shape ",
+                                       shape_str(info.shape), ": rows [", row_begin, ", ", row_end,
+                                       ") are not a range within [0, ", info.shape[0], "]"));
+}
+
+}  // namespace
+
+Tensor SafetensorsFile::get(const std::string& name) const {
+  const TensorInfo* info = find(name);
+  if (!info) {
+    std::vector<std::string> names;
+    for (const auto& t : impl_->tensors) names.push_back(t.name);
+    no_such_tensor(impl_->path, name, names);
+  }
+  return impl_->view(info->shape, info->dtype, info->offset, info->nbytes);
+}
+
+Tensor SafetensorsFile::get_rows(const std::string& name, int64_t row_begin,
+                                 int64_t row_end) const {
+  const TensorInfo* info = find(name);
+  if (!info) {
+    std::vector<std::string> names;
+    for (const auto& t : impl_->tensors) names.push_back(t.name);
+    no_such_tensor(impl_->path, name, names);
+  }
+  check_rows(*info, row_begin, row_end);
+  Shape shape = info->shape;
+  // The row size is exact: nbytes == shape[0] * row_bytes (validated at open).
+  uint64_t row_bytes = shape[0] == 0 ? 0 : info->nbytes / uint64_t(shape[0]);
+  shape[0] = row_end - row_begin;
+  return impl_->view(std::move(shape), info->dtype, info->offset + uint64_t(row_begin) * row_bytes,
+                     uint64_t(row_end - row_begin) * row_bytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoint
+
+namespace {
+
+constexpr const char* kSingleName = "model.safetensors";
+constexpr const char* kIndexName = "model.safetensors.index.json";
+
+// Shard names come from a file; refuse anything that could point outside the model folder.
+void check_shard_name(const std::string& index_path, const std::string& tensor,
+                      const std::string& shard) {
+  fs::path p(shard);
+  bool bad = shard.empty() || p.is_absolute() || shard.find('\0') != std::string::npos;
+  for (const auto& part : p)
+    if (part == "..") bad = true;
+  if (bad)
+    throw FormatError(str_cat(index_path, ": weight_map[\"", tensor, "\"] = \"", shard,
+                              "\" is not a file name inside the model folder"));
+}
+
+}  // namespace
+
+Checkpoint Checkpoint::open(const std::string& dir) {
+  Checkpoint ckpt;
+  ckpt.dir_ = dir;
+  std::error_code ec;
+  auto add_file = [&](std::shared_ptr<SafetensorsFile> f) {
+    size_t fi = ckpt.files_.size();
+    for (const auto& t : f->tensors()) {
+      auto [it, inserted] = ckpt.index_.emplace(t.name, fi);
+      if (!inserted)
+        throw FormatError(str_cat(dir, ": tensor '", t.name, "' is in both ",
+                                  ckpt.files_[it->second]->path(), " and ", f->path(),
+                                  "; a tensor must live in exactly one shard"));
+    }
+    ckpt.files_.push_back(std::move(f));
+  };
+
+  if (fs::is_regular_file(dir, ec)) {  // a single .safetensors file given directly
+    add_file(SafetensorsFile::open(dir));
+    return ckpt;
+  }
+  if (!fs::is_directory(dir, ec))
+    throw NotFoundError(str_cat("model folder '", dir, "' does not exist"));
+
+  std::string single = (fs::path(dir) / kSingleName).string();
+  std::string index = (fs::path(dir) / kIndexName).string();
+  // Transformers prefers the single file when both exist; so do we.
+  if (fs::exists(single, ec)) {
+    add_file(SafetensorsFile::open(single));
+    return ckpt;
+  }
+  if (!fs::exists(index, ec)) {
+    std::string msg = str_cat("no weights in '", dir, "': looked for ", single, " and ", index);
+    std::vector<std::string> others;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      std::string name = e.path().filename().string();
+      if (name.ends_with(".safetensors") || name.ends_with(".bin") || name.ends_with(".gguf") ||
+          name.ends_with(".pt") || name.ends_with(".pth"))
+        others.push_back(name);
+    }
+    std::sort(others.begin(), others.end());
+    if (!others.empty()) {
+      msg += "; the folder has ";
+      for (size_t i = 0; i < others.size() && i < 8; ++i) msg += (i ? ", " : "") + others[i];
+      if (others.size() > 8) msg += ", ...";
+      msg +=
+          " (tformers reads model.safetensors or a sharded index; convert other formats with "
+          "Transformers' save_pretrained(..., safe_serialization=True))";
+    }
+    throw NotFoundError(msg);
+  }
+
+  Json idx = load_json_file(index);
+  if (!idx.is_object()) throw FormatError(str_cat(index, ": expected a JSON object"));
+  auto wm = idx.find("weight_map");
+  if (wm == idx.end())
+    throw FormatError(str_cat(index, ": required field 'weight_map' is missing"));
+  if (!wm->is_object() || wm->empty())
+    throw FormatError(str_cat(index, ": 'weight_map' must be a non-empty object {tensor: shard}"));
+
+  // Shards in order of first mention, each opened once.
+  std::vector<std::string> shards;
+  std::map<std::string, std::pair<std::string, size_t>> first_use;  // shard -> (tensor, count)
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    if (!it.value().is_string())
+      throw FormatError(
+          str_cat(index, ": weight_map[\"", it.key(), "\"] must be a shard file name (string)"));
+    const std::string& shard = it.value().get_ref<const std::string&>();
+    check_shard_name(index, it.key(), shard);
+    auto [u, fresh] = first_use.emplace(shard, std::make_pair(it.key(), size_t(0)));
+    ++u->second.second;
+    if (fresh) shards.push_back(shard);
+  }
+  std::map<std::string, size_t> shard_file;
+  for (const auto& shard : shards) {
+    std::string p = (fs::path(dir) / shard).string();
+    if (!fs::exists(p, ec)) {
+      const auto& [tensor, count] = first_use[shard];
+      throw NotFoundError(str_cat(index, ": shard '", shard, "' (holding '", tensor, "'",
+                                  count > 1 ? str_cat(" and ", count - 1, " more tensors") : "",
+                                  ") is missing: ", p,
+                                  " does not exist; download the complete checkpoint"));
+    }
+    shard_file[shard] = ckpt.files_.size();
+    add_file(SafetensorsFile::open(p));
+  }
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    const std::string& shard = it.value().get_ref<const std::string&>();
+    const auto& f = ckpt.files_[shard_file[shard]];
+    if (!f->find(it.key())) {
+      auto where = ckpt.index_.find(it.key());
+      throw FormatError(str_cat(
+          index, ": weight_map says tensor '", it.key(), "' is in ", shard, " but ", f->path(),
+          " has no such tensor",
+          where != ckpt.index_.end()
+              ? str_cat(" (it is in ", ckpt.files_[where->second]->path(), "; fix the index)")
+              : "; the index and the shards do not match"));
+    }
+  }
+  return ckpt;
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  out.reserve(index_.size());
+  for (const auto& [name, fi] : index_) out.push_back(name);
+  return out;  // std::map keeps them sorted
+}
+
+bool Checkpoint::has(const std::string& name) const { return index_.count(name) != 0; }
+
+const TensorInfo& Checkpoint::info(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) no_such_tensor(str_cat("checkpoint '", dir_, "'"), name, names());
+  return *files_[it->second]->find(name);
+}
+
+Tensor Checkpoint::get(const std::string& name) const {
+  const TensorInfo& i = info(name);
+  return files_[index_.at(name)]->get(i.name);
+}
+
+Tensor Checkpoint::get_rows(const std::string& name, int64_t row_begin, int64_t row_end) const {
+  info(name);
+  return files_[index_.at(name)]->get_rows(name, row_begin, row_end);
+}
+
+uint64_t Checkpoint::total_bytes() const {
+  uint64_t total = 0;
+  for (const auto& f : files_)
+    for (const auto& t : f->tensors()) total += t.nbytes;
+  return total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::set<std::string> names;
+  for (const auto& [name, t] : tensors) {
+    if (name.empty() || name == "__metadata__")
+      throw InvalidArgumentError(
+          str_cat("save_safetensors(", path, "): invalid tensor name '", name, "'"));
+    if (!names.insert(name).second)
+      throw InvalidArgumentError(
+          str_cat("save_safetensors(", path, "): tensor '", name, "' given twice"));
+    if (!t.defined())
+      throw InvalidArgumentError(
+          str_cat("save_safetensors(", path, "): tensor '", name, "' has no data"));
+    if (t.device().type != "cpu")
+      throw InvalidArgumentError(str_cat("save_safetensors(", path, "): tensor '", name, "' is on ",
+                                         t.device().str(), ", not on the host"));
+  }
+  // Larger elements first (stable otherwise): every tensor then starts at a multiple of its
+  // element size with no padding between tensors, which the format does not allow.
+  std::vector<size_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return dtype_size(tensors[a].second.dtype()) > dtype_size(tensors[b].second.dtype());
+  });
+
+  OrderedJson header = OrderedJson::object();
+  if (!metadata.empty()) {
+    OrderedJson m = OrderedJson::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    header["__metadata__"] = std::move(m);
+  }
+  uint64_t pos = 0;
+  for (size_t i : order) {
+    const auto& [name, t] = tensors[i];
+    OrderedJson e;
+    e["dtype"] = safetensors_dtype_name(t.dtype());
+    e["shape"] = t.shape();
+    e["data_offsets"] = {pos, pos + t.nbytes()};
+    pos += t.nbytes();
+    header[name] = std::move(e);
+  }
+  std::string text = header.dump();
+  // Pad with spaces so the data buffer starts 8-byte aligned in the file (and in the mapping).
+  text.append((8 - (8 + text.size()) % 8) % 8, ' ');
+
+  // Written to a temporary name and renamed, so a crash never leaves a truncated checkpoint.
+  std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw Error(str_cat("save_safetensors: cannot create ", tmp, ": ", std::strerror(errno)));
+  auto fail = [&](const char* what) {
+    int err = errno;
+    std::fclose(f);
+    std::remove(tmp.c_str());
+    throw Error(str_cat("save_safetensors: ", what, " ", tmp, ": ", std::strerror(err)));
+  };
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
+  if (std::fwrite(len, 1, 8, f) != 8 || std::fwrite(text.data(), 1, text.size(), f) != text.size())
+    fail("cannot write");
+  for (size_t i : order) {
+    const Tensor& t = tensors[i].second;
+    if (t.nbytes() && std::fwrite(t.raw(), 1, t.nbytes(), f) != t.nbytes()) fail("cannot write");
+  }
+  if (std::fflush(f) != 0) fail("cannot write");
+  if (std::fclose(f) != 0) {
+    std::remove(tmp.c_str());
+    throw Error(str_cat("save_safetensors: cannot write ", tmp, ": ", std::strerror(errno)));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    throw Error(str_cat("save_safetensors: cannot rename ", tmp, " to ", path, ": ", ec.message()));
+  }
+}
+
+}  // namespace tformers::io
