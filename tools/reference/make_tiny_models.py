@@ -1,0 +1,262 @@
+"""Writes the tiny random checkpoints under tests/data/models/ (fixed seeds, reproducible).
+
+Each model is a Hugging Face model folder: config.json, generation_config.json and safetensors
+(single model.safetensors, or model-0000k-of-0000n.safetensors + model.safetensors.index.json).
+Run with Debian's Python (it has torch): /usr/bin/python3 tools/reference/make_tiny_models.py
+"""
+
+import json
+import os
+import shutil
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_io import read_safetensors, write_safetensors  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUT_DIR = os.path.join(ROOT, "tests", "data", "models")
+
+TRANSFORMERS_VERSION = "4.51.3"  # the config format version these files mimic
+
+# name -> (seed, config overrides, number of shards)
+MODELS = {
+    "tiny-qwen3": (
+        1001,
+        dict(
+            architectures=["Qwen3ForCausalLM"],
+            model_type="qwen3",
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,  # deliberately != hidden_size / num_attention_heads (16)
+            rope_theta=1000000.0,
+            rope_scaling=None,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+            attention_bias=False,
+            torch_dtype="bfloat16",
+        ),
+        1,
+    ),
+    "tiny-qwen3-sharded": (
+        1002,
+        dict(
+            architectures=["Qwen3ForCausalLM"],
+            model_type="qwen3",
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            num_attention_heads=8,
+            num_key_value_heads=2,  # GQA ratio 4
+            head_dim=16,
+            rope_theta=1000000.0,
+            rope_scaling=None,
+            max_position_embeddings=512,
+            tie_word_embeddings=False,
+            attention_bias=False,
+            torch_dtype="float32",
+        ),
+        2,
+    ),
+    "tiny-llama": (
+        1003,
+        dict(
+            architectures=["LlamaForCausalLM"],
+            model_type="llama",
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_theta=500000.0,
+            # With head_dim 16 and theta 5e5 the wavelengths are 6.3, 32.4, 167, ...: one is kept
+            # (< 64/4), one is smoothed (between 16 and 64) and the rest are divided by 8.
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            max_position_embeddings=512,
+            tie_word_embeddings=False,
+            attention_bias=False,
+            mlp_bias=False,
+            torch_dtype="float32",
+        ),
+        1,
+    ),
+    "tiny-llama-sharded": (
+        1004,
+        dict(
+            architectures=["LlamaForCausalLM"],
+            model_type="llama",
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,  # no GQA
+            head_dim=16,
+            rope_theta=10000.0,
+            rope_scaling=None,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+            attention_bias=True,
+            mlp_bias=False,
+            torch_dtype="bfloat16",
+        ),
+        2,
+    ),
+}
+
+COMMON = dict(
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    initializer_range=0.02,
+    attention_dropout=0.0,
+    use_cache=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    transformers_version=TRANSFORMERS_VERSION,
+)
+
+
+def full_config(overrides):
+    config = dict(COMMON)
+    config.update(overrides)
+    if config["model_type"] == "qwen3":
+        config.update(use_sliding_window=False, sliding_window=None, max_window_layers=config[
+            "num_hidden_layers"])
+    else:
+        config.update(pretraining_tp=1)
+    return dict(sorted(config.items()))
+
+
+def make_weights(config, seed):
+    """Random weights in float32; scales chosen so logits spread over a few units and greedy
+    decoding moves between tokens instead of repeating the prompt's last token."""
+    g = torch.Generator().manual_seed(seed)
+
+    def normal(shape, std):
+        return torch.randn(*shape, generator=g) * std
+
+    def norm_weight(n):
+        return 1.0 + normal((n,), 0.1)
+
+    hidden = config["hidden_size"]
+    inter = config["intermediate_size"]
+    vocab = config["vocab_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config["num_key_value_heads"]
+    head_dim = config["head_dim"]
+    qwen3 = config["model_type"] == "qwen3"
+    # With tied embeddings the residual stream starts at the token's own embedding, so its own
+    # logit wins unless the layers' outputs dominate it: give o_proj and down_proj more weight.
+    out_std = 0.4 if config["tie_word_embeddings"] else 0.1
+    w = {"model.embed_tokens.weight": normal((vocab, hidden), 0.3)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        w[p + ".input_layernorm.weight"] = norm_weight(hidden)
+        w[p + ".post_attention_layernorm.weight"] = norm_weight(hidden)
+        a = p + ".self_attn"
+        w[a + ".q_proj.weight"] = normal((heads * head_dim, hidden), 0.1)
+        w[a + ".k_proj.weight"] = normal((kv_heads * head_dim, hidden), 0.1)
+        w[a + ".v_proj.weight"] = normal((kv_heads * head_dim, hidden), 0.1)
+        w[a + ".o_proj.weight"] = normal((hidden, heads * head_dim), out_std)
+        if config["attention_bias"]:
+            w[a + ".q_proj.bias"] = normal((heads * head_dim,), 0.1)
+            w[a + ".k_proj.bias"] = normal((kv_heads * head_dim,), 0.1)
+            w[a + ".v_proj.bias"] = normal((kv_heads * head_dim,), 0.1)
+            w[a + ".o_proj.bias"] = normal((hidden,), 0.1)
+        if qwen3:
+            w[a + ".q_norm.weight"] = norm_weight(head_dim)
+            w[a + ".k_norm.weight"] = norm_weight(head_dim)
+        m = p + ".mlp"
+        w[m + ".gate_proj.weight"] = normal((inter, hidden), 0.1)
+        w[m + ".up_proj.weight"] = normal((inter, hidden), 0.1)
+        w[m + ".down_proj.weight"] = normal((hidden, inter), out_std)
+        if config.get("mlp_bias"):
+            w[m + ".gate_proj.bias"] = normal((inter,), 0.1)
+            w[m + ".up_proj.bias"] = normal((inter,), 0.1)
+            w[m + ".down_proj.bias"] = normal((hidden,), 0.1)
+    w["model.norm.weight"] = norm_weight(hidden)
+    if not config["tie_word_embeddings"]:
+        w["lm_head.weight"] = normal((vocab, hidden), 0.3)
+    return w
+
+
+def shard_of(name, config, num_shards):
+    """Layers split evenly; embeddings go with the first shard, norm and lm_head with the last."""
+    if num_shards == 1:
+        return 0
+    if name.startswith("model.layers."):
+        layer = int(name.split(".")[2])
+        return min(layer * num_shards // config["num_hidden_layers"], num_shards - 1)
+    return 0 if name.startswith("model.embed_tokens") else num_shards - 1
+
+
+def write_model(name, seed, overrides, num_shards):
+    config = full_config(overrides)
+    out = os.path.join(OUT_DIR, name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    storage = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config["torch_dtype"]]
+    weights = {k: v.to(storage) for k, v in make_weights(config, seed).items()}
+
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    generation_config = {
+        "_from_model_config": True,
+        "bos_token_id": config["bos_token_id"],
+        "eos_token_id": config["eos_token_id"],
+        "transformers_version": TRANSFORMERS_VERSION,
+    }
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump(generation_config, f, indent=2)
+        f.write("\n")
+
+    metadata = {"format": "pt"}
+    if num_shards == 1:
+        write_safetensors(os.path.join(out, "model.safetensors"), weights, metadata)
+    else:
+        weight_map = {}
+        total = 0
+        for s in range(num_shards):
+            file = f"model-{s + 1:05d}-of-{num_shards:05d}.safetensors"
+            part = {k: v for k, v in weights.items() if shard_of(k, config, num_shards) == s}
+            total += write_safetensors(os.path.join(out, file), part, metadata)
+            weight_map.update({k: file for k in part})
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f, indent=2)
+            f.write("\n")
+
+    # Read back what was written and compare bit for bit.
+    loaded = {}
+    for file in sorted(os.listdir(out)):
+        if file.endswith(".safetensors"):
+            loaded.update(read_safetensors(os.path.join(out, file)))
+    assert set(loaded) == set(weights), name
+    for k, v in weights.items():
+        assert loaded[k].dtype == v.dtype and torch.equal(loaded[k], v), k
+    sizes = {f: os.path.getsize(os.path.join(out, f)) for f in sorted(os.listdir(out))}
+    print(f"{name}: {len(weights)} tensors, files {sizes}")
+
+
+def main():
+    for name, (seed, overrides, num_shards) in MODELS.items():
+        write_model(name, seed, overrides, num_shards)
+
+
+if __name__ == "__main__":
+    main()

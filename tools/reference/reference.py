@@ -1,0 +1,243 @@
+"""An independent PyTorch reference for LlamaForCausalLM and Qwen3ForCausalLM.
+
+It follows the semantics of Hugging Face Transformers' modeling_llama.py / modeling_qwen3.py with
+eager attention, op for op and dtype for dtype, so that its logits are what Transformers would
+produce for the same checkpoint loaded with `torch_dtype=dtype` on CPU:
+
+  embed_tokens -> N x [ input_layernorm -> self_attn -> residual add
+                        -> post_attention_layernorm -> mlp -> residual add ]
+  -> norm -> lm_head
+
+* RMSNorm: x.float(); var = mean(x^2); x * rsqrt(var + eps); weight * x.to(input dtype).
+* Attention: q/k/v projections (bias if attention_bias); Qwen3 applies q_norm / k_norm (RMSNorm
+  over head_dim) per head before RoPE; RoPE rotate-half, inv_freq in float32, cos/sin computed in
+  float32 and cast to the activation dtype; llama3 rope_scaling as in
+  _compute_llama3_parameters; repeat_kv for GQA; scores * head_dim**-0.5 + causal mask of
+  finfo(dtype).min; softmax in float32 cast back to the query dtype; o_proj.
+* MLP: down_proj(silu(gate_proj(x)) * up_proj(x)) (bias if mlp_bias, Llama only).
+* lm_head tied to embed_tokens when tie_word_embeddings.
+
+Only the model is here; no generation utilities beyond a plain greedy loop.
+"""
+
+import json
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+
+from safetensors_io import read_safetensors
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_checkpoint(model_dir):
+    """Returns (config dict, {name: tensor} in the checkpoint's stored dtype)."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    index_path = os.path.join(model_dir, "model.safetensors.index.json")
+    weights = {}
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            index = json.load(f)
+        for shard in sorted(set(index["weight_map"].values())):
+            part = read_safetensors(os.path.join(model_dir, shard))
+            for name in part:
+                assert index["weight_map"][name] == shard, name
+            weights.update(part)
+        assert set(weights) == set(index["weight_map"]), "index and shards disagree"
+    else:
+        weights = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    return config, weights
+
+
+class Model:
+    """A causal LM from a config and a weight dict, computing in `dtype`."""
+
+    def __init__(self, config, weights, dtype):
+        arch = config["architectures"][0]
+        assert arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"), arch
+        self.is_qwen3 = arch == "Qwen3ForCausalLM"
+        self.config = config
+        self.dtype = dtype
+        # from_pretrained(torch_dtype=dtype) casts every parameter to dtype.
+        self.w = {k: v.to(dtype) for k, v in weights.items()}
+        if config.get("tie_word_embeddings", False):
+            assert "lm_head.weight" not in self.w
+            self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
+        self.hidden_size = config["hidden_size"]
+        self.num_heads = config["num_attention_heads"]
+        self.num_kv_heads = config.get("num_key_value_heads") or self.num_heads
+        self.head_dim = config.get("head_dim") or self.hidden_size // self.num_heads
+        self.eps = config["rms_norm_eps"]
+        self.scaling = self.head_dim**-0.5
+        self.inv_freq = self._compute_inv_freq()
+
+    # --- rotary embedding -------------------------------------------------------------------
+    def _compute_inv_freq(self):
+        base = float(self.config["rope_theta"])
+        dim = self.head_dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        rs = self.config.get("rope_scaling")
+        if rs is None:
+            return inv_freq
+        rope_type = rs.get("rope_type", rs.get("type"))
+        if rope_type == "default":
+            return inv_freq
+        assert rope_type == "llama3", rope_type
+        factor = rs["factor"]
+        low_freq_factor = rs["low_freq_factor"]
+        high_freq_factor = rs["high_freq_factor"]
+        old_context_len = rs["original_max_position_embeddings"]
+        low_freq_wavelen = old_context_len / low_freq_factor
+        high_freq_wavelen = old_context_len / high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        # Wavelengths longer than low_freq_wavelen are scaled down by factor, shorter than
+        # high_freq_wavelen kept, and the ones between interpolated smoothly.
+        inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth_factor = (old_context_len / wavelen - low_freq_factor) / (
+            high_freq_factor - low_freq_factor
+        )
+        smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+        is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        return torch.where(is_medium, smoothed, inv_freq_llama)
+
+    def rotary(self, position_ids):
+        """position_ids [B, T] -> cos, sin [B, T, head_dim] in self.dtype (attention_scaling 1)."""
+        inv = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+        pos = position_ids[:, None, :].float()
+        freqs = (inv @ pos).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    # --- building blocks --------------------------------------------------------------------
+    def rms_norm(self, x, weight):
+        input_dtype = x.dtype
+        h = x.to(torch.float32)
+        variance = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(variance + self.eps)
+        return weight * h.to(input_dtype)
+
+    def linear(self, x, prefix):
+        return F.linear(x, self.w[prefix + ".weight"], self.w.get(prefix + ".bias"))
+
+    @staticmethod
+    def rotate_half(x):
+        x1 = x[..., : x.shape[-1] // 2]
+        x2 = x[..., x.shape[-1] // 2 :]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def apply_rope(self, x, cos, sin):
+        # x [B, H, T, D]; cos, sin [B, T, D]
+        cos = cos.unsqueeze(1)
+        sin = sin.unsqueeze(1)
+        return (x * cos) + (self.rotate_half(x) * sin)
+
+    @staticmethod
+    def repeat_kv(x, n_rep):
+        b, h, t, d = x.shape
+        if n_rep == 1:
+            return x
+        return x[:, :, None, :, :].expand(b, h, n_rep, t, d).reshape(b, h * n_rep, t, d)
+
+    def qkv(self, i, x, cos, sin):
+        """Normed hidden x [B, T, hidden] -> q [B, H, T, D], k, v [B, Hkv, T, D], RoPE applied."""
+        p = f"model.layers.{i}.self_attn"
+        b, t, _ = x.shape
+        shape = (b, t, -1, self.head_dim)
+        q = self.linear(x, p + ".q_proj").view(shape)
+        k = self.linear(x, p + ".k_proj").view(shape)
+        v = self.linear(x, p + ".v_proj").view(shape).transpose(1, 2)
+        if self.is_qwen3:
+            q = self.rms_norm(q, self.w[p + ".q_norm.weight"])
+            k = self.rms_norm(k, self.w[p + ".k_norm.weight"])
+        q = q.transpose(1, 2)
+        k = k.transpose(1, 2)
+        return self.apply_rope(q, cos, sin), self.apply_rope(k, cos, sin), v
+
+    def attend(self, i, q, k, v, mask):
+        """Eager attention: q [B, H, T, D], k, v [B, Hkv, S, D], additive mask [T, S]."""
+        n_rep = self.num_heads // self.num_kv_heads
+        k = self.repeat_kv(k, n_rep)
+        v = self.repeat_kv(v, n_rep)
+        scores = torch.matmul(q, k.transpose(2, 3)) * self.scaling
+        scores = scores + mask
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(probs, v).transpose(1, 2).contiguous()
+        out = out.reshape(out.shape[0], out.shape[1], -1)
+        return self.linear(out, f"model.layers.{i}.self_attn.o_proj")
+
+    def mlp(self, i, x):
+        p = f"model.layers.{i}.mlp"
+        return self.linear(F.silu(self.linear(x, p + ".gate_proj")) * self.linear(x, p + ".up_proj"),
+                           p + ".down_proj")
+
+    def causal_mask(self, t, s, offset):
+        """Additive [t, s] mask: query row r (absolute position offset + r) sees keys <= it."""
+        min_value = torch.finfo(self.dtype).min
+        q_pos = torch.arange(t)[:, None] + offset
+        k_pos = torch.arange(s)[None, :]
+        mask = torch.zeros(t, s, dtype=self.dtype)
+        return mask.masked_fill(k_pos > q_pos, min_value)
+
+    # --- forward ----------------------------------------------------------------------------
+    def forward(self, input_ids, cache=None):
+        """input_ids: list of ints. Returns logits [T, V] (model dtype) for every position.
+
+        Without `cache` the sequence is computed from scratch. With a cache (a list of per-layer
+        [k, v] tensors, possibly empty lists) the tokens are appended after the cached ones, as
+        a dynamic KV cache does; used only to cross-check the masking of the full recompute.
+        """
+        ids = torch.tensor([input_ids], dtype=torch.int64)
+        past = 0
+        if cache is not None and cache[0]:
+            past = cache[0][0].shape[2]
+        t = ids.shape[1]
+        position_ids = torch.arange(past, past + t)[None, :]
+        h = F.embedding(ids, self.w["model.embed_tokens.weight"])
+        cos, sin = self.rotary(position_ids)
+        mask = self.causal_mask(t, past + t, past)
+        for i in range(self.config["num_hidden_layers"]):
+            p = f"model.layers.{i}"
+            residual = h
+            x = self.rms_norm(h, self.w[p + ".input_layernorm.weight"])
+            q, k, v = self.qkv(i, x, cos, sin)
+            if cache is not None:
+                if cache[i]:
+                    k = torch.cat([cache[i][0], k], dim=2)
+                    v = torch.cat([cache[i][1], v], dim=2)
+                cache[i][:] = [k, v]
+            h = residual + self.attend(i, q, k, v, mask)
+            residual = h
+            x = self.rms_norm(h, self.w[p + ".post_attention_layernorm.weight"])
+            h = residual + self.mlp(i, x)
+        h = self.rms_norm(h, self.w["model.norm.weight"])
+        return F.linear(h, self.w["lm_head.weight"])[0]
+
+    def new_cache(self):
+        return [[] for _ in range(self.config["num_hidden_layers"])]
+
+
+def first_argmax(row):
+    """Index of the first maximal value (Transformers' greedy: torch.argmax, first on ties)."""
+    row = row.float()
+    return int(torch.nonzero(row == row.max())[0, 0])
+
+
+def greedy(model, input_ids, max_new_tokens):
+    """Greedy decoding that recomputes the whole sequence every step (no KV cache, no eos stop).
+
+    Returns (new token ids, margins): the margin is top-1 minus top-2 logit at each step, so a test
+    can tell a real divergence from a near tie.
+    """
+    seq = list(input_ids)
+    out, margins = [], []
+    for _ in range(max_new_tokens):
+        last = model.forward(seq)[-1].float()
+        tok = first_argmax(last)
+        top2 = torch.topk(last, 2).values
+        margins.append(float(top2[0] - top2[1]))
+        out.append(tok)
+        seq.append(tok)
+    return out, margins
