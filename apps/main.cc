@@ -39,10 +39,10 @@ int cmd_env() {
   std::printf("cpu features: %s\n", std::string(tformers::cpu::feature_string()).c_str());
   for (const std::string& line : tformers::accelerator::describe_backends())
     std::printf("backend %s\n", line.c_str());
-  std::printf("accelerator available: %s\n",
-              tformers::accelerator::is_available() ? "yes" : "no");
+  std::printf("accelerator available: %s\n", tformers::accelerator::is_available() ? "yes" : "no");
   std::string archs;
-  for (const auto& a : tformers::supported_architectures()) archs += (archs.empty() ? "" : ", ") + a;
+  for (const auto& a : tformers::supported_architectures())
+    archs += (archs.empty() ? "" : ", ") + a;
   std::printf("architectures: %s\n", archs.c_str());
   return 0;
 }
@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
   int threads = 0;
   app.add_option("--threads", threads, "CPU threads (default: TFORMERS_NUM_THREADS or all cores)");
 
-  CLI::App* env = app.add_subcommand("env", "Print the version, CPU features, backends and accelerators");
+  CLI::App* env =
+      app.add_subcommand("env", "Print the version, CPU features, backends and accelerators");
 
   CLI::App* gen = app.add_subcommand("generate", "Generate tokens from a prompt");
   std::string model, prompt_ids, dtype, device = "auto";

@@ -29,7 +29,7 @@ inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(uint32_t(h) <
 inline uint16_t f32_to_bf16(float f) {
   uint32_t u = std::bit_cast<uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                                          // nearest even
+  u += 0x7fffu + ((u >> 16) & 1u);                                         // nearest even
   return uint16_t(u >> 16);
 }
 

@@ -57,15 +57,16 @@ std::string str_cat(const Args&... args) {
   (os << ... << args);
   return os.str();
 }
-[[noreturn]] void check_failed(const char* file, int line, const char* cond, const std::string& msg);
+[[noreturn]] void check_failed(const char* file, int line, const char* cond,
+                               const std::string& msg);
 }  // namespace detail
 
 }  // namespace tformers
 
 // Always-on invariant check (also in release builds): internal bugs must not turn into garbage.
-#define TF_CHECK(cond, ...)                                                           \
-  do {                                                                                \
-    if (!(cond)) [[unlikely]]                                                         \
-      ::tformers::detail::check_failed(__FILE__, __LINE__, #cond,                     \
+#define TF_CHECK(cond, ...)                                                       \
+  do {                                                                            \
+    if (!(cond)) [[unlikely]]                                                     \
+      ::tformers::detail::check_failed(__FILE__, __LINE__, #cond,                 \
                                        ::tformers::detail::str_cat(__VA_ARGS__)); \
   } while (0)

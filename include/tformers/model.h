@@ -50,9 +50,9 @@ struct ModelConfig {
 
 // Inputs of one forward pass over a static KV cache. Shapes (B,T) for ids and positions.
 struct ForwardArgs {
-  Tensor input_ids;       // int32 (B,T)
-  Tensor position_ids;    // int32 (B,T); default: cache_position + arange(T)
-  Tensor attention_mask;  // int32 (B, max_cache_len) over cache slots; default: all ones
+  Tensor input_ids;            // int32 (B,T)
+  Tensor position_ids;         // int32 (B,T); default: cache_position + arange(T)
+  Tensor attention_mask;       // int32 (B, max_cache_len) over cache slots; default: all ones
   int64_t cache_position = 0;  // cache slot of the first new token
   int64_t logits_to_keep = 1;  // last positions whose logits are returned; 0 = all
 };

@@ -31,8 +31,8 @@ std::string join(const std::vector<std::string>& v) {
   pjrt::PluginProbe p = pjrt::probe_plugin(device);
   std::string msg = "device_map=\"" + device + "\": no usable " + device + " runtime. ";
   if (p.path.empty())
-    msg += "No PJRT plugin was found; looked in " + join(p.looked) +
-           ". Set TFORMERS_PJRT_" + (device == "tpu" ? "TPU" : "CUDA") +
+    msg += "No PJRT plugin was found; looked in " + join(p.looked) + ". Set TFORMERS_PJRT_" +
+           (device == "tpu" ? "TPU" : "CUDA") +
            " to the plugin library, or use device_map=\"cpu\".";
   else
     msg += "Found " + p.path + ", but " + p.problem + ". Use device_map=\"cpu\".";

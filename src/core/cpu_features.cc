@@ -17,8 +17,8 @@ Target detect() {
               __builtin_cpu_supports("f16c");
   bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16") &&
-              __builtin_cpu_supports("avx512vnni");
+  bool bf16 =
+      avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
   if (bf16) return Target::kAVX512BF16;
   if (avx512) return Target::kAVX512;
   if (avx2) return Target::kAVX2;
@@ -71,9 +71,9 @@ Target active_target() { return Target(active_slot().load(std::memory_order_rela
 
 void set_active_target(Target t) {
   if (t > detected_target())
-    throw InvalidArgumentError(detail::str_cat("CPU target ", target_name(t),
-                                               " is not supported by this CPU (best: ",
-                                               target_name(detected_target()), ")"));
+    throw InvalidArgumentError(detail::str_cat(
+        "CPU target ", target_name(t),
+        " is not supported by this CPU (best: ", target_name(detected_target()), ")"));
   active_slot().store(int(t));
 }
 

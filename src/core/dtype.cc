@@ -48,8 +48,8 @@ DType parse_dtype(std::string_view name) {
   if (name == "float32" || name == "fp32" || name == "f32" || name == "float") return DType::f32;
   if (name == "bfloat16" || name == "bf16") return DType::bf16;
   if (name == "float16" || name == "fp16" || name == "f16" || name == "half") return DType::f16;
-  throw InvalidArgumentError(detail::str_cat("unknown dtype '", name,
-                                             "': use one of float32, bfloat16, float16"));
+  throw InvalidArgumentError(
+      detail::str_cat("unknown dtype '", name, "': use one of float32, bfloat16, float16"));
 }
 
 float f16_to_f32(uint16_t h) {

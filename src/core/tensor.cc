@@ -19,11 +19,14 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
-std::string Device::str() const { return type == "cpu" ? type : type + ":" + std::to_string(index); }
+std::string Device::str() const {
+  return type == "cpu" ? type : type + ":" + std::to_string(index);
+}
 
 Tensor Tensor::zeros(Shape shape, DType dtype) {
   for (int64_t d : shape)
-    if (d < 0) throw InvalidArgumentError("Tensor: negative dimension in shape " + shape_str(shape));
+    if (d < 0)
+      throw InvalidArgumentError("Tensor: negative dimension in shape " + shape_str(shape));
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;

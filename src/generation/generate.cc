@@ -41,8 +41,8 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
   const int64_t cache_len = gc.max_cache_len.value_or(T + new_tokens);
   if (T + new_tokens > cache_len)
     throw InvalidArgumentError("generate: the prompt (" + std::to_string(T) + ") plus " +
-                               std::to_string(new_tokens) + " new tokens do not fit max_cache_len " +
-                               std::to_string(cache_len));
+                               std::to_string(new_tokens) +
+                               " new tokens do not fit max_cache_len " + std::to_string(cache_len));
   reset_cache(B, cache_len);
   const int64_t V = m.config.vocab_size;
 

@@ -39,9 +39,7 @@ const char* op_name(Op op) {
   return "?";
 }
 
-std::string TensorType::str() const {
-  return std::string(dtype_name(dtype)) + shape_str(shape);
-}
+std::string TensorType::str() const { return std::string(dtype_name(dtype)) + shape_str(shape); }
 
 std::vector<int> Graph::leaves(Op kind) const {
   std::vector<int> out;

@@ -64,19 +64,19 @@ class Architecture {
                      const StepShape& shape, DType cache_dtype) const = 0;
 };
 
-void register_architecture(const std::string& name, std::function<std::unique_ptr<Architecture>()> make);
+void register_architecture(const std::string& name,
+                           std::function<std::unique_ptr<Architecture>()> make);
 // NotFoundError-free lookup: null when unknown.
 const Architecture* find_architecture(const std::string& name);
 std::vector<std::string> architecture_names();
 
 // Registers an architecture at static-initialization time:
 //   TFORMERS_REGISTER_ARCHITECTURE("LlamaForCausalLM", LlamaForCausalLM);
-#define TFORMERS_REGISTER_ARCHITECTURE(NAME, CLASS)                                 \
-  static const bool tformers_registered_##CLASS = [] {                              \
-    ::tformers::models::register_architecture(NAME, [] {                           \
-      return std::unique_ptr<::tformers::models::Architecture>(new CLASS());       \
-    });                                                                            \
-    return true;                                                                   \
+#define TFORMERS_REGISTER_ARCHITECTURE(NAME, CLASS)                                           \
+  static const bool tformers_registered_##CLASS = [] {                                        \
+    ::tformers::models::register_architecture(                                                \
+        NAME, [] { return std::unique_ptr<::tformers::models::Architecture>(new CLASS()); }); \
+    return true;                                                                              \
   }()
 
 }  // namespace tformers::models

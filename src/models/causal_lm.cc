@@ -57,7 +57,15 @@ std::string join(const std::vector<std::string>& v, const std::string& sep = ", 
 ModelConfig parse_config(const io::Json& j, const std::string& where,
                          const models::Architecture*& arch) {
   ModelConfig c;
-  auto archs = io::get_required<std::vector<std::string>>(j, "architectures", where);
+  io::Json arch_list = io::get_required<io::Json>(j, "architectures", where);
+  std::vector<std::string> archs;
+  if (arch_list.is_array())
+    for (const auto& a : arch_list)
+      if (a.is_string()) archs.push_back(a.get<std::string>());
+  if (archs.empty() || archs.size() != arch_list.size())
+    throw FormatError(where +
+                      ": field 'architectures' must be a non-empty list of class names "
+                      "such as [\"Qwen3ForCausalLM\"]");
   for (const auto& name : archs)
     if ((arch = models::find_architecture(name))) {
       c.architecture = name;
@@ -80,15 +88,18 @@ ModelConfig parse_config(const io::Json& j, const std::string& where,
   c.rope_theta = io::get_or<double>(j, "rope_theta", 10000.0, where);
   c.tie_word_embeddings = io::get_or<bool>(j, "tie_word_embeddings", false, where);
   c.attention_bias = io::get_or<bool>(j, "attention_bias", false, where);
-  if (auto d = io::get_optional<std::string>(j, "torch_dtype", where)) c.torch_dtype = parse_dtype(*d);
+  if (auto d = io::get_optional<std::string>(j, "torch_dtype", where))
+    c.torch_dtype = parse_dtype(*d);
   if (auto a = io::get_optional<std::string>(j, "hidden_act", where); a && *a != "silu")
     throw UnsupportedError(where + ": hidden_act '" + *a + "' is not supported (only silu)");
-  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size},
+                         {"hidden_size", c.hidden_size},
                          {"intermediate_size", c.intermediate_size},
                          {"num_hidden_layers", c.num_hidden_layers},
                          {"num_attention_heads", c.num_attention_heads},
                          {"num_key_value_heads", c.num_key_value_heads}})
-    if (v <= 0) throw FormatError(where + ": " + name + " must be positive, got " + std::to_string(v));
+    if (v <= 0)
+      throw FormatError(where + ": " + name + " must be positive, got " + std::to_string(v));
   c.head_dim = c.hidden_size / c.num_attention_heads;
   arch->read_config(j, c, where);
   if (j.contains("head_dim") && !j["head_dim"].is_null())
@@ -181,13 +192,15 @@ CausalLM::Impl::Step& CausalLM::Impl::step(const models::StepShape& shape) {
   if (cc.stats().compiles > before) {
     ++stats.compiles;
     if (verbose)
-      std::fprintf(stderr, "tformers: compiled step batch=%lld tokens=%lld cache=%lld (%zu nodes)\n",
-                   (long long)shape.batch, (long long)shape.new_tokens,
-                   (long long)shape.cache_len, g.nodes().size());
+      std::fprintf(stderr,
+                   "tformers: compiled step batch=%lld tokens=%lld cache=%lld (%zu nodes)\n",
+                   (long long)shape.batch, (long long)shape.new_tokens, (long long)shape.cache_len,
+                   g.nodes().size());
   } else {
     ++stats.hits;
   }
-  for (int id : g.leaves(graph::Op::kParameter)) s.params.push_back(weights.at(g.node(id).name).get());
+  for (int id : g.leaves(graph::Op::kParameter))
+    s.params.push_back(weights.at(g.node(id).name).get());
   for (int id : g.leaves(graph::Op::kState)) s.states.push_back(cache.at(g.node(id).name).get());
   return steps.emplace(shape, std::move(s)).first->second;
 }
@@ -257,7 +270,8 @@ Tensor CausalLM::forward(const ForwardArgs& a) {
   if (!pos.defined() || pos.numel() == 0) {
     pos = Tensor::zeros({B, T}, DType::i32);
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < T; ++t) pos.data<int32_t>()[b * T + t] = int32_t(a.cache_position + t);
+      for (int64_t t = 0; t < T; ++t)
+        pos.data<int32_t>()[b * T + t] = int32_t(a.cache_position + t);
   }
   Tensor mask = a.attention_mask;
   if (!mask.defined() || mask.numel() == 0) {

@@ -100,7 +100,8 @@ void build_decoder(GraphBuilder& b, Params& p, const ModelConfig& c, const StepS
     Value att = b.attention(q, kc, vc, start, mask, scale, a + "attention");  // (B,T,Hq,D)
     h = b.add(h, linear(b, p, b.reshape(att, {B, T, Hq * D}), a + "o_proj"), n + "residual_attn");
 
-    x = b.rms_norm(h, p(n + "post_attention_layernorm.weight"), eps, n + "post_attention_layernorm");
+    x = b.rms_norm(h, p(n + "post_attention_layernorm.weight"), eps,
+                   n + "post_attention_layernorm");
     Value gate = linear(b, p, x, n + "mlp.gate_proj");
     Value up = linear(b, p, x, n + "mlp.up_proj");
     Value mlp = linear(b, p, b.silu_mul(gate, up, n + "mlp.act"), n + "mlp.down_proj");

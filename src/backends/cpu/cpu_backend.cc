@@ -56,7 +56,7 @@ class CpuExecutable : public Executable {
   int64_t arena_size_ = 0;
   std::unique_ptr<char, decltype(&std::free)> arena_{nullptr, &std::free};
   // Bound for the duration of run().
-  std::span<Buffer* const> params_, states_;
+  std::span<Buffer*const> params_, states_;
 };
 
 void CpuExecutable::plan() {
@@ -102,7 +102,8 @@ void CpuExecutable::plan() {
   for (Block* b : order) {
     std::vector<std::pair<int64_t, int64_t>> busy;
     for (Block* p : placed)
-      if (p->begin <= b->end && b->begin <= p->end) busy.push_back({p->offset, p->offset + p->size});
+      if (p->begin <= b->end && b->begin <= p->end)
+        busy.push_back({p->offset, p->offset + p->size});
     std::sort(busy.begin(), busy.end());
     int64_t offset = 0;
     for (auto [lo, hi] : busy) {
@@ -118,7 +119,8 @@ void CpuExecutable::plan() {
   for (size_t k = 0; k < state_ids_.size(); ++k) slots_[state_ids_[k]] = {Slot::kState, int64_t(k)};
   for (int i = 0; i < n; ++i) slots_[i] = slots_[root[i]];
 
-  arena_.reset(static_cast<char*>(std::aligned_alloc(kAlign, std::max<int64_t>(arena_size_, kAlign))));
+  arena_.reset(
+      static_cast<char*>(std::aligned_alloc(kAlign, std::max<int64_t>(arena_size_, kAlign))));
   if (!arena_) throw Error(detail::str_cat("CPU backend: cannot allocate ", arena_size_, " bytes"));
 }
 
@@ -145,8 +147,8 @@ void CpuExecutable::check_runtime_values() const {
       for (int64_t i = 0; i < count; ++i)
         if (ids[i] < 0 || ids[i] >= vocab)
           throw InvalidArgumentError(detail::str_cat("token id ", ids[i], " at index ", i,
-                                                     " is out of range: the vocabulary has ",
-                                                     vocab, " entries (ids 0..", vocab - 1, ")"));
+                                                     " is out of range: the vocabulary has ", vocab,
+                                                     " entries (ids 0..", vocab - 1, ")"));
     } else if (n.op == Op::kCacheWrite) {
       int32_t start = *static_cast<const int32_t*>(ptr(n.inputs[2]));
       int64_t cache_len = n.type.shape[2], t = graph_.node(n.inputs[1]).type.shape[1];
@@ -186,8 +188,8 @@ void CpuExecutable::run(std::span<Buffer* const> params, std::span<Buffer* const
   for (int i = 0; i < int(nodes.size()); ++i) execute(nodes[i], i);
   for (size_t k = 0; k < outputs.size(); ++k) {
     const Node& n = graph_.node(graph_.outputs()[k]);
-    TF_CHECK(outputs[k]->dtype() == n.type.dtype && outputs[k]->shape() == n.type.shape,
-             "output ", k, " must be ", n.type.str());
+    TF_CHECK(outputs[k]->dtype() == n.type.dtype && outputs[k]->shape() == n.type.shape, "output ",
+             k, " must be ", n.type.str());
     std::memcpy(outputs[k]->raw(), ptr(graph_.outputs()[k]), outputs[k]->nbytes());
     stats_->device_to_host_bytes += outputs[k]->nbytes();
     ++stats_->device_to_host_copies;

@@ -8,10 +8,10 @@
 namespace tformers::backends::pjrt {
 
 struct PluginProbe {
-  std::string device;                // "tpu" or "cuda"
-  std::string path;                  // the library found, or ""
-  std::vector<std::string> looked;   // every place looked, in order
-  std::string problem;               // why a found library is unusable, or ""
+  std::string device;               // "tpu" or "cuda"
+  std::string path;                 // the library found, or ""
+  std::vector<std::string> looked;  // every place looked, in order
+  std::string problem;              // why a found library is unusable, or ""
 };
 
 PluginProbe probe_plugin(const std::string& device);

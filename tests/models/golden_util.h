@@ -1,0 +1,54 @@
+// Loading the PyTorch goldens (tools/reference/make_goldens.py) and comparing logits with the
+// metric the reference's README documents: per position max|a - b| / max|b| over the
+// vocabulary, worst position.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace tformers::testing {
+
+inline std::string model_dir(const std::string& name) {
+  return std::string(TFORMERS_TEST_DATA) + "/models/" + name;
+}
+
+struct GoldenCase {
+  std::vector<int32_t> input_ids;
+  std::vector<int32_t> greedy;
+  std::vector<float> greedy_margins;
+  std::vector<std::vector<float>> logits;  // one row per input position
+};
+
+inline std::vector<GoldenCase> load_goldens(const std::string& model, const std::string& dtype) {
+  std::ifstream in(std::string(TFORMERS_TEST_DATA) + "/goldens/" + model + "." + dtype + ".json");
+  EXPECT_TRUE(in.good()) << "missing golden for " << model << " " << dtype;
+  nlohmann::json j = nlohmann::json::parse(in);
+  std::vector<GoldenCase> cases;
+  for (const auto& c : j["cases"]) {
+    GoldenCase g;
+    g.input_ids = c["input_ids"].get<std::vector<int32_t>>();
+    g.greedy = c["greedy"].get<std::vector<int32_t>>();
+    g.greedy_margins = c["greedy_margins"].get<std::vector<float>>();
+    g.logits = c["logits"].get<std::vector<std::vector<float>>>();
+    cases.push_back(std::move(g));
+  }
+  return cases;
+}
+
+// max|a - b| / max|b| over one row.
+inline double row_error(const float* a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, double(std::fabs(b[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+
+}  // namespace tformers::testing

@@ -1,0 +1,82 @@
+// Logits and greedy tokens of the tiny checkpoints against the independent PyTorch reference
+// (tools/reference), in float32 and bfloat16, single and sharded files, tied and untied.
+#include <gtest/gtest.h>
+
+#include "golden_util.h"
+#include "tformers/model.h"
+
+namespace tformers {
+namespace {
+
+using testing::load_goldens;
+using testing::model_dir;
+using testing::row_error;
+
+class Golden : public ::testing::TestWithParam<std::string> {};
+
+// All-position logits of a prompt from one prefill.
+Tensor prefill_logits(CausalLM& lm, const std::vector<int32_t>& ids) {
+  const int64_t T = int64_t(ids.size());
+  lm.reset_cache(1, T);
+  ForwardArgs a;
+  a.input_ids = Tensor::from_vector<int32_t>({1, T}, DType::i32, ids);
+  a.logits_to_keep = 0;
+  return lm.forward(a);
+}
+
+TEST_P(Golden, Float32LogitsAndGreedyMatchReference) {
+  const std::string name = GetParam();
+  CausalLM lm = AutoModelForCausalLM::from_pretrained(model_dir(name),
+                                                      {.dtype = float32, .device_map = "cpu"});
+  for (const auto& c : load_goldens(name, "float32")) {
+    Tensor logits = prefill_logits(lm, c.input_ids);
+    const int64_t V = lm.config().vocab_size;
+    ASSERT_EQ(logits.numel(), int64_t(c.logits.size()) * V);
+    for (size_t t = 0; t < c.logits.size(); ++t)
+      EXPECT_LT(row_error(logits.data<float>() + t * V, c.logits[t]), 1e-4)
+          << name << " prompt of " << c.input_ids.size() << " tokens, position " << t;
+    auto out = lm.generate({c.input_ids}, {.max_new_tokens = int64_t(c.greedy.size())});
+    std::vector<int32_t> generated(out[0].begin() + c.input_ids.size(), out[0].end());
+    EXPECT_EQ(generated, c.greedy) << name << " prompt of " << c.input_ids.size() << " tokens";
+  }
+}
+
+TEST_P(Golden, Bfloat16LogitsMatchReference) {
+  const std::string name = GetParam();
+  CausalLM lm = AutoModelForCausalLM::from_pretrained(model_dir(name),
+                                                      {.dtype = bfloat16, .device_map = "cpu"});
+  auto f32 = load_goldens(name, "float32");
+  auto bf16 = load_goldens(name, "bfloat16");
+  ASSERT_EQ(f32.size(), bf16.size());
+  for (size_t i = 0; i < f32.size(); ++i) {
+    Tensor logits = prefill_logits(lm, f32[i].input_ids);
+    const int64_t V = lm.config().vocab_size;
+    for (size_t t = 0; t < f32[i].logits.size(); ++t) {
+      const float* row = logits.data<float>() + t * V;
+      // bf16 weights with f32 math: within 2e-2 of the exact (f32) model. Against PyTorch's
+      // all-bf16 computation the rounding points differ, so the reference README measures a
+      // correct implementation at up to ~2.3e-2 there: 5e-2.
+      EXPECT_LT(row_error(row, f32[i].logits[t]), 2e-2) << name << " position " << t;
+      EXPECT_LT(row_error(row, bf16[i].logits[t]), 5e-2) << name << " position " << t;
+    }
+    // Greedy tokens agree with the bf16 reference until the first near-tie.
+    auto out = lm.generate({bf16[i].input_ids}, {.max_new_tokens = int64_t(bf16[i].greedy.size())});
+    for (size_t k = 0; k < bf16[i].greedy.size(); ++k) {
+      if (bf16[i].greedy_margins[k] < 0.25f) break;  // a near-tie: bf16 rounding may flip it
+      EXPECT_EQ(out[0][bf16[i].input_ids.size() + k], bf16[i].greedy[k]) << name << " step " << k;
+      if (out[0][bf16[i].input_ids.size() + k] != bf16[i].greedy[k]) break;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, Golden,
+                         ::testing::Values("tiny-qwen3", "tiny-qwen3-sharded", "tiny-llama",
+                                           "tiny-llama-sharded"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+}  // namespace
+}  // namespace tformers
