@@ -44,7 +44,7 @@ MODELS = {
         1,
     ),
     "tiny-qwen3-sharded": (
-        1002,
+        1022,
         dict(
             architectures=["Qwen3ForCausalLM"],
             model_type="qwen3",
@@ -95,7 +95,7 @@ MODELS = {
         1,
     ),
     "tiny-llama-sharded": (
-        1004,
+        1054,
         dict(
             architectures=["LlamaForCausalLM"],
             model_type="llama",
