@@ -1,17 +1,86 @@
-// Generation settings, named as in Transformers' GenerationConfig.
+// Generation settings, named and defaulted as in Transformers' GenerationConfig. Every field is
+// optional so configs can be layered with Transformers' precedence: global defaults, then the
+// model's generation_config.json, then the config passed to generate(), then per-call overrides
+// (GenerationConfig::merged_with). resolve() fills the defaults and validates the combination.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace tformers {
 
 struct GenerationConfig {
-  std::optional<int64_t> max_new_tokens;  // default 20 (through max_length) as in Transformers
+  // Length. max_new_tokens wins over max_length (prompt + new tokens, default 20).
   std::optional<int64_t> max_length;
-  std::vector<int64_t> eos_token_id;     // stop when one of these is generated
-  std::optional<int64_t> max_cache_len;  // static cache size; default prompt + new tokens
+  std::optional<int64_t> max_new_tokens;
+  std::optional<int64_t> min_length;  // default 0
+  std::optional<int64_t> min_new_tokens;
+  // Strategy.
+  std::optional<bool> do_sample;                // default false (greedy)
+  std::optional<int64_t> num_return_sequences;  // default 1
+  // Logits processors and warpers (Transformers' defaults in comments).
+  std::optional<double> temperature;         // 1.0
+  std::optional<int64_t> top_k;              // 50
+  std::optional<double> top_p;               // 1.0
+  std::optional<double> min_p;               // unset
+  std::optional<double> typical_p;           // 1.0
+  std::optional<double> repetition_penalty;  // 1.0
+  std::optional<int64_t> no_repeat_ngram_size;  // 0
+  std::optional<std::vector<std::vector<int64_t>>> bad_words_ids;
+  std::optional<std::vector<int64_t>> suppress_tokens;
+  // Special tokens and stopping.
+  std::optional<std::vector<int64_t>> eos_token_id;  // one id or a list
+  std::optional<int64_t> pad_token_id;
+  std::optional<int64_t> bos_token_id;
+  std::optional<std::vector<std::string>> stop_strings;  // needs a tokenizer
+  // Sampling seed: the same seed gives the same output. Unset: a fresh random seed per call.
+  std::optional<uint64_t> seed;
+  // Cache and compilation.
+  std::optional<std::string> cache_implementation;  // "static" (the only one on the CPU)
+  std::optional<int64_t> max_cache_len;             // default: max_length
+  std::optional<bool> disable_compile;              // run without the compile cache
+
+  // Reads generation_config.json; unknown fields are ignored as in Transformers, fields of the
+  // wrong type are a FormatError naming the field.
+  static GenerationConfig from_file(const std::string& path);
+  // This config with every field that `over` sets replaced by `over`'s value.
+  GenerationConfig merged_with(const GenerationConfig& over) const;
 };
+
+// A config with every default filled in and every value checked (InvalidArgumentError naming
+// the field and the accepted range).
+struct ResolvedGenerationConfig {
+  int64_t max_new_tokens = 0;  // computed for a given prompt length
+  int64_t min_new_tokens = 0;
+  bool do_sample = false;
+  int64_t num_return_sequences = 1;
+  double temperature = 1.0;
+  int64_t top_k = 50;
+  double top_p = 1.0;
+  std::optional<double> min_p;
+  double typical_p = 1.0;
+  double repetition_penalty = 1.0;
+  int64_t no_repeat_ngram_size = 0;
+  std::vector<std::vector<int64_t>> bad_words_ids;
+  std::vector<int64_t> suppress_tokens;
+  std::vector<int64_t> eos_token_id;
+  std::optional<int64_t> pad_token_id;
+  std::vector<std::string> stop_strings;
+  uint64_t seed = 0;
+  int64_t max_cache_len = 0;
+  bool disable_compile = false;
+};
+
+// Fills defaults and validates `config` for a prompt of `prompt_len` tokens and a model with
+// `vocab_size` entries and `max_positions` positions.
+ResolvedGenerationConfig resolve(const GenerationConfig& config, int64_t prompt_len,
+                                 int64_t vocab_size, int64_t max_positions);
+
+// Receives tokens as they are generated (row, token id); generation stops early if it returns
+// false.
+using TokenCallback = std::function<bool(int64_t row, int32_t token)>;
 
 }  // namespace tformers

@@ -57,6 +57,7 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
   std::fill_n(mask.data<int32_t>(), mask.numel(), 1);
   Tensor logits = Tensor::zeros({B, 1, V}, DType::f32);
 
+  const std::vector<int64_t> eos = gc.eos_token_id.value_or(std::vector<int64_t>{});
   std::vector<std::vector<int32_t>> out = input_ids;
   std::vector<bool> done(size_t(B), false);
   auto append = [&] {
@@ -65,8 +66,7 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
       if (done[b]) continue;  // finished rows are not extended (single-length batches only)
       int32_t next = argmax(logits.data<float>() + b * V, V);
       out[b].push_back(next);
-      if (std::find(gc.eos_token_id.begin(), gc.eos_token_id.end(), next) != gc.eos_token_id.end())
-        done[b] = true;
+      if (std::find(eos.begin(), eos.end(), next) != eos.end()) done[b] = true;
       all_done = all_done && done[b];
     }
     return all_done;
