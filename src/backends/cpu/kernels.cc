@@ -1,0 +1,125 @@
+// Dispatch of the CPU kernels to the active target, and the scalar target: portable C++ compiled
+// with the baseline flags only, written so the compiler can vectorize it (independent partial
+// sums instead of one serial accumulator).
+#include "backends/cpu/kernels.h"
+
+#include "backends/cpu/kernels_impl.h"
+#include "core/cpu_features.h"
+
+namespace tformers::cpu {
+
+namespace {
+
+struct ScalarOps {
+  static constexpr int kLanes = 8;
+  template <class W>
+  static float dot_t(const float* a, const W* b, int64_t n) {
+    float acc[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * value(b[i + l]);
+    float s = 0.0f;
+    for (int l = 0; l < kLanes; ++l) s += acc[l];
+    for (; i < n; ++i) s += a[i] * value(b[i]);
+    return s;
+  }
+  static float value(float v) { return v; }
+  static float value(uint16_t v) { return bf16_to_f32(v); }
+  static float dot(const float* a, const float* b, int64_t n) { return dot_t(a, b, n); }
+  static float dot(const float* a, const uint16_t* b, int64_t n) { return dot_t(a, b, n); }
+  static void axpy(float a, const float* x, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+  }
+  static void axpy(float a, const uint16_t* x, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] += a * bf16_to_f32(x[i]);
+  }
+  static float sum_sq(const float* x, int64_t n) { return dot_t(x, x, n); }
+};
+
+// Up to kRows rows of x against one weight row at a time, so each weight row streamed from
+// memory is used kRows times.
+template <class W>
+void linear_scalar_t(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N,
+                     int64_t K, ThreadPool& pool) {
+  constexpr int kRows = 4;
+  pool.parallel_for(
+      N,
+      [&](int64_t n0, int64_t n1, int) {
+        for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+          const int rows = int(std::min<int64_t>(kRows, M - m0));
+          for (int64_t n = n0; n < n1; ++n) {
+            const W* wr = w + n * K;
+            const float b = bias ? ScalarOps::value(bias[n]) : 0.0f;
+            for (int r = 0; r < rows; ++r)
+              y[(m0 + r) * N + n] = ScalarOps::dot_t(x + (m0 + r) * K, wr, K) + b;
+          }
+        }
+      },
+      16);
+}
+
+void linear_scalar(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
+                   int64_t N, int64_t K, ThreadPool& pool) {
+  if (wt == DType::bf16)
+    linear_scalar_t(x, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(bias), y, M, N,
+                    K, pool);
+  else
+    linear_scalar_t(x, static_cast<const float*>(w), static_cast<const float*>(bias), y, M, N, K,
+                    pool);
+}
+
+const KernelTable& table() {
+  switch (active_target()) {
+    case Target::kAVX512BF16:
+      return avx512bf16_kernels();
+    case Target::kAVX512:
+      return avx512_kernels();
+    case Target::kAVX2:
+      return avx2_kernels();
+    case Target::kScalar:
+      break;
+  }
+  return scalar_kernels();
+}
+
+}  // namespace
+
+const KernelTable& scalar_kernels() {
+  static const KernelTable t = make_table<ScalarOps>(&linear_scalar);
+  return t;
+}
+
+void linear(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
+            int64_t N, int64_t K, ThreadPool& pool) {
+  table().linear(x, w, wt, bias, y, M, N, K, pool);
+}
+void embedding(const void* tbl, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out,
+               ThreadPool& pool) {
+  table().embedding(tbl, dt, ids, n, D, out, pool);
+}
+void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D, float eps,
+              ThreadPool& pool) {
+  table().rms_norm(x, w, wt, y, M, D, eps, pool);
+}
+void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D,
+          ThreadPool& pool) {
+  table().rope(x, pos, inv_freq, M, H, D, pool);
+}
+void silu_mul(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool) {
+  table().silu_mul(gate, up, y, n, pool);
+}
+void add(const float* a, const float* b, float* y, int64_t n, ThreadPool& pool) {
+  table().add(a, b, y, n, pool);
+}
+void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int64_t T, int64_t Hkv,
+                 int64_t S, int64_t D, int64_t start, ThreadPool& pool) {
+  table().cache_write(cache, cache_type, src, B, T, Hkv, S, D, start, pool);
+}
+void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
+               const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+               int64_t S, int64_t D, int64_t start, float scale, ThreadPool& pool) {
+  table().attention(q, k_cache, v_cache, cache_type, key_mask, out, B, T, Hq, Hkv, S, D, start,
+                    scale, pool);
+}
+
+}  // namespace tformers::cpu

@@ -1,0 +1,132 @@
+// Scalar references for every CPU kernel: the ground truth of the op-consistency tests. They are
+// written for clarity, not speed, and accumulate in double so that they sit closer to the exact
+// result than any optimized target; the tests then measure each target's own rounding error.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/kernels.h"
+
+namespace tformers::cpu::ref {
+
+namespace {
+// Element i of a float tensor stored as f32 or bf16.
+double load(const void* p, DType t, int64_t i) {
+  if (t == DType::bf16) return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+}  // namespace
+
+void linear(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
+            int64_t N, int64_t K) {
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = bias ? load(bias, wt, n) : 0.0;
+      for (int64_t k = 0; k < K; ++k) acc += double(x[m * K + k]) * load(w, wt, n * K + k);
+      y[m * N + n] = float(acc);
+    }
+  }
+}
+
+void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < D; ++i)
+      out[r * D + i] = float(load(table, dt, int64_t(ids[r]) * D + i));
+}
+
+void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D, float eps) {
+  for (int64_t m = 0; m < M; ++m) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < D; ++i) ss += double(x[m * D + i]) * x[m * D + i];
+    const double inv = 1.0 / std::sqrt(ss / double(D) + double(eps));
+    for (int64_t i = 0; i < D; ++i) y[m * D + i] = float(x[m * D + i] * inv * load(w, wt, i));
+  }
+}
+
+void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t h = 0; h < H; ++h) {
+      float* r = x + (m * H + h) * D;
+      for (int64_t i = 0; i < half; ++i) {
+        // The angle is rounded to f32 as Transformers does (inv_freq @ positions in float32);
+        // cos and sin are then evaluated exactly.
+        const double angle = float(float(pos[m]) * inv_freq[i]);
+        const double c = std::cos(angle), s = std::sin(angle);
+        const double x1 = r[i], x2 = r[half + i];
+        r[i] = float(x1 * c - x2 * s);
+        r[half + i] = float(x2 * c + x1 * s);
+      }
+    }
+  }
+}
+
+void silu_mul(const float* gate, const float* up, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    y[i] = float(g / (1.0 + std::exp(-g)) * up[i]);
+  }
+}
+
+void add(const float* a, const float* b, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
+void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int64_t T, int64_t Hkv,
+                 int64_t S, int64_t D, int64_t start) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t i = 0; i < D; ++i) {
+          const float v = src[((b * T + t) * Hkv + h) * D + i];
+          const int64_t dst = ((b * Hkv + h) * S + start + t) * D + i;
+          if (cache_type == DType::bf16)
+            static_cast<uint16_t*>(cache)[dst] = f32_to_bf16(v);
+          else
+            static_cast<float*>(cache)[dst] = v;
+        }
+}
+
+void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
+               const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+               int64_t S, int64_t D, int64_t start, float scale) {
+  const int64_t group = Hq / Hkv;
+  std::vector<double> scores(size_t(start + T));
+  std::vector<double> acc(static_cast<size_t>(D));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < Hq; ++h) {
+        const float* qr = q + ((b * T + t) * Hq + h) * D;
+        float* o = out + ((b * T + t) * Hq + h) * D;
+        const int64_t base = (b * Hkv + h / group) * S * D;
+        const int64_t L = start + t + 1;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < L; ++j) {
+          if (key_mask && key_mask[b * S + j] == 0) {
+            scores[j] = -INFINITY;
+            continue;
+          }
+          double s = 0.0;
+          for (int64_t i = 0; i < D; ++i)
+            s += double(qr[i]) * load(k_cache, cache_type, base + j * D + i);
+          scores[j] = s * scale;
+          mx = std::max(mx, scores[j]);
+        }
+        std::fill(acc.begin(), acc.end(), 0.0);
+        double sum = 0.0;
+        if (mx != -INFINITY) {
+          for (int64_t j = 0; j < L; ++j) {
+            if (scores[j] == -INFINITY) continue;
+            const double p = std::exp(scores[j] - mx);
+            sum += p;
+            for (int64_t i = 0; i < D; ++i)
+              acc[i] += p * load(v_cache, cache_type, base + j * D + i);
+          }
+        }
+        for (int64_t i = 0; i < D; ++i) o[i] = sum > 0 ? float(acc[i] / sum) : 0.0f;
+      }
+    }
+  }
+}
+
+}  // namespace tformers::cpu::ref

@@ -1,0 +1,312 @@
+// AVX2 + FMA kernels (compiled with -mavx2 -mfma -mf16c; selected only when the CPU has them).
+//
+// linear has two paths:
+// - M < kGemmMinRows (decode): a matrix-vector product that streams each weight row once.
+//   bf16 weights are widened without shuffles: a 32-bit lane holding two bf16 values w[2i],
+//   w[2i+1] gives w[2i] as f32 after a left shift by 16 and w[2i+1] after masking the low half.
+//   x is repacked once per call into the matching order (per 16 values: 8 even, then 8 odd).
+// - M >= kGemmMinRows (prefill): weights are converted, 16 rows at a time, into an f32 panel
+//   (K-major, 16 values per k) kept in L2, and a 6x16 register-tiled kernel runs every row block
+//   of x against it, so each weight byte from memory feeds M multiply-adds.
+#include <immintrin.h>
+
+#include "backends/cpu/kernels_impl.h"
+
+namespace tformers::cpu {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// 8 bf16 -> 8 f32 in order.
+inline __m256 load8_bf16(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return load8_bf16(p); }
+
+struct Avx2Ops {
+  template <class W>
+  static float dot_t(const float* a, const W* b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
+           s3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), s0);
+      s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b + i + 8), s1);
+      s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load8(b + i + 16), s2);
+      s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load8(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), s0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; ++i) s += a[i] * value(b[i]);
+    return s;
+  }
+  template <class W>
+  static void axpy_t(float a, const W* x, float* y, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load8(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; ++i) y[i] += a * value(x[i]);
+  }
+  static float value(float v) { return v; }
+  static float value(uint16_t v) { return bf16_to_f32(v); }
+  static float dot(const float* a, const float* b, int64_t n) { return dot_t(a, b, n); }
+  static float dot(const float* a, const uint16_t* b, int64_t n) { return dot_t(a, b, n); }
+  static void axpy(float a, const float* x, float* y, int64_t n) { axpy_t(a, x, y, n); }
+  static void axpy(float a, const uint16_t* x, float* y, int64_t n) { axpy_t(a, x, y, n); }
+  static float sum_sq(const float* x, int64_t n) { return dot_t(x, x, n); }
+};
+
+// ---------------------------------------------------------------- linear, decode path (GEMV)
+
+constexpr int64_t kBlock = 16;  // k values per step of the GEMV loop
+constexpr int64_t kGemmMinRows = 4;
+
+// Two f32 vectors for the 16 weights at p, in the order x was packed in (pack_x).
+inline void load16(const uint16_t* p, __m256& lo, __m256& hi) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));                                  // even k
+  hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));  // odd k
+}
+inline void load16(const float* p, __m256& lo, __m256& hi) {
+  lo = _mm256_loadu_ps(p);
+  hi = _mm256_loadu_ps(p + 8);
+}
+
+// x row (K) reordered for bf16 weights: per full block of 16, the 8 even then the 8 odd values;
+// the tail (K % 16) stays in order. f32 weights use x as is.
+void pack_x(const float* x, int64_t K, float* out) {
+  const int64_t full = K / kBlock * kBlock;
+  for (int64_t b = 0; b < full; b += kBlock)
+    for (int64_t i = 0; i < kBlock / 2; ++i) {
+      out[b + i] = x[b + 2 * i];
+      out[b + kBlock / 2 + i] = x[b + 2 * i + 1];
+    }
+  for (int64_t k = full; k < K; ++k) out[k] = x[k];
+}
+
+// R weight rows (stride K) against MR packed x rows (stride K): out[r][i] = w_r . x_i.
+// Even and odd halves accumulate separately so each accumulator sees one FMA per step.
+template <int R, int MR, class W>
+inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[R][MR]) {
+  __m256 acc[R][MR][2];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
+  const int64_t full = K / kBlock * kBlock;
+  for (int64_t k = 0; k < full; k += kBlock) {
+    for (int r = 0; r < R; ++r) {
+      // The rows after this tile; the hardware prefetcher follows R streams poorly.
+      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k) + 256, _MM_HINT_T0);
+      __m256 lo, hi;
+      load16(w + r * K + k, lo, hi);
+      for (int i = 0; i < MR; ++i) {
+        acc[r][i][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i * K + k), acc[r][i][0]);
+        acc[r][i][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i * K + k + 8), acc[r][i][1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < MR; ++i) {
+      float s = hsum(_mm256_add_ps(acc[r][i][0], acc[r][i][1]));
+      for (int64_t k = full; k < K; ++k) s += x[i * K + k] * Avx2Ops::value(w[r * K + k]);
+      out[r][i] = s;
+    }
+}
+
+// y rows [n0, n1) for MR rows of x (packed, stride K), y stride N.
+template <int MR, class W>
+void gemv_rows(const float* x, const W* w, const W* bias, float* y, int64_t N, int64_t K,
+               int64_t n0, int64_t n1) {
+  constexpr int R = MR == 1 ? 4 : 2;
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) {
+    float out[R][MR];
+    gemv_tile<R, MR>(x, w + n * K, K, out);
+    for (int r = 0; r < R; ++r) {
+      const float b = bias ? Avx2Ops::value(bias[n + r]) : 0.0f;
+      for (int i = 0; i < MR; ++i) y[i * N + n + r] = out[r][i] + b;
+    }
+  }
+  for (; n < n1; ++n) {
+    float out[1][MR];
+    gemv_tile<1, MR>(x, w + n * K, K, out);
+    const float b = bias ? Avx2Ops::value(bias[n]) : 0.0f;
+    for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] + b;
+  }
+}
+
+template <class W>
+void gemv(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
+          ThreadPool& pool) {
+  const float* xp = x;
+  if constexpr (sizeof(W) == 2) {
+    // Packed on the calling thread; workers only read it during this call.
+    thread_local std::vector<float> xp_buf;
+    float* p = scratch(xp_buf, size_t(M * K));
+    for (int64_t m = 0; m < M; ++m) pack_x(x + m * K, K, p + m * K);
+    xp = p;
+  }
+  pool.parallel_for(
+      N,
+      [&](int64_t n0, int64_t n1, int) {
+        int64_t m = 0;
+        for (; m + 2 <= M; m += 2) gemv_rows<2>(xp + m * K, w, bias, y + m * N, N, K, n0, n1);
+        if (m < M) gemv_rows<1>(xp + m * K, w, bias, y + m * N, N, K, n0, n1);
+      },
+      32);
+}
+
+// ---------------------------------------------------------------- linear, prefill path (GEMM)
+
+constexpr int kNR = 16;        // panel width: output columns per register tile
+constexpr int kMR = 6;         // x rows per register tile
+constexpr int64_t kKC = 2048;  // k values per panel (16 x 2048 f32 = 128 KiB, fits L2)
+
+// 8x8 transpose of r[0..7] in place.
+inline void transpose8(__m256 (&r)[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m256 u[8];
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// panel (kc, kNR) f32 = w rows [n0, n0 + rows) x k in [k0, k0 + kc); missing rows are zero.
+template <class W>
+void pack_panel(const W* w, int64_t K, int64_t n0, int rows, int64_t k0, int64_t kc, float* panel) {
+  int64_t k = 0;
+  if (rows == kNR) {
+    for (; k + 8 <= kc; k += 8) {
+      for (int half = 0; half < 2; ++half) {
+        __m256 r[8];
+        for (int j = 0; j < 8; ++j) r[j] = load8(w + (n0 + half * 8 + j) * K + k0 + k);
+        transpose8(r);  // r[kk] = 8 rows at k + kk
+        for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(panel + (k + kk) * kNR + half * 8, r[kk]);
+      }
+    }
+  }
+  for (; k < kc; ++k)
+    for (int j = 0; j < kNR; ++j)
+      panel[k * kNR + j] = j < rows ? Avx2Ops::value(w[(n0 + j) * K + k0 + k]) : 0.0f;
+}
+
+// y tile (MR, cols) (+)= x (MR, kc; stride ldx) @ panel (kc, kNR).
+template <int MR>
+void gemm_tile(const float* x, int64_t ldx, const float* panel, int64_t kc, float* y, int64_t ldy,
+               int cols, bool accumulate) {
+  __m256 c[MR][2];
+  for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(panel + k * kNR), b1 = _mm256_loadu_ps(panel + k * kNR + 8);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 a = _mm256_broadcast_ss(x + i * ldx + k);
+      c[i][0] = _mm256_fmadd_ps(a, b0, c[i][0]);
+      c[i][1] = _mm256_fmadd_ps(a, b1, c[i][1]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    float* yr = y + i * ldy;
+    if (cols == kNR) {
+      if (accumulate) {
+        c[i][0] = _mm256_add_ps(c[i][0], _mm256_loadu_ps(yr));
+        c[i][1] = _mm256_add_ps(c[i][1], _mm256_loadu_ps(yr + 8));
+      }
+      _mm256_storeu_ps(yr, c[i][0]);
+      _mm256_storeu_ps(yr + 8, c[i][1]);
+    } else {
+      alignas(32) float tmp[kNR];
+      _mm256_store_ps(tmp, c[i][0]);
+      _mm256_store_ps(tmp + 8, c[i][1]);
+      for (int j = 0; j < cols; ++j) yr[j] = accumulate ? yr[j] + tmp[j] : tmp[j];
+    }
+  }
+}
+
+void gemm_rows(int mr, const float* x, int64_t ldx, const float* panel, int64_t kc, float* y,
+               int64_t ldy, int cols, bool accumulate) {
+  switch (mr) {
+    case 6:
+      return gemm_tile<6>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+    case 5:
+      return gemm_tile<5>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+    case 4:
+      return gemm_tile<4>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+    case 3:
+      return gemm_tile<3>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+    case 2:
+      return gemm_tile<2>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+    default:
+      return gemm_tile<1>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+  }
+}
+
+template <class W>
+void gemm(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
+          ThreadPool& pool) {
+  const int64_t panels = (N + kNR - 1) / kNR;
+  pool.parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
+    thread_local std::vector<float> panel_buf;
+    float* panel = scratch(panel_buf, size_t(kKC * kNR));
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * kNR;
+      const int cols = int(std::min<int64_t>(kNR, N - n0));
+      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+        const int64_t kc = std::min(kKC, K - k0);
+        pack_panel(w, K, n0, cols, k0, kc, panel);
+        for (int64_t m = 0; m < M; m += kMR)
+          gemm_rows(int(std::min<int64_t>(kMR, M - m)), x + m * K + k0, K, panel, kc,
+                    y + m * N + n0, N, cols, k0 > 0);
+      }
+      if (K == 0)
+        for (int64_t m = 0; m < M; ++m) std::fill(y + m * N + n0, y + m * N + n0 + cols, 0.0f);
+      if (bias)
+        for (int64_t m = 0; m < M; ++m)
+          for (int j = 0; j < cols; ++j) y[m * N + n0 + j] += Avx2Ops::value(bias[n0 + j]);
+    }
+  });
+}
+
+template <class W>
+void linear_t(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
+              ThreadPool& pool) {
+  if (M >= kGemmMinRows)
+    gemm(x, w, bias, y, M, N, K, pool);
+  else
+    gemv(x, w, bias, y, M, N, K, pool);
+}
+
+void linear_avx2(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
+                 int64_t N, int64_t K, ThreadPool& pool) {
+  if (wt == DType::bf16)
+    linear_t(x, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(bias), y, M, N, K,
+             pool);
+  else
+    linear_t(x, static_cast<const float*>(w), static_cast<const float*>(bias), y, M, N, K, pool);
+}
+
+}  // namespace
+
+const KernelTable& avx2_kernels() {
+  static const KernelTable t = make_table<Avx2Ops>(&linear_avx2);
+  return t;
+}
+
+}  // namespace tformers::cpu

@@ -1,0 +1,437 @@
+// AVX-512 (F/BW/VL/DQ) kernels: the AVX2 design (kernels_target_avx2.cc) with 512-bit vectors.
+// Selected only when the CPU reports AVX-512; this file is also compiled a second time as the
+// AVX-512 BF16 target (kernels_target_avx512bf16.cc includes it with TF_AVX512_BF16 set), where
+// the prefill path with bf16 weights uses vdpbf16ps instead of converting weights to f32.
+//
+// linear:
+// - M < kGemmMinRows (decode): GEMV streaming each weight row once; a 32-bit lane holding bf16
+//   pair (w[2i], w[2i+1]) gives w[2i] as f32 after a shift left by 16 and w[2i+1] after masking
+//   the low half; x is repacked once per call (per 32 values: 16 even, then 16 odd). x stays f32,
+//   so the products are exact and only the summation order differs from the reference.
+// - M >= kGemmMinRows (prefill): a 32-row weight panel in L2 and an 8x32 register tile.
+//   Without BF16: the panel is f32 (converted once per call). With BF16 and bf16 weights: the
+//   panel keeps bf16 pairs along k and x is rounded to bf16 once per call; vdpbf16ps multiplies
+//   pairs and accumulates in f32 (x rounding adds about 2^-9 relative error per product, see the
+//   op-consistency test's tolerance).
+// GCC 12's AVX-512 headers build "undefined" vectors by self-initialization (__m512i __Y = __Y),
+// which -Wall reports at every inlined call although the value is never read.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include "backends/cpu/kernels_impl.h"
+
+namespace tformers::cpu {
+namespace {
+
+inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+inline __m512 load16_bf16(const uint16_t* p) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) { return load16_bf16(p); }
+
+// 8 values in order, for the panel transposition (256-bit is enough there).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+struct Avx512Ops {
+  template <class W>
+  static float dot_t(const float* a, const W* b, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
+           s3 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b + i), s0);
+      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load16(b + i + 16), s1);
+      s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), load16(b + i + 32), s2);
+      s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), load16(b + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b + i), s0);
+    float s = hsum(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    for (; i < n; ++i) s += a[i] * value(b[i]);
+    return s;
+  }
+  template <class W>
+  static void axpy_t(float a, const W* x, float* y, int64_t n) {
+    const __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load16(x + i), _mm512_loadu_ps(y + i)));
+    for (; i < n; ++i) y[i] += a * value(x[i]);
+  }
+  static float value(float v) { return v; }
+  static float value(uint16_t v) { return bf16_to_f32(v); }
+  static float dot(const float* a, const float* b, int64_t n) { return dot_t(a, b, n); }
+  static float dot(const float* a, const uint16_t* b, int64_t n) { return dot_t(a, b, n); }
+  static void axpy(float a, const float* x, float* y, int64_t n) { axpy_t(a, x, y, n); }
+  static void axpy(float a, const uint16_t* x, float* y, int64_t n) { axpy_t(a, x, y, n); }
+  static float sum_sq(const float* x, int64_t n) { return dot_t(x, x, n); }
+};
+
+// ---------------------------------------------------------------- linear, decode path (GEMV)
+
+constexpr int64_t kBlock = 32;
+constexpr int64_t kGemmMinRows = 4;
+
+inline void load32(const uint16_t* p, __m512& lo, __m512& hi) {
+  const __m512i v = _mm512_loadu_si512(p);
+  lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));                                  // even k
+  hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u))));  // odd k
+}
+inline void load32(const float* p, __m512& lo, __m512& hi) {
+  lo = _mm512_loadu_ps(p);
+  hi = _mm512_loadu_ps(p + 16);
+}
+
+void pack_x(const float* x, int64_t K, float* out) {
+  const int64_t full = K / kBlock * kBlock;
+  for (int64_t b = 0; b < full; b += kBlock)
+    for (int64_t i = 0; i < kBlock / 2; ++i) {
+      out[b + i] = x[b + 2 * i];
+      out[b + kBlock / 2 + i] = x[b + 2 * i + 1];
+    }
+  for (int64_t k = full; k < K; ++k) out[k] = x[k];
+}
+
+template <int R, int MR, class W>
+inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[R][MR]) {
+  __m512 acc[R][MR][2];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = _mm512_setzero_ps();
+  const int64_t full = K / kBlock * kBlock;
+  for (int64_t k = 0; k < full; k += kBlock) {
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k) + 256, _MM_HINT_T0);
+      __m512 lo, hi;
+      load32(w + r * K + k, lo, hi);
+      for (int i = 0; i < MR; ++i) {
+        acc[r][i][0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + i * K + k), acc[r][i][0]);
+        acc[r][i][1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + i * K + k + 16), acc[r][i][1]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < MR; ++i) {
+      float s = hsum(_mm512_add_ps(acc[r][i][0], acc[r][i][1]));
+      for (int64_t k = full; k < K; ++k) s += x[i * K + k] * Avx512Ops::value(w[r * K + k]);
+      out[r][i] = s;
+    }
+}
+
+template <int MR, class W>
+void gemv_rows(const float* x, const W* w, const W* bias, float* y, int64_t N, int64_t K,
+               int64_t n0, int64_t n1) {
+  constexpr int R = MR == 1 ? 4 : 2;
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) {
+    float out[R][MR];
+    gemv_tile<R, MR>(x, w + n * K, K, out);
+    for (int r = 0; r < R; ++r) {
+      const float b = bias ? Avx512Ops::value(bias[n + r]) : 0.0f;
+      for (int i = 0; i < MR; ++i) y[i * N + n + r] = out[r][i] + b;
+    }
+  }
+  for (; n < n1; ++n) {
+    float out[1][MR];
+    gemv_tile<1, MR>(x, w + n * K, K, out);
+    const float b = bias ? Avx512Ops::value(bias[n]) : 0.0f;
+    for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] + b;
+  }
+}
+
+template <class W>
+void gemv(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
+          ThreadPool& pool) {
+  const float* xp = x;
+  if constexpr (sizeof(W) == 2) {
+    thread_local std::vector<float> xp_buf;
+    float* p = scratch(xp_buf, size_t(M * K));
+    for (int64_t m = 0; m < M; ++m) pack_x(x + m * K, K, p + m * K);
+    xp = p;
+  }
+  pool.parallel_for(
+      N,
+      [&](int64_t n0, int64_t n1, int) {
+        int64_t m = 0;
+        for (; m + 2 <= M; m += 2) gemv_rows<2>(xp + m * K, w, bias, y + m * N, N, K, n0, n1);
+        if (m < M) gemv_rows<1>(xp + m * K, w, bias, y + m * N, N, K, n0, n1);
+      },
+      32);
+}
+
+// ---------------------------------------------------------------- linear, prefill path (GEMM)
+
+constexpr int kNR = 32;
+constexpr int kMR = 8;
+constexpr int64_t kKC = 2048;  // even, so bf16 k pairs never straddle two panels
+
+inline void transpose8(__m256 (&r)[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m256 u[8];
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// panel (kc, kNR) f32 = w rows [n0, n0 + rows) x k in [k0, k0 + kc); missing rows are zero.
+template <class W>
+void pack_panel(const W* w, int64_t K, int64_t n0, int rows, int64_t k0, int64_t kc, float* panel) {
+  int64_t k = 0;
+  if (rows == kNR) {
+    for (; k + 8 <= kc; k += 8) {
+      for (int part = 0; part < kNR / 8; ++part) {
+        __m256 r[8];
+        for (int j = 0; j < 8; ++j) r[j] = load8(w + (n0 + part * 8 + j) * K + k0 + k);
+        transpose8(r);
+        for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(panel + (k + kk) * kNR + part * 8, r[kk]);
+      }
+    }
+  }
+  for (; k < kc; ++k)
+    for (int j = 0; j < kNR; ++j)
+      panel[k * kNR + j] = j < rows ? Avx512Ops::value(w[(n0 + j) * K + k0 + k]) : 0.0f;
+}
+
+inline void store_tile_row(float* yr, __m512 c0, __m512 c1, int cols, bool accumulate) {
+  if (cols == kNR) {
+    if (accumulate) {
+      c0 = _mm512_add_ps(c0, _mm512_loadu_ps(yr));
+      c1 = _mm512_add_ps(c1, _mm512_loadu_ps(yr + 16));
+    }
+    _mm512_storeu_ps(yr, c0);
+    _mm512_storeu_ps(yr + 16, c1);
+  } else {
+    alignas(64) float tmp[kNR];
+    _mm512_store_ps(tmp, c0);
+    _mm512_store_ps(tmp + 16, c1);
+    for (int j = 0; j < cols; ++j) yr[j] = accumulate ? yr[j] + tmp[j] : tmp[j];
+  }
+}
+
+// y tile (MR, cols) (+)= x (MR, kc; stride ldx) @ panel (kc, kNR).
+template <int MR>
+void gemm_tile(const float* x, int64_t ldx, const float* panel, int64_t kc, float* y, int64_t ldy,
+               int cols, bool accumulate) {
+  __m512 c[MR][2];
+  for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_loadu_ps(panel + k * kNR), b1 = _mm512_loadu_ps(panel + k * kNR + 16);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_set1_ps(x[i * ldx + k]);
+      c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
+      c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) store_tile_row(y + i * ldy, c[i][0], c[i][1], cols, accumulate);
+}
+
+void gemm_rows(int mr, const float* x, int64_t ldx, const float* panel, int64_t kc, float* y,
+               int64_t ldy, int cols, bool accumulate) {
+  switch (mr) {
+    case 8:
+      return gemm_tile<8>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+    case 7:
+      return gemm_tile<7>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+    case 6:
+      return gemm_tile<6>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+    case 5:
+      return gemm_tile<5>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+    case 4:
+      return gemm_tile<4>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+    case 3:
+      return gemm_tile<3>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+    case 2:
+      return gemm_tile<2>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+    default:
+      return gemm_tile<1>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+  }
+}
+
+template <class W>
+void add_bias(const W* bias, float* y, int64_t M, int64_t N, int64_t n0, int cols) {
+  if (!bias) return;
+  for (int64_t m = 0; m < M; ++m)
+    for (int j = 0; j < cols; ++j) y[m * N + n0 + j] += Avx512Ops::value(bias[n0 + j]);
+}
+
+template <class W>
+void gemm(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
+          ThreadPool& pool) {
+  const int64_t panels = (N + kNR - 1) / kNR;
+  pool.parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
+    thread_local std::vector<float> panel_buf;
+    float* panel = scratch(panel_buf, size_t(kKC * kNR));
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * kNR;
+      const int cols = int(std::min<int64_t>(kNR, N - n0));
+      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+        const int64_t kc = std::min(kKC, K - k0);
+        pack_panel(w, K, n0, cols, k0, kc, panel);
+        for (int64_t m = 0; m < M; m += kMR)
+          gemm_rows(int(std::min<int64_t>(kMR, M - m)), x + m * K + k0, K, panel, kc,
+                    y + m * N + n0, N, cols, k0 > 0);
+      }
+      if (K == 0)
+        for (int64_t m = 0; m < M; ++m) std::fill(y + m * N + n0, y + m * N + n0 + cols, 0.0f);
+      add_bias(bias, y, M, N, n0, cols);
+    }
+  });
+}
+
+#if defined(TF_AVX512_BF16)
+// ---- bf16 x bf16 -> f32 prefill with vdpbf16ps. Pairs along k: a 32-bit lane holds (k, k+1).
+
+// panel (ceil(kc/2), kNR) u32: lane j of pair row p = (w[n0+j][k0+2p], w[n0+j][k0+2p+1]).
+void pack_panel_pairs(const uint16_t* w, int64_t K, int64_t n0, int rows, int64_t k0, int64_t kc,
+                      uint32_t* panel) {
+  const int64_t pairs = (kc + 1) / 2;
+  int64_t p = 0;
+  if (rows == kNR) {
+    // 8 pairs (16 bf16) of 8 rows at a time: a 32-bit transposition.
+    for (; 2 * (p + 8) <= kc; p += 8) {
+      for (int part = 0; part < kNR / 8; ++part) {
+        __m256 r[8];
+        for (int j = 0; j < 8; ++j)
+          r[j] = _mm256_castsi256_ps(_mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(w + (n0 + part * 8 + j) * K + k0 + 2 * p)));
+        transpose8(r);
+        for (int pp = 0; pp < 8; ++pp)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (p + pp) * kNR + part * 8),
+                              _mm256_castps_si256(r[pp]));
+      }
+    }
+  }
+  for (; p < pairs; ++p)
+    for (int j = 0; j < kNR; ++j) {
+      uint32_t lo = 0, hi = 0;
+      if (j < rows) {
+        const uint16_t* wr = w + (n0 + j) * K + k0;
+        lo = wr[2 * p];
+        hi = 2 * p + 1 < kc ? wr[2 * p + 1] : 0;
+      }
+      panel[p * kNR + j] = lo | (hi << 16);
+    }
+}
+
+template <int MR>
+void gemm_tile_bf16(const uint32_t* x, int64_t ldx, const uint32_t* panel, int64_t pairs, float* y,
+                    int64_t ldy, int cols, bool accumulate) {
+  __m512 c[MR][2];
+  for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const __m512i b0 = _mm512_loadu_si512(panel + p * kNR),
+                  b1 = _mm512_loadu_si512(panel + p * kNR + 16);
+    for (int i = 0; i < MR; ++i) {
+      const __m512i a = _mm512_set1_epi32(int(x[i * ldx + p]));
+      c[i][0] = _mm512_dpbf16_ps(c[i][0], (__m512bh)a, (__m512bh)b0);
+      c[i][1] = _mm512_dpbf16_ps(c[i][1], (__m512bh)a, (__m512bh)b1);
+    }
+  }
+  for (int i = 0; i < MR; ++i) store_tile_row(y + i * ldy, c[i][0], c[i][1], cols, accumulate);
+}
+
+void gemm_rows_bf16(int mr, const uint32_t* x, int64_t ldx, const uint32_t* panel, int64_t pairs,
+                    float* y, int64_t ldy, int cols, bool accumulate) {
+  switch (mr) {
+    case 8:
+      return gemm_tile_bf16<8>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
+    case 7:
+      return gemm_tile_bf16<7>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
+    case 6:
+      return gemm_tile_bf16<6>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
+    case 5:
+      return gemm_tile_bf16<5>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
+    case 4:
+      return gemm_tile_bf16<4>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
+    case 3:
+      return gemm_tile_bf16<3>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
+    case 2:
+      return gemm_tile_bf16<2>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
+    default:
+      return gemm_tile_bf16<1>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
+  }
+}
+
+void gemm_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* y, int64_t M,
+               int64_t N, int64_t K, ThreadPool& pool) {
+  // x rounded to bf16 pairs once, on the calling thread: xb (M, ceil(K/2)) u32.
+  const int64_t kp = (K + 1) / 2;
+  thread_local std::vector<uint32_t> xb_buf;
+  uint32_t* xb = scratch(xb_buf, size_t(M * kp));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t p = 0; p < kp; ++p) {
+      const uint32_t lo = f32_to_bf16(x[m * K + 2 * p]);
+      const uint32_t hi = 2 * p + 1 < K ? f32_to_bf16(x[m * K + 2 * p + 1]) : 0;
+      xb[m * kp + p] = lo | (hi << 16);
+    }
+  const int64_t panels = (N + kNR - 1) / kNR;
+  pool.parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
+    thread_local std::vector<uint32_t> panel_buf;
+    uint32_t* panel = scratch(panel_buf, size_t(kKC / 2 * kNR));
+    for (int64_t pn = p0; pn < p1; ++pn) {
+      const int64_t n0 = pn * kNR;
+      const int cols = int(std::min<int64_t>(kNR, N - n0));
+      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+        const int64_t kc = std::min(kKC, K - k0), pairs = (kc + 1) / 2;
+        pack_panel_pairs(w, K, n0, cols, k0, kc, panel);
+        for (int64_t m = 0; m < M; m += kMR)
+          gemm_rows_bf16(int(std::min<int64_t>(kMR, M - m)), xb + m * kp + k0 / 2, kp, panel, pairs,
+                         y + m * N + n0, N, cols, k0 > 0);
+      }
+      if (K == 0)
+        for (int64_t m = 0; m < M; ++m) std::fill(y + m * N + n0, y + m * N + n0 + cols, 0.0f);
+      add_bias(bias, y, M, N, n0, cols);
+    }
+  });
+}
+#endif
+
+template <class W>
+void linear_t(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
+              ThreadPool& pool) {
+  if (M < kGemmMinRows) return gemv(x, w, bias, y, M, N, K, pool);
+#if defined(TF_AVX512_BF16)
+  if constexpr (sizeof(W) == 2) return gemm_bf16(x, w, bias, y, M, N, K, pool);
+#endif
+  gemm(x, w, bias, y, M, N, K, pool);
+}
+
+void linear_avx512(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
+                   int64_t N, int64_t K, ThreadPool& pool) {
+  if (wt == DType::bf16)
+    linear_t(x, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(bias), y, M, N, K,
+             pool);
+  else
+    linear_t(x, static_cast<const float*>(w), static_cast<const float*>(bias), y, M, N, K, pool);
+}
+
+}  // namespace
+
+#if defined(TF_AVX512_BF16)
+const KernelTable& avx512bf16_kernels() {
+#else
+const KernelTable& avx512_kernels() {
+#endif
+  static const KernelTable t = make_table<Avx512Ops>(&linear_avx512);
+  return t;
+}
+
+}  // namespace tformers::cpu

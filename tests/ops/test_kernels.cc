@@ -1,0 +1,448 @@
+// Op-consistency tests: every CPU kernel, on every target this CPU supports, for f32 and bf16
+// weights / caches, against the scalar references in kernels_ref.cc; and the references
+// themselves against small cases computed by hand, so a wrong reference cannot hide.
+//
+// Error measure (as llama.cpp's test-backend-ops): normalized mean squared error
+//   NMSE = sum_i (y_i - r_i)^2 / sum_i r_i^2
+// plus the largest element error relative to |r_i| + rms(r).
+//
+// Tolerances follow from f32 rounding. The references accumulate in double, so the difference
+// is the target's own rounding. With unit roundoff u = 2^-24, a sum of K products accumulated in
+// f32 picks up at most one rounding of relative size u per addition; for zero-mean random terms
+// the errors add like a random walk, so err^2 ~ u^2 * K * |y|^2 on average (each partial sum is
+// about as large as y). We allow NMSE <= 16 * u^2 * (K + 16): a factor 16 of headroom for
+// unlucky draws and the final conversions, and +16 so that K ~ 1 still admits a few roundings.
+// Where x is rounded to bf16 before the products (AVX-512 BF16 prefill), each product carries
+// an extra relative error of at most u_bf16 = 2^-8, independent across k, which adds at most
+// u_bf16^2 to the NMSE whatever K is. The largest element error is allowed 8 standard
+// deviations: 8 * sqrt(NMSE tolerance).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/kernels.h"
+#include "core/cpu_features.h"
+#include "core/thread_pool.h"
+#include "tformers/dtype.h"
+
+namespace tformers::cpu {
+namespace {
+
+constexpr double kU = 0x1p-24;     // f32 unit roundoff
+constexpr double kUbf16 = 0x1p-8;  // bf16 unit roundoff
+
+double nmse_tolerance(int64_t K, bool x_in_bf16 = false) {
+  double tol = 16.0 * kU * kU * double(K + 16);
+  if (x_in_bf16) tol += kUbf16 * kUbf16;
+  return tol;
+}
+
+struct ErrorStats {
+  double nmse = 0, max_rel = 0;
+};
+
+ErrorStats compare(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = double(got[i]) - want[i];
+    num += d * d;
+    den += double(want[i]) * want[i];
+  }
+  ErrorStats s;
+  s.nmse = den > 0 ? num / den : num;
+  const double rms = std::sqrt(den / double(std::max<size_t>(1, want.size())));
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double rel = std::abs(double(got[i]) - want[i]) / (std::abs(double(want[i])) + rms);
+    if (!(rel <= s.max_rel)) s.max_rel = rel;  // also catches NaN
+  }
+  return s;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double nmse_tol,
+                  const std::string& what) {
+  ErrorStats s = compare(got, want);
+  EXPECT_LE(s.nmse, nmse_tol) << what;
+  EXPECT_LE(s.max_rel, 8.0 * std::sqrt(nmse_tol)) << what;
+}
+
+// Random values; `dt` bf16 means they are rounded to bf16 and stored as such.
+struct Tensor {
+  DType dt = DType::f32;
+  std::vector<float> f;     // values as f32 (exact for bf16 storage)
+  std::vector<uint16_t> h;  // bf16 storage
+  const void* data() const { return dt == DType::bf16 ? (const void*)h.data() : f.data(); }
+  void* data() { return dt == DType::bf16 ? (void*)h.data() : f.data(); }
+};
+
+Tensor random_tensor(std::mt19937& rng, size_t n, DType dt, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Tensor t;
+  t.dt = dt;
+  t.f.resize(n);
+  for (auto& v : t.f) v = dist(rng);
+  if (dt == DType::bf16) {
+    t.h.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      t.h[i] = f32_to_bf16(t.f[i]);
+      t.f[i] = bf16_to_f32(t.h[i]);
+    }
+  }
+  return t;
+}
+
+std::vector<float> random_f32(std::mt19937& rng, size_t n, float lo = -1.0f, float hi = 1.0f) {
+  return random_tensor(rng, n, DType::f32, lo, hi).f;
+}
+
+// Restores the active target when a test ends, even on failure.
+class TargetGuard {
+ public:
+  TargetGuard() : saved_(active_target()) {}
+  ~TargetGuard() { set_active_target(saved_); }
+
+ private:
+  Target saved_;
+};
+
+std::string label(Target t, DType dt, int threads) {
+  return std::string(target_name(t)) + "/" + std::string(dtype_name(dt)) +
+         "/threads=" + std::to_string(threads);
+}
+
+// Runs `body(target, dtype, pool, label)` for every supported target, both storage dtypes, and
+// pools of 1 and 3 threads (3 gives uneven chunks).
+template <class Body>
+void for_each_config(Body body) {
+  TargetGuard guard;
+  ThreadPool pool1(1), pool3(3);
+  for (Target t : supported_targets()) {
+    set_active_target(t);
+    ASSERT_EQ(active_target(), t);
+    for (DType dt : {DType::f32, DType::bf16})
+      for (ThreadPool* pool : {&pool1, &pool3})
+        body(t, dt, *pool, label(t, dt, pool->num_threads()));
+  }
+}
+
+// ------------------------------------------------------------------------------------ dispatch
+
+TEST(Dispatch, TargetsAreSupportedAndRestorable) {
+  const auto targets = supported_targets();
+  ASSERT_FALSE(targets.empty());
+  EXPECT_EQ(targets.front(), Target::kScalar);
+  EXPECT_EQ(targets.back(), detected_target());
+  EXPECT_LE(int(active_target()), int(detected_target()));
+  TargetGuard guard;
+  set_active_target(Target::kScalar);
+  EXPECT_EQ(active_target(), Target::kScalar);
+  if (detected_target() < Target::kAVX512BF16) {
+    EXPECT_ANY_THROW(set_active_target(Target::kAVX512BF16));
+    EXPECT_EQ(active_target(), Target::kScalar);
+  }
+}
+
+// ------------------------------------------------------------------------------- linear
+
+struct LinearCase {
+  int64_t M, N, K;
+  bool bias;
+};
+
+TEST(Ops, Linear) {
+  // Odd K (not a multiple of 8/16/32), N = 1, M = 1 (decode), small M (GEMV with 2-row tiles),
+  // M above the GEMM threshold with row and column tails, and K above one panel (2048).
+  const LinearCase cases[] = {{1, 1, 1, false},    {1, 3, 5, true},     {1, 37, 100, false},
+                              {1, 64, 1024, true}, {1, 9, 2111, false}, {2, 17, 33, true},
+                              {3, 40, 77, false},  {4, 16, 16, false},  {5, 33, 130, true},
+                              {7, 50, 257, false}, {13, 70, 300, true}, {9, 20, 2100, false},
+                              {16, 64, 64, false}};
+  std::mt19937 rng(1234);
+  for_each_config([&](Target t, DType dt, ThreadPool& pool, const std::string& what) {
+    for (const auto& c : cases) {
+      std::vector<float> x = random_f32(rng, size_t(c.M * c.K));
+      Tensor w = random_tensor(rng, size_t(c.N * c.K), dt);
+      Tensor b = random_tensor(rng, size_t(c.N), dt);
+      std::vector<float> y(size_t(c.M * c.N), NAN), want(y.size());
+      const void* bias = c.bias ? b.data() : nullptr;
+      linear(x.data(), w.data(), dt, bias, y.data(), c.M, c.N, c.K, pool);
+      ref::linear(x.data(), w.data(), dt, bias, want.data(), c.M, c.N, c.K);
+      // The AVX-512 BF16 target rounds x to bf16 for prefill-sized M with bf16 weights.
+      const bool x_bf16 = t == Target::kAVX512BF16 && dt == DType::bf16 && c.M >= 4;
+      expect_close(y, want, nmse_tolerance(c.K, x_bf16),
+                   what + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+                       " K=" + std::to_string(c.K));
+    }
+  });
+}
+
+// -------------------------------------------------------------------- embedding, add, cache
+
+TEST(Ops, EmbeddingIsExact) {
+  std::mt19937 rng(7);
+  const int64_t V = 50, D = 37;
+  const std::vector<int32_t> ids = {0, 49, 3, 3, 17};
+  for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
+    Tensor table = random_tensor(rng, size_t(V * D), dt);
+    std::vector<float> out(ids.size() * D, NAN), want(out.size());
+    embedding(table.data(), dt, ids.data(), int64_t(ids.size()), D, out.data(), pool);
+    ref::embedding(table.data(), dt, ids.data(), int64_t(ids.size()), D, want.data());
+    EXPECT_EQ(out, want) << what;
+  });
+}
+
+TEST(Ops, AddIsExactAndMayAlias) {
+  std::mt19937 rng(8);
+  for_each_config([&](Target, DType, ThreadPool& pool, const std::string& what) {
+    for (int64_t n : {1, 7, 1000, 40000}) {
+      std::vector<float> a = random_f32(rng, size_t(n)), b = random_f32(rng, size_t(n));
+      std::vector<float> want(a.size());
+      ref::add(a.data(), b.data(), want.data(), n);
+      add(a.data(), b.data(), a.data(), n, pool);  // y aliases a
+      EXPECT_EQ(a, want) << what << " n=" << n;
+    }
+  });
+}
+
+TEST(Ops, SiluMul) {
+  std::mt19937 rng(9);
+  for_each_config([&](Target, DType, ThreadPool& pool, const std::string& what) {
+    for (int64_t n : {1, 13, 3072, 40000}) {
+      std::vector<float> g = random_f32(rng, size_t(n), -8.0f, 8.0f),
+                         u = random_f32(rng, size_t(n));
+      std::vector<float> want(g.size());
+      ref::silu_mul(g.data(), u.data(), want.data(), n);
+      silu_mul(g.data(), u.data(), g.data(), n, pool);  // y aliases gate
+      // A few roundings per element (exp, add, divide, multiply): K = 4.
+      expect_close(g, want, nmse_tolerance(4), what + " n=" + std::to_string(n));
+    }
+  });
+}
+
+TEST(Ops, CacheWriteIsExact) {
+  std::mt19937 rng(10);
+  struct Case {
+    int64_t B, T, Hkv, S, D, start;
+  };
+  const Case cases[] = {{1, 1, 2, 8, 4, 5}, {2, 3, 3, 10, 5, 7}, {1, 6, 1, 6, 16, 0}};
+  for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
+    for (const auto& c : cases) {
+      const size_t cache_n = size_t(c.B * c.Hkv * c.S * c.D);
+      std::vector<float> src = random_f32(rng, size_t(c.B * c.T * c.Hkv * c.D));
+      Tensor cache = random_tensor(rng, cache_n, dt), want = cache;
+      cache_write(cache.data(), dt, src.data(), c.B, c.T, c.Hkv, c.S, c.D, c.start, pool);
+      ref::cache_write(want.data(), dt, src.data(), c.B, c.T, c.Hkv, c.S, c.D, c.start);
+      if (dt == DType::bf16)
+        EXPECT_EQ(cache.h, want.h) << what;
+      else
+        EXPECT_EQ(cache.f, want.f) << what;
+    }
+  });
+}
+
+// ---------------------------------------------------------------------- rms_norm, rope
+
+TEST(Ops, RmsNorm) {
+  std::mt19937 rng(11);
+  for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
+    for (int64_t D : {1, 7, 128, 1024, 1031}) {
+      const int64_t M = 5;
+      std::vector<float> x = random_f32(rng, size_t(M * D), -3.0f, 3.0f), want(x.size());
+      Tensor w = random_tensor(rng, size_t(D), dt, 0.5f, 1.5f);
+      ref::rms_norm(x.data(), w.data(), dt, want.data(), M, D, 1e-6f);
+      rms_norm(x.data(), w.data(), dt, x.data(), M, D, 1e-6f, pool);  // y aliases x
+      expect_close(x, want, nmse_tolerance(D), what + " D=" + std::to_string(D));
+    }
+  });
+}
+
+TEST(Ops, Rope) {
+  std::mt19937 rng(12);
+  for_each_config([&](Target, DType, ThreadPool& pool, const std::string& what) {
+    for (int64_t D : {2, 6, 64, 128}) {
+      const int64_t M = 4, H = 3;
+      std::vector<int32_t> pos = {0, 1, 17, 4000};
+      std::vector<float> inv_freq(size_t(D / 2));
+      for (int64_t i = 0; i < D / 2; ++i)
+        inv_freq[size_t(i)] = float(std::pow(10000.0, -2.0 * double(i) / double(D)));
+      std::vector<float> x = random_f32(rng, size_t(M * H * D)), want = x;
+      rope(x.data(), pos.data(), inv_freq.data(), M, H, D, pool);
+      ref::rope(want.data(), pos.data(), inv_freq.data(), M, H, D);
+      // f32 cos/sin of angles up to ~4000 rad are accurate to a few ulp of the angle: K = 4.
+      expect_close(x, want, nmse_tolerance(4), what + " D=" + std::to_string(D));
+    }
+  });
+}
+
+// ------------------------------------------------------------------------------ attention
+
+struct AttnCase {
+  int64_t B, T, Hq, Hkv, S, D, start;
+  int mask;  // 0: none, 1: random zeros, 2: left padding that leaves some queries no key
+};
+
+TEST(Ops, Attention) {
+  const AttnCase cases[] = {
+      {1, 1, 4, 4, 16, 8, 5, 0},     // decode, no GQA
+      {1, 1, 8, 2, 64, 64, 40, 1},   // decode, GQA 4, masked keys
+      {2, 5, 4, 1, 24, 32, 3, 1},    // prefill after a prefix (start > 0), GQA 4
+      {1, 7, 2, 2, 16, 16, 0, 0},    // plain prefill
+      {2, 4, 4, 2, 12, 24, 0, 2},    // padded batch row: its first queries see nothing
+      {2, 3, 4, 2, 40, 128, 30, 1},  // head_dim 128
+      {1, 2, 2, 1, 8, 5, 1, 0},      // odd head_dim
+  };
+  std::mt19937 rng(13);
+  for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
+    for (const auto& c : cases) {
+      const size_t cache_n = size_t(c.B * c.Hkv * c.S * c.D);
+      std::vector<float> q = random_f32(rng, size_t(c.B * c.T * c.Hq * c.D), -2.0f, 2.0f);
+      Tensor k = random_tensor(rng, cache_n, dt), v = random_tensor(rng, cache_n, dt);
+      // Slots at or past start + T must never be read: poison them.
+      for (int64_t bh = 0; bh < c.B * c.Hkv; ++bh)
+        for (int64_t s = c.start + c.T; s < c.S; ++s)
+          for (int64_t i = 0; i < c.D; ++i) {
+            const size_t at = size_t((bh * c.S + s) * c.D + i);
+            if (dt == DType::bf16) {
+              k.h[at] = v.h[at] = 0x7fc0;  // NaN
+            } else {
+              k.f[at] = v.f[at] = NAN;
+            }
+          }
+      std::vector<int32_t> mask(size_t(c.B * c.S), 1);
+      if (c.mask == 1)
+        for (auto& m : mask) m = (rng() % 4 == 0) ? 0 : 1;
+      if (c.mask == 2)
+        for (int64_t s = 0; s < 2; ++s) mask[size_t(1 * c.S + s)] = 0;  // row 1: 2 pad slots
+      const int32_t* key_mask = c.mask ? mask.data() : nullptr;
+      const float scale = 1.0f / std::sqrt(float(c.D));
+      std::vector<float> out(q.size(), NAN), want(q.size());
+      attention(q.data(), k.data(), v.data(), dt, key_mask, out.data(), c.B, c.T, c.Hq, c.Hkv, c.S,
+                c.D, c.start, scale, pool);
+      ref::attention(q.data(), k.data(), v.data(), dt, key_mask, want.data(), c.B, c.T, c.Hq, c.Hkv,
+                     c.S, c.D, c.start, scale);
+      // Scores are D-term dot products; the output is a weighted sum over up to start + T keys
+      // and a few roundings in exp and the normalization.
+      expect_close(out, want, nmse_tolerance(c.D + c.start + c.T + 4),
+                   what + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
+                       " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) +
+                       " D=" + std::to_string(c.D) + " start=" + std::to_string(c.start));
+      if (c.mask == 2) {
+        // Row 1, t = 0 and 1 sit at slots 0 and 1, both padding: zeros by contract.
+        for (int64_t t = 0; t < 2; ++t)
+          for (int64_t i = 0; i < c.Hq * c.D; ++i)
+            EXPECT_EQ(out[size_t(((1 * c.T + t) * c.Hq) * c.D + i)], 0.0f) << what;
+      }
+    }
+  });
+}
+
+// ----------------------------------------------------------- the references, by hand
+
+TEST(Reference, LinearSmall) {
+  const float x[] = {1, 2};
+  const float w[] = {1, 0, 0, 1, 1, 1};  // (3, 2)
+  const float b[] = {0.5f, -1, 0};
+  float y[3];
+  ref::linear(x, w, DType::f32, b, y, 1, 3, 2);
+  EXPECT_FLOAT_EQ(y[0], 1.5f);
+  EXPECT_FLOAT_EQ(y[1], 1.0f);
+  EXPECT_FLOAT_EQ(y[2], 3.0f);
+  const uint16_t wb[] = {f32_to_bf16(2), f32_to_bf16(-0.5f)};  // (1, 2) in bf16
+  ref::linear(x, wb, DType::bf16, nullptr, y, 1, 1, 2);
+  EXPECT_FLOAT_EQ(y[0], 1.0f);
+}
+
+TEST(Reference, RmsNormOf3And4) {
+  // mean(x^2) = (9 + 16) / 2 = 12.5; y = x / sqrt(12.5) * w.
+  const float x[] = {3, 4}, w[] = {1, 2};
+  float y[2];
+  ref::rms_norm(x, w, DType::f32, y, 1, 2, 0.0f);
+  EXPECT_NEAR(y[0], 0.8485281374, 1e-6);
+  EXPECT_NEAR(y[1], 2.2627416998, 1e-6);
+}
+
+TEST(Reference, RopeQuarterTurn) {
+  // D = 2: one pair (x0, x1) rotated by pos * inv_freq = 90 degrees: (1, 0) -> (0, 1).
+  float x[] = {1, 0};
+  const int32_t pos[] = {1};
+  const float inv_freq[] = {float(M_PI / 2)};
+  ref::rope(x, pos, inv_freq, 1, 1, 2);
+  EXPECT_NEAR(x[0], 0.0f, 1e-6);
+  EXPECT_NEAR(x[1], 1.0f, 1e-6);
+  // Position 0 is the identity.
+  float z[] = {0.25f, -3.0f};
+  const int32_t pos0[] = {0};
+  ref::rope(z, pos0, inv_freq, 1, 1, 2);
+  EXPECT_EQ(z[0], 0.25f);
+  EXPECT_EQ(z[1], -3.0f);
+}
+
+TEST(Reference, AttentionTwoKeys) {
+  // q = (1, 0), keys (1, 0) and (0, 1): scores 1 and 0, softmax (e, 1) / (e + 1);
+  // values (1, 2) and (3, 4).
+  const float q[] = {1, 0};
+  const float k[] = {1, 0, 0, 1};
+  const float v[] = {1, 2, 3, 4};
+  float out[2];
+  // T = 1 at start = 1: the query sits at slot 1 and sees slots 0 and 1.
+  ref::attention(q, k, v, DType::f32, nullptr, out, 1, 1, 1, 1, 2, 2, 1, 1.0f);
+  const double p0 = std::exp(1.0) / (std::exp(1.0) + 1.0), p1 = 1.0 - p0;
+  EXPECT_NEAR(out[0], p0 * 1 + p1 * 3, 1e-6);
+  EXPECT_NEAR(out[1], p0 * 2 + p1 * 4, 1e-6);
+  // Masking slot 0 leaves only value (3, 4).
+  const int32_t mask[] = {0, 1};
+  ref::attention(q, k, v, DType::f32, mask, out, 1, 1, 1, 1, 2, 2, 1, 1.0f);
+  EXPECT_NEAR(out[0], 3.0f, 1e-6);
+  EXPECT_NEAR(out[1], 4.0f, 1e-6);
+  // Causality: at start = 0 the query sees slot 0 only.
+  ref::attention(q, k, v, DType::f32, nullptr, out, 1, 1, 1, 1, 2, 2, 0, 1.0f);
+  EXPECT_NEAR(out[0], 1.0f, 1e-6);
+  EXPECT_NEAR(out[1], 2.0f, 1e-6);
+  // A query that sees no key gets zeros.
+  const int32_t none[] = {0, 0};
+  ref::attention(q, k, v, DType::f32, none, out, 1, 1, 1, 1, 2, 2, 1, 1.0f);
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[1], 0.0f);
+}
+
+TEST(Reference, SiluMulAndAdd) {
+  const float g[] = {0, 1, -2}, u[] = {5, 2, 1};
+  float y[3];
+  ref::silu_mul(g, u, y, 3);
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_NEAR(y[1], 2.0 / (1.0 + std::exp(-1.0)), 1e-6);
+  EXPECT_NEAR(y[2], -2.0 / (1.0 + std::exp(2.0)), 1e-6);
+  ref::add(g, u, y, 3);
+  EXPECT_EQ(y[0], 5.0f);
+  EXPECT_EQ(y[2], -1.0f);
+}
+
+TEST(Reference, CacheWriteRoundsToNearestEven) {
+  // bf16 keeps 8 significant bits: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 and rounds to the
+  // even 1.0; 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6 and rounds to 1 + 2^-6.
+  const float src[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f};  // (B=1, T=1, Hkv=1, D=2)
+  uint16_t cache[2 * 3] = {};                                // (1, 1, S=3, D=2)
+  ref::cache_write(cache, DType::bf16, src, 1, 1, 1, 3, 2, 1);
+  EXPECT_EQ(cache[0], 0);
+  EXPECT_EQ(cache[2], 0x3f80);  // 1.0
+  EXPECT_EQ(cache[3], 0x3f82);  // 1.015625
+  EXPECT_EQ(cache[4], 0);
+}
+
+TEST(Reference, EmbeddingGathersRows) {
+  const float table[] = {1, 2, 3, 4, 5, 6};  // (3, 2)
+  const int32_t ids[] = {2, 0};
+  float out[4];
+  ref::embedding(table, DType::f32, ids, 2, 2, out);
+  EXPECT_EQ(out[0], 5.0f);
+  EXPECT_EQ(out[1], 6.0f);
+  EXPECT_EQ(out[2], 1.0f);
+  EXPECT_EQ(out[3], 2.0f);
+}
+
+}  // namespace
+}  // namespace tformers::cpu
