@@ -71,6 +71,13 @@ std::string json_type(const OrderedJson& v) {
   return v.type_name();
 }
 
+// "[json.exception.parse_error.101] parse error at line 1, column 2: what" -> "what".
+std::string strip_prefix(const std::string& what) {
+  if (what.rfind("[json.exception", 0) != 0) return what;
+  size_t p = what.find(": ");
+  return p == std::string::npos ? what.substr(what.find(']') + 1) : what.substr(p + 2);
+}
+
 // Parses and validates one safetensors header. `data_size` is the byte count after the header.
 class HeaderParser {
  public:
@@ -97,12 +104,15 @@ class HeaderParser {
     OrderedJson header;
     try {
       header = OrderedJson::parse(text, text + n, cb);
-    } catch (const OrderedJson::exception& e) {
-      std::string what = e.what();
-      if (what.rfind("[json.exception", 0) == 0 && what.find("] ") != std::string::npos)
-        what = what.substr(what.find("] ") + 2);
-      fail(str_cat("the JSON header (bytes 8..", 8 + n, ") is malformed: ", what,
+    } catch (const OrderedJson::parse_error& e) {
+      // nlohmann counts bytes read, 1-based; the header starts at file byte 8.
+      uint64_t at = 8 + std::min<uint64_t>(e.byte == 0 ? 0 : e.byte - 1, n);
+      fail(str_cat("the JSON header (file bytes 8..", 8 + n, ") is malformed at file byte ", at,
+                   ": ", strip_prefix(e.what()),
                    "; the file is corrupt or not a safetensors file"));
+    } catch (const OrderedJson::exception& e) {
+      fail(str_cat("the JSON header (file bytes 8..", 8 + n, ") is malformed: ",
+                   strip_prefix(e.what()), "; the file is corrupt or not a safetensors file"));
     }
     if (!duplicate.empty())
       fail(str_cat("tensor '", duplicate, "' appears twice in the header; names must be unique"));
