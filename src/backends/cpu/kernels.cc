@@ -3,6 +3,8 @@
 // sums instead of one serial accumulator).
 #include "backends/cpu/kernels.h"
 
+#include <new>
+
 #include "backends/cpu/kernels_impl.h"
 #include "core/cpu_features.h"
 
@@ -83,6 +85,24 @@ const KernelTable& table() {
 }
 
 }  // namespace
+
+void* thread_scratch(Scratch slot, size_t bytes) {
+  struct Buffer {
+    void* data = nullptr;
+    size_t size = 0;
+    ~Buffer() { ::operator delete(data, std::align_val_t(64)); }
+  };
+  thread_local Buffer buffers[int(Scratch::kCount)];
+  Buffer& b = buffers[int(slot)];
+  if (b.size < bytes) {
+    ::operator delete(b.data, std::align_val_t(64));
+    b.data = nullptr;  // stays valid if the allocation below throws
+    b.size = 0;
+    b.data = ::operator new(bytes, std::align_val_t(64));
+    b.size = bytes;
+  }
+  return b.data;
+}
 
 const KernelTable& scalar_kernels() {
   static const KernelTable t = make_table<ScalarOps>(&linear_scalar);

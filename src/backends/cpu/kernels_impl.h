@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "backends/cpu/kernels.h"
 #include "core/thread_pool.h"
@@ -45,18 +44,22 @@ const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
 const KernelTable& avx512bf16_kernels();
 
+// Per-thread scratch buffers that only grow (64-byte aligned), so steady-state calls allocate
+// nothing. They live in kernels.cc, compiled for the baseline target, so that target files
+// instantiate no std::vector code: the linker keeps one copy of each template instantiation and
+// could hand an AVX-512-compiled one to baseline callers.
+enum class Scratch { kScores, kRope, kPackedX, kPanel, kCount };
+void* thread_scratch(Scratch slot, size_t bytes);
+template <class T>
+T* thread_scratch(Scratch slot, size_t n) {
+  return static_cast<T*>(thread_scratch(slot, n * sizeof(T)));
+}
+
 namespace {
 
 // Elementwise work below this many elements runs on the calling thread: waking the pool costs
 // more than the work.
 constexpr int64_t kElementwiseGrain = 1 << 14;
-
-// Grows a per-thread buffer; never shrinks, so steady-state calls allocate nothing.
-template <class T>
-T* scratch(std::vector<T>& buf, size_t n) {
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
 
 // ---- Shared kernel bodies. `Ops` supplies the target's vector primitives:
 //   float dot(const float* a, const float* b, int64_t n)
@@ -115,8 +118,7 @@ void rope_impl(float* x, const int32_t* pos, const float* inv_freq, int64_t M, i
       M,
       [&](int64_t b, int64_t e, int) {
         // cos/sin of one position, shared by its H heads: [cos (half), sin (half)].
-        thread_local std::vector<float> cs_buf;
-        float* cs = scratch(cs_buf, size_t(2 * half));
+        float* cs = thread_scratch<float>(Scratch::kRope, size_t(2 * half));
         for (int64_t m = b; m < e; ++m) {
           const float p = float(pos[m]);
           for (int64_t i = 0; i < half; ++i) {
@@ -221,8 +223,7 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
   // (0, T-1, 1, T-2, ...) because a causal query's cost grows with t and the pool hands out
   // contiguous chunks.
   pool.parallel_for(B * T * Hq, [&](int64_t lo, int64_t hi, int) {
-    thread_local std::vector<float> score_buf;
-    float* scores = scratch(score_buf, size_t(start + T));
+    float* scores = thread_scratch<float>(Scratch::kScores, size_t(start + T));
     for (int64_t u = lo; u < hi; ++u) {
       const int64_t h = u % Hq, tt = (u / Hq) % T, b = u / (Hq * T);
       const int64_t t = (tt % 2 == 0) ? tt / 2 : T - 1 - tt / 2;

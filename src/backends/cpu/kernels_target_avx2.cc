@@ -159,8 +159,7 @@ void gemv(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
   const float* xp = x;
   if constexpr (sizeof(W) == 2) {
     // Packed on the calling thread; workers only read it during this call.
-    thread_local std::vector<float> xp_buf;
-    float* p = scratch(xp_buf, size_t(M * K));
+    float* p = thread_scratch<float>(Scratch::kPackedX, size_t(M * K));
     for (int64_t m = 0; m < M; ++m) pack_x(x + m * K, K, p + m * K);
     xp = p;
   }
@@ -285,8 +284,7 @@ void gemm(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
   pool.parallel_for(
       panels,
       [&](int64_t p0, int64_t p1, int) {
-        thread_local std::vector<float> panel_buf;
-        float* panel = scratch(panel_buf, size_t(kGroup * kKC * kNR));
+        float* panel = thread_scratch<float>(Scratch::kPanel, size_t(kGroup * kKC * kNR));
         for (int64_t g0 = p0; g0 < p1; g0 += kGroup) {
           const int64_t g1 = std::min(p1, g0 + kGroup);
           for (int64_t k0 = 0; k0 < K; k0 += kKC) {

@@ -162,8 +162,7 @@ void gemv(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
           ThreadPool& pool) {
   const float* xp = x;
   if constexpr (sizeof(W) == 2) {
-    thread_local std::vector<float> xp_buf;
-    float* p = scratch(xp_buf, size_t(M * K));
+    float* p = thread_scratch<float>(Scratch::kPackedX, size_t(M * K));
     for (int64_t m = 0; m < M; ++m) pack_x(x + m * K, K, p + m * K);
     xp = p;
   }
@@ -302,8 +301,7 @@ void gemm(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
   pool.parallel_for(
       panels,
       [&](int64_t p0, int64_t p1, int) {
-        thread_local std::vector<float> panel_buf;
-        float* panel = scratch(panel_buf, size_t(kGroup * kKC * kNR));
+        float* panel = thread_scratch<float>(Scratch::kPanel, size_t(kGroup * kKC * kNR));
         for (int64_t g0 = p0; g0 < p1; g0 += kGroup) {
           const int64_t g1 = std::min(p1, g0 + kGroup);
           for (int64_t k0 = 0; k0 < K; k0 += kKC) {
@@ -405,8 +403,7 @@ void gemm_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* y
                int64_t N, int64_t K, ThreadPool& pool) {
   // x rounded to bf16 pairs once, on the calling thread: xb (M, ceil(K/2)) u32.
   const int64_t kp = (K + 1) / 2;
-  thread_local std::vector<uint32_t> xb_buf;
-  uint32_t* xb = scratch(xb_buf, size_t(M * kp));
+  uint32_t* xb = thread_scratch<uint32_t>(Scratch::kPackedX, size_t(M * kp));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t p = 0; p < kp; ++p) {
       const uint32_t lo = f32_to_bf16(x[m * K + 2 * p]);
@@ -418,8 +415,7 @@ void gemm_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* y
   pool.parallel_for(
       panels,
       [&](int64_t p0, int64_t p1, int) {
-        thread_local std::vector<uint32_t> panel_buf;
-        uint32_t* panel = scratch(panel_buf, size_t(kGroup * kPanelPairs));
+        uint32_t* panel = thread_scratch<uint32_t>(Scratch::kPanel, size_t(kGroup * kPanelPairs));
         for (int64_t g0 = p0; g0 < p1; g0 += kGroup) {
           const int64_t g1 = std::min(p1, g0 + kGroup);
           for (int64_t k0 = 0; k0 < K; k0 += kKC) {
