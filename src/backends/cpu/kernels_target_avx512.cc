@@ -62,20 +62,53 @@ struct Avx512Ops {
     for (; i < n; ++i) s += a[i] * value(b[i]);
     return s;
   }
-  template <class W>
-  static void axpy_t(float a, const W* x, float* y, int64_t n) {
-    const __m512 va = _mm512_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-      _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load16(x + i), _mm512_loadu_ps(y + i)));
-    for (; i < n; ++i) y[i] += a * value(x[i]);
-  }
   static float value(float v) { return v; }
   static float value(uint16_t v) { return bf16_to_f32(v); }
-  static float dot(const float* a, const float* b, int64_t n) { return dot_t(a, b, n); }
-  static float dot(const float* a, const uint16_t* b, int64_t n) { return dot_t(a, b, n); }
-  static void axpy(float a, const float* x, float* y, int64_t n) { axpy_t(a, x, y, n); }
-  static void axpy(float a, const uint16_t* x, float* y, int64_t n) { axpy_t(a, x, y, n); }
+  // N dot products against one k row, which is loaded once.
+  template <int N, class KV>
+  static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
+    __m512 acc[N][2];
+#pragma GCC unroll 4
+    for (int g = 0; g < N; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      const __m512 k0 = load16(k + i), k1 = load16(k + i + 16);
+#pragma GCC unroll 4
+      for (int g = 0; g < N; ++g) {
+        acc[g][0] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + i), k0, acc[g][0]);
+        acc[g][1] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + i + 16), k1, acc[g][1]);
+      }
+    }
+    if (i + 16 <= n) {
+      const __m512 k0 = load16(k + i);
+#pragma GCC unroll 4
+      for (int g = 0; g < N; ++g)
+        acc[g][0] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + i), k0, acc[g][0]);
+      i += 16;
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < N; ++g) {
+      float s = hsum(_mm512_add_ps(acc[g][0], acc[g][1]));
+      for (int64_t j = i; j < n; ++j) s += q[g][j] * value(k[j]);
+      out[g] = s;
+    }
+  }
+  // y[g] += p[g] * v for N rows, v loaded once.
+  template <int N, class KV>
+  static void axpys(const float* p, const KV* v, float* const* y, int64_t n) {
+    __m512 pv[N];
+#pragma GCC unroll 4
+    for (int g = 0; g < N; ++g) pv[g] = _mm512_set1_ps(p[g]);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m512 vv = load16(v + i);
+#pragma GCC unroll 4
+      for (int g = 0; g < N; ++g)
+        _mm512_storeu_ps(y[g] + i, _mm512_fmadd_ps(pv[g], vv, _mm512_loadu_ps(y[g] + i)));
+    }
+    for (; i < n; ++i)
+      for (int g = 0; g < N; ++g) y[g][i] += p[g] * value(v[i]);
+  }
   static float sum_sq(const float* x, int64_t n) { return dot_t(x, x, n); }
 };
 
