@@ -189,6 +189,24 @@ TEST(TypicalP, KeepsTokensClosestToTheEntropyUntilTheMass) {
   EXPECT_EQ(kept(t), (std::vector<bool>{true, true, true, true}));
 }
 
+TEST(TypicalP, TheTokenCrossingTheMassIsKept) {
+  // Cumulative .25 .75 .875: mass .76 counts two below it (threshold 1.25, all kept), mass .74
+  // counts one (threshold .75).
+  std::vector<float> s = logs({0.5, 0.25, 0.125, 0.125});
+  apply_typical_p(0.76, s);
+  EXPECT_EQ(kept(s), (std::vector<bool>{true, true, true, true}));
+  std::vector<float> t = logs({0.5, 0.25, 0.125, 0.125});
+  apply_typical_p(0.74, t);
+  EXPECT_EQ(kept(t), (std::vector<bool>{true, true, false, false}));
+}
+
+TEST(TypicalP, IgnoresAlreadyFilteredTokens) {
+  std::vector<float> s = logs({0.5, 0.25, 0.125, 0.125});
+  s.push_back(-kInf);
+  apply_typical_p(0.5, s);
+  EXPECT_EQ(kept(s), (std::vector<bool>{true, true, false, false, false}));
+}
+
 TEST(TypicalP, MinTokensToKeepIsTheMostTypicalNotTheMostLikely) {
   std::vector<float> s = logs({0.5, 0.25, 0.125, 0.125});
   apply_typical_p(0.2, s);  // no cumulative below .2 -> threshold .25: only token 1 stays
