@@ -113,10 +113,18 @@ void apply_temperature(float temperature, std::span<float> scores) {
 void apply_top_k(int64_t top_k, std::span<float> scores, int64_t min_tokens_to_keep) {
   const int64_t k = std::min(std::max(top_k, min_tokens_to_keep), size_of(scores));
   if (k <= 0) return;
-  // The k-th largest score; everything strictly below it goes, ties with it stay.
-  std::vector<float> sorted(scores.begin(), scores.end());
-  std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<>());
-  const float kth = sorted[k - 1];
+  // The k-th largest score (duplicates counted), from a min-heap of the k largest seen so far:
+  // one comparison for most entries, instead of sorting the vocabulary. Everything strictly below
+  // it goes; ties with it stay.
+  std::vector<float> heap(scores.begin(), scores.begin() + k);
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  for (int64_t i = k; i < size_of(scores); ++i) {
+    if (!(scores[i] > heap.front())) continue;
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    heap.back() = scores[i];
+    std::push_heap(heap.begin(), heap.end(), std::greater<>());
+  }
+  const float kth = heap.front();
   for (float& s : scores)
     if (s < kth) s = kNegInf;
 }
@@ -124,25 +132,35 @@ void apply_top_k(int64_t top_k, std::span<float> scores, int64_t min_tokens_to_k
 void apply_top_p(double top_p, std::span<float> scores, int64_t min_tokens_to_keep) {
   std::vector<int64_t> idx = finite_indices(scores);
   if (idx.empty()) return;
-  // Ascending, ties in index order (torch's CPU sort is stable).
-  std::stable_sort(idx.begin(), idx.end(),
-                   [&](int64_t a, int64_t b) { return scores[a] < scores[b]; });
-  const double m = max_of(scores, idx);
-  std::vector<double> w(idx.size());
-  double total = 0;
-  for (size_t j = 0; j < idx.size(); ++j) total += w[j] = std::exp(double(scores[idx[j]]) - m);
-  // Remove the low tail whose cumulative probability stays <= 1 - top_p; the last
-  // min_tokens_to_keep entries (the best tokens) always stay.
   const int64_t n = int64_t(idx.size());
-  const int64_t keep_from = std::max<int64_t>(0, n - min_tokens_to_keep);
-  double cum = 0;
-  for (int64_t j = 0; j < keep_from; ++j) {
-    cum += w[j] / total;
-    if (cum <= 1 - top_p)
-      scores[idx[j]] = kNegInf;
-    else
-      break;  // the cumulative sum only grows
+  const double m = max_of(scores, idx);
+  auto weight = [&](int64_t i) { return std::exp(double(scores[i]) - m); };
+  double total = 0;
+  for (int64_t i : idx) total += weight(i);
+  // Transformers sorts ascending (stably: ties in index order), accumulates probabilities and
+  // removes the tokens whose cumulative probability is <= 1 - top_p. A token's cumulative
+  // probability is 1 minus the mass of the tokens after it in that order, so the same test reads
+  // from the top: walking down in descending order (ties: higher index first), a token goes once
+  // the mass above it reaches top_p. That needs only the head of the order, which is sorted in
+  // growing chunks (a peaked distribution needs a few dozen tokens, not the whole vocabulary).
+  auto before = [&](int64_t a, int64_t b) {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a > b);
+  };
+  int64_t cut = n;  // idx[cut..n) in descending order are removed
+  for (int64_t k = std::min<int64_t>(n, 64);; k = std::min(n, 4 * k)) {
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), before);
+    double above = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      if (above / total >= top_p) {
+        cut = j;
+        break;
+      }
+      above += weight(idx[j]);
+    }
+    if (cut < n || k == n) break;
   }
+  // The min_tokens_to_keep best tokens always stay.
+  for (int64_t j = std::max(cut, min_tokens_to_keep); j < n; ++j) scores[idx[j]] = kNegInf;
 }
 
 void apply_min_p(double min_p, std::span<float> scores, int64_t min_tokens_to_keep) {

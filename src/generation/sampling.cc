@@ -37,15 +37,20 @@ int32_t Sampler::sample(std::span<const float> scores) {
     throw InvalidArgumentError(
         "sampling: every token was filtered out (all scores are -inf); relax bad_words_ids, "
         "suppress_tokens or the sampling filters");
-  std::vector<double> w(scores.size());
+  // Two passes over the weights instead of storing them: filtered tokens (-inf) weigh 0 and are
+  // skipped, which after top_k leaves a few dozen exps on a vocabulary of 150k.
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   double total = 0;
-  for (size_t i = 0; i < scores.size(); ++i) total += w[i] = std::exp(double(scores[i]) - m);
+  for (float s : scores)
+    if (s != kNegInf) total += std::exp(double(s) - m);
   const double target = next_uniform() * total;
   double acc = 0;
   size_t last = 0;
-  for (size_t i = 0; i < w.size(); ++i) {
-    if (w[i] == 0) continue;
-    acc += w[i];
+  for (size_t i = 0; i < scores.size(); ++i) {
+    if (scores[i] == kNegInf) continue;
+    const double w = std::exp(double(scores[i]) - m);
+    if (w == 0) continue;
+    acc += w;
     last = i;
     if (acc > target) return int32_t(i);
   }
