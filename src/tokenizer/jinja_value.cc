@@ -300,8 +300,9 @@ std::string to_json(const Value& v, const JsonOptions& opt, int depth, bool unde
       json_quote(out, v.str, opt.ensure_ascii);
       return out;
     }
+    case Type::kTuple:  // as in the reference (Python would print a tuple, JSON has none)
+      fail("cannot convert a tuple to JSON");
     case Type::kArray:
-    case Type::kTuple:
     case Type::kObject:
     case Type::kKwargs:
     case Type::kNamespace: {

@@ -97,9 +97,10 @@ TEST(ChatTemplateGolden, ByteIdenticalToHuggingFaceJinja) {
         ADD_FAILURE() << label << ": expected the error \"" << expected << "\", rendered:\n" << out;
       } catch (const tformers::FormatError& e) {
         // raise_exception() messages are the template's own text: they must come through.
-        if (g.sources.at(name).find(expected) != std::string::npos)
+        if (g.sources.at(name).find(expected) != std::string::npos) {
           EXPECT_NE(std::string(e.what()).find(expected), std::string::npos)
               << label << ": " << e.what();
+        }
         EXPECT_NE(std::string(e.what()).find("chat template line "), std::string::npos) << e.what();
       }
     } else {
@@ -123,6 +124,37 @@ TEST(ChatTemplateGolden, ByteIdenticalToHuggingFaceJinja) {
     ++checked;
   }
   EXPECT_EQ(checked, int(g.data["cases"].size()));
+}
+
+TEST(ChatTemplateGolden, SnippetsByteIdenticalToHuggingFaceJinja) {
+  const Goldens& g = goldens();
+  const ordered_json& ctx = g.data["snippet_context"];
+  int checked = 0;
+  for (const ordered_json& s : g.data["snippets"]) {
+    const std::string text = s["text"];
+    std::string label = ordered_json(text).dump();
+    std::string out;
+    try {
+      out = tformers::jinja::Template(text).render(ctx);
+    } catch (const tformers::FormatError& e) {
+      if (!s.contains("error")) {
+        ADD_FAILURE() << label << ": " << e.what();
+      } else if (s["error"].get<std::string>().rfind("custom failure", 0) == 0) {
+        EXPECT_NE(std::string(e.what()).find(s["error"].get<std::string>()), std::string::npos)
+            << e.what();
+      }
+      ++checked;
+      continue;
+    }
+    if (s.contains("error")) {
+      ADD_FAILURE() << label << ": expected the error \"" << s["error"].get<std::string>()
+                    << "\", rendered " << ordered_json(out).dump();
+    } else {
+      EXPECT_EQ(ordered_json(out).dump(), s["expected"].dump()) << label;
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 30);
 }
 
 }  // namespace

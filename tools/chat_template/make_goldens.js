@@ -173,6 +173,27 @@ templates.push({name: 'features', source: {file: featuresFile}, text: fs.readFil
 const extra = {name: 'tformers', count: 3, 'ünï': 'cödé', nested: {list: [{v: 'first'}, {v: 'second'}]}, flag: true, ratio: 0.25};
 render(templates.at(-1), 'system_multi_turn', {extra});
 
+// Short snippets, one per line of snippets.txt, each checking a corner of the semantics; their
+// text goes into the goldens (it is ours). Lines are split on the literal marker "\n" + "%%".
+const snippetFile = path.join(__dirname, 'snippets.txt');
+const snippetContext = {
+  x: 'str', items: [{n: 2}, {n: 0}, {n: 3, m: 'M'}, {}].slice(0, 3), obj: {b: 2, a: 1, c: 3},
+  messages: conversations.system_multi_turn,
+};
+const snippetText = fs.readFileSync(snippetFile, 'utf8');
+const snippetSources = snippetText.split('\n%%\n').filter((t) => !t.startsWith('#'));
+const snippets = [];
+for (const text of snippetSources) {
+  if (!text.trim()) continue;
+  const entry = {text};
+  try {
+    entry.expected = new Template(text).render(snippetContext);
+  } catch (e) {
+    entry.error = String(e.message);
+  }
+  snippets.push(entry);
+}
+
 const out = {
   generator: 'tools/chat_template/make_goldens.js',
   reference: `@huggingface/jinja ${pkg.version}`,
@@ -180,6 +201,8 @@ const out = {
   templates: Object.fromEntries(templates.map((t) => [t.name, {source: t.source, bos_token: t.bos, eos_token: t.eos}])),
   conversations,
   cases,
+  snippet_context: snippetContext,
+  snippets,
 };
 const dest = path.join(root, 'tests', 'chat_template', 'goldens.json');
 fs.writeFileSync(dest, JSON.stringify(out, null, 1) + '\n');
