@@ -1001,11 +1001,11 @@ std::string render_json(const Template& t, const Program& program, const Json& c
   if (!context.is_object() && !context.is_null())
     throw InvalidArgumentError("chat template context must be a JSON object of variables, got " +
                                std::string(context.type_name()));
-  std::vector<std::pair<std::string, Value>> globals;
-  if (context.is_object())
-    for (auto it = context.begin(); it != context.end(); ++it)
-      globals.emplace_back(it.key(), value_from_json(it.value()));
   try {
+    std::vector<std::pair<std::string, Value>> globals;
+    if (context.is_object())
+      for (auto it = context.begin(); it != context.end(); ++it)
+        globals.emplace_back(it.key(), value_from_json(it.value(), limits.max_depth));
     return run_program(program, std::move(globals), limits, now);
   } catch (const JinjaError& e) {
     if (e.raised)

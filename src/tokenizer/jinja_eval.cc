@@ -487,16 +487,20 @@ struct Interpreter {
     for (auto& [name, def] : pending) scope.set(name, eval(*def, scope));
   }
 
+  // Whether the macro body mentions `name` (kwargs, varargs); iterative, trees can be deep.
   static bool uses_name(const std::vector<std::unique_ptr<Node>>& nodes, const char* name) {
-    for (const auto& n : nodes)
-      if (n && uses_name(*n, name)) return true;
+    std::vector<const Node*> pending;
+    for (const auto& n : nodes) pending.push_back(n.get());
+    while (!pending.empty()) {
+      const Node* n = pending.back();
+      pending.pop_back();
+      if (!n) continue;
+      if (n->kind == Kind::kIdent && n->str == name) return true;
+      for (const Node* c : {n->x.get(), n->y.get(), n->z.get()}) pending.push_back(c);
+      for (const auto* v : {&n->args, &n->body, &n->alt})
+        for (const auto& c : *v) pending.push_back(c.get());
+    }
     return false;
-  }
-  static bool uses_name(const Node& n, const char* name) {
-    if (n.kind == Kind::kIdent && n.str == name) return true;
-    for (const Node* c : {n.x.get(), n.y.get(), n.z.get()})
-      if (c && uses_name(*c, name)) return true;
-    return uses_name(n.args, name) || uses_name(n.body, name) || uses_name(n.alt, name);
   }
 
   Value eval_macro(const Node& n, Scope& s) {

@@ -83,8 +83,9 @@ struct Value {
   bool truthy() const;
 };
 
+// Throws JinjaError when the value nests deeper than max_depth.
 template <typename Json>
-Value value_from_json(const Json& j);
+Value value_from_json(const Json& j, int max_depth);
 
 // Conversions as @huggingface/jinja does them.
 std::string js_number(double v);           // JavaScript Number#toString
@@ -158,6 +159,9 @@ struct Node {
   bool flag = false;
   std::unique_ptr<Node> x, y, z;
   std::vector<std::unique_ptr<Node>> args, body, alt;
+
+  Node() = default;
+  ~Node();  // iterative: `1+1+...+1` builds a tree deeper than the stack could unwind
 };
 
 struct Program {

@@ -131,7 +131,8 @@ bool Value::truthy() const {
 }
 
 template <typename Json>
-Value value_from_json(const Json& j) {
+Value value_from_json(const Json& j, int max_depth) {
+  if (max_depth < 0) fail("a context value nests too deeply");
   switch (j.type()) {
     case nlohmann::json::value_t::null:
       return Value::null();
@@ -151,20 +152,40 @@ Value value_from_json(const Json& j) {
     case nlohmann::json::value_t::array: {
       Array a;
       a.reserve(j.size());
-      for (const auto& e : j) a.push_back(value_from_json(e));
+      for (const auto& e : j) a.push_back(value_from_json(e, max_depth - 1));
       return Value::from_array(std::move(a));
     }
     case nlohmann::json::value_t::object: {
       auto o = std::make_shared<Object>();
-      for (auto it = j.begin(); it != j.end(); ++it) o->set(it.key(), value_from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it)
+        o->set(it.key(), value_from_json(it.value(), max_depth - 1));
       return Value::from_object(std::move(o));
     }
     default:
       return Value::undefined();  // binary and discarded values have no template meaning
   }
 }
-template Value value_from_json(const nlohmann::json&);
-template Value value_from_json(const nlohmann::ordered_json&);
+template Value value_from_json(const nlohmann::json&, int);
+template Value value_from_json(const nlohmann::ordered_json&, int);
+
+Node::~Node() {
+  std::vector<std::unique_ptr<Node>> pending;
+  auto take = [&pending](Node& n) {
+    for (auto* c : {&n.x, &n.y, &n.z})
+      if (*c) pending.push_back(std::move(*c));
+    for (auto* v : {&n.args, &n.body, &n.alt}) {
+      for (auto& c : *v)
+        if (c) pending.push_back(std::move(c));
+      v->clear();
+    }
+  };
+  take(*this);
+  while (!pending.empty()) {
+    std::unique_ptr<Node> n = std::move(pending.back());
+    pending.pop_back();
+    take(*n);  // n is destroyed here without children
+  }
+}
 
 // Number#toString: the shortest digits that round-trip, in fixed notation for exponents in
 // [-7, 21) and in exponent notation outside.

@@ -155,6 +155,18 @@ TEST(JinjaLimits, RunawayRecursionIsAnErrorNotACrash) {
       "nests deeper");
   EXPECT_CONTAINS(error_of("{{ " + std::string(100000, '[') + " }}"), "nests deeper");
   EXPECT_CONTAINS(error_of("{{ " + std::string(50000, '-') + "1 }}"), "nests deeper");
+  // Long operator chains build deep trees without recursion in the parser: rendering refuses
+  // them, and freeing them must not overflow the stack either.
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 200000; ++i) chain += "+1";
+  EXPECT_CONTAINS(error_of(chain + " }}"), "recursion");
+  std::string filters = "{{ 'x'";
+  for (int i = 0; i < 100000; ++i) filters += "|trim";
+  EXPECT_CONTAINS(error_of(filters + " }}"), "recursion");
+  // Deeply nested context values are refused before rendering.
+  json deep = json::array();
+  for (int i = 0; i < 100000; ++i) deep = json::array({std::move(deep)});
+  EXPECT_CONTAINS(error_of("{{ v }}", {{"v", deep}}), "nests too deeply");
   std::string ifs;
   for (int i = 0; i < 5000; ++i) ifs += "{% if true %}";
   EXPECT_CONTAINS(error_of(ifs), "nests deeper");
