@@ -414,7 +414,8 @@ std::vector<Token> tokenize(const Text& t) {
 // ternary, or, and, not, comparison/in, + - ~, * / // %, **, is, |filter, unary sign, call/member.
 class Parser {
  public:
-  Parser(std::vector<Token> tokens, int max_depth) : t_(std::move(tokens)), max_depth_(max_depth) {}
+  Parser(std::vector<Token> tokens, const Limits& limits)
+      : t_(std::move(tokens)), limits_(limits), stack_base_(stack_position()) {}
 
   std::unique_ptr<Program> program() {
     auto p = std::make_unique<Program>();
@@ -426,9 +427,10 @@ class Parser {
   struct DepthGuard {
     Parser& p;
     explicit DepthGuard(Parser& parser) : p(parser) {
-      if (++p.depth_ > p.max_depth_)
-        throw LexError{"template nests deeper than " + std::to_string(p.max_depth_) + " levels",
-                       p.peek().offset};
+      if (++p.depth_ > p.limits_.max_depth || stack_used(p.stack_base_) > p.limits_.max_stack_bytes)
+        throw LexError{
+            "template nests deeper than " + std::to_string(p.limits_.max_depth) + " levels",
+            p.peek().offset};
     }
     ~DepthGuard() { --p.depth_; }
   };
@@ -967,14 +969,15 @@ class Parser {
   std::vector<Token> t_;
   size_t pos_ = 0;
   int depth_ = 0;
-  int max_depth_;
+  const Limits& limits_;
+  uintptr_t stack_base_;
 };
 
 }  // namespace
 
-std::unique_ptr<Program> parse_template(const std::string& source, int max_depth) {
+std::unique_ptr<Program> parse_template(const std::string& source, const Limits& limits) {
   Text text = preprocess(source);
-  return Parser(tokenize(text), max_depth).program();
+  return Parser(tokenize(text), limits).program();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1019,7 +1022,7 @@ std::string render_json(const Template& t, const Program& program, const Json& c
 Template::Template(std::string source, Limits limits)
     : source_(std::move(source)), limits_(limits) {
   try {
-    program_ = parse_template(source_, limits_.max_depth);
+    program_ = parse_template(source_, limits_);
   } catch (const LexError& e) {
     throw FormatError(where(source_, e.offset) + ": syntax error: " + e.message);
   }

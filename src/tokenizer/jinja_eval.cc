@@ -216,12 +216,14 @@ struct Interpreter {
   size_t iterations = 0;
   Flow flow = Flow::kNone;
   Scope* call_scope = nullptr;  // the caller's scope while a function runs (macros use it)
+  uintptr_t stack_base = stack_position();
 
   struct Depth {
     Interpreter& in;
     explicit Depth(Interpreter& i) : in(i) {
       // Macros can recurse; every evaluation level costs stack, so the total is bounded.
-      if (++in.depth > in.limits.max_depth * 4)
+      if (++in.depth > in.limits.max_depth * 4 ||
+          stack_used(in.stack_base) > in.limits.max_stack_bytes)
         fail("template recursion is deeper than " + std::to_string(in.limits.max_depth * 4) +
              " levels (a macro calling itself without end?)");
     }

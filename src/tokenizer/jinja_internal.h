@@ -168,7 +168,14 @@ struct Program {
   std::vector<std::unique_ptr<Node>> body;
 };
 
-std::unique_ptr<Program> parse_template(const std::string& source, int max_depth);
+std::unique_ptr<Program> parse_template(const std::string& source, const Limits& limits);
+
+// Address of the caller's frame; the distance between two of them is the stack in use.
+inline uintptr_t stack_position() { return uintptr_t(__builtin_frame_address(0)); }
+inline size_t stack_used(uintptr_t base) {
+  uintptr_t now = stack_position();
+  return now > base ? now - base : base - now;
+}
 
 // Renders a parsed program; defined in jinja_eval.cc.
 std::string run_program(const Program& program, std::vector<std::pair<std::string, Value>> globals,
