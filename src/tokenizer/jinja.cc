@@ -1029,6 +1029,8 @@ Template::Template(std::string source, Limits limits)
 }
 
 Template::~Template() = default;
+Template::Template(const Template&) = default;
+Template& Template::operator=(const Template&) = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 

@@ -34,6 +34,8 @@ class Template {
   // Parses the template; throws FormatError "chat template line L, column C: ..." on syntax errors.
   explicit Template(std::string source, Limits limits = {});
   ~Template();
+  Template(const Template&);  // cheap: the parsed program is shared and immutable
+  Template& operator=(const Template&);
   Template(Template&&) noexcept;
   Template& operator=(Template&&) noexcept;
 
@@ -42,6 +44,7 @@ class Template {
   // nlohmann::json sorts them, nlohmann::ordered_json keeps the order of the document, which is
   // what `tojson` of tool definitions needs to match Transformers. Runtime errors, including
   // raise_exception("msg"), throw FormatError with the template line and column and the message.
+  // Safe to call from several threads at once (each render has its own state).
   std::string render(const nlohmann::json& context) const;
   std::string render(const nlohmann::ordered_json& context) const;
 
