@@ -2,8 +2,11 @@
 // and the chain's order.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "generation/logits_process.h"
@@ -211,6 +214,64 @@ TEST(TypicalP, MinTokensToKeepIsTheMostTypicalNotTheMostLikely) {
   std::vector<float> s = logs({0.5, 0.25, 0.125, 0.125});
   apply_typical_p(0.2, s);  // no cumulative below .2 -> threshold .25: only token 1 stays
   EXPECT_EQ(kept(s), (std::vector<bool>{false, true, false, false}));
+}
+
+// Straightforward versions of Transformers' formulations (full sorts) for the randomized checks
+// of the faster implementations above.
+std::vector<bool> naive_top_k(const std::vector<float>& s, int64_t k) {
+  std::vector<float> sorted = s;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  const float kth = sorted[std::min<size_t>(std::max<int64_t>(k, 1), s.size()) - 1];
+  std::vector<bool> keep;
+  for (float x : s) keep.push_back(!(x < kth) && x != -kInf);
+  return keep;
+}
+
+std::vector<bool> naive_top_p(const std::vector<float>& s, double p) {
+  std::vector<size_t> order(s.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return s[a] < s[b]; });
+  const float m = *std::max_element(s.begin(), s.end());
+  double total = 0;
+  for (float x : s) total += std::exp(double(x) - m);
+  std::vector<bool> keep(s.size(), true);
+  double cum = 0;
+  for (size_t j = 0; j + 1 < order.size(); ++j) {
+    cum += std::exp(double(s[order[j]]) - m) / total;
+    if (cum <= 1 - p) keep[order[j]] = false;
+  }
+  for (size_t i = 0; i < s.size(); ++i)
+    if (s[i] == -kInf) keep[i] = false;
+  return keep;
+}
+
+TEST(Warpers, RandomRowsMatchTheFullSortFormulations) {
+  std::mt19937 gen(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int v = 1 + int(gen() % 700);
+    // Small integer-valued logits make many exact ties; a wide spread makes peaked rows.
+    const bool ties = trial % 2 == 0;
+    std::normal_distribution<float> normal(0.0f, trial % 3 == 0 ? 6.0f : 1.5f);
+    std::vector<float> s(v);
+    for (float& x : s) x = ties ? float(int(gen() % 9)) * 0.5f : normal(gen);
+    if (v > 3) s[gen() % v] = -kInf;
+    const int64_t k = 1 + int64_t(gen() % 80);
+    const double p = std::uniform_real_distribution<double>(0.01, 0.999)(gen);
+    SCOPED_TRACE(::testing::Message()
+                 << "trial " << trial << " v " << v << " k " << k << " p " << p);
+    if (std::all_of(s.begin(), s.end(), [](float x) { return x == -kInf; })) continue;
+    std::vector<float> a = s;
+    apply_top_k(k, a);
+    EXPECT_EQ(kept(a), naive_top_k(s, k));
+    std::vector<float> b = s;
+    apply_top_p(p, b);
+    EXPECT_EQ(kept(b), naive_top_p(s, p));
+    for (int i = 0; i < v; ++i) {
+      if (b[i] != -kInf) {
+        ASSERT_EQ(b[i], s[i]);  // kept scores are untouched
+      }
+    }
+  }
 }
 
 ResolvedGenerationConfig sampling_config() {
