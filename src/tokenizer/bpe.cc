@@ -10,25 +10,6 @@ namespace tformers::tokenizer_detail {
 
 namespace {
 
-inline uint64_t hash_bytes(std::string_view s) {
-  // FNV-1a over 8-byte words, then a final mix; good enough for token strings.
-  uint64_t h = 0xcbf29ce484222325ULL ^ s.size();
-  size_t i = 0;
-  for (; i + 8 <= s.size(); i += 8) {
-    uint64_t w;
-    std::memcpy(&w, s.data() + i, 8);
-    h = (h ^ w) * 0x100000001b3ULL;
-    h ^= h >> 29;
-  }
-  uint64_t tail = 0;
-  std::memcpy(&tail, s.data() + i, s.size() - i);
-  h = (h ^ tail) * 0x100000001b3ULL;
-  h ^= h >> 32;
-  h *= 0x9E3779B97F4A7C15ULL;
-  h ^= h >> 29;
-  return h | 1;  // 0 marks an empty slot
-}
-
 inline uint64_t mix64(uint64_t x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdULL;
@@ -38,20 +19,51 @@ inline uint64_t mix64(uint64_t x) {
   return x;
 }
 
+inline uint64_t hash_bytes(std::string_view s) {
+  // Multiply-xorshift over 8-byte words, then a full avalanche; the top bit marks a used slot.
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ (s.size() * 0xff51afd7ed558ccdULL);
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    h = (h ^ w) * 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 31;
+  }
+  uint64_t tail = 0;
+  std::memcpy(&tail, s.data() + i, s.size() - i);
+  h = mix64(h ^ tail);
+  return h | (1ULL << 63);
+}
+
 }  // namespace
+
+uint64_t VocabMap::hash(std::string_view token) { return hash_bytes(token); }
+
+static inline uint64_t head_of(std::string_view token) {
+  uint64_t h = 0;
+  std::memcpy(&h, token.data(), std::min<size_t>(8, token.size()));
+  return h;
+}
+
+bool VocabMap::equal(const Slot& s, std::string_view token) const {
+  if (s.length != token.size() || s.head != head_of(token)) return false;
+  return token.size() <= 8 ||
+         std::memcmp(arena_.data() + s.offset + 8, token.data() + 8, token.size() - 8) == 0;
+}
 
 void VocabMap::reserve(size_t n) {
   size_t cap = 16;
-  while (cap < n * 2) cap <<= 1;
+  while (cap * 2 < n * 3) cap <<= 1;  // load factor <= 2/3
   if (cap <= slots_.size()) return;
   std::vector<Slot> old;
   old.swap(slots_);
   slots_.assign(cap, Slot{});
+  size_t mask = cap - 1;
   for (const Slot& s : old) {
-    if (!s.hash) continue;
-    size_t mask = slots_.size() - 1;
-    size_t i = s.hash & mask;
-    while (slots_[i].hash) i = (i + 1) & mask;
+    if (!s.tag) continue;
+    uint64_t h = hash(std::string_view(arena_).substr(s.offset, s.length));
+    size_t i = h & mask;
+    while (slots_[i].tag) i = (i + 1) & mask;
     slots_[i] = s;
   }
 }
@@ -59,46 +71,42 @@ void VocabMap::reserve(size_t n) {
 void VocabMap::grow() { reserve(slots_.empty() ? 16 : slots_.size()); }
 
 bool VocabMap::insert(std::string_view token, int32_t id) {
-  if ((count_ + 1) * 2 > slots_.size()) reserve(std::max<size_t>(count_ + 1, slots_.size()));
-  uint64_t h = hash_bytes(token);
+  return insert_hashed(token, hash(token), id);
+}
+
+bool VocabMap::insert_hashed(std::string_view token, uint64_t h, int32_t id) {
+  if ((count_ + 1) * 3 > slots_.size() * 2) reserve(std::max<size_t>(count_ + 1, slots_.size()));
   size_t mask = slots_.size() - 1;
   size_t i = h & mask;
-  while (slots_[i].hash) {
-    const Slot& s = slots_[i];
-    if (s.hash == h && s.length == token.size() &&
-        std::memcmp(arena_.data() + s.offset, token.data(), token.size()) == 0) {
-      return false;
-    }
+  uint32_t tag = tag_of(h);
+  while (slots_[i].tag) {
+    if (slots_[i].tag == tag && equal(slots_[i], token)) return false;
     i = (i + 1) & mask;
   }
-  slots_[i] =
-      Slot{h, static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(token.size()), id};
+  slots_[i] = Slot{tag, id, head_of(token), static_cast<uint32_t>(arena_.size()),
+                   static_cast<uint32_t>(token.size())};
   arena_.append(token);
   ++count_;
   return true;
 }
 
-int32_t VocabMap::find(std::string_view token) const {
+int32_t VocabMap::find_hashed(std::string_view token, uint64_t h) const {
   if (slots_.empty()) return -1;
-  uint64_t h = hash_bytes(token);
   size_t mask = slots_.size() - 1;
   size_t i = h & mask;
-  while (slots_[i].hash) {
+  uint32_t tag = tag_of(h);
+  while (slots_[i].tag) {
     const Slot& s = slots_[i];
-    if (s.hash == h && s.length == token.size() &&
-        std::memcmp(arena_.data() + s.offset, token.data(), token.size()) == 0) {
-      return s.id;
-    }
+    if (s.tag == tag && equal(s, token)) return s.id;
     i = (i + 1) & mask;
   }
   return -1;
 }
 
-BpeModel::BpeModel(std::vector<std::pair<std::string, int64_t>> vocab,
-                   const std::vector<std::pair<std::string, std::string>>& merges,
+BpeModel::BpeModel(const std::vector<std::pair<std::string_view, int64_t>>& vocab,
+                   const std::vector<std::pair<std::string_view, std::string_view>>& merges,
                    BpeOptions options, const std::string& where)
     : options_(std::move(options)) {
-  size_t total = 0;
   int64_t max_id = -1;
   for (auto& [tok, id] : vocab) {
     if (id < 0 || id > INT32_MAX) {
@@ -106,54 +114,88 @@ BpeModel::BpeModel(std::vector<std::pair<std::string, int64_t>> vocab,
                                         " is not a valid token id"));
     }
     max_id = std::max(max_id, id);
-    total += tok.size();
   }
   vocab_.reserve(vocab.size());
-  id_to_token_.resize(static_cast<size_t>(max_id + 1));
-  has_id_.assign(static_cast<size_t>(max_id + 1), false);
-  (void)total;
-  for (auto& [tok, id] : vocab) {
-    vocab_.insert(tok, static_cast<int32_t>(id));
-    has_id_[id] = true;
-    id_to_token_[id] = std::move(tok);
+  id_spans_.assign(static_cast<size_t>(max_id + 1), kNoToken);
+  size_t bytes = 0;
+  for (auto& v : vocab) bytes += v.first.size();
+  id_arena_.reserve(bytes);
+
+  // Bulk work is done in blocks: hash a block, prefetch its slots, then probe, so that the cache
+  // misses of one block overlap instead of queueing (this is most of the load time).
+  constexpr size_t kBlock = 32;
+  uint64_t h[kBlock], h2[kBlock], h3[kBlock];
+  for (size_t base = 0; base < vocab.size(); base += kBlock) {
+    size_t n = std::min(kBlock, vocab.size() - base);
+    for (size_t k = 0; k < n; ++k) {
+      h[k] = VocabMap::hash(vocab[base + k].first);
+      vocab_.prefetch(h[k]);
+    }
+    for (size_t k = 0; k < n; ++k) {
+      auto& [tok, id] = vocab[base + k];
+      vocab_.insert_hashed(tok, h[k], static_cast<int32_t>(id));
+      id_spans_[id] = (static_cast<uint64_t>(id_arena_.size()) << 32) | tok.size();
+      id_arena_.append(tok);
+    }
   }
 
   size_t cap = 16;
-  while (cap < merges.size() * 2) cap <<= 1;
+  while (cap * 2 < merges.size() * 3) cap <<= 1;
   merge_table_.assign(cap, MergeSlot{});
   merge_mask_ = cap - 1;
   const std::string& prefix = options_.continuing_subword_prefix;
-  std::string joined;
-  for (size_t r = 0; r < merges.size(); ++r) {
-    const auto& [a, b] = merges[r];
-    int32_t ia = vocab_.find(a), ib = vocab_.find(b);
-    if (ia < 0 || ib < 0) {
-      throw FormatError(detail::str_cat(where, ": model.merges[", r, "] uses token \"",
-                                        ia < 0 ? a : b, "\" which is not in model.vocab"));
-    }
-    joined.assign(a);
-    if (!prefix.empty() && b.compare(0, prefix.size(), prefix) == 0) {
-      joined.append(b, prefix.size(), std::string::npos);
-    } else {
-      joined.append(b);
-    }
-    int32_t inew = vocab_.find(joined);
-    if (inew < 0) {
-      throw FormatError(detail::str_cat(where, ": model.merges[", r, "] produces \"", joined,
-                                        "\" which is not in model.vocab"));
-    }
-    uint64_t key =
-        (static_cast<uint64_t>(static_cast<uint32_t>(ia)) << 32) | static_cast<uint32_t>(ib);
-    size_t i = mix64(key) & merge_mask_;
-    bool duplicate = false;
-    while (merge_table_[i].key != ~0ULL) {
-      if (merge_table_[i].key == key) {
-        duplicate = true;  // the first (lowest) rank wins
-        break;
+  std::string joined[kBlock];
+  int32_t ia[kBlock], ib[kBlock];
+  for (size_t base = 0; base < merges.size(); base += kBlock) {
+    size_t n = std::min(kBlock, merges.size() - base);
+    for (size_t k = 0; k < n; ++k) {
+      const auto& [a, b] = merges[base + k];
+      h[k] = VocabMap::hash(a);
+      h2[k] = VocabMap::hash(b);
+      vocab_.prefetch(h[k]);
+      vocab_.prefetch(h2[k]);
+      joined[k].assign(a);
+      if (!prefix.empty() && b.substr(0, prefix.size()) == prefix) {
+        joined[k].append(b.substr(prefix.size()));
+      } else {
+        joined[k].append(b);
       }
-      i = (i + 1) & merge_mask_;
+      h3[k] = VocabMap::hash(joined[k]);
+      vocab_.prefetch(h3[k]);
     }
-    if (!duplicate) merge_table_[i] = MergeSlot{key, static_cast<uint32_t>(r), inew};
+    for (size_t k = 0; k < n; ++k) {
+      const auto& [a, b] = merges[base + k];
+      size_t r = base + k;
+      ia[k] = vocab_.find_hashed(a, h[k]);
+      ib[k] = vocab_.find_hashed(b, h2[k]);
+      if (ia[k] < 0 || ib[k] < 0) {
+        throw FormatError(detail::str_cat(where, ": model.merges[", r, "] uses token \"",
+                                          ia[k] < 0 ? a : b, "\" which is not in model.vocab"));
+      }
+      uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia[k])) << 32) |
+                     static_cast<uint32_t>(ib[k]);
+      h2[k] = key;
+      __builtin_prefetch(&merge_table_[mix64(key) & merge_mask_]);
+    }
+    for (size_t k = 0; k < n; ++k) {
+      size_t r = base + k;
+      int32_t inew = vocab_.find_hashed(joined[k], h3[k]);
+      if (inew < 0) {
+        throw FormatError(detail::str_cat(where, ": model.merges[", r, "] produces \"", joined[k],
+                                          "\" which is not in model.vocab"));
+      }
+      uint64_t key = h2[k];
+      size_t i = mix64(key) & merge_mask_;
+      bool duplicate = false;
+      while (merge_table_[i].key != ~0ULL) {
+        if (merge_table_[i].key == key) {
+          duplicate = true;  // the first (lowest) rank wins
+          break;
+        }
+        i = (i + 1) & merge_mask_;
+      }
+      if (!duplicate) merge_table_[i] = MergeSlot{key, static_cast<uint32_t>(r), inew};
+    }
   }
 
   if (options_.unk_token) unk_id_ = vocab_.find(*options_.unk_token);

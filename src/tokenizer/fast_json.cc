@@ -152,6 +152,27 @@ class Parser {
     }
   }
 
+  // A string as a view into the text when it has no escapes (almost every token), else decoded
+  // into the arena.
+  std::string_view parse_string_view() {
+    skip_ws();
+    if (pos_ < s_.size() && s_[pos_] == '"') {
+      size_t start = pos_ + 1;
+      size_t k = start;
+      while (k < s_.size() && s_[k] != '"' && s_[k] != '\\' &&
+             static_cast<unsigned char>(s_[k]) >= 0x20) {
+        ++k;
+      }
+      if (k < s_.size() && s_[k] == '"') {
+        pos_ = k + 1;
+        return s_.substr(start, k - start);
+      }
+    }
+    out_.arena.emplace_back();
+    parse_string_into(out_.arena.back());
+    return out_.arena.back();
+  }
+
   nlohmann::json parse_number() {
     size_t start = pos_;
     if (pos_ < s_.size() && s_[pos_] == '-') ++pos_;
@@ -283,9 +304,8 @@ class Parser {
       ++pos_;
       return;
     }
-    std::string key;
     while (true) {
-      parse_string_into(key);
+      std::string_view key = parse_string_view();
       expect(':');
       skip_ws();
       size_t start = pos_;
@@ -296,8 +316,7 @@ class Parser {
         pos_ = start;
         fail_type(detail::str_cat("model.vocab[\"", key, "\"]"), "must be an integer token id");
       }
-      out_.vocab.emplace_back(std::move(key), id);
-      key = std::string();
+      out_.vocab.emplace_back(key, id);
       skip_ws();
       if (pos_ < s_.size() && s_[pos_] == ',') {
         ++pos_;
@@ -315,15 +334,18 @@ class Parser {
       ++pos_;
       return;
     }
-    std::string a, b;
     while (true) {
       skip_ws();
       size_t index = out_.merges.size();
+      auto bad_pair = [&]() {
+        fail_type(detail::str_cat("model.merges[", index, "]"),
+                  "must be a string \"left right\" or a pair of strings [\"left\", \"right\"]");
+      };
       if (pos_ < s_.size() && s_[pos_] == '"') {
-        // Legacy form "left right": split on the first space (tokens never hold a raw space).
-        parse_string_into(a);
+        // Legacy form "left right": exactly one space (tokens never hold a raw space).
+        std::string_view a = parse_string_view();
         size_t sp = a.find(' ');
-        if (sp == std::string::npos || a.find(' ', sp + 1) != std::string::npos) {
+        if (sp == std::string_view::npos || a.find(' ', sp + 1) != std::string_view::npos) {
           fail_type(
               detail::str_cat("model.merges[", index, "]"),
               detail::str_cat("must be \"left right\" with exactly one space, got \"", a, "\""));
@@ -331,26 +353,16 @@ class Parser {
         out_.merges.emplace_back(a.substr(0, sp), a.substr(sp + 1));
       } else if (pos_ < s_.size() && s_[pos_] == '[') {
         ++pos_;
-        if (!peek_is('"')) {
-          fail_type(detail::str_cat("model.merges[", index, "]"),
-                    "must be a pair of strings [\"left\", \"right\"]");
-        }
-        parse_string_into(a);
+        if (!peek_is('"')) bad_pair();
+        std::string_view a = parse_string_view();
         expect(',');
-        if (!peek_is('"')) {
-          fail_type(detail::str_cat("model.merges[", index, "]"),
-                    "must be a pair of strings [\"left\", \"right\"]");
-        }
-        parse_string_into(b);
-        if (!peek_is(']')) {
-          fail_type(detail::str_cat("model.merges[", index, "]"),
-                    "must be a pair of strings [\"left\", \"right\"]");
-        }
+        if (!peek_is('"')) bad_pair();
+        std::string_view b = parse_string_view();
+        if (!peek_is(']')) bad_pair();
         ++pos_;
         out_.merges.emplace_back(a, b);
       } else {
-        fail_type(detail::str_cat("model.merges[", index, "]"),
-                  "must be a string \"left right\" or a pair of strings");
+        bad_pair();
       }
       skip_ws();
       if (pos_ < s_.size() && s_[pos_] == ',') {

@@ -3,6 +3,7 @@
 // takes ~190 ms on Qwen3's 11 MB file; this keeps the whole load under the 100 ms budget.
 #pragma once
 
+#include <deque>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -15,8 +16,11 @@ struct TokenizerJson {
   nlohmann::json doc;       // the file without model.vocab / model.merges when those were taken out
   bool has_vocab = false;   // model.vocab was an object {token: id}
   bool has_merges = false;  // model.merges was an array
-  std::vector<std::pair<std::string, int64_t>> vocab;
-  std::vector<std::pair<std::string, std::string>> merges;
+  // Views into the parsed text, or into `arena` for strings that had escapes; valid while both
+  // the text and this object live.
+  std::vector<std::pair<std::string_view, int64_t>> vocab;
+  std::vector<std::pair<std::string_view, std::string_view>> merges;
+  std::deque<std::string> arena;
 };
 
 // FormatError naming `where`, line and column on malformed JSON, and the JSON path
