@@ -40,8 +40,9 @@ struct CallOptions {
   // Unset: model_max_length from tokenizer_config.json (used by truncation and kMaxLength).
   std::optional<int64_t> max_length;
   std::optional<int64_t> pad_to_multiple_of;
-  // "left" or "right"; unset: the tokenizer's padding_side.
+  // "left" or "right"; unset: the tokenizer's padding_side / truncation_side.
   std::optional<std::string> padding_side;
+  std::optional<std::string> truncation_side;
 };
 
 // input_ids [batch][seq] and attention_mask [batch][seq] (1 = real token, 0 = padding).
@@ -98,6 +99,7 @@ class Tokenizer {
   int64_t model_max_length() const;
   const std::string& padding_side() const;
   void set_padding_side(const std::string& side);  // "left" or "right"
+  void set_pad_token(const std::string& token);    // tokenizer.pad_token = token
   const std::string& chat_template() const;        // empty when the config has none
   const nlohmann::json& config() const;            // tokenizer_config.json as read
 

@@ -526,6 +526,11 @@ BatchEncoding Tokenizer::operator()(const std::vector<std::string>& texts,
     throw InvalidArgumentError(
         detail::str_cat("padding_side must be \"left\" or \"right\", got \"", side, "\""));
   }
+  std::string truncation_side = options.truncation_side.value_or(impl_->truncation_side);
+  if (truncation_side != "left" && truncation_side != "right") {
+    throw InvalidArgumentError(detail::str_cat(
+        "truncation_side must be \"left\" or \"right\", got \"", truncation_side, "\""));
+  }
   std::optional<int64_t> max_length = options.max_length;
   if (!max_length && (options.truncation || options.padding == PaddingStrategy::kMaxLength)) {
     if (impl_->model_max_length == INT64_MAX) {
@@ -550,7 +555,7 @@ BatchEncoding Tokenizer::operator()(const std::vector<std::string>& texts,
       }
       size_t keep = static_cast<size_t>(*max_length) - added;
       if (ids.size() > keep) {
-        if (impl_->truncation_side == "left") {
+        if (truncation_side == "left") {
           ids.erase(ids.begin(), ids.end() - static_cast<std::ptrdiff_t>(keep));
         } else {
           ids.resize(keep);
@@ -648,6 +653,13 @@ void Tokenizer::set_padding_side(const std::string& side) {
         detail::str_cat("padding_side must be \"left\" or \"right\", got \"", side, "\""));
   }
   impl_->padding_side = side;
+}
+void Tokenizer::set_pad_token(const std::string& token) {
+  if (!impl_->token_to_id(token)) {
+    throw InvalidArgumentError(
+        detail::str_cat("pad_token \"", token, "\" is not in the vocabulary; add it first"));
+  }
+  impl_->pad_token = token;
 }
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
 const nlohmann::json& Tokenizer::config() const { return impl_->config; }

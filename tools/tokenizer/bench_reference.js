@@ -12,7 +12,8 @@ const fs = require('fs');
 const path = require('path');
 
 async function main() {
-  const [npmDir, corpusPath, passesArg] = process.argv.slice(2);
+  const [npmArg, corpusPath, passesArg] = process.argv.slice(2);
+  const npmDir = path.resolve(npmArg);
   const passes = Number(passesArg || 3);
   const { Tokenizer } = require(path.join(npmDir, '@anush008/tokenizers'));
   const bufs = JSON.parse(fs.readFileSync(corpusPath, 'utf8')).map((b) => Buffer.from(b, 'base64'));

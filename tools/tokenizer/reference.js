@@ -12,7 +12,8 @@ const fs = require('fs');
 const path = require('path');
 
 async function main() {
-  const [npmDir, corpusPath, outDir, ...names] = process.argv.slice(2);
+  const [npmArg, corpusPath, outDir, ...names] = process.argv.slice(2);
+  const npmDir = path.resolve(npmArg);
   const { Tokenizer } = require(path.join(npmDir, '@anush008/tokenizers'));
   const docs = JSON.parse(fs.readFileSync(corpusPath, 'utf8')).map((b) => Buffer.from(b, 'base64').toString('utf8'));
   const list = names.length ? names : ['qwen3', 'llama3', 'llama2', 'gemma3', 'deepseek_v3'];
