@@ -103,14 +103,16 @@ class Tokenizer {
   const std::string& chat_template() const;        // empty when the config has none
   const nlohmann::json& config() const;            // tokenizer_config.json as read
 
-  // Renders the chat template (tokenizer_config.json, or `chat_template` when given) like
-  // Transformers' apply_chat_template(tokenize=False): messages, tools, add_generation_prompt,
-  // the special tokens, and `extra` merged into the context (e.g. {"enable_thinking": false}).
-  std::string apply_chat_template(const nlohmann::json& messages,
-                                  bool add_generation_prompt = false,
-                                  const nlohmann::json& tools = nullptr,
-                                  const nlohmann::json& extra = nlohmann::json::object(),
-                                  const std::string& chat_template = "") const;
+  // Renders the chat template (tokenizer_config.json's, or `chat_template` when given) like
+  // Transformers' apply_chat_template(tokenize=False): messages, tools (null for none),
+  // add_generation_prompt, the special tokens, and `extra` merged into the context (for example
+  // {"enable_thinking": false}). ordered_json keeps key order, which `tojson` of tool schemas
+  // needs to match Transformers; nlohmann::json arguments convert implicitly.
+  std::string apply_chat_template(
+      const nlohmann::ordered_json& messages, bool add_generation_prompt = false,
+      const nlohmann::ordered_json& tools = nullptr,
+      const nlohmann::ordered_json& extra = nlohmann::ordered_json::object(),
+      const std::string& chat_template = "") const;
 
  private:
   friend class AutoTokenizer;

@@ -10,6 +10,14 @@
 namespace tformers {
 namespace {
 
+// Option builders (designated initializers that skip members warn under -Wextra on GCC 12).
+inline DecodeOptions decode_opts(bool skip_special_tokens, bool clean_up = false) {
+  DecodeOptions o;
+  o.skip_special_tokens = skip_special_tokens;
+  o.clean_up_tokenization_spaces = clean_up;
+  return o;
+}
+
 using testing::base64_decode;
 
 std::string show(const std::string& s) {
@@ -48,7 +56,7 @@ std::string first_id_mismatch(const Tokenizer& tok, const std::vector<int32_t>& 
   while (k < want.size() && k < got.size() && want[k] == got[k]) ++k;
   if (k == want.size() && k == got.size()) return "";
   std::vector<int32_t> prefix(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(k));
-  std::string before = tok.decode(prefix, {.clean_up_tokenization_spaces = false});
+  std::string before = tok.decode(prefix, decode_opts(false));
   if (before.size() > 60) before = before.substr(before.size() - 60);
   std::ostringstream os;
   os << "first difference at token " << k << " (expected " << want.size() << " ids, got "
@@ -82,7 +90,7 @@ TEST_P(Parity, EncodeAndDecodeMatchRustTokenizers) {
     std::string diff = first_id_mismatch(tok, want, got);
     ASSERT_TRUE(diff.empty()) << name << ": document " << d << " encode: " << diff;
     std::string want_text = ref["decoded"][d].get<std::string>();
-    std::string got_text = tok.decode(want, {.clean_up_tokenization_spaces = false});
+    std::string got_text = tok.decode(want, decode_opts(false));
     if (want_text != got_text) {
       size_t k = 0;
       while (k < want_text.size() && k < got_text.size() && want_text[k] == got_text[k]) ++k;
@@ -98,8 +106,7 @@ TEST_P(Parity, EncodeAndDecodeMatchRustTokenizers) {
       ASSERT_TRUE(diff.empty()) << name << ": document " << d
                                 << " encode with special tokens: " << diff;
       std::string want_skip = ref["decoded_skip"][d].get<std::string>();
-      ASSERT_EQ(want_skip, tok.decode(want_s, {.skip_special_tokens = true,
-                                               .clean_up_tokenization_spaces = false}))
+      ASSERT_EQ(want_skip, tok.decode(want_s, decode_opts(true)))
           << name << ": document " << d << " decode(skip_special_tokens=true)";
     }
   }
