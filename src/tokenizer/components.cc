@@ -84,6 +84,9 @@ namespace {
 // Oniguruma's \s (and the Rust library's char::is_whitespace) is the White_Space property:
 // \t-\r, space, U+0085 and the Z categories. PCRE2's UCP \s differs on U+0085, so spell it out.
 const char* kSpaceClassBody = "\\t-\\r\\x{85}\\p{Z}";
+// Oniguruma's Unicode \w is Letter | Mark | Number | Connector_Punctuation; PCRE2 10.42's UCP \w
+// lacks the marks (so a combining mark after NFKD would split a word).
+const char* kWordClassBody = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
 
 std::string rewrite_pattern(const std::string& p) {
   std::string out;
@@ -94,6 +97,16 @@ std::string rewrite_pattern(const std::string& p) {
       char n = p[i + 1];
       if (n == 's') {
         out += in_class ? std::string(kSpaceClassBody) : std::string("[") + kSpaceClassBody + "]";
+        ++i;
+        continue;
+      }
+      if (n == 'w') {
+        out += in_class ? std::string(kWordClassBody) : std::string("[") + kWordClassBody + "]";
+        ++i;
+        continue;
+      }
+      if (n == 'W' && !in_class) {
+        out += std::string("[^") + kWordClassBody + "]";
         ++i;
         continue;
       }
@@ -222,7 +235,9 @@ void Pattern::find_all(std::string_view text, std::vector<std::pair<size_t, size
 }
 
 void split_by_matches(std::string_view text, const std::vector<std::pair<size_t, size_t>>& matches,
-                      SplitBehavior behavior, bool invert, std::vector<std::string>& out) {
+                      SplitBehavior behavior, bool invert, std::vector<std::string>& out,
+                      size_t* first_start) {
+  if (first_start) *first_start = std::string::npos;
   // Pieces covering the text: (start, end, is_match).
   struct Piece {
     size_t b, e;
@@ -239,7 +254,9 @@ void split_by_matches(std::string_view text, const std::vector<std::pair<size_t,
   if (prev != text.size()) pieces.push_back({prev, text.size(), invert});
 
   auto emit = [&](size_t b, size_t e) {
-    if (e > b) out.emplace_back(text.substr(b, e - b));
+    if (e <= b) return;
+    if (first_start && *first_start == std::string::npos) *first_start = b;
+    out.emplace_back(text.substr(b, e - b));
   };
   switch (behavior) {
     case SplitBehavior::kRemoved:
@@ -309,8 +326,8 @@ static SplitBehavior parse_behavior(const Json& j, const std::string& path) {
 
 // Splits every piece by a predicate on code points (Digits, Punctuation, Whitespace...).
 template <typename Pred>
-static void split_by_predicate(std::vector<std::string>& splits, Pred pred,
-                               SplitBehavior behavior) {
+static void split_by_predicate(std::vector<std::string>& splits, Pred pred, SplitBehavior behavior,
+                               bool& at_input_start) {
   std::vector<std::string> out;
   std::vector<std::pair<size_t, size_t>> matches;
   for (const std::string& s : splits) {
@@ -321,7 +338,9 @@ static void split_by_predicate(std::vector<std::string>& splits, Pred pred,
       char32_t cp = next_code_point(s, i);
       if (pred(cp)) matches.emplace_back(b, i);
     }
-    split_by_matches(s, matches, behavior, false, out);
+    size_t first = 0;
+    split_by_matches(s, matches, behavior, false, out, &s == &splits[0] ? &first : nullptr);
+    if (&s == &splits[0] && first != 0) at_input_start = false;
   }
   splits.swap(out);
 }
@@ -523,7 +542,7 @@ constexpr const char* kGpt2Pattern =
 class SequencePreTokenizer : public PreTokenizer {
  public:
   std::vector<std::unique_ptr<PreTokenizer>> items;
-  void pre_tokenize(std::vector<std::string>& splits, bool at_input_start) const override {
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
     for (auto& p : items) p->pre_tokenize(splits, at_input_start);
   }
 };
@@ -534,13 +553,15 @@ class SplitPreTokenizer : public PreTokenizer {
       : pattern_(member(j, "pattern", path), path + ".pattern"),
         behavior_(parse_behavior(j, path)),
         invert_(get_bool(j, "invert", path, false)) {}
-  void pre_tokenize(std::vector<std::string>& splits, bool) const override {
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
     std::vector<std::string> out;
     out.reserve(splits.size() * 4);
     std::vector<std::pair<size_t, size_t>> m;
     for (const std::string& s : splits) {
       pattern_.find_all(s, m);
-      split_by_matches(s, m, behavior_, invert_, out);
+      size_t first = 0;
+      split_by_matches(s, m, behavior_, invert_, out, &s == &splits[0] ? &first : nullptr);
+      if (&s == &splits[0] && first != 0) at_input_start = false;
     }
     splits.swap(out);
   }
@@ -558,7 +579,7 @@ class ByteLevelPreTokenizer : public PreTokenizer {
         use_regex_(get_bool(j, "use_regex", path, true)) {
     if (use_regex_) regex_ = std::make_unique<Regex>(kGpt2Pattern, path);
   }
-  void pre_tokenize(std::vector<std::string>& splits, bool) const override {
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
     std::vector<std::string> pieces;
     std::vector<std::pair<size_t, size_t>> m;
     const auto& table = byte_to_unicode();
@@ -605,7 +626,7 @@ class MetaspacePreTokenizer : public PreTokenizer {
     scheme_ = scheme;
     split_ = get_bool(j, "split", path, true);
   }
-  void pre_tokenize(std::vector<std::string>& splits, bool at_input_start) const override {
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
     std::vector<std::string> out;
     std::vector<std::pair<size_t, size_t>> m;
     for (size_t k = 0; k < splits.size(); ++k) {
@@ -643,37 +664,46 @@ class MetaspacePreTokenizer : public PreTokenizer {
 class DigitsPreTokenizer : public PreTokenizer {
  public:
   bool individual = false;
-  void pre_tokenize(std::vector<std::string>& splits, bool) const override {
-    auto is_digit = [](char32_t c) { return c >= '0' && c <= '9'; };
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
+    // Rust's char::is_numeric: the Nd, Nl and No categories, not only ASCII digits.
+    auto is_digit = [](char32_t c) {
+      if (c < 0x80) return c >= '0' && c <= '9';
+      int8_t t = u_charType(static_cast<UChar32>(c));
+      return t == U_DECIMAL_DIGIT_NUMBER || t == U_LETTER_NUMBER || t == U_OTHER_NUMBER;
+    };
     split_by_predicate(splits, is_digit,
-                       individual ? SplitBehavior::kIsolated : SplitBehavior::kContiguous);
+                       individual ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
+                       at_input_start);
   }
 };
 
 class PunctuationPreTokenizer : public PreTokenizer {
  public:
   SplitBehavior behavior = SplitBehavior::kIsolated;
-  void pre_tokenize(std::vector<std::string>& splits, bool) const override {
-    split_by_predicate(splits, is_punctuation, behavior);
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
+    split_by_predicate(splits, is_punctuation, behavior, at_input_start);
   }
 };
 
 class WhitespaceSplitPreTokenizer : public PreTokenizer {
  public:
-  void pre_tokenize(std::vector<std::string>& splits, bool) const override {
-    split_by_predicate(splits, is_whitespace, SplitBehavior::kRemoved);
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
+    split_by_predicate(splits, is_whitespace, SplitBehavior::kRemoved, at_input_start);
   }
 };
 
 class WhitespacePreTokenizer : public PreTokenizer {
  public:
   WhitespacePreTokenizer() : regex_("\\w+|[^\\w\\s]+", "Whitespace") {}
-  void pre_tokenize(std::vector<std::string>& splits, bool) const override {
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
     std::vector<std::string> out;
     std::vector<std::pair<size_t, size_t>> m;
     for (const std::string& s : splits) {
       regex_.find_all(s, m);
-      split_by_matches(s, m, SplitBehavior::kRemoved, true, out);
+      size_t first = 0;
+      split_by_matches(s, m, SplitBehavior::kRemoved, true, out,
+                       &s == &splits[0] ? &first : nullptr);
+      if (&s == &splits[0] && first != 0) at_input_start = false;
     }
     splits.swap(out);
   }

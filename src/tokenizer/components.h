@@ -45,8 +45,10 @@ enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWith
 
 // Cuts `text` into pieces by the matches of a pattern, the way the Rust library's
 // NormalizedString::split does; empty pieces are dropped.
+// `first_start`, when given, receives the offset of the first piece kept (npos when none is).
 void split_by_matches(std::string_view text, const std::vector<std::pair<size_t, size_t>>& matches,
-                      SplitBehavior behavior, bool invert, std::vector<std::string>& out);
+                      SplitBehavior behavior, bool invert, std::vector<std::string>& out,
+                      size_t* first_start = nullptr);
 
 class Normalizer {
  public:
@@ -58,8 +60,8 @@ class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;
   // `at_input_start`: the first split starts at offset 0 of the original input (Metaspace's
-  // prepend_scheme "first" needs it).
-  virtual void pre_tokenize(std::vector<std::string>& splits, bool at_input_start) const = 0;
+  // prepend_scheme "first" needs it); cleared by a pre-tokenizer that removes the text before it.
+  virtual void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const = 0;
 };
 
 class Decoder {

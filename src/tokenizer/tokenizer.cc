@@ -173,7 +173,8 @@ std::vector<int32_t> TokenizerImpl::encode_raw(std::string_view input) const {
     }
     splits.clear();
     splits.push_back(std::move(seg.text));
-    if (pre_tokenizer) pre_tokenizer->pre_tokenize(splits, seg.at_start);
+    bool at_start = seg.at_start;
+    if (pre_tokenizer) pre_tokenizer->pre_tokenize(splits, at_start);
     for (const std::string& w : splits) model->tokenize(w, ids);
   }
   return ids;

@@ -70,7 +70,7 @@ class Parity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Parity, EncodeAndDecodeMatchRustTokenizers) {
   const std::string name = GetParam();
-  std::string missing = testing::missing_references(name);
+  std::string missing = testing::missing_references(name.substr(0, name.find('-')));
   ASSERT_TRUE(missing.empty()) << missing;
   std::string error;
   std::string dir = testing::reference_dir(name, error);
@@ -79,10 +79,13 @@ TEST_P(Parity, EncodeAndDecodeMatchRustTokenizers) {
   auto corpus = nlohmann::json::parse(testing::slurp(dir + "/corpus.json"));
   auto ref = nlohmann::json::parse(testing::slurp(dir + "/" + name + ".json"));
   // The Rust library's view: tokenizer.json alone, as reference.js loads it.
-  Tokenizer tok = Tokenizer::from_file(testing::tokenizer_dir(name) + "/tokenizer.json");
+  bool variant = name.find('-') != std::string::npos;
+  Tokenizer tok = Tokenizer::from_file(variant ? dir + "/" + name + ".tokenizer.json"
+                                               : testing::tokenizer_dir(name) + "/tokenizer.json");
   ASSERT_EQ(corpus.size(), ref["ids"].size());
   size_t bytes = 0;
   for (size_t d = 0; d < corpus.size(); ++d) {
+    if (ref["ids"][d].is_null()) continue;  // variants use every third document
     std::string doc = base64_decode(corpus[d].get<std::string>());
     bytes += doc.size();
     auto want = ref["ids"][d].get<std::vector<int32_t>>();
@@ -110,11 +113,16 @@ TEST_P(Parity, EncodeAndDecodeMatchRustTokenizers) {
           << name << ": document " << d << " decode(skip_special_tokens=true)";
     }
   }
-  EXPECT_GE(bytes, 1u << 20) << "the corpus must hold at least 1 MB";
+  if (!variant) {
+    EXPECT_GE(bytes, 1u << 20) << "the corpus must hold at least 1 MB";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, Parity,
-                         ::testing::Values("qwen3", "llama3", "llama2", "gemma3", "deepseek_v3"));
+                         ::testing::Values("qwen3", "llama3", "llama2", "gemma3", "deepseek_v3",
+                                           // tokenizer.json variants (tools/tokenizer/reference.js)
+                                           "qwen3-components", "qwen3-whitespace",
+                                           "llama2-metaspace"));
 
 }  // namespace
 }  // namespace tformers
