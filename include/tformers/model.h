@@ -17,6 +17,8 @@
 
 namespace tformers {
 
+class Tokenizer;
+
 struct CompileStats {
   uint64_t compiles = 0;  // graphs compiled (cache misses)
   uint64_t hits = 0;      // executables found in the compile cache
@@ -76,9 +78,12 @@ class CausalLM {
   // tokens for every row; rows that finished early are filled with pad_token_id.
   // num_return_sequences > 1 repeats each prompt that many times (consecutive rows).
   // `on_token(row, id)` is called for every new token as it is chosen; returning false stops.
+  // `tokenizer` is needed for stop_strings, as in Transformers: a row stops once its generated
+  // text contains a stop string that ends within the token just added.
   std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& input_ids,
                                              const GenerationConfig& config = {},
-                                             const TokenCallback& on_token = {});
+                                             const TokenCallback& on_token = {},
+                                             const Tokenizer* tokenizer = nullptr);
 
   // The model's generation_config.json (empty when absent), applied under each call's config.
   GenerationConfig& generation_config();

@@ -10,6 +10,7 @@
 #include "generation/sampling.h"
 #include "models/causal_lm_impl.h"
 #include "tformers/error.h"
+#include "tformers/tokenizer.h"
 
 namespace tformers {
 
@@ -25,7 +26,7 @@ int64_t bucketed(const std::vector<int64_t>& buckets, int64_t len) {
 
 std::vector<std::vector<int32_t>> CausalLM::generate(
     const std::vector<std::vector<int32_t>>& prompts, const GenerationConfig& call,
-    const TokenCallback& on_token) {
+    const TokenCallback& on_token, const Tokenizer* tokenizer) {
   Impl& m = *impl_;
   const int64_t V = m.config.vocab_size;
   if (prompts.empty()) throw InvalidArgumentError("generate: input_ids has no rows");
@@ -54,10 +55,11 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
   // Transformers falls back to the first eos id as the pad id, and so do we.
   std::optional<int64_t> pad = rc.pad_token_id;
   if (!pad && !rc.eos_token_id.empty()) pad = rc.eos_token_id.front();
-  if (!pad && ragged)
+  if (!pad && (ragged || !rc.stop_strings.empty()))
     throw InvalidArgumentError(
-        "generate: prompts of different lengths need padding, but the model has neither "
-        "pad_token_id nor eos_token_id; set pad_token_id in the generation config");
+        "generate: prompts of different lengths and rows stopped by stop_strings need a pad "
+        "token, but the model has neither pad_token_id nor eos_token_id; set pad_token_id in the "
+        "generation config");
 
   // Prompt length padded to its bucket, unless the cache cannot hold the padding.
   int64_t P = bucketed(m.prompt_buckets, longest);
@@ -91,6 +93,27 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
     row_pos[b] = int32_t(row.size());
   }
 
+  if (!rc.stop_strings.empty() && !tokenizer)
+    throw InvalidArgumentError(
+        "generate: stop_strings need the tokenizer to read the generated text; pass it to "
+        "generate() (as tokenizer= in Transformers)");
+  // Per row: the generated text so far, decoded incrementally, for stop strings.
+  std::vector<TokenStreamer> streamers;
+  std::vector<std::string> texts(static_cast<size_t>(B));
+  if (!rc.stop_strings.empty())
+    for (int64_t b = 0; b < B; ++b) streamers.emplace_back(*tokenizer);
+  auto hits_stop_string = [&](int64_t b, int32_t id) {
+    if (streamers.empty()) return false;
+    const size_t before = texts[b].size();
+    texts[b] += streamers[b].put(id);
+    for (const std::string& s : rc.stop_strings) {
+      // A match must end inside the text this token completed.
+      size_t from = before >= s.size() ? before - s.size() + 1 : 0;
+      if (texts[b].size() > before && texts[b].find(s, from) != std::string::npos) return true;
+    }
+    return false;
+  };
+
   generation::LogitsProcessorList processors(rc, V);
   generation::Sampler sampler(rc.seed);
   std::vector<std::vector<int32_t>> seqs;
@@ -110,7 +133,9 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
       processors.process(seqs[b], int64_t(rows[b]->size()), scores);
       int32_t next = sampler.next_token(scores, rc.do_sample);
       seqs[b].push_back(next);
-      if (std::find(rc.eos_token_id.begin(), rc.eos_token_id.end(), next) != rc.eos_token_id.end())
+      if (std::find(rc.eos_token_id.begin(), rc.eos_token_id.end(), next) !=
+              rc.eos_token_id.end() ||
+          hits_stop_string(b, next))
         done[b] = true;
       if (on_token && !on_token(b, next)) stop = true;
       all_done = all_done && done[b];

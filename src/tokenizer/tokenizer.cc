@@ -10,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "io/hub.h"
+
 #include "tformers/error.h"
 #include "tokenizer/fast_json.h"
 #include "tokenizer/tokenizer_impl.h"
@@ -436,16 +438,6 @@ std::string clean_up_tokenization(std::string s) {
   return s;
 }
 
-// A local folder as is; Hub ids go through io::resolve_model_path once that is linked in.
-std::string resolve_directory(const std::string& id_or_path) {
-  namespace fs = std::filesystem;
-  if (fs::is_directory(id_or_path)) return id_or_path;
-  throw NotFoundError(detail::str_cat("tokenizer: '", id_or_path,
-                                      "' is not a directory holding tokenizer.json; pass the "
-                                      "model folder (Hub cache resolution is not linked in "
-                                      "this build)"));
-}
-
 }  // namespace
 }  // namespace tokenizer_detail
 
@@ -467,7 +459,7 @@ Tokenizer Tokenizer::from_json_string(std::string_view json_text, const std::str
 
 Tokenizer AutoTokenizer::from_pretrained(const std::string& id_or_path) {
   namespace fs = std::filesystem;
-  std::string dir = tokenizer_detail::resolve_directory(id_or_path);
+  std::string dir = io::resolve_model_path(id_or_path);
   fs::path tj = fs::path(dir) / "tokenizer.json";
   if (!fs::exists(tj)) {
     throw NotFoundError(detail::str_cat(dir,

@@ -10,6 +10,7 @@
 #include "golden_util.h"
 #include "tformers/error.h"
 #include "tformers/model.h"
+#include "tformers/tokenizer.h"
 
 namespace tformers {
 namespace {
@@ -179,6 +180,42 @@ TEST(Generate, BadRequestsAreClearErrors) {
   GenerationConfig none{.max_new_tokens = 2};
   none.eos_token_id = std::vector<int64_t>{};
   EXPECT_THROW(lm.generate({{1, 2}, {3}}, none), InvalidArgumentError);
+}
+
+}  // namespace
+}  // namespace tformers
+
+namespace tformers {
+namespace {
+
+TEST(Generate, StopStringSpanningTokensStopsTheRow) {
+  CausalLM lm = load();
+  Tokenizer tok = AutoTokenizer::from_pretrained(testing::model_dir("tiny-qwen3"));
+  GenerationConfig gc{.max_new_tokens = 16};
+  gc.eos_token_id = std::vector<int64_t>{};
+  auto free_run = lm.generate({{84, 380, 257}}, gc);
+  std::vector<int32_t> gen(free_run[0].begin() + 3, free_run[0].end());
+  // A stop string made of the last byte of token k-1's text and the first byte of token k's:
+  // it spans two tokens, so generation must stop right after token k. Pick the first k whose
+  // stop string does not occur earlier in the text.
+  size_t k = 1;
+  std::string stop;
+  for (; k < gen.size(); ++k) {
+    std::string a = tok.decode(std::vector<int32_t>{gen[k - 1]});
+    std::string b = tok.decode(std::vector<int32_t>{gen[k]});
+    std::string text = tok.decode(std::vector<int32_t>(gen.begin(), gen.begin() + k + 1));
+    if (a.empty() || b.empty()) continue;
+    stop = a.substr(a.size() - 1) + b.substr(0, 1);
+    if (text.find(stop) == text.size() - b.size() - 1) break;  // first occurrence spans k-1, k
+  }
+  ASSERT_LT(k, gen.size()) << "no stop string spans two tokens in this continuation";
+  gc.stop_strings = std::vector<std::string>{stop};
+  gc.pad_token_id = 0;
+  EXPECT_THROW(lm.generate({{84, 380, 257}}, gc), InvalidArgumentError);  // needs the tokenizer
+  auto out = lm.generate({{84, 380, 257}}, gc, {}, &tok);
+  EXPECT_EQ(std::vector<int32_t>(out[0].begin() + 3, out[0].end()),
+            std::vector<int32_t>(gen.begin(), gen.begin() + k + 1))
+      << "stop string '" << stop << "' should end generation at token " << k;
 }
 
 }  // namespace
