@@ -12,6 +12,8 @@
 #include <sstream>
 #include <string>
 
+#include "tformers/tokenizer.h"
+
 namespace tformers::testing {
 
 inline std::string npm_dir() { return TFORMERS_NPM_DIR; }
@@ -69,6 +71,14 @@ inline std::string reference_dir(const std::string& name, std::string& error) {
     if (!error.empty()) return "";
   }
   return dir.string();
+}
+
+// DecodeOptions for tests: skip_special_tokens and clean_up_tokenization_spaces set explicitly.
+inline DecodeOptions decode_opts(bool skip_special_tokens, bool clean_up = false) {
+  DecodeOptions o;
+  o.skip_special_tokens = skip_special_tokens;
+  o.clean_up_tokenization_spaces = clean_up;
+  return o;
 }
 
 inline std::string base64_decode(const std::string& in) {

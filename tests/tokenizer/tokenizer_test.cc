@@ -12,13 +12,7 @@
 namespace tformers {
 namespace {
 
-// Option builders (designated initializers that skip members warn under -Wextra on GCC 12).
-inline DecodeOptions decode_opts(bool skip_special_tokens, bool clean_up = false) {
-  DecodeOptions o;
-  o.skip_special_tokens = skip_special_tokens;
-  o.clean_up_tokenization_spaces = clean_up;
-  return o;
-}
+using testing::decode_opts;
 
 #define REQUIRE_REFERENCES(name)                              \
   do {                                                        \
