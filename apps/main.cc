@@ -1,8 +1,9 @@
-// The `tformers` command: generate, tokenize, env.
+// The `tformers` command: generate, chat, tokenize, env.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -67,13 +68,33 @@ struct GenerateArgs {
   std::optional<double> temperature, top_p, min_p, typical_p, repetition_penalty;
 };
 
-int cmd_generate(const GenerateArgs& a) {
-  if (a.prompt.empty() == a.prompt_ids.empty())
-    throw tformers::InvalidArgumentError("generate: give exactly one of --prompt and --prompt-ids");
+tformers::GenerationConfig generation_config(const GenerateArgs& a) {
+  tformers::GenerationConfig gc;
+  gc.max_new_tokens = a.max_new_tokens;
+  if (a.do_sample) gc.do_sample = true;
+  gc.temperature = a.temperature;
+  gc.top_k = a.top_k;
+  gc.top_p = a.top_p;
+  gc.min_p = a.min_p;
+  gc.typical_p = a.typical_p;
+  gc.repetition_penalty = a.repetition_penalty;
+  gc.no_repeat_ngram_size = a.no_repeat_ngram_size;
+  if (a.seed) gc.seed = uint64_t(*a.seed);
+  return gc;
+}
+
+tformers::LoadOptions load_options(const GenerateArgs& a) {
   tformers::LoadOptions opt;
   opt.device_map = a.device;
   opt.verbose = a.verbose;
   if (!a.dtype.empty()) opt.dtype = tformers::parse_dtype(a.dtype);
+  return opt;
+}
+
+int cmd_generate(const GenerateArgs& a) {
+  if (a.prompt.empty() == a.prompt_ids.empty())
+    throw tformers::InvalidArgumentError("generate: give exactly one of --prompt and --prompt-ids");
+  tformers::LoadOptions opt = load_options(a);
   auto t0 = Clock::now();
   std::optional<tformers::Tokenizer> tok = maybe_tokenizer(a.model);
   std::vector<int32_t> ids;
@@ -97,17 +118,7 @@ int cmd_generate(const GenerateArgs& a) {
   tformers::CausalLM lm = tformers::AutoModelForCausalLM::from_pretrained(a.model, opt);
   auto t1 = Clock::now();
 
-  tformers::GenerationConfig gc;
-  gc.max_new_tokens = a.max_new_tokens;
-  if (a.do_sample) gc.do_sample = true;
-  gc.temperature = a.temperature;
-  gc.top_k = a.top_k;
-  gc.top_p = a.top_p;
-  gc.min_p = a.min_p;
-  gc.typical_p = a.typical_p;
-  gc.repetition_penalty = a.repetition_penalty;
-  gc.no_repeat_ngram_size = a.no_repeat_ngram_size;
-  if (a.seed) gc.seed = uint64_t(*a.seed);
+  tformers::GenerationConfig gc = generation_config(a);
 
   // Stream text as it becomes final (never half a UTF-8 character), or ids without a tokenizer.
   std::optional<tformers::TokenStreamer> streamer;
@@ -148,6 +159,57 @@ int cmd_generate(const GenerateArgs& a) {
   return 0;
 }
 
+// An interactive multi-turn chat: each turn renders the whole conversation through the chat
+// template and streams the reply. Commands: /reset clears the history, /exit (or end of input)
+// quits.
+int cmd_chat(const GenerateArgs& a) {
+  tformers::Tokenizer tok = tformers::AutoTokenizer::from_pretrained(a.model);
+  if (tok.chat_template().empty())
+    throw tformers::InvalidArgumentError("chat: " + a.model +
+                                         " has no chat_template in tokenizer_config.json; use "
+                                         "`tformers generate` for plain text");
+  tformers::CausalLM lm = tformers::AutoModelForCausalLM::from_pretrained(a.model, load_options(a));
+  const tformers::GenerationConfig gc = generation_config(a);
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  auto reset = [&] {
+    messages = nlohmann::ordered_json::array();
+    if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+  };
+  reset();
+  std::string line;
+  for (;;) {
+    std::fputs("> ", stdout);
+    std::fflush(stdout);
+    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (line == "/reset") {
+      reset();
+      continue;
+    }
+    if (line.empty()) continue;
+    messages.push_back({{"role", "user"}, {"content", line}});
+    std::vector<int32_t> ids =
+        tok.encode(tok.apply_chat_template(messages, /*add_generation_prompt=*/true), false);
+    tformers::TokenStreamer streamer(tok, /*skip_special_tokens=*/true);
+    std::string reply;
+    lm.generate(
+        {ids}, gc,
+        [&](int64_t, int32_t id) {
+          std::string piece = streamer.put(id);
+          reply += piece;
+          std::fputs(piece.c_str(), stdout);
+          std::fflush(stdout);
+          return true;
+        },
+        &tok);
+    std::string rest = streamer.end();
+    reply += rest;
+    std::printf("%s\n", rest.c_str());
+    messages.push_back({{"role", "assistant"}, {"content", reply}});
+  }
+  std::printf("\n");
+  return 0;
+}
+
 int cmd_tokenize(const std::string& model, const std::string& text, bool special) {
   tformers::Tokenizer tok = tformers::AutoTokenizer::from_pretrained(model);
   std::vector<int32_t> ids = tok.encode(text, special);
@@ -172,26 +234,29 @@ int main(int argc, char** argv) {
 
   GenerateArgs g;
   CLI::App* gen = app.add_subcommand("generate", "Generate text from a prompt");
-  gen->add_option("--model,-m", g.model, "Model folder or Hub id in the local cache")->required();
+  CLI::App* chat = app.add_subcommand("chat", "Chat with a model, turn by turn, in the terminal");
+  for (CLI::App* sub : {gen, chat}) {
+    sub->add_option("--model,-m", g.model, "Model folder or Hub id in the local cache")->required();
+    sub->add_option("--system", g.system, "System message");
+    sub->add_option("--max-new-tokens,-n", g.max_new_tokens, "Tokens to generate");
+    sub->add_flag("--do-sample", g.do_sample, "Sample instead of greedy decoding");
+    sub->add_option("--temperature", g.temperature);
+    sub->add_option("--top-k", g.top_k);
+    sub->add_option("--top-p", g.top_p);
+    sub->add_option("--min-p", g.min_p);
+    sub->add_option("--typical-p", g.typical_p);
+    sub->add_option("--repetition-penalty", g.repetition_penalty);
+    sub->add_option("--no-repeat-ngram-size", g.no_repeat_ngram_size);
+    sub->add_option("--seed", g.seed, "Sampling seed (same seed, same text)");
+    sub->add_option("--dtype", g.dtype,
+                    "float32 or bfloat16 (default: the checkpoint's torch_dtype)");
+    sub->add_option("--device", g.device, "cpu, auto, tpu or cuda")->capture_default_str();
+    sub->add_flag("--verbose,-v", g.verbose,
+                  "Show compiles, cache hits, time to first token, tokens/s");
+  }
   gen->add_option("--prompt,-p", g.prompt, "Prompt text (needs the model's tokenizer.json)");
   gen->add_option("--prompt-ids", g.prompt_ids, "Prompt token ids, comma-separated");
   gen->add_flag("--chat", g.chat, "Wrap the prompt in the model's chat template");
-  gen->add_option("--system", g.system, "System message for --chat");
-  gen->add_option("--max-new-tokens,-n", g.max_new_tokens, "Tokens to generate");
-  gen->add_flag("--do-sample", g.do_sample, "Sample instead of greedy decoding");
-  gen->add_option("--temperature", g.temperature);
-  gen->add_option("--top-k", g.top_k);
-  gen->add_option("--top-p", g.top_p);
-  gen->add_option("--min-p", g.min_p);
-  gen->add_option("--typical-p", g.typical_p);
-  gen->add_option("--repetition-penalty", g.repetition_penalty);
-  gen->add_option("--no-repeat-ngram-size", g.no_repeat_ngram_size);
-  gen->add_option("--seed", g.seed, "Sampling seed (same seed, same text)");
-  gen->add_option("--dtype", g.dtype,
-                  "float32 or bfloat16 (default: the checkpoint's torch_dtype)");
-  gen->add_option("--device", g.device, "cpu, auto, tpu or cuda")->capture_default_str();
-  gen->add_flag("--verbose,-v", g.verbose,
-                "Show compiles, cache hits, time to first token, tokens/s");
 
   std::string tok_model, tok_text;
   bool tok_special = false;
@@ -206,6 +271,7 @@ int main(int argc, char** argv) {
     if (threads > 0) tformers::ThreadPool::set_global_threads(threads);
     if (env->parsed()) return cmd_env();
     if (gen->parsed()) return cmd_generate(g);
+    if (chat->parsed()) return cmd_chat(g);
     if (tokz->parsed()) return cmd_tokenize(tok_model, tok_text, tok_special);
   } catch (const tformers::Error& e) {
     std::fflush(stdout);
