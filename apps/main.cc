@@ -7,6 +7,7 @@
 
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
+#include "kernels_hub/cli.h"
 #include "tformers/accelerator.h"
 #include "tformers/error.h"
 #include "tformers/model.h"
@@ -69,10 +70,14 @@ int main(int argc, char** argv) {
   gen->add_option("--device", device, "cpu, auto, tpu or cuda")->capture_default_str();
   gen->add_flag("--verbose,-v", verbose, "Show compiles, cache hits and tokens/s");
 
+  CLI::App* kernels = app.add_subcommand("kernels", "Hub kernels: list | lock | verify (--help)");
+  kernels->prefix_command();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) tformers::ThreadPool::set_global_threads(threads);
     if (env->parsed()) return cmd_env();
+    if (kernels->parsed()) return tformers::kernels_hub::kernels_cli(kernels->remaining());
     if (gen->parsed()) {
       tformers::LoadOptions opt;
       opt.device_map = device;
