@@ -136,15 +136,19 @@ std::map<std::string, std::string> hash_variant(const fs::path& pkg, const std::
   return out;
 }
 
+// The lock file in force; a named file that does not exist yet pins nothing.
 LockFile load_lock(const KernelOptions& o, std::string& path) {
   path = lock_path(o);
-  if (path.empty()) return {};
+  std::error_code ec;
+  if (path.empty() || !fs::exists(path, ec)) return {};
   return LockFile::load(path);
 }
 
-// dlopen of bytes already in memory, through an anonymous file.
+// dlopen of bytes already in memory, through an anonymous file. The file stays open while the
+// library is loaded: the dynamic loader recognizes a loaded library by its path, and
+// "/proc/self/fd/<fd>" is only unique while the descriptor is held.
 void* load_library_bytes(const std::vector<char>& bytes, const std::string& name,
-                         const std::string& where) {
+                         const std::string& where, int& fd_out) {
   int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
   if (fd < 0) throw Error("cannot create a memory file to load " + where);
   size_t done = 0;
@@ -159,12 +163,13 @@ void* load_library_bytes(const std::vector<char>& bytes, const std::string& name
   std::string proc = "/proc/self/fd/" + std::to_string(fd);
   dlerror();
   void* handle = dlopen(proc.c_str(), RTLD_NOW | RTLD_LOCAL);
-  ::close(fd);
   if (!handle) {
+    ::close(fd);
     const char* why = dlerror();
     throw FormatError(where + " is not a loadable shared library: " +
                       (why ? std::string(why) : std::string("dlopen failed")));
   }
+  fd_out = fd;
   return handle;
 }
 
@@ -234,7 +239,17 @@ void bind_table(Kernel::Impl& impl, const Manifest& m, const std::string& where)
 }  // namespace
 
 Kernel::Impl::~Impl() {
-  if (handle) dlclose(handle);
+  if (handle) {
+    dlclose(handle);
+    // A library the loader keeps resident (e.g. one with unique C++ symbols) keeps its name;
+    // its descriptor must then stay open so that no later load reuses that name.
+    const std::string name = "/proc/self/fd/" + std::to_string(fd);
+    if (void* resident = dlopen(name.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
+      dlclose(resident);
+      return;
+    }
+  }
+  if (fd >= 0) ::close(fd);
 }
 
 ResolvedPackage resolve_kernel_package(const std::string& repo_id, int version,
@@ -309,9 +324,10 @@ Kernel get_kernel(const std::string& repo_id, int version, const KernelOptions& 
   if (!pin && !allow_unpinned(o))
     throw InvalidArgumentError(
         "kernel " + id + " is not pinned " +
-        (lock_file.empty() ? std::string("(no lock file: none given, no TFORMERS_KERNELS_LOCK, "
-                                         "no ./kernels.lock)")
-                           : "in " + lock_file) +
+        (lock_file.empty()
+             ? std::string("(no lock file: none given, no TFORMERS_KERNELS_LOCK, "
+                           "no ./kernels.lock)")
+             : "in " + lock_file + (fs::exists(lock_file) ? "" : " (which does not exist)")) +
         "; pin it with `tformers kernels lock " + id +
         "`, or opt in to unpinned kernels (KernelOptions::allow_unpinned or "
         "TFORMERS_KERNELS_ALLOW_UNPINNED=1)");
@@ -395,7 +411,8 @@ Kernel get_kernel(const std::string& repo_id, int version, const KernelOptions& 
   impl->pinned = pin != nullptr;
   impl->backend = o.device;
   const std::string where = (dir / library_rel).string();
-  impl->handle = load_library_bytes(library, repo_id + "@v" + std::to_string(version), where);
+  impl->handle =
+      load_library_bytes(library, repo_id + "@v" + std::to_string(version), where, impl->fd);
   bind_table(*impl, m, where);
   return Kernel(impl);
 }

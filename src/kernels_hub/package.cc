@@ -221,7 +221,7 @@ Manifest parse_manifest(const std::string& bytes, const std::string& where) {
 }
 
 int feature_rank(const std::string& feature) {
-  if (feature.empty()) return 0;
+  if (feature.empty() || feature == "scalar") return 0;
   for (cpu::Target t : {cpu::Target::kAVX2, cpu::Target::kAVX512, cpu::Target::kAVX512BF16})
     if (feature == cpu::target_name(t)) return int(t);
   return -1;

@@ -84,6 +84,7 @@ struct Kernel::Impl {
   bool pinned = false;
   std::map<std::string, Entry> entries;
   void* handle = nullptr;  // dlopen handle
+  int fd = -1;             // the memory file it was loaded from
   ~Impl();
 };
 

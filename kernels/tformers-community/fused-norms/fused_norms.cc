@@ -110,13 +110,13 @@ void rms_rows(void* arg, int64_t begin, int64_t end) noexcept {
 #if defined(__AVX512F__)
     const __m512 vi = _mm512_set1_ps(inv);
     for (; i + 16 <= a.D; i += 16)
-      _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vi),
-                                            _mm512_loadu_ps(w + i)));
+      _mm512_storeu_ps(
+          y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vi), _mm512_loadu_ps(w + i)));
 #elif defined(__AVX2__)
     const __m256 vi = _mm256_set1_ps(inv);
     for (; i + 8 <= a.D; i += 8)
-      _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vi),
-                                            _mm256_loadu_ps(w + i)));
+      _mm256_storeu_ps(
+          y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vi), _mm256_loadu_ps(w + i)));
 #endif
     for (; i < a.D; ++i) y[i] = x[i] * inv * w[i];
   }
@@ -124,16 +124,16 @@ void rms_rows(void* arg, int64_t begin, int64_t end) noexcept {
 
 int rms_norm(const TfKernelCall* c) noexcept {
   if (c->num_inputs != 2 || c->num_float_attrs != 1)
-    return fail(c, "RMSNorm takes (x, weight; eps), got %d inputs and %d attributes",
-                c->num_inputs, c->num_float_attrs);
+    return fail(c, "RMSNorm takes (x, weight; eps), got %d inputs and %d attributes", c->num_inputs,
+                c->num_float_attrs);
   const TfKernelTensor &x = c->inputs[0], &w = c->inputs[1], &y = *c->output;
   if (x.dtype != TF_KERNEL_F32 || y.dtype != TF_KERNEL_F32 ||
       (w.dtype != TF_KERNEL_F32 && w.dtype != TF_KERNEL_BF16))
     return fail(c, "RMSNorm: x and y must be f32 and weight f32 or bf16");
   if (x.ndim < 1 || w.ndim != 1 || w.shape[0] != x.shape[x.ndim - 1] || !same_shape(x, y))
     return fail(c, "RMSNorm: weight (D) must match the last dimension of x, and y the shape of x");
-  RmsArgs a{static_cast<const float*>(x.data), w.data, w.dtype == TF_KERNEL_BF16,
-            static_cast<float*>(y.data), w.shape[0], c->float_attrs[0]};
+  RmsArgs a{static_cast<const float*>(x.data), w.data,     w.dtype == TF_KERNEL_BF16,
+            static_cast<float*>(y.data),       w.shape[0], c->float_attrs[0]};
   const int64_t rows = a.D ? numel(x) / a.D : 0;
   c->parallel_for(c->host, rows, 1, rms_rows, &a);
   return 0;
@@ -155,7 +155,8 @@ void silu_range(void* arg, int64_t begin, int64_t end) noexcept {
 }
 
 int silu_and_mul(const TfKernelCall* c) noexcept {
-  if (c->num_inputs != 2) return fail(c, "SiLUAndMul takes (gate, up), got %d inputs", c->num_inputs);
+  if (c->num_inputs != 2)
+    return fail(c, "SiLUAndMul takes (gate, up), got %d inputs", c->num_inputs);
   const TfKernelTensor &g = c->inputs[0], &u = c->inputs[1], &y = *c->output;
   if (g.dtype != TF_KERNEL_F32 || u.dtype != TF_KERNEL_F32 || y.dtype != TF_KERNEL_F32 ||
       !same_shape(g, u) || !same_shape(g, y))
@@ -203,8 +204,12 @@ int rotary_embedding(const TfKernelCall* c) noexcept {
       p.shape[0] != x.shape[0] || p.shape[1] != x.shape[1] || !same_shape(x, y) ||
       c->num_float_attrs * 2 != x.shape[3])
     return fail(c, "RotaryEmbedding: x (B,T,H,D) f32, position_ids (B,T) i32, inv_freq (D/2)");
-  RopeArgs a{static_cast<const float*>(x.data), static_cast<const int32_t*>(p.data),
-             c->float_attrs, static_cast<float*>(y.data), x.shape[2], x.shape[3]};
+  RopeArgs a{static_cast<const float*>(x.data),
+             static_cast<const int32_t*>(p.data),
+             c->float_attrs,
+             static_cast<float*>(y.data),
+             x.shape[2],
+             x.shape[3]};
   c->parallel_for(c->host, x.shape[0] * x.shape[1], 1, rope_rows, &a);
   return 0;
 }
@@ -250,20 +255,29 @@ void attn_heads(void* arg, int64_t begin, int64_t end) noexcept {
 
 int attention(const TfKernelCall* c) noexcept {
   if (c->num_inputs != 5 || c->num_float_attrs != 1)
-    return fail(c, "Attention takes (query, key_cache, value_cache, cache_position, "
-                   "attention_mask; scale)");
-  const TfKernelTensor &q = c->inputs[0], &k = c->inputs[1], &v = c->inputs[2],
-                       &pos = c->inputs[3], &mask = c->inputs[4], &out = *c->output;
+    return fail(c,
+                "Attention takes (query, key_cache, value_cache, cache_position, "
+                "attention_mask; scale)");
+  const TfKernelTensor &q = c->inputs[0], &k = c->inputs[1], &v = c->inputs[2], &pos = c->inputs[3],
+                       &mask = c->inputs[4], &out = *c->output;
   if (q.dtype != TF_KERNEL_F32 || k.dtype != TF_KERNEL_F32 || v.dtype != TF_KERNEL_F32 ||
       pos.dtype != TF_KERNEL_I32 || mask.dtype != TF_KERNEL_I32 || q.ndim != 4 || k.ndim != 4 ||
       !same_shape(k, v) || !same_shape(q, out) || mask.ndim != 2)
     return fail(c, "Attention: query (B,T,Hq,D) f32, caches (B,Hkv,S,D) f32, mask (B,S) i32");
   if (q.shape[1] != 1) return fail(c, "Attention: this kernel handles decode (T = 1) only");
   if (q.shape[3] > 512) return fail(c, "Attention: head_dim above 512 is not supported");
-  AttnArgs a{static_cast<const float*>(q.data), static_cast<const float*>(k.data),
-             static_cast<const float*>(v.data), static_cast<const int32_t*>(mask.data),
-             static_cast<float*>(out.data), q.shape[0], q.shape[2], k.shape[1], k.shape[2],
-             q.shape[3], *static_cast<const int32_t*>(pos.data), c->float_attrs[0]};
+  AttnArgs a{static_cast<const float*>(q.data),
+             static_cast<const float*>(k.data),
+             static_cast<const float*>(v.data),
+             static_cast<const int32_t*>(mask.data),
+             static_cast<float*>(out.data),
+             q.shape[0],
+             q.shape[2],
+             k.shape[1],
+             k.shape[2],
+             q.shape[3],
+             *static_cast<const int32_t*>(pos.data),
+             c->float_attrs[0]};
   if (a.Hkv <= 0 || a.Hq % a.Hkv != 0 || a.start < 0 || a.start >= a.S)
     return fail(c, "Attention: bad heads or cache position %lld", (long long)a.start);
   c->parallel_for(c->host, a.B * a.Hq, 1, attn_heads, &a);
@@ -302,7 +316,6 @@ const TfKernelTable kTable = {
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) const TfKernelTable* tformers_kernel_table(
-    void) {
+extern "C" __attribute__((visibility("default"))) const TfKernelTable* tformers_kernel_table(void) {
   return &kTable;
 }
