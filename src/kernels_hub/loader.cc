@@ -123,8 +123,7 @@ std::vector<std::string> files_under(const fs::path& dir, const fs::path& base) 
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
        it.increment(ec))
-    if (it->is_regular_file() || it->is_symlink())
-      out.push_back(fs::relative(it->path(), base, ec).generic_string());
+    if (it->is_regular_file()) out.push_back(fs::relative(it->path(), base, ec).generic_string());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -391,7 +390,10 @@ Kernel get_kernel(const std::string& repo_id, int version, const KernelOptions& 
                           " but " + lock_file + " pins " + it->second +
                           "; the file was modified after it was locked; refusing to load it");
     }
-    if (fs::path(rel).extension() == ".so") {
+    // The variant's library is the one *.so directly in its folder (check_variants made sure
+    // there is exactly one); anything else is data that is pinned but not loaded.
+    if (fs::path(rel).extension() == ".so" &&
+        fs::path(rel).parent_path() == fs::path("build") / variant) {
       library = std::move(bytes);
       library_rel = rel;
       library_sha = sha;
