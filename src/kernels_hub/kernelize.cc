@@ -7,6 +7,7 @@
 #include "kernels_hub/kernelize.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 
 #include "kernels_hub/package.h"
@@ -193,6 +194,10 @@ std::vector<KernelizedLayer> kernelize(CausalLM& model, const KernelMapping& map
          "modes: " + modes_str(e->second.modes) + "; schema " + e->second.schema_text});
   }
 
+  if (impl.verbose)
+    for (const auto& r : report)
+      std::fprintf(stderr, "tformers: kernelize %s: %s\n", r.layer.c_str(),
+                   r.kernel.empty() ? r.note.c_str() : (r.kernel + "; " + r.note).c_str());
   restore();
   if (!lk->slots.empty()) {
     impl.kernelized_arch = std::make_shared<KernelizedArchitecture>(base, lk);

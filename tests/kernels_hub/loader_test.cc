@@ -191,6 +191,24 @@ TEST_F(Loader, LocalOverrideForDevelopment) {
                   "is not major version 1");
 }
 
+// The same through the environment: cache path, per-repo override, unpinned opt-in.
+TEST_F(Loader, EnvironmentVariables) {
+  TempDir dev;
+  fs::copy(testing::fused_norms(2), dev.path(), fs::copy_options::recursive);
+  KernelOptions o;
+  o.lock_file = (dev.path() / "absent.lock").string();
+  ::setenv("TFORMERS_KERNELS_PATH", ("/nonexistent:" + cache_.str()).c_str(), 1);
+  ::setenv("TFORMERS_LOCAL_KERNELS", ("other/pkg=/x:" + kRepo + "=" + dev.str()).c_str(), 1);
+  ::setenv("TFORMERS_KERNELS_ALLOW_UNPINNED", "1", 1);
+  EXPECT_EQ(resolve_kernel_package(kRepo, 1, o).path, dev.str());
+  EXPECT_EQ(get_kernel(kRepo, 2, o).revision(), "local");
+  ::unsetenv("TFORMERS_LOCAL_KERNELS");
+  EXPECT_EQ(get_kernel(kRepo, 1, o).revision(), "1111aaaa");  // from the second cache root
+  ::unsetenv("TFORMERS_KERNELS_ALLOW_UNPINNED");
+  EXPECT_THROW(get_kernel(kRepo, 1, o), InvalidArgumentError);
+  ::unsetenv("TFORMERS_KERNELS_PATH");
+}
+
 TEST_F(Loader, MissingPackagesSayWhereTheyWereLookedFor) {
   std::string e = error_of<NotFoundError>([&] { get_kernel("someone/missing", 1, opt_); });
   EXPECT_CONTAINS(e, "kernels--someone--missing");
