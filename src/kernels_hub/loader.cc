@@ -4,6 +4,7 @@
 // the lock, copied into an anonymous memory file (memfd) and dlopen'ed from there, so a file
 // swapped on disk between the check and the load is never what runs.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -149,7 +150,13 @@ LockFile load_lock(const KernelOptions& o, std::string& path) {
 void* load_library_bytes(const std::vector<char>& bytes, const std::string& name,
                          const std::string& where, int& fd_out) {
   int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
-  if (fd < 0) throw Error("cannot create a memory file to load " + where);
+  if (fd < 0) {
+    // No memfd (old kernel, seccomp): an unlinked temporary file serves the same purpose.
+    std::string tmpl = (fs::temp_directory_path() / "tformers-kernel-XXXXXX").string();
+    fd = mkostemp(tmpl.data(), O_CLOEXEC);
+    if (fd >= 0) ::unlink(tmpl.c_str());
+  }
+  if (fd < 0) throw Error("cannot create a memory or temporary file to load " + where);
   size_t done = 0;
   while (done < bytes.size()) {
     ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);

@@ -323,7 +323,9 @@ class CpuBackend : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device{"cpu", 0}; }
-  bool supports(const graph::Node&) const override { return true; }
+  bool supports(const graph::Node& n) const override {
+    return n.op != Op::kCustomCall || (n.custom && n.custom->backend == "cpu");
+  }
   std::unique_ptr<Executable> compile(const graph::Graph& g) override {
     return std::make_unique<CpuExecutable>(g, &stats_);
   }
