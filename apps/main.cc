@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   gen->add_flag("--verbose,-v", verbose, "Show compiles, cache hits and tokens/s");
 
   CLI::App* kernels = app.add_subcommand("kernels", "Hub kernels: list | lock | verify (--help)");
-  kernels->prefix_command();
+  kernels->prefix_command()->set_help_flag();  // its own usage: tformers kernels --help
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -179,6 +179,11 @@ int kernels_cli(const std::vector<std::string>& args) {
     return 0;
   }
   if (cmd == "verify") {
+    std::error_code ec;
+    if (!fs::exists(lock_path, ec))
+      throw NotFoundError("no lock file " + lock_path +
+                          ": write one with `tformers kernels lock ORG/NAME@vN`, or name one "
+                          "with --lock-file");
     LockFile lock = LockFile::load(lock_path);
     std::vector<std::string> problems = verify_lock(lock, o);
     for (const auto& p : problems) std::printf("MISMATCH %s\n", p.c_str());
