@@ -11,6 +11,7 @@
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
 #include "io/hub.h"
+#include "kernels_hub/cli.h"
 #include "tformers/accelerator.h"
 #include "tformers/error.h"
 #include "tformers/model.h"
@@ -266,10 +267,14 @@ int main(int argc, char** argv) {
   tokz->add_option("text", tok_text, "Text to tokenize")->required();
   tokz->add_flag("--add-special-tokens", tok_special, "Add the post-processor's special tokens");
 
+  CLI::App* kernels = app.add_subcommand("kernels", "Hub kernels: list | lock | verify (--help)");
+  kernels->prefix_command()->set_help_flag();  // its own usage: tformers kernels --help
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) tformers::ThreadPool::set_global_threads(threads);
     if (env->parsed()) return cmd_env();
+    if (kernels->parsed()) return tformers::kernels_hub::kernels_cli(kernels->remaining());
     if (gen->parsed()) return cmd_generate(g);
     if (chat->parsed()) return cmd_chat(g);
     if (tokz->parsed()) return cmd_tokenize(tok_model, tok_text, tok_special);

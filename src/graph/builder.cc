@@ -7,7 +7,7 @@ namespace tformers::graph {
 Value GraphBuilder::add_node(Op op, std::vector<int> inputs, TensorType type, std::string name,
                              std::vector<int64_t> ints, std::vector<float> floats) {
   return graph_.add(Node{op, std::move(inputs), std::move(type), std::move(name), std::move(ints),
-                         std::move(floats)});
+                         std::move(floats), nullptr});
 }
 
 Value GraphBuilder::parameter(const std::string& name, TensorType type) {
@@ -101,6 +101,19 @@ Value GraphBuilder::take_last(Value x, int64_t n) {
   const TensorType& xt = type(x);
   TF_CHECK(xt.shape.size() == 3 && n >= 1 && n <= xt.shape[1], xt.str(), " last ", n);
   return add_node(Op::kTakeLast, {x}, {xt.dtype, {xt.shape[0], n, xt.shape[2]}}, "", {n});
+}
+
+Value GraphBuilder::custom_call(std::shared_ptr<const CustomCall> call, std::vector<Value> inputs,
+                                TensorType out, std::vector<float> floats,
+                                const std::string& name) {
+  TF_CHECK(call && call->fn, name, ": custom call without a kernel");
+  return graph_.add(Node{Op::kCustomCall,
+                         std::move(inputs),
+                         std::move(out),
+                         name,
+                         {},
+                         std::move(floats),
+                         std::move(call)});
 }
 
 }  // namespace tformers::graph

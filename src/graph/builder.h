@@ -28,6 +28,10 @@ class GraphBuilder {
   Value attention(Value q, Value k_cache, Value v_cache, Value start, Value key_mask, float scale,
                   const std::string& name = "");
   Value take_last(Value x, int64_t n);
+  // A hub kernel producing `out` from `inputs`; the caller (models/layers.cc) has matched the
+  // inputs to the kernel's schema.
+  Value custom_call(std::shared_ptr<const CustomCall> call, std::vector<Value> inputs,
+                    TensorType out, std::vector<float> floats, const std::string& name);
 
   const TensorType& type(Value v) const { return graph_.node(v).type; }
   void output(Value v) { graph_.mark_output(v); }

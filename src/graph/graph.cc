@@ -35,6 +35,8 @@ const char* op_name(Op op) {
       return "attention";
     case Op::kTakeLast:
       return "take_last";
+    case Op::kCustomCall:
+      return "custom_call";
   }
   return "?";
 }
@@ -91,6 +93,10 @@ uint64_t Graph::hash() const {
     h.bytes(n.name.data(), n.name.size());
     h.vec(n.ints);
     h.vec(n.floats);
+    if (n.custom) {
+      h.pod(n.custom->target.size());
+      h.bytes(n.custom->target.data(), n.custom->target.size());
+    }
   }
   h.vec(outputs_);
   return h.h;
@@ -100,7 +106,9 @@ std::string Graph::to_string() const {
   std::ostringstream os;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const Node& n = nodes_[i];
-    os << "%" << i << " = " << op_name(n.op) << "(";
+    os << "%" << i << " = " << op_name(n.op);
+    if (n.custom) os << "[" << n.custom->target << "]";
+    os << "(";
     for (size_t j = 0; j < n.inputs.size(); ++j) os << (j ? ", %" : "%") << n.inputs[j];
     os << ") -> " << n.type.str();
     if (!n.name.empty()) os << "  # " << n.name;

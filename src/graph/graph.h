@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ enum class Op : uint8_t {
   kAttention,   // (q (B,T,Hq,D), k_cache, v_cache, start () [, key_mask (B,S)]) -> (B,T,Hq,D);
                 // floats = {scale}
   kTakeLast,    // (x (B,T,D)) -> (B,n,D): the last n = ints[0] positions
+  kCustomCall,  // a hub kernel (Node::custom): inputs and floats as its layer's schema says
 };
 
 const char* op_name(Op op);
@@ -40,6 +42,16 @@ struct TensorType {
   std::string str() const;  // "bfloat16[2, 3]"
 };
 
+// The implementation of a kCustomCall node: a hub kernel loaded by kernels_hub/. The target
+// names it completely (repo, version, revision, variant, layer, library digest) and is part of
+// the graph hash, so graphs that call different kernels never share an executable.
+struct CustomCall {
+  std::string target;
+  std::string backend;                // the backend that can run it ("cpu")
+  const void* fn = nullptr;           // the backend's entry point (a TfKernelFn on the CPU)
+  std::shared_ptr<const void> owner;  // keeps the kernel library loaded
+};
+
 struct Node {
   Op op;
   std::vector<int> inputs;
@@ -47,6 +59,7 @@ struct Node {
   std::string name;  // binding name for leaves; a debug name for the rest
   std::vector<int64_t> ints;
   std::vector<float> floats;
+  std::shared_ptr<const CustomCall> custom;  // kCustomCall only
 };
 
 class Graph {

@@ -13,6 +13,10 @@
 #include "io/json.h"
 #include "tformers/model.h"
 
+namespace tformers::kernels_hub {
+class LayerKernels;
+}
+
 namespace tformers::models {
 
 // One weight the architecture reads, with the checkpoint's own name.
@@ -40,6 +44,9 @@ class Params {
       : b_(b), types_(types) {}
   graph::Value operator()(const std::string& name);
   bool has(const std::string& name) const { return types_.count(name) != 0; }
+
+  // Hub kernels the layers should call instead of built-in ops (null: none); see kernelize().
+  const kernels_hub::LayerKernels* kernels = nullptr;
 
  private:
   graph::GraphBuilder& b_;

@@ -33,6 +33,10 @@ struct CausalLM::Impl {
   int64_t cache_batch = 0, cache_len = 0;
   std::map<std::string, std::shared_ptr<backends::Buffer>> cache;
 
+  // Set by kernelize() (kernels_hub/kernelize.cc): `arch` wrapped so that the graphs it builds
+  // call the chosen hub kernels; `arch` then points at it.
+  std::shared_ptr<const models::Architecture> kernelized_arch;
+
   std::map<models::StepShape, Step> steps;
   CompileStats stats;
   GenerationConfig generation_config;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "kernels_hub/kernelize.h"
 #include "tformers/error.h"
 
 namespace tformers::models {
@@ -67,6 +68,40 @@ Value linear(GraphBuilder& b, Params& p, Value x, const std::string& prefix) {
   return b.linear(x, p(prefix + ".weight"), bias, prefix);
 }
 
+namespace {
+
+// A hub kernel for `layer` when the model was kernelized and one takes these inputs in this
+// mode (inputs and floats in the layer contract's order, kernels_hub/package.cc), else the
+// built-in op.
+template <class Builtin>
+Value layer_op(GraphBuilder& b, const Params& p, const StepShape& s, const char* layer,
+               std::vector<Value> inputs, TensorType out, std::vector<float> floats,
+               const std::string& name, Builtin builtin) {
+  if (p.kernels) {
+    std::vector<TensorType> types;
+    for (Value v : inputs) types.push_back(b.type(v));
+    auto mode = s.new_tokens == 1 ? kernels_hub::Mode::kDecode : kernels_hub::Mode::kPrefill;
+    if (auto call = p.kernels->find(layer, mode, types, name))
+      return b.custom_call(std::move(call), std::move(inputs), std::move(out), std::move(floats),
+                           name);
+  }
+  return builtin();
+}
+
+Value rms_norm(GraphBuilder& b, const Params& p, const StepShape& s, Value x, Value w, float eps,
+               const std::string& name) {
+  return layer_op(b, p, s, "RMSNorm", {x, w}, {DType::f32, b.type(x).shape}, {eps}, name,
+                  [&] { return b.rms_norm(x, w, eps, name); });
+}
+
+Value rope(GraphBuilder& b, const Params& p, const StepShape& s, Value x, Value pos,
+           const std::vector<float>& inv_freq, const std::string& name) {
+  return layer_op(b, p, s, "RotaryEmbedding", {x, pos}, {DType::f32, b.type(x).shape}, inv_freq,
+                  name, [&] { return b.rope(x, pos, inv_freq, name); });
+}
+
+}  // namespace
+
 void build_decoder(GraphBuilder& b, Params& p, const ModelConfig& c, const StepShape& s,
                    DType cache_dtype, const DecoderOptions& o) {
   const int64_t B = s.batch, T = s.new_tokens, S = s.cache_len, D = c.head_dim;
@@ -82,34 +117,40 @@ void build_decoder(GraphBuilder& b, Params& p, const ModelConfig& c, const StepS
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string n = "model.layers." + std::to_string(l) + ".";
     const std::string a = n + "self_attn.";
-    Value x = b.rms_norm(h, p(n + "input_layernorm.weight"), eps, n + "input_layernorm");
+    Value x = rms_norm(b, p, s, h, p(n + "input_layernorm.weight"), eps, n + "input_layernorm");
     Value q = b.reshape(linear(b, p, x, a + "q_proj"), {B, T, Hq, D});
     Value k = b.reshape(linear(b, p, x, a + "k_proj"), {B, T, Hkv, D});
     Value v = b.reshape(linear(b, p, x, a + "v_proj"), {B, T, Hkv, D});
     if (o.qk_norm) {
-      q = b.rms_norm(q, p(a + "q_norm.weight"), eps, a + "q_norm");
-      k = b.rms_norm(k, p(a + "k_norm.weight"), eps, a + "k_norm");
+      q = rms_norm(b, p, s, q, p(a + "q_norm.weight"), eps, a + "q_norm");
+      k = rms_norm(b, p, s, k, p(a + "k_norm.weight"), eps, a + "k_norm");
     }
-    q = b.rope(q, pos, c.inv_freq, a + "rope_q");
-    k = b.rope(k, pos, c.inv_freq, a + "rope_k");
+    q = rope(b, p, s, q, pos, c.inv_freq, a + "rope_q");
+    k = rope(b, p, s, k, pos, c.inv_freq, a + "rope_k");
     const std::string cache = "past_key_values." + std::to_string(l);
     Value kc = b.cache_write(b.state(cache + ".key", {cache_dtype, {B, Hkv, S, D}}), k, start,
                              cache + ".key");
     Value vc = b.cache_write(b.state(cache + ".value", {cache_dtype, {B, Hkv, S, D}}), v, start,
                              cache + ".value");
-    Value att = b.attention(q, kc, vc, start, mask, scale, a + "attention");  // (B,T,Hq,D)
+    Value att = layer_op(b, p, s, "Attention", {q, kc, vc, start, mask},
+                         {DType::f32, b.type(q).shape}, {scale}, a + "attention", [&] {
+                           return b.attention(q, kc, vc, start, mask, scale, a + "attention");
+                         });
+    // att (B,T,Hq,D)
     h = b.add(h, linear(b, p, b.reshape(att, {B, T, Hq * D}), a + "o_proj"), n + "residual_attn");
 
-    x = b.rms_norm(h, p(n + "post_attention_layernorm.weight"), eps,
-                   n + "post_attention_layernorm");
+    x = rms_norm(b, p, s, h, p(n + "post_attention_layernorm.weight"), eps,
+                 n + "post_attention_layernorm");
     Value gate = linear(b, p, x, n + "mlp.gate_proj");
     Value up = linear(b, p, x, n + "mlp.up_proj");
-    Value mlp = linear(b, p, b.silu_mul(gate, up, n + "mlp.act"), n + "mlp.down_proj");
+    Value act = layer_op(b, p, s, "SiLUAndMul", {gate, up}, b.type(gate), {}, n + "mlp.act",
+                         [&] { return b.silu_mul(gate, up, n + "mlp.act"); });
+    Value mlp = linear(b, p, act, n + "mlp.down_proj");
     h = b.add(h, mlp, n + "residual_mlp");
   }
   // Only the kept positions go through the final norm and lm_head: (B,keep,H).
   if (s.logits_to_keep > 0 && s.logits_to_keep < T) h = b.take_last(h, s.logits_to_keep);
-  h = b.rms_norm(h, p("model.norm.weight"), eps, "model.norm");
+  h = rms_norm(b, p, s, h, p("model.norm.weight"), eps, "model.norm");
   const std::string head = c.tie_word_embeddings ? "model.embed_tokens" : "lm_head";
   b.output(b.linear(h, p(head + ".weight"), -1, "lm_head"));
 }

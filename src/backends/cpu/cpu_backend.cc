@@ -6,6 +6,7 @@
 
 #include "backends/cpu/kernels.h"
 #include "tformers/error.h"
+#include "tformers/kernel_abi.h"
 
 namespace tformers::backends {
 
@@ -48,6 +49,7 @@ class CpuExecutable : public Executable {
   void* ptr(int id) const;
   void check_runtime_values() const;
   void execute(const Node& n, int id);
+  void custom_call(const Node& n, int id);
 
   graph::Graph graph_;
   TransferStats* stats_;  // the backend's counters
@@ -114,6 +116,10 @@ void CpuExecutable::plan() {
     arena_size_ = std::max(arena_size_, offset + b->size);
     placed.push_back(b);
   }
+  for (int i = 0; i < n; ++i)
+    if (nodes[i].op == Op::kCustomCall)
+      TF_CHECK(nodes[i].custom && nodes[i].custom->backend == "cpu" && nodes[i].inputs.size() <= 8,
+               "CPU backend cannot run custom call ", nodes[i].name);
   for (const Block& b : blocks) slots_[b.id] = {Slot::kArena, b.offset};
   for (size_t k = 0; k < param_ids_.size(); ++k) slots_[param_ids_[k]] = {Slot::kParam, int64_t(k)};
   for (size_t k = 0; k < state_ids_.size(); ++k) slots_[state_ids_[k]] = {Slot::kState, int64_t(k)};
@@ -254,6 +260,9 @@ void CpuExecutable::execute(const Node& n, int id) {
                      c[2], s[3], start, n.floats[0], pool);
       return;
     }
+    case Op::kCustomCall:
+      custom_call(n, id);
+      return;
     case Op::kTakeLast: {
       const Shape& x = in_type(0).shape;  // (B,T,D)
       int64_t keep = n.ints[0], d = x[2];
@@ -266,11 +275,57 @@ void CpuExecutable::execute(const Node& n, int id) {
   TF_CHECK(false, "CPU backend: no kernel for op ", graph::op_name(n.op));
 }
 
+static_assert(int(DType::f32) == TF_KERNEL_F32 && int(DType::bf16) == TF_KERNEL_BF16 &&
+                  int(DType::f16) == TF_KERNEL_F16 && int(DType::i32) == TF_KERNEL_I32 &&
+                  int(DType::i64) == TF_KERNEL_I64,
+              "kernel_abi.h dtype codes follow tformers::DType");
+
+// The host side of TfKernelCall::parallel_for: the kernel's C body over the global pool.
+void kernel_parallel_for(void* host, int64_t n, int64_t grain,
+                         void (*body)(void* arg, int64_t begin, int64_t end), void* arg) {
+  static_cast<ThreadPool*>(host)->parallel_for(
+      n, [&](int64_t begin, int64_t end, int) { body(arg, begin, end); },
+      std::max<int64_t>(grain, 1));
+}
+
+// A hub kernel through its C entry point. Tensors and attributes point into the graph and the
+// arena; nothing is allocated per call.
+void CpuExecutable::custom_call(const Node& n, int id) {
+  TfKernelTensor inputs[8];
+  const int count = int(n.inputs.size());
+  for (int k = 0; k < count; ++k) {
+    const graph::TensorType& t = graph_.node(n.inputs[k]).type;
+    inputs[k] = {ptr(n.inputs[k]), int32_t(t.dtype), int32_t(t.shape.size()), t.shape.data()};
+  }
+  const TfKernelTensor output = {ptr(id), int32_t(n.type.dtype), int32_t(n.type.shape.size()),
+                                 n.type.shape.data()};
+  char error[512] = {0};
+  TfKernelCall call = {};
+  call.inputs = inputs;
+  call.num_inputs = count;
+  call.output = &output;
+  call.float_attrs = n.floats.data();
+  call.num_float_attrs = int32_t(n.floats.size());
+  call.int_attrs = n.ints.data();
+  call.num_int_attrs = int32_t(n.ints.size());
+  call.parallel_for = &kernel_parallel_for;
+  call.host = &ThreadPool::global();
+  call.error = error;
+  call.error_size = sizeof error;
+  if (reinterpret_cast<TfKernelFn>(n.custom->fn)(&call) != 0) {
+    error[sizeof error - 1] = 0;
+    throw Error(detail::str_cat("hub kernel ", n.custom->target, " failed at node ", n.name, ": ",
+                                error[0] ? error : "(no message)"));
+  }
+}
+
 class CpuBackend : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device{"cpu", 0}; }
-  bool supports(const graph::Node&) const override { return true; }
+  bool supports(const graph::Node& n) const override {
+    return n.op != Op::kCustomCall || (n.custom && n.custom->backend == "cpu");
+  }
   std::unique_ptr<Executable> compile(const graph::Graph& g) override {
     return std::make_unique<CpuExecutable>(g, &stats_);
   }

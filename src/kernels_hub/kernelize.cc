@@ -1,0 +1,209 @@
+// kernelize(): resolves a layer -> device -> package mapping into custom calls that the graph
+// builder emits in place of built-in ops.
+//
+// The model's architecture is wrapped rather than the model's step() changed: the wrapper hands
+// the resolved kernels to the layers (Params::kernels) whenever a graph is built, so every
+// architecture that uses the shared layers is kernelized without knowing it.
+#include "kernels_hub/kernelize.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels_hub/package.h"
+#include "models/causal_lm_impl.h"
+#include "tformers/error.h"
+#include "tformers/kernels.h"
+
+namespace tformers {
+
+using namespace kernels_hub;
+
+namespace kernels_hub {
+
+namespace {
+
+std::string dtype_code(DType t) {
+  switch (t) {
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    default:
+      return std::string(dtype_name(t));
+  }
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+class KernelizedArchitecture : public models::Architecture {
+ public:
+  KernelizedArchitecture(const models::Architecture* base, std::shared_ptr<const LayerKernels> k)
+      : base_(base), kernels_(std::move(k)) {}
+  const models::Architecture* base() const { return base_; }
+
+  void read_config(const io::Json& json, ModelConfig& config,
+                   const std::string& where) const override {
+    base_->read_config(json, config, where);
+  }
+  std::vector<models::WeightSpec> weights(const ModelConfig& config) const override {
+    return base_->weights(config);
+  }
+  bool ignorable(const std::string& name) const override { return base_->ignorable(name); }
+  void build(graph::GraphBuilder& b, models::Params& params, const ModelConfig& config,
+             const models::StepShape& shape, DType cache_dtype) const override {
+    params.kernels = kernels_.get();
+    base_->build(b, params, config, shape, cache_dtype);
+    params.kernels = nullptr;
+  }
+
+ private:
+  const models::Architecture* base_;
+  std::shared_ptr<const LayerKernels> kernels_;
+};
+
+}  // namespace
+
+std::shared_ptr<const graph::CustomCall> LayerKernels::find(
+    const std::string& layer, Mode mode, const std::vector<graph::TensorType>& inputs,
+    const std::string& node_name) const {
+  auto it = slots.find(layer);
+  if (it == slots.end() || !it->second.call) return nullptr;
+  const Slot& s = it->second;
+  std::string why;
+  if (!(s.modes & uint32_t(mode))) {
+    why = std::string("does not support ") + (mode == Mode::kDecode ? "decode" : "prefill") +
+          " (it supports " + modes_str(s.modes) + ")";
+  } else if (inputs.size() != s.input_dtypes.size()) {
+    why = "takes " + std::to_string(s.input_dtypes.size()) + " inputs, the layer has " +
+          std::to_string(inputs.size());
+  } else {
+    for (size_t i = 0; i < inputs.size() && why.empty(); ++i) {
+      const auto& ok = s.input_dtypes[i];
+      std::string code = dtype_code(inputs[i].dtype);
+      if (std::find(ok.begin(), ok.end(), code) == ok.end())
+        why = "takes input " + std::to_string(i) + " as " + join(ok, "|") + ", not " + code;
+    }
+  }
+  if (why.empty()) return s.call;
+  if (use_fallback) return nullptr;
+  throw UnsupportedError("hub kernel " + s.kernel + " for " + layer + " at " + node_name + " " +
+                         why + "; kernelize with use_fallback=true to use the built-in op there");
+}
+
+}  // namespace kernels_hub
+
+std::vector<KernelizedLayer> kernelize(CausalLM& model, const KernelMapping& mapping,
+                                       const KernelizeOptions& opt) {
+  CausalLM::Impl& impl = model.impl();
+  const models::Architecture* base =
+      impl.kernelized_arch
+          ? static_cast<const KernelizedArchitecture&>(*impl.kernelized_arch).base()
+          : impl.arch;
+  auto restore = [&] {
+    impl.arch = base;
+    impl.kernelized_arch.reset();
+    impl.steps.clear();
+  };
+  const char* use = std::getenv("USE_HUB_KERNELS");
+  if (use && (std::string(use) == "0" || std::string(use) == "false" || std::string(use) == "no" ||
+              std::string(use) == "off")) {
+    restore();
+    return {
+        {"*", "", "USE_HUB_KERNELS=" + std::string(use) + ": every layer uses its built-in op"}};
+  }
+
+  const std::string device = impl.backend->name();
+  KernelOptions ko = opt.kernel_options;
+  ko.device = device;
+  auto lk = std::make_shared<LayerKernels>();
+  lk->use_fallback = opt.use_fallback;
+  std::vector<KernelizedLayer> report;
+  std::map<std::pair<std::string, int>, Kernel> loaded;
+  const auto& contracts = layer_contracts();
+
+  for (const auto& [layer, per_device] : mapping) {
+    if (!contracts.count(layer)) {
+      std::vector<std::string> names;
+      for (const auto& [n, c] : contracts) names.push_back(n);
+      throw InvalidArgumentError(
+          "kernelize: '" + layer +
+          "' is not a layer that can be replaced; layers: " + join(names, ", "));
+    }
+    auto d = per_device.find(device);
+    if (d == per_device.end()) {
+      std::vector<std::string> devices;
+      for (const auto& [dev, r] : per_device) devices.push_back(dev);
+      std::string note =
+          "no kernel is mapped for device " + device + " (mapped: " + join(devices, ", ") + ")";
+      if (!opt.use_fallback)
+        throw UnsupportedError("kernelize: " + layer + ": " + note +
+                               "; map one, or kernelize with use_fallback=true");
+      report.push_back({layer, "", note + ": built-in op"});
+      continue;
+    }
+    const LayerRepository& r = d->second;
+    auto key = std::make_pair(r.repo_id, r.version);
+    auto k = loaded.find(key);
+    if (k == loaded.end()) {
+      try {
+        k = loaded.emplace(key, get_kernel(r.repo_id, r.version, ko)).first;
+      } catch (const UnsupportedError& e) {
+        // No variant fits this machine: the device cannot run the kernel.
+        if (!opt.use_fallback) throw;
+        report.push_back({layer, "", std::string(e.what()) + "\n=> built-in op"});
+        continue;
+      }
+    }
+    const Kernel& kernel = k->second;
+    const std::string pkg_layer = r.layer_name.empty() ? layer : r.layer_name;
+    auto e = kernel.impl()->entries.find(pkg_layer);
+    if (e == kernel.impl()->entries.end())
+      throw InvalidArgumentError(
+          "kernelize: " + layer + " is mapped to " + kernel.describe() + " layer '" + pkg_layer +
+          "', which it does not have; it has: " + join(kernel.layers(), ", "));
+    if (std::string why = check_against_contract(layer, e->second.schema); !why.empty())
+      throw FormatError("kernelize: " + kernel.describe() + " layer " + pkg_layer +
+                        " cannot replace " + layer + ": its schema \"" + e->second.schema_text +
+                        "\" does not match the layer: " + why);
+    auto call = std::make_shared<graph::CustomCall>();
+    call->target = r.repo_id + "@v" + std::to_string(r.version) + "/" + kernel.revision() + "/" +
+                   kernel.variant() + ":" + pkg_layer + "#" +
+                   kernel.impl()->library_sha256.substr(0, 16);
+    call->backend = device;
+    call->fn = reinterpret_cast<const void*>(e->second.fn);
+    call->owner = kernel.impl();
+    LayerKernels::Slot slot;
+    slot.call = call;
+    slot.modes = e->second.modes;
+    slot.kernel = kernel.describe();
+    for (const auto& a : e->second.schema.inputs) slot.input_dtypes.push_back(a.dtypes);
+    lk->slots[layer] = std::move(slot);
+    report.push_back(
+        {layer, kernel.describe(),
+         "modes: " + modes_str(e->second.modes) + "; schema " + e->second.schema_text});
+  }
+
+  if (impl.verbose)
+    for (const auto& r : report)
+      std::fprintf(stderr, "tformers: kernelize %s: %s\n", r.layer.c_str(),
+                   r.kernel.empty() ? r.note.c_str() : (r.kernel + "; " + r.note).c_str());
+  restore();
+  if (!lk->slots.empty()) {
+    impl.kernelized_arch = std::make_shared<KernelizedArchitecture>(base, lk);
+    impl.arch = impl.kernelized_arch.get();
+  }
+  return report;
+}
+
+}  // namespace tformers
