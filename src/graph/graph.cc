@@ -35,6 +35,12 @@ const char* op_name(Op op) {
       return "attention";
     case Op::kTakeLast:
       return "take_last";
+    case Op::kAllReduce:
+      return "all_reduce";
+    case Op::kAllGather:
+      return "all_gather";
+    case Op::kSlice:
+      return "slice";
   }
   return "?";
 }

@@ -13,6 +13,11 @@
 #include "io/json.h"
 #include "tformers/model.h"
 
+namespace tformers::distributed {
+class TpModel;
+struct WeightShard;
+}  // namespace tformers::distributed
+
 namespace tformers::models {
 
 // One weight the architecture reads, with the checkpoint's own name.
@@ -40,8 +45,12 @@ class Params {
       : b_(b), types_(types) {}
   graph::Value operator()(const std::string& name);
   bool has(const std::string& name) const { return types_.count(name) != 0; }
+  // Tensor parallelism: the model's layout when it is split over ranks, else null.
+  void set_tp(const distributed::TpModel* tp) { tp_ = tp; }
+  const distributed::TpModel* tp() const { return tp_; }
 
  private:
+  const distributed::TpModel* tp_ = nullptr;
   graph::GraphBuilder& b_;
   const std::map<std::string, graph::TensorType>& types_;
   std::map<std::string, graph::Value> nodes_;
@@ -62,6 +71,12 @@ class Architecture {
   // (B, keep, V). cache_dtype is the KV cache element type.
   virtual void build(graph::GraphBuilder& b, Params& params, const ModelConfig& config,
                      const StepShape& shape, DType cache_dtype) const = 0;
+  // The default tensor-parallel plan {module pattern: style}, as Transformers declares it
+  // (base_model_tp_plan plus the causal LM's _tp_plan); empty: the model cannot be split.
+  virtual std::map<std::string, std::string> tp_plan() const { return {}; }
+  // Checks that the resolved layout can run (head counts, compatible styles) and records the
+  // per-rank KV heads; InvalidArgumentError naming the override that fixes an impossible plan.
+  virtual void validate_tp(const ModelConfig& config, distributed::TpModel& tp) const;
 };
 
 void register_architecture(const std::string& name,
