@@ -7,7 +7,9 @@
 
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
+#include "distributed/launcher.h"
 #include "tformers/accelerator.h"
+#include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/model.h"
 
@@ -50,6 +52,9 @@ int cmd_env() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `launch` takes a command after `--`, so it parses its own arguments.
+  if (argc > 1 && tformers::distributed::is_launcher_command(argv[1]))
+    return tformers::distributed::launcher_main(argc - 1, argv + 1);
   CLI::App app{"tformers: run Hugging Face causal language models natively"};
   app.require_subcommand(1);
   int threads = 0;
@@ -57,6 +62,8 @@ int main(int argc, char** argv) {
 
   CLI::App* env =
       app.add_subcommand("env", "Print the version, CPU features, backends and accelerators");
+
+  app.add_subcommand("launch", tformers::distributed::kLaunchHelp)->allow_extras();
 
   CLI::App* gen = app.add_subcommand("generate", "Generate tokens from a prompt");
   std::string model, prompt_ids, dtype, device = "auto";
@@ -68,6 +75,8 @@ int main(int argc, char** argv) {
   gen->add_option("--dtype", dtype, "float32 or bfloat16 (default: the checkpoint's torch_dtype)");
   gen->add_option("--device", device, "cpu, auto, tpu or cuda")->capture_default_str();
   gen->add_flag("--verbose,-v", verbose, "Show compiles, cache hits and tokens/s");
+  int64_t tp = 0;
+  gen->add_option("--tp", tp, "Split the model over N processes (run under tformers launch)");
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -78,6 +87,7 @@ int main(int argc, char** argv) {
       opt.device_map = device;
       opt.verbose = verbose;
       if (!dtype.empty()) opt.dtype = tformers::parse_dtype(dtype);
+      if (tp > 0) opt.distributed_config = tformers::DistributedConfig{.tp_size = tp};
       std::vector<int32_t> ids = parse_ids(prompt_ids);
       auto t0 = std::chrono::steady_clock::now();
       tformers::CausalLM lm = tformers::AutoModelForCausalLM::from_pretrained(model, opt);
@@ -89,6 +99,7 @@ int main(int argc, char** argv) {
       std::string line;
       for (size_t i = ids.size(); i < out[0].size(); ++i)
         line += (line.empty() ? "" : ",") + std::to_string(out[0][i]);
+      if (!tformers::distributed::is_main_process()) return 0;  // rank 0 prints
       std::printf("%s\n", line.c_str());
       if (verbose) {
         double load = std::chrono::duration<double>(t1 - t0).count();
@@ -103,7 +114,7 @@ int main(int argc, char** argv) {
     }
   } catch (const tformers::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return tformers::distributed::fail(1);  // under mpirun: end every rank, none waits for this one
   }
   return 0;
 }

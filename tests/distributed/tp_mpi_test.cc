@@ -296,5 +296,48 @@ TEST_F(TpMpi, OneRankThrowingEndsTheJobWithinSeconds) {
   EXPECT_NE(r.output.find("rank 1 fails"), std::string::npos) << r.output;
 }
 
+// `tformers launch` and `generate --tp`.
+std::string cli() { return TFORMERS_CLI; }
+
+TEST_F(TpMpi, LaunchSetsEachRanksEnvironment) {
+  RunResult r = run("env -u CUDA_VISIBLE_DEVICES -u TPU_VISIBLE_CHIPS " + cli() +
+                    " launch --nproc-per-node 2 -- sh -c 'echo ENV $RANK $LOCAL_RANK $WORLD_SIZE "
+                    "$LOCAL_WORLD_SIZE $CUDA_VISIBLE_DEVICES $TPU_VISIBLE_CHIPS'");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("ENV 0 0 2 2 0 0\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ENV 1 1 2 2 1 1\n"), std::string::npos) << r.output;
+}
+
+TEST_F(TpMpi, LaunchRejectsBadArguments) {
+  EXPECT_EQ(run(cli() + " launch --nproc-per-node 2").status, 2);
+  EXPECT_EQ(run(cli() + " launch -- true").status, 2);
+  RunResult r = run(cli() + " launch --nproc-per-node 2 --nnodes 2 -- true");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("--hostfile"), std::string::npos) << r.output;
+}
+
+TEST_F(TpMpi, GenerateUnderLaunchPrintsOnceAndMatchesOneProcess) {
+  const std::string args = " generate --model " + model_dir("tiny-qwen3") +
+                           " --prompt-ids 3,141,59,265 --max-new-tokens 12 --device cpu "
+                           "--dtype float32";
+  RunResult one = run(cli() + args);
+  ASSERT_EQ(one.status, 0) << one.output;
+  RunResult two = run(cli() + " launch --nproc-per-node 2 -- " + cli() + args + " --tp 2");
+  ASSERT_EQ(two.status, 0) << two.output;
+  EXPECT_EQ(two.output, one.output);  // one line, from rank 0 only
+}
+
+TEST_F(TpMpi, GenerateUnderLaunchFailsFastOnAnImpossiblePlan) {
+  auto t = Clock::now();
+  RunResult r =
+      run("timeout 60 " + cli() + " launch --nproc-per-node 4 -- " + cli() + " generate --model " +
+          model_dir("tiny-qwen3") + " --prompt-ids 3,141 --device cpu --tp 4");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.status, 124) << "hung: " << r.output;
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t).count(), 30);
+  EXPECT_NE(r.output.find(R"("layers.*.self_attn.k_proj": "replicate")"), std::string::npos)
+      << r.output;
+}
+
 }  // namespace
 }  // namespace tformers
