@@ -1,7 +1,7 @@
 // Tensor-parallel decode on the Qwen3-0.6B shape (random bf16 weights, tied embeddings): tokens/s
 // for tp=1 and tp=2 on the same cores, and the checkpoint bytes each rank reads.
 //
-//   build/release/bench/bench_tp [--decode 32] [--dir /tmp/tformers-bench-qwen3-0.6b]
+//   build/release/bench/bench_tp [--threads 1,4] [--decode 32] [--dir /tmp/...-qwen3-0.6b]
 //
 // The driver writes the model once, then runs itself: as one process with 1 and 2 threads, and
 // under mpirun as 2 ranks of 1 thread each. Each rank reports the bytes of checkpoint data it
@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "distributed/process_group.h"
 #include "io/safetensors.h"
 #include "models/causal_lm_impl.h"
 #include "tformers/distributed.h"
@@ -130,6 +131,19 @@ int worker(const std::string& dir, int decode_steps, bool tp) {
               threads ? threads : "?", tok_s, load_s, read / 1e9, full / 1e9,
               double(read) / double(full), mapped_rss("model.safetensors") / 1e9);
   std::fflush(stdout);
+  if (tp && size > 1) {
+    // The collective a decode step makes 2 per layer: all_reduce of one hidden vector.
+    distributed::ProcessGroup& g = impl.tp->group();
+    std::vector<float> x(size_t(lm.config().hidden_size), 1.0f), y(x.size());
+    for (int i = 0; i < 100; ++i) g.all_reduce_sum(x.data(), y.data(), int64_t(x.size()));
+    t = Clock::now();
+    const int n = 2000;
+    for (int i = 0; i < n; ++i) g.all_reduce_sum(x.data(), y.data(), int64_t(x.size()));
+    const double us = seconds_since(t) / n * 1e6;
+    if (rank == 0)
+      std::printf("\nall_reduce of %lld floats: %.1f us; a decode step makes %lld collectives\n",
+                  (long long)x.size(), us, (long long)(2 * lm.config().num_hidden_layers + 2));
+  }
   return 0;
 }
 
@@ -139,6 +153,7 @@ int main(int argc, char** argv) {
   std::string dir = "/tmp/tformers-bench-qwen3-0.6b";
   int decode_steps = 32;
   bool as_worker = false, tp = false;
+  std::vector<int> threads = {1};
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (k == "--worker")
@@ -154,18 +169,34 @@ int main(int argc, char** argv) {
 
   auto t = Clock::now();
   write_model(dir);
-  std::printf("model ready in %.1f s (%s)\n\n", seconds_since(t), dir.c_str());
+  std::printf("model ready in %.1f s (%s)\n", seconds_since(t), dir.c_str());
+  if (std::ifstream load("/proc/loadavg"); load) {
+    std::string avg;
+    std::getline(load, avg);
+    std::printf("load average at start (other work on these cores): %s\n", avg.c_str());
+  }
+  std::printf("\n");
   std::printf(
       "| tp | rank | threads/rank | decode tok/s | load s | GB read | GB of those tensors | "
       "read fraction | mapping RSS GB |\n|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   const std::string args = " --worker --dir " + dir + " --decode " + std::to_string(decode_steps);
-  std::string mpirun = "mpirun -np 2 --bind-to none";
+  // Ranks yield while waiting in a collective: on a machine whose cores are shared with other
+  // work, a spinning rank would hold the core its peer needs to reach the same collective.
+  std::string mpirun = "mpirun -np 2 --bind-to none --mca mpi_yield_when_idle 1";
   if (geteuid() == 0) mpirun += " --allow-run-as-root";
   int rc = 0;
-  rc |= std::system(("TFORMERS_NUM_THREADS=1 " + self + args).c_str());
-  rc |= std::system(("TFORMERS_NUM_THREADS=2 " + self + args).c_str());
-  rc |= std::system((mpirun + " -x TFORMERS_NUM_THREADS=1 " + self + args + " --tp").c_str());
+  // For each per-rank thread count n: one process with n and with 2n threads, then two ranks of
+  // n threads (the same cores as the 2n-thread process).
+  for (int n : threads) {
+    const std::string one = "TFORMERS_NUM_THREADS=" + std::to_string(n) + " ";
+    const std::string two = "TFORMERS_NUM_THREADS=" + std::to_string(2 * n) + " ";
+    rc |= std::system((one + self + args).c_str());
+    rc |= std::system((two + self + args).c_str());
+    rc |= std::system(
+        (mpirun + " -x TFORMERS_NUM_THREADS=" + std::to_string(n) + " " + self + args + " --tp")
+            .c_str());
+  }
   return rc ? 1 : 0;
 }
