@@ -25,7 +25,7 @@ TpModel::TpModel(const DistributedConfig& config,
                  const std::vector<WeightDecl>& weights)
     : group_(tp_group(config.tp_size.value_or(world_size()))),
       plan_(defaults, config.tp_plan, modules_of(weights)) {
-  init(defaults, config.tp_plan, weights);
+  init(weights);
 }
 
 TpModel::TpModel(std::shared_ptr<ProcessGroup> group,
@@ -33,12 +33,10 @@ TpModel::TpModel(std::shared_ptr<ProcessGroup> group,
                  const std::map<std::string, std::string>& user,
                  const std::vector<WeightDecl>& weights)
     : group_(std::move(group)), plan_(defaults, user, modules_of(weights)) {
-  init(defaults, user, weights);
+  init(weights);
 }
 
-void TpModel::init(const std::map<std::string, std::string>&,
-                   const std::map<std::string, std::string>&,
-                   const std::vector<WeightDecl>& weights) {
+void TpModel::init(const std::vector<WeightDecl>& weights) {
   for (const auto& w : weights) {
     TpStyle style = plan_.style_of(module_of(w.name));
     WeightShard s = shard_for(style, w.shape, rank(), size());

@@ -54,8 +54,8 @@ class TpModel {
   int64_t local_kv_heads = 0;
 
  private:
-  void init(const std::map<std::string, std::string>& defaults,
-            const std::map<std::string, std::string>& user, const std::vector<WeightDecl>& weights);
+  // The slice of every weight, refusing splits that leave a rank without one.
+  void init(const std::vector<WeightDecl>& weights);
   std::shared_ptr<ProcessGroup> group_;
   TpPlan plan_;
   std::map<std::string, WeightShard> shards_;

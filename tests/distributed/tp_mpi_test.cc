@@ -37,11 +37,16 @@ const char* env(const char* name) { return std::getenv(name); }
 // ---------------------------------------------------------------------------------------------
 // Rank side.
 
+DType dtype() {
+  const char* d = env("TFORMERS_TP_DTYPE");
+  return d ? parse_dtype(d) : float32;
+}
+
 LoadOptions tp_options() {
   DistributedConfig dc;
   if (const char* plan = env("TFORMERS_TP_PLAN"))
     dc.tp_plan = nlohmann::json::parse(plan).get<std::map<std::string, std::string>>();
-  return {.dtype = float32, .device_map = "cpu", .distributed_config = dc};
+  return {.dtype = dtype(), .device_map = "cpu", .distributed_config = dc};
 }
 
 double row_error(const float* a, const float* b, int64_t n) {
@@ -67,7 +72,9 @@ TEST(TpWorker, SplitModelMatchesWholeModel) {
     return;
   }
   CausalLM whole = AutoModelForCausalLM::from_pretrained(model_dir(name),
-                                                         {.dtype = float32, .device_map = "cpu"});
+                                                         {.dtype = dtype(), .device_map = "cpu"});
+  // Splitting changes only the order of float32 sums, whatever the weight dtype.
+  const double tol = 1e-4;
   CausalLM split = AutoModelForCausalLM::from_pretrained(model_dir(name), tp_options());
   const int64_t V = whole.config().vocab_size;
   const std::vector<int32_t> prompt = {3, 141, 59, 265, 358, 97, 93, 238, 46, 264, 338, 327};
@@ -81,7 +88,7 @@ TEST(TpWorker, SplitModelMatchesWholeModel) {
   Tensor lw = whole.forward(a), ls = split.forward(a);
   ASSERT_EQ(ls.shape(), lw.shape());
   for (int64_t t = 0; t < T; ++t)
-    EXPECT_LT(row_error(ls.data<float>() + t * V, lw.data<float>() + t * V, V), 1e-4)
+    EXPECT_LT(row_error(ls.data<float>() + t * V, lw.data<float>() + t * V, V), tol)
         << name << " position " << t;
   // Decode steps through the static cache, then greedy generation end to end.
   for (int64_t i = 0; i < 4; ++i) {
@@ -89,7 +96,7 @@ TEST(TpWorker, SplitModelMatchesWholeModel) {
     d.input_ids = Tensor::from_vector<int32_t>({1, 1}, DType::i32, {int32_t(7 + 50 * i)});
     d.cache_position = T + i;
     Tensor dw = whole.forward(d), ds = split.forward(d);
-    EXPECT_LT(row_error(ds.data<float>(), dw.data<float>(), V), 1e-4) << name << " decode " << i;
+    EXPECT_LT(row_error(ds.data<float>(), dw.data<float>(), V), tol) << name << " decode " << i;
   }
   auto gw = whole.generate({prompt}, {.max_new_tokens = 16});
   auto gs = split.generate({prompt}, {.max_new_tokens = 16});
@@ -165,11 +172,11 @@ RunResult run(const std::string& cmd) {
 bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
 
 RunResult run_worker(int np, const std::string& model, const std::string& plan_json = "",
-                     const std::string& expect_error = "") {
-  std::string cmd = "TFORMERS_TP_MODEL=" + model;
+                     const std::string& expect_error = "", const std::string& dtype = "float32") {
+  std::string cmd = "TFORMERS_TP_DTYPE=" + dtype + " TFORMERS_TP_MODEL=" + model;
   if (!plan_json.empty()) cmd += " TFORMERS_TP_PLAN='" + plan_json + "'";
   if (!expect_error.empty()) cmd += " TFORMERS_TP_EXPECT_ERROR='" + expect_error + "'";
-  cmd += " " + mpirun_prefix(np) + " -x TFORMERS_TP_MODEL";
+  cmd += " " + mpirun_prefix(np) + " -x TFORMERS_TP_MODEL -x TFORMERS_TP_DTYPE";
   if (!plan_json.empty()) cmd += " -x TFORMERS_TP_PLAN";
   if (!expect_error.empty()) cmd += " -x TFORMERS_TP_EXPECT_ERROR";
   cmd += " " + self_exe() + " --gtest_color=no --gtest_filter=TpWorker.SplitModelMatchesWholeModel";
@@ -192,6 +199,11 @@ class TpMpi : public ::testing::Test {
 TEST_F(TpMpi, DefaultPlanTwoRanksLlamaUntied) { expect_ok(run_worker(2, "tiny-llama")); }
 
 TEST_F(TpMpi, DefaultPlanTwoRanksQwen3TiedEmbeddings) { expect_ok(run_worker(2, "tiny-qwen3")); }
+
+// bfloat16 weights straight from the mapping (row slices are views, column slices copies).
+TEST_F(TpMpi, DefaultPlanTwoRanksBfloat16Weights) {
+  expect_ok(run_worker(2, "tiny-qwen3-sharded", "", "", "bfloat16"));
+}
 
 // 4 KV heads over 4 ranks, attention biases (o_proj's added once after the reduce), tied
 // embeddings and a two-file checkpoint.
