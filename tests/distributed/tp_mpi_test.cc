@@ -320,6 +320,18 @@ TEST_F(TpMpi, LaunchSetsEachRanksEnvironment) {
   EXPECT_NE(r.output.find("ENV 1 1 2 2 1 1\n"), std::string::npos) << r.output;
 }
 
+// The multi-node form: mpirun reads the nodes from a hostfile (here, this machine alone).
+TEST_F(TpMpi, LaunchWithHostfile) {
+  fs::path hosts = fs::temp_directory_path() / ("tformers-hosts-" + std::to_string(getpid()));
+  std::ofstream(hosts) << "localhost slots=2\n";
+  RunResult r = run(cli() + " launch --nproc-per-node 2 --hostfile " + hosts.string() +
+                    " --master-port 29555 -- sh -c 'echo HOST $RANK/$WORLD_SIZE $MASTER_PORT'");
+  fs::remove(hosts);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("HOST 0/2 29555\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("HOST 1/2 29555\n"), std::string::npos) << r.output;
+}
+
 TEST_F(TpMpi, LaunchRejectsBadArguments) {
   EXPECT_EQ(run(cli() + " launch --nproc-per-node 2").status, 2);
   EXPECT_EQ(run(cli() + " launch -- true").status, 2);
