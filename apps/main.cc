@@ -1,19 +1,27 @@
-// The `tformers` command: generate, env.
+// The `tformers` command: generate, chat, tokenize, env.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
 #include "distributed/launcher.h"
+#include "io/hub.h"
 #include "tformers/accelerator.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/model.h"
+#include "tformers/tokenizer.h"
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 std::vector<int32_t> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;
@@ -36,6 +44,13 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
+// The tokenizer of a model folder, or nothing when it ships none.
+std::optional<tformers::Tokenizer> maybe_tokenizer(const std::string& model) {
+  std::string dir = tformers::io::resolve_model_path(model);
+  if (!std::filesystem::exists(std::filesystem::path(dir) / "tokenizer.json")) return std::nullopt;
+  return tformers::AutoTokenizer::from_pretrained(dir);
+}
+
 int cmd_env() {
   std::printf("tformers %s\n", TFORMERS_VERSION);
   std::printf("cpu features: %s\n", std::string(tformers::cpu::feature_string()).c_str());
@@ -46,6 +61,172 @@ int cmd_env() {
   for (const auto& a : tformers::supported_architectures())
     archs += (archs.empty() ? "" : ", ") + a;
   std::printf("architectures: %s\n", archs.c_str());
+  return 0;
+}
+
+struct GenerateArgs {
+  std::string model, prompt, prompt_ids, system, dtype, device = "auto";
+  bool chat = false, verbose = false, do_sample = false;
+  int64_t tp = 0;  // tensor-parallel processes (under tformers launch); 0: the whole model here
+  std::optional<int64_t> max_new_tokens, top_k, seed, no_repeat_ngram_size;
+  std::optional<double> temperature, top_p, min_p, typical_p, repetition_penalty;
+};
+
+tformers::GenerationConfig generation_config(const GenerateArgs& a) {
+  tformers::GenerationConfig gc;
+  gc.max_new_tokens = a.max_new_tokens;
+  if (a.do_sample) gc.do_sample = true;
+  gc.temperature = a.temperature;
+  gc.top_k = a.top_k;
+  gc.top_p = a.top_p;
+  gc.min_p = a.min_p;
+  gc.typical_p = a.typical_p;
+  gc.repetition_penalty = a.repetition_penalty;
+  gc.no_repeat_ngram_size = a.no_repeat_ngram_size;
+  if (a.seed) gc.seed = uint64_t(*a.seed);
+  return gc;
+}
+
+tformers::LoadOptions load_options(const GenerateArgs& a) {
+  tformers::LoadOptions opt;
+  opt.device_map = a.device;
+  opt.verbose = a.verbose;
+  if (!a.dtype.empty()) opt.dtype = tformers::parse_dtype(a.dtype);
+  if (a.tp > 0) opt.distributed_config = tformers::DistributedConfig{.tp_size = a.tp};
+  return opt;
+}
+
+int cmd_generate(const GenerateArgs& a) {
+  if (a.prompt.empty() == a.prompt_ids.empty())
+    throw tformers::InvalidArgumentError("generate: give exactly one of --prompt and --prompt-ids");
+  tformers::LoadOptions opt = load_options(a);
+  // Under tformers launch every rank runs the same generation; rank 0 alone prints.
+  if (!tformers::distributed::is_main_process()) std::freopen("/dev/null", "w", stdout);
+  auto t0 = Clock::now();
+  std::optional<tformers::Tokenizer> tok = maybe_tokenizer(a.model);
+  std::vector<int32_t> ids;
+  if (!a.prompt_ids.empty()) {
+    ids = parse_ids(a.prompt_ids);
+  } else {
+    if (!tok)
+      throw tformers::NotFoundError("generate: " + a.model +
+                                    " has no tokenizer.json, so --prompt cannot be encoded; use "
+                                    "--prompt-ids");
+    std::string text = a.prompt;
+    if (a.chat) {
+      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+      if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+      messages.push_back({{"role", "user"}, {"content", a.prompt}});
+      text = tok->apply_chat_template(messages, /*add_generation_prompt=*/true);
+    }
+    // A rendered chat template already holds its special tokens.
+    ids = tok->encode(text, /*add_special_tokens=*/!a.chat);
+  }
+  tformers::CausalLM lm = tformers::AutoModelForCausalLM::from_pretrained(a.model, opt);
+  auto t1 = Clock::now();
+
+  tformers::GenerationConfig gc = generation_config(a);
+  // Split ranks must sample alike: rank 0's seed everywhere.
+  if (a.tp > 0 && !gc.seed) gc.seed = tformers::distributed::agree_seed(std::random_device{}());
+
+  // Stream text as it becomes final (never half a UTF-8 character), or ids without a tokenizer.
+  std::optional<tformers::TokenStreamer> streamer;
+  if (tok) streamer.emplace(*tok, /*skip_special_tokens=*/true);
+  if (tok && !a.chat && !a.prompt.empty()) std::fputs(a.prompt.c_str(), stdout);
+  bool first = true;
+  Clock::time_point first_token;
+  auto out = lm.generate(
+      {ids}, gc,
+      [&](int64_t, int32_t id) {
+        if (first) first_token = Clock::now();
+        if (streamer) {
+          std::fputs(streamer->put(id).c_str(), stdout);
+        } else {
+          std::printf(first ? "%d" : ",%d", id);
+        }
+        first = false;
+        std::fflush(stdout);
+        return true;
+      },
+      tok ? &*tok : nullptr);
+  if (streamer) std::fputs(streamer->end().c_str(), stdout);
+  std::printf("\n");
+  auto t2 = Clock::now();
+  if (a.verbose) {
+    auto secs = [](Clock::time_point x, Clock::time_point y) {
+      return std::chrono::duration<double>(y - x).count();
+    };
+    size_t n = out[0].size() - ids.size();
+    auto st = lm.compile_stats();
+    std::fprintf(stderr,
+                 "tformers: load %.3f s; prompt %zu tokens, time to first token %.3f s; %zu "
+                 "tokens at %.1f tokens/s after the first; compiles %llu, cache hits %llu\n",
+                 secs(t0, t1), ids.size(), secs(t1, first_token), n,
+                 n > 1 ? double(n - 1) / secs(first_token, t2) : 0.0,
+                 (unsigned long long)st.compiles, (unsigned long long)st.hits);
+  }
+  return 0;
+}
+
+// An interactive multi-turn chat: each turn renders the whole conversation through the chat
+// template and streams the reply. Commands: /reset clears the history, /exit (or end of input)
+// quits.
+int cmd_chat(const GenerateArgs& a) {
+  tformers::Tokenizer tok = tformers::AutoTokenizer::from_pretrained(a.model);
+  if (tok.chat_template().empty())
+    throw tformers::InvalidArgumentError("chat: " + a.model +
+                                         " has no chat_template in tokenizer_config.json; use "
+                                         "`tformers generate` for plain text");
+  tformers::CausalLM lm = tformers::AutoModelForCausalLM::from_pretrained(a.model, load_options(a));
+  const tformers::GenerationConfig gc = generation_config(a);
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  auto reset = [&] {
+    messages = nlohmann::ordered_json::array();
+    if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+  };
+  reset();
+  std::string line;
+  for (;;) {
+    std::fputs("> ", stdout);
+    std::fflush(stdout);
+    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (line == "/reset") {
+      reset();
+      continue;
+    }
+    if (line.empty()) continue;
+    messages.push_back({{"role", "user"}, {"content", line}});
+    std::vector<int32_t> ids =
+        tok.encode(tok.apply_chat_template(messages, /*add_generation_prompt=*/true), false);
+    tformers::TokenStreamer streamer(tok, /*skip_special_tokens=*/true);
+    std::string reply;
+    lm.generate(
+        {ids}, gc,
+        [&](int64_t, int32_t id) {
+          std::string piece = streamer.put(id);
+          reply += piece;
+          std::fputs(piece.c_str(), stdout);
+          std::fflush(stdout);
+          return true;
+        },
+        &tok);
+    std::string rest = streamer.end();
+    reply += rest;
+    std::printf("%s\n", rest.c_str());
+    messages.push_back({{"role", "assistant"}, {"content", reply}});
+  }
+  std::printf("\n");
+  return 0;
+}
+
+int cmd_tokenize(const std::string& model, const std::string& text, bool special) {
+  tformers::Tokenizer tok = tformers::AutoTokenizer::from_pretrained(model);
+  std::vector<int32_t> ids = tok.encode(text, special);
+  std::vector<std::string> pieces = tok.convert_ids_to_tokens(ids);
+  std::string line;
+  for (size_t i = 0; i < ids.size(); ++i) line += (i ? "," : "") + std::to_string(ids[i]);
+  std::printf("ids: %s\n", line.c_str());
+  for (size_t i = 0; i < ids.size(); ++i) std::printf("%8d  %s\n", ids[i], pieces[i].c_str());
   return 0;
 }
 
@@ -65,54 +246,50 @@ int main(int argc, char** argv) {
 
   app.add_subcommand("launch", tformers::distributed::kLaunchHelp)->allow_extras();
 
-  CLI::App* gen = app.add_subcommand("generate", "Generate tokens from a prompt");
-  std::string model, prompt_ids, dtype, device = "auto";
-  int64_t max_new_tokens = 20;
-  bool verbose = false;
-  gen->add_option("--model", model, "Model folder or Hub id in the local cache")->required();
-  gen->add_option("--prompt-ids", prompt_ids, "Prompt token ids, comma-separated")->required();
-  gen->add_option("--max-new-tokens", max_new_tokens, "Tokens to generate")->capture_default_str();
-  gen->add_option("--dtype", dtype, "float32 or bfloat16 (default: the checkpoint's torch_dtype)");
-  gen->add_option("--device", device, "cpu, auto, tpu or cuda")->capture_default_str();
-  gen->add_flag("--verbose,-v", verbose, "Show compiles, cache hits and tokens/s");
-  int64_t tp = 0;
-  gen->add_option("--tp", tp, "Split the model over N processes (run under tformers launch)");
+  GenerateArgs g;
+  CLI::App* gen = app.add_subcommand("generate", "Generate text from a prompt");
+  CLI::App* chat = app.add_subcommand("chat", "Chat with a model, turn by turn, in the terminal");
+  for (CLI::App* sub : {gen, chat}) {
+    sub->add_option("--model,-m", g.model, "Model folder or Hub id in the local cache")->required();
+    sub->add_option("--system", g.system, "System message");
+    sub->add_option("--max-new-tokens,-n", g.max_new_tokens, "Tokens to generate");
+    sub->add_flag("--do-sample", g.do_sample, "Sample instead of greedy decoding");
+    sub->add_option("--temperature", g.temperature);
+    sub->add_option("--top-k", g.top_k);
+    sub->add_option("--top-p", g.top_p);
+    sub->add_option("--min-p", g.min_p);
+    sub->add_option("--typical-p", g.typical_p);
+    sub->add_option("--repetition-penalty", g.repetition_penalty);
+    sub->add_option("--no-repeat-ngram-size", g.no_repeat_ngram_size);
+    sub->add_option("--seed", g.seed, "Sampling seed (same seed, same text)");
+    sub->add_option("--dtype", g.dtype,
+                    "float32 or bfloat16 (default: the checkpoint's torch_dtype)");
+    sub->add_option("--device", g.device, "cpu, auto, tpu or cuda")->capture_default_str();
+    sub->add_flag("--verbose,-v", g.verbose,
+                  "Show compiles, cache hits, time to first token, tokens/s");
+  }
+  gen->add_option("--prompt,-p", g.prompt, "Prompt text (needs the model's tokenizer.json)");
+  gen->add_option("--prompt-ids", g.prompt_ids, "Prompt token ids, comma-separated");
+  gen->add_flag("--chat", g.chat, "Wrap the prompt in the model's chat template");
+  gen->add_option("--tp", g.tp, "Split the model over N processes (run under tformers launch)");
+
+  std::string tok_model, tok_text;
+  bool tok_special = false;
+  CLI::App* tokz = app.add_subcommand("tokenize", "Show the token ids and pieces of a text");
+  tokz->add_option("--model,-m", tok_model, "Model folder or Hub id in the local cache")
+      ->required();
+  tokz->add_option("text", tok_text, "Text to tokenize")->required();
+  tokz->add_flag("--add-special-tokens", tok_special, "Add the post-processor's special tokens");
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) tformers::ThreadPool::set_global_threads(threads);
     if (env->parsed()) return cmd_env();
-    if (gen->parsed()) {
-      tformers::LoadOptions opt;
-      opt.device_map = device;
-      opt.verbose = verbose;
-      if (!dtype.empty()) opt.dtype = tformers::parse_dtype(dtype);
-      if (tp > 0) opt.distributed_config = tformers::DistributedConfig{.tp_size = tp};
-      std::vector<int32_t> ids = parse_ids(prompt_ids);
-      auto t0 = std::chrono::steady_clock::now();
-      tformers::CausalLM lm = tformers::AutoModelForCausalLM::from_pretrained(model, opt);
-      auto t1 = std::chrono::steady_clock::now();
-      tformers::GenerationConfig gc;
-      gc.max_new_tokens = max_new_tokens;
-      auto out = lm.generate({ids}, gc);
-      auto t2 = std::chrono::steady_clock::now();
-      std::string line;
-      for (size_t i = ids.size(); i < out[0].size(); ++i)
-        line += (line.empty() ? "" : ",") + std::to_string(out[0][i]);
-      if (!tformers::distributed::is_main_process()) return 0;  // rank 0 prints
-      std::printf("%s\n", line.c_str());
-      if (verbose) {
-        double load = std::chrono::duration<double>(t1 - t0).count();
-        double run = std::chrono::duration<double>(t2 - t1).count();
-        auto st = lm.compile_stats();
-        std::fprintf(stderr,
-                     "tformers: load %.3f s, generate %.3f s (%.1f tokens/s incl. prefill), "
-                     "compiles %llu, cache hits %llu\n",
-                     load, run, double(out[0].size() - ids.size()) / run,
-                     (unsigned long long)st.compiles, (unsigned long long)st.hits);
-      }
-    }
+    if (gen->parsed()) return cmd_generate(g);
+    if (chat->parsed()) return cmd_chat(g);
+    if (tokz->parsed()) return cmd_tokenize(tok_model, tok_text, tok_special);
   } catch (const tformers::Error& e) {
+    std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what());
     return tformers::distributed::fail(1);  // under mpirun: end every rank, none waits for this one
   }

@@ -22,12 +22,12 @@ struct GenerationConfig {
   std::optional<bool> do_sample;                // default false (greedy)
   std::optional<int64_t> num_return_sequences;  // default 1
   // Logits processors and warpers (Transformers' defaults in comments).
-  std::optional<double> temperature;         // 1.0
-  std::optional<int64_t> top_k;              // 50
-  std::optional<double> top_p;               // 1.0
-  std::optional<double> min_p;               // unset
-  std::optional<double> typical_p;           // 1.0
-  std::optional<double> repetition_penalty;  // 1.0
+  std::optional<double> temperature;            // 1.0
+  std::optional<int64_t> top_k;                 // 50
+  std::optional<double> top_p;                  // 1.0
+  std::optional<double> min_p;                  // unset
+  std::optional<double> typical_p;              // 1.0
+  std::optional<double> repetition_penalty;     // 1.0
   std::optional<int64_t> no_repeat_ngram_size;  // 0
   std::optional<std::vector<std::vector<int64_t>>> bad_words_ids;
   std::optional<std::vector<int64_t>> suppress_tokens;

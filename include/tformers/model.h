@@ -18,6 +18,8 @@
 
 namespace tformers {
 
+class Tokenizer;
+
 struct CompileStats {
   uint64_t compiles = 0;  // graphs compiled (cache misses)
   uint64_t hits = 0;      // executables found in the compile cache
@@ -74,9 +76,24 @@ class CausalLM {
   // One forward step; returns float32 logits (B, logits_to_keep or T, V).
   Tensor forward(const ForwardArgs& args);
 
-  // Greedy decoding for now; see generation.h.
+  // Generates from prompts of any lengths (rows are left-padded internally and masked, so each
+  // row gets what it would get alone). `config` is layered over the model's
+  // generation_config.json. Each returned row is its prompt followed by the same number of new
+  // tokens for every row; rows that finished early are filled with pad_token_id.
+  // num_return_sequences > 1 repeats each prompt that many times (consecutive rows).
+  // `on_token(row, id)` is called for every new token as it is chosen; returning false stops.
+  // `tokenizer` is needed for stop_strings, as in Transformers: a row stops once its generated
+  // text contains a stop string that ends within the token just added.
   std::vector<std::vector<int32_t>> generate(const std::vector<std::vector<int32_t>>& input_ids,
-                                             const GenerationConfig& config = {});
+                                             const GenerationConfig& config = {},
+                                             const TokenCallback& on_token = {},
+                                             const Tokenizer* tokenizer = nullptr);
+
+  // The model's generation_config.json (empty when absent), applied under each call's config.
+  GenerationConfig& generation_config();
+  // Prompt lengths are padded up to the smallest of these, so prompts of many lengths share a
+  // compiled prefill graph. Default: powers of two from 16 up to max_position_embeddings.
+  void set_prompt_buckets(std::vector<int64_t> buckets);
 
   // Compiles and cache hits for this model's steps.
   CompileStats compile_stats() const;

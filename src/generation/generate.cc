@@ -1,93 +1,166 @@
-// The host side of generation: token ids, masks and output sequences stay on the host; each
-// step sends the device only what forward consumes (new ids, their positions, the cache mask,
-// the cache slot) and brings back the last position's logits. The KV cache never leaves the
-// device. One compiled step serves the prompt, another serves every decode step.
+// The host side of generation. Token ids, the attention mask and the output sequences stay on
+// the host; each step sends the device only what forward consumes (the new ids, their
+// positions, the cache mask and the cache slot) and brings back the last position's logits.
+// The KV cache never leaves the device. Prompts are left-padded to a common, bucketed length,
+// so one compiled prefill graph serves every prompt length in a bucket and one decode graph
+// serves every step.
 #include <algorithm>
 
+#include "generation/logits_process.h"
+#include "generation/sampling.h"
 #include "models/causal_lm_impl.h"
 #include "tformers/error.h"
+#include "tformers/tokenizer.h"
 
 namespace tformers {
 
 namespace {
 
-// The first index among equal maxima, as torch.argmax.
-int32_t argmax(const float* x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return int32_t(best);
+int64_t bucketed(const std::vector<int64_t>& buckets, int64_t len) {
+  for (int64_t b : buckets)
+    if (b >= len) return b;
+  return len;  // longer than every bucket: its own shape
 }
 
 }  // namespace
 
 std::vector<std::vector<int32_t>> CausalLM::generate(
-    const std::vector<std::vector<int32_t>>& input_ids, const GenerationConfig& gc) {
+    const std::vector<std::vector<int32_t>>& prompts, const GenerationConfig& call,
+    const TokenCallback& on_token, const Tokenizer* tokenizer) {
   Impl& m = *impl_;
-  if (input_ids.empty()) throw InvalidArgumentError("generate: input_ids has no rows");
-  const int64_t B = int64_t(input_ids.size()), T = int64_t(input_ids[0].size());
-  if (T == 0) throw InvalidArgumentError("generate: the prompt is empty; give at least one token");
-  for (const auto& row : input_ids)
-    if (int64_t(row.size()) != T)
-      throw InvalidArgumentError(
-          "generate: all prompts in a batch must have the same length (left padding with an "
-          "attention mask is not supported yet)");
-  // Transformers: max_new_tokens wins over max_length; max_length defaults to 20 in total.
-  int64_t new_tokens = gc.max_new_tokens ? *gc.max_new_tokens : gc.max_length.value_or(20) - T;
-  if (new_tokens <= 0)
-    throw InvalidArgumentError("generate: nothing to generate: max_new_tokens is " +
-                               std::to_string(new_tokens) + " for a prompt of " +
-                               std::to_string(T) + " tokens; raise max_new_tokens");
-  const int64_t cache_len = gc.max_cache_len.value_or(T + new_tokens);
-  if (T + new_tokens > cache_len)
-    throw InvalidArgumentError("generate: the prompt (" + std::to_string(T) + ") plus " +
-                               std::to_string(new_tokens) +
-                               " new tokens do not fit max_cache_len " + std::to_string(cache_len));
-  reset_cache(B, cache_len);
   const int64_t V = m.config.vocab_size;
+  if (prompts.empty()) throw InvalidArgumentError("generate: input_ids has no rows");
+  int64_t longest = 0;
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    if (prompts[r].empty())
+      throw InvalidArgumentError("generate: prompt " + std::to_string(r) +
+                                 " is empty; give at least one token (a BOS token, for example)");
+    for (int32_t id : prompts[r])
+      if (id < 0 || id >= V)
+        throw InvalidArgumentError("generate: prompt " + std::to_string(r) + " has token id " +
+                                   std::to_string(id) + ", outside the vocabulary [0, " +
+                                   std::to_string(V) + ")");
+    longest = std::max(longest, int64_t(prompts[r].size()));
+  }
+  const GenerationConfig merged = m.generation_config.merged_with(call);
+  const ResolvedGenerationConfig rc = resolve(merged, longest, V, m.config.max_position_embeddings);
 
-  // Host tensors for the prompt step.
-  Tensor ids = Tensor::zeros({B, T}, DType::i32), pos = Tensor::zeros({B, T}, DType::i32);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      ids.data<int32_t>()[b * T + t] = input_ids[b][t];
-      pos.data<int32_t>()[b * T + t] = int32_t(t);
-    }
-  Tensor mask = Tensor::zeros({B, cache_len}, DType::i32);
-  std::fill_n(mask.data<int32_t>(), mask.numel(), 1);
-  Tensor logits = Tensor::zeros({B, 1, V}, DType::f32);
+  // Rows: each prompt num_return_sequences times, consecutively (as repeat_interleave).
+  std::vector<const std::vector<int32_t>*> rows;
+  for (const auto& p : prompts)
+    for (int64_t k = 0; k < rc.num_return_sequences; ++k) rows.push_back(&p);
+  const int64_t B = int64_t(rows.size()), new_tokens = rc.max_new_tokens;
+  bool ragged = false;
+  for (const auto* r : rows) ragged = ragged || int64_t(r->size()) != longest;
+  // Transformers falls back to the first eos id as the pad id, and so do we.
+  std::optional<int64_t> pad = rc.pad_token_id;
+  if (!pad && !rc.eos_token_id.empty()) pad = rc.eos_token_id.front();
+  if (!pad && (ragged || !rc.stop_strings.empty()))
+    throw InvalidArgumentError(
+        "generate: prompts of different lengths and rows stopped by stop_strings need a pad "
+        "token, but the model has neither pad_token_id nor eos_token_id; set pad_token_id in the "
+        "generation config");
 
-  const std::vector<int64_t> eos = gc.eos_token_id.value_or(std::vector<int64_t>{});
-  std::vector<std::vector<int32_t>> out = input_ids;
-  std::vector<bool> done(size_t(B), false);
-  auto append = [&] {
-    bool all_done = true;
-    for (int64_t b = 0; b < B; ++b) {
-      if (done[b]) continue;  // finished rows are not extended (single-length batches only)
-      int32_t next = argmax(logits.data<float>() + b * V, V);
-      out[b].push_back(next);
-      if (std::find(eos.begin(), eos.end(), next) != eos.end()) done[b] = true;
-      all_done = all_done && done[b];
+  // Prompt length padded to its bucket, unless the cache cannot hold the padding.
+  int64_t P = bucketed(m.prompt_buckets, longest);
+  int64_t S = merged.max_cache_len ? rc.max_cache_len : P + new_tokens;
+  // A bucket that overflows the cache falls back to the longest prompt the cache allows: still
+  // one shape for every such prompt.
+  if (P + new_tokens > S) P = std::max(longest, S - new_tokens);
+  if (P + new_tokens > S)
+    throw InvalidArgumentError("generate: a prompt of " + std::to_string(longest) +
+                               " tokens plus " + std::to_string(new_tokens) + " new tokens needs " +
+                               std::to_string(longest + new_tokens) +
+                               " cache positions, but max_cache_len is " + std::to_string(S) +
+                               "; raise max_cache_len or lower max_new_tokens");
+  reset_cache(B, S);
+
+  // Host state: left-padded ids, the key mask over cache slots, per-row positions.
+  Tensor ids = Tensor::zeros({B, P}, DType::i32), pos = Tensor::zeros({B, P}, DType::i32);
+  Tensor mask = Tensor::zeros({B, S}, DType::i32);
+  std::vector<int32_t> row_pos(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& row = *rows[b];
+    const int64_t offset = P - int64_t(row.size());
+    int32_t* mrow = mask.data<int32_t>() + b * S;
+    std::fill(mrow + offset, mrow + S, 1);
+    for (int64_t t = 0; t < P; ++t) {
+      // Padding slots hold a harmless id and position 1 (Transformers' masked_fill); the mask
+      // keeps every real token from seeing them.
+      ids.data<int32_t>()[b * P + t] = t < offset ? int32_t(pad.value_or(0)) : row[t - offset];
+      pos.data<int32_t>()[b * P + t] = t < offset ? 1 : int32_t(t - offset);
     }
-    return all_done;
+    row_pos[b] = int32_t(row.size());
+  }
+
+  if (!rc.stop_strings.empty() && !tokenizer)
+    throw InvalidArgumentError(
+        "generate: stop_strings need the tokenizer to read the generated text; pass it to "
+        "generate() (as tokenizer= in Transformers)");
+  // Per row: the generated text so far, decoded incrementally, for stop strings.
+  std::vector<TokenStreamer> streamers;
+  std::vector<std::string> texts(static_cast<size_t>(B));
+  if (!rc.stop_strings.empty())
+    for (int64_t b = 0; b < B; ++b) streamers.emplace_back(*tokenizer);
+  auto hits_stop_string = [&](int64_t b, int32_t id) {
+    if (streamers.empty()) return false;
+    const size_t before = texts[b].size();
+    texts[b] += streamers[b].put(id);
+    for (const std::string& s : rc.stop_strings) {
+      // A match must end inside the text this token completed.
+      size_t from = before >= s.size() ? before - s.size() + 1 : 0;
+      if (texts[b].size() > before && texts[b].find(s, from) != std::string::npos) return true;
+    }
+    return false;
   };
 
-  Impl::Step& prefill = m.step({B, T, cache_len, 1});
-  m.run(prefill, ids, pos, mask, 0, logits);
-  if (append() || new_tokens == 1) return out;
-
-  Impl::Step& decode = m.step({B, 1, cache_len, 1});
-  Tensor step_ids = Tensor::zeros({B, 1}, DType::i32), step_pos = Tensor::zeros({B, 1}, DType::i32);
-  for (int64_t i = 1; i < new_tokens; ++i) {
-    const int64_t slot = T + i - 1;  // cache slot of the token generated last
+  generation::LogitsProcessorList processors(rc, V);
+  generation::Sampler sampler(rc.seed);
+  std::vector<std::vector<int32_t>> seqs;
+  for (const auto* r : rows) seqs.push_back(*r);
+  std::vector<bool> done(size_t(B), false);
+  Tensor logits = Tensor::zeros({B, 1, V}, DType::f32);
+  bool stop = false;
+  // Chooses each unfinished row's next token from the logits just computed.
+  auto choose = [&] {
+    bool all_done = true;
     for (int64_t b = 0; b < B; ++b) {
-      step_ids.data<int32_t>()[b] = out[b].back();
-      step_pos.data<int32_t>()[b] = int32_t(slot);
+      if (done[b]) {
+        seqs[b].push_back(int32_t(*pad));
+        continue;
+      }
+      std::span<float> scores(logits.data<float>() + b * V, size_t(V));
+      processors.process(seqs[b], int64_t(rows[b]->size()), scores);
+      int32_t next = sampler.next_token(scores, rc.do_sample);
+      seqs[b].push_back(next);
+      if (std::find(rc.eos_token_id.begin(), rc.eos_token_id.end(), next) !=
+              rc.eos_token_id.end() ||
+          hits_stop_string(b, next))
+        done[b] = true;
+      if (on_token && !on_token(b, next)) stop = true;
+      all_done = all_done && done[b];
     }
-    m.run(decode, step_ids, step_pos, mask, slot, logits);
-    if (append()) break;
+    return all_done || stop;
+  };
+
+  const bool uncached = rc.disable_compile;
+  m.run(m.step({B, P, S, 1}, uncached), ids, pos, mask, 0, logits);
+  if (choose() || new_tokens == 1) return seqs;
+
+  Tensor step_ids = Tensor::zeros({B, 1}, DType::i32), step_pos = Tensor::zeros({B, 1}, DType::i32);
+  // One decode executable for every step; with disable_compile, a fresh compile each step.
+  Impl::Step* decode = uncached ? nullptr : &m.step({B, 1, S, 1});
+  for (int64_t i = 1; i < new_tokens; ++i) {
+    for (int64_t b = 0; b < B; ++b) {
+      step_ids.data<int32_t>()[b] = seqs[b].back();
+      step_pos.data<int32_t>()[b] = row_pos[b]++;
+    }
+    const int64_t slot = P + i - 1;  // cache slot of the token chosen last
+    m.run(decode ? *decode : m.step({B, 1, S, 1}, true), step_ids, step_pos, mask, slot, logits);
+    if (choose()) break;
   }
-  return out;
+  // Finished rows were filled with pad at every later step, so all rows have equal length.
+  return seqs;
 }
 
 }  // namespace tformers

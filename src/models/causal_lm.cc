@@ -191,11 +191,15 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       impl->weights[s.name] = impl->weights.at(s.tied_to);
       impl->weight_types[s.name] = impl->weight_types.at(s.tied_to);
     }
+  const auto gen_path = std::filesystem::path(impl->path) / "generation_config.json";
+  if (std::filesystem::exists(gen_path))
+    impl->generation_config = GenerationConfig::from_file(gen_path.string());
+  for (int64_t b = 16; b <= c.max_position_embeddings; b *= 2) impl->prompt_buckets.push_back(b);
   return CausalLM(impl);
 }
 
-CausalLM::Impl::Step& CausalLM::Impl::step(const models::StepShape& shape) {
-  if (auto it = steps.find(shape); it != steps.end()) {
+CausalLM::Impl::Step& CausalLM::Impl::step(const models::StepShape& shape, bool uncached) {
+  if (auto it = steps.find(shape); it != steps.end() && !uncached) {
     ++stats.hits;
     return it->second;
   }
@@ -204,23 +208,25 @@ CausalLM::Impl::Step& CausalLM::Impl::step(const models::StepShape& shape) {
   params.set_tp(tp.get());
   arch->build(b, params, config, shape, dtype);
   graph::Graph g = b.finish();
-  backends::CompileCache& cc = backends::CompileCache::global();
-  uint64_t before = cc.stats().compiles;
   Step s;
-  s.exe = cc.get(*backend, g);
-  if (cc.stats().compiles > before) {
-    ++stats.compiles;
-    if (verbose)
+  if (uncached) {
+    s.exe = backend->compile(g);
+  } else {
+    backends::CompileCache& cc = backends::CompileCache::global();
+    uint64_t before = cc.stats().compiles;
+    s.exe = cc.get(*backend, g);
+    bool compiled = cc.stats().compiles > before;
+    ++(compiled ? stats.compiles : stats.hits);
+    if (compiled && verbose)
       std::fprintf(stderr,
                    "tformers: compiled step batch=%lld tokens=%lld cache=%lld (%zu nodes)\n",
                    (long long)shape.batch, (long long)shape.new_tokens, (long long)shape.cache_len,
                    g.nodes().size());
-  } else {
-    ++stats.hits;
   }
   for (int id : g.leaves(graph::Op::kParameter))
     s.params.push_back(weights.at(g.node(id).name).get());
   for (int id : g.leaves(graph::Op::kState)) s.states.push_back(cache.at(g.node(id).name).get());
+  if (uncached) return scratch = std::move(s);
   return steps.emplace(shape, std::move(s)).first->second;
 }
 
@@ -241,6 +247,13 @@ DType CausalLM::dtype() const { return impl_->dtype; }
 int64_t CausalLM::cache_batch() const { return impl_->cache_batch; }
 int64_t CausalLM::max_cache_len() const { return impl_->cache_len; }
 CompileStats CausalLM::compile_stats() const { return impl_->stats; }
+GenerationConfig& CausalLM::generation_config() { return impl_->generation_config; }
+void CausalLM::set_prompt_buckets(std::vector<int64_t> buckets) {
+  std::sort(buckets.begin(), buckets.end());
+  if (!buckets.empty() && buckets.front() <= 0)
+    throw InvalidArgumentError("set_prompt_buckets: bucket sizes must be positive");
+  impl_->prompt_buckets = std::move(buckets);
+}
 uint64_t CausalLM::host_to_device_bytes() const {
   return impl_->backend->transfer_stats().host_to_device_bytes;
 }

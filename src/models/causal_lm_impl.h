@@ -38,10 +38,14 @@ struct CausalLM::Impl {
 
   std::map<models::StepShape, Step> steps;
   CompileStats stats;
+  GenerationConfig generation_config;
+  std::vector<int64_t> prompt_buckets;
 
   // The compiled step for a shape: looked up, else built, compiled (or found in the global
   // compile cache) and bound.
-  Step& step(const models::StepShape& shape);
+  // With `uncached` (disable_compile) the graph is compiled afresh and kept only in `scratch`.
+  Step& step(const models::StepShape& shape, bool uncached = false);
+  Step scratch;
   // Runs one step on the current cache with host inputs (B,T) ids and positions, the
   // (B,S) mask and the cache slot of the first new token; fills logits (B,keep,V).
   void run(Step& step, const Tensor& ids, const Tensor& positions, const Tensor& mask,

@@ -3,6 +3,8 @@
 // sums instead of one serial accumulator).
 #include "backends/cpu/kernels.h"
 
+#include <new>
+
 #include "backends/cpu/kernels_impl.h"
 #include "core/cpu_features.h"
 
@@ -25,13 +27,16 @@ struct ScalarOps {
   }
   static float value(float v) { return v; }
   static float value(uint16_t v) { return bf16_to_f32(v); }
-  static float dot(const float* a, const float* b, int64_t n) { return dot_t(a, b, n); }
-  static float dot(const float* a, const uint16_t* b, int64_t n) { return dot_t(a, b, n); }
-  static void axpy(float a, const float* x, float* y, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+  template <int N, class KV>
+  static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
+    for (int g = 0; g < N; ++g) out[g] = dot_t(q[g], k, n);
   }
-  static void axpy(float a, const uint16_t* x, float* y, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) y[i] += a * bf16_to_f32(x[i]);
+  template <int N, class KV>
+  static void axpys(const float* p, const KV* v, float* const* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float vi = value(v[i]);
+      for (int g = 0; g < N; ++g) y[g][i] += p[g] * vi;
+    }
   }
   static float sum_sq(const float* x, int64_t n) { return dot_t(x, x, n); }
 };
@@ -83,6 +88,24 @@ const KernelTable& table() {
 }
 
 }  // namespace
+
+void* thread_scratch(Scratch slot, size_t bytes) {
+  struct Buffer {
+    void* data = nullptr;
+    size_t size = 0;
+    ~Buffer() { ::operator delete(data, std::align_val_t(64)); }
+  };
+  thread_local Buffer buffers[int(Scratch::kCount)];
+  Buffer& b = buffers[int(slot)];
+  if (b.size < bytes) {
+    ::operator delete(b.data, std::align_val_t(64));
+    b.data = nullptr;  // stays valid if the allocation below throws
+    b.size = 0;
+    b.data = ::operator new(bytes, std::align_val_t(64));
+    b.size = bytes;
+  }
+  return b.data;
+}
 
 const KernelTable& scalar_kernels() {
   static const KernelTable t = make_table<ScalarOps>(&linear_scalar);

@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "backends/cpu/kernels.h"
 #include "core/thread_pool.h"
@@ -45,24 +44,29 @@ const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
 const KernelTable& avx512bf16_kernels();
 
+// Per-thread scratch buffers that only grow (64-byte aligned), so steady-state calls allocate
+// nothing. They live in kernels.cc, compiled for the baseline target, so that target files
+// instantiate no std::vector code: the linker keeps one copy of each template instantiation and
+// could hand an AVX-512-compiled one to baseline callers.
+enum class Scratch { kScores, kRope, kPackedX, kPanel, kCount };
+void* thread_scratch(Scratch slot, size_t bytes);
+template <class T>
+T* thread_scratch(Scratch slot, size_t n) {
+  return static_cast<T*>(thread_scratch(slot, n * sizeof(T)));
+}
+
 namespace {
 
 // Elementwise work below this many elements runs on the calling thread: waking the pool costs
 // more than the work.
 constexpr int64_t kElementwiseGrain = 1 << 14;
 
-// Grows a per-thread buffer; never shrinks, so steady-state calls allocate nothing.
-template <class T>
-T* scratch(std::vector<T>& buf, size_t n) {
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
-}
-
-// ---- Shared kernel bodies. `Ops` supplies the target's vector primitives:
-//   float dot(const float* a, const float* b, int64_t n)
-//   float dot(const float* a, const uint16_t* b, int64_t n)      b holds bf16
-//   void axpy(float a, const float* x, float* y, int64_t n)      y += a * x
-//   void axpy(float a, const uint16_t* x, float* y, int64_t n)   x holds bf16
+// ---- Shared kernel bodies. `Ops` supplies the target's vector primitives (KV is float, or
+// uint16_t holding bf16):
+//   template <int N, class KV> void dots(const float* const* q, const KV* k, int64_t n,
+//                                        float* out)            out[g] = q[g] . k
+//   template <int N, class KV> void axpys(const float* p, const KV* v, float* const* y,
+//                                         int64_t n)            y[g] += p[g] * v
 //   float sum_sq(const float* x, int64_t n)
 
 template <class Ops>
@@ -115,8 +119,7 @@ void rope_impl(float* x, const int32_t* pos, const float* inv_freq, int64_t M, i
       M,
       [&](int64_t b, int64_t e, int) {
         // cos/sin of one position, shared by its H heads: [cos (half), sin (half)].
-        thread_local std::vector<float> cs_buf;
-        float* cs = scratch(cs_buf, size_t(2 * half));
+        float* cs = thread_scratch<float>(Scratch::kRope, size_t(2 * half));
         for (int64_t m = b; m < e; ++m) {
           const float p = float(pos[m]);
           for (int64_t i = 0; i < half; ++i) {
@@ -182,32 +185,66 @@ void cache_write_impl(void* cache, DType cache_type, const float* src, int64_t B
       std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(D, 1)));
 }
 
-// One query row against its visible keys: two passes (scores, then the weighted sum of values)
-// with the max subtracted before exp so large logits cannot overflow.
-template <class Ops, class KV>
-void attend_one(const float* q, const KV* k, const KV* v, const int32_t* mask, int64_t L, int64_t D,
-                float scale, float* scores, float* out) {
-  float mx = -INFINITY;
+// Query rows handled together against one KV head: each key and value row is loaded (and
+// widened from bf16) once for all of them.
+constexpr int kQuerySet = 4;
+
+// N query rows sharing one KV head; row g sees slots [0, len[g]) where mask is non-zero. Two
+// passes (scores, then the weighted sum of values) with each row's max subtracted before exp so
+// large logits cannot overflow. scores is (N, max len) scratch.
+template <class Ops, int N, class KV>
+void attend_set(const float* const* q, const int64_t* len, const KV* k, const KV* v,
+                const int32_t* mask, int64_t D, float scale, float* scores, float* const* out) {
+  int64_t L = 0;
+  for (int g = 0; g < N; ++g) L = std::max(L, len[g]);
+  float mx[N], sum[N];
+  for (int g = 0; g < N; ++g) mx[g] = -INFINITY, sum[g] = 0.0f;
   for (int64_t j = 0; j < L; ++j) {
+    float s[N];
     if (mask && mask[j] == 0) {
-      scores[j] = -INFINITY;
+      for (int g = 0; g < N; ++g) scores[g * L + j] = -INFINITY;
       continue;
     }
-    const float s = Ops::dot(q, k + j * D, D) * scale;
-    scores[j] = s;
-    mx = std::max(mx, s);
+    Ops::template dots<N>(q, k + j * D, D, s);
+    for (int g = 0; g < N; ++g) {
+      const float sg = j < len[g] ? s[g] * scale : -INFINITY;  // causal
+      scores[g * L + j] = sg;
+      mx[g] = std::max(mx[g], sg);
+    }
   }
-  std::fill(out, out + D, 0.0f);
-  if (mx == -INFINITY) return;  // sees no key: zeros by contract
-  float sum = 0.0f;
+  for (int g = 0; g < N; ++g)
+    for (int64_t i = 0; i < D; ++i) out[g][i] = 0.0f;
   for (int64_t j = 0; j < L; ++j) {
-    if (scores[j] == -INFINITY) continue;
-    const float p = std::exp(scores[j] - mx);
-    sum += p;
-    Ops::axpy(p, v + j * D, out, D);
+    float p[N];
+    bool any = false;
+    for (int g = 0; g < N; ++g) {
+      const float sg = scores[g * L + j];
+      p[g] = sg == -INFINITY ? 0.0f : std::exp(sg - mx[g]);
+      sum[g] += p[g];
+      any |= p[g] != 0.0f;
+    }
+    if (any) Ops::template axpys<N>(p, v + j * D, out, D);
   }
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < D; ++i) out[i] *= inv;
+  for (int g = 0; g < N; ++g) {
+    if (sum[g] == 0.0f) continue;  // sees no key: zeros by contract
+    const float inv = 1.0f / sum[g];
+    for (int64_t i = 0; i < D; ++i) out[g][i] *= inv;
+  }
+}
+
+template <class Ops, class KV>
+void attend_rows(int n, const float* const* q, const int64_t* len, const KV* k, const KV* v,
+                 const int32_t* mask, int64_t D, float scale, float* scores, float* const* out) {
+  switch (n) {
+    case 4:
+      return attend_set<Ops, 4>(q, len, k, v, mask, D, scale, scores, out);
+    case 3:
+      return attend_set<Ops, 3>(q, len, k, v, mask, D, scale, scores, out);
+    case 2:
+      return attend_set<Ops, 2>(q, len, k, v, mask, D, scale, scores, out);
+    default:
+      return attend_set<Ops, 1>(q, len, k, v, mask, D, scale, scores, out);
+  }
 }
 
 template <class Ops>
@@ -216,29 +253,43 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
                     int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale,
                     ThreadPool& pool) {
   const int64_t group = Hq / Hkv;
-  // Units are (b, t', h) with h innermost, so one thread handles the heads of a KV group
-  // together and re-reads that group's keys from cache. t' interleaves early and late queries
-  // (0, T-1, 1, T-2, ...) because a causal query's cost grows with t and the pool hands out
-  // contiguous chunks.
-  pool.parallel_for(B * T * Hq, [&](int64_t lo, int64_t hi, int) {
-    thread_local std::vector<float> score_buf;
-    float* scores = scratch(score_buf, size_t(start + T));
+  // A unit is one KV head of one batch row and a block of tb consecutive queries: its
+  // tb * group query rows go through attend_set kQuerySet at a time. Units are ordered
+  // (b, block', kv head) with block' interleaving early and late blocks (0, last, 1, ...)
+  // because a causal query's cost grows with t and the pool hands out contiguous chunks.
+  const int64_t tb = std::max<int64_t>(1, kQuerySet / group);
+  const int64_t blocks = (T + tb - 1) / tb;
+  pool.parallel_for(B * blocks * Hkv, [&](int64_t lo, int64_t hi, int) {
+    float* scores = thread_scratch<float>(Scratch::kScores, size_t(kQuerySet * (start + T)));
     for (int64_t u = lo; u < hi; ++u) {
-      const int64_t h = u % Hq, tt = (u / Hq) % T, b = u / (Hq * T);
-      const int64_t t = (tt % 2 == 0) ? tt / 2 : T - 1 - tt / 2;
-      const int64_t kvh = h / group;
-      const int64_t L = start + t + 1;  // causal: slots [0, start + t]
-      const float* qr = q + ((b * T + t) * Hq + h) * D;
-      float* o = out + ((b * T + t) * Hq + h) * D;
+      const int64_t kvh = u % Hkv, bb = (u / Hkv) % blocks, b = u / (Hkv * blocks);
+      const int64_t blk = (bb % 2 == 0) ? bb / 2 : blocks - 1 - bb / 2;
+      const int64_t t0 = blk * tb, t1 = std::min(T, t0 + tb);
       const int32_t* mask = key_mask ? key_mask + b * S : nullptr;
       const int64_t base = (b * Hkv + kvh) * S * D;
-      if (cache_type == DType::bf16) {
-        attend_one<Ops>(qr, static_cast<const uint16_t*>(k_cache) + base,
-                        static_cast<const uint16_t*>(v_cache) + base, mask, L, D, scale, scores, o);
-      } else {
-        attend_one<Ops>(qr, static_cast<const float*>(k_cache) + base,
-                        static_cast<const float*>(v_cache) + base, mask, L, D, scale, scores, o);
-      }
+      const float* qs[kQuerySet];
+      float* os[kQuerySet];
+      int64_t len[kQuerySet];
+      int n = 0;
+      auto flush = [&] {
+        if (cache_type == DType::bf16)
+          attend_rows<Ops>(n, qs, len, static_cast<const uint16_t*>(k_cache) + base,
+                           static_cast<const uint16_t*>(v_cache) + base, mask, D, scale, scores,
+                           os);
+        else
+          attend_rows<Ops>(n, qs, len, static_cast<const float*>(k_cache) + base,
+                           static_cast<const float*>(v_cache) + base, mask, D, scale, scores, os);
+        n = 0;
+      };
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          const int64_t row = ((b * T + t) * Hq + h) * D;
+          qs[n] = q + row;
+          os[n] = out + row;
+          len[n] = start + t + 1;  // causal: slots [0, start + t]
+          if (++n == kQuerySet) flush();
+        }
+      if (n > 0) flush();
     }
   });
 }

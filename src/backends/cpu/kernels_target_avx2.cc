@@ -12,6 +12,10 @@
 
 #include "backends/cpu/kernels_impl.h"
 
+// Register tiles are arrays indexed by loop counters; `#pragma GCC unroll` makes GCC unroll those
+// loops early enough to keep the arrays in registers (at -O3 it otherwise stores every
+// accumulator to the stack on each k step, which halves the GEMM speed).
+
 namespace tformers::cpu {
 namespace {
 
@@ -47,20 +51,53 @@ struct Avx2Ops {
     for (; i < n; ++i) s += a[i] * value(b[i]);
     return s;
   }
-  template <class W>
-  static void axpy_t(float a, const W* x, float* y, int64_t n) {
-    const __m256 va = _mm256_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load8(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; ++i) y[i] += a * value(x[i]);
-  }
   static float value(float v) { return v; }
   static float value(uint16_t v) { return bf16_to_f32(v); }
-  static float dot(const float* a, const float* b, int64_t n) { return dot_t(a, b, n); }
-  static float dot(const float* a, const uint16_t* b, int64_t n) { return dot_t(a, b, n); }
-  static void axpy(float a, const float* x, float* y, int64_t n) { axpy_t(a, x, y, n); }
-  static void axpy(float a, const uint16_t* x, float* y, int64_t n) { axpy_t(a, x, y, n); }
+  // N dot products against one k row, which is loaded once.
+  template <int N, class KV>
+  static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
+    __m256 acc[N][2];
+#pragma GCC unroll 4
+    for (int g = 0; g < N; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      const __m256 k0 = load8(k + i), k1 = load8(k + i + 8);
+#pragma GCC unroll 4
+      for (int g = 0; g < N; ++g) {
+        acc[g][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + i), k0, acc[g][0]);
+        acc[g][1] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + i + 8), k1, acc[g][1]);
+      }
+    }
+    if (i + 8 <= n) {
+      const __m256 k0 = load8(k + i);
+#pragma GCC unroll 4
+      for (int g = 0; g < N; ++g)
+        acc[g][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + i), k0, acc[g][0]);
+      i += 8;
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < N; ++g) {
+      float s = hsum(_mm256_add_ps(acc[g][0], acc[g][1]));
+      for (int64_t j = i; j < n; ++j) s += q[g][j] * value(k[j]);
+      out[g] = s;
+    }
+  }
+  // y[g] += p[g] * v for N rows, v loaded once.
+  template <int N, class KV>
+  static void axpys(const float* p, const KV* v, float* const* y, int64_t n) {
+    __m256 pv[N];
+#pragma GCC unroll 4
+    for (int g = 0; g < N; ++g) pv[g] = _mm256_set1_ps(p[g]);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 vv = load8(v + i);
+#pragma GCC unroll 4
+      for (int g = 0; g < N; ++g)
+        _mm256_storeu_ps(y[g] + i, _mm256_fmadd_ps(pv[g], vv, _mm256_loadu_ps(y[g] + i)));
+    }
+    for (; i < n; ++i)
+      for (int g = 0; g < N; ++g) y[g][i] += p[g] * value(v[i]);
+  }
   static float sum_sq(const float* x, int64_t n) { return dot_t(x, x, n); }
 };
 
@@ -97,21 +134,25 @@ void pack_x(const float* x, int64_t K, float* out) {
 template <int R, int MR, class W>
 inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[R][MR]) {
   __m256 acc[R][MR][2];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
   const int64_t full = K / kBlock * kBlock;
   for (int64_t k = 0; k < full; k += kBlock) {
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       // The rows after this tile; the hardware prefetcher follows R streams poorly.
       _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k) + 256, _MM_HINT_T0);
       __m256 lo, hi;
       load16(w + r * K + k, lo, hi);
+#pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         acc[r][i][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i * K + k), acc[r][i][0]);
         acc[r][i][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i * K + k + 8), acc[r][i][1]);
       }
     }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < MR; ++i) {
       float s = hsum(_mm256_add_ps(acc[r][i][0], acc[r][i][1]));
@@ -129,8 +170,10 @@ void gemv_rows(const float* x, const W* w, const W* bias, float* y, int64_t N, i
   for (; n + R <= n1; n += R) {
     float out[R][MR];
     gemv_tile<R, MR>(x, w + n * K, K, out);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float b = bias ? Avx2Ops::value(bias[n + r]) : 0.0f;
+#pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) y[i * N + n + r] = out[r][i] + b;
     }
   }
@@ -138,6 +181,7 @@ void gemv_rows(const float* x, const W* w, const W* bias, float* y, int64_t N, i
     float out[1][MR];
     gemv_tile<1, MR>(x, w + n * K, K, out);
     const float b = bias ? Avx2Ops::value(bias[n]) : 0.0f;
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] + b;
   }
 }
@@ -148,8 +192,7 @@ void gemv(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
   const float* xp = x;
   if constexpr (sizeof(W) == 2) {
     // Packed on the calling thread; workers only read it during this call.
-    thread_local std::vector<float> xp_buf;
-    float* p = scratch(xp_buf, size_t(M * K));
+    float* p = thread_scratch<float>(Scratch::kPackedX, size_t(M * K));
     for (int64_t m = 0; m < M; ++m) pack_x(x + m * K, K, p + m * K);
     xp = p;
   }
@@ -165,9 +208,12 @@ void gemv(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
 
 // ---------------------------------------------------------------- linear, prefill path (GEMM)
 
-constexpr int kNR = 16;        // panel width: output columns per register tile
-constexpr int kMR = 6;         // x rows per register tile
-constexpr int64_t kKC = 2048;  // k values per panel (16 x 2048 f32 = 128 KiB, fits L2)
+constexpr int kNR = 16;  // panel width: output columns per register tile
+constexpr int kMR = 6;   // x rows per register tile
+// Blocking: a group of kGroup panels of kKC k values each (8 x 256 x 16 f32 = 128 KiB) stays in
+// L2 while every kMR-row block of x (6 x 256 f32 = 6 KiB, in L1) is multiplied by it.
+constexpr int64_t kKC = 256;
+constexpr int64_t kGroup = 8;
 
 // 8x8 transpose of r[0..7] in place.
 inline void transpose8(__m256 (&r)[8]) {
@@ -208,36 +254,42 @@ void pack_panel(const W* w, int64_t K, int64_t n0, int rows, int64_t k0, int64_t
       panel[k * kNR + j] = j < rows ? Avx2Ops::value(w[(n0 + j) * K + k0 + k]) : 0.0f;
 }
 
+inline void store_tile_row(float* yr, __m256 c0, __m256 c1, int cols, bool accumulate) {
+  if (cols == kNR) {
+    if (accumulate) {
+      c0 = _mm256_add_ps(c0, _mm256_loadu_ps(yr));
+      c1 = _mm256_add_ps(c1, _mm256_loadu_ps(yr + 8));
+    }
+    _mm256_storeu_ps(yr, c0);
+    _mm256_storeu_ps(yr + 8, c1);
+  } else {
+    alignas(32) float tmp[kNR];
+    _mm256_store_ps(tmp, c0);
+    _mm256_store_ps(tmp + 8, c1);
+    for (int j = 0; j < cols; ++j) yr[j] = accumulate ? yr[j] + tmp[j] : tmp[j];
+  }
+}
+
 // y tile (MR, cols) (+)= x (MR, kc; stride ldx) @ panel (kc, kNR).
 template <int MR>
 void gemm_tile(const float* x, int64_t ldx, const float* panel, int64_t kc, float* y, int64_t ldy,
                int cols, bool accumulate) {
   __m256 c[MR][2];
+#pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm256_setzero_ps();
   for (int64_t k = 0; k < kc; ++k) {
     const __m256 b0 = _mm256_loadu_ps(panel + k * kNR), b1 = _mm256_loadu_ps(panel + k * kNR + 8);
+#pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m256 a = _mm256_broadcast_ss(x + i * ldx + k);
       c[i][0] = _mm256_fmadd_ps(a, b0, c[i][0]);
       c[i][1] = _mm256_fmadd_ps(a, b1, c[i][1]);
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    float* yr = y + i * ldy;
-    if (cols == kNR) {
-      if (accumulate) {
-        c[i][0] = _mm256_add_ps(c[i][0], _mm256_loadu_ps(yr));
-        c[i][1] = _mm256_add_ps(c[i][1], _mm256_loadu_ps(yr + 8));
-      }
-      _mm256_storeu_ps(yr, c[i][0]);
-      _mm256_storeu_ps(yr + 8, c[i][1]);
-    } else {
-      alignas(32) float tmp[kNR];
-      _mm256_store_ps(tmp, c[i][0]);
-      _mm256_store_ps(tmp + 8, c[i][1]);
-      for (int j = 0; j < cols; ++j) yr[j] = accumulate ? yr[j] + tmp[j] : tmp[j];
-    }
-  }
+  // Fully unrolled so that GCC keeps c in registers (a rolled loop indexing c makes it an
+  // in-memory array, stored on every k step).
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) store_tile_row(y + i * ldy, c[i][0], c[i][1], cols, accumulate);
 }
 
 void gemm_rows(int mr, const float* x, int64_t ldx, const float* panel, int64_t kc, float* y,
@@ -262,26 +314,35 @@ template <class W>
 void gemm(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
           ThreadPool& pool) {
   const int64_t panels = (N + kNR - 1) / kNR;
-  pool.parallel_for(panels, [&](int64_t p0, int64_t p1, int) {
-    thread_local std::vector<float> panel_buf;
-    float* panel = scratch(panel_buf, size_t(kKC * kNR));
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t n0 = p * kNR;
-      const int cols = int(std::min<int64_t>(kNR, N - n0));
-      for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-        const int64_t kc = std::min(kKC, K - k0);
-        pack_panel(w, K, n0, cols, k0, kc, panel);
-        for (int64_t m = 0; m < M; m += kMR)
-          gemm_rows(int(std::min<int64_t>(kMR, M - m)), x + m * K + k0, K, panel, kc,
-                    y + m * N + n0, N, cols, k0 > 0);
-      }
-      if (K == 0)
-        for (int64_t m = 0; m < M; ++m) std::fill(y + m * N + n0, y + m * N + n0 + cols, 0.0f);
-      if (bias)
-        for (int64_t m = 0; m < M; ++m)
-          for (int j = 0; j < cols; ++j) y[m * N + n0 + j] += Avx2Ops::value(bias[n0 + j]);
-    }
-  });
+  pool.parallel_for(
+      panels,
+      [&](int64_t p0, int64_t p1, int) {
+        float* panel = thread_scratch<float>(Scratch::kPanel, size_t(kGroup * kKC * kNR));
+        for (int64_t g0 = p0; g0 < p1; g0 += kGroup) {
+          const int64_t g1 = std::min(p1, g0 + kGroup);
+          for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+            const int64_t kc = std::min(kKC, K - k0);
+            for (int64_t p = g0; p < g1; ++p)
+              pack_panel(w, K, p * kNR, int(std::min<int64_t>(kNR, N - p * kNR)), k0, kc,
+                         panel + (p - g0) * kKC * kNR);
+            // The x block (kMR rows x kc) stays in L1 while it meets every panel of the group.
+            for (int64_t m = 0; m < M; m += kMR) {
+              const int mr = int(std::min<int64_t>(kMR, M - m));
+              for (int64_t p = g0; p < g1; ++p)
+                gemm_rows(mr, x + m * K + k0, K, panel + (p - g0) * kKC * kNR, kc,
+                          y + m * N + p * kNR, N, int(std::min<int64_t>(kNR, N - p * kNR)), k0 > 0);
+            }
+          }
+          const int64_t n0 = g0 * kNR, n1 = std::min(N, g1 * kNR);
+          for (int64_t m = 0; m < M; ++m) {
+            float* yr = y + m * N;
+            if (K == 0) std::fill(yr + n0, yr + n1, 0.0f);
+            if (bias)
+              for (int64_t n = n0; n < n1; ++n) yr[n] += Avx2Ops::value(bias[n]);
+          }
+        }
+      },
+      kGroup);
 }
 
 template <class W>

@@ -1,0 +1,296 @@
+// Kernel benchmark: linear against the limits of this machine, all measured in the same run.
+//   1. streaming-read bandwidth (sum over a 1 GiB buffer, median of several passes);
+//   2. decode linear (M = 1, bf16 weights) at the Qwen3-0.6B shapes: weight GB/s and the
+//      fraction of (1);
+//   3. prefill linear (M = 128, 512): GFLOP/s against a register-only FMA peak loop (and, on
+//      AVX-512 BF16 machines, the vdpbf16ps peak, which is what bf16 prefill can reach);
+//   4. attention with a bf16 cache at the Qwen3-0.6B head layout (16 query heads, 8 KV heads,
+//      head_dim 128): prefill of 512 tokens (GFLOP/s), and one decode step at a used length of
+//      256 in a 512-slot and a 32768-slot cache (the cost must follow the used length);
+// each with 1 and 2 threads. Usage: bench_kernels [--target NAME] [--gib N]
+// (TFORMERS_CPU_TARGET also lowers the target).
+// GCC 12's AVX-512 headers build "undefined" vectors by self-initialization, which -Wall
+// reports at every inlined call although the value is never read.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/kernels.h"
+#include "core/cpu_features.h"
+#include "core/thread_pool.h"
+#include "tformers/dtype.h"
+
+using namespace tformers;
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Median wall time of `reps` runs of fn, after one warm-up run.
+double median_time(int reps, const std::function<void()>& fn) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = now_s();
+    fn();
+    t.push_back(now_s() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// ---- 1. streaming-read bandwidth: integer sums vectorize at any target and cost nothing
+// next to the memory traffic.
+volatile uint64_t g_sink;
+
+// Sums `pieces` buffers of n bytes each, one piece per timed run (cycling), split over the pool.
+double read_bandwidth(const std::vector<const void*>& pieces, int64_t bytes, int reps,
+                      ThreadPool& pool) {
+  const int64_t n = bytes / 8;
+  std::vector<uint64_t> partial(size_t(pool.num_threads()) * 8);
+  size_t next = 0;
+  const double t = median_time(reps, [&] {
+    const uint64_t* buf = static_cast<const uint64_t*>(pieces[next++ % pieces.size()]);
+    pool.parallel_for(
+        n,
+        [&](int64_t b, int64_t e, int th) {
+          uint64_t s[8] = {};
+          for (int64_t i = b; i + 8 <= e; i += 8)
+            for (int l = 0; l < 8; ++l) s[l] += buf[i + l];
+          uint64_t total = 0;
+          for (int l = 0; l < 8; ++l) total += s[l];
+          partial[size_t(th) * 8] = total;
+        },
+        1 << 16);
+    uint64_t total = 0;
+    for (auto v : partial) total += v;
+    g_sink = total;
+  });
+  return double(n) * 8 / t / 1e9;
+}
+
+// ---- FMA peak: 12 independent accumulators in registers, no memory traffic.
+constexpr int64_t kPeakIters = 1 << 22;
+
+__attribute__((target("avx2,fma"))) double fma_loop_avx2() {
+  __m256 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(float(i) * 1e-3f);
+  const __m256 m = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-4f);
+  for (int64_t it = 0; it < kPeakIters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
+  __m256 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, a[i]);
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  g_sink = uint64_t(out[0]);
+  return double(kPeakIters) * 12 * 8 * 2;  // flops
+}
+
+__attribute__((target("avx512f"))) double fma_loop_avx512() {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(float(i) * 1e-3f);
+  const __m512 m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-4f);
+  for (int64_t it = 0; it < kPeakIters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
+  __m512 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  g_sink = uint64_t(_mm512_reduce_add_ps(s));
+  return double(kPeakIters) * 12 * 16 * 2;
+}
+
+// vdpbf16ps: 16 lanes x 2 products x 2 flops per instruction.
+__attribute__((target("avx512f,avx512bf16"))) double dpbf16_loop() {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(float(i) * 1e-3f);
+  const __m512i m = _mm512_set1_epi32(0x3f803f80);  // (1.0, 1.0) in bf16
+  for (int64_t it = 0; it < kPeakIters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], (__m512bh)m, (__m512bh)m);
+  __m512 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  g_sink = uint64_t(_mm512_reduce_add_ps(s));
+  return double(kPeakIters) * 12 * 16 * 4;
+}
+
+double scalar_loop() {
+  float a[12];
+  for (int i = 0; i < 12; ++i) a[i] = float(i) * 1e-3f;
+  for (int64_t it = 0; it < kPeakIters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = a[i] * 0.999f + 1e-4f;
+  float s = 0;
+  for (float v : a) s += v;
+  g_sink = uint64_t(s);
+  return double(kPeakIters) * 12 * 2;
+}
+
+// GFLOP/s of `loop` run on every thread of the pool at once.
+double peak_gflops(double (*loop)(), ThreadPool& pool) {
+  double flops = 0;
+  const double t = median_time(3, [&] {
+    std::vector<double> f(size_t(pool.num_threads()));
+    pool.parallel_for(pool.num_threads(), [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) f[size_t(i)] = loop();
+    });
+    flops = 0;
+    for (double v : f) flops += v;
+  });
+  return flops / t / 1e9;
+}
+
+double (*f32_peak_loop(cpu::Target t))() {
+  if (t >= cpu::Target::kAVX512) return &fma_loop_avx512;
+  if (t >= cpu::Target::kAVX2) return &fma_loop_avx2;
+  return &scalar_loop;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double gib = 1.0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--target" && i + 1 < argc) {
+      const std::string name = argv[++i];
+      for (cpu::Target t : cpu::supported_targets())
+        if (cpu::target_name(t) == name) cpu::set_active_target(t);
+    } else if (a == "--gib" && i + 1 < argc) {
+      gib = std::atof(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--target scalar|avx2|avx512|avx512bf16] [--gib N]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  const cpu::Target target = cpu::active_target();
+  std::printf("target %s (detected %s; features: %s)\n",
+              std::string(cpu::target_name(target)).c_str(),
+              std::string(cpu::target_name(cpu::detected_target())).c_str(),
+              std::string(cpu::feature_string()).c_str());
+
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto random_bf16 = [&](size_t n) {
+    std::vector<uint16_t> v(n);
+    for (auto& h : v) h = f32_to_bf16(dist(rng) * 0.05f);
+    return v;
+  };
+  auto random_f32 = [&](size_t n) {
+    std::vector<float> v(n);
+    for (auto& f : v) f = dist(rng);
+    return v;
+  };
+
+  std::vector<uint64_t> buf(size_t(gib * double(1ull << 30)) / 8);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = i;
+
+  // Decode shapes: the MLP up/gate projection and the tied LM head of Qwen3-0.6B.
+  const int64_t K = 1024;
+  const int64_t decode_n[] = {3072, 151936};
+  std::vector<std::vector<std::vector<uint16_t>>> decode_w;  // [shape][copy]
+  for (int64_t N : decode_n) {
+    const size_t bytes = size_t(N * K * 2), copies = std::max<size_t>(1, (size_t(1) << 30) / bytes);
+    // Distinct contents: a hypervisor may merge identical pages, which would leave one cached copy.
+    decode_w.emplace_back();
+    for (size_t c = 0; c < copies; ++c) decode_w.back().push_back(random_bf16(size_t(N * K)));
+  }
+  const int64_t prefill_n = 3072;
+  const std::vector<uint16_t>& prefill_w = decode_w[0][0];
+  std::vector<float> x = random_f32(size_t(512 * K));
+  std::vector<float> y(size_t(512 * std::max<int64_t>(prefill_n, decode_n[1])));
+
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    std::printf("\n== %d thread%s\n", threads, threads > 1 ? "s" : "");
+    const double bw = read_bandwidth({buf.data()}, int64_t(buf.size() * 8), 5, pool);
+    std::printf("streaming read (%.1f GiB, median of 5): %.1f GB/s\n", gib, bw);
+    double bw_small = 0;
+    {
+      // The same read over the decode weight copies: what the small decode shape can expect.
+      std::vector<const void*> pieces;
+      for (const auto& c : decode_w[0]) pieces.push_back(c.data());
+      bw_small = read_bandwidth(pieces, int64_t(decode_w[0][0].size() * 2), 200, pool);
+      std::printf("streaming read (%zu pieces of %.1f MiB, median of 200): %.1f GB/s\n",
+                  pieces.size(), double(decode_w[0][0].size() * 2) / (1 << 20), bw_small);
+    }
+    for (size_t i = 0; i < decode_w.size(); ++i) {
+      const int64_t N = decode_n[i];
+      // Weights smaller than the caches are cycled through copies (>= 1 GiB in all) so that
+      // every call reads them from memory, as decode does with a whole model.
+      const int reps = N > 100000 ? 10 : 200;
+      size_t next = 0;
+      const double t = median_time(reps, [&] {
+        const auto& w = decode_w[i][next++ % decode_w[i].size()];
+        cpu::linear(x.data(), w.data(), DType::bf16, nullptr, y.data(), 1, N, K, pool);
+      });
+      const double gbs = double(N * K * 2) / t / 1e9;
+      // The small shape is compared with the read of the same 6 MiB pieces, the LM head with
+      // the long stream.
+      const double ref = i == 0 ? bw_small : bw;
+      std::printf("linear M=1 bf16 N=%-6lld K=%lld: %8.1f us  %6.1f GB/s  %5.1f%% of the %s read\n",
+                  (long long)N, (long long)K, t * 1e6, gbs, 100.0 * gbs / ref,
+                  i == 0 ? "piecewise" : "1 GiB");
+    }
+    const double peak = peak_gflops(f32_peak_loop(target), pool);
+    std::printf("f32 FMA peak (registers only): %.1f GFLOP/s\n", peak);
+    double bf16_peak = 0;
+    if (target == cpu::Target::kAVX512BF16) {
+      bf16_peak = peak_gflops(&dpbf16_loop, pool);
+      std::printf("bf16 dot peak (vdpbf16ps): %.1f GFLOP/s\n", bf16_peak);
+    }
+    for (int64_t M : {128, 512}) {
+      for (DType wt : {DType::bf16, DType::f32}) {
+        std::vector<float> wf;
+        const void* w = prefill_w.data();
+        if (wt == DType::f32) {
+          wf.resize(prefill_w.size());
+          for (size_t j = 0; j < wf.size(); ++j) wf[j] = bf16_to_f32(prefill_w[j]);
+          w = wf.data();
+        }
+        const double t = median_time(
+            3, [&] { cpu::linear(x.data(), w, wt, nullptr, y.data(), M, prefill_n, K, pool); });
+        const double gflops = 2.0 * double(M * prefill_n * K) / t / 1e9;
+        const double ref_peak = (wt == DType::bf16 && bf16_peak > 0) ? bf16_peak : peak;
+        std::printf(
+            "linear M=%-3lld %-8s N=%lld K=%lld: %8.2f ms  %6.1f GFLOP/s  %5.1f%% of %s peak\n",
+            (long long)M, std::string(dtype_name(wt)).c_str(), (long long)prefill_n, (long long)K,
+            t * 1e3, gflops, 100.0 * gflops / ref_peak, ref_peak == bf16_peak ? "bf16" : "f32");
+      }
+    }
+    {
+      const int64_t Hq = 16, Hkv = 8, D = 128, T = 512;
+      const std::vector<uint16_t>& kv = decode_w[1][0];  // any bf16 values will do
+      std::vector<float> q = random_f32(size_t(T * Hq * D)), out(q.size());
+      const float scale = 1.0f / std::sqrt(float(D));
+      const double t = median_time(3, [&] {
+        cpu::attention(q.data(), kv.data(), kv.data() + Hkv * T * D, DType::bf16, nullptr,
+                       out.data(), 1, T, Hq, Hkv, T, D, 0, scale, pool);
+      });
+      // QK^T and PV over the causal triangle.
+      const double flops = 2.0 * 2.0 * double(Hq) * double(T) * double(T + 1) / 2.0 * double(D);
+      std::printf("attention prefill T=%lld bf16 cache: %8.2f ms  %6.1f GFLOP/s\n", (long long)T,
+                  t * 1e3, flops / t / 1e9);
+      for (int64_t S : {512, 32768}) {
+        const double td = median_time(50, [&] {
+          cpu::attention(q.data(), kv.data(), kv.data() + Hkv * S * D, DType::bf16, nullptr,
+                         out.data(), 1, 1, Hq, Hkv, S, D, 255, scale, pool);
+        });
+        std::printf("attention decode used=256 S=%-5lld: %8.1f us\n", (long long)S, td * 1e6);
+      }
+    }
+  }
+  return 0;
+}

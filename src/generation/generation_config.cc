@@ -1,0 +1,273 @@
+// GenerationConfig: reading generation_config.json, layering configs, and resolving them into
+// the values one generate() call runs with, with Transformers' defaults, precedence and checks
+// (GenerationConfig.validate, _prepare_generated_length and the processors' constructors).
+#include <cmath>
+#include <random>
+
+#include "io/json.h"
+#include "tformers/error.h"
+#include "tformers/generation.h"
+
+namespace tformers {
+
+namespace {
+
+using detail::str_cat;
+using io::get_optional;
+using io::Json;
+
+// bad_words_ids: a list of token-id lists ([[5], [7, 8]]).
+std::optional<std::vector<std::vector<int64_t>>> get_bad_words(const Json& j,
+                                                               const std::string& where) {
+  auto v = get_optional<Json>(j, "bad_words_ids", where);
+  if (!v || v->is_null()) return std::nullopt;
+  if (!v->is_array())
+    throw FormatError(str_cat(where,
+                              ": field 'bad_words_ids' must be a list of lists of token ids "
+                              "([[5], [7, 8]]), got ",
+                              v->type_name()));
+  std::vector<std::vector<int64_t>> out;
+  for (size_t i = 0; i < v->size(); ++i) {
+    const Json& seq = (*v)[i];
+    if (!seq.is_array())
+      throw FormatError(str_cat(where, ": field 'bad_words_ids[", i,
+                                "]' must be a list of token ids (bad_words_ids is a list of "
+                                "lists, e.g. [[5], [7, 8]]), got ",
+                                seq.type_name()));
+    // Reuse the typed reader for the inner list so errors name the element.
+    Json holder = Json::object({{str_cat("bad_words_ids[", i, "]"), seq}});
+    out.push_back(
+        *get_optional<std::vector<int64_t>>(holder, str_cat("bad_words_ids[", i, "]"), where));
+  }
+  return out;
+}
+
+// stop_strings: one string or a list of strings, as Transformers accepts.
+std::optional<std::vector<std::string>> get_stop_strings(const Json& j, const std::string& where) {
+  auto v = get_optional<Json>(j, "stop_strings", where);
+  if (!v || v->is_null()) return std::nullopt;
+  if (v->is_string()) return std::vector<std::string>{v->get<std::string>()};
+  if (!v->is_array())
+    throw FormatError(str_cat(where,
+                              ": field 'stop_strings' must be a string or a list of "
+                              "strings, got ",
+                              v->type_name()));
+  std::vector<std::string> out;
+  for (size_t i = 0; i < v->size(); ++i) {
+    if (!(*v)[i].is_string())
+      throw FormatError(str_cat(where, ": field 'stop_strings[", i, "]' must be a string, got ",
+                                (*v)[i].type_name()));
+    out.push_back((*v)[i].get<std::string>());
+  }
+  return out;
+}
+
+template <typename T>
+void take(std::optional<T>& field, const std::optional<T>& over) {
+  if (over) field = over;
+}
+
+[[noreturn]] void invalid(const std::string& msg) {
+  throw InvalidArgumentError("generate: " + msg);
+}
+
+void check_token_ids(const std::vector<int64_t>& ids, const std::string& field,
+                     int64_t vocab_size) {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab_size)
+      invalid(str_cat(field, "[", i, "] = ", ids[i], " is outside the vocabulary [0, ", vocab_size,
+                      "); use token ids of this model's tokenizer"));
+}
+
+}  // namespace
+
+GenerationConfig GenerationConfig::from_file(const std::string& path) {
+  const Json j = io::load_json_file(path);
+  const std::string& w = path;
+  GenerationConfig c;
+  c.max_length = get_optional<int64_t>(j, "max_length", w);
+  c.max_new_tokens = get_optional<int64_t>(j, "max_new_tokens", w);
+  c.min_length = get_optional<int64_t>(j, "min_length", w);
+  c.min_new_tokens = get_optional<int64_t>(j, "min_new_tokens", w);
+  c.do_sample = get_optional<bool>(j, "do_sample", w);
+  c.num_return_sequences = get_optional<int64_t>(j, "num_return_sequences", w);
+  c.temperature = get_optional<double>(j, "temperature", w);
+  c.top_k = get_optional<int64_t>(j, "top_k", w);
+  c.top_p = get_optional<double>(j, "top_p", w);
+  c.min_p = get_optional<double>(j, "min_p", w);
+  c.typical_p = get_optional<double>(j, "typical_p", w);
+  c.repetition_penalty = get_optional<double>(j, "repetition_penalty", w);
+  c.no_repeat_ngram_size = get_optional<int64_t>(j, "no_repeat_ngram_size", w);
+  c.bad_words_ids = get_bad_words(j, w);
+  c.suppress_tokens = get_optional<std::vector<int64_t>>(j, "suppress_tokens", w);
+  c.eos_token_id = get_optional<std::vector<int64_t>>(j, "eos_token_id", w);
+  c.pad_token_id = get_optional<int64_t>(j, "pad_token_id", w);
+  c.bos_token_id = get_optional<int64_t>(j, "bos_token_id", w);
+  c.stop_strings = get_stop_strings(j, w);
+  if (auto seed = get_optional<int64_t>(j, "seed", w)) {
+    if (*seed < 0)
+      throw FormatError(str_cat(w, ": field 'seed' = ", *seed, " must be a non-negative integer"));
+    c.seed = uint64_t(*seed);
+  }
+  c.cache_implementation = get_optional<std::string>(j, "cache_implementation", w);
+  c.max_cache_len = get_optional<int64_t>(j, "max_cache_len", w);
+  c.disable_compile = get_optional<bool>(j, "disable_compile", w);
+  return c;
+}
+
+GenerationConfig GenerationConfig::merged_with(const GenerationConfig& o) const {
+  GenerationConfig c = *this;
+  take(c.max_length, o.max_length);
+  take(c.max_new_tokens, o.max_new_tokens);
+  take(c.min_length, o.min_length);
+  take(c.min_new_tokens, o.min_new_tokens);
+  take(c.do_sample, o.do_sample);
+  take(c.num_return_sequences, o.num_return_sequences);
+  take(c.temperature, o.temperature);
+  take(c.top_k, o.top_k);
+  take(c.top_p, o.top_p);
+  take(c.min_p, o.min_p);
+  take(c.typical_p, o.typical_p);
+  take(c.repetition_penalty, o.repetition_penalty);
+  take(c.no_repeat_ngram_size, o.no_repeat_ngram_size);
+  take(c.bad_words_ids, o.bad_words_ids);
+  take(c.suppress_tokens, o.suppress_tokens);
+  take(c.eos_token_id, o.eos_token_id);
+  take(c.pad_token_id, o.pad_token_id);
+  take(c.bos_token_id, o.bos_token_id);
+  take(c.stop_strings, o.stop_strings);
+  take(c.seed, o.seed);
+  take(c.cache_implementation, o.cache_implementation);
+  take(c.max_cache_len, o.max_cache_len);
+  take(c.disable_compile, o.disable_compile);
+  return c;
+}
+
+ResolvedGenerationConfig resolve(const GenerationConfig& c, int64_t prompt_len, int64_t vocab_size,
+                                 int64_t max_positions) {
+  TF_CHECK(vocab_size > 0 && max_positions > 0, "vocab_size ", vocab_size, " max_positions ",
+           max_positions);
+  ResolvedGenerationConfig r;
+  if (prompt_len <= 0) invalid("the prompt is empty; give at least one token");
+  if (prompt_len >= max_positions)
+    invalid(str_cat("the prompt has ", prompt_len, " tokens but the model has ", max_positions,
+                    " positions (max_position_embeddings), which leaves no room for a new token; "
+                    "shorten the prompt to at most ",
+                    max_positions - 1, " tokens"));
+
+  // Length: max_new_tokens wins over max_length (prompt + new tokens, default 20).
+  if (c.max_new_tokens) {
+    if (*c.max_new_tokens <= 0)
+      invalid(str_cat("max_new_tokens must be greater than 0, got ", *c.max_new_tokens));
+    r.max_new_tokens = *c.max_new_tokens;
+  } else {
+    const int64_t max_length = c.max_length.value_or(20);
+    // Transformers warns and still generates one token here; a length that leaves nothing to
+    // generate is almost always a mistake, so it is refused with the fix.
+    if (max_length <= prompt_len)
+      invalid(str_cat("max_length = ", max_length, " (prompt plus new tokens",
+                      c.max_length ? "" : ", the default", ") leaves no room after a prompt of ",
+                      prompt_len, " tokens; set max_new_tokens (> 0) or a max_length above ",
+                      prompt_len));
+    r.max_new_tokens = max_length - prompt_len;
+  }
+  const int64_t total = prompt_len + r.max_new_tokens;
+  if (total > max_positions)
+    invalid(str_cat("the prompt (", prompt_len, " tokens) plus max_new_tokens (", r.max_new_tokens,
+                    ") needs ", total, " positions, more than the model's ", max_positions,
+                    " (max_position_embeddings); lower max_new_tokens to at most ",
+                    max_positions - prompt_len, " or shorten the prompt"));
+
+  // min_new_tokens wins over min_length (which counts the prompt); both only hold eos back.
+  if (c.min_new_tokens) {
+    if (*c.min_new_tokens < 0)
+      invalid(str_cat("min_new_tokens must be >= 0, got ", *c.min_new_tokens));
+    r.min_new_tokens = *c.min_new_tokens;
+  } else if (c.min_length) {
+    if (*c.min_length < 0) invalid(str_cat("min_length must be >= 0, got ", *c.min_length));
+    r.min_new_tokens = std::max<int64_t>(0, *c.min_length - prompt_len);
+  }
+
+  r.do_sample = c.do_sample.value_or(false);
+  r.num_return_sequences = c.num_return_sequences.value_or(1);
+  if (r.num_return_sequences < 1)
+    invalid(str_cat("num_return_sequences must be >= 1, got ", r.num_return_sequences));
+  if (r.num_return_sequences > 1 && !r.do_sample)
+    invalid(str_cat("greedy decoding without beam search does not support num_return_sequences ",
+                    "different from 1 (got ", r.num_return_sequences,
+                    "): every sequence would be the same; set do_sample=true or "
+                    "num_return_sequences=1"));
+
+  // Sampling-only fields are ignored without do_sample, as Transformers does (it warns).
+  if (r.do_sample) {
+    r.temperature = c.temperature.value_or(1.0);
+    if (!(r.temperature > 0) || !std::isfinite(r.temperature))
+      invalid(str_cat("temperature must be a strictly positive float when do_sample is true, got ",
+                      r.temperature, "; for greedy decoding set do_sample=false"));
+    r.top_k = c.top_k.value_or(50);
+    if (r.top_k < 0)
+      invalid(str_cat("top_k must be a non-negative integer (0 disables it), got ", r.top_k));
+    r.top_p = c.top_p.value_or(1.0);
+    if (!(r.top_p > 0 && r.top_p <= 1))
+      invalid(str_cat("top_p must be in (0, 1] (1 disables it), got ", r.top_p));
+    r.min_p = c.min_p;
+    if (r.min_p && !(*r.min_p >= 0 && *r.min_p <= 1))
+      invalid(str_cat("min_p must be in [0, 1], got ", *r.min_p));
+    r.typical_p = c.typical_p.value_or(1.0);
+    if (!(r.typical_p > 0 && r.typical_p <= 1))
+      invalid(str_cat("typical_p must be in (0, 1] (1 disables it), got ", r.typical_p));
+  }
+
+  r.repetition_penalty = c.repetition_penalty.value_or(1.0);
+  if (!(r.repetition_penalty > 0) || !std::isfinite(r.repetition_penalty))
+    invalid(
+        str_cat("repetition_penalty must be a strictly positive float (1.0 means no penalty), "
+                "got ",
+                r.repetition_penalty));
+  r.no_repeat_ngram_size = c.no_repeat_ngram_size.value_or(0);
+  if (r.no_repeat_ngram_size < 0)
+    invalid(
+        str_cat("no_repeat_ngram_size must be >= 0 (0 disables it), got ", r.no_repeat_ngram_size));
+
+  // Token ids.
+  r.eos_token_id = c.eos_token_id.value_or(std::vector<int64_t>{});
+  check_token_ids(r.eos_token_id, "eos_token_id", vocab_size);
+  r.bad_words_ids = c.bad_words_ids.value_or(std::vector<std::vector<int64_t>>{});
+  for (size_t i = 0; i < r.bad_words_ids.size(); ++i) {
+    if (r.bad_words_ids[i].empty())
+      invalid(str_cat("bad_words_ids[", i, "] is empty; each entry is a non-empty list of ids"));
+    check_token_ids(r.bad_words_ids[i], str_cat("bad_words_ids[", i, "]"), vocab_size);
+  }
+  r.suppress_tokens = c.suppress_tokens.value_or(std::vector<int64_t>{});
+  check_token_ids(r.suppress_tokens, "suppress_tokens", vocab_size);
+  // Transformers pads finished rows with the first eos id when no pad id is set.
+  r.pad_token_id = c.pad_token_id;
+  if (!r.pad_token_id && !r.eos_token_id.empty()) r.pad_token_id = r.eos_token_id[0];
+
+  r.stop_strings = c.stop_strings.value_or(std::vector<std::string>{});
+  for (size_t i = 0; i < r.stop_strings.size(); ++i)
+    if (r.stop_strings[i].empty())
+      invalid(str_cat("stop_strings[", i, "] is empty; it would stop before the first token"));
+
+  if (c.seed) {
+    r.seed = *c.seed;
+  } else {
+    std::random_device rd;
+    r.seed = (uint64_t(rd()) << 32) ^ uint64_t(rd());
+  }
+
+  // The cache: tformers always runs a static cache; "dynamic" gives the same results.
+  if (c.cache_implementation && *c.cache_implementation != "static" &&
+      *c.cache_implementation != "dynamic")
+    throw UnsupportedError(str_cat("generate: cache_implementation '", *c.cache_implementation,
+                                   "' is not supported; use \"static\" (the default)"));
+  r.max_cache_len = c.max_cache_len.value_or(total);
+  if (r.max_cache_len < total)
+    invalid(str_cat("max_cache_len = ", r.max_cache_len, " cannot hold the prompt (", prompt_len,
+                    " tokens) plus max_new_tokens (", r.max_new_tokens, "); raise it to at least ",
+                    total, " or leave it unset"));
+  r.disable_compile = c.disable_compile.value_or(false);
+  return r;
+}
+
+}  // namespace tformers

@@ -1,0 +1,76 @@
+// `tformers chat` driven through a pseudo-terminal for two turns, as a person would use it. The
+// replies must be what the library gives for the same conversation (the second turn sees the
+// first one's history).
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <pty.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+
+#include "tformers/pipeline.h"
+
+namespace {
+
+// Reads from the terminal until `text` has appeared `count` times in all output so far, or 60 s.
+bool read_until(int fd, std::string& out, const std::string& text, int count) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  auto occurrences = [&] {
+    int n = 0;
+    for (size_t p = out.find(text); p != std::string::npos; p = out.find(text, p + 1)) ++n;
+    return n;
+  };
+  while (occurrences() < count) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    pollfd pfd{fd, POLLIN, 0};
+    if (poll(&pfd, 1, 200) <= 0) continue;
+    char buf[4096];
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) return false;
+    out.append(buf, size_t(n));
+  }
+  return true;
+}
+
+std::string crlf(std::string s) {
+  std::string out;
+  for (char c : s) out += c == '\n' ? std::string("\r\n") : std::string(1, c);
+  return out;
+}
+
+TEST(Cli, ChatTwoTurnsThroughAPseudoTerminal) {
+  const std::string model = std::string(TFORMERS_TEST_DATA) + "/models/tiny-qwen3";
+  int fd = -1;
+  pid_t pid = forkpty(&fd, nullptr, nullptr, nullptr);
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl(TFORMERS_CLI, TFORMERS_CLI, "chat", "--model", model.c_str(), "--max-new-tokens", "6",
+          "--dtype", "float32", (char*)nullptr);
+    _exit(127);
+  }
+  std::string out;
+  ASSERT_TRUE(read_until(fd, out, "> ", 1)) << out;
+  ASSERT_EQ(write(fd, "hello\n", 6), 6);
+  ASSERT_TRUE(read_until(fd, out, "> ", 2)) << out;
+  ASSERT_EQ(write(fd, "tell me more\n", 13), 13);
+  ASSERT_TRUE(read_until(fd, out, "> ", 3)) << out;
+  ASSERT_EQ(write(fd, "/exit\n", 6), 6);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(fd);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+
+  auto pipe = tformers::pipeline("text-generation", model, {.dtype = tformers::float32});
+  tformers::GenerationConfig gc{.max_new_tokens = 6};
+  nlohmann::ordered_json messages = {{{"role", "user"}, {"content", "hello"}}};
+  std::string first = pipe.chat(messages, gc);
+  messages.push_back({{"role", "assistant"}, {"content", first}});
+  messages.push_back({{"role", "user"}, {"content", "tell me more"}});
+  std::string second = pipe.chat(messages, gc);
+  EXPECT_NE(out.find("hello\r\n" + crlf(first) + "\r\n> "), std::string::npos) << out;
+  EXPECT_NE(out.find("tell me more\r\n" + crlf(second) + "\r\n> "), std::string::npos) << out;
+}
+
+}  // namespace
