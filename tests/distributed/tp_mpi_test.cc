@@ -349,6 +349,13 @@ TEST_F(TpMpi, GenerateUnderLaunchPrintsOnceAndMatchesOneProcess) {
   RunResult two = run(cli() + " launch --nproc-per-node 2 -- " + cli() + args + " --tp 2");
   ASSERT_EQ(two.status, 0) << two.output;
   EXPECT_EQ(two.output, one.output);  // one line, from rank 0 only
+  // Sampling: every rank draws with the same seed, so the split model samples what one process
+  // does.
+  const std::string sample = args + " --do-sample --seed 5";
+  one = run(cli() + sample);
+  two = run(cli() + " launch --nproc-per-node 2 -- " + cli() + sample + " --tp 2");
+  ASSERT_EQ(two.status, 0) << two.output;
+  EXPECT_EQ(two.output, one.output);
 }
 
 TEST_F(TpMpi, GenerateUnderLaunchFailsFastOnAnImpossiblePlan) {
