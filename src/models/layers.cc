@@ -72,8 +72,8 @@ Value linear(GraphBuilder& b, Params& p, Value x, const std::string& prefix) {
   switch (w.style) {
     case TpStyle::kRowwiseSplitInput: {
       // A replicated input: this rank multiplies its own columns of it.
-      auto [begin, end] = w.ranges.empty() ? std::pair<int64_t, int64_t>{0, w.full_shape[1]}
-                                           : w.ranges[0];
+      auto [begin, end] =
+          w.ranges.empty() ? std::pair<int64_t, int64_t>{0, w.full_shape[1]} : w.ranges[0];
       x = b.slice_last(x, begin, end, prefix + ".split_input");
       [[fallthrough]];
     }
@@ -84,8 +84,8 @@ Value linear(GraphBuilder& b, Params& p, Value x, const std::string& prefix) {
     }
     case TpStyle::kColwiseGatherOutput: {
       Value y = b.linear(x, p(prefix + ".weight"), bias, prefix);
-      return b.all_gather(y, distributed::chunk_sizes(w.full_shape[0], tp->size()),
-                          tp->group_id(), prefix + ".all_gather");
+      return b.all_gather(y, distributed::chunk_sizes(w.full_shape[0], tp->size()), tp->group_id(),
+                          prefix + ".all_gather");
     }
     default:  // colwise keeps its output sharded; replicated weights need no communication
       return b.linear(x, p(prefix + ".weight"), bias, prefix);
