@@ -5,14 +5,17 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
+#include "distributed/launcher.h"
 #include "io/hub.h"
 #include "kernels_hub/cli.h"
 #include "tformers/accelerator.h"
+#include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/model.h"
 #include "tformers/tokenizer.h"
@@ -65,6 +68,7 @@ int cmd_env() {
 struct GenerateArgs {
   std::string model, prompt, prompt_ids, system, dtype, device = "auto";
   bool chat = false, verbose = false, do_sample = false;
+  int64_t tp = 0;  // tensor-parallel processes (under tformers launch); 0: the whole model here
   std::optional<int64_t> max_new_tokens, top_k, seed, no_repeat_ngram_size;
   std::optional<double> temperature, top_p, min_p, typical_p, repetition_penalty;
 };
@@ -89,6 +93,7 @@ tformers::LoadOptions load_options(const GenerateArgs& a) {
   opt.device_map = a.device;
   opt.verbose = a.verbose;
   if (!a.dtype.empty()) opt.dtype = tformers::parse_dtype(a.dtype);
+  if (a.tp > 0) opt.distributed_config = tformers::DistributedConfig{.tp_size = a.tp};
   return opt;
 }
 
@@ -96,6 +101,8 @@ int cmd_generate(const GenerateArgs& a) {
   if (a.prompt.empty() == a.prompt_ids.empty())
     throw tformers::InvalidArgumentError("generate: give exactly one of --prompt and --prompt-ids");
   tformers::LoadOptions opt = load_options(a);
+  // Under tformers launch every rank runs the same generation; rank 0 alone prints.
+  if (!tformers::distributed::is_main_process()) std::freopen("/dev/null", "w", stdout);
   auto t0 = Clock::now();
   std::optional<tformers::Tokenizer> tok = maybe_tokenizer(a.model);
   std::vector<int32_t> ids;
@@ -120,6 +127,8 @@ int cmd_generate(const GenerateArgs& a) {
   auto t1 = Clock::now();
 
   tformers::GenerationConfig gc = generation_config(a);
+  // Split ranks must sample alike: rank 0's seed everywhere.
+  if (a.tp > 0 && !gc.seed) gc.seed = tformers::distributed::agree_seed(std::random_device{}());
 
   // Stream text as it becomes final (never half a UTF-8 character), or ids without a tokenizer.
   std::optional<tformers::TokenStreamer> streamer;
@@ -225,6 +234,9 @@ int cmd_tokenize(const std::string& model, const std::string& text, bool special
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `launch` takes a command after `--`, so it parses its own arguments.
+  if (argc > 1 && tformers::distributed::is_launcher_command(argv[1]))
+    return tformers::distributed::launcher_main(argc - 1, argv + 1);
   CLI::App app{"tformers: run Hugging Face causal language models natively"};
   app.require_subcommand(1);
   int threads = 0;
@@ -232,6 +244,8 @@ int main(int argc, char** argv) {
 
   CLI::App* env =
       app.add_subcommand("env", "Print the version, CPU features, backends and accelerators");
+
+  app.add_subcommand("launch", tformers::distributed::kLaunchHelp)->allow_extras();
 
   GenerateArgs g;
   CLI::App* gen = app.add_subcommand("generate", "Generate text from a prompt");
@@ -258,6 +272,7 @@ int main(int argc, char** argv) {
   gen->add_option("--prompt,-p", g.prompt, "Prompt text (needs the model's tokenizer.json)");
   gen->add_option("--prompt-ids", g.prompt_ids, "Prompt token ids, comma-separated");
   gen->add_flag("--chat", g.chat, "Wrap the prompt in the model's chat template");
+  gen->add_option("--tp", g.tp, "Split the model over N processes (run under tformers launch)");
 
   std::string tok_model, tok_text;
   bool tok_special = false;
@@ -281,7 +296,7 @@ int main(int argc, char** argv) {
   } catch (const tformers::Error& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return tformers::distributed::fail(1);  // under mpirun: end every rank, none waits for this one
   }
   return 0;
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tformers/distributed.h"
 #include "tformers/dtype.h"
 #include "tformers/generation.h"
 #include "tformers/tensor.h"
@@ -35,6 +36,9 @@ struct LoadOptions {
   std::string device_map = "auto";
   std::string revision = "main";
   bool verbose = false;
+  // Tensor parallelism: split the model over the ranks of mpirun (see distributed.h). Unset:
+  // the whole model in this process.
+  std::optional<DistributedConfig> distributed_config;
 };
 
 // The fields of config.json that the decoder architectures read.

@@ -1,5 +1,7 @@
 #include "graph/builder.h"
 
+#include <algorithm>
+
 #include "tformers/error.h"
 
 namespace tformers::graph {
@@ -26,6 +28,17 @@ Value GraphBuilder::embedding(Value table, Value ids, const std::string& name) {
   Shape out = i.shape;
   out.push_back(t.shape[1]);
   return add_node(Op::kEmbedding, {table, ids}, {DType::f32, out}, name);
+}
+
+Value GraphBuilder::embedding_shard(Value table, Value ids, int64_t row_offset, int64_t vocab,
+                                    const std::string& name) {
+  const TensorType &t = type(table), &i = type(ids);
+  TF_CHECK(t.shape.size() == 2 && i.dtype == DType::i32 && row_offset >= 0 &&
+               row_offset + t.shape[0] <= vocab,
+           name, ": ", t.str(), " ", i.str(), " rows at ", row_offset, " of ", vocab);
+  Shape out = i.shape;
+  out.push_back(t.shape[1]);
+  return add_node(Op::kEmbedding, {table, ids}, {DType::f32, out}, name, {row_offset, vocab});
 }
 
 Value GraphBuilder::linear(Value x, Value w, Value bias, const std::string& name) {
@@ -114,6 +127,41 @@ Value GraphBuilder::custom_call(std::shared_ptr<const CustomCall> call, std::vec
                          {},
                          std::move(floats),
                          std::move(call)});
+}
+
+Value GraphBuilder::all_reduce(Value x, Value bias, int group, const std::string& name) {
+  const TensorType& xt = type(x);
+  TF_CHECK(xt.dtype == DType::f32 && !xt.shape.empty(), name, ": ", xt.str());
+  std::vector<int> inputs = {x};
+  if (bias >= 0) {
+    TF_CHECK(type(bias).shape == Shape{xt.shape.back()}, name, ": bias ", type(bias).str());
+    inputs.push_back(bias);
+  }
+  return add_node(Op::kAllReduce, std::move(inputs), xt, name, {group});
+}
+
+Value GraphBuilder::all_gather(Value x, std::vector<int64_t> counts, int group,
+                               const std::string& name) {
+  const TensorType& xt = type(x);
+  TF_CHECK(xt.dtype == DType::f32 && !xt.shape.empty() &&
+               std::find(counts.begin(), counts.end(), xt.shape.back()) != counts.end(),
+           name, ": ", xt.str());
+  Shape out = xt.shape;
+  out.back() = 0;
+  for (int64_t c : counts) out.back() += c;
+  std::vector<int64_t> ints = {group};
+  ints.insert(ints.end(), counts.begin(), counts.end());
+  return add_node(Op::kAllGather, {x}, {DType::f32, out}, name, std::move(ints));
+}
+
+Value GraphBuilder::slice_last(Value x, int64_t begin, int64_t end, const std::string& name) {
+  const TensorType& xt = type(x);
+  TF_CHECK(xt.dtype == DType::f32 && !xt.shape.empty() && 0 <= begin && begin < end &&
+               end <= xt.shape.back(),
+           name, ": ", xt.str(), " [", begin, ", ", end, ")");
+  Shape out = xt.shape;
+  out.back() = end - begin;
+  return add_node(Op::kSlice, {x}, {DType::f32, out}, name, {begin, end});
 }
 
 }  // namespace tformers::graph

@@ -18,6 +18,10 @@ class GraphBuilder {
   Value input(const std::string& name, TensorType type);
 
   Value embedding(Value table, Value ids, const std::string& name = "");
+  // A vocabulary-sharded table (rows [row_offset, row_offset + rows) of a `vocab`-row table):
+  // ids outside the slice give zero rows, to be summed over ranks by an all_reduce.
+  Value embedding_shard(Value table, Value ids, int64_t row_offset, int64_t vocab,
+                        const std::string& name = "");
   Value linear(Value x, Value w, Value bias = -1, const std::string& name = "");
   Value rms_norm(Value x, Value w, float eps, const std::string& name = "");
   Value rope(Value x, Value pos, std::vector<float> inv_freq, const std::string& name = "");
@@ -32,6 +36,10 @@ class GraphBuilder {
   // inputs to the kernel's schema.
   Value custom_call(std::shared_ptr<const CustomCall> call, std::vector<Value> inputs,
                     TensorType out, std::vector<float> floats, const std::string& name);
+  // Collectives over process group `group` (see graph.h); bias may be -1.
+  Value all_reduce(Value x, Value bias, int group, const std::string& name = "");
+  Value all_gather(Value x, std::vector<int64_t> counts, int group, const std::string& name = "");
+  Value slice_last(Value x, int64_t begin, int64_t end, const std::string& name = "");
 
   const TensorType& type(Value v) const { return graph_.node(v).type; }
   void output(Value v) { graph_.mark_output(v); }

@@ -37,6 +37,12 @@ const char* op_name(Op op) {
       return "take_last";
     case Op::kCustomCall:
       return "custom_call";
+    case Op::kAllReduce:
+      return "all_reduce";
+    case Op::kAllGather:
+      return "all_gather";
+    case Op::kSlice:
+      return "slice";
   }
   return "?";
 }

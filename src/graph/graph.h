@@ -19,7 +19,9 @@ enum class Op : uint8_t {
   kParameter,   // leaf: a weight, bound by name
   kState,       // leaf: device state updated in place (KV cache), bound by name
   kInput,       // leaf: a per-call tensor copied from the host
-  kEmbedding,   // (table (V,D), ids (...)) -> (..., D) f32
+  kEmbedding,   // (table (V,D), ids (...)) -> (..., D) f32; ints = {row_offset, vocab} when the
+                // table holds rows [row_offset, row_offset + V) of a vocab-row table (zero
+                // rows for ids outside)
   kLinear,      // (x (..., K), w (N, K) [, bias (N)]) -> (..., N) f32
   kRMSNorm,     // (x (..., D), w (D)) -> (..., D) f32; floats = {eps}
   kRope,        // (x (B,T,H,D), pos (B,T)) -> (B,T,H,D); floats = inv_freq (D/2)
@@ -31,6 +33,11 @@ enum class Op : uint8_t {
                 // floats = {scale}
   kTakeLast,    // (x (B,T,D)) -> (B,n,D): the last n = ints[0] positions
   kCustomCall,  // a hub kernel (Node::custom): inputs and floats as its layer's schema says
+  // Tensor parallelism. ints[0] is the process group id (distributed/process_group.h).
+  kAllReduce,  // (x (..., N) [, bias (N)]) -> sum over ranks [+ bias, added once after the sum]
+  kAllGather,  // (x (..., n_r)) -> (..., sum n): ranks' pieces concatenated along the last dim;
+               // ints = {group, n_0, n_1, ...}
+  kSlice,      // (x (..., K)) -> (..., end - begin): ints = {begin, end} along the last dim
 };
 
 const char* op_name(Op op);

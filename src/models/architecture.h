@@ -16,6 +16,10 @@
 namespace tformers::kernels_hub {
 class LayerKernels;
 }
+namespace tformers::distributed {
+class TpModel;
+struct WeightShard;
+}  // namespace tformers::distributed
 
 namespace tformers::models {
 
@@ -44,11 +48,15 @@ class Params {
       : b_(b), types_(types) {}
   graph::Value operator()(const std::string& name);
   bool has(const std::string& name) const { return types_.count(name) != 0; }
+  // Tensor parallelism: the model's layout when it is split over ranks, else null.
+  void set_tp(const distributed::TpModel* tp) { tp_ = tp; }
+  const distributed::TpModel* tp() const { return tp_; }
 
   // Hub kernels the layers should call instead of built-in ops (null: none); see kernelize().
   const kernels_hub::LayerKernels* kernels = nullptr;
 
  private:
+  const distributed::TpModel* tp_ = nullptr;
   graph::GraphBuilder& b_;
   const std::map<std::string, graph::TensorType>& types_;
   std::map<std::string, graph::Value> nodes_;
@@ -69,6 +77,12 @@ class Architecture {
   // (B, keep, V). cache_dtype is the KV cache element type.
   virtual void build(graph::GraphBuilder& b, Params& params, const ModelConfig& config,
                      const StepShape& shape, DType cache_dtype) const = 0;
+  // The default tensor-parallel plan {module pattern: style}, as Transformers declares it
+  // (base_model_tp_plan plus the causal LM's _tp_plan); empty: the model cannot be split.
+  virtual std::map<std::string, std::string> tp_plan() const { return {}; }
+  // Checks that the resolved layout can run (head counts, compatible styles) and records the
+  // per-rank KV heads; InvalidArgumentError naming the override that fixes an impossible plan.
+  virtual void validate_tp(const ModelConfig& config, distributed::TpModel& tp) const;
 };
 
 void register_architecture(const std::string& name,

@@ -149,6 +149,14 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
                       "; is config.json for this checkpoint (num_hidden_layers, attention_bias, "
                       "architectures)?");
   }
+  if (opt.distributed_config) {
+    // Tensor parallelism: resolve the plan and check it before any weight is read.
+    std::vector<distributed::WeightDecl> decls;
+    for (const auto& s : specs) decls.push_back({s.name, s.shape});
+    impl->tp = std::make_shared<distributed::TpModel>(*opt.distributed_config,
+                                                      impl->arch->tp_plan(), decls);
+    impl->arch->validate_tp(c, *impl->tp);
+  }
   for (const auto& s : specs) {
     std::string source = s.name;
     if (!ckpt.has(source)) {
@@ -164,10 +172,20 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       throw FormatError("tensor '" + s.name + "' in " + info.file + " has dtype " +
                         std::string(dtype_name(info.dtype)) + "; weights must be floating point");
     // Weights in the requested dtype are used straight from the mapping; others are converted.
-    Tensor t = ckpt.get(source).to(impl->dtype);
+    Tensor t = impl->tp ? impl->tp->load(ckpt, s.name, source, impl->dtype)
+                        : ckpt.get(source).to(impl->dtype);
     impl->weights[s.name] = impl->backend->upload(t);
-    impl->weight_types[s.name] = {impl->dtype, s.shape};
+    impl->weight_types[s.name] = {impl->dtype, t.shape()};
   }
+  for (const auto& s : specs)
+    if (!impl->weights.count(s.name) && !s.tied_to.empty() && impl->tp &&
+        (impl->tp->shard(s.name).dim != impl->tp->shard(s.tied_to).dim ||
+         impl->tp->shard(s.name).ranges != impl->tp->shard(s.tied_to).ranges)) {
+      // Tied, but split differently from its target: this rank's own slice of the target.
+      Tensor t = impl->tp->load(ckpt, s.name, s.tied_to, impl->dtype);
+      impl->weights[s.name] = impl->backend->upload(t);
+      impl->weight_types[s.name] = {impl->dtype, t.shape()};
+    }
   for (const auto& s : specs)
     if (!impl->weights.count(s.name) && !s.tied_to.empty()) {
       impl->weights[s.name] = impl->weights.at(s.tied_to);
@@ -187,6 +205,7 @@ CausalLM::Impl::Step& CausalLM::Impl::step(const models::StepShape& shape, bool 
   }
   graph::GraphBuilder b;
   models::Params params(b, weight_types);
+  params.set_tp(tp.get());
   arch->build(b, params, config, shape, dtype);
   graph::Graph g = b.finish();
   Step s;
@@ -253,7 +272,8 @@ void CausalLM::reset_cache(int64_t batch, int64_t max_cache_len) {
   const ModelConfig& c = m.config;
   m.cache.clear();
   m.steps.clear();  // their state bindings point at the old buffers
-  graph::TensorType t{m.dtype, {batch, c.num_key_value_heads, max_cache_len, c.head_dim}};
+  const int64_t kv_heads = m.tp ? m.tp->local_kv_heads : c.num_key_value_heads;
+  graph::TensorType t{m.dtype, {batch, kv_heads, max_cache_len, c.head_dim}};
   for (int64_t l = 0; l < c.num_hidden_layers; ++l)
     for (const char* kv : {".key", ".value"})
       m.cache["past_key_values." + std::to_string(l) + kv] = m.backend->allocate(t);

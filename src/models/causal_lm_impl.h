@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "distributed/tp_model.h"
 #include "models/architecture.h"
 #include "tformers/model.h"
 
@@ -28,6 +29,8 @@ struct CausalLM::Impl {
   bool verbose = false;
   std::map<std::string, std::shared_ptr<backends::Buffer>> weights;
   std::map<std::string, graph::TensorType> weight_types;
+  // Tensor parallelism: this rank's layout, or null for a whole model.
+  std::shared_ptr<distributed::TpModel> tp;
 
   // Static KV cache: past_key_values.{i}.{key,value}, (B,Hkv,S,D) each.
   int64_t cache_batch = 0, cache_len = 0;

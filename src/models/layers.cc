@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include "kernels_hub/kernelize.h"
+#include "distributed/tp_model.h"
 #include "tformers/error.h"
 
 namespace tformers::models {
@@ -65,7 +66,31 @@ std::vector<WeightSpec> decoder_weights(const ModelConfig& c, const DecoderOptio
 
 Value linear(GraphBuilder& b, Params& p, Value x, const std::string& prefix) {
   Value bias = p.has(prefix + ".bias") ? p(prefix + ".bias") : -1;
-  return b.linear(x, p(prefix + ".weight"), bias, prefix);
+  using distributed::TpStyle;
+  const distributed::TpModel* tp = p.tp();
+  if (!tp) return b.linear(x, p(prefix + ".weight"), bias, prefix);
+  const distributed::WeightShard& w = tp->shard(prefix + ".weight");
+  switch (w.style) {
+    case TpStyle::kRowwiseSplitInput: {
+      // A replicated input: this rank multiplies its own columns of it.
+      auto [begin, end] =
+          w.ranges.empty() ? std::pair<int64_t, int64_t>{0, w.full_shape[1]} : w.ranges[0];
+      x = b.slice_last(x, begin, end, prefix + ".split_input");
+      [[fallthrough]];
+    }
+    case TpStyle::kRowwise: {
+      // Partial sums over this rank's input features; the bias is added once, after the sum.
+      Value partial = b.linear(x, p(prefix + ".weight"), -1, prefix);
+      return b.all_reduce(partial, bias, tp->group_id(), prefix + ".all_reduce");
+    }
+    case TpStyle::kColwiseGatherOutput: {
+      Value y = b.linear(x, p(prefix + ".weight"), bias, prefix);
+      return b.all_gather(y, distributed::chunk_sizes(w.full_shape[0], tp->size()), tp->group_id(),
+                          prefix + ".all_gather");
+    }
+    default:  // colwise keeps its output sharded; replicated weights need no communication
+      return b.linear(x, p(prefix + ".weight"), bias, prefix);
+  }
 }
 
 namespace {
@@ -100,12 +125,21 @@ Value rope(GraphBuilder& b, const Params& p, const StepShape& s, Value x, Value 
                   name, [&] { return b.rope(x, pos, inv_freq, name); });
 }
 
+// The token embedding, split over the vocabulary under embedding_rowwise.
+Value embed(GraphBuilder& b, Params& p, Value ids, const std::string& name) {
+  const std::string w = name + ".weight";
+  const distributed::TpModel* tp = p.tp();
+  if (!tp || tp->shard(w).style != distributed::TpStyle::kEmbeddingRowwise || tp->size() == 1)
+    return b.embedding(p(w), ids, name);
+  const distributed::WeightShard& s = tp->shard(w);
+  Value part = b.embedding_shard(p(w), ids, s.ranges[0].first, s.full_shape[0], name);
+  return b.all_reduce(part, -1, tp->group_id(), name + ".all_reduce");
+}
 }  // namespace
 
 void build_decoder(GraphBuilder& b, Params& p, const ModelConfig& c, const StepShape& s,
                    DType cache_dtype, const DecoderOptions& o) {
   const int64_t B = s.batch, T = s.new_tokens, S = s.cache_len, D = c.head_dim;
-  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const float eps = float(c.rms_norm_eps), scale = float(1.0 / std::sqrt(double(D)));
 
   Value ids = b.input("input_ids", {DType::i32, {B, T}});
@@ -113,14 +147,19 @@ void build_decoder(GraphBuilder& b, Params& p, const ModelConfig& c, const StepS
   Value start = b.input("cache_position", {DType::i32, {}});
   Value mask = b.input("attention_mask", {DType::i32, {B, S}});
 
-  Value h = b.embedding(p("model.embed_tokens.weight"), ids, "model.embed_tokens");  // (B,T,H)
+  Value h = embed(b, p, ids, "model.embed_tokens");  // (B,T,H)
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string n = "model.layers." + std::to_string(l) + ".";
     const std::string a = n + "self_attn.";
     Value x = rms_norm(b, p, s, h, p(n + "input_layernorm.weight"), eps, n + "input_layernorm");
-    Value q = b.reshape(linear(b, p, x, a + "q_proj"), {B, T, Hq, D});
-    Value k = b.reshape(linear(b, p, x, a + "k_proj"), {B, T, Hkv, D});
-    Value v = b.reshape(linear(b, p, x, a + "v_proj"), {B, T, Hkv, D});
+    // Head counts follow the projections' outputs: a rank of a tensor-parallel model holds
+    // only its heads.
+    Value q = linear(b, p, x, a + "q_proj"), k = linear(b, p, x, a + "k_proj"),
+          v = linear(b, p, x, a + "v_proj");
+    const int64_t Hq = b.type(q).shape.back() / D, Hkv = b.type(k).shape.back() / D;
+    q = b.reshape(q, {B, T, Hq, D});
+    k = b.reshape(k, {B, T, Hkv, D});
+    v = b.reshape(v, {B, T, Hkv, D});
     if (o.qk_norm) {
       q = rms_norm(b, p, s, q, p(a + "q_norm.weight"), eps, a + "q_norm");
       k = rms_norm(b, p, s, k, p(a + "k_norm.weight"), eps, a + "k_norm");
@@ -151,8 +190,9 @@ void build_decoder(GraphBuilder& b, Params& p, const ModelConfig& c, const StepS
   // Only the kept positions go through the final norm and lm_head: (B,keep,H).
   if (s.logits_to_keep > 0 && s.logits_to_keep < T) h = b.take_last(h, s.logits_to_keep);
   h = rms_norm(b, p, s, h, p("model.norm.weight"), eps, "model.norm");
-  const std::string head = c.tie_word_embeddings ? "model.embed_tokens" : "lm_head";
-  b.output(b.linear(h, p(head + ".weight"), -1, "lm_head"));
+  // A tied lm_head is bound to embed_tokens' buffer (or its own slice of it when the plan splits
+  // the two differently).
+  b.output(linear(b, p, h, "lm_head"));
 }
 
 std::vector<float> rope_inv_freq(const io::Json& config, double theta, int64_t head_dim,

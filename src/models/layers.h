@@ -22,6 +22,11 @@ std::vector<WeightSpec> decoder_weights(const ModelConfig& c, const DecoderOptio
 void build_decoder(graph::GraphBuilder& b, Params& p, const ModelConfig& c, const StepShape& s,
                    DType cache_dtype, const DecoderOptions& o);
 
+// Tensor parallelism: the decoders' default plan (Transformers' base_model_tp_plan and
+// _tp_plan) and the check that a resolved layout can run (see Architecture::validate_tp).
+std::map<std::string, std::string> decoder_tp_plan(const DecoderOptions& o);
+void validate_decoder_tp(const ModelConfig& c, distributed::TpModel& tp);
+
 // x (..., in) -> (..., out) with "<prefix>.weight" and, when present, "<prefix>.bias".
 graph::Value linear(graph::GraphBuilder& b, Params& p, graph::Value x, const std::string& prefix);
 

@@ -22,6 +22,10 @@ class LlamaForCausalLM : public Architecture {
              DType cache_dtype) const override {
     build_decoder(b, p, c, s, cache_dtype, {});
   }
+  std::map<std::string, std::string> tp_plan() const override { return decoder_tp_plan({}); }
+  void validate_tp(const ModelConfig& c, distributed::TpModel& tp) const override {
+    validate_decoder_tp(c, tp);
+  }
 };
 
 }  // namespace

@@ -24,6 +24,12 @@ class Qwen3ForCausalLM : public Architecture {
              DType cache_dtype) const override {
     build_decoder(b, p, c, s, cache_dtype, {.qk_norm = true});
   }
+  std::map<std::string, std::string> tp_plan() const override {
+    return decoder_tp_plan({.qk_norm = true});
+  }
+  void validate_tp(const ModelConfig& c, distributed::TpModel& tp) const override {
+    validate_decoder_tp(c, tp);
+  }
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backends/cpu/kernels.h"
+#include "distributed/process_group.h"
 #include "tformers/error.h"
 #include "tformers/kernel_abi.h"
 
@@ -59,6 +60,7 @@ class CpuExecutable : public Executable {
   std::unique_ptr<char, decltype(&std::free)> arena_{nullptr, &std::free};
   // Bound for the duration of run().
   std::span<Buffer*const> params_, states_;
+  std::vector<float> gather_scratch_;  // all_gather's rank-major staging, grown once
 };
 
 void CpuExecutable::plan() {
@@ -148,7 +150,7 @@ void CpuExecutable::check_runtime_values() const {
   for (const Node& n : graph_.nodes()) {
     if (n.op == Op::kEmbedding) {
       const auto* ids = static_cast<const int32_t*>(ptr(n.inputs[1]));
-      int64_t vocab = graph_.node(n.inputs[0]).type.shape[0];
+      int64_t vocab = n.ints.size() == 2 ? n.ints[1] : graph_.node(n.inputs[0]).type.shape[0];
       int64_t count = shape_numel(graph_.node(n.inputs[1]).type.shape);
       for (int64_t i = 0; i < count; ++i)
         if (ids[i] < 0 || ids[i] >= vocab)
@@ -217,8 +219,20 @@ void CpuExecutable::execute(const Node& n, int id) {
       return;
     case Op::kEmbedding: {
       int64_t count = shape_numel(in_type(1).shape);
-      cpu::embedding(in(0), in_type(0).dtype, static_cast<const int32_t*>(in(1)), count, s.back(),
-                     out, pool);
+      const auto* ids = static_cast<const int32_t*>(in(1));
+      if (n.ints.empty()) {
+        cpu::embedding(in(0), in_type(0).dtype, ids, count, s.back(), out, pool);
+        return;
+      }
+      // A vocabulary shard: rows owned here are looked up, the rest are zero.
+      const int64_t lo = n.ints[0], rows = in_type(0).shape[0], d = s.back();
+      for (int64_t i = 0; i < count; ++i) {
+        const int32_t local = int32_t(ids[i] - lo);
+        if (local >= 0 && local < rows)
+          cpu::embedding(in(0), in_type(0).dtype, &local, 1, d, out + i * d, pool);
+        else
+          std::memset(out + i * d, 0, size_t(d) * sizeof(float));
+      }
       return;
     }
     case Op::kLinear: {
@@ -269,6 +283,50 @@ void CpuExecutable::execute(const Node& n, int id) {
       for (int64_t b = 0; b < x[0]; ++b)
         std::memcpy(out + b * keep * d, f32(0) + (b * x[1] + x[1] - keep) * d,
                     keep * d * sizeof(float));
+      return;
+    }
+    case Op::kAllReduce: {
+      const int64_t numel = shape_numel(s), d = s.back();
+      distributed::group(int(n.ints[0])).all_reduce_sum(f32(0), out, numel);
+      if (n.inputs.size() > 1) {
+        // The bias of a rowwise layer, added once after the sum (on every rank alike).
+        const DType bt = in_type(1).dtype;
+        TF_CHECK(bt == DType::f32 || bt == DType::bf16, "all_reduce bias dtype");
+        for (int64_t i = 0; i < numel; ++i)
+          out[i] += bt == DType::f32 ? f32(1)[i % d]
+                                     : bf16_to_f32(static_cast<const uint16_t*>(in(1))[i % d]);
+      }
+      return;
+    }
+    case Op::kAllGather: {
+      distributed::ProcessGroup& g = distributed::group(int(n.ints[0]));
+      const int64_t k = in_type(0).shape.back(), rows = shape_numel(s) / s.back();
+      std::vector<int64_t> counts(n.ints.begin() + 1, n.ints.end());
+      TF_CHECK(int(counts.size()) == g.size() && counts[size_t(g.rank())] == k,
+               "all_gather counts do not match the process group");
+      for (int64_t& c : counts) c *= rows;
+      if (rows == 1) {  // rank-major order is already the concatenation
+        g.all_gather(f32(0), out, counts);
+        return;
+      }
+      gather_scratch_.resize(size_t(shape_numel(s)));
+      g.all_gather(f32(0), gather_scratch_.data(), counts);
+      // (rank, row, piece) -> (row, rank's columns)
+      int64_t col = 0;
+      const float* src = gather_scratch_.data();
+      for (size_t r = 0; r < counts.size(); ++r) {
+        const int64_t w = n.ints[r + 1];
+        for (int64_t i = 0; i < rows; ++i)
+          std::memcpy(out + i * s.back() + col, src + i * w, size_t(w) * sizeof(float));
+        src += rows * w;
+        col += w;
+      }
+      return;
+    }
+    case Op::kSlice: {
+      const int64_t k = in_type(0).shape.back(), w = s.back(), rows = shape_numel(s) / w;
+      for (int64_t i = 0; i < rows; ++i)
+        std::memcpy(out + i * w, f32(0) + i * k + n.ints[0], size_t(w) * sizeof(float));
       return;
     }
   }

@@ -1,0 +1,217 @@
+#include "distributed/process_group.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+
+#include "tformers/distributed.h"
+#include "tformers/error.h"
+
+namespace tformers::distributed {
+
+namespace {
+
+std::mutex& registry_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<std::shared_ptr<ProcessGroup>>& registry() {
+  static std::vector<std::shared_ptr<ProcessGroup>> groups;
+  return groups;
+}
+
+class SingleProcessGroup : public ProcessGroup {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_reduce_sum(const float* in, float* out, int64_t n) override {
+    if (in != out) std::memcpy(out, in, size_t(n) * sizeof(float));
+  }
+  void all_gather(const float* in, float* out, const std::vector<int64_t>& counts) override {
+    TF_CHECK(counts.size() == 1, "one-rank all_gather with ", counts.size(), " counts");
+    if (in != out) std::memcpy(out, in, size_t(counts[0]) * sizeof(float));
+  }
+  void broadcast(void*, int64_t, int) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(int code) override {
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
+};
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw Error(detail::str_cat("MPI ", what, " failed: ", std::string(msg, size_t(len))));
+}
+
+class MpiProcessGroup : public ProcessGroup {
+ public:
+  explicit MpiProcessGroup(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_reduce_sum(const float* in, float* out, int64_t n) override {
+    // Gather every contribution, then sum them in rank order: the same operations in the same
+    // order on every rank, hence bitwise identical results and identical greedy/sampled tokens.
+    if (scratch_.size() < size_t(n) * size_t(size_)) scratch_.resize(size_t(n) * size_t(size_));
+    check_mpi(MPI_Allgather(in, int(n), MPI_FLOAT, scratch_.data(), int(n), MPI_FLOAT, comm_),
+              "all_gather (all_reduce)");
+    const float* s = scratch_.data();
+    for (int64_t i = 0; i < n; ++i) out[i] = s[i];
+    for (int r = 1; r < size_; ++r)
+      for (int64_t i = 0; i < n; ++i) out[i] += s[int64_t(r) * n + i];
+  }
+
+  void all_gather(const float* in, float* out, const std::vector<int64_t>& counts) override {
+    TF_CHECK(int(counts.size()) == size_, "all_gather with ", counts.size(), " counts for ", size_,
+             " ranks");
+    std::vector<int> cnt(size_), displ(size_);
+    int64_t off = 0;
+    for (int r = 0; r < size_; ++r) {
+      cnt[r] = int(counts[r]);
+      displ[r] = int(off);
+      off += counts[r];
+    }
+    check_mpi(
+        MPI_Allgatherv(in, cnt[rank_], MPI_FLOAT, out, cnt.data(), displ.data(), MPI_FLOAT, comm_),
+        "all_gather");
+  }
+
+  void broadcast(void* data, int64_t bytes, int root) override {
+    check_mpi(MPI_Bcast(data, int(bytes), MPI_BYTE, root, comm_), "broadcast");
+  }
+  void barrier() override { check_mpi(MPI_Barrier(comm_), "barrier"); }
+  [[noreturn]] void abort(int code) override {
+    std::fflush(nullptr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort does not return; this keeps [[noreturn]] honest
+  }
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  std::vector<float> scratch_;
+};
+
+void finalize_at_exit() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Finalize();
+}
+
+// Uncaught exceptions on one rank must not leave the others blocked in a collective.
+[[noreturn]] void terminate_handler() {
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      std::fprintf(stderr, "tformers: rank %d: uncaught exception: %s\n", world_rank(), x.what());
+    } catch (...) {
+      std::fprintf(stderr, "tformers: rank %d: uncaught exception\n", world_rank());
+    }
+  }
+  std::fflush(nullptr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+}  // namespace
+
+int register_group(std::shared_ptr<ProcessGroup> group) {
+  std::lock_guard lock(registry_mutex());
+  group->id_ = int(registry().size());
+  registry().push_back(std::move(group));
+  return registry().back()->id_;
+}
+
+ProcessGroup& group(int id) {
+  std::lock_guard lock(registry_mutex());
+  TF_CHECK(id >= 0 && id < int(registry().size()), "no process group ", id);
+  return *registry()[size_t(id)];
+}
+
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+std::shared_ptr<ProcessGroup> world() {
+  static std::shared_ptr<ProcessGroup> w = [] {
+    std::shared_ptr<ProcessGroup> g;
+    if (launched_by_mpi()) {
+      int init = 0;
+      MPI_Initialized(&init);
+      if (!init) {
+        // A rank leaving with an error must not wait in MPI_Finalize for peers that are blocked
+        // in a collective waiting for it: finalize without the job-wide fence, so the rank exits
+        // and mpirun, seeing a non-zero exit, ends the job.
+        setenv("OMPI_MCA_async_mpi_finalize", "1", 0);
+        int provided = 0;
+        check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "init");
+        std::atexit(finalize_at_exit);
+      }
+      g = std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD);
+      if (g->size() > 1) std::set_terminate(terminate_handler);
+    } else {
+      g = std::make_shared<SingleProcessGroup>();
+    }
+    register_group(g);
+    return g;
+  }();
+  return w;
+}
+
+std::shared_ptr<ProcessGroup> tp_group(int64_t tp_size) {
+  std::shared_ptr<ProcessGroup> w = world();
+  const int ws = w->size();
+  if (tp_size < 1 || tp_size > ws || ws % tp_size)
+    throw InvalidArgumentError(detail::str_cat(
+        "DistributedConfig.tp_size ", tp_size, " does not fit a world of ", ws,
+        " process(es): it must divide the world size. Start one process per shard with "
+        "`tformers launch --nproc-per-node ",
+        tp_size, " -- <command>` (or mpirun -np ", tp_size, ")"));
+  if (tp_size == ws) return w;
+  static std::mutex mu;
+  static std::map<int64_t, std::shared_ptr<ProcessGroup>> groups;
+  std::lock_guard lock(mu);
+  if (auto it = groups.find(tp_size); it != groups.end()) return it->second;
+  std::shared_ptr<ProcessGroup> g;
+  if (tp_size == 1) {
+    g = std::make_shared<SingleProcessGroup>();
+  } else {
+    MPI_Comm comm;
+    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, int(w->rank() / tp_size), w->rank(), &comm), "split");
+    g = std::make_shared<MpiProcessGroup>(comm);
+  }
+  register_group(g);
+  return groups[tp_size] = g;
+}
+
+int world_rank() { return world()->rank(); }
+int world_size() { return world()->size(); }
+bool is_main_process() { return world_rank() == 0; }
+
+uint64_t agree_seed(uint64_t seed) {
+  world()->broadcast(&seed, sizeof seed, 0);
+  return seed;
+}
+
+int fail(int code) {
+  if (launched_by_mpi() && world_size() > 1) world()->abort(code);
+  return code;
+}
+
+}  // namespace tformers::distributed

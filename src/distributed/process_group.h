@@ -1,0 +1,49 @@
+// Process groups: the ranks a tensor-parallel model is split over and the collectives between
+// them. The MPI implementation serves processes started by mpirun (one machine or several);
+// the single-process one serves everything else. Executables find their group by the id that
+// collective graph nodes carry (ints[0]), so a compiled graph never holds a pointer and two
+// groups never share an executable.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace tformers::distributed {
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // out[i] = sum over ranks of in[i], summed in rank order on every rank, so all ranks hold
+  // bitwise the same result (MPI_Allreduce does not promise that). in may equal out.
+  virtual void all_reduce_sum(const float* in, float* out, int64_t n) = 0;
+  // out = the ranks' inputs concatenated in rank order; rank r contributes counts[r] floats.
+  virtual void all_gather(const float* in, float* out, const std::vector<int64_t>& counts) = 0;
+  virtual void broadcast(void* data, int64_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+  // Ends every rank of the job with `code`; never returns.
+  [[noreturn]] virtual void abort(int code) = 0;
+  // The id collective nodes carry (see register_group).
+  int id() const { return id_; }
+
+ private:
+  friend int register_group(std::shared_ptr<ProcessGroup> group);
+  int id_ = -1;
+};
+
+// Makes a group reachable by id from executables; returns the id.
+int register_group(std::shared_ptr<ProcessGroup> group);
+ProcessGroup& group(int id);
+
+// The world: every rank of mpirun when started by it (MPI initialized here, finalized at exit),
+// else a one-rank group that never touches MPI.
+std::shared_ptr<ProcessGroup> world();
+// Groups of tp_size consecutive world ranks; this rank's group. InvalidArgumentError when
+// tp_size does not divide the world size or exceeds it.
+std::shared_ptr<ProcessGroup> tp_group(int64_t tp_size);
+// True when this process was started by mpirun (Open MPI or a PMI launcher).
+bool launched_by_mpi();
+
+}  // namespace tformers::distributed
