@@ -19,6 +19,7 @@ deduplicated. The split is by document: sha256(document) decides, about 2 % go t
 Outputs (in --out, default build/corpus):
   train.jsonl, heldout.jsonl   one JSON string (a document) per line, in source order
   heldout.txt                  the held-out documents, each followed by <|endoftext|>
+  train_sample.txt             every 50th training document, in the same format
   stats.json                   document and byte counts per source and split
 Run: /usr/bin/python3 tools/train/make_corpus.py --out build/corpus
 """
@@ -175,6 +176,10 @@ def main():
         }
     with open(os.path.join(args.out, "heldout.txt"), "w", encoding="utf-8", newline="") as f:
         f.write("".join(text + EOS for text in splits["heldout"]))
+    # Every 50th training document, in the held-out file's format, to measure the train loss
+    # of the final model the same way as the held-out loss.
+    with open(os.path.join(args.out, "train_sample.txt"), "w", encoding="utf-8", newline="") as f:
+        f.write("".join(text + EOS for text in splits["train"][::50]))
     with open(os.path.join(args.out, "stats.json"), "w") as f:
         json.dump(stats, f, indent=2)
         f.write("\n")

@@ -207,6 +207,21 @@ def export(model, config, tokenizer_dir, out_dir, generation_config):
         f.write("\n")
 
 
+def generation_config(args, tok):
+    eos = tok.special["<|endoftext|>"]
+    return {
+        "bos_token_id": eos,
+        "do_sample": True,
+        "eos_token_id": [tok.special["<|im_end|>"], eos],
+        "max_length": args.context,
+        "pad_token_id": eos,
+        "temperature": 0.8,
+        "top_k": 40,
+        "top_p": 0.95,
+        "transformers_version": TRANSFORMERS_VERSION,
+    }
+
+
 def lr_at(progress, args):
     warm = args.warmup_fraction
     if progress < warm:
@@ -239,6 +254,8 @@ def main():
     ap.add_argument("--checkpoint-minutes", type=float, default=5.0)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--benchmark", type=int, default=0, help="time N steps and exit")
+    ap.add_argument("--export-to", help="only export the saved checkpoint (with --resume's "
+                    "file) to this folder, e.g. to look at a run in progress")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -276,6 +293,10 @@ def main():
         gen.set_state(ck["gen"])
         step, elapsed, log = ck["step"], ck["elapsed"], ck["log"]
         print(f"resumed at step {step}, {elapsed:.0f} s", flush=True)
+    if args.export_to:
+        model.load_state_dict(torch.load(ckpt_path)["model"])
+        export(model, config, args.model, args.export_to, generation_config(args, tok))
+        return
 
     def save():
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
@@ -323,18 +344,7 @@ def main():
         return
     save()
 
-    generation_config = {
-        "bos_token_id": eos,
-        "do_sample": True,
-        "eos_token_id": [tok.special["<|im_end|>"], eos],
-        "max_length": args.context,
-        "pad_token_id": eos,
-        "temperature": 0.8,
-        "top_k": 40,
-        "top_p": 0.95,
-        "transformers_version": TRANSFORMERS_VERSION,
-    }
-    export(model, config, args.model, args.model, generation_config)
+    export(model, config, args.model, args.model, generation_config(args, tok))
     tokens_seen = step * args.batch * args.context
     summary = {
         "steps": step,
