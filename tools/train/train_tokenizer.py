@@ -200,7 +200,7 @@ def main():
     ap.add_argument("--corpus", default="build/corpus")
     ap.add_argument("--out", required=True)
     ap.add_argument("--vocab-size", type=int, default=4096)
-    ap.add_argument("--model-max-length", type=int, default=512)
+    ap.add_argument("--model-max-length", type=int, default=256)
     args = ap.parse_args()
 
     word_counts = {}
