@@ -18,8 +18,12 @@ import json
 import os
 import sys
 
-import torch
-import torch.nn.functional as F
+# One thread, as train.py explains.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -35,7 +39,7 @@ def main():
     ap.add_argument("--text", help="default: MODEL/heldout.txt")
     ap.add_argument("--window", type=int, default=0)
     ap.add_argument("--json", help="default: MODEL/heldout.json")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     text_path = args.text or os.path.join(args.model, "heldout.txt")

@@ -13,7 +13,11 @@ import json
 import os
 import sys
 
-import torch
+# One thread, as train.py explains.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -43,7 +47,7 @@ def main():
     ap.add_argument("--chat", action="append", default=[], help="a user message")
     ap.add_argument("prompts", nargs="*")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     config, weights = reference.load_checkpoint(args.model)
     model = reference.Model(config, weights, torch.float32)
     tok = BpeTokenizer(os.path.join(args.model, "tokenizer.json"))
