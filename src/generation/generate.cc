@@ -9,6 +9,7 @@
 #include "generation/logits_process.h"
 #include "generation/sampling.h"
 #include "models/causal_lm_impl.h"
+#include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/tokenizer.h"
 
@@ -43,7 +44,10 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
     longest = std::max(longest, int64_t(prompts[r].size()));
   }
   const GenerationConfig merged = m.generation_config.merged_with(call);
-  const ResolvedGenerationConfig rc = resolve(merged, longest, V, m.config.max_position_embeddings);
+  ResolvedGenerationConfig rc = resolve(merged, longest, V, m.config.max_position_embeddings);
+  // Tensor-parallel ranks sample with rank 0's seed, so an unset seed (drawn per process) still
+  // gives every rank the same tokens.
+  if (m.tp) rc.seed = distributed::agree_seed(rc.seed);
 
   // Rows: each prompt num_return_sequences times, consecutively (as repeat_interleave).
   std::vector<const std::vector<int32_t>*> rows;

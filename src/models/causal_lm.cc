@@ -10,6 +10,7 @@
 #include "io/safetensors.h"
 #include "models/causal_lm_impl.h"
 #include "models/layers.h"
+#include "tformers/distributed.h"
 #include "tformers/error.h"
 
 namespace tformers {
@@ -217,7 +218,7 @@ CausalLM::Impl::Step& CausalLM::Impl::step(const models::StepShape& shape, bool 
     s.exe = cc.get(*backend, g);
     bool compiled = cc.stats().compiles > before;
     ++(compiled ? stats.compiles : stats.hits);
-    if (compiled && verbose)
+    if (compiled && verbose && distributed::is_main_process())
       std::fprintf(stderr,
                    "tformers: compiled step batch=%lld tokens=%lld cache=%lld (%zu nodes)\n",
                    (long long)shape.batch, (long long)shape.new_tokens, (long long)shape.cache_len,
