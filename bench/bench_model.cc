@@ -74,11 +74,15 @@ double read_bandwidth(ThreadPool& pool) {
   for (int r = 0; r < 5; ++r) {
     std::vector<uint64_t> sums(size_t(pool.num_threads()) * 8, 0);
     auto t = Clock::now();
-    pool.parallel_for(int64_t(buf.size()), [&](int64_t b, int64_t e, int th) {
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      for (int64_t i = b; i + 3 < e; i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
-      sums[size_t(th) * 8] = s0 + s1 + s2 + s3;
-    }, 4096);
+    pool.parallel_for(
+        int64_t(buf.size()),
+        [&](int64_t b, int64_t e, int th) {
+          uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+          for (int64_t i = b; i + 3 < e; i += 4)
+            s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
+          sums[size_t(th) * 8] = s0 + s1 + s2 + s3;
+        },
+        4096);
     runs.push_back(double(buf.size() * 8) / seconds_since(t) / 1e9);
     if (sums[0] == 42) std::puts("");  // keeps the loads
   }
@@ -113,20 +117,23 @@ int main(int argc, char** argv) {
   make_model(dir);
   std::printf("model files ready in %.1f s (%s)\n", seconds_since(t), dir.c_str());
   t = Clock::now();
-  CausalLM lm = AutoModelForCausalLM::from_pretrained(dir, {.dtype = bfloat16, .device_map = "cpu"});
+  CausalLM lm =
+      AutoModelForCausalLM::from_pretrained(dir, {.dtype = bfloat16, .device_map = "cpu"});
   std::printf("load: %.3f s (weights mmap'd)\n", seconds_since(t));
 
   const ModelConfig& c = lm.config();
   // Bytes read per decode token: every matrix once (the tied embedding as lm_head), norms.
-  double weight_bytes = 2.0 * (c.vocab_size * c.hidden_size +
-                               c.num_hidden_layers * (c.hidden_size * c.head_dim *
-                                                          (2 * c.num_attention_heads +
-                                                           2 * c.num_key_value_heads) +
-                                                      3 * c.hidden_size * c.intermediate_size));
+  double weight_bytes =
+      2.0 * (c.vocab_size * c.hidden_size +
+             c.num_hidden_layers * (c.hidden_size * c.head_dim *
+                                        (2 * c.num_attention_heads + 2 * c.num_key_value_heads) +
+                                    3 * c.hidden_size * c.intermediate_size));
   const int64_t cache_len = 512, prompt = 16;
   std::printf("weights read per token: %.3f GB\n\n", weight_bytes / 1e9);
-  std::printf("| threads | read GB/s | decode tok/s | roofline tok/s | decode/roofline | prefill %d tok/s |\n",
-              prefill_len);
+  std::printf(
+      "| threads | read GB/s | decode tok/s | roofline tok/s | decode/roofline | prefill %d tok/s "
+      "|\n",
+      prefill_len);
   std::printf("|---|---|---|---|---|---|\n");
   for (int n : threads) {
     ThreadPool::set_global_threads(n);

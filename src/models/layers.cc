@@ -3,8 +3,8 @@
 #include <cmath>
 #include <numbers>
 
-#include "kernels_hub/kernelize.h"
 #include "distributed/tp_model.h"
+#include "kernels_hub/kernelize.h"
 #include "tformers/error.h"
 
 namespace tformers::models {

@@ -40,8 +40,8 @@ void add(const float* a, const float* b, float* y, int64_t n, ThreadPool& pool);
 
 // Writes new keys or values into a static cache at slots [start, start+T):
 // cache (B,Hkv,S,D) in cache_type (f32|bf16); src (B,T,Hkv,D) f32.
-void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int64_t T,
-                 int64_t Hkv, int64_t S, int64_t D, int64_t start, ThreadPool& pool);
+void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int64_t T, int64_t Hkv,
+                 int64_t S, int64_t D, int64_t start, ThreadPool& pool);
 
 // Scaled dot-product attention over a static KV cache, with grouped-query heads
 // (query head h reads KV head h / (Hq / Hkv)).
@@ -64,8 +64,8 @@ void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int6
 void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D);
 void silu_mul(const float* gate, const float* up, float* y, int64_t n);
 void add(const float* a, const float* b, float* y, int64_t n);
-void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int64_t T,
-                 int64_t Hkv, int64_t S, int64_t D, int64_t start);
+void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int64_t T, int64_t Hkv,
+                 int64_t S, int64_t D, int64_t start);
 void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                int64_t S, int64_t D, int64_t start, float scale);
