@@ -18,7 +18,7 @@ done
 
 packages=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libpcre2-dev libicu-dev
           libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin libcli11-dev)
-[ "$want_tests" = 1 ] && packages+=(nodejs npm)
+[ "$want_tests" = 1 ] && packages+=(nodejs npm clang-format)
 [ "$want_dev" = 1 ] && packages+=(python3-torch python3-numpy libopenblas0-pthread)
 
 missing=()
