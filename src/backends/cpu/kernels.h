@@ -19,6 +19,18 @@ namespace tformers::cpu {
 void linear(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
             int64_t N, int64_t K, ThreadPool& pool);
 
+// y (M,N) = (x (M,K) @ w (N,K)^T) * scale (N) [+ bias (N)]: int8 weight-only quantization with
+// one f32 scale per output channel (row of w), so w_n ~ scale[n] * q_n. Activations stay f32;
+// the int8 values are widened to f32 exactly, so only the summation order differs from the
+// reference.
+void linear_int8(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
+                 int64_t M, int64_t N, int64_t K, ThreadPool& pool);
+
+// Per-output-channel symmetric quantization of w (N,K) (f32 or bf16): scale[n] = max|w_n| / 127,
+// q[n,k] = round(w[n,k] / scale[n]) in [-127, 127] (a zero row gets scale 0 and zeros).
+void quantize_int8(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
+                   ThreadPool& pool);
+
 // out (n,D) = table (V,D)[ids (n)], converted to f32. Ids are in [0, V) (checked by the caller).
 void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out,
                ThreadPool& pool);
@@ -40,8 +52,8 @@ void add(const float* a, const float* b, float* y, int64_t n, ThreadPool& pool);
 
 // Writes new keys or values into a static cache at slots [start, start+T):
 // cache (B,Hkv,S,D) in cache_type (f32|bf16); src (B,T,Hkv,D) f32.
-void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int64_t T,
-                 int64_t Hkv, int64_t S, int64_t D, int64_t start, ThreadPool& pool);
+void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int64_t T, int64_t Hkv,
+                 int64_t S, int64_t D, int64_t start, ThreadPool& pool);
 
 // Scaled dot-product attention over a static KV cache, with grouped-query heads
 // (query head h reads KV head h / (Hq / Hkv)).
@@ -59,13 +71,15 @@ namespace ref {
 // Scalar references with the same contracts (single-threaded, no pool).
 void linear(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
             int64_t N, int64_t K);
+void linear_int8(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
+                 int64_t M, int64_t N, int64_t K);
 void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out);
 void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D, float eps);
 void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D);
 void silu_mul(const float* gate, const float* up, float* y, int64_t n);
 void add(const float* a, const float* b, float* y, int64_t n);
-void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int64_t T,
-                 int64_t Hkv, int64_t S, int64_t D, int64_t start);
+void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int64_t T, int64_t Hkv,
+                 int64_t S, int64_t D, int64_t start);
 void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                int64_t S, int64_t D, int64_t start, float scale);

@@ -33,6 +33,11 @@ inline __m256 load8_bf16(const uint16_t* p) {
 }
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) { return load8_bf16(p); }
+// 8 int8 -> 8 f32 in order (exact).
+inline __m256 load8(const int8_t* p) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
 
 struct Avx2Ops {
   template <class W>
@@ -53,6 +58,7 @@ struct Avx2Ops {
   }
   static float value(float v) { return v; }
   static float value(uint16_t v) { return bf16_to_f32(v); }
+  static float value(int8_t v) { return float(v); }
   // N dot products against one k row, which is loaded once.
   template <int N, class KV>
   static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
@@ -116,6 +122,12 @@ inline void load16(const float* p, __m256& lo, __m256& hi) {
   lo = _mm256_loadu_ps(p);
   hi = _mm256_loadu_ps(p + 8);
 }
+// int8 weights: 16 values in order (x is not repacked for them).
+inline void load16(const int8_t* p, __m256& lo, __m256& hi) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+  hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b)));
+}
 
 // x row (K) reordered for bf16 weights: per full block of 16, the 8 even then the 8 odd values;
 // the tail (K % 16) stays in order. f32 weights use x as is.
@@ -161,10 +173,11 @@ inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[R][MR]
     }
 }
 
-// y rows [n0, n1) for MR rows of x (packed, stride K), y stride N.
-template <int MR, class W>
-void gemv_rows(const float* x, const W* w, const W* bias, float* y, int64_t N, int64_t K,
-               int64_t n0, int64_t n1) {
+// y rows [n0, n1) for MR rows of x (packed, stride K), y stride N; each output channel times
+// scale[n] (int8 weights; null otherwise) plus bias[n].
+template <int MR, class W, class B>
+void gemv_rows(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t N,
+               int64_t K, int64_t n0, int64_t n1) {
   constexpr int R = MR == 1 ? 4 : 2;
   int64_t n = n0;
   for (; n + R <= n1; n += R) {
@@ -173,22 +186,24 @@ void gemv_rows(const float* x, const W* w, const W* bias, float* y, int64_t N, i
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float b = bias ? Avx2Ops::value(bias[n + r]) : 0.0f;
+      const float sc = scale ? scale[n + r] : 1.0f;
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) y[i * N + n + r] = out[r][i] + b;
+      for (int i = 0; i < MR; ++i) y[i * N + n + r] = out[r][i] * sc + b;
     }
   }
   for (; n < n1; ++n) {
     float out[1][MR];
     gemv_tile<1, MR>(x, w + n * K, K, out);
     const float b = bias ? Avx2Ops::value(bias[n]) : 0.0f;
+    const float sc = scale ? scale[n] : 1.0f;
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] + b;
+    for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] * sc + b;
   }
 }
 
-template <class W>
-void gemv(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
-          ThreadPool& pool) {
+template <class W, class B>
+void gemv(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
+          int64_t N, int64_t K, ThreadPool& pool) {
   const float* xp = x;
   if constexpr (sizeof(W) == 2) {
     // Packed on the calling thread; workers only read it during this call.
@@ -200,8 +215,9 @@ void gemv(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
       N,
       [&](int64_t n0, int64_t n1, int) {
         int64_t m = 0;
-        for (; m + 2 <= M; m += 2) gemv_rows<2>(xp + m * K, w, bias, y + m * N, N, K, n0, n1);
-        if (m < M) gemv_rows<1>(xp + m * K, w, bias, y + m * N, N, K, n0, n1);
+        for (; m + 2 <= M; m += 2)
+          gemv_rows<2>(xp + m * K, w, scale, bias, y + m * N, N, K, n0, n1);
+        if (m < M) gemv_rows<1>(xp + m * K, w, scale, bias, y + m * N, N, K, n0, n1);
       },
       32);
 }
@@ -310,9 +326,9 @@ void gemm_rows(int mr, const float* x, int64_t ldx, const float* panel, int64_t 
   }
 }
 
-template <class W>
-void gemm(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
-          ThreadPool& pool) {
+template <class W, class B>
+void gemm(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
+          int64_t N, int64_t K, ThreadPool& pool) {
   const int64_t panels = (N + kNR - 1) / kNR;
   pool.parallel_for(
       panels,
@@ -337,6 +353,8 @@ void gemm(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
           for (int64_t m = 0; m < M; ++m) {
             float* yr = y + m * N;
             if (K == 0) std::fill(yr + n0, yr + n1, 0.0f);
+            if (scale)
+              for (int64_t n = n0; n < n1; ++n) yr[n] *= scale[n];
             if (bias)
               for (int64_t n = n0; n < n1; ++n) yr[n] += Avx2Ops::value(bias[n]);
           }
@@ -345,28 +363,34 @@ void gemm(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
       kGroup);
 }
 
-template <class W>
-void linear_t(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
-              ThreadPool& pool) {
+template <class W, class B>
+void linear_t(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
+              int64_t N, int64_t K, ThreadPool& pool) {
   if (M >= kGemmMinRows)
-    gemm(x, w, bias, y, M, N, K, pool);
+    gemm(x, w, scale, bias, y, M, N, K, pool);
   else
-    gemv(x, w, bias, y, M, N, K, pool);
+    gemv(x, w, scale, bias, y, M, N, K, pool);
 }
 
 void linear_avx2(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
                  int64_t N, int64_t K, ThreadPool& pool) {
   if (wt == DType::bf16)
-    linear_t(x, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(bias), y, M, N, K,
-             pool);
+    linear_t(x, static_cast<const uint16_t*>(w), nullptr, static_cast<const uint16_t*>(bias), y, M,
+             N, K, pool);
   else
-    linear_t(x, static_cast<const float*>(w), static_cast<const float*>(bias), y, M, N, K, pool);
+    linear_t(x, static_cast<const float*>(w), nullptr, static_cast<const float*>(bias), y, M, N, K,
+             pool);
+}
+
+void linear_int8_avx2(const float* x, const int8_t* w, const float* scale, const float* bias,
+                      float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
+  linear_t(x, w, scale, bias, y, M, N, K, pool);
 }
 
 }  // namespace
 
 const KernelTable& avx2_kernels() {
-  static const KernelTable t = make_table<Avx2Ops>(&linear_avx2);
+  static const KernelTable t = make_table<Avx2Ops>(&linear_avx2, &linear_int8_avx2);
   return t;
 }
 

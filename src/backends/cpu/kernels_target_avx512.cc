@@ -44,6 +44,10 @@ inline __m256 load8(const uint16_t* p) {
   __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+inline __m256 load8(const int8_t* p) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
 
 struct Avx512Ops {
   template <class W>
@@ -64,6 +68,7 @@ struct Avx512Ops {
   }
   static float value(float v) { return v; }
   static float value(uint16_t v) { return bf16_to_f32(v); }
+  static float value(int8_t v) { return float(v); }
   // N dot products against one k row, which is loaded once.
   template <int N, class KV>
   static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
@@ -126,6 +131,12 @@ inline void load32(const float* p, __m512& lo, __m512& hi) {
   lo = _mm512_loadu_ps(p);
   hi = _mm512_loadu_ps(p + 16);
 }
+// int8 weights: 32 values in order (x is not repacked for them), widened exactly.
+inline void load32(const int8_t* p, __m512& lo, __m512& hi) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+  hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+}
 
 void pack_x(const float* x, int64_t K, float* out) {
   const int64_t full = K / kBlock * kBlock;
@@ -166,9 +177,10 @@ inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[R][MR]
     }
 }
 
-template <int MR, class W>
-void gemv_rows(const float* x, const W* w, const W* bias, float* y, int64_t N, int64_t K,
-               int64_t n0, int64_t n1) {
+// Each output channel times scale[n] (int8 weights; null otherwise) plus bias[n].
+template <int MR, class W, class B>
+void gemv_rows(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t N,
+               int64_t K, int64_t n0, int64_t n1) {
   constexpr int R = MR == 1 ? 4 : 2;
   int64_t n = n0;
   for (; n + R <= n1; n += R) {
@@ -177,22 +189,24 @@ void gemv_rows(const float* x, const W* w, const W* bias, float* y, int64_t N, i
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float b = bias ? Avx512Ops::value(bias[n + r]) : 0.0f;
+      const float sc = scale ? scale[n + r] : 1.0f;
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) y[i * N + n + r] = out[r][i] + b;
+      for (int i = 0; i < MR; ++i) y[i * N + n + r] = out[r][i] * sc + b;
     }
   }
   for (; n < n1; ++n) {
     float out[1][MR];
     gemv_tile<1, MR>(x, w + n * K, K, out);
     const float b = bias ? Avx512Ops::value(bias[n]) : 0.0f;
+    const float sc = scale ? scale[n] : 1.0f;
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] + b;
+    for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] * sc + b;
   }
 }
 
-template <class W>
-void gemv(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
-          ThreadPool& pool) {
+template <class W, class B>
+void gemv(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
+          int64_t N, int64_t K, ThreadPool& pool) {
   const float* xp = x;
   if constexpr (sizeof(W) == 2) {
     float* p = thread_scratch<float>(Scratch::kPackedX, size_t(M * K));
@@ -203,8 +217,9 @@ void gemv(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
       N,
       [&](int64_t n0, int64_t n1, int) {
         int64_t m = 0;
-        for (; m + 2 <= M; m += 2) gemv_rows<2>(xp + m * K, w, bias, y + m * N, N, K, n0, n1);
-        if (m < M) gemv_rows<1>(xp + m * K, w, bias, y + m * N, N, K, n0, n1);
+        for (; m + 2 <= M; m += 2)
+          gemv_rows<2>(xp + m * K, w, scale, bias, y + m * N, N, K, n0, n1);
+        if (m < M) gemv_rows<1>(xp + m * K, w, scale, bias, y + m * N, N, K, n0, n1);
       },
       32);
 }
@@ -315,21 +330,23 @@ void gemm_rows(int mr, const float* x, int64_t ldx, const float* panel, int64_t 
   }
 }
 
-// Finishes columns [n0, n1) of y: zero when K == 0, then the bias.
-template <class W>
-void finish_columns(const W* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
-                    int64_t n1) {
+// Finishes columns [n0, n1) of y: zero when K == 0, then the scale (int8 weights), then the bias.
+template <class B>
+void finish_columns(const float* scale, const B* bias, float* y, int64_t M, int64_t N, int64_t K,
+                    int64_t n0, int64_t n1) {
   for (int64_t m = 0; m < M; ++m) {
     float* yr = y + m * N;
     if (K == 0) std::fill(yr + n0, yr + n1, 0.0f);
+    if (scale)
+      for (int64_t n = n0; n < n1; ++n) yr[n] *= scale[n];
     if (bias)
       for (int64_t n = n0; n < n1; ++n) yr[n] += Avx512Ops::value(bias[n]);
   }
 }
 
-template <class W>
-void gemm(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
-          ThreadPool& pool) {
+template <class W, class B>
+void gemm(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
+          int64_t N, int64_t K, ThreadPool& pool) {
   const int64_t panels = (N + kNR - 1) / kNR;
   pool.parallel_for(
       panels,
@@ -349,7 +366,7 @@ void gemm(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
                           y + m * N + p * kNR, N, int(std::min<int64_t>(kNR, N - p * kNR)), k0 > 0);
             }
           }
-          finish_columns(bias, y, M, N, K, g0 * kNR, std::min(N, g1 * kNR));
+          finish_columns(scale, bias, y, M, N, K, g0 * kNR, std::min(N, g1 * kNR));
         }
       },
       kGroup);
@@ -464,30 +481,37 @@ void gemm_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* y
                                k0 > 0);
             }
           }
-          finish_columns(bias, y, M, N, K, g0 * kNR, std::min(N, g1 * kNR));
+          finish_columns(static_cast<const float*>(nullptr), bias, y, M, N, K, g0 * kNR,
+                         std::min(N, g1 * kNR));
         }
       },
       kGroup);
 }
 #endif
 
-template <class W>
-void linear_t(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
-              ThreadPool& pool) {
-  if (M < kGemmMinRows) return gemv(x, w, bias, y, M, N, K, pool);
+template <class W, class B>
+void linear_t(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
+              int64_t N, int64_t K, ThreadPool& pool) {
+  if (M < kGemmMinRows) return gemv(x, w, scale, bias, y, M, N, K, pool);
 #if defined(TF_AVX512_BF16)
   if constexpr (sizeof(W) == 2) return gemm_bf16(x, w, bias, y, M, N, K, pool);
 #endif
-  gemm(x, w, bias, y, M, N, K, pool);
+  gemm(x, w, scale, bias, y, M, N, K, pool);
 }
 
 void linear_avx512(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
                    int64_t N, int64_t K, ThreadPool& pool) {
   if (wt == DType::bf16)
-    linear_t(x, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(bias), y, M, N, K,
-             pool);
+    linear_t(x, static_cast<const uint16_t*>(w), nullptr, static_cast<const uint16_t*>(bias), y, M,
+             N, K, pool);
   else
-    linear_t(x, static_cast<const float*>(w), static_cast<const float*>(bias), y, M, N, K, pool);
+    linear_t(x, static_cast<const float*>(w), nullptr, static_cast<const float*>(bias), y, M, N, K,
+             pool);
+}
+
+void linear_int8_avx512(const float* x, const int8_t* w, const float* scale, const float* bias,
+                        float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
+  linear_t(x, w, scale, bias, y, M, N, K, pool);
 }
 
 }  // namespace
@@ -497,7 +521,7 @@ const KernelTable& avx512bf16_kernels() {
 #else
 const KernelTable& avx512_kernels() {
 #endif
-  static const KernelTable t = make_table<Avx512Ops>(&linear_avx512);
+  static const KernelTable t = make_table<Avx512Ops>(&linear_avx512, &linear_int8_avx512);
   return t;
 }
 
