@@ -61,7 +61,7 @@ int cmd_env() {
 }
 
 struct GenerateArgs {
-  std::string model, prompt, prompt_ids, system, dtype, device = "auto";
+  std::string model, prompt, prompt_ids, system, dtype, device = "auto", quantize;
   bool chat = false, verbose = false, do_sample = false;
   std::optional<int64_t> max_new_tokens, top_k, seed, no_repeat_ngram_size;
   std::optional<double> temperature, top_p, min_p, typical_p, repetition_penalty;
@@ -73,6 +73,7 @@ int cmd_generate(const GenerateArgs& a) {
   tformers::LoadOptions opt;
   opt.device_map = a.device;
   opt.verbose = a.verbose;
+  opt.quantize = a.quantize;
   if (!a.dtype.empty()) opt.dtype = tformers::parse_dtype(a.dtype);
   auto t0 = Clock::now();
   std::optional<tformers::Tokenizer> tok = maybe_tokenizer(a.model);
@@ -190,6 +191,8 @@ int main(int argc, char** argv) {
   gen->add_option("--dtype", g.dtype,
                   "float32 or bfloat16 (default: the checkpoint's torch_dtype)");
   gen->add_option("--device", g.device, "cpu, auto, tpu or cuda")->capture_default_str();
+  gen->add_option("--quantize", g.quantize,
+                  "int8: weight-only int8 linears, one scale per 32 weights (as Q8_0)");
   gen->add_flag("--verbose,-v", g.verbose,
                 "Show compiles, cache hits, time to first token, tokens/s");
 

@@ -35,6 +35,8 @@ const char* op_name(Op op) {
       return "attention";
     case Op::kTakeLast:
       return "take_last";
+    case Op::kLinearInt8:
+      return "linear_int8";
   }
   return "?";
 }

@@ -29,9 +29,15 @@ enum class Op : uint8_t {
   kAttention,   // (q (B,T,Hq,D), k_cache, v_cache, start () [, key_mask (B,S)]) -> (B,T,Hq,D);
                 // floats = {scale}
   kTakeLast,    // (x (B,T,D)) -> (B,n,D): the last n = ints[0] positions
+  kLinearInt8,  // (x (..., K), w int8 (N, K), scale f32 (N, ceil(K / kInt8Block)) [, bias f32
+                // (N)]) -> (..., N) f32: weight-only int8 with one scale per block of
+                // kInt8Block k values, w[n,k] ~ scale[n, k / kInt8Block] * q[n,k]
 };
 
 const char* op_name(Op op);
+
+// k values per int8 scale in kLinearInt8 (as llama.cpp's Q8_0 block).
+constexpr int64_t kInt8Block = 32;
 
 struct TensorType {
   DType dtype = DType::f32;

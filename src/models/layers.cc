@@ -64,6 +64,8 @@ std::vector<WeightSpec> decoder_weights(const ModelConfig& c, const DecoderOptio
 
 Value linear(GraphBuilder& b, Params& p, Value x, const std::string& prefix) {
   Value bias = p.has(prefix + ".bias") ? p(prefix + ".bias") : -1;
+  if (p.has(prefix + ".weight_scale"))  // quantized at load (LoadOptions::quantize)
+    return b.linear_int8(x, p(prefix + ".weight"), p(prefix + ".weight_scale"), bias, prefix);
   return b.linear(x, p(prefix + ".weight"), bias, prefix);
 }
 
@@ -110,8 +112,13 @@ void build_decoder(GraphBuilder& b, Params& p, const ModelConfig& c, const StepS
   // Only the kept positions go through the final norm and lm_head: (B,keep,H).
   if (s.logits_to_keep > 0 && s.logits_to_keep < T) h = b.take_last(h, s.logits_to_keep);
   h = b.rms_norm(h, p("model.norm.weight"), eps, "model.norm");
-  const std::string head = c.tie_word_embeddings ? "model.embed_tokens" : "lm_head";
-  b.output(b.linear(h, p(head + ".weight"), -1, "lm_head"));
+  // A tied head multiplies the embedding table, unless it was quantized as its own copy.
+  if (p.has("lm_head.weight_scale")) {
+    b.output(linear(b, p, h, "lm_head"));
+  } else {
+    const std::string head = c.tie_word_embeddings ? "model.embed_tokens" : "lm_head";
+    b.output(b.linear(h, p(head + ".weight"), -1, "lm_head"));
+  }
 }
 
 std::vector<float> rope_inv_freq(const io::Json& config, double theta, int64_t head_dim,

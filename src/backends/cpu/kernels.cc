@@ -80,7 +80,21 @@ void linear_scalar(const float* x, const void* w, DType wt, const void* bias, fl
 
 void linear_int8_scalar(const float* x, const int8_t* w, const float* scale, const float* bias,
                         float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
-  linear_scalar_t(x, w, scale, bias, y, M, N, K, pool);
+  const int64_t nb = int8_blocks(K);
+  pool.parallel_for(
+      N,
+      [&](int64_t n0, int64_t n1, int) {
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = n0; n < n1; ++n) {
+            float acc = bias ? bias[n] : 0.0f;
+            for (int64_t b = 0; b < nb; ++b) {
+              const int64_t k0 = b * kInt8Block, len = std::min(kInt8Block, K - k0);
+              acc += scale[n * nb + b] * ScalarOps::dot_t(x + m * K + k0, w + n * K + k0, len);
+            }
+            y[m * N + n] = acc;
+          }
+      },
+      16);
 }
 
 const KernelTable& table() {
@@ -133,18 +147,22 @@ void linear_int8(const float* x, const int8_t* w, const float* scale, const floa
 
 void quantize_int8(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
                    ThreadPool& pool) {
+  const int64_t nb = int8_blocks(K);
   pool.parallel_for(N, [&](int64_t n0, int64_t n1, int) {
     for (int64_t n = n0; n < n1; ++n) {
       auto at = [&](int64_t k) {
         return wt == DType::bf16 ? bf16_to_f32(static_cast<const uint16_t*>(w)[n * K + k])
                                  : static_cast<const float*>(w)[n * K + k];
       };
-      float amax = 0.0f;
-      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(at(k)));
-      scale[n] = amax / 127.0f;
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      for (int64_t k = 0; k < K; ++k)
-        q[n * K + k] = int8_t(std::clamp(std::nearbyint(at(k) * inv), -127.0f, 127.0f));
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t k0 = b * kInt8Block, k1 = std::min(K, k0 + kInt8Block);
+        float amax = 0.0f;
+        for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(at(k)));
+        scale[n * nb + b] = amax / 127.0f;
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int64_t k = k0; k < k1; ++k)
+          q[n * K + k] = int8_t(std::clamp(std::nearbyint(at(k) * inv), -127.0f, 127.0f));
+      }
     }
   });
 }

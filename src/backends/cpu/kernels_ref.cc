@@ -32,9 +32,11 @@ void linear_int8(const float* x, const int8_t* w, const float* scale, const floa
                  int64_t M, int64_t N, int64_t K) {
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
-      double acc = 0.0;
-      for (int64_t k = 0; k < K; ++k) acc += double(x[m * K + k]) * double(w[n * K + k]);
-      y[m * N + n] = float(acc * double(scale[n]) + (bias ? double(bias[n]) : 0.0));
+      double acc = bias ? double(bias[n]) : 0.0;
+      for (int64_t k = 0; k < K; ++k)
+        acc += double(x[m * K + k]) * double(w[n * K + k]) *
+               double(scale[n * int8_blocks(K) + k / kInt8Block]);
+      y[m * N + n] = float(acc);
     }
   }
 }

@@ -10,6 +10,8 @@
 //   of x against it, so each weight byte from memory feeds M multiply-adds.
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "backends/cpu/kernels_impl.h"
 
 // Register tiles are arrays indexed by loop counters; `#pragma GCC unroll` makes GCC unroll those
@@ -173,8 +175,58 @@ inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[R][MR]
     }
 }
 
-// y rows [n0, n1) for MR rows of x (packed, stride K), y stride N; each output channel times
-// scale[n] (int8 weights; null otherwise) plus bias[n].
+// int8 weights: R rows (stride K) with per-block scales (stride nb) against MR x rows. Each
+// 32-value block is summed unscaled and then added times its scale, one FMA per block.
+template <int R, int MR>
+inline void gemv_tile_q8(const float* x, const int8_t* w, const float* scale, int64_t K, int64_t nb,
+                         float (&out)[R][MR]) {
+  __m256 acc[R][MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < MR; ++i) acc[r][i] = _mm256_setzero_ps();
+  const int64_t full = K / kInt8Block * kInt8Block;
+  for (int64_t k = 0; k < full; k += kInt8Block) {
+    const int64_t b = k / kInt8Block;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k) + 256, _MM_HINT_T0);
+      __m256 w0, w1, w2, w3;
+      load16(w + r * K + k, w0, w1);
+      load16(w + r * K + k + 16, w2, w3);
+      const __m256 s = _mm256_set1_ps(scale[r * nb + b]);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const float* xi = x + i * K + k;
+        __m256 p = _mm256_mul_ps(w0, _mm256_loadu_ps(xi));
+        p = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xi + 8), p);
+        p = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xi + 16), p);
+        p = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xi + 24), p);
+        acc[r][i] = _mm256_fmadd_ps(p, s, acc[r][i]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < MR; ++i) {
+      float s = hsum(acc[r][i]), t = 0.0f;
+      for (int64_t k = full; k < K; ++k) t += x[i * K + k] * float(w[r * K + k]);
+      if (full < K) s += t * scale[r * nb + full / kInt8Block];
+      out[r][i] = s;
+    }
+}
+
+// R rows of w against MR rows of x: the float tile, or the int8 one with its block scales.
+template <int R, int MR, class W>
+inline void gemv_any(const float* x, const W* w, const float* scale, int64_t K,
+                     float (&out)[R][MR]) {
+  if constexpr (std::is_same_v<W, int8_t>)
+    gemv_tile_q8<R, MR>(x, w, scale, K, int8_blocks(K), out);
+  else
+    gemv_tile<R, MR>(x, w, K, out);
+}
+
+// y rows [n0, n1) for MR rows of x (packed, stride K), y stride N, plus bias[n]; scale is the
+// int8 block scales (N, int8_blocks(K)), null for float weights.
 template <int MR, class W, class B>
 void gemv_rows(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t N,
                int64_t K, int64_t n0, int64_t n1) {
@@ -182,22 +234,20 @@ void gemv_rows(const float* x, const W* w, const float* scale, const B* bias, fl
   int64_t n = n0;
   for (; n + R <= n1; n += R) {
     float out[R][MR];
-    gemv_tile<R, MR>(x, w + n * K, K, out);
+    gemv_any<R, MR>(x, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float b = bias ? Avx2Ops::value(bias[n + r]) : 0.0f;
-      const float sc = scale ? scale[n + r] : 1.0f;
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) y[i * N + n + r] = out[r][i] * sc + b;
+      for (int i = 0; i < MR; ++i) y[i * N + n + r] = out[r][i] + b;
     }
   }
   for (; n < n1; ++n) {
     float out[1][MR];
-    gemv_tile<1, MR>(x, w + n * K, K, out);
+    gemv_any<1, MR>(x, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
     const float b = bias ? Avx2Ops::value(bias[n]) : 0.0f;
-    const float sc = scale ? scale[n] : 1.0f;
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] * sc + b;
+    for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] + b;
   }
 }
 
@@ -270,6 +320,22 @@ void pack_panel(const W* w, int64_t K, int64_t n0, int rows, int64_t k0, int64_t
       panel[k * kNR + j] = j < rows ? Avx2Ops::value(w[(n0 + j) * K + k0 + k]) : 0.0f;
 }
 
+// The int8 panel: values times their block scale, so the GEMM itself is the f32 one (k0 is a
+// multiple of kKC, itself a multiple of kInt8Block).
+void pack_panel(const int8_t* w, const float* scale, int64_t K, int64_t n0, int rows, int64_t k0,
+                int64_t kc, float* panel) {
+  const int64_t nb = int8_blocks(K);
+  for (int j = 0; j < kNR; ++j) {
+    if (j >= rows) {
+      for (int64_t k = 0; k < kc; ++k) panel[k * kNR + j] = 0.0f;
+      continue;
+    }
+    const int8_t* wr = w + (n0 + j) * K + k0;
+    const float* sr = scale + (n0 + j) * nb + k0 / kInt8Block;
+    for (int64_t k = 0; k < kc; ++k) panel[k * kNR + j] = float(wr[k]) * sr[k / kInt8Block];
+  }
+}
+
 inline void store_tile_row(float* yr, __m256 c0, __m256 c1, int cols, bool accumulate) {
   if (cols == kNR) {
     if (accumulate) {
@@ -338,9 +404,13 @@ void gemm(const float* x, const W* w, const float* scale, const B* bias, float* 
           const int64_t g1 = std::min(p1, g0 + kGroup);
           for (int64_t k0 = 0; k0 < K; k0 += kKC) {
             const int64_t kc = std::min(kKC, K - k0);
-            for (int64_t p = g0; p < g1; ++p)
-              pack_panel(w, K, p * kNR, int(std::min<int64_t>(kNR, N - p * kNR)), k0, kc,
-                         panel + (p - g0) * kKC * kNR);
+            for (int64_t p = g0; p < g1; ++p) {
+              const int rows = int(std::min<int64_t>(kNR, N - p * kNR));
+              if constexpr (std::is_same_v<W, int8_t>)
+                pack_panel(w, scale, K, p * kNR, rows, k0, kc, panel + (p - g0) * kKC * kNR);
+              else
+                pack_panel(w, K, p * kNR, rows, k0, kc, panel + (p - g0) * kKC * kNR);
+            }
             // The x block (kMR rows x kc) stays in L1 while it meets every panel of the group.
             for (int64_t m = 0; m < M; m += kMR) {
               const int mr = int(std::min<int64_t>(kMR, M - m));
@@ -353,8 +423,6 @@ void gemm(const float* x, const W* w, const float* scale, const B* bias, float* 
           for (int64_t m = 0; m < M; ++m) {
             float* yr = y + m * N;
             if (K == 0) std::fill(yr + n0, yr + n1, 0.0f);
-            if (scale)
-              for (int64_t n = n0; n < n1; ++n) yr[n] *= scale[n];
             if (bias)
               for (int64_t n = n0; n < n1; ++n) yr[n] += Avx2Ops::value(bias[n]);
           }
