@@ -320,20 +320,31 @@ void pack_panel(const W* w, int64_t K, int64_t n0, int rows, int64_t k0, int64_t
       panel[k * kNR + j] = j < rows ? Avx2Ops::value(w[(n0 + j) * K + k0 + k]) : 0.0f;
 }
 
-// The int8 panel: values times their block scale, so the GEMM itself is the f32 one (k0 is a
-// multiple of kKC, itself a multiple of kInt8Block).
+// The int8 panel: values times their block scale, so the GEMM itself is the f32 one. k0 is a
+// multiple of kKC and k of 8, so 8 consecutive values share one block scale.
 void pack_panel(const int8_t* w, const float* scale, int64_t K, int64_t n0, int rows, int64_t k0,
                 int64_t kc, float* panel) {
   const int64_t nb = int8_blocks(K);
-  for (int j = 0; j < kNR; ++j) {
-    if (j >= rows) {
-      for (int64_t k = 0; k < kc; ++k) panel[k * kNR + j] = 0.0f;
-      continue;
+  int64_t k = 0;
+  if (rows == kNR) {
+    for (; k + 8 <= kc; k += 8) {
+      for (int part = 0; part < kNR / 8; ++part) {
+        __m256 r[8];
+        for (int j = 0; j < 8; ++j) {
+          const int64_t n = n0 + part * 8 + j;
+          r[j] = _mm256_mul_ps(load8(w + n * K + k0 + k),
+                               _mm256_set1_ps(scale[n * nb + (k0 + k) / kInt8Block]));
+        }
+        transpose8(r);  // r[kk] = 8 rows at k + kk
+        for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(panel + (k + kk) * kNR + part * 8, r[kk]);
+      }
     }
-    const int8_t* wr = w + (n0 + j) * K + k0;
-    const float* sr = scale + (n0 + j) * nb + k0 / kInt8Block;
-    for (int64_t k = 0; k < kc; ++k) panel[k * kNR + j] = float(wr[k]) * sr[k / kInt8Block];
   }
+  for (; k < kc; ++k)
+    for (int j = 0; j < kNR; ++j)
+      panel[k * kNR + j] =
+          j < rows ? float(w[(n0 + j) * K + k0 + k]) * scale[(n0 + j) * nb + (k0 + k) / kInt8Block]
+                   : 0.0f;
 }
 
 inline void store_tile_row(float* yr, __m256 c0, __m256 c1, int cols, bool accumulate) {
