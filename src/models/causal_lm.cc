@@ -153,8 +153,8 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   impl->backend = &backends::backend_for(opt.device_map, opt.verbose);
   if (!opt.quantize.empty() && opt.quantize != "int8")
     throw InvalidArgumentError("quantize '" + opt.quantize +
-                               "' is not supported: use \"int8\" (weight-only, per output "
-                               "channel) or leave it empty");
+                               "' is not supported: use \"int8\" (weight-only, one scale per 32 "
+                               "weights) or leave it empty");
   const bool int8 = opt.quantize == "int8";
   // Linear weights: every 2-D weight but the token embedding, which is gathered, not multiplied
   // (a tied lm_head is quantized as its own copy below).
