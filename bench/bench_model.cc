@@ -110,9 +110,39 @@ void make_model(const ModelShape& m, const std::string& dir) {
   io::save_safetensors(dir + "/model.safetensors", ts);
 }
 
-// Streaming-read bandwidth in GB/s over a 1 GiB buffer: the median of 5 passes.
+// Sum of [b, e) with 256-bit loads into four independent accumulators, so the loop is bound by
+// memory, not by the adds (the scalar version measured ~30 % below what decode streams).
+__attribute__((target("avx2"))) uint64_t sum_avx2(const uint64_t* p, int64_t b, int64_t e) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = b;
+  for (; i + 16 <= e; i += 16) {
+    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
+    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
+    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
+  }
+  alignas(32) uint64_t out[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out),
+                     _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  uint64_t s = out[0] + out[1] + out[2] + out[3];
+  for (; i < e; ++i) s += p[i];
+  return s;
+}
+
+uint64_t sum_scalar(const uint64_t* p, int64_t b, int64_t e) {
+  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t i = b;
+  for (; i + 3 < e; i += 4) s0 += p[i], s1 += p[i + 1], s2 += p[i + 2], s3 += p[i + 3];
+  for (; i < e; ++i) s0 += p[i];
+  return s0 + s1 + s2 + s3;
+}
+
+// Streaming-read bandwidth in GB/s over a 1 GiB buffer: the median of 5 passes. Measured by the
+// parent just before each child runs, so that the roofline and the decode it judges are seconds
+// apart on this shared machine, and the buffer never counts in a child's RSS.
 double read_bandwidth(ThreadPool& pool) {
-  std::vector<uint64_t> buf(size_t(1) << 27, 1);  // 1 GiB, freed before any child starts
+  std::vector<uint64_t> buf(size_t(1) << 27, 1);  // 1 GiB
+  const bool avx2 = cpu::active_target() >= cpu::Target::kAVX2;
   std::vector<double> runs;
   for (int r = 0; r < 5; ++r) {
     std::vector<uint64_t> sums(size_t(pool.num_threads()) * 8, 0);
@@ -120,10 +150,7 @@ double read_bandwidth(ThreadPool& pool) {
     pool.parallel_for(
         int64_t(buf.size()),
         [&](int64_t b, int64_t e, int th) {
-          uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-          for (int64_t i = b; i + 3 < e; i += 4)
-            s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
-          sums[size_t(th) * 8] = s0 + s1 + s2 + s3;
+          sums[size_t(th) * 8] += avx2 ? sum_avx2(buf.data(), b, e) : sum_scalar(buf.data(), b, e);
         },
         4096);
     runs.push_back(double(buf.size() * 8) / seconds_since(t) / 1e9);
@@ -414,13 +441,16 @@ int main(int argc, char** argv) {
     }
   }
   auto t = Clock::now();
-  // Hardware first, in this process, with pools that are gone before any child forks.
+  // Hardware in this process, with pools that are gone before any child forks.
   Machine hw;
-  for (int n : o.threads) {
-    ThreadPool pool(n);
-    hw.bw[n] = read_bandwidth(pool);
-    hw.peak[n] = matmul_peak(pool);
-  }
+  auto measure = [&](bool peak) {
+    for (int n : o.threads) {
+      ThreadPool pool(n);
+      hw.bw[n] = read_bandwidth(pool);
+      if (peak) hw.peak[n] = matmul_peak(pool);
+    }
+  };
+  measure(true);
   std::printf("target %s; ", std::string(cpu::target_name(cpu::active_target())).c_str());
   for (int n : o.threads)
     std::printf("%d threads: read %.1f GB/s, matmul peak %.1f GFLOP/s; ", n, hw.bw[n], hw.peak[n]);
@@ -438,7 +468,10 @@ int main(int argc, char** argv) {
       o.ttft, o.prefill);
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& d : dirs)
-    for (const char* q : {"", "int8"}) in_child([&] { run_model(d, q, hw, o); });
+    for (const char* q : {"", "int8"}) {
+      measure(true);  // bandwidth and peak again, right before the run they judge
+      in_child([&] { run_model(d, q, hw, o); });
+    }
   std::printf("\n");
   const int max_threads = *std::max_element(o.threads.begin(), o.threads.end());
   in_child([&] { run_long_cache(dirs.back(), max_threads, 8); });
