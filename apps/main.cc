@@ -66,7 +66,7 @@ int cmd_env() {
 }
 
 struct GenerateArgs {
-  std::string model, prompt, prompt_ids, system, dtype, device = "auto";
+  std::string model, prompt, prompt_ids, system, dtype, device = "auto", quantize;
   bool chat = false, verbose = false, do_sample = false;
   int64_t tp = 0;  // tensor-parallel processes (under tformers launch); 0: the whole model here
   std::optional<int64_t> max_new_tokens, top_k, seed, no_repeat_ngram_size;
@@ -92,6 +92,7 @@ tformers::LoadOptions load_options(const GenerateArgs& a) {
   tformers::LoadOptions opt;
   opt.device_map = a.device;
   opt.verbose = a.verbose;
+  opt.quantize = a.quantize;
   if (!a.dtype.empty()) opt.dtype = tformers::parse_dtype(a.dtype);
   if (a.tp > 0) opt.distributed_config = tformers::DistributedConfig{.tp_size = a.tp};
   return opt;
@@ -266,6 +267,8 @@ int main(int argc, char** argv) {
     sub->add_option("--dtype", g.dtype,
                     "float32 or bfloat16 (default: the checkpoint's torch_dtype)");
     sub->add_option("--device", g.device, "cpu, auto, tpu or cuda")->capture_default_str();
+    sub->add_option("--quantize", g.quantize,
+                    "int8: weight-only int8 linears, one scale per 32 weights (as Q8_0)");
     sub->add_flag("--verbose,-v", g.verbose,
                   "Show compiles, cache hits, time to first token, tokens/s");
   }

@@ -39,6 +39,12 @@ struct LoadOptions {
   // Tensor parallelism: split the model over the ranks of mpirun (see distributed.h). Unset:
   // the whole model in this process.
   std::optional<DistributedConfig> distributed_config;
+  // Weight-only quantization at load: "" (none) or "int8". With "int8" every linear weight
+  // (attention and MLP projections, lm_head) is stored as int8 with one f32 scale per block of
+  // 32 consecutive input values of an output channel (symmetric, scale = max|block| / 127, as
+  // llama.cpp's Q8_0: 9 bits per weight); activations stay f32. Embeddings and norms keep
+  // `dtype`; a tied lm_head gets its own int8 copy while the embedding gather stays unquantized.
+  std::string quantize;
 };
 
 // The fields of config.json that the decoder architectures read.

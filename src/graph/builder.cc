@@ -55,6 +55,24 @@ Value GraphBuilder::linear(Value x, Value w, Value bias, const std::string& name
   return add_node(Op::kLinear, std::move(inputs), {DType::f32, out}, name);
 }
 
+Value GraphBuilder::linear_int8(Value x, Value w, Value scale, Value bias,
+                                const std::string& name) {
+  const TensorType &xt = type(x), &wt = type(w), &st = type(scale);
+  TF_CHECK(wt.dtype == DType::i8 && wt.shape.size() == 2 && !xt.shape.empty() &&
+               xt.shape.back() == wt.shape[1] && st.dtype == DType::f32 &&
+               st.shape == Shape({wt.shape[0], (wt.shape[1] + kInt8Block - 1) / kInt8Block}),
+           name, ": x ", xt.str(), " w ", wt.str(), " scale ", st.str());
+  std::vector<int> inputs = {x, w, scale};
+  if (bias >= 0) {
+    TF_CHECK(type(bias) == (TensorType{DType::f32, {wt.shape[0]}}), name, ": bias ",
+             type(bias).str());
+    inputs.push_back(bias);
+  }
+  Shape out = xt.shape;
+  out.back() = wt.shape[0];
+  return add_node(Op::kLinearInt8, std::move(inputs), {DType::f32, out}, name);
+}
+
 Value GraphBuilder::rms_norm(Value x, Value w, float eps, const std::string& name) {
   const TensorType &xt = type(x), &wt = type(w);
   TF_CHECK(wt.shape == Shape{xt.shape.back()}, name, ": x ", xt.str(), " w ", wt.str());

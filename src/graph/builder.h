@@ -23,6 +23,8 @@ class GraphBuilder {
   Value embedding_shard(Value table, Value ids, int64_t row_offset, int64_t vocab,
                         const std::string& name = "");
   Value linear(Value x, Value w, Value bias = -1, const std::string& name = "");
+  // w int8 (N,K) with per-output-channel scale f32 (N); bias, when given, is f32 (N).
+  Value linear_int8(Value x, Value w, Value scale, Value bias = -1, const std::string& name = "");
   Value rms_norm(Value x, Value w, float eps, const std::string& name = "");
   Value rope(Value x, Value pos, std::vector<float> inv_freq, const std::string& name = "");
   Value silu_mul(Value gate, Value up, const std::string& name = "");

@@ -43,6 +43,8 @@ const char* op_name(Op op) {
       return "all_gather";
     case Op::kSlice:
       return "slice";
+    case Op::kLinearInt8:
+      return "linear_int8";
   }
   return "?";
 }

@@ -34,13 +34,19 @@ enum class Op : uint8_t {
   kTakeLast,    // (x (B,T,D)) -> (B,n,D): the last n = ints[0] positions
   kCustomCall,  // a hub kernel (Node::custom): inputs and floats as its layer's schema says
   // Tensor parallelism. ints[0] is the process group id (distributed/process_group.h).
-  kAllReduce,  // (x (..., N) [, bias (N)]) -> sum over ranks [+ bias, added once after the sum]
-  kAllGather,  // (x (..., n_r)) -> (..., sum n): ranks' pieces concatenated along the last dim;
-               // ints = {group, n_0, n_1, ...}
-  kSlice,      // (x (..., K)) -> (..., end - begin): ints = {begin, end} along the last dim
+  kAllReduce,   // (x (..., N) [, bias (N)]) -> sum over ranks [+ bias, added once after the sum]
+  kAllGather,   // (x (..., n_r)) -> (..., sum n): ranks' pieces concatenated along the last dim;
+                // ints = {group, n_0, n_1, ...}
+  kSlice,       // (x (..., K)) -> (..., end - begin): ints = {begin, end} along the last dim
+  kLinearInt8,  // (x (..., K), w int8 (N, K), scale f32 (N, ceil(K / kInt8Block)) [, bias f32
+                // (N)]) -> (..., N) f32: weight-only int8 with one scale per block of
+                // kInt8Block k values, w[n,k] ~ scale[n, k / kInt8Block] * q[n,k]
 };
 
 const char* op_name(Op op);
+
+// k values per int8 scale in kLinearInt8 (as llama.cpp's Q8_0 block).
+constexpr int64_t kInt8Block = 32;
 
 struct TensorType {
   DType dtype = DType::f32;

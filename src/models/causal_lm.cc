@@ -1,9 +1,13 @@
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
 
 #include "backends/compile_cache.h"
+#include "backends/cpu/kernels.h"
 #include "backends/registry.h"
 #include "io/hub.h"
 #include "io/json.h"
@@ -116,6 +120,24 @@ ModelConfig parse_config(const io::Json& j, const std::string& where,
   return c;
 }
 
+// LoadOptions::quantize = "int8": (N,K) int8 values and (N, K / 32) f32 block scales for a float
+// weight (see cpu::quantize_int8). The
+// source pages of the mapping are released afterwards (they stay in the page cache), so resident
+// memory holds the int8 copy rather than both.
+std::pair<Tensor, Tensor> quantize_int8(const Tensor& w) {
+  Tensor src = (w.dtype() == DType::f32 || w.dtype() == DType::bf16) ? w : w.to(DType::f32);
+  const int64_t N = w.dim(0), K = w.dim(1);
+  Tensor q = Tensor::zeros({N, K}, DType::i8);
+  Tensor scale = Tensor::zeros({N, cpu::int8_blocks(K)}, DType::f32);
+  cpu::quantize_int8(src.raw(), src.dtype(), q.data<int8_t>(), scale.data<float>(), N, K,
+                     ThreadPool::global());
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (uintptr_t(w.raw()) + page - 1) / page * page;
+  const uintptr_t hi = (uintptr_t(w.raw()) + w.nbytes()) / page * page;
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  return {q, scale};
+}
+
 }  // namespace
 
 CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const LoadOptions& opt) {
@@ -130,6 +152,32 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     throw UnsupportedError(std::string("dtype ") + std::string(dtype_name(impl->dtype)) +
                            " is not supported by the CPU backend: use float32 or bfloat16");
   impl->backend = &backends::backend_for(opt.device_map, opt.verbose);
+  if (!opt.quantize.empty() && opt.quantize != "int8")
+    throw InvalidArgumentError("quantize '" + opt.quantize +
+                               "' is not supported: use \"int8\" (weight-only, one scale per 32 "
+                               "weights) or leave it empty");
+  const bool int8 = opt.quantize == "int8";
+  // Linear weights: every 2-D weight but the token embedding, which is gathered, not multiplied
+  // (a tied lm_head is quantized as its own copy below).
+  auto quantized = [&](const std::string& name, const Shape& shape) {
+    return int8 && shape.size() == 2 && name != "model.embed_tokens.weight";
+  };
+  std::map<std::string, Shape> spec_shapes;
+  for (const auto& s : impl->arch->weights(c)) spec_shapes[s.name] = s.shape;
+  auto bias_of_quantized = [&](const std::string& name) {
+    const std::string suffix = ".bias";
+    if (name.size() <= suffix.size() || name.compare(name.size() - 5, 5, suffix) != 0) return false;
+    auto it = spec_shapes.find(name.substr(0, name.size() - 5) + ".weight");
+    return it != spec_shapes.end() && quantized(it->first, it->second);
+  };
+  auto add_quantized = [&](const std::string& name, const Tensor& w) {
+    auto [q, scale] = quantize_int8(w);
+    const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
+    impl->weights[name] = impl->backend->upload(q);
+    impl->weight_types[name] = {DType::i8, q.shape()};
+    impl->weights[prefix + ".weight_scale"] = impl->backend->upload(scale);
+    impl->weight_types[prefix + ".weight_scale"] = {DType::f32, scale.shape()};
+  };
 
   // Weights: every declared one present with its declared shape, nothing unexpected.
   io::Checkpoint ckpt = io::Checkpoint::open(impl->path);
@@ -157,6 +205,10 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     impl->tp = std::make_shared<distributed::TpModel>(*opt.distributed_config,
                                                       impl->arch->tp_plan(), decls);
     impl->arch->validate_tp(c, *impl->tp);
+    if (int8)
+      throw UnsupportedError(
+          "quantize=\"int8\" with tensor parallelism is not supported yet: load the model in "
+          "bfloat16 under tp_size > 1, or quantize in a single process");
   }
   for (const auto& s : specs) {
     std::string source = s.name;
@@ -172,11 +224,17 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     if (!is_float(info.dtype))
       throw FormatError("tensor '" + s.name + "' in " + info.file + " has dtype " +
                         std::string(dtype_name(info.dtype)) + "; weights must be floating point");
+    if (quantized(s.name, s.shape)) {
+      add_quantized(s.name, ckpt.get(source));
+      continue;
+    }
     // Weights in the requested dtype are used straight from the mapping; others are converted.
-    Tensor t = impl->tp ? impl->tp->load(ckpt, s.name, source, impl->dtype)
-                        : ckpt.get(source).to(impl->dtype);
+    // Weights in the requested dtype are used straight from the mapping; others are converted.
+    // The bias of an int8 linear is f32, as its kernel takes it.
+    const DType want = bias_of_quantized(s.name) ? DType::f32 : impl->dtype;
+    Tensor t = impl->tp ? impl->tp->load(ckpt, s.name, source, want) : ckpt.get(source).to(want);
     impl->weights[s.name] = impl->backend->upload(t);
-    impl->weight_types[s.name] = {impl->dtype, t.shape()};
+    impl->weight_types[s.name] = {want, t.shape()};
   }
   for (const auto& s : specs)
     if (!impl->weights.count(s.name) && !s.tied_to.empty() && impl->tp &&
@@ -188,7 +246,12 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       impl->weight_types[s.name] = {impl->dtype, t.shape()};
     }
   for (const auto& s : specs)
-    if (!impl->weights.count(s.name) && !s.tied_to.empty()) {
+    if (!impl->weights.count(s.name) && !s.tied_to.empty() && quantized(s.name, s.shape) &&
+        !quantized(s.tied_to, s.shape)) {
+      // The embedding stays as stored for the gather; the head multiplies an int8 copy. The
+      // pages are re-read from the mapping when the first tokens are embedded.
+      add_quantized(s.name, ckpt.get(s.tied_to));
+    } else if (!impl->weights.count(s.name) && !s.tied_to.empty()) {
       impl->weights[s.name] = impl->weights.at(s.tied_to);
       impl->weight_types[s.name] = impl->weight_types.at(s.tied_to);
     }

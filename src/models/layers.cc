@@ -66,6 +66,8 @@ std::vector<WeightSpec> decoder_weights(const ModelConfig& c, const DecoderOptio
 
 Value linear(GraphBuilder& b, Params& p, Value x, const std::string& prefix) {
   Value bias = p.has(prefix + ".bias") ? p(prefix + ".bias") : -1;
+  if (p.has(prefix + ".weight_scale"))  // quantized at load (LoadOptions::quantize)
+    return b.linear_int8(x, p(prefix + ".weight"), p(prefix + ".weight_scale"), bias, prefix);
   using distributed::TpStyle;
   const distributed::TpModel* tp = p.tp();
   if (!tp) return b.linear(x, p(prefix + ".weight"), bias, prefix);

@@ -180,6 +180,70 @@ TEST(Ops, Linear) {
   });
 }
 
+// int8 weights with per-block scales: the same shapes as Ops.Linear (GEMV and GEMM paths, tails
+// in K, partial last blocks, N tails). The int8 values widen to f32 exactly and each block's
+// scale is one more rounding, so the tolerance is the f32 one for 2K + 2 terms.
+TEST(Ops, LinearInt8) {
+  const LinearCase cases[] = {{1, 1, 1, false},    {1, 3, 5, true},     {1, 37, 100, false},
+                              {1, 64, 1024, true}, {1, 9, 2111, false}, {2, 17, 33, true},
+                              {3, 40, 77, false},  {4, 16, 16, false},  {5, 33, 130, true},
+                              {7, 50, 257, false}, {13, 70, 300, true}, {9, 20, 2100, false},
+                              {16, 64, 64, false}};
+  std::mt19937 rng(4321);
+  std::uniform_int_distribution<int> qdist(-127, 127);
+  for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
+    if (dt != DType::f32) return;  // one weight type; the dtype loop does not apply
+    for (const auto& c : cases) {
+      std::vector<float> x = random_f32(rng, size_t(c.M * c.K));
+      std::vector<int8_t> w(size_t(c.N * c.K));
+      for (auto& v : w) v = int8_t(qdist(rng));
+      std::vector<float> scale = random_f32(rng, size_t(c.N * int8_blocks(c.K)), 1e-3f, 1e-2f);
+      std::vector<float> b = random_f32(rng, size_t(c.N));
+      std::vector<float> y(size_t(c.M * c.N), NAN), want(y.size());
+      const float* bias = c.bias ? b.data() : nullptr;
+      linear_int8(x.data(), w.data(), scale.data(), bias, y.data(), c.M, c.N, c.K, pool);
+      ref::linear_int8(x.data(), w.data(), scale.data(), bias, want.data(), c.M, c.N, c.K);
+      expect_close(y, want, nmse_tolerance(2 * c.K + 2),
+                   what + " int8 M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+                       " K=" + std::to_string(c.K));
+    }
+  });
+}
+
+// Quantization: every value within half a step of its original, the largest magnitude of each
+// block at +-127, and an all-zero block stays zero with scale 0 (K = 300: 9 full blocks and a
+// partial one).
+TEST(Ops, QuantizeInt8RoundTrip) {
+  std::mt19937 rng(99);
+  for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
+    const int64_t N = 7, K = 300;
+    Tensor w = random_tensor(rng, size_t(N * K), dt, -3.0f, 3.0f);
+    for (int64_t k = 0; k < K; ++k) {  // row 2 all zero
+      w.f[size_t(2 * K + k)] = 0.0f;
+      if (dt == DType::bf16) w.h[size_t(2 * K + k)] = 0;
+    }
+    std::vector<int8_t> q(size_t(N * K));
+    const int64_t nb = int8_blocks(K);
+    std::vector<float> scale(static_cast<size_t>(N * nb));
+    quantize_int8(w.data(), dt, q.data(), scale.data(), N, K, pool);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t b = 0; b < nb; ++b) {
+        const float sc = scale[size_t(n * nb + b)];
+        float amax = 0;
+        int qmax = 0;
+        for (int64_t k = b * kInt8Block; k < std::min(K, (b + 1) * kInt8Block); ++k) {
+          const float v = w.f[size_t(n * K + k)], r = sc * q[size_t(n * K + k)];
+          amax = std::max(amax, std::abs(v));
+          qmax = std::max(qmax, std::abs(int(q[size_t(n * K + k)])));
+          ASSERT_LE(std::abs(v - r), 0.5f * sc * (1 + 1e-5f) + 1e-30f)
+              << what << " row " << n << " k " << k;
+        }
+        EXPECT_FLOAT_EQ(sc, amax / 127.0f) << what;
+        EXPECT_EQ(qmax, n == 2 ? 0 : 127) << what << " row " << n << " block " << b;
+      }
+  });
+}
+
 // -------------------------------------------------------------------- embedding, add, cache
 
 TEST(Ops, EmbeddingIsExact) {
@@ -354,6 +418,23 @@ TEST(Reference, LinearSmall) {
   const uint16_t wb[] = {f32_to_bf16(2), f32_to_bf16(-0.5f)};  // (1, 2) in bf16
   ref::linear(x, wb, DType::bf16, nullptr, y, 1, 1, 2);
   EXPECT_FLOAT_EQ(y[0], 1.0f);
+}
+
+TEST(Reference, LinearInt8Small) {
+  const float x[] = {1, 2};
+  const int8_t w[] = {127, -1, 0, 3};  // (2, 2): one block per row
+  const float scale[] = {0.5f, 2.0f}, b[] = {1, -1};
+  float y[2];
+  ref::linear_int8(x, w, scale, b, y, 1, 2, 2);
+  EXPECT_FLOAT_EQ(y[0], (127 - 2) * 0.5f + 1);  // 63.5
+  EXPECT_FLOAT_EQ(y[1], 6 * 2.0f - 1);          // 11
+  // K = 40: a full block of 32 (scale 0.5) and a partial one of 8 (scale 3).
+  std::vector<float> ones(40, 1.0f);
+  std::vector<int8_t> w2(40, 1);
+  for (int k = 32; k < 40; ++k) w2[size_t(k)] = 2;
+  const float s2[] = {0.5f, 3.0f};
+  ref::linear_int8(ones.data(), w2.data(), s2, nullptr, y, 1, 1, 40);
+  EXPECT_FLOAT_EQ(y[0], 32 * 0.5f + 8 * 2 * 3.0f);  // 64
 }
 
 TEST(Reference, RmsNormOf3And4) {

@@ -1,8 +1,12 @@
 #include "backends/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "backends/cpu/kernels.h"
 #include "distributed/process_group.h"
@@ -35,6 +39,59 @@ struct Slot {
 };
 
 constexpr int64_t kAlign = 64;
+static_assert(graph::kInt8Block == cpu::kInt8Block, "the graph and the kernels agree on blocks");
+
+// Opt-in time per op kind (TFORMERS_PROFILE=1), summed over every run of every CPU executable
+// and printed to stderr at exit, so a user can see where a forward pass spends its time
+// without a profiler. The lm_head linear is its own row: with a large vocabulary it is the
+// single biggest matrix.
+class OpProfile {
+ public:
+  static OpProfile* get() {
+    static OpProfile* p = [] {
+      const char* e = std::getenv("TFORMERS_PROFILE");
+      return e && *e && std::string(e) != "0" ? new OpProfile : nullptr;
+    }();
+    return p;
+  }
+  void add(const char* kind, double seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Row& r = rows_[kind];
+    ++r.calls;
+    r.seconds += seconds;
+  }
+  void add_run() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++runs_;
+  }
+
+ private:
+  struct Row {
+    uint64_t calls = 0;
+    double seconds = 0;
+  };
+  OpProfile() {
+    std::atexit([] { get()->print(); });
+  }
+  void print() {
+    std::lock_guard<std::mutex> lock(mu_);
+    double total = 0;
+    for (const auto& [k, r] : rows_) total += r.seconds;
+    std::vector<std::pair<std::string, Row>> sorted(rows_.begin(), rows_.end());
+    std::sort(sorted.begin(), sorted.end(),
+              [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+    std::fprintf(stderr, "tformers profile: %llu runs, %.3f s in ops\n", (unsigned long long)runs_,
+                 total);
+    std::fprintf(stderr, "  %-14s %10s %12s %12s %7s\n", "op", "calls", "total ms", "us/call", "%");
+    for (const auto& [k, r] : sorted)
+      std::fprintf(stderr, "  %-14s %10llu %12.2f %12.2f %6.1f%%\n", k.c_str(),
+                   (unsigned long long)r.calls, r.seconds * 1e3, r.seconds * 1e6 / double(r.calls),
+                   total > 0 ? 100.0 * r.seconds / total : 0.0);
+  }
+  std::mutex mu_;
+  std::map<std::string, Row> rows_;
+  uint64_t runs_ = 0;
+};
 
 class CpuExecutable : public Executable {
  public:
@@ -193,7 +250,24 @@ void CpuExecutable::run(std::span<Buffer* const> params, std::span<Buffer* const
   }
   check_runtime_values();
   const auto& nodes = graph_.nodes();
-  for (int i = 0; i < int(nodes.size()); ++i) execute(nodes[i], i);
+  if (OpProfile* prof = OpProfile::get()) {
+    using Clock = std::chrono::steady_clock;
+    for (int i = 0; i < int(nodes.size()); ++i) {
+      const Node& nd = nodes[i];
+      if (nd.op == Op::kParameter || nd.op == Op::kState || nd.op == Op::kInput ||
+          nd.op == Op::kReshape) {
+        execute(nd, i);
+        continue;
+      }
+      auto t0 = Clock::now();
+      execute(nd, i);
+      prof->add(nd.name == "lm_head" ? "lm_head" : graph::op_name(nd.op),
+                std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    prof->add_run();
+  } else {
+    for (int i = 0; i < int(nodes.size()); ++i) execute(nodes[i], i);
+  }
   for (size_t k = 0; k < outputs.size(); ++k) {
     const Node& n = graph_.node(graph_.outputs()[k]);
     TF_CHECK(outputs[k]->dtype() == n.type.dtype && outputs[k]->shape() == n.type.shape, "output ",
@@ -241,6 +315,12 @@ void CpuExecutable::execute(const Node& n, int id) {
       DType bias_type = n.inputs.size() > 2 ? in_type(2).dtype : in_type(1).dtype;
       TF_CHECK(bias == nullptr || bias_type == in_type(1).dtype, "bias dtype must match weight");
       cpu::linear(f32(0), in(1), in_type(1).dtype, bias, out, m, s.back(), k, pool);
+      return;
+    }
+    case Op::kLinearInt8: {
+      int64_t k = in_type(0).shape.back(), m = shape_numel(in_type(0).shape) / k;
+      cpu::linear_int8(f32(0), static_cast<const int8_t*>(in(1)), f32(2),
+                       n.inputs.size() > 3 ? f32(3) : nullptr, out, m, s.back(), k, pool);
       return;
     }
     case Op::kRMSNorm: {

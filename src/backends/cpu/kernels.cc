@@ -3,6 +3,9 @@
 // sums instead of one serial accumulator).
 #include "backends/cpu/kernels.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <new>
 
 #include "backends/cpu/kernels_impl.h"
@@ -27,6 +30,7 @@ struct ScalarOps {
   }
   static float value(float v) { return v; }
   static float value(uint16_t v) { return bf16_to_f32(v); }
+  static float value(int8_t v) { return float(v); }
   template <int N, class KV>
   static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
     for (int g = 0; g < N; ++g) out[g] = dot_t(q[g], k, n);
@@ -42,10 +46,11 @@ struct ScalarOps {
 };
 
 // Up to kRows rows of x against one weight row at a time, so each weight row streamed from
-// memory is used kRows times.
-template <class W>
-void linear_scalar_t(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N,
-                     int64_t K, ThreadPool& pool) {
+// memory is used kRows times. scale (N), when given, multiplies each output channel before the
+// bias is added (int8 weights).
+template <class W, class B>
+void linear_scalar_t(const float* x, const W* w, const float* scale, const B* bias, float* y,
+                     int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
   constexpr int kRows = 4;
   pool.parallel_for(
       N,
@@ -55,8 +60,9 @@ void linear_scalar_t(const float* x, const W* w, const W* bias, float* y, int64_
           for (int64_t n = n0; n < n1; ++n) {
             const W* wr = w + n * K;
             const float b = bias ? ScalarOps::value(bias[n]) : 0.0f;
+            const float sc = scale ? scale[n] : 1.0f;
             for (int r = 0; r < rows; ++r)
-              y[(m0 + r) * N + n] = ScalarOps::dot_t(x + (m0 + r) * K, wr, K) + b;
+              y[(m0 + r) * N + n] = ScalarOps::dot_t(x + (m0 + r) * K, wr, K) * sc + b;
           }
         }
       },
@@ -66,11 +72,30 @@ void linear_scalar_t(const float* x, const W* w, const W* bias, float* y, int64_
 void linear_scalar(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
                    int64_t N, int64_t K, ThreadPool& pool) {
   if (wt == DType::bf16)
-    linear_scalar_t(x, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(bias), y, M, N,
-                    K, pool);
+    linear_scalar_t(x, static_cast<const uint16_t*>(w), nullptr, static_cast<const uint16_t*>(bias),
+                    y, M, N, K, pool);
   else
-    linear_scalar_t(x, static_cast<const float*>(w), static_cast<const float*>(bias), y, M, N, K,
-                    pool);
+    linear_scalar_t(x, static_cast<const float*>(w), nullptr, static_cast<const float*>(bias), y, M,
+                    N, K, pool);
+}
+
+void linear_int8_scalar(const float* x, const int8_t* w, const float* scale, const float* bias,
+                        float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
+  const int64_t nb = int8_blocks(K);
+  pool.parallel_for(
+      N,
+      [&](int64_t n0, int64_t n1, int) {
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = n0; n < n1; ++n) {
+            float acc = bias ? bias[n] : 0.0f;
+            for (int64_t b = 0; b < nb; ++b) {
+              const int64_t k0 = b * kInt8Block, len = std::min(kInt8Block, K - k0);
+              acc += scale[n * nb + b] * ScalarOps::dot_t(x + m * K + k0, w + n * K + k0, len);
+            }
+            y[m * N + n] = acc;
+          }
+      },
+      16);
 }
 
 const KernelTable& table() {
@@ -108,7 +133,7 @@ void* thread_scratch(Scratch slot, size_t bytes) {
 }
 
 const KernelTable& scalar_kernels() {
-  static const KernelTable t = make_table<ScalarOps>(&linear_scalar);
+  static const KernelTable t = make_table<ScalarOps>(&linear_scalar, &linear_int8_scalar);
   return t;
 }
 
@@ -116,6 +141,39 @@ void linear(const float* x, const void* w, DType wt, const void* bias, float* y,
             int64_t N, int64_t K, ThreadPool& pool) {
   table().linear(x, w, wt, bias, y, M, N, K, pool);
 }
+void linear_int8(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
+                 int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
+  table().linear_int8(x, w, scale, bias, y, M, N, K, pool);
+}
+
+void quantize_int8(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
+                   ThreadPool& pool) {
+  const int64_t nb = int8_blocks(K);
+  pool.parallel_for(N, [&](int64_t n0, int64_t n1, int) {
+    float v[kInt8Block];
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t k0 = b * kInt8Block, len = std::min(kInt8Block, K - k0);
+        if (wt == DType::bf16)
+          for (int64_t i = 0; i < len; ++i)
+            v[i] = bf16_to_f32(static_cast<const uint16_t*>(w)[n * K + k0 + i]);
+        else
+          std::memcpy(v, static_cast<const float*>(w) + n * K + k0, size_t(len) * sizeof(float));
+        float amax = 0.0f;
+        for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(v[i]));
+        scale[n * nb + b] = amax / 127.0f;
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        // |v * inv| <= 127 (up to rounding), so adding and subtracting 1.5 * 2^23 rounds to the
+        // nearest integer, ties to even, in a form the compiler vectorizes.
+        constexpr float kRound = 12582912.0f;
+        for (int64_t i = 0; i < len; ++i) {
+          const float r = (v[i] * inv + kRound) - kRound;
+          q[n * K + k0 + i] = int8_t(std::clamp(r, -127.0f, 127.0f));
+        }
+      }
+  });
+}
+
 void embedding(const void* tbl, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out,
                ThreadPool& pool) {
   table().embedding(tbl, dt, ids, n, D, out, pool);

@@ -22,6 +22,8 @@ namespace tformers::cpu {
 struct KernelTable {
   void (*linear)(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
                  int64_t N, int64_t K, ThreadPool& pool);
+  void (*linear_int8)(const float* x, const int8_t* w, const float* scale, const float* bias,
+                      float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool);
   void (*embedding)(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D,
                     float* out, ThreadPool& pool);
   void (*rms_norm)(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D,
@@ -296,8 +298,10 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
 
 // Builds a table from a target's linear kernel and its vector primitives.
 template <class Ops>
-KernelTable make_table(decltype(KernelTable::linear) linear) {
+KernelTable make_table(decltype(KernelTable::linear) linear,
+                       decltype(KernelTable::linear_int8) linear_int8) {
   return KernelTable{linear,
+                     linear_int8,
                      &embedding_impl<Ops>,
                      &rms_norm_impl<Ops>,
                      &rope_impl<Ops>,

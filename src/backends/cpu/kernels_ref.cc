@@ -28,6 +28,19 @@ void linear(const float* x, const void* w, DType wt, const void* bias, float* y,
   }
 }
 
+void linear_int8(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
+                 int64_t M, int64_t N, int64_t K) {
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = bias ? double(bias[n]) : 0.0;
+      for (int64_t k = 0; k < K; ++k)
+        acc += double(x[m * K + k]) * double(w[n * K + k]) *
+               double(scale[n * int8_blocks(K) + k / kInt8Block]);
+      y[m * N + n] = float(acc);
+    }
+  }
+}
+
 void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t i = 0; i < D; ++i)

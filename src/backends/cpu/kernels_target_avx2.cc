@@ -10,6 +10,8 @@
 //   of x against it, so each weight byte from memory feeds M multiply-adds.
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "backends/cpu/kernels_impl.h"
 
 // Register tiles are arrays indexed by loop counters; `#pragma GCC unroll` makes GCC unroll those
@@ -33,6 +35,11 @@ inline __m256 load8_bf16(const uint16_t* p) {
 }
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) { return load8_bf16(p); }
+// 8 int8 -> 8 f32 in order (exact).
+inline __m256 load8(const int8_t* p) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
 
 struct Avx2Ops {
   template <class W>
@@ -53,6 +60,7 @@ struct Avx2Ops {
   }
   static float value(float v) { return v; }
   static float value(uint16_t v) { return bf16_to_f32(v); }
+  static float value(int8_t v) { return float(v); }
   // N dot products against one k row, which is loaded once.
   template <int N, class KV>
   static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
@@ -116,6 +124,12 @@ inline void load16(const float* p, __m256& lo, __m256& hi) {
   lo = _mm256_loadu_ps(p);
   hi = _mm256_loadu_ps(p + 8);
 }
+// int8 weights: 16 values in order (x is not repacked for them).
+inline void load16(const int8_t* p, __m256& lo, __m256& hi) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+  hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b)));
+}
 
 // x row (K) reordered for bf16 weights: per full block of 16, the 8 even then the 8 odd values;
 // the tail (K % 16) stays in order. f32 weights use x as is.
@@ -161,15 +175,66 @@ inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[R][MR]
     }
 }
 
-// y rows [n0, n1) for MR rows of x (packed, stride K), y stride N.
-template <int MR, class W>
-void gemv_rows(const float* x, const W* w, const W* bias, float* y, int64_t N, int64_t K,
-               int64_t n0, int64_t n1) {
+// int8 weights: R rows (stride K) with per-block scales (stride nb) against MR x rows. Each
+// 32-value block is summed unscaled and then added times its scale, one FMA per block.
+template <int R, int MR>
+inline void gemv_tile_q8(const float* x, const int8_t* w, const float* scale, int64_t K, int64_t nb,
+                         float (&out)[R][MR]) {
+  __m256 acc[R][MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < MR; ++i) acc[r][i] = _mm256_setzero_ps();
+  const int64_t full = K / kInt8Block * kInt8Block;
+  for (int64_t k = 0; k < full; k += kInt8Block) {
+    const int64_t b = k / kInt8Block;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k) + 256, _MM_HINT_T0);
+      __m256 w0, w1, w2, w3;
+      load16(w + r * K + k, w0, w1);
+      load16(w + r * K + k + 16, w2, w3);
+      const __m256 s = _mm256_set1_ps(scale[r * nb + b]);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const float* xi = x + i * K + k;
+        __m256 p = _mm256_mul_ps(w0, _mm256_loadu_ps(xi));
+        p = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xi + 8), p);
+        p = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xi + 16), p);
+        p = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xi + 24), p);
+        acc[r][i] = _mm256_fmadd_ps(p, s, acc[r][i]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < MR; ++i) {
+      float s = hsum(acc[r][i]), t = 0.0f;
+      for (int64_t k = full; k < K; ++k) t += x[i * K + k] * float(w[r * K + k]);
+      if (full < K) s += t * scale[r * nb + full / kInt8Block];
+      out[r][i] = s;
+    }
+}
+
+// R rows of w against MR rows of x: the float tile, or the int8 one with its block scales.
+template <int R, int MR, class W>
+inline void gemv_any(const float* x, const W* w, const float* scale, int64_t K,
+                     float (&out)[R][MR]) {
+  if constexpr (std::is_same_v<W, int8_t>)
+    gemv_tile_q8<R, MR>(x, w, scale, K, int8_blocks(K), out);
+  else
+    gemv_tile<R, MR>(x, w, K, out);
+}
+
+// y rows [n0, n1) for MR rows of x (packed, stride K), y stride N, plus bias[n]; scale is the
+// int8 block scales (N, int8_blocks(K)), null for float weights.
+template <int MR, class W, class B>
+void gemv_rows(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t N,
+               int64_t K, int64_t n0, int64_t n1) {
   constexpr int R = MR == 1 ? 4 : 2;
   int64_t n = n0;
   for (; n + R <= n1; n += R) {
     float out[R][MR];
-    gemv_tile<R, MR>(x, w + n * K, K, out);
+    gemv_any<R, MR>(x, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float b = bias ? Avx2Ops::value(bias[n + r]) : 0.0f;
@@ -179,16 +244,16 @@ void gemv_rows(const float* x, const W* w, const W* bias, float* y, int64_t N, i
   }
   for (; n < n1; ++n) {
     float out[1][MR];
-    gemv_tile<1, MR>(x, w + n * K, K, out);
+    gemv_any<1, MR>(x, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
     const float b = bias ? Avx2Ops::value(bias[n]) : 0.0f;
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] + b;
   }
 }
 
-template <class W>
-void gemv(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
-          ThreadPool& pool) {
+template <class W, class B>
+void gemv(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
+          int64_t N, int64_t K, ThreadPool& pool) {
   const float* xp = x;
   if constexpr (sizeof(W) == 2) {
     // Packed on the calling thread; workers only read it during this call.
@@ -200,8 +265,9 @@ void gemv(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
       N,
       [&](int64_t n0, int64_t n1, int) {
         int64_t m = 0;
-        for (; m + 2 <= M; m += 2) gemv_rows<2>(xp + m * K, w, bias, y + m * N, N, K, n0, n1);
-        if (m < M) gemv_rows<1>(xp + m * K, w, bias, y + m * N, N, K, n0, n1);
+        for (; m + 2 <= M; m += 2)
+          gemv_rows<2>(xp + m * K, w, scale, bias, y + m * N, N, K, n0, n1);
+        if (m < M) gemv_rows<1>(xp + m * K, w, scale, bias, y + m * N, N, K, n0, n1);
       },
       32);
 }
@@ -252,6 +318,33 @@ void pack_panel(const W* w, int64_t K, int64_t n0, int rows, int64_t k0, int64_t
   for (; k < kc; ++k)
     for (int j = 0; j < kNR; ++j)
       panel[k * kNR + j] = j < rows ? Avx2Ops::value(w[(n0 + j) * K + k0 + k]) : 0.0f;
+}
+
+// The int8 panel: values times their block scale, so the GEMM itself is the f32 one. k0 is a
+// multiple of kKC and k of 8, so 8 consecutive values share one block scale.
+void pack_panel(const int8_t* w, const float* scale, int64_t K, int64_t n0, int rows, int64_t k0,
+                int64_t kc, float* panel) {
+  const int64_t nb = int8_blocks(K);
+  int64_t k = 0;
+  if (rows == kNR) {
+    for (; k + 8 <= kc; k += 8) {
+      for (int part = 0; part < kNR / 8; ++part) {
+        __m256 r[8];
+        for (int j = 0; j < 8; ++j) {
+          const int64_t n = n0 + part * 8 + j;
+          r[j] = _mm256_mul_ps(load8(w + n * K + k0 + k),
+                               _mm256_set1_ps(scale[n * nb + (k0 + k) / kInt8Block]));
+        }
+        transpose8(r);  // r[kk] = 8 rows at k + kk
+        for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(panel + (k + kk) * kNR + part * 8, r[kk]);
+      }
+    }
+  }
+  for (; k < kc; ++k)
+    for (int j = 0; j < kNR; ++j)
+      panel[k * kNR + j] =
+          j < rows ? float(w[(n0 + j) * K + k0 + k]) * scale[(n0 + j) * nb + (k0 + k) / kInt8Block]
+                   : 0.0f;
 }
 
 inline void store_tile_row(float* yr, __m256 c0, __m256 c1, int cols, bool accumulate) {
@@ -310,9 +403,9 @@ void gemm_rows(int mr, const float* x, int64_t ldx, const float* panel, int64_t 
   }
 }
 
-template <class W>
-void gemm(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
-          ThreadPool& pool) {
+template <class W, class B>
+void gemm(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
+          int64_t N, int64_t K, ThreadPool& pool) {
   const int64_t panels = (N + kNR - 1) / kNR;
   pool.parallel_for(
       panels,
@@ -322,9 +415,13 @@ void gemm(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
           const int64_t g1 = std::min(p1, g0 + kGroup);
           for (int64_t k0 = 0; k0 < K; k0 += kKC) {
             const int64_t kc = std::min(kKC, K - k0);
-            for (int64_t p = g0; p < g1; ++p)
-              pack_panel(w, K, p * kNR, int(std::min<int64_t>(kNR, N - p * kNR)), k0, kc,
-                         panel + (p - g0) * kKC * kNR);
+            for (int64_t p = g0; p < g1; ++p) {
+              const int rows = int(std::min<int64_t>(kNR, N - p * kNR));
+              if constexpr (std::is_same_v<W, int8_t>)
+                pack_panel(w, scale, K, p * kNR, rows, k0, kc, panel + (p - g0) * kKC * kNR);
+              else
+                pack_panel(w, K, p * kNR, rows, k0, kc, panel + (p - g0) * kKC * kNR);
+            }
             // The x block (kMR rows x kc) stays in L1 while it meets every panel of the group.
             for (int64_t m = 0; m < M; m += kMR) {
               const int mr = int(std::min<int64_t>(kMR, M - m));
@@ -345,28 +442,34 @@ void gemm(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_
       kGroup);
 }
 
-template <class W>
-void linear_t(const float* x, const W* w, const W* bias, float* y, int64_t M, int64_t N, int64_t K,
-              ThreadPool& pool) {
+template <class W, class B>
+void linear_t(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
+              int64_t N, int64_t K, ThreadPool& pool) {
   if (M >= kGemmMinRows)
-    gemm(x, w, bias, y, M, N, K, pool);
+    gemm(x, w, scale, bias, y, M, N, K, pool);
   else
-    gemv(x, w, bias, y, M, N, K, pool);
+    gemv(x, w, scale, bias, y, M, N, K, pool);
 }
 
 void linear_avx2(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
                  int64_t N, int64_t K, ThreadPool& pool) {
   if (wt == DType::bf16)
-    linear_t(x, static_cast<const uint16_t*>(w), static_cast<const uint16_t*>(bias), y, M, N, K,
-             pool);
+    linear_t(x, static_cast<const uint16_t*>(w), nullptr, static_cast<const uint16_t*>(bias), y, M,
+             N, K, pool);
   else
-    linear_t(x, static_cast<const float*>(w), static_cast<const float*>(bias), y, M, N, K, pool);
+    linear_t(x, static_cast<const float*>(w), nullptr, static_cast<const float*>(bias), y, M, N, K,
+             pool);
+}
+
+void linear_int8_avx2(const float* x, const int8_t* w, const float* scale, const float* bias,
+                      float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
+  linear_t(x, w, scale, bias, y, M, N, K, pool);
 }
 
 }  // namespace
 
 const KernelTable& avx2_kernels() {
-  static const KernelTable t = make_table<Avx2Ops>(&linear_avx2);
+  static const KernelTable t = make_table<Avx2Ops>(&linear_avx2, &linear_int8_avx2);
   return t;
 }
 
