@@ -120,10 +120,10 @@ ModelConfig parse_config(const io::Json& j, const std::string& where,
   return c;
 }
 
-// LoadOptions::quantize = "int8": (N,K) int8 values and (N, K / 32) f32 block scales for a float
-// weight (see cpu::quantize_int8). The
-// source pages of the mapping are released afterwards (they stay in the page cache), so resident
-// memory holds the int8 copy rather than both.
+// LoadOptions::quantize = "int8": (N,K) int8 values and (N, ceil(K / 32)) f32 block scales for a
+// float weight (see cpu::quantize_int8). The source pages of the mapping are released afterwards
+// (they stay in the page cache and are re-read if used again, as the tied embedding's are), so
+// resident memory holds the int8 copy rather than both.
 std::pair<Tensor, Tensor> quantize_int8(const Tensor& w) {
   Tensor src = (w.dtype() == DType::f32 || w.dtype() == DType::bf16) ? w : w.to(DType::f32);
   const int64_t N = w.dim(0), K = w.dim(1);

@@ -182,7 +182,10 @@ TEST(Ops, Linear) {
 
 // int8 weights with per-block scales: the same shapes as Ops.Linear (GEMV and GEMM paths, tails
 // in K, partial last blocks, N tails). The int8 values widen to f32 exactly and each block's
-// scale is one more rounding, so the tolerance is the f32 one for 2K + 2 terms.
+// scale is one more rounding, so the f32 tolerance for 2K + 2 terms; the AVX2 GEMV also rounds
+// x to int16 per 32-block (relative error at most 2^-16 of the block's largest |x|, independent
+// across k), which adds at most (2^-15)^2 to the NMSE whatever K is, as bf16 x does in
+// Ops.Linear.
 TEST(Ops, LinearInt8) {
   const LinearCase cases[] = {{1, 1, 1, false},    {1, 3, 5, true},     {1, 37, 100, false},
                               {1, 64, 1024, true}, {1, 9, 2111, false}, {2, 17, 33, true},
@@ -203,7 +206,7 @@ TEST(Ops, LinearInt8) {
       const float* bias = c.bias ? b.data() : nullptr;
       linear_int8(x.data(), w.data(), scale.data(), bias, y.data(), c.M, c.N, c.K, pool);
       ref::linear_int8(x.data(), w.data(), scale.data(), bias, want.data(), c.M, c.N, c.K);
-      expect_close(y, want, nmse_tolerance(2 * c.K + 2),
+      expect_close(y, want, nmse_tolerance(2 * c.K + 2) + 0x1p-30,
                    what + " int8 M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
                        " K=" + std::to_string(c.K));
     }

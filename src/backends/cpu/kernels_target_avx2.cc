@@ -175,11 +175,47 @@ inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[R][MR]
     }
 }
 
-// int8 weights: R rows (stride K) with per-block scales (stride nb) against MR x rows. Each
-// 32-value block is summed unscaled and then added times its scale, one FMA per block.
+// x rows for int8 weights, rounded to int16 once per call with one scale per 32-value block:
+// q (M, K) with x ~ s[b] * q (|q| <= 32767), s (M, int8_blocks(K)). The rounding error is at most
+// 2^-16 of the block's largest |x|, far below the int8 weights' own (2^-8 of theirs), and it lets
+// the GEMV multiply with vpmaddwd: 16 weights per instruction, no int-to-float conversion per
+// weight. Only full blocks are used; the tail of K stays f32.
+struct XQ16 {
+  const int16_t* q;
+  const float* s;
+};
+
+void quantize_x16(const float* x, int64_t K, int16_t* q, float* s) {
+  const int64_t full = K / kInt8Block * kInt8Block;
+  for (int64_t k = 0; k < full; k += kInt8Block) {
+    __m256 v[4], m = _mm256_setzero_ps();
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(x + k + 8 * j);
+      m = _mm256_max_ps(m, _mm256_and_ps(v[j], abs_mask));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    s[k / kInt8Block] = amax / 32767.0f;
+    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
+    __m256i i32[4];
+    for (int j = 0; j < 4; ++j) i32[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));  // nearest
+    // packs works within 128-bit lanes: (a0 b0 | a1 b1) -> reorder the 64-bit quarters.
+    __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[0], i32[1]), 0xd8);
+    __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i32[2], i32[3]), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), p01);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k + 16), p23);
+  }
+}
+
+// int8 weights: R rows (stride K) with per-block scales (stride nb) against MR x rows (f32 x for
+// the tail, int16 xq for full blocks). Each block is an exact integer dot product (|sum| < 2^27)
+// converted once and added times scale_w * scale_x.
 template <int R, int MR>
-inline void gemv_tile_q8(const float* x, const int8_t* w, const float* scale, int64_t K, int64_t nb,
-                         float (&out)[R][MR]) {
+inline void gemv_tile_q8(const float* x, XQ16 xq, const int8_t* w, const float* scale, int64_t K,
+                         int64_t nb, float (&out)[R][MR]) {
   __m256 acc[R][MR];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -190,18 +226,17 @@ inline void gemv_tile_q8(const float* x, const int8_t* w, const float* scale, in
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k) + 256, _MM_HINT_T0);
-      __m256 w0, w1, w2, w3;
-      load16(w + r * K + k, w0, w1);
-      load16(w + r * K + k + 16, w2, w3);
-      const __m256 s = _mm256_set1_ps(scale[r * nb + b]);
+      const __m128i* wp = reinterpret_cast<const __m128i*>(w + r * K + k);
+      const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp));
+      const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp + 1));
+      const float sw = scale[r * nb + b];
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
-        const float* xi = x + i * K + k;
-        __m256 p = _mm256_mul_ps(w0, _mm256_loadu_ps(xi));
-        p = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xi + 8), p);
-        p = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xi + 16), p);
-        p = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xi + 24), p);
-        acc[r][i] = _mm256_fmadd_ps(p, s, acc[r][i]);
+        const __m256i* xp = reinterpret_cast<const __m256i*>(xq.q + i * K + k);
+        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xp)),
+                                           _mm256_madd_epi16(w1, _mm256_loadu_si256(xp + 1)));
+        acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sw * xq.s[i * nb + b]),
+                                    acc[r][i]);
       }
     }
   }
@@ -217,10 +252,10 @@ inline void gemv_tile_q8(const float* x, const int8_t* w, const float* scale, in
 
 // R rows of w against MR rows of x: the float tile, or the int8 one with its block scales.
 template <int R, int MR, class W>
-inline void gemv_any(const float* x, const W* w, const float* scale, int64_t K,
+inline void gemv_any(const float* x, XQ16 xq, const W* w, const float* scale, int64_t K,
                      float (&out)[R][MR]) {
   if constexpr (std::is_same_v<W, int8_t>)
-    gemv_tile_q8<R, MR>(x, w, scale, K, int8_blocks(K), out);
+    gemv_tile_q8<R, MR>(x, xq, w, scale, K, int8_blocks(K), out);
   else
     gemv_tile<R, MR>(x, w, K, out);
 }
@@ -228,13 +263,13 @@ inline void gemv_any(const float* x, const W* w, const float* scale, int64_t K,
 // y rows [n0, n1) for MR rows of x (packed, stride K), y stride N, plus bias[n]; scale is the
 // int8 block scales (N, int8_blocks(K)), null for float weights.
 template <int MR, class W, class B>
-void gemv_rows(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t N,
-               int64_t K, int64_t n0, int64_t n1) {
+void gemv_rows(const float* x, XQ16 xq, const W* w, const float* scale, const B* bias, float* y,
+               int64_t N, int64_t K, int64_t n0, int64_t n1) {
   constexpr int R = MR == 1 ? 4 : 2;
   int64_t n = n0;
   for (; n + R <= n1; n += R) {
     float out[R][MR];
-    gemv_any<R, MR>(x, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
+    gemv_any<R, MR>(x, xq, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float b = bias ? Avx2Ops::value(bias[n + r]) : 0.0f;
@@ -244,7 +279,7 @@ void gemv_rows(const float* x, const W* w, const float* scale, const B* bias, fl
   }
   for (; n < n1; ++n) {
     float out[1][MR];
-    gemv_any<1, MR>(x, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
+    gemv_any<1, MR>(x, xq, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
     const float b = bias ? Avx2Ops::value(bias[n]) : 0.0f;
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] + b;
@@ -261,13 +296,26 @@ void gemv(const float* x, const W* w, const float* scale, const B* bias, float* 
     for (int64_t m = 0; m < M; ++m) pack_x(x + m * K, K, p + m * K);
     xp = p;
   }
+  XQ16 xq{nullptr, nullptr};
+  const int64_t nb = int8_blocks(K);
+  if constexpr (std::is_same_v<W, int8_t>) {
+    // Rounded on the calling thread: (M, K) int16 values, then (M, nb) f32 scales.
+    char* p = thread_scratch<char>(Scratch::kPackedX, size_t(M * K * 2 + M * nb * 4 + 64));
+    int16_t* q = reinterpret_cast<int16_t*>(p);
+    float* s = reinterpret_cast<float*>(p + (M * K * 2 + 63) / 64 * 64);
+    for (int64_t m = 0; m < M; ++m) quantize_x16(x + m * K, K, q + m * K, s + m * nb);
+    xq = {q, s};
+  }
+  auto rows = [&](int64_t m) {
+    return XQ16{xq.q ? xq.q + m * K : nullptr, xq.s ? xq.s + m * nb : nullptr};
+  };
   pool.parallel_for(
       N,
       [&](int64_t n0, int64_t n1, int) {
         int64_t m = 0;
         for (; m + 2 <= M; m += 2)
-          gemv_rows<2>(xp + m * K, w, scale, bias, y + m * N, N, K, n0, n1);
-        if (m < M) gemv_rows<1>(xp + m * K, w, scale, bias, y + m * N, N, K, n0, n1);
+          gemv_rows<2>(xp + m * K, rows(m), w, scale, bias, y + m * N, N, K, n0, n1);
+        if (m < M) gemv_rows<1>(xp + m * K, rows(m), w, scale, bias, y + m * N, N, K, n0, n1);
       },
       32);
 }
