@@ -31,6 +31,7 @@
 #include "backends/cpu/kernels.h"
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
+#include "peak.h"
 #include "tformers/dtype.h"
 
 using namespace tformers;
@@ -82,79 +83,6 @@ double read_bandwidth(const std::vector<const void*>& pieces, int64_t bytes, int
     g_sink = total;
   });
   return double(n) * 8 / t / 1e9;
-}
-
-// ---- FMA peak: 12 independent accumulators in registers, no memory traffic.
-constexpr int64_t kPeakIters = 1 << 22;
-
-__attribute__((target("avx2,fma"))) double fma_loop_avx2() {
-  __m256 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(float(i) * 1e-3f);
-  const __m256 m = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-4f);
-  for (int64_t it = 0; it < kPeakIters; ++it)
-    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
-  __m256 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, a[i]);
-  float out[8];
-  _mm256_storeu_ps(out, s);
-  g_sink = uint64_t(out[0]);
-  return double(kPeakIters) * 12 * 8 * 2;  // flops
-}
-
-__attribute__((target("avx512f"))) double fma_loop_avx512() {
-  __m512 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(float(i) * 1e-3f);
-  const __m512 m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-4f);
-  for (int64_t it = 0; it < kPeakIters; ++it)
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
-  __m512 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
-  g_sink = uint64_t(_mm512_reduce_add_ps(s));
-  return double(kPeakIters) * 12 * 16 * 2;
-}
-
-// vdpbf16ps: 16 lanes x 2 products x 2 flops per instruction.
-__attribute__((target("avx512f,avx512bf16"))) double dpbf16_loop() {
-  __m512 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(float(i) * 1e-3f);
-  const __m512i m = _mm512_set1_epi32(0x3f803f80);  // (1.0, 1.0) in bf16
-  for (int64_t it = 0; it < kPeakIters; ++it)
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], (__m512bh)m, (__m512bh)m);
-  __m512 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
-  g_sink = uint64_t(_mm512_reduce_add_ps(s));
-  return double(kPeakIters) * 12 * 16 * 4;
-}
-
-double scalar_loop() {
-  float a[12];
-  for (int i = 0; i < 12; ++i) a[i] = float(i) * 1e-3f;
-  for (int64_t it = 0; it < kPeakIters; ++it)
-    for (int i = 0; i < 12; ++i) a[i] = a[i] * 0.999f + 1e-4f;
-  float s = 0;
-  for (float v : a) s += v;
-  g_sink = uint64_t(s);
-  return double(kPeakIters) * 12 * 2;
-}
-
-// GFLOP/s of `loop` run on every thread of the pool at once.
-double peak_gflops(double (*loop)(), ThreadPool& pool) {
-  double flops = 0;
-  const double t = median_time(3, [&] {
-    std::vector<double> f(size_t(pool.num_threads()));
-    pool.parallel_for(pool.num_threads(), [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) f[size_t(i)] = loop();
-    });
-    flops = 0;
-    for (double v : f) flops += v;
-  });
-  return flops / t / 1e9;
-}
-
-double (*f32_peak_loop(cpu::Target t))() {
-  if (t >= cpu::Target::kAVX512) return &fma_loop_avx512;
-  if (t >= cpu::Target::kAVX2) return &fma_loop_avx2;
-  return &scalar_loop;
 }
 
 }  // namespace
@@ -244,11 +172,11 @@ int main(int argc, char** argv) {
                   (long long)N, (long long)K, t * 1e6, gbs, 100.0 * gbs / ref,
                   i == 0 ? "piecewise" : "1 GiB");
     }
-    const double peak = peak_gflops(f32_peak_loop(target), pool);
+    const double peak = bench::peak_gflops(bench::f32_peak_loop(target), pool);
     std::printf("f32 FMA peak (registers only): %.1f GFLOP/s\n", peak);
     double bf16_peak = 0;
     if (target == cpu::Target::kAVX512BF16) {
-      bf16_peak = peak_gflops(&dpbf16_loop, pool);
+      bf16_peak = bench::peak_gflops(&bench::dpbf16_loop, pool);
       std::printf("bf16 dot peak (vdpbf16ps): %.1f GFLOP/s\n", bf16_peak);
     }
     for (int64_t M : {128, 512}) {

@@ -36,6 +36,7 @@
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
 #include "models/causal_lm_impl.h"
+#include "peak.h"
 #include "tformers/model.h"
 
 namespace {
@@ -159,77 +160,9 @@ double read_bandwidth(ThreadPool& pool) {
   return median(runs);
 }
 
-// ---- matmul peak: 12 independent accumulators in registers, no memory traffic.
-volatile float g_sink;
-constexpr int64_t kPeakIters = 1 << 22;
-
-__attribute__((target("avx2,fma"))) double fma_loop_avx2() {
-  __m256 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(float(i) * 1e-3f);
-  const __m256 m = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-4f);
-  for (int64_t it = 0; it < kPeakIters; ++it)
-    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
-  __m256 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, a[i]);
-  g_sink = _mm256_cvtss_f32(s);
-  return double(kPeakIters) * 12 * 8 * 2;
-}
-
-__attribute__((target("avx512f"))) double fma_loop_avx512() {
-  __m512 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(float(i) * 1e-3f);
-  const __m512 m = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-4f);
-  for (int64_t it = 0; it < kPeakIters; ++it)
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
-  __m512 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
-  g_sink = _mm512_reduce_add_ps(s);
-  return double(kPeakIters) * 12 * 16 * 2;
-}
-
-// vdpbf16ps: 16 lanes x 2 products x 2 flops per instruction.
-__attribute__((target("avx512f,avx512bf16"))) double dpbf16_loop() {
-  __m512 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(float(i) * 1e-3f);
-  const __m512i m = _mm512_set1_epi32(0x3f803f80);  // (1.0, 1.0) in bf16
-  for (int64_t it = 0; it < kPeakIters; ++it)
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], (__m512bh)m, (__m512bh)m);
-  __m512 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
-  g_sink = _mm512_reduce_add_ps(s);
-  return double(kPeakIters) * 12 * 16 * 4;
-}
-
-double scalar_loop() {
-  float a[12];
-  for (int i = 0; i < 12; ++i) a[i] = float(i) * 1e-3f;
-  for (int64_t it = 0; it < kPeakIters; ++it)
-    for (int i = 0; i < 12; ++i) a[i] = a[i] * 0.999f + 1e-4f;
-  float s = 0;
-  for (float v : a) s += v;
-  g_sink = s;
-  return double(kPeakIters) * 12 * 2;
-}
-
-// The bf16 matmul peak of the active target in GFLOP/s, every pool thread at once (median of 3).
+// The bf16 matmul peak of the active target in GFLOP/s, every pool thread at once.
 double matmul_peak(ThreadPool& pool) {
-  const cpu::Target t = cpu::active_target();
-  double (*loop)() = t >= cpu::Target::kAVX512BF16 ? &dpbf16_loop
-                     : t >= cpu::Target::kAVX512   ? &fma_loop_avx512
-                     : t >= cpu::Target::kAVX2     ? &fma_loop_avx2
-                                                   : &scalar_loop;
-  std::vector<double> runs;
-  for (int r = 0; r < 3; ++r) {
-    std::vector<double> f(size_t(pool.num_threads()));
-    auto t0 = Clock::now();
-    pool.parallel_for(pool.num_threads(), [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) f[size_t(i)] = loop();
-    });
-    double flops = 0;
-    for (double v : f) flops += v;
-    runs.push_back(flops / seconds_since(t0) / 1e9);
-  }
-  return median(runs);
+  return bench::peak_gflops(bench::matmul_peak_loop(cpu::active_target()), pool);
 }
 
 struct Machine {
