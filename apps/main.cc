@@ -8,8 +8,12 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
+
+#include <unistd.h>
 
 #include "core/cpu_features.h"
+#include "core/progress.h"
 #include "core/thread_pool.h"
 #include "distributed/launcher.h"
 #include "io/hub.h"
@@ -88,20 +92,25 @@ tformers::GenerationConfig generation_config(const GenerateArgs& a) {
   return gc;
 }
 
-tformers::LoadOptions load_options(const GenerateArgs& a) {
+// Loads the model, with a progress bar on a terminal when that takes more than half a second.
+tformers::CausalLM load_model(const GenerateArgs& a) {
   tformers::LoadOptions opt;
   opt.device_map = a.device;
   opt.verbose = a.verbose;
   opt.quantize = a.quantize;
   if (!a.dtype.empty()) opt.dtype = tformers::parse_dtype(a.dtype);
   if (a.tp > 0) opt.distributed_config = tformers::DistributedConfig{.tp_size = a.tp};
-  return opt;
+  tformers::ProgressBar bar(stderr,
+                            isatty(fileno(stderr)) && tformers::distributed::is_main_process());
+  opt.progress = [&bar](std::string_view stage, int64_t done, int64_t total) {
+    bar.update(stage, done, total);
+  };
+  return tformers::AutoModelForCausalLM::from_pretrained(a.model, opt);
 }
 
 int cmd_generate(const GenerateArgs& a) {
   if (a.prompt.empty() == a.prompt_ids.empty())
     throw tformers::InvalidArgumentError("generate: give exactly one of --prompt and --prompt-ids");
-  tformers::LoadOptions opt = load_options(a);
   // Under tformers launch every rank runs the same generation; rank 0 alone prints.
   if (!tformers::distributed::is_main_process()) std::freopen("/dev/null", "w", stdout);
   auto t0 = Clock::now();
@@ -124,7 +133,7 @@ int cmd_generate(const GenerateArgs& a) {
     // A rendered chat template already holds its special tokens.
     ids = tok->encode(text, /*add_special_tokens=*/!a.chat);
   }
-  tformers::CausalLM lm = tformers::AutoModelForCausalLM::from_pretrained(a.model, opt);
+  tformers::CausalLM lm = load_model(a);
   auto t1 = Clock::now();
 
   tformers::GenerationConfig gc = generation_config(a);
@@ -179,7 +188,7 @@ int cmd_chat(const GenerateArgs& a) {
     throw tformers::InvalidArgumentError("chat: " + a.model +
                                          " has no chat_template in tokenizer_config.json; use "
                                          "`tformers generate` for plain text");
-  tformers::CausalLM lm = tformers::AutoModelForCausalLM::from_pretrained(a.model, load_options(a));
+  tformers::CausalLM lm = load_model(a);
   const tformers::GenerationConfig gc = generation_config(a);
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   auto reset = [&] {

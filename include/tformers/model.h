@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tformers/distributed.h"
@@ -45,6 +47,11 @@ struct LoadOptions {
   // llama.cpp's Q8_0: 9 bits per weight); activations stay f32. Embeddings and norms keep
   // `dtype`; a tied lm_head gets its own int8 copy while the embedding gather stays unquantized.
   std::string quantize;
+  // Called as weights are read: the stage ("loading weights", "quantizing to int8") and the
+  // bytes of checkpoint tensors done out of the total. `tformers generate` draws a progress bar
+  // from it when loading takes more than half a second (conversion or quantization; weights used
+  // from the mapping as stored take milliseconds).
+  std::function<void(std::string_view stage, int64_t done, int64_t total)> progress;
 };
 
 // The fields of config.json that the decoder architectures read.

@@ -210,6 +210,24 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
           "quantize=\"int8\" with tensor parallelism is not supported yet: load the model in "
           "bfloat16 under tp_size > 1, or quantize in a single process");
   }
+  // Progress by bytes of checkpoint tensors read; a tied head quantized as its own copy reads
+  // its target a second time.
+  const char* stage = int8 ? "quantizing to int8" : "loading weights";
+  int64_t bytes_total = 0, bytes_done = 0;
+  // A tied lm_head absent from the checkpoint gets its own int8 copy of its (unquantized) target.
+  auto quantized_copy = [&](const models::WeightSpec& s) {
+    return !ckpt.has(s.name) && !s.tied_to.empty() && quantized(s.name, s.shape) &&
+           !quantized(s.tied_to, s.shape);
+  };
+  for (const auto& s : specs) {
+    if (ckpt.has(s.name)) bytes_total += int64_t(ckpt.info(s.name).nbytes);
+    if (quantized_copy(s) && ckpt.has(s.tied_to))
+      bytes_total += int64_t(ckpt.info(s.tied_to).nbytes);
+  }
+  auto advance = [&](const std::string& source) {
+    bytes_done += int64_t(ckpt.info(source).nbytes);
+    if (opt.progress) opt.progress(stage, bytes_done, bytes_total);
+  };
   for (const auto& s : specs) {
     std::string source = s.name;
     if (!ckpt.has(source)) {
@@ -226,15 +244,16 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
                         std::string(dtype_name(info.dtype)) + "; weights must be floating point");
     if (quantized(s.name, s.shape)) {
       add_quantized(s.name, ckpt.get(source));
+      advance(source);
       continue;
     }
-    // Weights in the requested dtype are used straight from the mapping; others are converted.
     // Weights in the requested dtype are used straight from the mapping; others are converted.
     // The bias of an int8 linear is f32, as its kernel takes it.
     const DType want = bias_of_quantized(s.name) ? DType::f32 : impl->dtype;
     Tensor t = impl->tp ? impl->tp->load(ckpt, s.name, source, want) : ckpt.get(source).to(want);
     impl->weights[s.name] = impl->backend->upload(t);
     impl->weight_types[s.name] = {want, t.shape()};
+    advance(source);
   }
   for (const auto& s : specs)
     if (!impl->weights.count(s.name) && !s.tied_to.empty() && impl->tp &&
@@ -246,11 +265,11 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       impl->weight_types[s.name] = {impl->dtype, t.shape()};
     }
   for (const auto& s : specs)
-    if (!impl->weights.count(s.name) && !s.tied_to.empty() && quantized(s.name, s.shape) &&
-        !quantized(s.tied_to, s.shape)) {
+    if (!impl->weights.count(s.name) && quantized_copy(s)) {
       // The embedding stays as stored for the gather; the head multiplies an int8 copy. The
       // pages are re-read from the mapping when the first tokens are embedded.
       add_quantized(s.name, ckpt.get(s.tied_to));
+      advance(s.tied_to);
     } else if (!impl->weights.count(s.name) && !s.tied_to.empty()) {
       impl->weights[s.name] = impl->weights.at(s.tied_to);
       impl->weight_types[s.name] = impl->weight_types.at(s.tied_to);

@@ -16,6 +16,7 @@
 
 #include "core/cpu_features.h"
 #include "golden_util.h"
+#include "io/safetensors.h"
 #include "tformers/error.h"
 #include "tformers/model.h"
 
@@ -107,6 +108,33 @@ TEST(Int8Load, UnknownSchemeIsRejected) {
     FAIL() << "int4 accepted";
   } catch (const InvalidArgumentError& e) {
     EXPECT_NE(std::string(e.what()).find("int8"), std::string::npos) << e.what();
+  }
+}
+
+// LoadOptions::progress reports every checkpoint byte read, in order, ending at its total: the
+// checkpoint's tensors, plus the tied embedding once more when the head gets its int8 copy.
+TEST(LoadProgress, CountsEveryByteReadOnce) {
+  const std::string dir = model_dir("tiny-qwen3");  // tied embeddings
+  const io::Checkpoint ckpt = io::Checkpoint::open(dir);
+  for (const std::string quantize : {"", "int8"}) {
+    std::vector<std::tuple<std::string, int64_t, int64_t>> calls;
+    LoadOptions opt{.dtype = DType::f32, .device_map = "cpu", .quantize = quantize};
+    opt.progress = [&](std::string_view stage, int64_t done, int64_t total) {
+      calls.emplace_back(std::string(stage), done, total);
+    };
+    AutoModelForCausalLM::from_pretrained(dir, opt);
+    ASSERT_FALSE(calls.empty()) << quantize;
+    const int64_t expected =
+        int64_t(ckpt.total_bytes()) +
+        (quantize.empty() ? 0 : int64_t(ckpt.info("model.embed_tokens.weight").nbytes));
+    int64_t prev = 0;
+    for (const auto& [stage, done, total] : calls) {
+      EXPECT_EQ(stage, quantize.empty() ? "loading weights" : "quantizing to int8");
+      EXPECT_EQ(total, expected) << quantize;
+      EXPECT_GT(done, prev) << quantize;
+      prev = done;
+    }
+    EXPECT_EQ(std::get<1>(calls.back()), expected) << quantize;
   }
 }
 
