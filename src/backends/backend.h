@@ -25,6 +25,9 @@ class Buffer {
  public:
   virtual ~Buffer() = default;
   virtual const graph::TensorType& type() const = 0;
+  // Where the host can read the bytes in place (CPU memory, a weight mapping), or null for device
+  // memory. Benchmarks read exactly the bytes a decode step reads to measure its roofline.
+  virtual const void* host_data() const { return nullptr; }
 };
 
 class Executable {

@@ -24,6 +24,7 @@ class CpuBuffer : public Buffer {
  public:
   CpuBuffer(graph::TensorType type, Tensor tensor) : type_(std::move(type)), tensor_(tensor) {}
   const graph::TensorType& type() const override { return type_; }
+  const void* host_data() const override { return tensor_.raw(); }
   void* data() { return tensor_.raw(); }
   const Tensor& tensor() const { return tensor_; }
 

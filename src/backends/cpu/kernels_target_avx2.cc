@@ -143,36 +143,60 @@ void pack_x(const float* x, int64_t K, float* out) {
   for (int64_t k = full; k < K; ++k) out[k] = x[k];
 }
 
-// R weight rows (stride K) against MR packed x rows (stride K): out[r][i] = w_r . x_i.
-// Even and odd halves accumulate separately so each accumulator sees one FMA per step.
-template <int R, int MR, class W>
-inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[R][MR]) {
-  __m256 acc[R][MR][2];
+// Weights are read one row after another, so the GEMV is a single sequential stream through the
+// matrix (rows are contiguous), with a non-temporal software prefetch kPrefetch bytes ahead in
+// that stream (each weight is used once per call; NTA keeps it from evicting activations).
+// Over the Qwen3-0.6B linears mmap'd from a checkpoint, one thread: 4 interleaved rows (4 streams
+// 2 KiB apart, the earlier design) read 79 % of what a plain read loop gets from the same
+// mapping; one row at a time with a T0 prefetch 86 %, with NTA 96 % (512 B ahead: 88 %, 1536 B:
+// 82 %). bench/RESULTS.md has the numbers.
+constexpr int64_t kPrefetch = 1024;
+
+inline void prefetch_ahead(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p) + kPrefetch, _MM_HINT_NTA);
+}
+
+// One weight row against MR packed x rows (stride K): out[i] = w . x_i. Two blocks of 16 per step
+// (64 bytes of bf16, one cache line) into four accumulators per x row, so that FMA latency never
+// limits the stream.
+template <int MR, class W>
+inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[MR]) {
+  __m256 acc[MR][4];
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm256_setzero_ps();
   const int64_t full = K / kBlock * kBlock;
-  for (int64_t k = 0; k < full; k += kBlock) {
+  int64_t k = 0;
+  for (; k + 2 * kBlock <= full; k += 2 * kBlock) {
+    prefetch_ahead(w + k);
+    if constexpr (sizeof(W) == 4) prefetch_ahead(w + k + 16);  // f32: two lines per step
+    __m256 lo0, hi0, lo1, hi1;
+    load16(w + k, lo0, hi0);
+    load16(w + k + kBlock, lo1, hi1);
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      // The rows after this tile; the hardware prefetcher follows R streams poorly.
-      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k) + 256, _MM_HINT_T0);
-      __m256 lo, hi;
-      load16(w + r * K + k, lo, hi);
+    for (int i = 0; i < MR; ++i) {
+      const float* xi = x + i * K + k;
+      acc[i][0] = _mm256_fmadd_ps(lo0, _mm256_loadu_ps(xi), acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(hi0, _mm256_loadu_ps(xi + 8), acc[i][1]);
+      acc[i][2] = _mm256_fmadd_ps(lo1, _mm256_loadu_ps(xi + 16), acc[i][2]);
+      acc[i][3] = _mm256_fmadd_ps(hi1, _mm256_loadu_ps(xi + 24), acc[i][3]);
+    }
+  }
+  if (k < full) {  // one block of 16 left
+    __m256 lo, hi;
+    load16(w + k, lo, hi);
 #pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        acc[r][i][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i * K + k), acc[r][i][0]);
-        acc[r][i][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i * K + k + 8), acc[r][i][1]);
-      }
+    for (int i = 0; i < MR; ++i) {
+      acc[i][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i * K + k), acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i * K + k + 8), acc[i][1]);
     }
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < MR; ++i) {
-      float s = hsum(_mm256_add_ps(acc[r][i][0], acc[r][i][1]));
-      for (int64_t k = full; k < K; ++k) s += x[i * K + k] * Avx2Ops::value(w[r * K + k]);
-      out[r][i] = s;
-    }
+  for (int i = 0; i < MR; ++i) {
+    float s = hsum(
+        _mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), _mm256_add_ps(acc[i][2], acc[i][3])));
+    for (int64_t t = full; t < K; ++t) s += x[i * K + t] * Avx2Ops::value(w[t]);
+    out[i] = s;
+  }
 }
 
 // x rows for int8 weights, rounded to int16 once per call with one scale per 32-value block:
@@ -210,54 +234,49 @@ void quantize_x16(const float* x, int64_t K, int16_t* q, float* s) {
   }
 }
 
-// int8 weights: R rows (stride K) with per-block scales (stride nb) against MR x rows (f32 x for
-// the tail, int16 xq for full blocks). Each block is an exact integer dot product (|sum| < 2^27)
-// converted once and added times scale_w * scale_x.
-template <int R, int MR>
+// int8 weights: one row with its block scales against MR x rows (f32 x for the tail, int16 xq
+// for full blocks). Each block is an exact integer dot product (|sum| < 2^27) converted once and
+// added times scale_w * scale_x; even and odd blocks go to separate accumulators.
+template <int MR>
 inline void gemv_tile_q8(const float* x, XQ16 xq, const int8_t* w, const float* scale, int64_t K,
-                         int64_t nb, float (&out)[R][MR]) {
-  __m256 acc[R][MR];
+                         int64_t nb, float (&out)[MR]) {
+  __m256 acc[MR][2];
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < MR; ++i) acc[r][i] = _mm256_setzero_ps();
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   const int64_t full = K / kInt8Block * kInt8Block;
   for (int64_t k = 0; k < full; k += kInt8Block) {
     const int64_t b = k / kInt8Block;
+    if (!(b & 1)) prefetch_ahead(w + k);  // one line per two blocks
+    const __m128i* wp = reinterpret_cast<const __m128i*>(w + k);
+    const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp));
+    const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp + 1));
+    const float sw = scale[b];
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k) + 256, _MM_HINT_T0);
-      const __m128i* wp = reinterpret_cast<const __m128i*>(w + r * K + k);
-      const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp));
-      const __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wp + 1));
-      const float sw = scale[r * nb + b];
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const __m256i* xp = reinterpret_cast<const __m256i*>(xq.q + i * K + k);
-        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xp)),
-                                           _mm256_madd_epi16(w1, _mm256_loadu_si256(xp + 1)));
-        acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sw * xq.s[i * nb + b]),
-                                    acc[r][i]);
-      }
+    for (int i = 0; i < MR; ++i) {
+      const __m256i* xp = reinterpret_cast<const __m256i*>(xq.q + i * K + k);
+      const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256(xp)),
+                                         _mm256_madd_epi16(w1, _mm256_loadu_si256(xp + 1)));
+      acc[i][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sw * xq.s[i * nb + b]),
+                                      acc[i][b & 1]);
     }
   }
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < MR; ++i) {
-      float s = hsum(acc[r][i]), t = 0.0f;
-      for (int64_t k = full; k < K; ++k) t += x[i * K + k] * float(w[r * K + k]);
-      if (full < K) s += t * scale[r * nb + full / kInt8Block];
-      out[r][i] = s;
-    }
+  for (int i = 0; i < MR; ++i) {
+    float s = hsum(_mm256_add_ps(acc[i][0], acc[i][1])), t = 0.0f;
+    for (int64_t k = full; k < K; ++k) t += x[i * K + k] * float(w[k]);
+    if (full < K) s += t * scale[full / kInt8Block];
+    out[i] = s;
+  }
 }
 
-// R rows of w against MR rows of x: the float tile, or the int8 one with its block scales.
-template <int R, int MR, class W>
+// One row of w against MR rows of x: the float tile, or the int8 one with its block scales.
+template <int MR, class W>
 inline void gemv_any(const float* x, XQ16 xq, const W* w, const float* scale, int64_t K,
-                     float (&out)[R][MR]) {
+                     float (&out)[MR]) {
   if constexpr (std::is_same_v<W, int8_t>)
-    gemv_tile_q8<R, MR>(x, xq, w, scale, K, int8_blocks(K), out);
+    gemv_tile_q8<MR>(x, xq, w, scale, K, int8_blocks(K), out);
   else
-    gemv_tile<R, MR>(x, w, K, out);
+    gemv_tile<MR>(x, w, K, out);
 }
 
 // y rows [n0, n1) for MR rows of x (packed, stride K), y stride N, plus bias[n]; scale is the
@@ -265,24 +284,12 @@ inline void gemv_any(const float* x, XQ16 xq, const W* w, const float* scale, in
 template <int MR, class W, class B>
 void gemv_rows(const float* x, XQ16 xq, const W* w, const float* scale, const B* bias, float* y,
                int64_t N, int64_t K, int64_t n0, int64_t n1) {
-  constexpr int R = MR == 1 ? 4 : 2;
-  int64_t n = n0;
-  for (; n + R <= n1; n += R) {
-    float out[R][MR];
-    gemv_any<R, MR>(x, xq, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const float b = bias ? Avx2Ops::value(bias[n + r]) : 0.0f;
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) y[i * N + n + r] = out[r][i] + b;
-    }
-  }
-  for (; n < n1; ++n) {
-    float out[1][MR];
-    gemv_any<1, MR>(x, xq, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
+  for (int64_t n = n0; n < n1; ++n) {
+    float out[MR];
+    gemv_any<MR>(x, xq, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
     const float b = bias ? Avx2Ops::value(bias[n]) : 0.0f;
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] + b;
+    for (int i = 0; i < MR; ++i) y[i * N + n] = out[i] + b;
   }
 }
 
