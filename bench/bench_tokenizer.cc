@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base64.h"
 #include "tformers/tokenizer.h"
 
 namespace {
@@ -51,25 +52,6 @@ std::string run_capture(const std::string& cmd) {
   return out;
 }
 
-std::string base64_decode(const std::string& in) {
-  static const std::string kChars =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  int val = 0, bits = -8;
-  for (char c : in) {
-    if (c == '=') break;
-    size_t p = kChars.find(c);
-    if (p == std::string::npos) continue;
-    val = (val << 6) + static_cast<int>(p);
-    bits += 6;
-    if (bits >= 0) {
-      out.push_back(static_cast<char>((val >> bits) & 0xFF));
-      bits -= 8;
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -94,7 +76,7 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> all, english;
   for (auto& b : nlohmann::json::parse(slurp(corpus_path))) {
-    std::string d = base64_decode(b.get<std::string>());
+    std::string d = tformers::testing::base64_decode(b.get<std::string>());
     if (std::all_of(d.begin(), d.end(),
                     [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
       english.push_back(d);

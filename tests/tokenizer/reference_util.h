@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/base64.h"
 #include "tformers/tokenizer.h"
 
 namespace tformers::testing {
@@ -79,25 +80,6 @@ inline DecodeOptions decode_opts(bool skip_special_tokens, bool clean_up = false
   o.skip_special_tokens = skip_special_tokens;
   o.clean_up_tokenization_spaces = clean_up;
   return o;
-}
-
-inline std::string base64_decode(const std::string& in) {
-  static const std::string kChars =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  int val = 0, bits = -8;
-  for (char c : in) {
-    if (c == '=') break;
-    size_t p = kChars.find(c);
-    if (p == std::string::npos) continue;
-    val = (val << 6) + static_cast<int>(p);
-    bits += 6;
-    if (bits >= 0) {
-      out.push_back(static_cast<char>((val >> bits) & 0xFF));
-      bits -= 8;
-    }
-  }
-  return out;
 }
 
 }  // namespace tformers::testing
