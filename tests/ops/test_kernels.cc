@@ -155,12 +155,13 @@ struct LinearCase {
 
 TEST(Ops, Linear) {
   // Odd K (not a multiple of 8/16/32), N = 1, M = 1 (decode), small M (GEMV with 2-row tiles),
-  // M above the GEMM threshold with row and column tails, and K above one panel (2048).
+  // M above the GEMM threshold with row and column tails, K above one panel (2048), and 2-3 rows
+  // over K with whole groups of 8 int8 blocks, then a block or a tail.
   const LinearCase cases[] = {{1, 1, 1, false},    {1, 3, 5, true},     {1, 37, 100, false},
                               {1, 64, 1024, true}, {1, 9, 2111, false}, {2, 17, 33, true},
                               {3, 40, 77, false},  {4, 16, 16, false},  {5, 33, 130, true},
                               {7, 50, 257, false}, {13, 70, 300, true}, {9, 20, 2100, false},
-                              {16, 64, 64, false}};
+                              {16, 64, 64, false}, {2, 24, 520, true},  {3, 5, 800, false}};
   std::mt19937 rng(1234);
   for_each_config([&](Target t, DType dt, ThreadPool& pool, const std::string& what) {
     for (const auto& c : cases) {
@@ -191,7 +192,7 @@ TEST(Ops, LinearInt8) {
                               {1, 64, 1024, true}, {1, 9, 2111, false}, {2, 17, 33, true},
                               {3, 40, 77, false},  {4, 16, 16, false},  {5, 33, 130, true},
                               {7, 50, 257, false}, {13, 70, 300, true}, {9, 20, 2100, false},
-                              {16, 64, 64, false}};
+                              {16, 64, 64, false}, {2, 24, 520, true},  {3, 5, 800, false}};
   std::mt19937 rng(4321);
   std::uniform_int_distribution<int> qdist(-127, 127);
   for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
