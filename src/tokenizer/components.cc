@@ -76,6 +76,19 @@ static const Json& array_member(const Json& j, const char* key, const std::strin
   return v;
 }
 
+// A Sequence component: the items of j[key], each built by `make` (an item that builds to
+// nothing, such as a null normalizer, is skipped), in order.
+template <class Seq, class Make>
+std::unique_ptr<Seq> make_sequence(const Json& j, const char* key, const std::string& path,
+                                   Make make) {
+  auto seq = std::make_unique<Seq>();
+  const Json& items = array_member(j, key, path);
+  for (size_t i = 0; i < items.size(); ++i)
+    if (auto item = make(items[i], detail::str_cat(path, ".", key, "[", i, "]")))
+      seq->items.push_back(std::move(item));
+  return seq;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Regex
 
@@ -501,15 +514,8 @@ constexpr const char* kNormalizers =
 std::unique_ptr<Normalizer> make_normalizer(const Json& j, const std::string& path) {
   if (j.is_null()) return nullptr;
   std::string type = component_type(j, path, kNormalizers);
-  if (type == "Sequence") {
-    auto seq = std::make_unique<SequenceNormalizer>();
-    const Json& items = array_member(j, "normalizers", path);
-    for (size_t i = 0; i < items.size(); ++i) {
-      auto n = make_normalizer(items[i], detail::str_cat(path, ".normalizers[", i, "]"));
-      if (n) seq->items.push_back(std::move(n));
-    }
-    return seq;
-  }
+  if (type == "Sequence")
+    return make_sequence<SequenceNormalizer>(j, "normalizers", path, make_normalizer);
   if (type == "NFC") return std::make_unique<UnicodeNormalizer>(UnicodeNormalizer::kNFC);
   if (type == "NFD") return std::make_unique<UnicodeNormalizer>(UnicodeNormalizer::kNFD);
   if (type == "NFKC") return std::make_unique<UnicodeNormalizer>(UnicodeNormalizer::kNFKC);
@@ -720,15 +726,8 @@ constexpr const char* kPreTokenizers =
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const Json& j, const std::string& path) {
   if (j.is_null()) return nullptr;
   std::string type = component_type(j, path, kPreTokenizers);
-  if (type == "Sequence") {
-    auto seq = std::make_unique<SequencePreTokenizer>();
-    const Json& items = array_member(j, "pretokenizers", path);
-    for (size_t i = 0; i < items.size(); ++i) {
-      auto p = make_pre_tokenizer(items[i], detail::str_cat(path, ".pretokenizers[", i, "]"));
-      if (p) seq->items.push_back(std::move(p));
-    }
-    return seq;
-  }
+  if (type == "Sequence")
+    return make_sequence<SequencePreTokenizer>(j, "pretokenizers", path, make_pre_tokenizer);
   if (type == "Split") return std::make_unique<SplitPreTokenizer>(j, path);
   if (type == "ByteLevel") return std::make_unique<ByteLevelPreTokenizer>(j, path);
   if (type == "Metaspace") return std::make_unique<MetaspacePreTokenizer>(j, path);
@@ -913,15 +912,7 @@ constexpr const char* kDecoders =
 std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& path) {
   if (j.is_null()) return nullptr;
   std::string type = component_type(j, path, kDecoders);
-  if (type == "Sequence") {
-    auto seq = std::make_unique<SequenceDecoder>();
-    const Json& items = array_member(j, "decoders", path);
-    for (size_t i = 0; i < items.size(); ++i) {
-      auto d = make_decoder(items[i], detail::str_cat(path, ".decoders[", i, "]"));
-      if (d) seq->items.push_back(std::move(d));
-    }
-    return seq;
-  }
+  if (type == "Sequence") return make_sequence<SequenceDecoder>(j, "decoders", path, make_decoder);
   if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
@@ -1108,15 +1099,8 @@ std::unique_ptr<PostProcessor> make_post_processor(const Json& j, const std::str
     }
     return p;
   }
-  if (type == "Sequence") {
-    auto seq = std::make_unique<SequenceProcessor>();
-    const Json& items = array_member(j, "processors", path);
-    for (size_t i = 0; i < items.size(); ++i) {
-      seq->items.push_back(
-          make_post_processor(items[i], detail::str_cat(path, ".processors[", i, "]")));
-    }
-    return seq;
-  }
+  if (type == "Sequence")
+    return make_sequence<SequenceProcessor>(j, "processors", path, make_post_processor);
   unsupported(path, "post-processor", type, kPostProcessors);
 }
 
