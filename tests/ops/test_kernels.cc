@@ -248,6 +248,37 @@ TEST(Ops, QuantizeInt8RoundTrip) {
   });
 }
 
+// Every target quantizes to the scalar target's bytes: the same scales and the same
+// round-to-nearest-even (K = 1000: 31 full blocks and a partial one; values spread over five
+// orders of magnitude, and exact ties k + 0.5 in units of the step).
+TEST(Ops, QuantizeInt8SameBytesOnEveryTarget) {
+  std::mt19937 rng(7);
+  const int64_t N = 5, K = 1000, nb = int8_blocks(K);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor w = random_tensor(rng, size_t(N * K), dt, -1.0f, 1.0f);
+    for (size_t i = 0; i < w.f.size(); i += 7) w.f[i] *= float(std::pow(10.0, double(i % 5) - 2));
+    // Row 1, block 0: max 127, the rest on half steps, so v * 127 / max lands on k + 0.5.
+    for (int64_t k = 0; k < kInt8Block; ++k) w.f[size_t(K + k)] = k == 0 ? 127.0f : 0.5f + float(k);
+    if (dt == DType::bf16)
+      for (size_t i = 0; i < w.f.size(); ++i) {
+        w.h[i] = f32_to_bf16(w.f[i]);
+        w.f[i] = bf16_to_f32(w.h[i]);
+      }
+    TargetGuard guard;
+    ThreadPool pool(2);
+    std::vector<int8_t> want(size_t(N * K)), q(size_t(N * K));
+    std::vector<float> want_scale(size_t(N * nb)), scale(size_t(N * nb));
+    set_active_target(Target::kScalar);
+    quantize_int8(w.data(), dt, want.data(), want_scale.data(), N, K, pool);
+    for (Target t : supported_targets()) {
+      set_active_target(t);
+      quantize_int8(w.data(), dt, q.data(), scale.data(), N, K, pool);
+      EXPECT_EQ(q, want) << target_name(t) << " " << dtype_name(dt);
+      EXPECT_EQ(scale, want_scale) << target_name(t) << " " << dtype_name(dt);
+    }
+  }
+}
+
 // -------------------------------------------------------------------- embedding, add, cache
 
 TEST(Ops, EmbeddingIsExact) {

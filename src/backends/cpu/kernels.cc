@@ -133,7 +133,8 @@ void* thread_scratch(Scratch slot, size_t bytes) {
 }
 
 const KernelTable& scalar_kernels() {
-  static const KernelTable t = make_table<ScalarOps>(&linear_scalar, &linear_int8_scalar);
+  static const KernelTable t =
+      make_table<ScalarOps>(&linear_scalar, &linear_int8_scalar, &quantize_int8_scalar);
   return t;
 }
 
@@ -146,32 +147,41 @@ void linear_int8(const float* x, const int8_t* w, const float* scale, const floa
   table().linear_int8(x, w, scale, bias, y, M, N, K, pool);
 }
 
-void quantize_int8(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
-                   ThreadPool& pool) {
-  const int64_t nb = int8_blocks(K);
+void quantize_block_scalar(const void* w, DType wt, int64_t len, int8_t* q, float* scale) {
+  float v[kInt8Block];
+  if (wt == DType::bf16)
+    for (int64_t i = 0; i < len; ++i) v[i] = bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  else
+    std::memcpy(v, w, size_t(len) * sizeof(float));
+  float amax = 0.0f;
+  for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(v[i]));
+  *scale = amax / 127.0f;
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  // |v * inv| <= 127 (up to rounding), so adding and subtracting 1.5 * 2^23 rounds to the nearest
+  // integer, ties to even, in a form the compiler vectorizes.
+  constexpr float kRound = 12582912.0f;
+  for (int64_t i = 0; i < len; ++i) {
+    const float r = (v[i] * inv + kRound) - kRound;
+    q[i] = int8_t(std::clamp(r, -127.0f, 127.0f));
+  }
+}
+
+void quantize_int8_scalar(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
+                          ThreadPool& pool) {
+  const int64_t nb = int8_blocks(K), es = int64_t(dtype_size(wt));
   pool.parallel_for(N, [&](int64_t n0, int64_t n1, int) {
-    float v[kInt8Block];
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t b = 0; b < nb; ++b) {
-        const int64_t k0 = b * kInt8Block, len = std::min(kInt8Block, K - k0);
-        if (wt == DType::bf16)
-          for (int64_t i = 0; i < len; ++i)
-            v[i] = bf16_to_f32(static_cast<const uint16_t*>(w)[n * K + k0 + i]);
-        else
-          std::memcpy(v, static_cast<const float*>(w) + n * K + k0, size_t(len) * sizeof(float));
-        float amax = 0.0f;
-        for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(v[i]));
-        scale[n * nb + b] = amax / 127.0f;
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        // |v * inv| <= 127 (up to rounding), so adding and subtracting 1.5 * 2^23 rounds to the
-        // nearest integer, ties to even, in a form the compiler vectorizes.
-        constexpr float kRound = 12582912.0f;
-        for (int64_t i = 0; i < len; ++i) {
-          const float r = (v[i] * inv + kRound) - kRound;
-          q[n * K + k0 + i] = int8_t(std::clamp(r, -127.0f, 127.0f));
-        }
+        const int64_t k0 = b * kInt8Block;
+        quantize_block_scalar(static_cast<const char*>(w) + (n * K + k0) * es, wt,
+                              std::min(kInt8Block, K - k0), q + n * K + k0, scale + n * nb + b);
       }
   });
+}
+
+void quantize_int8(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
+                   ThreadPool& pool) {
+  table().quantize_int8(w, wt, q, scale, N, K, pool);
 }
 
 void embedding(const void* tbl, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out,

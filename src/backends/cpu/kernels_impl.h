@@ -24,6 +24,8 @@ struct KernelTable {
                  int64_t N, int64_t K, ThreadPool& pool);
   void (*linear_int8)(const float* x, const int8_t* w, const float* scale, const float* bias,
                       float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool);
+  void (*quantize_int8)(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
+                        ThreadPool& pool);
   void (*embedding)(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D,
                     float* out, ThreadPool& pool);
   void (*rms_norm)(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D,
@@ -39,6 +41,16 @@ struct KernelTable {
                     int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale,
                     ThreadPool& pool);
 };
+
+// int8 quantization at load (kernels.h). The scalar one (kernels.cc) quantizes any block and is
+// the reference; the AVX2 one (kernels_target_avx2.cc) does full blocks itself, gives the same
+// bytes, and also serves the AVX-512 tables (every AVX-512 CPU has AVX2).
+void quantize_int8_scalar(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
+                          ThreadPool& pool);
+void quantize_int8_avx2(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
+                        ThreadPool& pool);
+// One block of len <= kInt8Block values (row-contiguous) into q and its scale.
+void quantize_block_scalar(const void* w, DType wt, int64_t len, int8_t* q, float* scale);
 
 // One table per target; only the ones the CPU supports are ever selected (kernels.cc).
 const KernelTable& scalar_kernels();
@@ -299,9 +311,11 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
 // Builds a table from a target's linear kernel and its vector primitives.
 template <class Ops>
 KernelTable make_table(decltype(KernelTable::linear) linear,
-                       decltype(KernelTable::linear_int8) linear_int8) {
+                       decltype(KernelTable::linear_int8) linear_int8,
+                       decltype(KernelTable::quantize_int8) quantize_int8) {
   return KernelTable{linear,
                      linear_int8,
+                     quantize_int8,
                      &embedding_impl<Ops>,
                      &rms_norm_impl<Ops>,
                      &rope_impl<Ops>,

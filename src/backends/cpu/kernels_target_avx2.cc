@@ -564,10 +564,62 @@ void linear_int8_avx2(const float* x, const int8_t* w, const float* scale, const
   linear_t(x, w, scale, bias, y, M, N, K, pool);
 }
 
+// 32 consecutive weights as f32.
+inline void load32(const void* w, DType wt, __m256 (&v)[4]) {
+  for (int j = 0; j < 4; ++j)
+    v[j] = wt == DType::bf16
+               ? _mm256_castsi256_ps(_mm256_slli_epi32(
+                     _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+                         static_cast<const uint16_t*>(w) + 8 * j))),
+                     16))
+               : _mm256_loadu_ps(static_cast<const float*>(w) + 8 * j);
+}
+
 }  // namespace
 
+// The bytes of quantize_int8_scalar (the same scale; cvtps rounds to nearest even as its kRound
+// trick does, and |v * inv| <= 127 needs no clamp), 5x faster: Qwen3-0.6B's 1.2 GB of bf16
+// quantized at 3.4 GB/s on one thread against 0.6 (bench/RESULTS.md). A partial last block
+// goes to the scalar block.
+void quantize_int8_avx2(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
+                        ThreadPool& pool) {
+  const int64_t nb = int8_blocks(K), full = K / kInt8Block, es = int64_t(dtype_size(wt));
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  pool.parallel_for(N, [&](int64_t n0, int64_t n1, int) {
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t b = 0; b < full; ++b) {
+        const int64_t k0 = b * kInt8Block;
+        __m256 v[4];
+        load32(static_cast<const char*>(w) + (n * K + k0) * es, wt, v);
+        const __m256 m = _mm256_max_ps(
+            _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+            _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        scale[n * nb + b] = amax / 127.0f;
+        const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i i32[4];
+        for (int j = 0; j < 4; ++j) i32[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));
+        // packs interleave the 128-bit lanes: dwords (0 4 1 5 2 6 3 7) put them back in order.
+        const __m256i i8 = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]),
+                                              _mm256_packs_epi32(i32[2], i32[3]));
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(q + n * K + k0),
+            _mm256_permutevar8x32_epi32(i8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+      }
+      if (full < nb)
+        quantize_block_scalar(static_cast<const char*>(w) + (n * K + full * kInt8Block) * es, wt,
+                              K - full * kInt8Block, q + n * K + full * kInt8Block,
+                              scale + n * nb + full);
+    }
+  });
+}
+
 const KernelTable& avx2_kernels() {
-  static const KernelTable t = make_table<Avx2Ops>(&linear_avx2, &linear_int8_avx2);
+  static const KernelTable t =
+      make_table<Avx2Ops>(&linear_avx2, &linear_int8_avx2, &quantize_int8_avx2);
   return t;
 }
 

@@ -596,7 +596,8 @@ const KernelTable& avx512bf16_kernels() {
 #else
 const KernelTable& avx512_kernels() {
 #endif
-  static const KernelTable t = make_table<Avx512Ops>(&linear_avx512, &linear_int8_avx512);
+  static const KernelTable t =
+      make_table<Avx512Ops>(&linear_avx512, &linear_int8_avx512, &quantize_int8_avx2);
   return t;
 }
 
