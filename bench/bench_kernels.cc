@@ -7,6 +7,7 @@
 //   4. attention with a bf16 cache at the Qwen3-0.6B head layout (16 query heads, 8 KV heads,
 //      head_dim 128): prefill of 512 tokens (GFLOP/s), and one decode step at a used length of
 //      256 in a 512-slot and a 32768-slot cache (the cost must follow the used length);
+//   5. int8 quantization at load of the LM head (GB/s of bf16), this target against scalar;
 // each with 1 and 2 threads. Usage: bench_kernels [--target NAME] [--gib N]
 // (TFORMERS_CPU_TARGET also lowers the target).
 // GCC 12's AVX-512 headers build "undefined" vectors by self-initialization, which -Wall
@@ -171,6 +172,23 @@ int main(int argc, char** argv) {
       std::printf("linear M=1 bf16 N=%-6lld K=%lld: %8.1f us  %6.1f GB/s  %5.1f%% of the %s read\n",
                   (long long)N, (long long)K, t * 1e6, gbs, 100.0 * gbs / ref,
                   i == 0 ? "piecewise" : "1 GiB");
+    }
+    {
+      // int8 quantization at load (--quantize int8) of the LM head, on this target and on the
+      // scalar reference: GB/s of bf16 read.
+      const int64_t N = decode_n[1];
+      std::vector<int8_t> q(size_t(N * K));
+      std::vector<float> qs(size_t(N * cpu::int8_blocks(K)));
+      for (cpu::Target t : {target, cpu::Target::kScalar}) {
+        cpu::set_active_target(t);
+        const double tq = median_time(3, [&] {
+          cpu::quantize_int8(decode_w[1][0].data(), DType::bf16, q.data(), qs.data(), N, K, pool);
+        });
+        std::printf("quantize_int8 bf16 N=%lld K=%lld (%s): %8.1f ms  %6.2f GB/s\n", (long long)N,
+                    (long long)K, std::string(cpu::target_name(t)).c_str(), tq * 1e3,
+                    double(N * K * 2) / tq / 1e9);
+      }
+      cpu::set_active_target(target);
     }
     const double peak = bench::peak_gflops(bench::f32_peak_loop(target), pool);
     std::printf("f32 FMA peak (registers only): %.1f GFLOP/s\n", peak);
