@@ -1,5 +1,6 @@
 #include "core/thread_pool.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 
@@ -35,32 +36,40 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::run_chunk(int index) {
-  int64_t chunks = (n_ + grain_ - 1) / grain_;
-  int nt = num_threads();
-  int64_t b = chunks * index / nt * grain_, e = chunks * (index + 1) / nt * grain_;
-  if (e > n_) e = n_;
-  if (b < e) (*fn_)(b, e, index);
+void ThreadPool::work(Job& job, int index) {
+  for (;;) {
+    const int64_t t = job.next.fetch_add(1, std::memory_order_relaxed);
+    if (t >= job.tasks) return;
+    const int64_t b = job.chunks * t / job.tasks * job.grain;
+    const int64_t e = std::min(job.n, job.chunks * (t + 1) / job.tasks * job.grain);
+    if (b < e) (*job.fn)(b, e, index);
+    job.done.fetch_add(1, std::memory_order_release);
+  }
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn,
                               int64_t grain) {
   if (n <= 0) return;
+  if (grain < 1) grain = 1;
   if (workers_.empty() || n <= grain) {
     fn(0, n, 0);
     return;
   }
-  fn_ = &fn;
-  n_ = n;
-  grain_ = grain < 1 ? 1 : grain;
-  pending_.store(int(workers_.size()), std::memory_order_relaxed);
+  // Two tasks per thread: a parked thread's share can move, while each thread still streams
+  // long contiguous ranges (decode GEMVs read weights at the speed of a sequential stream).
+  const int64_t chunks = (n + grain - 1) / grain;
+  Job job{&fn, n, grain, chunks, std::min<int64_t>(chunks, 2 * num_threads())};
+  job_.store(&job);
   {
     std::lock_guard<std::mutex> lock(mu_);
     generation_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_all();
-  run_chunk(0);
-  while (pending_.load(std::memory_order_acquire) != 0) {
+  work(job, 0);
+  while (job.done.load(std::memory_order_acquire) != job.tasks) {
+  }
+  job_.store(nullptr);
+  while (active_.load() != 0) {
   }
 }
 
@@ -80,8 +89,9 @@ void ThreadPool::worker_loop(int index) {
     }
     seen = g;
     if (stop_) return;
-    run_chunk(index);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    active_.fetch_add(1);
+    if (Job* job = job_.load()) work(*job, index);
+    active_.fetch_sub(1);
   }
 }
 
