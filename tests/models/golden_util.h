@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "tformers/model.h"
+
 namespace tformers::testing {
 
 inline std::string model_dir(const std::string& name) {
@@ -49,6 +51,16 @@ inline double row_error(const float* a, const std::vector<float>& b) {
     scale = std::max(scale, double(std::fabs(b[i])));
   }
   return diff / std::max(scale, 1e-30);
+}
+
+// All-position logits of a prompt from one prefill.
+inline Tensor prefill_logits(CausalLM& lm, const std::vector<int32_t>& ids) {
+  const int64_t T = int64_t(ids.size());
+  lm.reset_cache(1, T);
+  ForwardArgs a;
+  a.input_ids = Tensor::from_vector<int32_t>({1, T}, DType::i32, ids);
+  a.logits_to_keep = 0;
+  return lm.forward(a);
 }
 
 }  // namespace tformers::testing

@@ -10,19 +10,10 @@ namespace {
 
 using testing::load_goldens;
 using testing::model_dir;
+using testing::prefill_logits;
 using testing::row_error;
 
 class Golden : public ::testing::TestWithParam<std::string> {};
-
-// All-position logits of a prompt from one prefill.
-Tensor prefill_logits(CausalLM& lm, const std::vector<int32_t>& ids) {
-  const int64_t T = int64_t(ids.size());
-  lm.reset_cache(1, T);
-  ForwardArgs a;
-  a.input_ids = Tensor::from_vector<int32_t>({1, T}, DType::i32, ids);
-  a.logits_to_keep = 0;
-  return lm.forward(a);
-}
 
 TEST_P(Golden, Float32LogitsAndGreedyMatchReference) {
   const std::string name = GetParam();

@@ -25,16 +25,8 @@ namespace {
 
 using testing::load_goldens;
 using testing::model_dir;
+using testing::prefill_logits;
 using testing::row_error;
-
-Tensor prefill_logits(CausalLM& lm, const std::vector<int32_t>& ids) {
-  const int64_t T = int64_t(ids.size());
-  lm.reset_cache(1, T);
-  ForwardArgs a;
-  a.input_ids = Tensor::from_vector<int32_t>({1, T}, DType::i32, ids);
-  a.logits_to_keep = 0;
-  return lm.forward(a);
-}
 
 // -log softmax(row)[target], in double.
 double cross_entropy(const float* row, int64_t V, int64_t target) {
