@@ -33,6 +33,7 @@
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
 #include "peak.h"
+#include "stream_read.h"
 #include "tformers/dtype.h"
 
 using namespace tformers;
@@ -56,8 +57,7 @@ double median_time(int reps, const std::function<void()>& fn) {
   return t[t.size() / 2];
 }
 
-// ---- 1. streaming-read bandwidth: integer sums vectorize at any target and cost nothing
-// next to the memory traffic.
+// ---- 1. streaming-read bandwidth (stream_read.h).
 volatile uint64_t g_sink;
 
 // Sums `pieces` buffers of n bytes each, one piece per timed run (cycling), split over the pool.
@@ -71,12 +71,7 @@ double read_bandwidth(const std::vector<const void*>& pieces, int64_t bytes, int
     pool.parallel_for(
         n,
         [&](int64_t b, int64_t e, int th) {
-          uint64_t s[8] = {};
-          for (int64_t i = b; i + 8 <= e; i += 8)
-            for (int l = 0; l < 8; ++l) s[l] += buf[i + l];
-          uint64_t total = 0;
-          for (int l = 0; l < 8; ++l) total += s[l];
-          partial[size_t(th) * 8] = total;
+          partial[size_t(th) * 8] = bench::stream_sum(buf, b, e);
         },
         1 << 16);
     uint64_t total = 0;

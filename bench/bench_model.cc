@@ -2,7 +2,8 @@
 // and Llama-3.2-1B, tied embeddings), as stored (bf16) and quantized at load (int8), beside the
 // hardware measured in the same run:
 // - decode against the memory roofline: (weight bytes + KV bytes read per token) / streaming-read
-//   bandwidth with the same number of threads, two ways: a read loop over the very bytes decode
+//   bandwidth with the same number of threads (the multi-stream loop of stream_read.h), two
+//   ways: a read loop over the very bytes decode
 //   streams (the mmap'd checkpoint pages for bf16, the int8 copies for int8), alternated with
 //   the decode steps in the child (medians); and the same loop over a fresh 1 GiB anonymous
 //   buffer in the parent just before. Page-cache pages of a mapped file read 5-10 % slower than
@@ -19,6 +20,11 @@
 //
 // Prefill (--prefill tokens, 0 = skip) runs with bf16 weights at the largest thread count only:
 // it is the slowest part (about a TFLOP for the Llama shape).
+// GCC 12's AVX-512 headers (peak.h) build "undefined" vectors by self-initialization, which -Wall
+// reports at every inlined call although the value is never read.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include <immintrin.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -41,6 +47,7 @@
 #include "io/safetensors.h"
 #include "models/causal_lm_impl.h"
 #include "peak.h"
+#include "stream_read.h"
 #include "tformers/model.h"
 
 namespace {
@@ -115,39 +122,11 @@ void make_model(const ModelShape& m, const std::string& dir) {
   io::save_safetensors(dir + "/model.safetensors", ts);
 }
 
-// Sum of [b, e) with 256-bit loads into four independent accumulators, so the loop is bound by
-// memory, not by the adds (the scalar version measured ~30 % below what decode streams).
-__attribute__((target("avx2"))) uint64_t sum_avx2(const uint64_t* p, int64_t b, int64_t e) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = b;
-  for (; i + 16 <= e; i += 16) {
-    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
-    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
-    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
-    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
-  }
-  alignas(32) uint64_t out[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(out),
-                     _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
-  uint64_t s = out[0] + out[1] + out[2] + out[3];
-  for (; i < e; ++i) s += p[i];
-  return s;
-}
-
-uint64_t sum_scalar(const uint64_t* p, int64_t b, int64_t e) {
-  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  int64_t i = b;
-  for (; i + 3 < e; i += 4) s0 += p[i], s1 += p[i + 1], s2 += p[i + 2], s3 += p[i + 3];
-  for (; i < e; ++i) s0 += p[i];
-  return s0 + s1 + s2 + s3;
-}
-
 // Streaming-read bandwidth in GB/s over a 1 GiB buffer: the median of 5 passes. Measured by the
 // parent just before each child runs, so that the roofline and the decode it judges are seconds
 // apart on this shared machine, and the buffer never counts in a child's RSS.
 double read_bandwidth(ThreadPool& pool) {
   std::vector<uint64_t> buf(size_t(1) << 27, 1);  // 1 GiB
-  const bool avx2 = cpu::active_target() >= cpu::Target::kAVX2;
   std::vector<double> runs;
   for (int r = 0; r < 5; ++r) {
     std::vector<uint64_t> sums(size_t(pool.num_threads()) * 8, 0);
@@ -155,7 +134,7 @@ double read_bandwidth(ThreadPool& pool) {
     pool.parallel_for(
         int64_t(buf.size()),
         [&](int64_t b, int64_t e, int th) {
-          sums[size_t(th) * 8] += avx2 ? sum_avx2(buf.data(), b, e) : sum_scalar(buf.data(), b, e);
+          sums[size_t(th) * 8] += bench::stream_sum(buf.data(), b, e);
         },
         4096);
     runs.push_back(double(buf.size() * 8) / seconds_since(t) / 1e9);
@@ -186,16 +165,13 @@ std::vector<std::pair<const uint64_t*, int64_t>> decode_spans(CausalLM& lm) {
 // read_bandwidth.
 double spans_bandwidth(const std::vector<std::pair<const uint64_t*, int64_t>>& spans,
                        ThreadPool& pool) {
-  const bool avx2 = cpu::active_target() >= cpu::Target::kAVX2;
   std::vector<uint64_t> sums(size_t(pool.num_threads()) * 8, 0);
   double bytes = 0;
   auto t = Clock::now();
   for (const auto& [p, words] : spans) {
     pool.parallel_for(
         words,
-        [&](int64_t b, int64_t e, int th) {
-          sums[size_t(th) * 8] += avx2 ? sum_avx2(p, b, e) : sum_scalar(p, b, e);
-        },
+        [&](int64_t b, int64_t e, int th) { sums[size_t(th) * 8] += bench::stream_sum(p, b, e); },
         4096);
     bytes += double(words) * 8;
   }

@@ -153,18 +153,23 @@ struct LinearCase {
   bool bias;
 };
 
+// Odd K (not a multiple of 8/16/32), N = 1, M = 1 (decode), small M (GEMV with 2-row tiles),
+// M above the GEMM threshold with row and column tails, K above one panel (2048), 2-3 rows over
+// K with whole groups of 8 int8 blocks, then a block or a tail; and for the GEMV's streams (rows
+// in 4 parts side by side, 2 parts for 2 x rows, at most 1 MiB of weights per part): rows that
+// do not divide into the parts, and rows of 64K values, which make each part's span limit cut a
+// task into several blocks.
+const LinearCase kLinearCases[] = {{1, 1, 1, false},    {1, 3, 5, true},     {1, 37, 100, false},
+                                   {1, 64, 1024, true}, {1, 9, 2111, false}, {2, 17, 33, true},
+                                   {3, 40, 77, false},  {4, 16, 16, false},  {5, 33, 130, true},
+                                   {7, 50, 257, false}, {13, 70, 300, true}, {9, 20, 2100, false},
+                                   {16, 64, 64, false}, {2, 24, 520, true},  {3, 5, 800, false},
+                                   {1, 300, 40, true},  {2, 301, 64, false}, {1, 150, 65536, true}};
+
 TEST(Ops, Linear) {
-  // Odd K (not a multiple of 8/16/32), N = 1, M = 1 (decode), small M (GEMV with 2-row tiles),
-  // M above the GEMM threshold with row and column tails, K above one panel (2048), and 2-3 rows
-  // over K with whole groups of 8 int8 blocks, then a block or a tail.
-  const LinearCase cases[] = {{1, 1, 1, false},    {1, 3, 5, true},     {1, 37, 100, false},
-                              {1, 64, 1024, true}, {1, 9, 2111, false}, {2, 17, 33, true},
-                              {3, 40, 77, false},  {4, 16, 16, false},  {5, 33, 130, true},
-                              {7, 50, 257, false}, {13, 70, 300, true}, {9, 20, 2100, false},
-                              {16, 64, 64, false}, {2, 24, 520, true},  {3, 5, 800, false}};
   std::mt19937 rng(1234);
   for_each_config([&](Target t, DType dt, ThreadPool& pool, const std::string& what) {
-    for (const auto& c : cases) {
+    for (const auto& c : kLinearCases) {
       std::vector<float> x = random_f32(rng, size_t(c.M * c.K));
       Tensor w = random_tensor(rng, size_t(c.N * c.K), dt);
       Tensor b = random_tensor(rng, size_t(c.N), dt);
@@ -188,16 +193,11 @@ TEST(Ops, Linear) {
 // across k), which adds at most (2^-15)^2 to the NMSE whatever K is, as bf16 x does in
 // Ops.Linear.
 TEST(Ops, LinearInt8) {
-  const LinearCase cases[] = {{1, 1, 1, false},    {1, 3, 5, true},     {1, 37, 100, false},
-                              {1, 64, 1024, true}, {1, 9, 2111, false}, {2, 17, 33, true},
-                              {3, 40, 77, false},  {4, 16, 16, false},  {5, 33, 130, true},
-                              {7, 50, 257, false}, {13, 70, 300, true}, {9, 20, 2100, false},
-                              {16, 64, 64, false}, {2, 24, 520, true},  {3, 5, 800, false}};
   std::mt19937 rng(4321);
   std::uniform_int_distribution<int> qdist(-127, 127);
   for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
     if (dt != DType::f32) return;  // one weight type; the dtype loop does not apply
-    for (const auto& c : cases) {
+    for (const auto& c : kLinearCases) {
       std::vector<float> x = random_f32(rng, size_t(c.M * c.K));
       std::vector<int8_t> w(size_t(c.N * c.K));
       for (auto& v : w) v = int8_t(qdist(rng));

@@ -10,6 +10,7 @@
 //   of x against it, so each weight byte from memory feeds M multiply-adds.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "backends/cpu/kernels_impl.h"
@@ -143,60 +144,78 @@ void pack_x(const float* x, int64_t K, float* out) {
   for (int64_t k = full; k < K; ++k) out[k] = x[k];
 }
 
-// Weights are read one row after another, so the GEMV is a single sequential stream through the
-// matrix (rows are contiguous), with a non-temporal software prefetch kPrefetch bytes ahead in
-// that stream (each weight is used once per call; NTA keeps it from evicting activations).
-// Over the Qwen3-0.6B linears mmap'd from a checkpoint, one thread: 4 interleaved rows (4 streams
-// 2 KiB apart, the earlier design) read 79 % of what a plain read loop gets from the same
-// mapping; one row at a time with a T0 prefetch 86 %, with NTA 96 % (512 B ahead: 88 %, 1536 B:
-// 82 %). bench/RESULTS.md has the numbers.
+// Each weight row is one sequential stream (rows are contiguous), with a non-temporal software
+// prefetch kPrefetch bytes ahead in it (each weight is used once per call; NTA keeps it from
+// evicting activations). Over the Qwen3-0.6B linears mmap'd from a checkpoint, one thread: 4
+// interleaved rows (4 streams 2 KiB apart, the first design) read 79 % of what a plain read loop
+// gets from the same mapping; one row at a time with a T0 prefetch 86 %, with NTA 96 % (512 B
+// ahead: 88 %, 1536 B: 82 %). bench/RESULTS.md has the numbers.
 constexpr int64_t kPrefetch = 1024;
 
 inline void prefetch_ahead(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kPrefetch, _MM_HINT_NTA);
 }
 
-// One weight row against MR packed x rows (stride K): out[i] = w . x_i. Two blocks of 16 per step
-// (64 bytes of bf16, one cache line) into four accumulators per x row, so that FMA latency never
-// limits the stream.
-template <int MR, class W>
-inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[MR]) {
-  __m256 acc[MR][4];
+// One core reads more when it follows several streams far apart than one: over the same mmap'd
+// Qwen3-0.6B linears, a read loop over 4 parts of each matrix side by side gets 1.4x the
+// bandwidth of the same loop over one stream (20.9 against 14.6 GB/s, one thread; 35.0 against
+// 25.3 with two), because the hardware prefetchers then keep 4 streams in flight. So the GEMV
+// reads kStreams rows at once, each from its own quarter of a task's rows: 17.5 GB/s against
+// 12.0 for one row at a time (one thread; 2 or 8 streams were slower than 4).
+constexpr int kStreams = 4;
+
+// S weight rows (each its own stream) against MR packed x rows (stride K): out[s][i] = w[s] . x_i.
+// Two blocks of 16 per step (64 bytes of bf16, one cache line per row) into four accumulators per
+// (row, x row), so that FMA latency never limits the streams.
+template <int S, int MR, class W>
+inline void gemv_tile(const float* x, const W* const (&w)[S], int64_t K, float (&out)[S][MR]) {
+  __m256 acc[S][MR][4];
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm256_setzero_ps();
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+      acc[s][i][0] = acc[s][i][1] = acc[s][i][2] = acc[s][i][3] = _mm256_setzero_ps();
   const int64_t full = K / kBlock * kBlock;
   int64_t k = 0;
   for (; k + 2 * kBlock <= full; k += 2 * kBlock) {
-    prefetch_ahead(w + k);
-    if constexpr (sizeof(W) == 4) prefetch_ahead(w + k + 16);  // f32: two lines per step
-    __m256 lo0, hi0, lo1, hi1;
-    load16(w + k, lo0, hi0);
-    load16(w + k + kBlock, lo1, hi1);
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const float* xi = x + i * K + k;
-      acc[i][0] = _mm256_fmadd_ps(lo0, _mm256_loadu_ps(xi), acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(hi0, _mm256_loadu_ps(xi + 8), acc[i][1]);
-      acc[i][2] = _mm256_fmadd_ps(lo1, _mm256_loadu_ps(xi + 16), acc[i][2]);
-      acc[i][3] = _mm256_fmadd_ps(hi1, _mm256_loadu_ps(xi + 24), acc[i][3]);
+    for (int s = 0; s < S; ++s) {
+      prefetch_ahead(w[s] + k);
+      if constexpr (sizeof(W) == 4) prefetch_ahead(w[s] + k + 16);  // f32: two lines per step
+      __m256 lo0, hi0, lo1, hi1;
+      load16(w[s] + k, lo0, hi0);
+      load16(w[s] + k + kBlock, lo1, hi1);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const float* xi = x + i * K + k;
+        acc[s][i][0] = _mm256_fmadd_ps(lo0, _mm256_loadu_ps(xi), acc[s][i][0]);
+        acc[s][i][1] = _mm256_fmadd_ps(hi0, _mm256_loadu_ps(xi + 8), acc[s][i][1]);
+        acc[s][i][2] = _mm256_fmadd_ps(lo1, _mm256_loadu_ps(xi + 16), acc[s][i][2]);
+        acc[s][i][3] = _mm256_fmadd_ps(hi1, _mm256_loadu_ps(xi + 24), acc[s][i][3]);
+      }
     }
   }
   if (k < full) {  // one block of 16 left
-    __m256 lo, hi;
-    load16(w + k, lo, hi);
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      acc[i][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i * K + k), acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i * K + k + 8), acc[i][1]);
+    for (int s = 0; s < S; ++s) {
+      __m256 lo, hi;
+      load16(w[s] + k, lo, hi);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        acc[s][i][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i * K + k), acc[s][i][0]);
+        acc[s][i][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i * K + k + 8), acc[s][i][1]);
+      }
     }
   }
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-    float s = hsum(
-        _mm256_add_ps(_mm256_add_ps(acc[i][0], acc[i][1]), _mm256_add_ps(acc[i][2], acc[i][3])));
-    for (int64_t t = full; t < K; ++t) s += x[i * K + t] * Avx2Ops::value(w[t]);
-    out[i] = s;
-  }
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      float r = hsum(_mm256_add_ps(_mm256_add_ps(acc[s][i][0], acc[s][i][1]),
+                                   _mm256_add_ps(acc[s][i][2], acc[s][i][3])));
+      for (int64_t t = full; t < K; ++t) r += x[i * K + t] * Avx2Ops::value(w[s][t]);
+      out[s][i] = r;
+    }
 }
 
 // x rows for int8 weights, rounded to int16 once per call with one scale per 32-value block:
@@ -249,90 +268,130 @@ inline __m256i block_dot(__m256i w_lo, __m256i w_hi, const int16_t* xq) {
                           _mm256_madd_epi16(w_hi, _mm256_loadu_si256(xp + 1)));
 }
 
-// int8 weights: one row with its block scales against MR x rows (f32 x for the tail, int16 xq
-// for full blocks). Each block is an exact integer dot product (|sum| < 2^27) times
-// scale_w * scale_x. Groups of 8 blocks reduce their 8 partial-sum vectors (hadd) to one vector
-// of 8 block sums, converted and scaled at once: converting and scaling every block on its own
-// cost enough instructions to hold one thread at 70 % of the read bandwidth, the grouped form
-// reaches 86 % (standalone, Qwen3-0.6B linears; bench/RESULTS.md).
-template <int MR>
-inline void gemv_tile_q8(const float* x, XQ16 xq, const int8_t* w, const float* scale, int64_t K,
-                         int64_t nb, float (&out)[MR]) {
+// int8 weights: S rows (each its own stream) with their block scales against MR x rows (f32 x for
+// the tail, int16 xq for full blocks). Each block is an exact integer dot product (|sum| < 2^27)
+// times scale_w * scale_x. Groups of 8 blocks reduce their 8 partial-sum vectors (hadd) to one
+// vector of 8 block sums, converted and scaled at once: converting and scaling every block on its
+// own cost enough instructions to hold one thread at 70 % of the read bandwidth, the grouped form
+// reaches 86 % (standalone, Qwen3-0.6B linears; bench/RESULTS.md). The streams take turns a group
+// (256 bytes) at a time, so only one stream's partial sums are live at once.
+template <int S, int MR>
+inline void gemv_tile_q8(const float* x, XQ16 xq, const int8_t* const (&w)[S],
+                         const float* const (&scale)[S], int64_t K, int64_t nb,
+                         float (&out)[S][MR]) {
   constexpr int64_t kGroup = 8 * kInt8Block;
-  __m256 acc[MR];
+  __m256 acc[S][MR];
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) acc[s][i] = _mm256_setzero_ps();
   const int64_t full = K / kInt8Block * kInt8Block;
   int64_t k = 0;
   for (; k + kGroup <= full; k += kGroup) {
+    const int64_t b = k / kInt8Block;
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) {
 #pragma GCC unroll 4
-    for (int l = 0; l < 4; ++l) prefetch_ahead(w + k + 64 * l);
-    __m256i h[MR][4];  // h[i][j]: blocks 2j and 2j+1 of the group, pairwise summed
+      for (int l = 0; l < 4; ++l) prefetch_ahead(w[s] + k + 64 * l);
+      __m256i h[MR][4];  // h[i][j]: blocks 2j and 2j+1 of the group, pairwise summed
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      __m256i a_lo, a_hi, b_lo, b_hi;
-      widen32(w + k + 2 * j * kInt8Block, a_lo, a_hi);
-      widen32(w + k + (2 * j + 1) * kInt8Block, b_lo, b_hi);
+      for (int j = 0; j < 4; ++j) {
+        __m256i a_lo, a_hi, b_lo, b_hi;
+        widen32(w[s] + k + 2 * j * kInt8Block, a_lo, a_hi);
+        widen32(w[s] + k + (2 * j + 1) * kInt8Block, b_lo, b_hi);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+          const int16_t* xi = xq.q + i * K + k + 2 * j * kInt8Block;
+          h[i][j] =
+              _mm256_hadd_epi32(block_dot(a_lo, a_hi, xi), block_dot(b_lo, b_hi, xi + kInt8Block));
+        }
+      }
+      const __m256 sw = _mm256_loadu_ps(scale[s] + b);
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
-        const int16_t* xi = xq.q + i * K + k + 2 * j * kInt8Block;
-        h[i][j] =
-            _mm256_hadd_epi32(block_dot(a_lo, a_hi, xi), block_dot(b_lo, b_hi, xi + kInt8Block));
+        // (blocks 0-3 | 4-7) per 128-bit lane: low and high halves of each block's 8 partial sums.
+        const __m256i lo = _mm256_hadd_epi32(h[i][0], h[i][1]);
+        const __m256i hi = _mm256_hadd_epi32(h[i][2], h[i][3]);
+        const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20),
+                                              _mm256_permute2x128_si256(lo, hi, 0x31));
+        acc[s][i] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums),
+                            _mm256_mul_ps(sw, _mm256_loadu_ps(xq.s + i * nb + b)), acc[s][i]);
       }
-    }
-    const int64_t b = k / kInt8Block;
-    const __m256 sw = _mm256_loadu_ps(scale + b);
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      // (blocks 0-3 | 4-7) per 128-bit lane: low and high halves of each block's 8 partial sums.
-      const __m256i lo = _mm256_hadd_epi32(h[i][0], h[i][1]);
-      const __m256i hi = _mm256_hadd_epi32(h[i][2], h[i][3]);
-      const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20),
-                                            _mm256_permute2x128_si256(lo, hi, 0x31));
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums),
-                               _mm256_mul_ps(sw, _mm256_loadu_ps(xq.s + i * nb + b)), acc[i]);
     }
   }
   for (; k < full; k += kInt8Block) {  // the blocks after the last full group
     const int64_t b = k / kInt8Block;
-    if (!(b & 1)) prefetch_ahead(w + k);
-    __m256i w_lo, w_hi;
-    widen32(w + k, w_lo, w_hi);
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i)
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot(w_lo, w_hi, xq.q + i * K + k)),
-                               _mm256_set1_ps(scale[b] * xq.s[i * nb + b]), acc[i]);
+    for (int s = 0; s < S; ++s) {
+      if (!(b & 1)) prefetch_ahead(w[s] + k);
+      __m256i w_lo, w_hi;
+      widen32(w[s] + k, w_lo, w_hi);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+        acc[s][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_dot(w_lo, w_hi, xq.q + i * K + k)),
+                                    _mm256_set1_ps(scale[s][b] * xq.s[i * nb + b]), acc[s][i]);
+    }
   }
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) {
-    float s = hsum(acc[i]), t = 0.0f;
-    for (int64_t j = full; j < K; ++j) t += x[i * K + j] * float(w[j]);
-    if (full < K) s += t * scale[full / kInt8Block];
-    out[i] = s;
-  }
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      float r = hsum(acc[s][i]), t = 0.0f;
+      for (int64_t j = full; j < K; ++j) t += x[i * K + j] * float(w[s][j]);
+      if (full < K) r += t * scale[s][full / kInt8Block];
+      out[s][i] = r;
+    }
 }
 
-// One row of w against MR rows of x: the float tile, or the int8 one with its block scales.
-template <int MR, class W>
-inline void gemv_any(const float* x, XQ16 xq, const W* w, const float* scale, int64_t K,
-                     float (&out)[MR]) {
+// S rows of w against MR rows of x: the float tile, or the int8 one with its block scales.
+template <int S, int MR, class W>
+inline void gemv_any(const float* x, XQ16 xq, const W* const (&w)[S],
+                     const float* const (&scale)[S], int64_t K, float (&out)[S][MR]) {
   if constexpr (std::is_same_v<W, int8_t>)
-    gemv_tile_q8<MR>(x, xq, w, scale, K, int8_blocks(K), out);
+    gemv_tile_q8<S, MR>(x, xq, w, scale, K, int8_blocks(K), out);
   else
-    gemv_tile<MR>(x, w, K, out);
+    gemv_tile<S, MR>(x, w, K, out);
 }
 
 // y rows [n0, n1) for MR rows of x (packed, stride K), y stride N, plus bias[n]; scale is the
-// int8 block scales (N, int8_blocks(K)), null for float weights.
-template <int MR, class W, class B>
+// int8 block scales (N, int8_blocks(K)), null for float weights. Blocks of rows are cut into S
+// equal parts read side by side (kStreams), each part at most kStreamSpan bytes of weights:
+// streams far apart alias (4 streams 256 MiB apart read at less than half the bandwidth of 4
+// streams 2 MiB apart; bench/stream_read.h). The rows left over go one at a time.
+constexpr int64_t kStreamSpan = int64_t(1) << 20;
+
+template <int S, int MR, class W, class B>
 void gemv_rows(const float* x, XQ16 xq, const W* w, const float* scale, const B* bias, float* y,
                int64_t N, int64_t K, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    float out[MR];
-    gemv_any<MR>(x, xq, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
-    const float b = bias ? Avx2Ops::value(bias[n]) : 0.0f;
+  const int64_t nb = int8_blocks(K);
+  const int64_t max_part = std::max<int64_t>(1, kStreamSpan / std::max<int64_t>(1, K * sizeof(W)));
+  for (int64_t first = n0; first < n1;) {
+    const int64_t part = std::min(max_part, (n1 - first) / S);
+    if (part == 0) {
+      if constexpr (S > 1) gemv_rows<1, MR>(x, xq, w, scale, bias, y, N, K, first, n1);
+      return;
+    }
+    for (int64_t r = 0; r < part; ++r) {
+      const W* rows[S];
+      const float* scales[S];
+      int64_t n[S];
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) y[i * N + n] = out[i] + b;
+      for (int s = 0; s < S; ++s) {
+        n[s] = first + s * part + r;
+        rows[s] = w + n[s] * K;
+        scales[s] = scale ? scale + n[s] * nb : nullptr;
+      }
+      float out[S][MR];
+      gemv_any<S, MR>(x, xq, rows, scales, K, out);
+#pragma GCC unroll 16
+      for (int s = 0; s < S; ++s) {
+        const float b = bias ? Avx2Ops::value(bias[n[s]]) : 0.0f;
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) y[i * N + n[s]] = out[s][i] + b;
+      }
+    }
+    first += S * part;
   }
 }
 
@@ -364,8 +423,9 @@ void gemv(const float* x, const W* w, const float* scale, const B* bias, float* 
       [&](int64_t n0, int64_t n1, int) {
         int64_t m = 0;
         for (; m + 2 <= M; m += 2)
-          gemv_rows<2>(xp + m * K, rows(m), w, scale, bias, y + m * N, N, K, n0, n1);
-        if (m < M) gemv_rows<1>(xp + m * K, rows(m), w, scale, bias, y + m * N, N, K, n0, n1);
+          gemv_rows<kStreams / 2, 2>(xp + m * K, rows(m), w, scale, bias, y + m * N, N, K, n0, n1);
+        if (m < M)
+          gemv_rows<kStreams, 1>(xp + m * K, rows(m), w, scale, bias, y + m * N, N, K, n0, n1);
       },
       32);
 }
