@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/kernels_impl.h"
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
 #include "tformers/dtype.h"
@@ -416,6 +417,19 @@ TEST(Ops, Attention) {
         for (auto& m : mask) m = (rng() % 4 == 0) ? 0 : 1;
       if (c.mask == 2)
         for (int64_t s = 0; s < 2; ++s) mask[size_t(1 * c.S + s)] = 0;  // row 1: 2 pad slots
+      // Masked slots must never be read either (their rows may hold anything): poison them.
+      for (int64_t b = 0; c.mask && b < c.B; ++b)
+        for (int64_t s = 0; s < c.S; ++s)
+          if (mask[size_t(b * c.S + s)] == 0)
+            for (int64_t h = 0; h < c.Hkv; ++h)
+              for (int64_t i = 0; i < c.D; ++i) {
+                const size_t at = size_t(((b * c.Hkv + h) * c.S + s) * c.D + i);
+                if (dt == DType::bf16) {
+                  k.h[at] = v.h[at] = 0x7fc0;  // NaN
+                } else {
+                  k.f[at] = v.f[at] = NAN;
+                }
+              }
       const int32_t* key_mask = c.mask ? mask.data() : nullptr;
       const float scale = 1.0f / std::sqrt(float(c.D));
       std::vector<float> out(q.size(), NAN), want(q.size());
@@ -437,6 +451,35 @@ TEST(Ops, Attention) {
       }
     }
   });
+}
+
+// The vector exp of attention's probabilities against std::exp: within 2^-21 relative (a few
+// ulp) over the range attention uses (scores minus their max, so <= 0) and above it, exactly 0
+// below -87 (a masked or causal-excluded slot, -inf, must weigh exactly nothing), and
+// exp(0) = 1 exactly (the largest score of every row).
+TEST(Ops, ExpF32x8) {
+  float worst = 0.0f;
+  for (float x0 = -87.0f; x0 < 88.0f; x0 += 0.37f) {
+    f32x8 x;
+    for (int i = 0; i < kF32x8; ++i) x[i] = x0 + 0.041f * float(i);
+    const f32x8 e = exp_f32x8(x);
+    for (int i = 0; i < kF32x8; ++i) {
+      if (x[i] >= 88.0f) continue;
+      const double want = std::exp(double(x[i]));
+      worst = std::max(worst, float(std::abs(e[i] - want) / want));
+    }
+  }
+  EXPECT_LT(worst, 0x1p-21f);
+  const f32x8 edge = {0.0f, -87.5f, -100.0f, -INFINITY, -1e30f, -0.0f, 1.0f, -1.0f};
+  const f32x8 e = exp_f32x8(edge);
+  EXPECT_EQ(e[0], 1.0f);
+  EXPECT_EQ(e[1], 0.0f);
+  EXPECT_EQ(e[2], 0.0f);
+  EXPECT_EQ(e[3], 0.0f);
+  EXPECT_EQ(e[4], 0.0f);
+  EXPECT_EQ(e[5], 1.0f);
+  EXPECT_NEAR(e[6], std::exp(1.0f), 4e-7f);
+  EXPECT_NEAR(e[7], std::exp(-1.0f), 1e-7f);
 }
 
 // ----------------------------------------------------------- the references, by hand
