@@ -259,41 +259,70 @@ inline float to_f32(uint16_t v) { return bf16_to_f32(v); }
 // widened from bf16) once for all of them.
 constexpr int kQuerySet = 4;
 
+// 16 values of a value row as two f32 vectors, and back. bf16 rows are widened without
+// shuffles (GCC lowers a u16x8 -> i32x8 conversion to 5 instructions on AVX2): the 32-bit lane
+// holding values 2i and 2i+1 gives 2i after a left shift by 16 and 2i+1 after masking the low
+// half, so the vectors hold the even and the odd columns, interleaved again when stored.
+inline void load_cols16(const uint16_t* p, f32x8& a, f32x8& b) {
+  i32x8 w;
+  std::memcpy(&w, p, sizeof w);
+  const i32x8 even = w << 16, odd = w & int32_t(0xffff0000u);
+  std::memcpy(&a, &even, sizeof a);
+  std::memcpy(&b, &odd, sizeof b);
+}
+inline void store_cols16(float* out, f32x8 even, f32x8 odd, uint16_t) {
+  store_f32x8(out, __builtin_shufflevector(even, odd, 0, 8, 1, 9, 2, 10, 3, 11));
+  store_f32x8(out + 8, __builtin_shufflevector(even, odd, 4, 12, 5, 13, 6, 14, 7, 15));
+}
+inline void load_cols16(const float* p, f32x8& a, f32x8& b) {
+  a = load_f32x8(p);
+  b = load_f32x8(p + 8);
+}
+inline void store_cols16(float* out, f32x8 a, f32x8 b, float) {
+  store_f32x8(out, a);
+  store_f32x8(out + 8, b);
+}
+
 // out[g] = inv[g] * sum over the slots j in `slots` of p[g * L + j] * v[j], for N rows. The
-// columns go kCols vectors at a time, with those columns of every row in registers for the whole
-// sum: the value rows are reread once per column block (from L1/L2), and out is written once.
-// Adding into out in memory for every slot instead cost a load and a store per 8 products and
-// held prefill attention at 17 GFLOP/s on one AVX2 core (bench_kernels).
-template <int N, int kCols, class KV>
+// columns go 16 (32 for N <= 2) at a time, with those columns of every row in registers for the
+// whole sum: the value rows are reread once per column block (from L1/L2), and out is written
+// once. Adding into out in memory for every slot instead cost a load and a store per 8 products
+// and held prefill attention at 17 GFLOP/s on one AVX2 core (bench_kernels).
+template <int N, int kBlocks, class KV>
 inline void weighted_sum_cols(const float* p, int64_t L, const int32_t* slots, int64_t n,
                               const KV* v, int64_t D, int64_t d, const float* inv,
                               float* const* out) {
-  f32x8 acc[N][kCols] = {};
+  f32x8 acc[N][kBlocks][2] = {};
   for (int64_t i = 0; i < n; ++i) {
     const int64_t j = slots[i];
-    f32x8 vj[kCols];
+    f32x8 vj[kBlocks][2];
 #pragma GCC unroll 4
-    for (int c = 0; c < kCols; ++c) vj[c] = load_f32x8(v + j * D + d + c * kF32x8);
+    for (int c = 0; c < kBlocks; ++c) load_cols16(v + j * D + d + 16 * c, vj[c][0], vj[c][1]);
 #pragma GCC unroll 4
     for (int g = 0; g < N; ++g) {
       const float pg = p[g * L + j];
 #pragma GCC unroll 4
-      for (int c = 0; c < kCols; ++c) acc[g][c] += pg * vj[c];
+      for (int c = 0; c < kBlocks; ++c) {
+        acc[g][c][0] += pg * vj[c][0];
+        acc[g][c][1] += pg * vj[c][1];
+      }
     }
   }
 #pragma GCC unroll 4
   for (int g = 0; g < N; ++g)
 #pragma GCC unroll 4
-    for (int c = 0; c < kCols; ++c) store_f32x8(out[g] + d + c * kF32x8, acc[g][c] * inv[g]);
+    for (int c = 0; c < kBlocks; ++c)
+      store_cols16(out[g] + d + 16 * c, acc[g][c][0] * inv[g], acc[g][c][1] * inv[g], KV{});
 }
 
 template <int N, class KV>
 void weighted_sum(const float* p, int64_t L, const int32_t* slots, int64_t n, const KV* v,
                   int64_t D, const float* inv, float* const* out) {
+  constexpr int kBlocks = N <= 2 ? 2 : 1;  // 8 accumulators either way
   int64_t d = 0;
-  for (; d + 3 * kF32x8 <= D; d += 3 * kF32x8)
-    weighted_sum_cols<N, 3>(p, L, slots, n, v, D, d, inv, out);
-  for (; d + kF32x8 <= D; d += kF32x8) weighted_sum_cols<N, 1>(p, L, slots, n, v, D, d, inv, out);
+  for (; d + 16 * kBlocks <= D; d += 16 * kBlocks)
+    weighted_sum_cols<N, kBlocks>(p, L, slots, n, v, D, d, inv, out);
+  for (; d + 16 <= D; d += 16) weighted_sum_cols<N, 1>(p, L, slots, n, v, D, d, inv, out);
   for (; d < D; ++d)
     for (int g = 0; g < N; ++g) {
       float s = 0.0f;
