@@ -16,7 +16,10 @@
 // And decode at a used length of 256 with max_cache_len 512 against 32768 (alternated, medians).
 //
 //   build/release/bench/bench_model [--threads 1,2] [--decode 16] [--ttft 128] [--prefill 512]
-//                                   [--models qwen3,llama] [--dir /tmp]
+//                                   [--context 16] [--models qwen3,llama] [--dir /tmp]
+//
+// --context N decodes at used lengths from N on (the cache's contents do not change the cost, so
+// the cache is not filled first); the roofline then counts the K and V bytes read.
 //
 // Prefill (--prefill tokens, 0 = skip) runs with bf16 weights at the largest thread count only:
 // it is the slowest part (about a TFLOP for the Llama shape).
@@ -192,6 +195,7 @@ struct Machine {
 struct Options {
   std::vector<int> threads = {1, 2};
   int decode = 16, ttft = 128, prefill = 512;
+  int context = 16;  // the used length decode starts at
 };
 
 // Linear weights (every matrix multiplied per token, the tied head included).
@@ -248,7 +252,7 @@ void run_model(const std::string& dir, const std::string& quantize, const Machin
   const bool int8 = quantize == "int8";
   // int8: one byte per weight and a 4-byte scale per 32.
   const double weight_bytes = linear_params(c) * (int8 ? 1.0 + 4.0 / 32 : 2.0);
-  const int64_t cache_len = 512, prompt = 16;
+  const int64_t prompt = o.context, cache_len = std::max<int64_t>(512, prompt + o.decode + 8);
   const int max_threads = *std::max_element(o.threads.begin(), o.threads.end());
   std::map<int, double> decode_tps, read_gbs;  // by thread count
   // Every executable compiled stays alive in the compile cache, arena included: all count.
@@ -262,7 +266,7 @@ void run_model(const std::string& dir, const std::string& quantize, const Machin
     collect();
     lm.reset_cache(1, cache_len);
     ForwardArgs a;
-    a.input_ids = ids_tensor(prompt, 100);
+    a.input_ids = ids_tensor(std::min<int64_t>(prompt, 16), 100);
     lm.forward(a);
     // Rounds of one read pass over the decode's own bytes, then o.decode / kRounds steps:
     // medians of each, so the roofline and the decode it judges are measured alike in time.
@@ -400,6 +404,8 @@ int main(int argc, char** argv) {
       for (const auto& s : split(v)) o.threads.push_back(std::stoi(s));
     } else if (k == "--decode") {
       o.decode = std::stoi(v);
+    } else if (k == "--context") {
+      o.context = std::stoi(v);
     } else if (k == "--ttft") {
       o.ttft = std::stoi(v);
     } else if (k == "--prefill") {
