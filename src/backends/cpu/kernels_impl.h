@@ -206,20 +206,11 @@ void cache_write_impl(void* cache, DType cache_type, const float* src, int64_t B
 #pragma GCC diagnostic ignored "-Wpsabi"
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
-typedef uint16_t u16x8 __attribute__((vector_size(16)));
 constexpr int64_t kF32x8 = 8;
 
 inline f32x8 load_f32x8(const float* p) {
   f32x8 v;
   std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline f32x8 load_f32x8(const uint16_t* p) {  // 8 bf16 -> f32: the bits become the high half
-  u16x8 h;
-  std::memcpy(&h, p, sizeof h);
-  const i32x8 w = __builtin_convertvector(h, i32x8) << 16;
-  f32x8 v;
-  std::memcpy(&v, &w, sizeof v);
   return v;
 }
 inline void store_f32x8(float* p, f32x8 v) { std::memcpy(p, &v, sizeof v); }
@@ -229,9 +220,10 @@ inline float hsum_f32x8(f32x8 v) {
   return s;
 }
 
-// exp of each lane, within 2 ulp of std::exp for x >= -87 (Cephes' expf: 2^n times a degree-7
-// polynomial of x - n ln 2, ln 2 split in two for an exact product); exactly 0 below -87, where
-// exp(x) < 2^-125 (the probabilities of attention, which must be 0 for a masked slot).
+// exp of each lane, within 2^-21 (a few ulp) of std::exp for -87 <= x < 88 (Cephes' expf: 2^n
+// times a degree-7 polynomial of x - n ln 2, ln 2 split in two for an exact product); exactly 0
+// below -87, where exp(x) < 2^-125 (the probabilities of attention, which must be 0 for a masked
+// slot). Ops.ExpF32x8 checks both.
 inline f32x8 exp_f32x8(f32x8 x) {
   const f32x8 in = x;
   x = x < -87.0f ? f32x8{} - 87.0f : x;
@@ -260,9 +252,10 @@ inline float to_f32(uint16_t v) { return bf16_to_f32(v); }
 constexpr int kQuerySet = 4;
 
 // 16 values of a value row as two f32 vectors, and back. bf16 rows are widened without
-// shuffles (GCC lowers a u16x8 -> i32x8 conversion to 5 instructions on AVX2): the 32-bit lane
-// holding values 2i and 2i+1 gives 2i after a left shift by 16 and 2i+1 after masking the low
-// half, so the vectors hold the even and the odd columns, interleaved again when stored.
+// shuffles (GCC 12 lowers a generic 8 x u16 -> 8 x i32 conversion to 5 instructions on AVX2,
+// against 2 here for 16 values): the 32-bit lane holding values 2i and 2i+1 gives 2i after a
+// left shift by 16 and 2i+1 after masking the low half, so the vectors hold the even and the odd
+// columns, interleaved again when stored.
 inline void load_cols16(const uint16_t* p, f32x8& a, f32x8& b) {
   i32x8 w;
   std::memcpy(&w, p, sizeof w);
