@@ -35,13 +35,6 @@ struct ScalarOps {
   static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
     for (int g = 0; g < N; ++g) out[g] = dot_t(q[g], k, n);
   }
-  template <int N, class KV>
-  static void axpys(const float* p, const KV* v, float* const* y, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      const float vi = value(v[i]);
-      for (int g = 0; g < N; ++g) y[g][i] += p[g] * vi;
-    }
-  }
   static float sum_sq(const float* x, int64_t n) { return dot_t(x, x, n); }
 };
 

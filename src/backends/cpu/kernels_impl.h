@@ -79,8 +79,7 @@ constexpr int64_t kElementwiseGrain = 1 << 14;
 // uint16_t holding bf16):
 //   template <int N, class KV> void dots(const float* const* q, const KV* k, int64_t n,
 //                                        float* out)            out[g] = q[g] . k
-//   template <int N, class KV> void axpys(const float* p, const KV* v, float* const* y,
-//                                         int64_t n)            y[g] += p[g] * v
+//   float value(KV v)                                           v as f32
 //   float sum_sq(const float* x, int64_t n)
 
 template <class Ops>
@@ -244,9 +243,6 @@ inline f32x8 exp_f32x8(f32x8 x) {
   return in < -87.0f ? f32x8{} : y;
 }
 
-inline float to_f32(float v) { return v; }
-inline float to_f32(uint16_t v) { return bf16_to_f32(v); }
-
 // Query rows handled together against one KV head: each key and value row is loaded (and
 // widened from bf16) once for all of them.
 constexpr int kQuerySet = 4;
@@ -285,7 +281,8 @@ inline void store_cols16(float* out, f32x8 a, f32x8 b, float) {
 // chunk's rows are prefetched: its later column blocks would otherwise each walk memory with a
 // stride of a whole row. Measured on one AVX2 core: adding into out in memory for every slot
 // held prefill attention at 17 GFLOP/s; whole columns over all slots at once reached 49 GFLOP/s
-// but read a long context's values at 7 GB/s, its column blocks striding through memory.
+// but, its column blocks striding through memory, read a 4096-slot context's K and V at 7 GB/s
+// (10 GB/s in chunks).
 constexpr int64_t kSlotChunk = 32;
 
 // Adds the chunk's sums into out[g][d, d + 16 kBlocks), which holds bf16 columns in the
@@ -330,7 +327,7 @@ inline void weighted_sum_cols(const float* p, int64_t L, const int32_t* slots, i
     }
 }
 
-template <int N, class KV>
+template <class Ops, int N, class KV>
 void weighted_sum(const float* p, int64_t L, const int32_t* slots, int64_t n, const KV* v,
                   int64_t D, const float* inv, float* const* out) {
   constexpr int kBlocks = N <= 2 ? 2 : 1;  // 8 accumulators either way
@@ -349,7 +346,7 @@ void weighted_sum(const float* p, int64_t L, const int32_t* slots, int64_t n, co
     for (; d < D; ++d)
       for (int g = 0; g < N; ++g)
         for (int64_t i = c0; i < c0 + len; ++i)
-          out[g][d] += p[g * L + slots[i]] * to_f32(v[slots[i] * D + d]);
+          out[g][d] += p[g * L + slots[i]] * Ops::value(v[slots[i] * D + d]);
   }
   // Columns back in order (bf16), scaled by 1 / sum.
   for (int g = 0; g < N; ++g) {
@@ -378,8 +375,9 @@ void attend_set(const float* const* q, const int64_t* len, const KV* k, const KV
       continue;
     }
     // The key rows are one stream: fetch a few rows ahead (8 at head_dim 128 in bf16, 2 KiB).
-    for (int64_t b = 0; b < D * int64_t(sizeof(KV)); b += 64)
-      __builtin_prefetch(reinterpret_cast<const char*>(k + (j + 8) * D) + b);
+    if (j + 8 < L)
+      for (int64_t b = 0; b < D * int64_t(sizeof(KV)); b += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(k + (j + 8) * D) + b);
     Ops::template dots<N>(q, k + j * D, D, s);
     for (int g = 0; g < N; ++g) {
       const float sg = j < len[g] ? s[g] * scale : -INFINITY;  // causal
@@ -402,11 +400,14 @@ void attend_set(const float* const* q, const int64_t* len, const KV* k, const KV
       store_f32x8(row + j, e);
       acc += e;
     }
-    for (; j < L; ++j) {
-      row[j] = row[j] == -INFINITY ? 0.0f : std::exp(row[j] - mx[g]);
-      sum[g] += row[j];
+    if (j < L) {  // the last few scores through the same exp, padded with -inf (exp 0)
+      f32x8 x = f32x8{} - INFINITY;
+      std::memcpy(&x, row + j, size_t(L - j) * sizeof(float));
+      const f32x8 e = exp_f32x8(x - mx[g]);
+      std::memcpy(row + j, &e, size_t(L - j) * sizeof(float));
+      acc += e;
     }
-    sum[g] += hsum_f32x8(acc);
+    sum[g] = hsum_f32x8(acc);
   }
   int64_t n = 0;
   for (int64_t j = 0; j < L; ++j) {
@@ -416,7 +417,7 @@ void attend_set(const float* const* q, const int64_t* len, const KV* k, const KV
   }
   float inv[N];
   for (int g = 0; g < N; ++g) inv[g] = sum[g] == 0.0f ? 0.0f : 1.0f / sum[g];  // no key: zeros
-  weighted_sum<N>(scores, L, slots, n, v, D, inv, out);
+  weighted_sum<Ops, N>(scores, L, slots, n, v, D, inv, out);
 }
 
 template <class Ops, class KV>

@@ -91,22 +91,6 @@ struct Avx2Ops {
       out[g] = s;
     }
   }
-  // y[g] += p[g] * v for N rows, v loaded once.
-  template <int N, class KV>
-  static void axpys(const float* p, const KV* v, float* const* y, int64_t n) {
-    __m256 pv[N];
-#pragma GCC unroll 4
-    for (int g = 0; g < N; ++g) pv[g] = _mm256_set1_ps(p[g]);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      const __m256 vv = load8(v + i);
-#pragma GCC unroll 4
-      for (int g = 0; g < N; ++g)
-        _mm256_storeu_ps(y[g] + i, _mm256_fmadd_ps(pv[g], vv, _mm256_loadu_ps(y[g] + i)));
-    }
-    for (; i < n; ++i)
-      for (int g = 0; g < N; ++g) y[g][i] += p[g] * value(v[i]);
-  }
   static float sum_sq(const float* x, int64_t n) { return dot_t(x, x, n); }
 };
 
@@ -228,19 +212,24 @@ struct XQ16 {
   const float* s;
 };
 
+// The largest |value| of one block of 32 (in four vectors).
+inline float abs_max(const __m256 (&v)[4]) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 m =
+      _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                    _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  return _mm_cvtss_f32(m4);
+}
+
 void quantize_x16(const float* x, int64_t K, int16_t* q, float* s) {
   const int64_t full = K / kInt8Block * kInt8Block;
   for (int64_t k = 0; k < full; k += kInt8Block) {
-    __m256 v[4], m = _mm256_setzero_ps();
-    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    for (int j = 0; j < 4; ++j) {
-      v[j] = _mm256_loadu_ps(x + k + 8 * j);
-      m = _mm256_max_ps(m, _mm256_and_ps(v[j], abs_mask));
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
+    __m256 v[4];
+    for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(x + k + 8 * j);
+    const float amax = abs_max(v);
     s[k / kInt8Block] = amax / 32767.0f;
     const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
     __m256i i32[4];
@@ -357,8 +346,8 @@ inline void gemv_any(const float* x, XQ16 xq, const W* const (&w)[S],
 // y rows [n0, n1) for MR rows of x (packed, stride K), y stride N, plus bias[n]; scale is the
 // int8 block scales (N, int8_blocks(K)), null for float weights. Blocks of rows are cut into S
 // equal parts read side by side (kStreams), each part at most kStreamSpan bytes of weights:
-// streams far apart alias (4 streams 256 MiB apart read at less than half the bandwidth of 4
-// streams 2 MiB apart; bench/stream_read.h). The rows left over go one at a time.
+// streams far apart alias (4 streams 256 MiB apart read about half the bandwidth of 4 streams
+// 2 MiB apart; bench/stream_read.h). The rows left over go one at a time.
 constexpr int64_t kStreamSpan = int64_t(1) << 20;
 
 template <int S, int MR, class W, class B>
@@ -627,12 +616,8 @@ void linear_int8_avx2(const float* x, const int8_t* w, const float* scale, const
 // 32 consecutive weights as f32.
 inline void load32(const void* w, DType wt, __m256 (&v)[4]) {
   for (int j = 0; j < 4; ++j)
-    v[j] = wt == DType::bf16
-               ? _mm256_castsi256_ps(_mm256_slli_epi32(
-                     _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
-                         static_cast<const uint16_t*>(w) + 8 * j))),
-                     16))
-               : _mm256_loadu_ps(static_cast<const float*>(w) + 8 * j);
+    v[j] = wt == DType::bf16 ? load8(static_cast<const uint16_t*>(w) + 8 * j)
+                             : load8(static_cast<const float*>(w) + 8 * j);
 }
 
 }  // namespace
@@ -644,20 +629,13 @@ inline void load32(const void* w, DType wt, __m256 (&v)[4]) {
 void quantize_int8_avx2(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
                         ThreadPool& pool) {
   const int64_t nb = int8_blocks(K), full = K / kInt8Block, es = int64_t(dtype_size(wt));
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   pool.parallel_for(N, [&](int64_t n0, int64_t n1, int) {
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t b = 0; b < full; ++b) {
         const int64_t k0 = b * kInt8Block;
         __m256 v[4];
         load32(static_cast<const char*>(w) + (n * K + k0) * es, wt, v);
-        const __m256 m = _mm256_max_ps(
-            _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-            _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float amax = _mm_cvtss_f32(m4);
+        const float amax = abs_max(v);
         scale[n * nb + b] = amax / 127.0f;
         const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         __m256i i32[4];

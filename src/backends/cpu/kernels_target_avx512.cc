@@ -100,22 +100,6 @@ struct Avx512Ops {
       out[g] = s;
     }
   }
-  // y[g] += p[g] * v for N rows, v loaded once.
-  template <int N, class KV>
-  static void axpys(const float* p, const KV* v, float* const* y, int64_t n) {
-    __m512 pv[N];
-#pragma GCC unroll 4
-    for (int g = 0; g < N; ++g) pv[g] = _mm512_set1_ps(p[g]);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-      const __m512 vv = load16(v + i);
-#pragma GCC unroll 4
-      for (int g = 0; g < N; ++g)
-        _mm512_storeu_ps(y[g] + i, _mm512_fmadd_ps(pv[g], vv, _mm512_loadu_ps(y[g] + i)));
-    }
-    for (; i < n; ++i)
-      for (int g = 0; g < N; ++g) y[g][i] += p[g] * value(v[i]);
-  }
   static float sum_sq(const float* x, int64_t n) { return dot_t(x, x, n); }
 };
 
