@@ -3,17 +3,16 @@
 // hardware measured in the same run:
 // - decode against the memory roofline: (weight bytes + KV bytes read per token) / streaming-read
 //   bandwidth with the same number of threads (the multi-stream loop of stream_read.h), two
-//   ways: a read loop over the very bytes decode
-//   streams (the mmap'd checkpoint pages for bf16, the int8 copies for int8), alternated with
-//   the decode steps in the child (medians); and the same loop over a fresh 1 GiB anonymous
-//   buffer in the parent just before. Page-cache pages of a mapped file read 5-10 % slower than
-//   a fresh anonymous buffer on this machine, so the two differ for bf16;
+//   ways: that loop over the very bytes decode streams (the mmap'd checkpoint pages for bf16, the
+//   int8 copies for int8), alternated with the decode steps in the child (medians); and over a
+//   fresh 1 GiB anonymous buffer in the parent just before. The first judges decode on its own
+//   pages at its own moment; the second drifts with this shared machine's load;
 // - prefill against the matmul peak: register-only FMA (or, on AVX-512 BF16 machines, vdpbf16ps)
 //   throughput with the same number of threads;
 // - peak RSS (getrusage) against weights + KV cache + the planned activation arenas of every
 //   compiled step. Each model and weight type runs in its own child process so that each RSS
 //   is its own.
-// And decode at a used length of 256 with max_cache_len 512 against 32768 (alternated, medians).
+// And decode at a used length of 256 with max_cache_len 512 against 32768 (5 alternated pairs).
 //
 //   build/release/bench/bench_model [--threads 1,2] [--decode 16] [--ttft 128] [--prefill 512]
 //                                   [--context 16] [--models qwen3,llama] [--dir /tmp]
