@@ -32,7 +32,8 @@ ckpt=$dir/tformers-bench-qwen3-0.6b
 if [ ! -d tools/peer/node_modules/node-llama-cpp ]; then
   (cd tools/peer && npm ci --omit=optional --ignore-scripts --no-audit --no-fund --loglevel=error)
 fi
-# Each GGUF is written again when the checkpoint is newer than it.
+# Each GGUF is written again when the checkpoint is newer than it. Debian's python3 (not one
+# first on PATH, such as a pyenv one) is the one that has python3-torch for Q8_0.
 for kind in bf16 q8_0; do
   gguf=$ckpt.$kind.gguf
   if [ "$kind" = q8_0 ] && ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
