@@ -6,7 +6,8 @@
 //      AVX-512 BF16 machines, the vdpbf16ps peak, which is what bf16 prefill can reach);
 //   4. attention with a bf16 cache at the Qwen3-0.6B head layout (16 query heads, 8 KV heads,
 //      head_dim 128): prefill of 512 tokens (GFLOP/s), and one decode step at a used length of
-//      256 in a 512-slot and a 32768-slot cache (the cost must follow the used length);
+//      256 in a 512-slot and a 32768-slot cache (the cost must follow the used length), and one
+//      at a used length of 4096 over 28 layers' caches (GB/s of K and V against (1));
 //   5. int8 quantization at load of the LM head (GB/s of bf16), this target against scalar;
 // each with 1 and 2 threads. Usage: bench_kernels [--target NAME] [--gib N]
 // (TFORMERS_CPU_TARGET also lowers the target).
@@ -131,6 +132,13 @@ int main(int argc, char** argv) {
     decode_w.emplace_back();
     for (size_t c = 0; c < copies; ++c) decode_w.back().push_back(random_bf16(size_t(N * K)));
   }
+  // The KV caches of a long-context decode step (Qwen3-0.6B: 28 layers, 8 KV heads of 128),
+  // filled with small bf16 values of a cheap hash (the values do not matter, only that they are
+  // finite and distinct).
+  constexpr int64_t kLongLayers = 28, kLongUsed = 4096;
+  std::vector<uint16_t> long_kv(size_t(kLongLayers * 2 * 8 * kLongUsed * 128));
+  for (size_t i = 0; i < long_kv.size(); ++i)
+    long_kv[i] = uint16_t(0x3c00 | ((i * 2654435761u) >> 20 & 0x1ff));
   const int64_t prefill_n = 3072;
   const std::vector<uint16_t>& prefill_w = decode_w[0][0];
   std::vector<float> x = random_f32(size_t(512 * K));
@@ -231,6 +239,20 @@ int main(int argc, char** argv) {
         });
         std::printf("attention decode used=256 S=%-5lld: %8.1f us\n", (long long)S, td * 1e6);
       }
+      // A decode step at a long used length over every layer, each with its own cache, so K and
+      // V come from memory as in the model: GB/s of K and V against the 1 GiB read.
+      const double tl = median_time(5, [&] {
+        for (int64_t l = 0; l < kLongLayers; ++l) {
+          const uint16_t* kl = long_kv.data() + size_t(l * 2 * Hkv * kLongUsed * D);
+          cpu::attention(q.data(), kl, kl + Hkv * kLongUsed * D, DType::bf16, nullptr, out.data(),
+                         1, 1, Hq, Hkv, kLongUsed, D, kLongUsed - 1, scale, pool);
+        }
+      });
+      const double kv_gbs = double(long_kv.size() * 2) / tl / 1e9;
+      std::printf(
+          "attention decode used=%lld x %lld layers: %8.2f ms  K+V %5.1f GB/s  %5.1f%% of the 1 "
+          "GiB read\n",
+          (long long)kLongUsed, (long long)kLongLayers, tl * 1e3, kv_gbs, 100.0 * kv_gbs / bw);
     }
   }
   return 0;

@@ -274,7 +274,7 @@ inline void store_cols16(float* out, f32x8 a, f32x8 b, float) {
 
 // out[g] = inv[g] * sum over the slots j in `slots` of p[g * L + j] * v[j], for N rows.
 //
-// The slots go kSlotChunk at a time, and within a chunk the columns go 16 (32 for N <= 2) at a
+// The slots go a chunk at a time, and within a chunk the columns go 16 (32 for N <= 2) at a
 // time, with those columns of every row in registers for the whole chunk: a chunk's value rows
 // (8 KiB of bf16 at head_dim 128) stay in L1 while each column block rereads them, and out is
 // loaded and stored once per chunk. While the first column block of a chunk runs, the next
@@ -283,7 +283,18 @@ inline void store_cols16(float* out, f32x8 a, f32x8 b, float) {
 // held prefill attention at 17 GFLOP/s; whole columns over all slots at once reached 49 GFLOP/s
 // but, its column blocks striding through memory, read a 4096-slot context's K and V at 7 GB/s
 // (10 GB/s in chunks).
-constexpr int64_t kSlotChunk = 32;
+//
+// Two chunkings: where other query rows (prefill) read the same value rows again, 32 slots; where
+// each value row is read by one call only (decode), chunks of 8 slots fetched 32 slots ahead, so
+// that each burst of prefetches is a quarter as long. 28 layers of bf16 caches at used length
+// 4096 (decode), the two builds alternated in one process: attention 1.13-1.29x faster on one
+// core and 1.03-1.16x on two, with 2 or 4 query rows per KV head; prefill of 512 and 2048 tokens
+// was 2-4 % slower with the short chunks, so it keeps the long ones (bench/RESULTS.md).
+struct SlotChunks {
+  int64_t len;    // slots per chunk
+  int64_t ahead;  // a chunk's first slot to the first slot whose rows it prefetches
+};
+constexpr SlotChunks kRereadChunks{32, 32}, kStreamedChunks{8, 32};
 
 // Adds the chunk's sums into out[g][d, d + 16 kBlocks), which holds bf16 columns in the
 // even/odd order of load_cols16 until weighted_sum puts them back in order.
@@ -329,19 +340,21 @@ inline void weighted_sum_cols(const float* p, int64_t L, const int32_t* slots, i
 
 template <class Ops, int N, class KV>
 void weighted_sum(const float* p, int64_t L, const int32_t* slots, int64_t n, const KV* v,
-                  int64_t D, const float* inv, float* const* out) {
+                  int64_t D, const float* inv, SlotChunks chunks, float* const* out) {
   constexpr int kBlocks = N <= 2 ? 2 : 1;  // 8 accumulators either way
   const int64_t vec_cols = D / 16 * 16;
   for (int g = 0; g < N; ++g) std::fill(out[g], out[g] + D, 0.0f);
-  for (int64_t c0 = 0; c0 < n; c0 += kSlotChunk) {
-    const int64_t len = std::min(kSlotChunk, n - c0);
-    const int64_t next = std::min(kSlotChunk, n - c0 - len);  // rows of the next chunk
+  for (int64_t c0 = 0; c0 < n; c0 += chunks.len) {
+    const int64_t len = std::min(chunks.len, n - c0);
+    // The rows to prefetch: [ahead, ahead + n_ahead) in slots, past the chunk.
+    const int64_t ahead = std::min(n, c0 + chunks.ahead);
+    const int64_t n_ahead = std::min(chunks.len, n - ahead);
     int64_t d = 0;
     for (; d + 16 * kBlocks <= vec_cols; d += 16 * kBlocks)
-      weighted_sum_cols<N, kBlocks>(p, L, slots + c0, len, slots + c0 + len, d == 0 ? next : 0, v,
+      weighted_sum_cols<N, kBlocks>(p, L, slots + c0, len, slots + ahead, d == 0 ? n_ahead : 0, v,
                                     D, d, out);
     for (; d < vec_cols; d += 16)
-      weighted_sum_cols<N, 1>(p, L, slots + c0, len, slots + c0 + len, d == 0 ? next : 0, v, D, d,
+      weighted_sum_cols<N, 1>(p, L, slots + c0, len, slots + ahead, d == 0 ? n_ahead : 0, v, D, d,
                               out);
     for (; d < D; ++d)
       for (int g = 0; g < N; ++g)
@@ -363,7 +376,7 @@ void weighted_sum(const float* p, int64_t L, const int32_t* slots, int64_t n, co
 template <class Ops, int N, class KV>
 void attend_set(const float* const* q, const int64_t* len, const KV* k, const KV* v,
                 const int32_t* mask, int64_t D, float scale, float* scores, int32_t* slots,
-                float* const* out) {
+                SlotChunks chunks, float* const* out) {
   int64_t L = 0;
   for (int g = 0; g < N; ++g) L = std::max(L, len[g]);
   float mx[N], sum[N];
@@ -417,22 +430,22 @@ void attend_set(const float* const* q, const int64_t* len, const KV* k, const KV
   }
   float inv[N];
   for (int g = 0; g < N; ++g) inv[g] = sum[g] == 0.0f ? 0.0f : 1.0f / sum[g];  // no key: zeros
-  weighted_sum<Ops, N>(scores, L, slots, n, v, D, inv, out);
+  weighted_sum<Ops, N>(scores, L, slots, n, v, D, inv, chunks, out);
 }
 
 template <class Ops, class KV>
 void attend_rows(int n, const float* const* q, const int64_t* len, const KV* k, const KV* v,
                  const int32_t* mask, int64_t D, float scale, float* scores, int32_t* slots,
-                 float* const* out) {
+                 SlotChunks chunks, float* const* out) {
   switch (n) {
     case 4:
-      return attend_set<Ops, 4>(q, len, k, v, mask, D, scale, scores, slots, out);
+      return attend_set<Ops, 4>(q, len, k, v, mask, D, scale, scores, slots, chunks, out);
     case 3:
-      return attend_set<Ops, 3>(q, len, k, v, mask, D, scale, scores, slots, out);
+      return attend_set<Ops, 3>(q, len, k, v, mask, D, scale, scores, slots, chunks, out);
     case 2:
-      return attend_set<Ops, 2>(q, len, k, v, mask, D, scale, scores, slots, out);
+      return attend_set<Ops, 2>(q, len, k, v, mask, D, scale, scores, slots, chunks, out);
     default:
-      return attend_set<Ops, 1>(q, len, k, v, mask, D, scale, scores, slots, out);
+      return attend_set<Ops, 1>(q, len, k, v, mask, D, scale, scores, slots, chunks, out);
   }
 }
 
@@ -448,6 +461,8 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
   // because a causal query's cost grows with t and the pool hands out contiguous chunks.
   const int64_t tb = std::max<int64_t>(1, kQuerySet / group);
   const int64_t blocks = (T + tb - 1) / tb;
+  // One set holds all of a head's query rows: each value row is read once, from memory.
+  const SlotChunks chunks = T * group <= kQuerySet ? kStreamedChunks : kRereadChunks;
   pool.parallel_for(B * blocks * Hkv, [&](int64_t lo, int64_t hi, int) {
     float* scores = thread_scratch<float>(Scratch::kScores, size_t(kQuerySet * (start + T)));
     int32_t* slots = thread_scratch<int32_t>(Scratch::kSlots, size_t(start + T));
@@ -465,11 +480,11 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
         if (cache_type == DType::bf16)
           attend_rows<Ops>(n, qs, len, static_cast<const uint16_t*>(k_cache) + base,
                            static_cast<const uint16_t*>(v_cache) + base, mask, D, scale, scores,
-                           slots, os);
+                           slots, chunks, os);
         else
           attend_rows<Ops>(n, qs, len, static_cast<const float*>(k_cache) + base,
                            static_cast<const float*>(v_cache) + base, mask, D, scale, scores, slots,
-                           os);
+                           chunks, os);
         n = 0;
       };
       for (int64_t t = t0; t < t1; ++t)
