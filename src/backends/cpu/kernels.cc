@@ -22,15 +22,12 @@ struct ScalarOps {
     float acc[kLanes] = {};
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes)
-      for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * value(b[i + l]);
+      for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * value_f32(b[i + l]);
     float s = 0.0f;
     for (int l = 0; l < kLanes; ++l) s += acc[l];
-    for (; i < n; ++i) s += a[i] * value(b[i]);
+    for (; i < n; ++i) s += a[i] * value_f32(b[i]);
     return s;
   }
-  static float value(float v) { return v; }
-  static float value(uint16_t v) { return bf16_to_f32(v); }
-  static float value(int8_t v) { return float(v); }
   template <int N, class KV>
   static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
     for (int g = 0; g < N; ++g) out[g] = dot_t(q[g], k, n);
@@ -52,7 +49,7 @@ void linear_scalar_t(const float* x, const W* w, const float* scale, const B* bi
           const int rows = int(std::min<int64_t>(kRows, M - m0));
           for (int64_t n = n0; n < n1; ++n) {
             const W* wr = w + n * K;
-            const float b = bias ? ScalarOps::value(bias[n]) : 0.0f;
+            const float b = bias ? value_f32(bias[n]) : 0.0f;
             const float sc = scale ? scale[n] : 1.0f;
             for (int r = 0; r < rows; ++r)
               y[(m0 + r) * N + n] = ScalarOps::dot_t(x + (m0 + r) * K, wr, K) * sc + b;

@@ -75,11 +75,15 @@ namespace {
 // more than the work.
 constexpr int64_t kElementwiseGrain = 1 << 14;
 
+// One stored value (f32, bf16 bits or an int8 code) as f32.
+inline float value_f32(float v) { return v; }
+inline float value_f32(uint16_t v) { return bf16_to_f32(v); }
+inline float value_f32(int8_t v) { return float(v); }
+
 // ---- Shared kernel bodies. `Ops` supplies the target's vector primitives (KV is float, or
 // uint16_t holding bf16):
 //   template <int N, class KV> void dots(const float* const* q, const KV* k, int64_t n,
 //                                        float* out)            out[g] = q[g] . k
-//   float value(KV v)                                           v as f32
 //   float sum_sq(const float* x, int64_t n)
 
 template <class Ops>
@@ -359,7 +363,7 @@ void weighted_sum(const float* p, int64_t L, const int32_t* slots, int64_t n, co
     for (; d < D; ++d)
       for (int g = 0; g < N; ++g)
         for (int64_t i = c0; i < c0 + len; ++i)
-          out[g][d] += p[g * L + slots[i]] * Ops::value(v[slots[i] * D + d]);
+          out[g][d] += p[g * L + slots[i]] * value_f32(v[slots[i] * D + d]);
   }
   // Columns back in order (bf16), scaled by 1 / sum.
   for (int g = 0; g < N; ++g) {

@@ -5,15 +5,13 @@
 //   bf16 weights are widened without shuffles: a 32-bit lane holding two bf16 values w[2i],
 //   w[2i+1] gives w[2i] as f32 after a left shift by 16 and w[2i+1] after masking the low half.
 //   x is repacked once per call into the matching order (per 16 values: 8 even, then 8 odd).
-// - M >= kGemmMinRows (prefill): weights are converted, 16 rows at a time, into an f32 panel
-//   (K-major, 16 values per k) kept in L2, and a 6x16 register-tiled kernel runs every row block
-//   of x against it, so each weight byte from memory feeds M multiply-adds.
+// - M >= kGemmMinRows (prefill): the GEMM of kernels_gemm_x86.h with 6 x 16 register tiles.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <type_traits>
 
-#include "backends/cpu/kernels_impl.h"
+#include "backends/cpu/kernels_gemm_x86.h"
 
 // Register tiles are arrays indexed by loop counters; `#pragma GCC unroll` makes GCC unroll those
 // loops early enough to keep the arrays in registers (at -O3 it otherwise stores every
@@ -27,19 +25,6 @@ inline float hsum(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
-}
-
-// 8 bf16 -> 8 f32 in order.
-inline __m256 load8_bf16(const uint16_t* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const uint16_t* p) { return load8_bf16(p); }
-// 8 int8 -> 8 f32 in order (exact).
-inline __m256 load8(const int8_t* p) {
-  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
 }
 
 struct Avx2Ops {
@@ -56,12 +41,9 @@ struct Avx2Ops {
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), s0);
     float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; ++i) s += a[i] * value(b[i]);
+    for (; i < n; ++i) s += a[i] * value_f32(b[i]);
     return s;
   }
-  static float value(float v) { return v; }
-  static float value(uint16_t v) { return bf16_to_f32(v); }
-  static float value(int8_t v) { return float(v); }
   // N dot products against one k row, which is loaded once.
   template <int N, class KV>
   static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
@@ -87,7 +69,7 @@ struct Avx2Ops {
 #pragma GCC unroll 4
     for (int g = 0; g < N; ++g) {
       float s = hsum(_mm256_add_ps(acc[g][0], acc[g][1]));
-      for (int64_t j = i; j < n; ++j) s += q[g][j] * value(k[j]);
+      for (int64_t j = i; j < n; ++j) s += q[g][j] * value_f32(k[j]);
       out[g] = s;
     }
   }
@@ -197,7 +179,7 @@ inline void gemv_tile(const float* x, const W* const (&w)[S], int64_t K, float (
     for (int i = 0; i < MR; ++i) {
       float r = hsum(_mm256_add_ps(_mm256_add_ps(acc[s][i][0], acc[s][i][1]),
                                    _mm256_add_ps(acc[s][i][2], acc[s][i][3])));
-      for (int64_t t = full; t < K; ++t) r += x[i * K + t] * Avx2Ops::value(w[s][t]);
+      for (int64_t t = full; t < K; ++t) r += x[i * K + t] * value_f32(w[s][t]);
       out[s][i] = r;
     }
 }
@@ -375,7 +357,7 @@ void gemv_rows(const float* x, XQ16 xq, const W* w, const float* scale, const B*
       gemv_any<S, MR>(x, xq, rows, scales, K, out);
 #pragma GCC unroll 16
       for (int s = 0; s < S; ++s) {
-        const float b = bias ? Avx2Ops::value(bias[n[s]]) : 0.0f;
+        const float b = bias ? value_f32(bias[n[s]]) : 0.0f;
 #pragma GCC unroll 16
         for (int i = 0; i < MR; ++i) y[i * N + n[s]] = out[s][i] + b;
       }
@@ -421,179 +403,25 @@ void gemv(const float* x, const W* w, const float* scale, const B* bias, float* 
 
 // ---------------------------------------------------------------- linear, prefill path (GEMM)
 
-constexpr int kNR = 16;  // panel width: output columns per register tile
-constexpr int kMR = 6;   // x rows per register tile
-// Blocking: a group of kGroup panels of kKC k values each (8 x 256 x 16 f32 = 128 KiB) stays in
-// L2 while every kMR-row block of x (6 x 256 f32 = 6 KiB, in L1) is multiplied by it.
-constexpr int64_t kKC = 256;
-constexpr int64_t kGroup = 8;
-
-// 8x8 transpose of r[0..7] in place.
-inline void transpose8(__m256 (&r)[8]) {
-  __m256 t[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  __m256 u[8];
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-  }
-}
-
-// panel (kc, kNR) f32 = w rows [n0, n0 + rows) x k in [k0, k0 + kc); missing rows are zero.
-template <class W>
-void pack_panel(const W* w, int64_t K, int64_t n0, int rows, int64_t k0, int64_t kc, float* panel) {
-  int64_t k = 0;
-  if (rows == kNR) {
-    for (; k + 8 <= kc; k += 8) {
-      for (int half = 0; half < 2; ++half) {
-        __m256 r[8];
-        for (int j = 0; j < 8; ++j) r[j] = load8(w + (n0 + half * 8 + j) * K + k0 + k);
-        transpose8(r);  // r[kk] = 8 rows at k + kk
-        for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(panel + (k + kk) * kNR + half * 8, r[kk]);
-      }
-    }
-  }
-  for (; k < kc; ++k)
-    for (int j = 0; j < kNR; ++j)
-      panel[k * kNR + j] = j < rows ? Avx2Ops::value(w[(n0 + j) * K + k0 + k]) : 0.0f;
-}
-
-// The int8 panel: values times their block scale, so the GEMM itself is the f32 one. k0 is a
-// multiple of kKC and k of 8, so 8 consecutive values share one block scale.
-void pack_panel(const int8_t* w, const float* scale, int64_t K, int64_t n0, int rows, int64_t k0,
-                int64_t kc, float* panel) {
-  const int64_t nb = int8_blocks(K);
-  int64_t k = 0;
-  if (rows == kNR) {
-    for (; k + 8 <= kc; k += 8) {
-      for (int part = 0; part < kNR / 8; ++part) {
-        __m256 r[8];
-        for (int j = 0; j < 8; ++j) {
-          const int64_t n = n0 + part * 8 + j;
-          r[j] = _mm256_mul_ps(load8(w + n * K + k0 + k),
-                               _mm256_set1_ps(scale[n * nb + (k0 + k) / kInt8Block]));
-        }
-        transpose8(r);  // r[kk] = 8 rows at k + kk
-        for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(panel + (k + kk) * kNR + part * 8, r[kk]);
-      }
-    }
-  }
-  for (; k < kc; ++k)
-    for (int j = 0; j < kNR; ++j)
-      panel[k * kNR + j] =
-          j < rows ? float(w[(n0 + j) * K + k0 + k]) * scale[(n0 + j) * nb + (k0 + k) / kInt8Block]
-                   : 0.0f;
-}
-
-inline void store_tile_row(float* yr, __m256 c0, __m256 c1, int cols, bool accumulate) {
-  if (cols == kNR) {
-    if (accumulate) {
-      c0 = _mm256_add_ps(c0, _mm256_loadu_ps(yr));
-      c1 = _mm256_add_ps(c1, _mm256_loadu_ps(yr + 8));
-    }
-    _mm256_storeu_ps(yr, c0);
-    _mm256_storeu_ps(yr + 8, c1);
-  } else {
-    alignas(32) float tmp[kNR];
-    _mm256_store_ps(tmp, c0);
-    _mm256_store_ps(tmp + 8, c1);
-    for (int j = 0; j < cols; ++j) yr[j] = accumulate ? yr[j] + tmp[j] : tmp[j];
-  }
-}
-
-// y tile (MR, cols) (+)= x (MR, kc; stride ldx) @ panel (kc, kNR).
-template <int MR>
-void gemm_tile(const float* x, int64_t ldx, const float* panel, int64_t kc, float* y, int64_t ldy,
-               int cols, bool accumulate) {
-  __m256 c[MR][2];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < kc; ++k) {
-    const __m256 b0 = _mm256_loadu_ps(panel + k * kNR), b1 = _mm256_loadu_ps(panel + k * kNR + 8);
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const __m256 a = _mm256_broadcast_ss(x + i * ldx + k);
-      c[i][0] = _mm256_fmadd_ps(a, b0, c[i][0]);
-      c[i][1] = _mm256_fmadd_ps(a, b1, c[i][1]);
-    }
-  }
-  // Fully unrolled so that GCC keeps c in registers (a rolled loop indexing c makes it an
-  // in-memory array, stored on every k step).
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) store_tile_row(y + i * ldy, c[i][0], c[i][1], cols, accumulate);
-}
-
-void gemm_rows(int mr, const float* x, int64_t ldx, const float* panel, int64_t kc, float* y,
-               int64_t ldy, int cols, bool accumulate) {
-  switch (mr) {
-    case 6:
-      return gemm_tile<6>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-    case 5:
-      return gemm_tile<5>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-    case 4:
-      return gemm_tile<4>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-    case 3:
-      return gemm_tile<3>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-    case 2:
-      return gemm_tile<2>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-    default:
-      return gemm_tile<1>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-  }
-}
-
-template <class W, class B>
-void gemm(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
-          int64_t N, int64_t K, ThreadPool& pool) {
-  const int64_t panels = (N + kNR - 1) / kNR;
-  pool.parallel_for(
-      panels,
-      [&](int64_t p0, int64_t p1, int) {
-        float* panel = thread_scratch<float>(Scratch::kPanel, size_t(kGroup * kKC * kNR));
-        for (int64_t g0 = p0; g0 < p1; g0 += kGroup) {
-          const int64_t g1 = std::min(p1, g0 + kGroup);
-          for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-            const int64_t kc = std::min(kKC, K - k0);
-            for (int64_t p = g0; p < g1; ++p) {
-              const int rows = int(std::min<int64_t>(kNR, N - p * kNR));
-              if constexpr (std::is_same_v<W, int8_t>)
-                pack_panel(w, scale, K, p * kNR, rows, k0, kc, panel + (p - g0) * kKC * kNR);
-              else
-                pack_panel(w, K, p * kNR, rows, k0, kc, panel + (p - g0) * kKC * kNR);
-            }
-            // The x block (kMR rows x kc) stays in L1 while it meets every panel of the group.
-            for (int64_t m = 0; m < M; m += kMR) {
-              const int mr = int(std::min<int64_t>(kMR, M - m));
-              for (int64_t p = g0; p < g1; ++p)
-                gemm_rows(mr, x + m * K + k0, K, panel + (p - g0) * kKC * kNR, kc,
-                          y + m * N + p * kNR, N, int(std::min<int64_t>(kNR, N - p * kNR)), k0 > 0);
-            }
-          }
-          const int64_t n0 = g0 * kNR, n1 = std::min(N, g1 * kNR);
-          for (int64_t m = 0; m < M; ++m) {
-            float* yr = y + m * N;
-            if (K == 0) std::fill(yr + n0, yr + n1, 0.0f);
-            if (bias)
-              for (int64_t n = n0; n < n1; ++n) yr[n] += Avx2Ops::value(bias[n]);
-          }
-        }
-      },
-      kGroup);
-}
+// 6 x 16 register tiles (12 accumulators of the 16 ymm registers), 8 panels of 16 rows per
+// L2 block (kernels_gemm_x86.h).
+struct Avx2Vec {
+  using T = __m256;
+  static constexpr int kWidth = 8, kMR = 6;
+  static constexpr int64_t kGroup = 8;
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static T zero() { return _mm256_setzero_ps(); }
+};
 
 template <class W, class B>
 void linear_t(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
               int64_t N, int64_t K, ThreadPool& pool) {
   if (M >= kGemmMinRows)
-    gemm(x, w, scale, bias, y, M, N, K, pool);
+    gemm<Avx2Vec>(x, w, scale, bias, y, M, N, K, pool);
   else
     gemv(x, w, scale, bias, y, M, N, K, pool);
 }

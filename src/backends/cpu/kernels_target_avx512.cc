@@ -22,7 +22,7 @@
 
 #include <type_traits>
 
-#include "backends/cpu/kernels_impl.h"
+#include "backends/cpu/kernels_gemm_x86.h"
 
 // Register tiles are arrays indexed by loop counters; `#pragma GCC unroll` makes GCC unroll those
 // loops early enough to keep the arrays in registers (at -O3 it otherwise stores every
@@ -40,17 +40,6 @@ inline __m512 load16_bf16(const uint16_t* p) {
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) { return load16_bf16(p); }
 
-// 8 values in order, for the panel transposition (256-bit is enough there).
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const uint16_t* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline __m256 load8(const int8_t* p) {
-  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-}
-
 struct Avx512Ops {
   template <class W>
   static float dot_t(const float* a, const W* b, int64_t n) {
@@ -65,12 +54,9 @@ struct Avx512Ops {
     }
     for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b + i), s0);
     float s = hsum(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-    for (; i < n; ++i) s += a[i] * value(b[i]);
+    for (; i < n; ++i) s += a[i] * value_f32(b[i]);
     return s;
   }
-  static float value(float v) { return v; }
-  static float value(uint16_t v) { return bf16_to_f32(v); }
-  static float value(int8_t v) { return float(v); }
   // N dot products against one k row, which is loaded once.
   template <int N, class KV>
   static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
@@ -96,7 +82,7 @@ struct Avx512Ops {
 #pragma GCC unroll 4
     for (int g = 0; g < N; ++g) {
       float s = hsum(_mm512_add_ps(acc[g][0], acc[g][1]));
-      for (int64_t j = i; j < n; ++j) s += q[g][j] * value(k[j]);
+      for (int64_t j = i; j < n; ++j) s += q[g][j] * value_f32(k[j]);
       out[g] = s;
     }
   }
@@ -158,7 +144,7 @@ inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[R][MR]
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < MR; ++i) {
       float s = hsum(_mm512_add_ps(acc[r][i][0], acc[r][i][1]));
-      for (int64_t k = full; k < K; ++k) s += x[i * K + k] * Avx512Ops::value(w[r * K + k]);
+      for (int64_t k = full; k < K; ++k) s += x[i * K + k] * value_f32(w[r * K + k]);
       out[r][i] = s;
     }
 }
@@ -221,7 +207,7 @@ void gemv_rows(const float* x, const W* w, const float* scale, const B* bias, fl
     gemv_any<R, MR>(x, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const float b = bias ? Avx512Ops::value(bias[n + r]) : 0.0f;
+      const float b = bias ? value_f32(bias[n + r]) : 0.0f;
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) y[i * N + n + r] = out[r][i] + b;
     }
@@ -229,7 +215,7 @@ void gemv_rows(const float* x, const W* w, const float* scale, const B* bias, fl
   for (; n < n1; ++n) {
     float out[1][MR];
     gemv_any<1, MR>(x, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
-    const float b = bias ? Avx512Ops::value(bias[n]) : 0.0f;
+    const float b = bias ? value_f32(bias[n]) : 0.0f;
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] + b;
   }
@@ -257,213 +243,54 @@ void gemv(const float* x, const W* w, const float* scale, const B* bias, float* 
 
 // ---------------------------------------------------------------- linear, prefill path (GEMM)
 
-constexpr int kNR = 32;
-constexpr int kMR = 8;
-// Blocking: a group of kGroup panels of kKC k values each (4 x 256 x 32 f32 = 128 KiB) stays in
-// L2 while every kMR-row block of x (8 x 256 f32 = 8 KiB, in L1) meets all of them. kKC is even
-// so bf16 k pairs never straddle two panels.
-constexpr int64_t kKC = 256;
-constexpr int64_t kGroup = 4;
-
-inline void transpose8(__m256 (&r)[8]) {
-  __m256 t[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  __m256 u[8];
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-  }
-}
-
-// panel (kc, kNR) f32 = w rows [n0, n0 + rows) x k in [k0, k0 + kc); missing rows are zero.
-template <class W>
-void pack_panel(const W* w, int64_t K, int64_t n0, int rows, int64_t k0, int64_t kc, float* panel) {
-  int64_t k = 0;
-  if (rows == kNR) {
-    for (; k + 8 <= kc; k += 8) {
-      for (int part = 0; part < kNR / 8; ++part) {
-        __m256 r[8];
-        for (int j = 0; j < 8; ++j) r[j] = load8(w + (n0 + part * 8 + j) * K + k0 + k);
-        transpose8(r);
-        for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(panel + (k + kk) * kNR + part * 8, r[kk]);
-      }
-    }
-  }
-  for (; k < kc; ++k)
-    for (int j = 0; j < kNR; ++j)
-      panel[k * kNR + j] = j < rows ? Avx512Ops::value(w[(n0 + j) * K + k0 + k]) : 0.0f;
-}
-
-// The int8 panel: values times their block scale, so the GEMM itself is the f32 one. k0 is a
-// multiple of kKC and k of 8, so 8 consecutive values share one block scale.
-void pack_panel(const int8_t* w, const float* scale, int64_t K, int64_t n0, int rows, int64_t k0,
-                int64_t kc, float* panel) {
-  const int64_t nb = int8_blocks(K);
-  int64_t k = 0;
-  if (rows == kNR) {
-    for (; k + 8 <= kc; k += 8) {
-      for (int part = 0; part < kNR / 8; ++part) {
-        __m256 r[8];
-        for (int j = 0; j < 8; ++j) {
-          const int64_t n = n0 + part * 8 + j;
-          r[j] = _mm256_mul_ps(load8(w + n * K + k0 + k),
-                               _mm256_set1_ps(scale[n * nb + (k0 + k) / kInt8Block]));
-        }
-        transpose8(r);  // r[kk] = 8 rows at k + kk
-        for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(panel + (k + kk) * kNR + part * 8, r[kk]);
-      }
-    }
-  }
-  for (; k < kc; ++k)
-    for (int j = 0; j < kNR; ++j)
-      panel[k * kNR + j] =
-          j < rows ? float(w[(n0 + j) * K + k0 + k]) * scale[(n0 + j) * nb + (k0 + k) / kInt8Block]
-                   : 0.0f;
-}
-
-inline void store_tile_row(float* yr, __m512 c0, __m512 c1, int cols, bool accumulate) {
-  if (cols == kNR) {
-    if (accumulate) {
-      c0 = _mm512_add_ps(c0, _mm512_loadu_ps(yr));
-      c1 = _mm512_add_ps(c1, _mm512_loadu_ps(yr + 16));
-    }
-    _mm512_storeu_ps(yr, c0);
-    _mm512_storeu_ps(yr + 16, c1);
-  } else {
-    alignas(64) float tmp[kNR];
-    _mm512_store_ps(tmp, c0);
-    _mm512_store_ps(tmp + 16, c1);
-    for (int j = 0; j < cols; ++j) yr[j] = accumulate ? yr[j] + tmp[j] : tmp[j];
-  }
-}
-
-// y tile (MR, cols) (+)= x (MR, kc; stride ldx) @ panel (kc, kNR).
-template <int MR>
-void gemm_tile(const float* x, int64_t ldx, const float* panel, int64_t kc, float* y, int64_t ldy,
-               int cols, bool accumulate) {
-  __m512 c[MR][2];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < kc; ++k) {
-    const __m512 b0 = _mm512_loadu_ps(panel + k * kNR), b1 = _mm512_loadu_ps(panel + k * kNR + 16);
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const __m512 a = _mm512_set1_ps(x[i * ldx + k]);
-      c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
-      c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) store_tile_row(y + i * ldy, c[i][0], c[i][1], cols, accumulate);
-}
-
-void gemm_rows(int mr, const float* x, int64_t ldx, const float* panel, int64_t kc, float* y,
-               int64_t ldy, int cols, bool accumulate) {
-  switch (mr) {
-    case 8:
-      return gemm_tile<8>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-    case 7:
-      return gemm_tile<7>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-    case 6:
-      return gemm_tile<6>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-    case 5:
-      return gemm_tile<5>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-    case 4:
-      return gemm_tile<4>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-    case 3:
-      return gemm_tile<3>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-    case 2:
-      return gemm_tile<2>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-    default:
-      return gemm_tile<1>(x, ldx, panel, kc, y, ldy, cols, accumulate);
-  }
-}
-
-// Finishes columns [n0, n1) of y: zero when K == 0, then the bias.
-template <class B>
-void finish_columns(const B* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
-                    int64_t n1) {
-  for (int64_t m = 0; m < M; ++m) {
-    float* yr = y + m * N;
-    if (K == 0) std::fill(yr + n0, yr + n1, 0.0f);
-    if (bias)
-      for (int64_t n = n0; n < n1; ++n) yr[n] += Avx512Ops::value(bias[n]);
-  }
-}
-
-template <class W, class B>
-void gemm(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
-          int64_t N, int64_t K, ThreadPool& pool) {
-  const int64_t panels = (N + kNR - 1) / kNR;
-  pool.parallel_for(
-      panels,
-      [&](int64_t p0, int64_t p1, int) {
-        float* panel = thread_scratch<float>(Scratch::kPanel, size_t(kGroup * kKC * kNR));
-        for (int64_t g0 = p0; g0 < p1; g0 += kGroup) {
-          const int64_t g1 = std::min(p1, g0 + kGroup);
-          for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-            const int64_t kc = std::min(kKC, K - k0);
-            for (int64_t p = g0; p < g1; ++p) {
-              const int rows = int(std::min<int64_t>(kNR, N - p * kNR));
-              if constexpr (std::is_same_v<W, int8_t>)
-                pack_panel(w, scale, K, p * kNR, rows, k0, kc, panel + (p - g0) * kKC * kNR);
-              else
-                pack_panel(w, K, p * kNR, rows, k0, kc, panel + (p - g0) * kKC * kNR);
-            }
-            for (int64_t m = 0; m < M; m += kMR) {
-              const int mr = int(std::min<int64_t>(kMR, M - m));
-              for (int64_t p = g0; p < g1; ++p)
-                gemm_rows(mr, x + m * K + k0, K, panel + (p - g0) * kKC * kNR, kc,
-                          y + m * N + p * kNR, N, int(std::min<int64_t>(kNR, N - p * kNR)), k0 > 0);
-            }
-          }
-          finish_columns(bias, y, M, N, K, g0 * kNR, std::min(N, g1 * kNR));
-        }
-      },
-      kGroup);
-}
+// 8 x 32 register tiles (16 accumulators of the 32 zmm registers), 4 panels of 32 rows per L2
+// block (kernels_gemm_x86.h).
+struct Avx512Vec {
+  using T = __m512;
+  static constexpr int kWidth = 16, kMR = 8;
+  static constexpr int64_t kGroup = 4;
+  static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  static T add(T a, T b) { return _mm512_add_ps(a, b); }
+  static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  static T zero() { return _mm512_setzero_ps(); }
+};
 
 #if defined(TF_AVX512_BF16)
 // ---- bf16 x bf16 -> f32 prefill with vdpbf16ps. Pairs along k: a 32-bit lane holds (k, k+1).
+// The blocking and the register tile are the f32 GEMM's (kernels_gemm_x86.h).
+constexpr int kPairNR = kNR<Avx512Vec>;
 
-// panel (ceil(kc/2), kNR) u32: lane j of pair row p = (w[n0+j][k0+2p], w[n0+j][k0+2p+1]).
+// panel (ceil(kc/2), kPairNR) u32: lane j of pair row p = (w[n0+j][k0+2p], w[n0+j][k0+2p+1]).
 void pack_panel_pairs(const uint16_t* w, int64_t K, int64_t n0, int rows, int64_t k0, int64_t kc,
                       uint32_t* panel) {
   const int64_t pairs = (kc + 1) / 2;
   int64_t p = 0;
-  if (rows == kNR) {
+  if (rows == kPairNR) {
     // 8 pairs (16 bf16) of 8 rows at a time: a 32-bit transposition.
     for (; 2 * (p + 8) <= kc; p += 8) {
-      for (int part = 0; part < kNR / 8; ++part) {
+      for (int part = 0; part < kPairNR / 8; ++part) {
         __m256 r[8];
         for (int j = 0; j < 8; ++j)
           r[j] = _mm256_castsi256_ps(_mm256_loadu_si256(
               reinterpret_cast<const __m256i*>(w + (n0 + part * 8 + j) * K + k0 + 2 * p)));
         transpose8(r);
         for (int pp = 0; pp < 8; ++pp)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (p + pp) * kNR + part * 8),
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (p + pp) * kPairNR + part * 8),
                               _mm256_castps_si256(r[pp]));
       }
     }
   }
   for (; p < pairs; ++p)
-    for (int j = 0; j < kNR; ++j) {
+    for (int j = 0; j < kPairNR; ++j) {
       uint32_t lo = 0, hi = 0;
       if (j < rows) {
         const uint16_t* wr = w + (n0 + j) * K + k0;
         lo = wr[2 * p];
         hi = 2 * p + 1 < kc ? wr[2 * p + 1] : 0;
       }
-      panel[p * kNR + j] = lo | (hi << 16);
+      panel[p * kPairNR + j] = lo | (hi << 16);
     }
 }
 
@@ -474,8 +301,8 @@ void gemm_tile_bf16(const uint32_t* x, int64_t ldx, const uint32_t* panel, int64
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
-    const __m512i b0 = _mm512_loadu_si512(panel + p * kNR),
-                  b1 = _mm512_loadu_si512(panel + p * kNR + 16);
+    const __m512i b0 = _mm512_loadu_si512(panel + p * kPairNR),
+                  b1 = _mm512_loadu_si512(panel + p * kPairNR + 16);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m512i a = _mm512_set1_epi32(int(x[i * ldx + p]));
@@ -484,29 +311,8 @@ void gemm_tile_bf16(const uint32_t* x, int64_t ldx, const uint32_t* panel, int64
     }
   }
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) store_tile_row(y + i * ldy, c[i][0], c[i][1], cols, accumulate);
-}
-
-void gemm_rows_bf16(int mr, const uint32_t* x, int64_t ldx, const uint32_t* panel, int64_t pairs,
-                    float* y, int64_t ldy, int cols, bool accumulate) {
-  switch (mr) {
-    case 8:
-      return gemm_tile_bf16<8>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
-    case 7:
-      return gemm_tile_bf16<7>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
-    case 6:
-      return gemm_tile_bf16<6>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
-    case 5:
-      return gemm_tile_bf16<5>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
-    case 4:
-      return gemm_tile_bf16<4>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
-    case 3:
-      return gemm_tile_bf16<3>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
-    case 2:
-      return gemm_tile_bf16<2>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
-    default:
-      return gemm_tile_bf16<1>(x, ldx, panel, pairs, y, ldy, cols, accumulate);
-  }
+  for (int i = 0; i < MR; ++i)
+    store_tile_row<Avx512Vec>(y + i * ldy, c[i][0], c[i][1], cols, accumulate);
 }
 
 void gemm_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* y, int64_t M,
@@ -520,31 +326,34 @@ void gemm_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* y
       const uint32_t hi = 2 * p + 1 < K ? f32_to_bf16(x[m * K + 2 * p + 1]) : 0;
       xb[m * kp + p] = lo | (hi << 16);
     }
-  const int64_t panels = (N + kNR - 1) / kNR;
-  constexpr int64_t kPanelPairs = kKC / 2 * kNR;
+  const int64_t panels = (N + kPairNR - 1) / kPairNR;
+  constexpr int64_t kPanelPairs = kKC / 2 * kPairNR;
   pool.parallel_for(
       panels,
       [&](int64_t p0, int64_t p1, int) {
-        uint32_t* panel = thread_scratch<uint32_t>(Scratch::kPanel, size_t(kGroup * kPanelPairs));
-        for (int64_t g0 = p0; g0 < p1; g0 += kGroup) {
-          const int64_t g1 = std::min(p1, g0 + kGroup);
+        uint32_t* panel =
+            thread_scratch<uint32_t>(Scratch::kPanel, size_t(Avx512Vec::kGroup * kPanelPairs));
+        for (int64_t g0 = p0; g0 < p1; g0 += Avx512Vec::kGroup) {
+          const int64_t g1 = std::min(p1, g0 + Avx512Vec::kGroup);
           for (int64_t k0 = 0; k0 < K; k0 += kKC) {
             const int64_t kc = std::min(kKC, K - k0), pairs = (kc + 1) / 2;
             for (int64_t p = g0; p < g1; ++p)
-              pack_panel_pairs(w, K, p * kNR, int(std::min<int64_t>(kNR, N - p * kNR)), k0, kc,
-                               panel + (p - g0) * kPanelPairs);
-            for (int64_t m = 0; m < M; m += kMR) {
-              const int mr = int(std::min<int64_t>(kMR, M - m));
-              for (int64_t p = g0; p < g1; ++p)
-                gemm_rows_bf16(mr, xb + m * kp + k0 / 2, kp, panel + (p - g0) * kPanelPairs, pairs,
-                               y + m * N + p * kNR, N, int(std::min<int64_t>(kNR, N - p * kNR)),
-                               k0 > 0);
+              pack_panel_pairs(w, K, p * kPairNR, int(std::min<int64_t>(kPairNR, N - p * kPairNR)),
+                               k0, kc, panel + (p - g0) * kPanelPairs);
+            for (int64_t m = 0; m < M; m += Avx512Vec::kMR) {
+              with_tile_rows<Avx512Vec::kMR>(
+                  int(std::min<int64_t>(Avx512Vec::kMR, M - m)), [&](auto r) {
+                    for (int64_t p = g0; p < g1; ++p)
+                      gemm_tile_bf16<r()>(xb + m * kp + k0 / 2, kp, panel + (p - g0) * kPanelPairs,
+                                          pairs, y + m * N + p * kPairNR, N,
+                                          int(std::min<int64_t>(kPairNR, N - p * kPairNR)), k0 > 0);
+                  });
             }
           }
-          finish_columns(bias, y, M, N, K, g0 * kNR, std::min(N, g1 * kNR));
+          finish_columns(bias, y, M, N, K, g0 * kPairNR, std::min(N, g1 * kPairNR));
         }
       },
-      kGroup);
+      Avx512Vec::kGroup);
 }
 #endif
 
@@ -555,7 +364,7 @@ void linear_t(const float* x, const W* w, const float* scale, const B* bias, flo
 #if defined(TF_AVX512_BF16)
   if constexpr (sizeof(W) == 2) return gemm_bf16(x, w, bias, y, M, N, K, pool);
 #endif
-  gemm(x, w, scale, bias, y, M, N, K, pool);
+  gemm<Avx512Vec>(x, w, scale, bias, y, M, N, K, pool);
 }
 
 void linear_avx512(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,

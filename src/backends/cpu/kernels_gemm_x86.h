@@ -1,0 +1,198 @@
+// Private to the x86 kernel files (kernels_target_avx2.cc and kernels_target_avx512.cc, which
+// both have AVX2): the prefill GEMM, written once over a vector type `V`, and the 8-wide helpers
+// its weight panels are packed with. Like kernels_impl.h, everything sits in an anonymous
+// namespace so that each target's copy stays its own.
+//
+// Weights are converted, kNR = 2 vectors of rows at a time, into an f32 panel (K-major, kNR values
+// per k) kept in L2, and an MR x kNR register tile runs every row block of x against it, so each
+// weight byte from memory feeds M multiply-adds.
+//
+// V supplies: T (the vector), kWidth (floats in T), kMR (x rows per tile), kGroup (panels per L2
+// block), and load / store / add / fmadd / broadcast / zero.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <utility>
+
+#include "backends/cpu/kernels_impl.h"
+
+namespace tformers::cpu {
+namespace {
+
+// 8 values in order as f32 (exact).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load8(const int8_t* p) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+
+// 8x8 transpose of r[0..7] in place.
+inline void transpose8(__m256 (&r)[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m256 u[8];
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// Blocking: a group of V::kGroup panels of kKC k values each (128 KiB of f32 for both targets)
+// stays in L2 while every kMR-row block of x (at most 8 x 256 f32 = 8 KiB, in L1) meets all of
+// them. kKC is even so that bf16 k pairs (the AVX-512 BF16 panels) never straddle two panels.
+constexpr int64_t kKC = 256;
+
+template <class V>
+constexpr int kNR = 2 * V::kWidth;  // panel width: output columns per register tile
+
+// panel (kc, kNR) f32 = w rows [n0, n0 + rows) x k in [k0, k0 + kc); missing rows are zero.
+// scale: the int8 block scales (N, int8_blocks(K)), null for float weights; k0 is a multiple of
+// kKC and k of 8, so 8 consecutive values share one block scale.
+template <class V, class W>
+void pack_panel(const W* w, const float* scale, int64_t K, int64_t n0, int rows, int64_t k0,
+                int64_t kc, float* panel) {
+  constexpr int nr = kNR<V>;
+  const int64_t nb = int8_blocks(K);
+  auto weight = [&](int64_t n, int64_t k) {
+    if constexpr (std::is_same_v<W, int8_t>)
+      return value_f32(w[n * K + k]) * scale[n * nb + k / kInt8Block];
+    else
+      return value_f32(w[n * K + k]);
+  };
+  int64_t k = 0;
+  if (rows == nr) {
+    for (; k + 8 <= kc; k += 8) {
+      for (int part = 0; part < nr / 8; ++part) {
+        __m256 r[8];
+        for (int j = 0; j < 8; ++j) {
+          const int64_t n = n0 + part * 8 + j;
+          r[j] = load8(w + n * K + k0 + k);
+          if constexpr (std::is_same_v<W, int8_t>)
+            r[j] = _mm256_mul_ps(r[j], _mm256_set1_ps(scale[n * nb + (k0 + k) / kInt8Block]));
+        }
+        transpose8(r);  // r[kk] = 8 rows at k + kk
+        for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(panel + (k + kk) * nr + part * 8, r[kk]);
+      }
+    }
+  }
+  for (; k < kc; ++k)
+    for (int j = 0; j < nr; ++j) panel[k * nr + j] = j < rows ? weight(n0 + j, k0 + k) : 0.0f;
+}
+
+template <class V>
+inline void store_tile_row(float* yr, typename V::T c0, typename V::T c1, int cols,
+                           bool accumulate) {
+  if (cols == kNR<V>) {
+    if (accumulate) {
+      c0 = V::add(c0, V::load(yr));
+      c1 = V::add(c1, V::load(yr + V::kWidth));
+    }
+    V::store(yr, c0);
+    V::store(yr + V::kWidth, c1);
+  } else {
+    alignas(64) float tmp[kNR<V>];
+    V::store(tmp, c0);
+    V::store(tmp + V::kWidth, c1);
+    for (int j = 0; j < cols; ++j) yr[j] = accumulate ? yr[j] + tmp[j] : tmp[j];
+  }
+}
+
+// Register tiles are arrays indexed by loop counters; `#pragma GCC unroll` makes GCC unroll those
+// loops early enough to keep the arrays in registers (at -O3 it otherwise stores every
+// accumulator to the stack on each k step, which halves the GEMM speed).
+
+// y tile (MR, cols) (+)= x (MR, kc; stride ldx) @ panel (kc, kNR).
+template <class V, int MR>
+void gemm_tile(const float* x, int64_t ldx, const float* panel, int64_t kc, float* y, int64_t ldy,
+               int cols, bool accumulate) {
+  constexpr int nr = kNR<V>;
+  typename V::T c[MR][2];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = V::zero();
+  for (int64_t k = 0; k < kc; ++k) {
+    const typename V::T b0 = V::load(panel + k * nr), b1 = V::load(panel + k * nr + V::kWidth);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const typename V::T a = V::broadcast(x + i * ldx + k);
+      c[i][0] = V::fmadd(a, b0, c[i][0]);
+      c[i][1] = V::fmadd(a, b1, c[i][1]);
+    }
+  }
+  // Fully unrolled so that GCC keeps c in registers (a rolled loop indexing c makes it an
+  // in-memory array, stored on every k step).
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) store_tile_row<V>(y + i * ldy, c[i][0], c[i][1], cols, accumulate);
+}
+
+// f(std::integral_constant<int, mr>) for a run-time mr in [1, MR]: the register tiles need their
+// row count at compile time.
+template <int MR, class F>
+inline void with_tile_rows(int mr, F&& f) {
+  if constexpr (MR > 1)
+    if (mr < MR) return with_tile_rows<MR - 1>(mr, std::forward<F>(f));
+  f(std::integral_constant<int, MR>{});
+}
+
+// Finishes columns [n0, n1) of y: zero when K == 0, then the bias.
+template <class B>
+void finish_columns(const B* bias, float* y, int64_t M, int64_t N, int64_t K, int64_t n0,
+                    int64_t n1) {
+  for (int64_t m = 0; m < M; ++m) {
+    float* yr = y + m * N;
+    if (K == 0) std::fill(yr + n0, yr + n1, 0.0f);
+    if (bias)
+      for (int64_t n = n0; n < n1; ++n) yr[n] += value_f32(bias[n]);
+  }
+}
+
+// y (M, N) = x (M, K) @ w (N, K)^T + bias, w in f32, bf16 or int8 (with its block scales).
+template <class V, class W, class B>
+void gemm(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
+          int64_t N, int64_t K, ThreadPool& pool) {
+  constexpr int nr = kNR<V>;
+  const int64_t panels = (N + nr - 1) / nr;
+  pool.parallel_for(
+      panels,
+      [&](int64_t p0, int64_t p1, int) {
+        float* panel = thread_scratch<float>(Scratch::kPanel, size_t(V::kGroup * kKC * nr));
+        for (int64_t g0 = p0; g0 < p1; g0 += V::kGroup) {
+          const int64_t g1 = std::min(p1, g0 + V::kGroup);
+          for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+            const int64_t kc = std::min(kKC, K - k0);
+            for (int64_t p = g0; p < g1; ++p)
+              pack_panel<V>(w, scale, K, p * nr, int(std::min<int64_t>(nr, N - p * nr)), k0, kc,
+                            panel + (p - g0) * kKC * nr);
+            // The x block (kMR rows x kc) stays in L1 while it meets every panel of the group.
+            for (int64_t m = 0; m < M; m += V::kMR) {
+              with_tile_rows<V::kMR>(int(std::min<int64_t>(V::kMR, M - m)), [&](auto mr) {
+                for (int64_t p = g0; p < g1; ++p)
+                  gemm_tile<V, mr()>(x + m * K + k0, K, panel + (p - g0) * kKC * nr, kc,
+                                     y + m * N + p * nr, N, int(std::min<int64_t>(nr, N - p * nr)),
+                                     k0 > 0);
+              });
+            }
+          }
+          finish_columns(bias, y, M, N, K, g0 * nr, std::min(N, g1 * nr));
+        }
+      },
+      V::kGroup);
+}
+
+}  // namespace
+}  // namespace tformers::cpu
