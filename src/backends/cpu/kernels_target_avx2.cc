@@ -5,76 +5,38 @@
 //   bf16 weights are widened without shuffles: a 32-bit lane holding two bf16 values w[2i],
 //   w[2i+1] gives w[2i] as f32 after a left shift by 16 and w[2i+1] after masking the low half.
 //   x is repacked once per call into the matching order (per 16 values: 8 even, then 8 odd).
-// - M >= kGemmMinRows (prefill): the GEMM of kernels_gemm_x86.h with 6 x 16 register tiles.
+// - M >= kGemmMinRows (prefill): the GEMM of kernels_x86.h with 6 x 16 register tiles.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <type_traits>
 
-#include "backends/cpu/kernels_gemm_x86.h"
-
-// Register tiles are arrays indexed by loop counters; `#pragma GCC unroll` makes GCC unroll those
-// loops early enough to keep the arrays in registers (at -O3 it otherwise stores every
-// accumulator to the stack on each k step, which halves the GEMM speed).
+#include "backends/cpu/kernels_x86.h"
 
 namespace tformers::cpu {
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-struct Avx2Ops {
-  template <class W>
-  static float dot_t(const float* a, const W* b, int64_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(),
-           s3 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-      s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), s0);
-      s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b + i + 8), s1);
-      s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load8(b + i + 16), s2);
-      s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load8(b + i + 24), s3);
-    }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), s0);
-    float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; ++i) s += a[i] * value_f32(b[i]);
-    return s;
+// The vector type of kernels_x86.h. GEMM: 6 x 16 register tiles (12 accumulators of the 16 ymm
+// registers), 8 panels of 16 rows per L2 block.
+struct Avx2Vec {
+  using T = __m256;
+  static constexpr int kWidth = 8, kMR = 6;
+  static constexpr int64_t kGroup = 8;
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static T zero() { return _mm256_setzero_ps(); }
+  static T load_bf16(const uint16_t* p) { return load8(p); }
+  static float hsum(T v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
   }
-  // N dot products against one k row, which is loaded once.
-  template <int N, class KV>
-  static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
-    __m256 acc[N][2];
-#pragma GCC unroll 4
-    for (int g = 0; g < N; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-      const __m256 k0 = load8(k + i), k1 = load8(k + i + 8);
-#pragma GCC unroll 4
-      for (int g = 0; g < N; ++g) {
-        acc[g][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + i), k0, acc[g][0]);
-        acc[g][1] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + i + 8), k1, acc[g][1]);
-      }
-    }
-    if (i + 8 <= n) {
-      const __m256 k0 = load8(k + i);
-#pragma GCC unroll 4
-      for (int g = 0; g < N; ++g)
-        acc[g][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + i), k0, acc[g][0]);
-      i += 8;
-    }
-#pragma GCC unroll 4
-    for (int g = 0; g < N; ++g) {
-      float s = hsum(_mm256_add_ps(acc[g][0], acc[g][1]));
-      for (int64_t j = i; j < n; ++j) s += q[g][j] * value_f32(k[j]);
-      out[g] = s;
-    }
-  }
-  static float sum_sq(const float* x, int64_t n) { return dot_t(x, x, n); }
 };
+using Avx2Ops = X86Ops<Avx2Vec>;
 
 // ---------------------------------------------------------------- linear, decode path (GEMV)
 
@@ -177,8 +139,8 @@ inline void gemv_tile(const float* x, const W* const (&w)[S], int64_t K, float (
   for (int s = 0; s < S; ++s)
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      float r = hsum(_mm256_add_ps(_mm256_add_ps(acc[s][i][0], acc[s][i][1]),
-                                   _mm256_add_ps(acc[s][i][2], acc[s][i][3])));
+      float r = Avx2Vec::hsum(_mm256_add_ps(_mm256_add_ps(acc[s][i][0], acc[s][i][1]),
+                                            _mm256_add_ps(acc[s][i][2], acc[s][i][3])));
       for (int64_t t = full; t < K; ++t) r += x[i * K + t] * value_f32(w[s][t]);
       out[s][i] = r;
     }
@@ -308,7 +270,7 @@ inline void gemv_tile_q8(const float* x, XQ16 xq, const int8_t* const (&w)[S],
   for (int s = 0; s < S; ++s)
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      float r = hsum(acc[s][i]), t = 0.0f;
+      float r = Avx2Vec::hsum(acc[s][i]), t = 0.0f;
       for (int64_t j = full; j < K; ++j) t += x[i * K + j] * float(w[s][j]);
       if (full < K) r += t * scale[s][full / kInt8Block];
       out[s][i] = r;
@@ -402,20 +364,6 @@ void gemv(const float* x, const W* w, const float* scale, const B* bias, float* 
 }
 
 // ---------------------------------------------------------------- linear, prefill path (GEMM)
-
-// 6 x 16 register tiles (12 accumulators of the 16 ymm registers), 8 panels of 16 rows per
-// L2 block (kernels_gemm_x86.h).
-struct Avx2Vec {
-  using T = __m256;
-  static constexpr int kWidth = 8, kMR = 6;
-  static constexpr int64_t kGroup = 8;
-  static T load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
-  static T add(T a, T b) { return _mm256_add_ps(a, b); }
-  static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
-  static T broadcast(const float* p) { return _mm256_broadcast_ss(p); }
-  static T zero() { return _mm256_setzero_ps(); }
-};
 
 template <class W, class B>
 void linear_t(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,

@@ -22,72 +22,30 @@
 
 #include <type_traits>
 
-#include "backends/cpu/kernels_gemm_x86.h"
-
-// Register tiles are arrays indexed by loop counters; `#pragma GCC unroll` makes GCC unroll those
-// loops early enough to keep the arrays in registers (at -O3 it otherwise stores every
-// accumulator to the stack on each k step, which halves the GEMM speed).
+#include "backends/cpu/kernels_x86.h"
 
 namespace tformers::cpu {
 namespace {
 
-inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
-
-inline __m512 load16_bf16(const uint16_t* p) {
-  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) { return load16_bf16(p); }
-
-struct Avx512Ops {
-  template <class W>
-  static float dot_t(const float* a, const W* b, int64_t n) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(),
-           s3 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b + i), s0);
-      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load16(b + i + 16), s1);
-      s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), load16(b + i + 32), s2);
-      s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), load16(b + i + 48), s3);
-    }
-    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16(b + i), s0);
-    float s = hsum(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-    for (; i < n; ++i) s += a[i] * value_f32(b[i]);
-    return s;
+// The vector type of kernels_x86.h. GEMM: 8 x 32 register tiles (16 accumulators of the 32 zmm
+// registers), 4 panels of 32 rows per L2 block.
+struct Avx512Vec {
+  using T = __m512;
+  static constexpr int kWidth = 16, kMR = 8;
+  static constexpr int64_t kGroup = 4;
+  static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  static T add(T a, T b) { return _mm512_add_ps(a, b); }
+  static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  static T zero() { return _mm512_setzero_ps(); }
+  static T load_bf16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
-  // N dot products against one k row, which is loaded once.
-  template <int N, class KV>
-  static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
-    __m512 acc[N][2];
-#pragma GCC unroll 4
-    for (int g = 0; g < N; ++g) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-      const __m512 k0 = load16(k + i), k1 = load16(k + i + 16);
-#pragma GCC unroll 4
-      for (int g = 0; g < N; ++g) {
-        acc[g][0] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + i), k0, acc[g][0]);
-        acc[g][1] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + i + 16), k1, acc[g][1]);
-      }
-    }
-    if (i + 16 <= n) {
-      const __m512 k0 = load16(k + i);
-#pragma GCC unroll 4
-      for (int g = 0; g < N; ++g)
-        acc[g][0] = _mm512_fmadd_ps(_mm512_loadu_ps(q[g] + i), k0, acc[g][0]);
-      i += 16;
-    }
-#pragma GCC unroll 4
-    for (int g = 0; g < N; ++g) {
-      float s = hsum(_mm512_add_ps(acc[g][0], acc[g][1]));
-      for (int64_t j = i; j < n; ++j) s += q[g][j] * value_f32(k[j]);
-      out[g] = s;
-    }
-  }
-  static float sum_sq(const float* x, int64_t n) { return dot_t(x, x, n); }
+  static float hsum(T v) { return _mm512_reduce_add_ps(v); }
 };
+using Avx512Ops = X86Ops<Avx512Vec>;
 
 // ---------------------------------------------------------------- linear, decode path (GEMV)
 
@@ -143,7 +101,7 @@ inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[R][MR]
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < MR; ++i) {
-      float s = hsum(_mm512_add_ps(acc[r][i][0], acc[r][i][1]));
+      float s = Avx512Vec::hsum(_mm512_add_ps(acc[r][i][0], acc[r][i][1]));
       for (int64_t k = full; k < K; ++k) s += x[i * K + k] * value_f32(w[r * K + k]);
       out[r][i] = s;
     }
@@ -179,7 +137,7 @@ inline void gemv_tile_q8(const float* x, const int8_t* w, const float* scale, in
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < MR; ++i) {
-      float s = hsum(acc[r][i]), t = 0.0f;
+      float s = Avx512Vec::hsum(acc[r][i]), t = 0.0f;
       for (int64_t k = full; k < K; ++k) t += x[i * K + k] * float(w[r * K + k]);
       if (full < K) s += t * scale[r * nb + full / kInt8Block];
       out[r][i] = s;
@@ -243,23 +201,9 @@ void gemv(const float* x, const W* w, const float* scale, const B* bias, float* 
 
 // ---------------------------------------------------------------- linear, prefill path (GEMM)
 
-// 8 x 32 register tiles (16 accumulators of the 32 zmm registers), 4 panels of 32 rows per L2
-// block (kernels_gemm_x86.h).
-struct Avx512Vec {
-  using T = __m512;
-  static constexpr int kWidth = 16, kMR = 8;
-  static constexpr int64_t kGroup = 4;
-  static T load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
-  static T add(T a, T b) { return _mm512_add_ps(a, b); }
-  static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
-  static T broadcast(const float* p) { return _mm512_set1_ps(*p); }
-  static T zero() { return _mm512_setzero_ps(); }
-};
-
 #if defined(TF_AVX512_BF16)
 // ---- bf16 x bf16 -> f32 prefill with vdpbf16ps. Pairs along k: a 32-bit lane holds (k, k+1).
-// The blocking and the register tile are the f32 GEMM's (kernels_gemm_x86.h).
+// The blocking and the register tile are the f32 GEMM's (kernels_x86.h).
 constexpr int kPairNR = kNR<Avx512Vec>;
 
 // panel (ceil(kc/2), kPairNR) u32: lane j of pair row p = (w[n0+j][k0+2p], w[n0+j][k0+2p+1]).

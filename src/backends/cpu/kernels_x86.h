@@ -1,14 +1,12 @@
 // Private to the x86 kernel files (kernels_target_avx2.cc and kernels_target_avx512.cc, which
-// both have AVX2): the prefill GEMM, written once over a vector type `V`, and the 8-wide helpers
-// its weight panels are packed with. Like kernels_impl.h, everything sits in an anonymous
-// namespace so that each target's copy stays its own.
+// both have AVX2): the code they share, written once over a vector type `V` — the Ops of
+// kernels_impl.h and the prefill GEMM — and the 8-wide helpers its weight panels are packed with.
+// Like kernels_impl.h, everything sits in an anonymous namespace so that each target's copy stays
+// its own.
 //
-// Weights are converted, kNR = 2 vectors of rows at a time, into an f32 panel (K-major, kNR values
-// per k) kept in L2, and an MR x kNR register tile runs every row block of x against it, so each
-// weight byte from memory feeds M multiply-adds.
-//
-// V supplies: T (the vector), kWidth (floats in T), kMR (x rows per tile), kGroup (panels per L2
-// block), and load / store / add / fmadd / broadcast / zero.
+// V supplies: T (the vector), kWidth (floats in T), kMR (x rows per GEMM tile), kGroup (GEMM
+// panels per L2 block), and load / load_bf16 (widened in order) / store / add / fmadd /
+// broadcast / zero / hsum.
 #pragma once
 
 #include <immintrin.h>
@@ -52,6 +50,69 @@ inline void transpose8(__m256 (&r)[8]) {
     r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
   }
 }
+
+// The Ops of kernels_impl.h: dot products with kWidth-wide vectors.
+template <class V>
+struct X86Ops {
+  using T = typename V::T;
+  static T load_any(const float* p) { return V::load(p); }
+  static T load_any(const uint16_t* p) { return V::load_bf16(p); }
+
+  static float sum_sq(const float* x, int64_t n) {
+    constexpr int w = V::kWidth;
+    T s0 = V::zero(), s1 = V::zero(), s2 = V::zero(), s3 = V::zero();
+    int64_t i = 0;
+    for (; i + 4 * w <= n; i += 4 * w) {
+      const T a0 = V::load(x + i), a1 = V::load(x + i + w), a2 = V::load(x + i + 2 * w),
+              a3 = V::load(x + i + 3 * w);
+      s0 = V::fmadd(a0, a0, s0);
+      s1 = V::fmadd(a1, a1, s1);
+      s2 = V::fmadd(a2, a2, s2);
+      s3 = V::fmadd(a3, a3, s3);
+    }
+    for (; i + w <= n; i += w) {
+      const T a = V::load(x + i);
+      s0 = V::fmadd(a, a, s0);
+    }
+    float s = V::hsum(V::add(V::add(s0, s1), V::add(s2, s3)));
+    for (; i < n; ++i) s += x[i] * x[i];
+    return s;
+  }
+
+  // N dot products against one k row, which is loaded once.
+  template <int N, class KV>
+  static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
+    constexpr int w = V::kWidth;
+    T acc[N][2];
+#pragma GCC unroll 4
+    for (int g = 0; g < N; ++g) acc[g][0] = acc[g][1] = V::zero();
+    int64_t i = 0;
+    for (; i + 2 * w <= n; i += 2 * w) {
+      const T k0 = load_any(k + i), k1 = load_any(k + i + w);
+#pragma GCC unroll 4
+      for (int g = 0; g < N; ++g) {
+        acc[g][0] = V::fmadd(V::load(q[g] + i), k0, acc[g][0]);
+        acc[g][1] = V::fmadd(V::load(q[g] + i + w), k1, acc[g][1]);
+      }
+    }
+    if (i + w <= n) {
+      const T k0 = load_any(k + i);
+#pragma GCC unroll 4
+      for (int g = 0; g < N; ++g) acc[g][0] = V::fmadd(V::load(q[g] + i), k0, acc[g][0]);
+      i += w;
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < N; ++g) {
+      float s = V::hsum(V::add(acc[g][0], acc[g][1]));
+      for (int64_t j = i; j < n; ++j) s += q[g][j] * value_f32(k[j]);
+      out[g] = s;
+    }
+  }
+};
+
+// ---- The prefill GEMM. Weights are converted, kNR = 2 vectors of rows at a time, into an f32
+// panel (K-major, kNR values per k) kept in L2, and an MR x kNR register tile runs every row
+// block of x against it, so each weight byte from memory feeds M multiply-adds.
 
 // Blocking: a group of V::kGroup panels of kKC k values each (128 KiB of f32 for both targets)
 // stays in L2 while every kMR-row block of x (at most 8 x 256 f32 = 8 KiB, in L1) meets all of
@@ -113,9 +174,10 @@ inline void store_tile_row(float* yr, typename V::T c0, typename V::T c1, int co
   }
 }
 
-// Register tiles are arrays indexed by loop counters; `#pragma GCC unroll` makes GCC unroll those
-// loops early enough to keep the arrays in registers (at -O3 it otherwise stores every
-// accumulator to the stack on each k step, which halves the GEMM speed).
+// Register tiles (here and in the target files' GEMVs) are arrays indexed by loop counters;
+// `#pragma GCC unroll` makes GCC unroll those loops early enough to keep the arrays in registers
+// (at -O3 it otherwise stores every accumulator to the stack on each k step, which halves the
+// GEMM speed).
 
 // y tile (MR, cols) (+)= x (MR, kc; stride ldx) @ panel (kc, kNR).
 template <class V, int MR>
