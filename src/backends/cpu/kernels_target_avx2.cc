@@ -1,10 +1,8 @@
 // AVX2 + FMA kernels (compiled with -mavx2 -mfma -mf16c; selected only when the CPU has them).
 //
 // linear has two paths:
-// - M < kGemmMinRows (decode): a matrix-vector product that streams each weight row once.
-//   bf16 weights are widened without shuffles: a 32-bit lane holding two bf16 values w[2i],
-//   w[2i+1] gives w[2i] as f32 after a left shift by 16 and w[2i+1] after masking the low half.
-//   x is repacked once per call into the matching order (per 16 values: 8 even, then 8 odd).
+// - M < kGemmMinRows (decode): the GEMV of kernels_x86.h (4 streams per core, bf16 pairs of 16
+//   values), with this target's int8 tile: x rounded to int16 per block and vpmaddwd.
 // - M >= kGemmMinRows (prefill): the GEMM of kernels_x86.h with 6 x 16 register tiles.
 #include <immintrin.h>
 
@@ -16,134 +14,15 @@
 namespace tformers::cpu {
 namespace {
 
-// The vector type of kernels_x86.h. GEMM: 6 x 16 register tiles (12 accumulators of the 16 ymm
-// registers), 8 panels of 16 rows per L2 block.
-struct Avx2Vec {
-  using T = __m256;
-  static constexpr int kWidth = 8, kMR = 6;
-  static constexpr int64_t kGroup = 8;
-  static T load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
-  static T add(T a, T b) { return _mm256_add_ps(a, b); }
-  static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
-  static T broadcast(const float* p) { return _mm256_broadcast_ss(p); }
-  static T zero() { return _mm256_setzero_ps(); }
-  static T load_bf16(const uint16_t* p) { return load8(p); }
-  static float hsum(T v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
-};
-using Avx2Ops = X86Ops<Avx2Vec>;
-
 // ---------------------------------------------------------------- linear, decode path (GEMV)
 
-constexpr int64_t kBlock = 16;  // k values per step of the GEMV loop
 constexpr int64_t kGemmMinRows = 4;
 
-// Two f32 vectors for the 16 weights at p, in the order x was packed in (pack_x).
-inline void load16(const uint16_t* p, __m256& lo, __m256& hi) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));                                  // even k
-  hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));  // odd k
-}
-inline void load16(const float* p, __m256& lo, __m256& hi) {
-  lo = _mm256_loadu_ps(p);
-  hi = _mm256_loadu_ps(p + 8);
-}
-// int8 weights: 16 values in order (x is not repacked for them).
-inline void load16(const int8_t* p, __m256& lo, __m256& hi) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-  hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b)));
-}
-
-// x row (K) reordered for bf16 weights: per full block of 16, the 8 even then the 8 odd values;
-// the tail (K % 16) stays in order. f32 weights use x as is.
-void pack_x(const float* x, int64_t K, float* out) {
-  const int64_t full = K / kBlock * kBlock;
-  for (int64_t b = 0; b < full; b += kBlock)
-    for (int64_t i = 0; i < kBlock / 2; ++i) {
-      out[b + i] = x[b + 2 * i];
-      out[b + kBlock / 2 + i] = x[b + 2 * i + 1];
-    }
-  for (int64_t k = full; k < K; ++k) out[k] = x[k];
-}
-
-// Each weight row is one sequential stream (rows are contiguous), with a non-temporal software
-// prefetch kPrefetch bytes ahead in it (each weight is used once per call; NTA keeps it from
-// evicting activations). Over the Qwen3-0.6B linears mmap'd from a checkpoint, one thread: 4
-// interleaved rows (4 streams 2 KiB apart, the first design) read 79 % of what a plain read loop
-// gets from the same mapping; one row at a time with a T0 prefetch 86 %, with NTA 96 % (512 B
-// ahead: 88 %, 1536 B: 82 %). bench/RESULTS.md has the numbers.
-constexpr int64_t kPrefetch = 1024;
-
-inline void prefetch_ahead(const void* p) {
-  _mm_prefetch(static_cast<const char*>(p) + kPrefetch, _MM_HINT_NTA);
-}
-
-// One core reads more when it follows several streams far apart than one: over the same mmap'd
-// Qwen3-0.6B linears, a read loop over 4 parts of each matrix side by side gets 1.4x the
-// bandwidth of the same loop over one stream (20.9 against 14.6 GB/s, one thread; 35.0 against
-// 25.3 with two), because the hardware prefetchers then keep 4 streams in flight. So the GEMV
-// reads kStreams rows at once, each from its own quarter of a task's rows: 17.5 GB/s against
-// 12.0 for one row at a time (one thread; 2 or 8 streams were slower than 4).
-constexpr int kStreams = 4;
-
-// S weight rows (each its own stream) against MR packed x rows (stride K): out[s][i] = w[s] . x_i.
-// Two blocks of 16 per step (64 bytes of bf16, one cache line per row) into four accumulators per
-// (row, x row), so that FMA latency never limits the streams.
-template <int S, int MR, class W>
-inline void gemv_tile(const float* x, const W* const (&w)[S], int64_t K, float (&out)[S][MR]) {
-  __m256 acc[S][MR][4];
-#pragma GCC unroll 16
-  for (int s = 0; s < S; ++s)
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i)
-      acc[s][i][0] = acc[s][i][1] = acc[s][i][2] = acc[s][i][3] = _mm256_setzero_ps();
-  const int64_t full = K / kBlock * kBlock;
-  int64_t k = 0;
-  for (; k + 2 * kBlock <= full; k += 2 * kBlock) {
-#pragma GCC unroll 16
-    for (int s = 0; s < S; ++s) {
-      prefetch_ahead(w[s] + k);
-      if constexpr (sizeof(W) == 4) prefetch_ahead(w[s] + k + 16);  // f32: two lines per step
-      __m256 lo0, hi0, lo1, hi1;
-      load16(w[s] + k, lo0, hi0);
-      load16(w[s] + k + kBlock, lo1, hi1);
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const float* xi = x + i * K + k;
-        acc[s][i][0] = _mm256_fmadd_ps(lo0, _mm256_loadu_ps(xi), acc[s][i][0]);
-        acc[s][i][1] = _mm256_fmadd_ps(hi0, _mm256_loadu_ps(xi + 8), acc[s][i][1]);
-        acc[s][i][2] = _mm256_fmadd_ps(lo1, _mm256_loadu_ps(xi + 16), acc[s][i][2]);
-        acc[s][i][3] = _mm256_fmadd_ps(hi1, _mm256_loadu_ps(xi + 24), acc[s][i][3]);
-      }
-    }
-  }
-  if (k < full) {  // one block of 16 left
-#pragma GCC unroll 16
-    for (int s = 0; s < S; ++s) {
-      __m256 lo, hi;
-      load16(w[s] + k, lo, hi);
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        acc[s][i][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i * K + k), acc[s][i][0]);
-        acc[s][i][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i * K + k + 8), acc[s][i][1]);
-      }
-    }
-  }
-#pragma GCC unroll 16
-  for (int s = 0; s < S; ++s)
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      float r = Avx2Vec::hsum(_mm256_add_ps(_mm256_add_ps(acc[s][i][0], acc[s][i][1]),
-                                            _mm256_add_ps(acc[s][i][2], acc[s][i][3])));
-      for (int64_t t = full; t < K; ++t) r += x[i * K + t] * value_f32(w[s][t]);
-      out[s][i] = r;
-    }
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
 }
 
 // x rows for int8 weights, rounded to int16 once per call with one scale per 32-value block:
@@ -152,8 +31,11 @@ inline void gemv_tile(const float* x, const W* const (&w)[S], int64_t K, float (
 // the GEMV multiply with vpmaddwd: 16 weights per instruction, no int-to-float conversion per
 // weight. Only full blocks are used; the tail of K stays f32.
 struct XQ16 {
-  const int16_t* q;
-  const float* s;
+  const int16_t* q = nullptr;
+  const float* s = nullptr;
+  XQ16 row(int64_t m, int64_t K) const {
+    return {q ? q + m * K : nullptr, s ? s + m * int8_blocks(K) : nullptr};
+  }
 };
 
 // The largest |value| of one block of 32 (in four vectors).
@@ -184,6 +66,16 @@ void quantize_x16(const float* x, int64_t K, int16_t* q, float* s) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), p01);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k + 16), p23);
   }
+}
+
+// The M rows of x rounded on the calling thread: (M, K) int16 values, then (M, nb) f32 scales.
+XQ16 quantize_x(const float* x, int64_t M, int64_t K) {
+  const int64_t nb = int8_blocks(K);
+  char* p = thread_scratch<char>(Scratch::kPackedX, size_t(M * K * 2 + M * nb * 4 + 64));
+  int16_t* q = reinterpret_cast<int16_t*>(p);
+  float* s = reinterpret_cast<float*>(p + (M * K * 2 + 63) / 64 * 64);
+  for (int64_t m = 0; m < M; ++m) quantize_x16(x + m * K, K, q + m * K, s + m * nb);
+  return {q, s};
 }
 
 // 32 int8 weights widened to int16, as two vectors of 16.
@@ -270,98 +162,48 @@ inline void gemv_tile_q8(const float* x, XQ16 xq, const int8_t* const (&w)[S],
   for (int s = 0; s < S; ++s)
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      float r = Avx2Vec::hsum(acc[s][i]), t = 0.0f;
+      float r = hsum(acc[s][i]), t = 0.0f;
       for (int64_t j = full; j < K; ++j) t += x[i * K + j] * float(w[s][j]);
       if (full < K) r += t * scale[s][full / kInt8Block];
       out[s][i] = r;
     }
 }
 
-// S rows of w against MR rows of x: the float tile, or the int8 one with its block scales.
-template <int S, int MR, class W>
-inline void gemv_any(const float* x, XQ16 xq, const W* const (&w)[S],
-                     const float* const (&scale)[S], int64_t K, float (&out)[S][MR]) {
-  if constexpr (std::is_same_v<W, int8_t>)
-    gemv_tile_q8<S, MR>(x, xq, w, scale, K, int8_blocks(K), out);
-  else
-    gemv_tile<S, MR>(x, w, K, out);
-}
-
-// y rows [n0, n1) for MR rows of x (packed, stride K), y stride N, plus bias[n]; scale is the
-// int8 block scales (N, int8_blocks(K)), null for float weights. Blocks of rows are cut into S
-// equal parts read side by side (kStreams), each part at most kStreamSpan bytes of weights:
-// streams far apart alias (4 streams 256 MiB apart read about half the bandwidth of 4 streams
-// 2 MiB apart; bench/stream_read.h). The rows left over go one at a time.
-constexpr int64_t kStreamSpan = int64_t(1) << 20;
-
-template <int S, int MR, class W, class B>
-void gemv_rows(const float* x, XQ16 xq, const W* w, const float* scale, const B* bias, float* y,
-               int64_t N, int64_t K, int64_t n0, int64_t n1) {
-  const int64_t nb = int8_blocks(K);
-  const int64_t max_part = std::max<int64_t>(1, kStreamSpan / std::max<int64_t>(1, K * sizeof(W)));
-  for (int64_t first = n0; first < n1;) {
-    const int64_t part = std::min(max_part, (n1 - first) / S);
-    if (part == 0) {
-      if constexpr (S > 1) gemv_rows<1, MR>(x, xq, w, scale, bias, y, N, K, first, n1);
-      return;
-    }
-    for (int64_t r = 0; r < part; ++r) {
-      const W* rows[S];
-      const float* scales[S];
-      int64_t n[S];
-#pragma GCC unroll 16
-      for (int s = 0; s < S; ++s) {
-        n[s] = first + s * part + r;
-        rows[s] = w + n[s] * K;
-        scales[s] = scale ? scale + n[s] * nb : nullptr;
-      }
-      float out[S][MR];
-      gemv_any<S, MR>(x, xq, rows, scales, K, out);
-#pragma GCC unroll 16
-      for (int s = 0; s < S; ++s) {
-        const float b = bias ? value_f32(bias[n[s]]) : 0.0f;
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) y[i * N + n[s]] = out[s][i] + b;
-      }
-    }
-    first += S * part;
+// The vector type of kernels_x86.h. GEMM: 6 x 16 register tiles (12 accumulators of the 16 ymm
+// registers), 8 panels of 16 rows per L2 block.
+struct Avx2Vec {
+  using T = __m256;
+  static constexpr int kWidth = 8, kMR = 6;
+  static constexpr int64_t kGroup = 8;
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static T zero() { return _mm256_setzero_ps(); }
+  static T load_bf16(const uint16_t* p) { return load8(p); }
+  static float hsum(T v) { return cpu::hsum(v); }
+  // bf16: (even | odd) as in the GEMV's x (kernels_x86.h); f32: in order.
+  static void load_pairs(const uint16_t* p, T& even, T& odd) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int(0xffff0000u))));
   }
-}
-
-template <class W, class B>
-void gemv(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
-          int64_t N, int64_t K, ThreadPool& pool) {
-  const float* xp = x;
-  if constexpr (sizeof(W) == 2) {
-    // Packed on the calling thread; workers only read it during this call.
-    float* p = thread_scratch<float>(Scratch::kPackedX, size_t(M * K));
-    for (int64_t m = 0; m < M; ++m) pack_x(x + m * K, K, p + m * K);
-    xp = p;
+  static void load_pairs(const float* p, T& lo, T& hi) {
+    lo = _mm256_loadu_ps(p);
+    hi = _mm256_loadu_ps(p + 8);
   }
-  XQ16 xq{nullptr, nullptr};
-  const int64_t nb = int8_blocks(K);
-  if constexpr (std::is_same_v<W, int8_t>) {
-    // Rounded on the calling thread: (M, K) int16 values, then (M, nb) f32 scales.
-    char* p = thread_scratch<char>(Scratch::kPackedX, size_t(M * K * 2 + M * nb * 4 + 64));
-    int16_t* q = reinterpret_cast<int16_t*>(p);
-    float* s = reinterpret_cast<float*>(p + (M * K * 2 + 63) / 64 * 64);
-    for (int64_t m = 0; m < M; ++m) quantize_x16(x + m * K, K, q + m * K, s + m * nb);
-    xq = {q, s};
+  // int8 weights: x rounded to int16 per block (XQ16) and the vpmaddwd tile.
+  using Int8X = XQ16;
+  static XQ16 prepare_int8_x(const float* x, int64_t M, int64_t K) { return quantize_x(x, M, K); }
+  template <int S, int MR>
+  static void gemv_tile_q8(const float* x, XQ16 xq, const int8_t* const (&w)[S],
+                           const float* const (&scale)[S], int64_t K, float (&out)[S][MR]) {
+    cpu::gemv_tile_q8<S, MR>(x, xq, w, scale, K, int8_blocks(K), out);
   }
-  auto rows = [&](int64_t m) {
-    return XQ16{xq.q ? xq.q + m * K : nullptr, xq.s ? xq.s + m * nb : nullptr};
-  };
-  pool.parallel_for(
-      N,
-      [&](int64_t n0, int64_t n1, int) {
-        int64_t m = 0;
-        for (; m + 2 <= M; m += 2)
-          gemv_rows<kStreams / 2, 2>(xp + m * K, rows(m), w, scale, bias, y + m * N, N, K, n0, n1);
-        if (m < M)
-          gemv_rows<kStreams, 1>(xp + m * K, rows(m), w, scale, bias, y + m * N, N, K, n0, n1);
-      },
-      32);
-}
+};
+using Avx2Ops = X86Ops<Avx2Vec>;
+using Avx2Ops = X86Ops<Avx2Vec>;
 
 // ---------------------------------------------------------------- linear, prefill path (GEMM)
 
@@ -371,7 +213,7 @@ void linear_t(const float* x, const W* w, const float* scale, const B* bias, flo
   if (M >= kGemmMinRows)
     gemm<Avx2Vec>(x, w, scale, bias, y, M, N, K, pool);
   else
-    gemv(x, w, scale, bias, y, M, N, K, pool);
+    gemv<Avx2Vec>(x, w, scale, bias, y, M, N, K, pool);
 }
 
 void linear_avx2(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,

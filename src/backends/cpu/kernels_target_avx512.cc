@@ -1,18 +1,17 @@
-// AVX-512 (F/BW/VL/DQ) kernels: the AVX2 design (kernels_target_avx2.cc) with 512-bit vectors.
-// Selected only when the CPU reports AVX-512; this file is also compiled a second time as the
-// AVX-512 BF16 target (kernels_target_avx512bf16.cc includes it with TF_AVX512_BF16 set), where
-// the prefill path with bf16 weights uses vdpbf16ps instead of converting weights to f32.
+// AVX-512 (F/BW/VL/DQ) kernels: the vector type of kernels_x86.h at 512 bits, and what is only
+// this target's. Selected only when the CPU reports AVX-512; this file is also compiled a second
+// time as the AVX-512 BF16 target (kernels_target_avx512bf16.cc includes it with TF_AVX512_BF16
+// set), where the prefill path with bf16 weights uses vdpbf16ps instead of converting weights to
+// f32.
 //
 // linear:
-// - M < kGemmMinRows (decode): GEMV streaming each weight row once; a 32-bit lane holding bf16
-//   pair (w[2i], w[2i+1]) gives w[2i] as f32 after a shift left by 16 and w[2i+1] after masking
-//   the low half; x is repacked once per call (per 32 values: 16 even, then 16 odd). x stays f32,
-//   so the products are exact and only the summation order differs from the reference.
-// - M >= kGemmMinRows (prefill): a 32-row weight panel in L2 and an 8x32 register tile.
-//   Without BF16: the panel is f32 (converted once per call). With BF16 and bf16 weights: the
-//   panel keeps bf16 pairs along k and x is rounded to bf16 once per call; vdpbf16ps multiplies
-//   pairs and accumulates in f32 (x rounding adds about 2^-9 relative error per product, see the
-//   op-consistency test's tolerance).
+// - M < kGemmMinRows (decode): the GEMV of kernels_x86.h (4 streams per core, bf16 pairs of 32
+//   values); int8 weights widen to f32 here, x stays f32, so the products are exact and only the
+//   summation order differs from the reference.
+// - M >= kGemmMinRows (prefill): the GEMM of kernels_x86.h with 8 x 32 register tiles. With BF16
+//   and bf16 weights: the panel keeps bf16 pairs along k and x is rounded to bf16 once per call;
+//   vdpbf16ps multiplies pairs and accumulates in f32 (x rounding adds about 2^-9 relative error
+//   per product, see the op-consistency test's tolerance).
 // GCC 12's AVX-512 headers build "undefined" vectors by self-initialization (__m512i __Y = __Y),
 // which -Wall reports at every inlined call although the value is never read.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -26,6 +25,61 @@
 
 namespace tformers::cpu {
 namespace {
+
+// ---------------------------------------------------------------- linear, decode path (GEMV)
+
+constexpr int64_t kGemmMinRows = 4;
+
+// int8 weights: 32 values in order (x is not repacked for them), widened exactly.
+inline void load32(const int8_t* p, __m512& lo, __m512& hi) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+  hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+}
+
+// int8 weights: S rows (each its own stream) with their block scales against MR x rows (f32);
+// each 32-value block is summed unscaled, then added times its scale.
+template <int S, int MR>
+inline void gemv_tile_q8(const float* x, const int8_t* const (&w)[S],
+                         const float* const (&scale)[S], int64_t K, float (&out)[S][MR]) {
+  __m512 acc[S][MR];
+#pragma GCC unroll 16
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) acc[s][i] = _mm512_setzero_ps();
+  const int64_t full = K / kInt8Block * kInt8Block;
+  for (int64_t k = 0; k < full; k += kInt8Block) {
+    const int64_t b = k / kInt8Block;
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) {
+      if (!(b & 1)) prefetch_ahead(w[s] + k);  // one line per two blocks
+      __m512 w0, w1;
+      load32(w[s] + k, w0, w1);
+      const __m512 sc = _mm512_set1_ps(scale[s][b]);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const float* xi = x + i * K + k;
+        __m512 p = _mm512_mul_ps(w0, _mm512_loadu_ps(xi));
+        p = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xi + 16), p);
+        acc[s][i] = _mm512_fmadd_ps(p, sc, acc[s][i]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      float r = _mm512_reduce_add_ps(acc[s][i]), t = 0.0f;
+      for (int64_t k = full; k < K; ++k) t += x[i * K + k] * float(w[s][k]);
+      if (full < K) r += t * scale[s][full / kInt8Block];
+      out[s][i] = r;
+    }
+}
+
+// int8 weights take x as f32: nothing to prepare.
+struct F32X {
+  F32X row(int64_t, int64_t) const { return {}; }
+};
 
 // The vector type of kernels_x86.h. GEMM: 8 x 32 register tiles (16 accumulators of the 32 zmm
 // registers), 4 panels of 32 rows per L2 block.
@@ -44,160 +98,25 @@ struct Avx512Vec {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
   static float hsum(T v) { return _mm512_reduce_add_ps(v); }
+  // bf16: (even | odd) as in the GEMV's x (kernels_x86.h); f32: in order.
+  static void load_pairs(const uint16_t* p, T& even, T& odd) {
+    const __m512i v = _mm512_loadu_si512(p);
+    even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u))));
+  }
+  static void load_pairs(const float* p, T& lo, T& hi) {
+    lo = _mm512_loadu_ps(p);
+    hi = _mm512_loadu_ps(p + 16);
+  }
+  using Int8X = F32X;
+  static F32X prepare_int8_x(const float*, int64_t, int64_t) { return {}; }
+  template <int S, int MR>
+  static void gemv_tile_q8(const float* x, F32X, const int8_t* const (&w)[S],
+                           const float* const (&scale)[S], int64_t K, float (&out)[S][MR]) {
+    cpu::gemv_tile_q8<S, MR>(x, w, scale, K, out);
+  }
 };
 using Avx512Ops = X86Ops<Avx512Vec>;
-
-// ---------------------------------------------------------------- linear, decode path (GEMV)
-
-constexpr int64_t kBlock = 32;
-constexpr int64_t kGemmMinRows = 4;
-
-inline void load32(const uint16_t* p, __m512& lo, __m512& hi) {
-  const __m512i v = _mm512_loadu_si512(p);
-  lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));                                  // even k
-  hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xffff0000u))));  // odd k
-}
-inline void load32(const float* p, __m512& lo, __m512& hi) {
-  lo = _mm512_loadu_ps(p);
-  hi = _mm512_loadu_ps(p + 16);
-}
-// int8 weights: 32 values in order (x is not repacked for them), widened exactly.
-inline void load32(const int8_t* p, __m512& lo, __m512& hi) {
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
-  hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
-}
-
-void pack_x(const float* x, int64_t K, float* out) {
-  const int64_t full = K / kBlock * kBlock;
-  for (int64_t b = 0; b < full; b += kBlock)
-    for (int64_t i = 0; i < kBlock / 2; ++i) {
-      out[b + i] = x[b + 2 * i];
-      out[b + kBlock / 2 + i] = x[b + 2 * i + 1];
-    }
-  for (int64_t k = full; k < K; ++k) out[k] = x[k];
-}
-
-template <int R, int MR, class W>
-inline void gemv_tile(const float* x, const W* w, int64_t K, float (&out)[R][MR]) {
-  __m512 acc[R][MR][2];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < MR; ++i) acc[r][i][0] = acc[r][i][1] = _mm512_setzero_ps();
-  const int64_t full = K / kBlock * kBlock;
-  for (int64_t k = 0; k < full; k += kBlock) {
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k) + 256, _MM_HINT_T0);
-      __m512 lo, hi;
-      load32(w + r * K + k, lo, hi);
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        acc[r][i][0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + i * K + k), acc[r][i][0]);
-        acc[r][i][1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + i * K + k + 16), acc[r][i][1]);
-      }
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < MR; ++i) {
-      float s = Avx512Vec::hsum(_mm512_add_ps(acc[r][i][0], acc[r][i][1]));
-      for (int64_t k = full; k < K; ++k) s += x[i * K + k] * value_f32(w[r * K + k]);
-      out[r][i] = s;
-    }
-}
-
-// int8 weights: R rows (stride K) with per-block scales (stride nb) against MR x rows; each
-// 32-value block is summed unscaled, then added times its scale.
-template <int R, int MR>
-inline void gemv_tile_q8(const float* x, const int8_t* w, const float* scale, int64_t K, int64_t nb,
-                         float (&out)[R][MR]) {
-  __m512 acc[R][MR];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < MR; ++i) acc[r][i] = _mm512_setzero_ps();
-  const int64_t full = K / kInt8Block * kInt8Block;
-  for (int64_t k = 0; k < full; k += kInt8Block) {
-    const int64_t b = k / kInt8Block;
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (r + R) * K + k) + 256, _MM_HINT_T0);
-      __m512 w0, w1;
-      load32(w + r * K + k, w0, w1);
-      const __m512 s = _mm512_set1_ps(scale[r * nb + b]);
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const float* xi = x + i * K + k;
-        __m512 p = _mm512_mul_ps(w0, _mm512_loadu_ps(xi));
-        p = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xi + 16), p);
-        acc[r][i] = _mm512_fmadd_ps(p, s, acc[r][i]);
-      }
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-    for (int i = 0; i < MR; ++i) {
-      float s = Avx512Vec::hsum(acc[r][i]), t = 0.0f;
-      for (int64_t k = full; k < K; ++k) t += x[i * K + k] * float(w[r * K + k]);
-      if (full < K) s += t * scale[r * nb + full / kInt8Block];
-      out[r][i] = s;
-    }
-}
-
-template <int R, int MR, class W>
-inline void gemv_any(const float* x, const W* w, const float* scale, int64_t K,
-                     float (&out)[R][MR]) {
-  if constexpr (std::is_same_v<W, int8_t>)
-    gemv_tile_q8<R, MR>(x, w, scale, K, int8_blocks(K), out);
-  else
-    gemv_tile<R, MR>(x, w, K, out);
-}
-
-// Each output channel plus bias[n]; scale is the int8 block scales (N, int8_blocks(K)), null
-// for float weights.
-template <int MR, class W, class B>
-void gemv_rows(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t N,
-               int64_t K, int64_t n0, int64_t n1) {
-  constexpr int R = MR == 1 ? 4 : 2;
-  int64_t n = n0;
-  for (; n + R <= n1; n += R) {
-    float out[R][MR];
-    gemv_any<R, MR>(x, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const float b = bias ? value_f32(bias[n + r]) : 0.0f;
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) y[i * N + n + r] = out[r][i] + b;
-    }
-  }
-  for (; n < n1; ++n) {
-    float out[1][MR];
-    gemv_any<1, MR>(x, w + n * K, scale ? scale + n * int8_blocks(K) : nullptr, K, out);
-    const float b = bias ? value_f32(bias[n]) : 0.0f;
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) y[i * N + n] = out[0][i] + b;
-  }
-}
-
-template <class W, class B>
-void gemv(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
-          int64_t N, int64_t K, ThreadPool& pool) {
-  const float* xp = x;
-  if constexpr (sizeof(W) == 2) {
-    float* p = thread_scratch<float>(Scratch::kPackedX, size_t(M * K));
-    for (int64_t m = 0; m < M; ++m) pack_x(x + m * K, K, p + m * K);
-    xp = p;
-  }
-  pool.parallel_for(
-      N,
-      [&](int64_t n0, int64_t n1, int) {
-        int64_t m = 0;
-        for (; m + 2 <= M; m += 2)
-          gemv_rows<2>(xp + m * K, w, scale, bias, y + m * N, N, K, n0, n1);
-        if (m < M) gemv_rows<1>(xp + m * K, w, scale, bias, y + m * N, N, K, n0, n1);
-      },
-      32);
-}
 
 // ---------------------------------------------------------------- linear, prefill path (GEMM)
 
@@ -304,7 +223,7 @@ void gemm_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* y
 template <class W, class B>
 void linear_t(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
               int64_t N, int64_t K, ThreadPool& pool) {
-  if (M < kGemmMinRows) return gemv(x, w, scale, bias, y, M, N, K, pool);
+  if (M < kGemmMinRows) return gemv<Avx512Vec>(x, w, scale, bias, y, M, N, K, pool);
 #if defined(TF_AVX512_BF16)
   if constexpr (sizeof(W) == 2) return gemm_bf16(x, w, bias, y, M, N, K, pool);
 #endif

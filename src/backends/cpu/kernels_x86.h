@@ -110,6 +110,181 @@ struct X86Ops {
   }
 };
 
+// ---- The decode GEMV (M < kGemmMinRows of each target): each weight row is streamed once.
+//
+// bf16 weights are widened without shuffles: a 32-bit lane holding two bf16 values w[2i], w[2i+1]
+// gives w[2i] as f32 after a left shift by 16 and w[2i+1] after masking the low half, so
+// V::load_pairs gives a block of kPairBlock weights as (even | odd) vectors, and x is repacked
+// once per call into the same order (pack_x). f32 weights load in order and use x as is. int8
+// weights go through the target's own tile, V::gemv_tile_q8, with x prepared for it once per call
+// (V::prepare_int8_x); this file only streams their rows and scales.
+template <class V>
+constexpr int64_t kPairBlock = 2 * V::kWidth;
+
+// x row (K) reordered for bf16 weights: per full block of kPairBlock, the even then the odd
+// values; the tail stays in order.
+template <class V>
+void pack_x(const float* x, int64_t K, float* out) {
+  constexpr int64_t blk = kPairBlock<V>;
+  const int64_t full = K / blk * blk;
+  for (int64_t b = 0; b < full; b += blk)
+    for (int64_t i = 0; i < blk / 2; ++i) {
+      out[b + i] = x[b + 2 * i];
+      out[b + blk / 2 + i] = x[b + 2 * i + 1];
+    }
+  for (int64_t k = full; k < K; ++k) out[k] = x[k];
+}
+
+// Each weight row is one sequential stream (rows are contiguous), with a non-temporal software
+// prefetch kPrefetch bytes ahead in it (each weight is used once per call; NTA keeps it from
+// evicting activations). Over the Qwen3-0.6B linears mmap'd from a checkpoint, one thread: 4
+// interleaved rows (4 streams 2 KiB apart, the first design) read 79 % of what a plain read loop
+// gets from the same mapping; one row at a time with a T0 prefetch 86 %, with NTA 96 % (512 B
+// ahead: 88 %, 1536 B: 82 %). bench/RESULTS.md has the numbers.
+constexpr int64_t kPrefetch = 1024;
+
+inline void prefetch_ahead(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p) + kPrefetch, _MM_HINT_NTA);
+}
+
+// One core reads more when it follows several streams far apart than one: over the same mmap'd
+// Qwen3-0.6B linears, a read loop over 4 parts of each matrix side by side gets 1.4x the
+// bandwidth of the same loop over one stream (20.9 against 14.6 GB/s, one thread; 35.0 against
+// 25.3 with two), because the hardware prefetchers then keep 4 streams in flight. So the GEMV
+// reads kStreams rows at once, each from its own quarter of a task's rows: 17.5 GB/s against
+// 12.0 for one row at a time (one thread, AVX2; 2 or 8 streams were slower than 4).
+constexpr int kStreams = 4;
+
+// S weight rows (each its own stream) against MR packed x rows (stride K): out[s][i] = w[s] . x_i.
+// Two blocks of kPairBlock per step (one cache line of bf16 per row with AVX2, two with AVX-512)
+// into four accumulators per (row, x row), so that FMA latency never limits the streams.
+template <class V, int S, int MR, class W>
+inline void gemv_tile(const float* x, const W* const (&w)[S], int64_t K, float (&out)[S][MR]) {
+  using T = typename V::T;
+  constexpr int64_t blk = kPairBlock<V>, vw = V::kWidth;
+  T acc[S][MR][4];
+#pragma GCC unroll 16
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+      acc[s][i][0] = acc[s][i][1] = acc[s][i][2] = acc[s][i][3] = V::zero();
+  const int64_t full = K / blk * blk;
+  int64_t k = 0;
+  for (; k + 2 * blk <= full; k += 2 * blk) {
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) {
+#pragma GCC unroll 4
+      for (int64_t b = 0; b < 2 * blk * int64_t(sizeof(W)); b += 64)
+        prefetch_ahead(reinterpret_cast<const char*>(w[s] + k) + b);
+      T lo0, hi0, lo1, hi1;
+      V::load_pairs(w[s] + k, lo0, hi0);
+      V::load_pairs(w[s] + k + blk, lo1, hi1);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const float* xi = x + i * K + k;
+        acc[s][i][0] = V::fmadd(lo0, V::load(xi), acc[s][i][0]);
+        acc[s][i][1] = V::fmadd(hi0, V::load(xi + vw), acc[s][i][1]);
+        acc[s][i][2] = V::fmadd(lo1, V::load(xi + 2 * vw), acc[s][i][2]);
+        acc[s][i][3] = V::fmadd(hi1, V::load(xi + 3 * vw), acc[s][i][3]);
+      }
+    }
+  }
+  if (k < full) {  // one block left
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) {
+      T lo, hi;
+      V::load_pairs(w[s] + k, lo, hi);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        acc[s][i][0] = V::fmadd(lo, V::load(x + i * K + k), acc[s][i][0]);
+        acc[s][i][1] = V::fmadd(hi, V::load(x + i * K + k + vw), acc[s][i][1]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      float r =
+          V::hsum(V::add(V::add(acc[s][i][0], acc[s][i][1]), V::add(acc[s][i][2], acc[s][i][3])));
+      for (int64_t t = full; t < K; ++t) r += x[i * K + t] * value_f32(w[s][t]);
+      out[s][i] = r;
+    }
+}
+
+// y rows [n0, n1) for MR rows of x (packed, stride K; xq, the same rows for the int8 tile), y
+// stride N, plus bias[n]; scale is the int8 block scales (N, int8_blocks(K)), null for float
+// weights. Blocks of rows are cut into S equal parts read side by side (kStreams), each part at
+// most kStreamSpan bytes of weights: streams far apart alias (4 streams 256 MiB apart read about
+// half the bandwidth of 4 streams 2 MiB apart; bench/stream_read.h). The rows left over go one at
+// a time.
+constexpr int64_t kStreamSpan = int64_t(1) << 20;
+
+template <class V, int S, int MR, class W, class B>
+void gemv_rows(const float* x, typename V::Int8X xq, const W* w, const float* scale, const B* bias,
+               float* y, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  const int64_t nb = int8_blocks(K);
+  const int64_t max_part = std::max<int64_t>(1, kStreamSpan / std::max<int64_t>(1, K * sizeof(W)));
+  for (int64_t first = n0; first < n1;) {
+    const int64_t part = std::min(max_part, (n1 - first) / S);
+    if (part == 0) {
+      if constexpr (S > 1) gemv_rows<V, 1, MR>(x, xq, w, scale, bias, y, N, K, first, n1);
+      return;
+    }
+    for (int64_t r = 0; r < part; ++r) {
+      const W* rows[S];
+      const float* scales[S];
+      int64_t n[S];
+#pragma GCC unroll 16
+      for (int s = 0; s < S; ++s) {
+        n[s] = first + s * part + r;
+        rows[s] = w + n[s] * K;
+        scales[s] = scale ? scale + n[s] * nb : nullptr;
+      }
+      float out[S][MR];
+      if constexpr (std::is_same_v<W, int8_t>)
+        V::template gemv_tile_q8<S, MR>(x, xq, rows, scales, K, out);
+      else
+        gemv_tile<V, S, MR>(x, rows, K, out);
+#pragma GCC unroll 16
+      for (int s = 0; s < S; ++s) {
+        const float b = bias ? value_f32(bias[n[s]]) : 0.0f;
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) y[i * N + n[s]] = out[s][i] + b;
+      }
+    }
+    first += S * part;
+  }
+}
+
+// y (M, N) = x (M, K) @ w (N, K)^T + bias for small M: x rows two at a time (each weight read
+// once per pair), then the last one.
+template <class V, class W, class B>
+void gemv(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
+          int64_t N, int64_t K, ThreadPool& pool) {
+  const float* xp = x;
+  if constexpr (sizeof(W) == 2) {
+    // Packed on the calling thread; workers only read it during this call.
+    float* p = thread_scratch<float>(Scratch::kPackedX, size_t(M * K));
+    for (int64_t m = 0; m < M; ++m) pack_x<V>(x + m * K, K, p + m * K);
+    xp = p;
+  }
+  typename V::Int8X xq{};
+  if constexpr (std::is_same_v<W, int8_t>) xq = V::prepare_int8_x(x, M, K);
+  pool.parallel_for(
+      N,
+      [&](int64_t n0, int64_t n1, int) {
+        int64_t m = 0;
+        for (; m + 2 <= M; m += 2)
+          gemv_rows<V, kStreams / 2, 2>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N, K,
+                                        n0, n1);
+        if (m < M)
+          gemv_rows<V, kStreams, 1>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N, K, n0,
+                                    n1);
+      },
+      32);
+}
+
 // ---- The prefill GEMM. Weights are converted, kNR = 2 vectors of rows at a time, into an f32
 // panel (K-major, kNR values per k) kept in L2, and an MR x kNR register tile runs every row
 // block of x against it, so each weight byte from memory feeds M multiply-adds.

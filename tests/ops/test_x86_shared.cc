@@ -1,0 +1,154 @@
+// The code the AVX2 and AVX-512 kernels share (src/backends/cpu/kernels_x86.h), instantiated here
+// with a 16-float generic vector, the width of AVX-512: the decode GEMV (its streams, tiles, x
+// repacking and bf16 pairs of 32) and the dot products of attention and rms_norm run as the
+// AVX-512 target runs them, on any machine, against the scalar references. What this cannot
+// reach is the AVX-512 target's own few intrinsic wrappers (Avx512Vec, its int8 tile); those run
+// in Ops.* on a machine with AVX-512. The int8 tile here is a plain loop, so that the GEMV's
+// handling of int8 rows and block scales is checked too.
+//
+// Tolerances as in test_kernels.cc: x stays f32 and the products are exact, so only the
+// summation order differs from the reference.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/kernels.h"
+#include "backends/cpu/kernels_x86.h"
+#include "core/thread_pool.h"
+#include "ops/ops_test_util.h"
+
+namespace tformers::cpu {
+namespace {
+
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+
+// The vector type of kernels_x86.h with 16 lanes, in GCC vector extensions.
+struct Generic16 {
+  using T = f32x16;
+  static constexpr int kWidth = 16, kMR = 8;
+  static constexpr int64_t kGroup = 4;
+  static T load(const float* p) {
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store(float* p, T v) { std::memcpy(p, &v, sizeof v); }
+  static T add(T a, T b) { return a + b; }
+  static T fmadd(T a, T b, T c) { return a * b + c; }
+  static T broadcast(const float* p) { return T{} + *p; }
+  static T zero() { return T{}; }
+  static T load_bf16(const uint16_t* p) {
+    T v;
+    for (int i = 0; i < kWidth; ++i) v[i] = bf16_to_f32(p[i]);
+    return v;
+  }
+  static float hsum(T v) {
+    float s = 0.0f;
+    for (int i = 0; i < kWidth; ++i) s += v[i];
+    return s;
+  }
+  static void load_pairs(const uint16_t* p, T& even, T& odd) {
+    i32x16 w;
+    std::memcpy(&w, p, sizeof w);
+    const i32x16 e = w << 16, o = w & int32_t(0xffff0000u);
+    std::memcpy(&even, &e, sizeof even);
+    std::memcpy(&odd, &o, sizeof odd);
+  }
+  static void load_pairs(const float* p, T& lo, T& hi) {
+    lo = load(p);
+    hi = load(p + kWidth);
+  }
+  struct Int8X {
+    Int8X row(int64_t, int64_t) const { return {}; }
+  };
+  static Int8X prepare_int8_x(const float*, int64_t, int64_t) { return {}; }
+  template <int S, int MR>
+  static void gemv_tile_q8(const float* x, Int8X, const int8_t* const (&w)[S],
+                           const float* const (&scale)[S], int64_t K, float (&out)[S][MR]) {
+    for (int s = 0; s < S; ++s)
+      for (int i = 0; i < MR; ++i) {
+        double acc = 0.0;
+        for (int64_t k = 0; k < K; ++k)
+          acc += double(x[i * K + k]) * w[s][k] * scale[s][k / kInt8Block];
+        out[s][i] = float(acc);
+      }
+  }
+};
+
+std::string shape(const LinearCase& c) {
+  return "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K);
+}
+
+TEST(X86Shared, GemvAt16Lanes) {
+  std::mt19937 rng(77);
+  ThreadPool pool1(1), pool3(3);
+  for (ThreadPool* pool : {&pool1, &pool3})
+    for (const auto& c : kLinearCases) {
+      const std::string what = shape(c) + " threads=" + std::to_string(pool->num_threads());
+      std::vector<float> x = random_f32(rng, size_t(c.M * c.K));
+      std::vector<float> y(size_t(c.M * c.N)), want(y.size());
+      for (DType dt : {DType::f32, DType::bf16}) {
+        Tensor w = random_tensor(rng, size_t(c.N * c.K), dt),
+               b = random_tensor(rng, size_t(c.N), dt);
+        std::fill(y.begin(), y.end(), NAN);
+        if (dt == DType::bf16)
+          gemv<Generic16>(x.data(), w.h.data(), nullptr, c.bias ? b.h.data() : nullptr, y.data(),
+                          c.M, c.N, c.K, *pool);
+        else
+          gemv<Generic16>(x.data(), w.f.data(), nullptr, c.bias ? b.f.data() : nullptr, y.data(),
+                          c.M, c.N, c.K, *pool);
+        ref::linear(x.data(), w.data(), dt, c.bias ? b.data() : nullptr, want.data(), c.M, c.N,
+                    c.K);
+        expect_close(y, want, nmse_tolerance(c.K), std::string(dtype_name(dt)) + " " + what);
+      }
+      std::uniform_int_distribution<int> qdist(-127, 127);
+      std::vector<int8_t> q(size_t(c.N * c.K));
+      for (auto& v : q) v = int8_t(qdist(rng));
+      std::vector<float> scale = random_f32(rng, size_t(c.N * int8_blocks(c.K)), 1e-3f, 1e-2f);
+      std::vector<float> b = random_f32(rng, size_t(c.N));
+      std::fill(y.begin(), y.end(), NAN);
+      gemv<Generic16>(x.data(), q.data(), scale.data(), c.bias ? b.data() : nullptr, y.data(), c.M,
+                      c.N, c.K, *pool);
+      ref::linear_int8(x.data(), q.data(), scale.data(), c.bias ? b.data() : nullptr, want.data(),
+                       c.M, c.N, c.K);
+      expect_close(y, want, nmse_tolerance(2 * c.K + 2), "int8 " + what);
+    }
+}
+
+TEST(X86Shared, DotsAt16Lanes) {
+  std::mt19937 rng(78);
+  using Ops = X86Ops<Generic16>;
+  for (int64_t n : {1, 15, 16, 17, 31, 32, 33, 64, 65, 128, 200}) {
+    const std::string what = "n=" + std::to_string(n);
+    std::vector<float> x = random_f32(rng, size_t(n));
+    double want = 0;
+    for (float v : x) want += double(v) * v;
+    EXPECT_NEAR(Ops::sum_sq(x.data(), n), want, 1e-5 * want) << what;
+    for (DType dt : {DType::f32, DType::bf16}) {
+      Tensor k = random_tensor(rng, size_t(n), dt);
+      std::vector<float> q0 = random_f32(rng, size_t(n)), q1 = random_f32(rng, size_t(n)),
+                         q2 = random_f32(rng, size_t(n));
+      const float* q[3] = {q0.data(), q1.data(), q2.data()};
+      float got[3];
+      if (dt == DType::bf16)
+        Ops::dots<3>(q, k.h.data(), n, got);
+      else
+        Ops::dots<3>(q, k.f.data(), n, got);
+      for (int g = 0; g < 3; ++g) {
+        double d = 0, mag = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          d += double(q[g][i]) * k.f[size_t(i)];
+          mag += std::abs(double(q[g][i]) * k.f[size_t(i)]);
+        }
+        EXPECT_NEAR(got[g], d, 1e-5 * mag + 1e-30) << dtype_name(dt) << " " << what << " row " << g;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tformers::cpu
