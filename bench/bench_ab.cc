@@ -1,0 +1,208 @@
+// Two builds of libtformers.so in one process, called alternately round by round, so that a
+// kernel change is measured against the same drifting bandwidth (on a shared host, separate runs
+// of one build differ by 10-30 %; two copies of one build compared here differ by a few %).
+//
+//   bench_ab OLD.so NEW.so attention [--threads N] [--rounds R] [--used L] [--queries T]
+//                                    [--heads HQ]
+//       28 layers of Qwen3-0.6B-shaped bf16 caches (8 KV heads of 128), each its own buffer: T
+//       query tokens (1: decode) attending to L cache slots, HQ query heads.
+//   bench_ab OLD.so NEW.so linear-bf16|linear-int8 [--threads N] [--rounds R]
+//       The decode linears (M = 1) of 28 Qwen3-0.6B layers, each weight its own buffer.
+//
+// Prints each build's median time and GB/s of cache or weights, the median of the per-round
+// ratios old / new (> 1: the new build is faster), the largest output difference between the
+// builds, and a 4-stream read loop over the same buffers on one thread. Copy a build's library
+// aside (cp build/release/libtformers.so /tmp/old/) before changing it. The builds are reached
+// through their exported C++ symbols, so both must have the same signatures.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "stream_read.h"
+
+namespace {
+
+using AttentionFn = void (*)(const float*, const void*, const void*, uint8_t, const int32_t*,
+                             float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                             float, void*);
+using LinearFn = void (*)(const float*, const void*, uint8_t, const void*, float*, int64_t, int64_t,
+                          int64_t, void*);
+using LinearInt8Fn = void (*)(const float*, const int8_t*, const float*, const float*, float*,
+                              int64_t, int64_t, int64_t, void*);
+constexpr uint8_t kBf16 = 1;  // tformers::DType::bf16
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "bench_ab: %s\n", what.c_str());
+  std::exit(2);
+}
+
+// One build: its own copy of every symbol (RTLD_DEEPBIND: its calls resolve inside it first) and
+// its own thread pool.
+struct Build {
+  AttentionFn attention;
+  LinearFn linear;
+  LinearInt8Fn linear_int8;
+  alignas(tformers::ThreadPool) unsigned char pool[sizeof(tformers::ThreadPool)];
+
+  Build(const char* path, int threads) {
+    void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (!h) die(std::string("cannot load ") + path + ": " + dlerror());
+    auto sym = [&](const char* name) {
+      void* p = dlsym(h, name);
+      if (!p) die(std::string(path) + " has no symbol " + name);
+      return p;
+    };
+    attention = reinterpret_cast<AttentionFn>(
+        sym("_ZN8tformers3cpu9attentionEPKfPKvS4_NS_5DTypeEPKiPflllllllfRNS_10ThreadPoolE"));
+    linear = reinterpret_cast<LinearFn>(
+        sym("_ZN8tformers3cpu6linearEPKfPKvNS_5DTypeES4_PflllRNS_10ThreadPoolE"));
+    linear_int8 = reinterpret_cast<LinearInt8Fn>(
+        sym("_ZN8tformers3cpu11linear_int8EPKfPKaS2_S2_PflllRNS_10ThreadPoolE"));
+    reinterpret_cast<void (*)(void*, int)>(sym("_ZN8tformers10ThreadPoolC1Ei"))(pool, threads);
+  }
+};
+
+double seconds(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Distinct small finite bf16 values of both signs from a cheap hash.
+void fill_bf16(uint16_t* p, size_t n, uint64_t seed) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t h = (i + seed) * 0x9e3779b97f4a7c15ull;
+    p[i] = uint16_t(0x3c00 | (h >> 40 & 0x1ff) | (h >> 20 & 0x8000));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) die("usage: bench_ab OLD.so NEW.so attention|linear-bf16|linear-int8 [options]");
+  const std::string mode = argv[3];
+  int threads = 1, rounds = 11;
+  int64_t used = 4096, queries = 1, heads = 16;
+  for (int i = 4; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const int64_t v = std::atoll(argv[i + 1]);
+    if (v <= 0) die("option " + k + " needs a positive number");
+    if (k == "--threads")
+      threads = int(v);
+    else if (k == "--rounds")
+      rounds = int(v);
+    else if (k == "--used")
+      used = v;
+    else if (k == "--queries")
+      queries = v;
+    else if (k == "--heads")
+      heads = v;
+    else
+      die("unknown option " + k);
+  }
+  if ((argc - 4) % 2) die("options come in pairs: --name value");
+  Build a(argv[1], threads), b(argv[2], threads);
+
+  constexpr int64_t kLayers = 28, kKvHeads = 8, kHeadDim = 128;
+  std::vector<std::vector<char>> buffers;  // per layer (attention) or per weight (linear)
+  std::vector<std::function<void(Build&, float*)>> calls;
+  size_t out_size = 0;
+  std::vector<float> x;
+  if (mode == "attention") {
+    if (queries > used || heads % kKvHeads) die("need queries <= used and heads a multiple of 8");
+    const int64_t cache = kKvHeads * used * kHeadDim;  // one of K, V per layer
+    x.resize(size_t(queries * heads * kHeadDim));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
+    out_size = x.size();
+    for (int64_t l = 0; l < kLayers; ++l) {
+      buffers.emplace_back(size_t(2 * cache * 2));
+      uint16_t* kv = reinterpret_cast<uint16_t*>(buffers.back().data());
+      fill_bf16(kv, size_t(2 * cache), uint64_t(l));
+      calls.push_back([=, &x](Build& bd, float* out) {
+        bd.attention(x.data(), kv, kv + cache, kBf16, nullptr, out, 1, queries, heads, kKvHeads,
+                     used, kHeadDim, used - queries, 1.0f / std::sqrt(float(kHeadDim)), bd.pool);
+      });
+    }
+  } else if (mode == "linear-bf16" || mode == "linear-int8") {
+    const bool int8 = mode == "linear-int8";
+    // q, k, v, o, gate, up, down of Qwen3-0.6B.
+    const int64_t shapes[][2] = {{2048, 1024}, {1024, 1024}, {1024, 1024}, {1024, 2048},
+                                 {3072, 1024}, {3072, 1024}, {1024, 3072}};
+    x.resize(3072);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
+    out_size = 3072;
+    for (int64_t l = 0; l < kLayers; ++l)
+      for (const auto& s : shapes) {
+        const int64_t N = s[0], K = s[1], nb = (K + 31) / 32;
+        if (int8) {
+          buffers.emplace_back(size_t(N * K + N * nb * 4));
+          int8_t* q = reinterpret_cast<int8_t*>(buffers.back().data());
+          float* scale = reinterpret_cast<float*>(q + N * K);
+          fill_bf16(reinterpret_cast<uint16_t*>(q), size_t(N * K / 2), uint64_t(l));
+          for (int64_t i = 0; i < N * nb; ++i) scale[i] = 1e-3f;
+          calls.push_back([=, &x](Build& bd, float* out) {
+            bd.linear_int8(x.data(), q, scale, nullptr, out, 1, N, K, bd.pool);
+          });
+        } else {
+          buffers.emplace_back(size_t(N * K * 2));
+          uint16_t* w = reinterpret_cast<uint16_t*>(buffers.back().data());
+          fill_bf16(w, size_t(N * K), uint64_t(l));
+          calls.push_back([=, &x](Build& bd, float* out) {
+            bd.linear(x.data(), w, kBf16, nullptr, out, 1, N, K, bd.pool);
+          });
+        }
+      }
+  } else {
+    die("unknown mode " + mode + " (attention, linear-bf16, linear-int8)");
+  }
+  size_t bytes = 0;
+  for (const auto& buf : buffers) bytes += buf.size();
+
+  std::vector<float> out_a(out_size, 0.0f), out_b(out_size, 0.0f);
+  std::vector<double> ta, tb, ratio;
+  for (int r = 0; r < rounds + 1; ++r) {  // round 0 warms up
+    const double t_a = seconds([&] {
+      for (auto& c : calls) c(a, out_a.data());
+    });
+    const double t_b = seconds([&] {
+      for (auto& c : calls) c(b, out_b.data());
+    });
+    if (r == 0) continue;
+    ta.push_back(t_a);
+    tb.push_back(t_b);
+    ratio.push_back(t_a / t_b);
+  }
+  double max_diff = 0;
+  for (size_t i = 0; i < out_a.size(); ++i)
+    max_diff = std::max(max_diff, double(std::fabs(out_a[i] - out_b[i])));
+  std::vector<double> tr;
+  volatile uint64_t sink = 0;
+  for (int r = 0; r < 3; ++r)
+    tr.push_back(seconds([&] {
+      for (const auto& buf : buffers)
+        sink = sink + tformers::bench::stream_sum(reinterpret_cast<const uint64_t*>(buf.data()), 0,
+                                                  int64_t(buf.size() / 8));
+    }));
+  std::printf(
+      "%s, %d thread%s: old %.2f ms (%.1f GB/s), new %.2f ms (%.1f GB/s); old/new median of %d "
+      "rounds %.3f; max |old - new| %.2g; read loop (1 thread) %.1f GB/s\n",
+      mode.c_str(), threads, threads > 1 ? "s" : "", median(ta) * 1e3,
+      double(bytes) / median(ta) / 1e9, median(tb) * 1e3, double(bytes) / median(tb) / 1e9, rounds,
+      median(ratio), max_diff, double(bytes) / median(tr) / 1e9);
+  return 0;
+}
