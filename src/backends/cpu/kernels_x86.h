@@ -152,8 +152,14 @@ inline void prefetch_ahead(const void* p) {
 // bandwidth of the same loop over one stream (20.9 against 14.6 GB/s, one thread; 35.0 against
 // 25.3 with two), because the hardware prefetchers then keep 4 streams in flight. So the GEMV
 // reads kStreams rows at once, each from its own quarter of a task's rows: 17.5 GB/s against
-// 12.0 for one row at a time (one thread, AVX2; 2 or 8 streams were slower than 4).
+// 12.0 for one row at a time (one thread, AVX2; 2 or 8 streams were slower than 4). An int8 row
+// brings a second stream, its block scales, so int8 reads half as many rows at once: against 4
+// rows over the 28 Qwen3-0.6B layers' int8 linears, alternated in one process (bench_ab
+// linear-int8), 0.99-1.07x in 7 runs on one thread (median 1.02x; two copies of one build give
+// 0.99-1.01x) and 1.02x on two, where 8 rows were 0.83x.
 constexpr int kStreams = 4;
+template <class W>
+constexpr int kRowStreams = std::is_same_v<W, int8_t> ? kStreams / 2 : kStreams;
 
 // S weight rows (each its own stream) against MR packed x rows (stride K): out[s][i] = w[s] . x_i.
 // Two blocks of kPairBlock per step (one cache line of bf16 per row with AVX2, two with AVX-512)
@@ -279,8 +285,8 @@ void gemv(const float* x, const W* w, const float* scale, const B* bias, float* 
           gemv_rows<V, kStreams / 2, 2>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N, K,
                                         n0, n1);
         if (m < M)
-          gemv_rows<V, kStreams, 1>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N, K, n0,
-                                    n1);
+          gemv_rows<V, kRowStreams<W>, 1>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N, K,
+                                          n0, n1);
       },
       32);
 }
