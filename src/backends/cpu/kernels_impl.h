@@ -158,19 +158,6 @@ void rope_impl(float* x, const int32_t* pos, const float* inv_freq, int64_t M, i
 }
 
 template <class Ops>
-void silu_mul_impl(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool) {
-  pool.parallel_for(
-      n,
-      [&](int64_t b, int64_t e, int) {
-        for (int64_t i = b; i < e; ++i) {
-          const float g = gate[i];
-          y[i] = g / (1.0f + std::exp(-g)) * up[i];
-        }
-      },
-      kElementwiseGrain);
-}
-
-template <class Ops>
 void add_impl(const float* a, const float* b, float* y, int64_t n, ThreadPool& pool) {
   pool.parallel_for(
       n,
@@ -245,6 +232,31 @@ inline f32x8 exp_f32x8(f32x8 x) {
   std::memcpy(&scale, &bits, sizeof scale);
   const f32x8 y = p * scale;
   return in < -87.0f ? f32x8{} : y;
+}
+
+// y = silu(gate) * up = gate / (1 + exp(-gate)) * up, 8 at a time through exp_f32x8 (with
+// std::exp per element a 3072-wide MLP row took 17 us on one AVX2 core); the last few go through
+// the same code, padded. exp_f32x8's clamping keeps the limits: gate > 87 gives gate * up, and
+// gate < -88 gives about -0.
+template <class Ops>
+void silu_mul_impl(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool) {
+  auto silu_mul8 = [](f32x8 g, f32x8 u) { return g / (1.0f + exp_f32x8(-g)) * u; };
+  pool.parallel_for(
+      n,
+      [&](int64_t b, int64_t e, int) {
+        int64_t i = b;
+        for (; i + kF32x8 <= e; i += kF32x8)
+          store_f32x8(y + i, silu_mul8(load_f32x8(gate + i), load_f32x8(up + i)));
+        if (i < e) {
+          f32x8 g{}, u{};
+          const size_t bytes = size_t(e - i) * sizeof(float);
+          std::memcpy(&g, gate + i, bytes);
+          std::memcpy(&u, up + i, bytes);
+          const f32x8 r = silu_mul8(g, u);
+          std::memcpy(y + i, &r, bytes);
+        }
+      },
+      kElementwiseGrain);
 }
 
 // Query rows handled together against one KV head: each key and value row is loaded (and
