@@ -1,12 +1,14 @@
 // Private to the x86 kernel files (kernels_target_avx2.cc and kernels_target_avx512.cc, which
 // both have AVX2): the code they share, written once over a vector type `V` — the Ops of
-// kernels_impl.h and the prefill GEMM — and the 8-wide helpers its weight panels are packed with.
-// Like kernels_impl.h, everything sits in an anonymous namespace so that each target's copy stays
-// its own.
+// kernels_impl.h, the decode GEMV and the prefill GEMM — and the 8-wide helpers the GEMM's weight
+// panels are packed with. Like kernels_impl.h, everything sits in an anonymous namespace so that
+// each target's copy stays its own. tests/ops/test_x86_shared.cc instantiates it at 16 lanes with
+// generic vectors, so the AVX-512 target's logic is checked on any machine.
 //
 // V supplies: T (the vector), kWidth (floats in T), kMR (x rows per GEMM tile), kGroup (GEMM
-// panels per L2 block), and load / load_bf16 (widened in order) / store / add / fmadd /
-// broadcast / zero / hsum.
+// panels per L2 block); load / load_bf16 (widened in order) / load_pairs (2 x kWidth values:
+// bf16 as even | odd, f32 in order) / store / add / fmadd / broadcast / zero / hsum; and its int8
+// GEMV tile: Int8X (x prepared for it, with row(m, K)), prepare_int8_x, gemv_tile_q8.
 #pragma once
 
 #include <immintrin.h>
