@@ -10,8 +10,9 @@
 //       The decode linears (M = 1) of 28 Qwen3-0.6B layers, each weight its own buffer.
 //
 // Prints each build's median time and GB/s of cache or weights, the median of the per-round
-// ratios old / new (> 1: the new build is faster), the largest output difference between the
-// builds, and a 4-stream read loop over the same buffers on one thread. Copy a build's library
+// ratios old / new (> 1: the new build is faster), the largest difference between the builds'
+// outputs of the last call (the last layer or weight), and a 4-stream read loop over the same
+// buffers on one thread. Copy a build's library
 // aside (cp build/release/libtformers.so /tmp/old/) before changing it. The builds are reached
 // through their exported C++ symbols, so both must have the same signatures.
 #include <dlfcn.h>

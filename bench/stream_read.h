@@ -4,7 +4,7 @@
 // bench/RESULTS.md, over the mmap'd Qwen3-0.6B linears, 1 / 2 / 4 / 8 streams per thread read
 // 14.6 / 18.5 / 20.9 / 20.7 GB/s with one thread (25.3 / 29.9 / 35.0 / 33.5 with two). A
 // roofline must be the most the memory gives, so the loop reads kReadStreams parts side by side;
-// the decode GEMV does the same (kernels_target_avx2.cc, kStreams). Streams far apart alias: over
+// the decode GEMV does the same (kernels_x86.h, kStreams). Streams far apart alias: over
 // a 1 GiB buffer, 4 streams 256 MiB apart read 9-10 GB/s, 4 streams 2 MiB apart 19-23, so a
 // long range is read one chunk of kReadChunk words at a time.
 #pragma once

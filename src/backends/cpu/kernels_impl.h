@@ -303,9 +303,9 @@ inline void store_cols16(float* out, f32x8 a, f32x8 b, float) {
 // Two chunkings: where other query rows (prefill) read the same value rows again, 32 slots; where
 // each value row is read by one call only (decode), chunks of 8 slots fetched 32 slots ahead, so
 // that each burst of prefetches is a quarter as long. 28 layers of bf16 caches at used length
-// 4096 (decode), the two builds alternated in one process: attention 1.13-1.29x faster on one
-// core and 1.03-1.16x on two, with 2 or 4 query rows per KV head; prefill of 512 and 2048 tokens
-// was 2-4 % slower with the short chunks, so it keeps the long ones (bench/RESULTS.md).
+// 4096 (decode), the two builds alternated in one process (bench_ab): attention 1.06-1.29x faster
+// on one core and 1.03-1.17x on two, with 2 or 4 query rows per KV head; prefill of 512 and 2048
+// tokens was 2-4 % slower with the short chunks, so it keeps the long ones (bench/RESULTS.md).
 struct SlotChunks {
   int64_t len;    // slots per chunk
   int64_t ahead;  // a chunk's first slot to the first slot whose rows it prefetches
@@ -354,7 +354,7 @@ inline void weighted_sum_cols(const float* p, int64_t L, const int32_t* slots, i
     }
 }
 
-template <class Ops, int N, class KV>
+template <int N, class KV>
 void weighted_sum(const float* p, int64_t L, const int32_t* slots, int64_t n, const KV* v,
                   int64_t D, const float* inv, SlotChunks chunks, float* const* out) {
   constexpr int kBlocks = N <= 2 ? 2 : 1;  // 8 accumulators either way
@@ -446,7 +446,7 @@ void attend_set(const float* const* q, const int64_t* len, const KV* k, const KV
   }
   float inv[N];
   for (int g = 0; g < N; ++g) inv[g] = sum[g] == 0.0f ? 0.0f : 1.0f / sum[g];  // no key: zeros
-  weighted_sum<Ops, N>(scores, L, slots, n, v, D, inv, chunks, out);
+  weighted_sum<N>(scores, L, slots, n, v, D, inv, chunks, out);
 }
 
 template <class Ops, class KV>

@@ -203,9 +203,8 @@ struct Avx2Vec {
   }
 };
 using Avx2Ops = X86Ops<Avx2Vec>;
-using Avx2Ops = X86Ops<Avx2Vec>;
 
-// ---------------------------------------------------------------- linear, prefill path (GEMM)
+// ---------------------------------------------------------------- linear: GEMV or GEMM by M
 
 template <class W, class B>
 void linear_t(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
