@@ -6,8 +6,9 @@
 //                                    [--heads HQ]
 //       28 layers of Qwen3-0.6B-shaped bf16 caches (8 KV heads of 128), each its own buffer: T
 //       query tokens (1: decode) attending to L cache slots, HQ query heads.
-//   bench_ab OLD.so NEW.so linear-bf16|linear-int8 [--threads N] [--rounds R]
-//       The decode linears (M = 1) of 28 Qwen3-0.6B layers, each weight its own buffer.
+//   bench_ab OLD.so NEW.so linear-bf16|linear-int8 [--threads N] [--rounds R] [--lm-head 1]
+//       The decode linears (M = 1) of 28 Qwen3-0.6B layers, each weight its own buffer; with
+//       --lm-head 1, Qwen3-0.6B's lm_head (151936 x 1024) instead: many short rows.
 //
 // Prints each build's median time and GB/s of cache or weights, the median of the per-round
 // ratios old / new (> 1: the new build is faster), the largest difference between the builds'
@@ -18,6 +19,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -98,7 +100,7 @@ int main(int argc, char** argv) {
   if (argc < 4) die("usage: bench_ab OLD.so NEW.so attention|linear-bf16|linear-int8 [options]");
   const std::string mode = argv[3];
   int threads = 1, rounds = 11;
-  int64_t used = 4096, queries = 1, heads = 16;
+  int64_t used = 4096, queries = 1, heads = 16, lm_head = 0;
   for (int i = 4; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
@@ -113,6 +115,8 @@ int main(int argc, char** argv) {
       queries = v;
     else if (k == "--heads")
       heads = v;
+    else if (k == "--lm-head")
+      lm_head = v;
     else
       die("unknown option " + k);
   }
@@ -142,12 +146,15 @@ int main(int argc, char** argv) {
   } else if (mode == "linear-bf16" || mode == "linear-int8") {
     const bool int8 = mode == "linear-int8";
     // q, k, v, o, gate, up, down of Qwen3-0.6B.
-    const int64_t shapes[][2] = {{2048, 1024}, {1024, 1024}, {1024, 1024}, {1024, 2048},
-                                 {3072, 1024}, {3072, 1024}, {1024, 3072}};
+    std::vector<std::array<int64_t, 2>> shapes = {{2048, 1024}, {1024, 1024}, {1024, 1024},
+                                                  {1024, 2048}, {3072, 1024}, {3072, 1024},
+                                                  {1024, 3072}};
+    const int64_t layers = lm_head ? 1 : kLayers;
+    if (lm_head) shapes = {{151936, 1024}};
     x.resize(3072);
     for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
-    out_size = 3072;
-    for (int64_t l = 0; l < kLayers; ++l)
+    out_size = lm_head ? 151936 : 3072;
+    for (int64_t l = 0; l < layers; ++l)
       for (const auto& s : shapes) {
         const int64_t N = s[0], K = s[1], nb = (K + 31) / 32;
         if (int8) {
