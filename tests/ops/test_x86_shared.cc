@@ -1,25 +1,34 @@
 // The code the AVX2 and AVX-512 kernels share (src/backends/cpu/kernels_x86.h), instantiated here
 // with a 16-float generic vector, the width of AVX-512: the decode GEMV (its streams, tiles, x
-// repacking and bf16 pairs of 32) and the dot products of attention and rms_norm run as the
-// AVX-512 target runs them, on any machine, against the scalar references. What this cannot
-// reach is the AVX-512 target's own few intrinsic wrappers (Avx512Vec, its int8 tile); those run
-// in Ops.* on a machine with AVX-512. The int8 tile here is a plain loop, so that the GEMV's
+// repacking and bf16 pairs of 32), the prefill GEMM (its 32-column panels, 8-row tiles, K blocks
+// and L2 groups) and the dot products of attention and rms_norm run as the AVX-512 target runs
+// them, on any AVX2 machine, against the scalar references. What this cannot reach is the AVX-512
+// target's own intrinsic wrappers (Avx512Vec, its int8 GEMV tile, its BF16 GEMM); those run in
+// Ops.* on a machine with AVX-512. The int8 GEMV tile here is a plain loop, so that the GEMV's
 // handling of int8 rows and block scales is checked too.
 //
-// Tolerances: the GEMV's as in test_kernels.cc (x stays f32 and the products are exact, so only
-// the summation order differs from the reference). The dot products against the deterministic
-// bound of an f32 sum of n products, each product and each addition rounded once:
+// kernels_x86.h packs GEMM panels with 8-wide AVX2 helpers, so it is compiled here for AVX2 (as
+// both targets that use it are) and the tests skip on a CPU without it.
+//
+// Tolerances: the GEMV's and GEMM's as in test_kernels.cc (x stays f32 and the products are exact,
+// so only the summation order differs from the reference). The dot products against the
+// deterministic bound of an f32 sum of n products, each product and each addition rounded once:
 // |error| <= (n + 1) u sum_i |q_i k_i| with u = 2^-24, which correct code cannot exceed.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backends/cpu/kernels.h"
-#include "backends/cpu/kernels_x86.h"
+#include "core/cpu_features.h"
 #include "core/thread_pool.h"
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include "backends/cpu/kernels_x86.h"
+#pragma GCC pop_options
 #include "ops/ops_test_util.h"
 
 namespace tformers::cpu {
@@ -85,7 +94,14 @@ std::string shape(const LinearCase& c) {
   return "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K);
 }
 
+bool have_avx2() {
+  if (detected_target() >= Target::kAVX2) return true;
+  std::puts("this CPU has no AVX2, which kernels_x86.h needs: skipped");
+  return false;
+}
+
 TEST(X86Shared, GemvAt16Lanes) {
+  if (!have_avx2()) GTEST_SKIP();
   std::mt19937 rng(77);
   ThreadPool pool1(1), pool3(3);
   for (ThreadPool* pool : {&pool1, &pool3})
@@ -121,7 +137,50 @@ TEST(X86Shared, GemvAt16Lanes) {
     }
 }
 
+// The GEMM on the shapes of Ops.Linear and on a few that cross its blocks at 16 lanes: several
+// 32-column panels with a partial last one (N), more than one L2 group of 4 panels (N > 128),
+// more than one 8-row tile with a partial last one (M), and K over kKC = 256 with a tail.
+TEST(X86Shared, GemmAt16Lanes) {
+  if (!have_avx2()) GTEST_SKIP();
+  std::mt19937 rng(79);
+  ThreadPool pool1(1), pool3(3);
+  std::vector<LinearCase> cases(std::begin(kLinearCases), std::end(kLinearCases));
+  cases.insert(cases.end(), {{9, 161, 600, true}, {17, 33, 257, false}, {8, 32, 256, true}});
+  for (ThreadPool* pool : {&pool1, &pool3})
+    for (const auto& c : cases) {
+      const std::string what = shape(c) + " threads=" + std::to_string(pool->num_threads());
+      std::vector<float> x = random_f32(rng, size_t(c.M * c.K));
+      std::vector<float> y(size_t(c.M * c.N)), want(y.size());
+      for (DType dt : {DType::f32, DType::bf16}) {
+        Tensor w = random_tensor(rng, size_t(c.N * c.K), dt),
+               b = random_tensor(rng, size_t(c.N), dt);
+        std::fill(y.begin(), y.end(), NAN);
+        if (dt == DType::bf16)
+          gemm<Generic16>(x.data(), w.h.data(), nullptr, c.bias ? b.h.data() : nullptr, y.data(),
+                          c.M, c.N, c.K, *pool);
+        else
+          gemm<Generic16>(x.data(), w.f.data(), nullptr, c.bias ? b.f.data() : nullptr, y.data(),
+                          c.M, c.N, c.K, *pool);
+        ref::linear(x.data(), w.data(), dt, c.bias ? b.data() : nullptr, want.data(), c.M, c.N,
+                    c.K);
+        expect_close(y, want, nmse_tolerance(c.K), std::string(dtype_name(dt)) + " " + what);
+      }
+      std::uniform_int_distribution<int> qdist(-127, 127);
+      std::vector<int8_t> q(size_t(c.N * c.K));
+      for (auto& v : q) v = int8_t(qdist(rng));
+      std::vector<float> scale = random_f32(rng, size_t(c.N * int8_blocks(c.K)), 1e-3f, 1e-2f);
+      std::vector<float> b = random_f32(rng, size_t(c.N));
+      std::fill(y.begin(), y.end(), NAN);
+      gemm<Generic16>(x.data(), q.data(), scale.data(), c.bias ? b.data() : nullptr, y.data(), c.M,
+                      c.N, c.K, *pool);
+      ref::linear_int8(x.data(), q.data(), scale.data(), c.bias ? b.data() : nullptr, want.data(),
+                       c.M, c.N, c.K);
+      expect_close(y, want, nmse_tolerance(2 * c.K + 2), "int8 " + what);
+    }
+}
+
 TEST(X86Shared, DotsAt16Lanes) {
+  if (!have_avx2()) GTEST_SKIP();
   std::mt19937 rng(78);
   using Ops = X86Ops<Generic16>;
   for (int64_t n : {1, 15, 16, 17, 31, 32, 33, 64, 65, 128, 200}) {

@@ -2,9 +2,9 @@
 // both have AVX2): the code they share, written once over a vector type `V` — the Ops of
 // kernels_impl.h, the decode GEMV and the prefill GEMM — and the 8-wide helpers the GEMM's weight
 // panels are packed with. Like kernels_impl.h, everything sits in an anonymous namespace so that
-// each target's copy stays its own. tests/ops/test_x86_shared.cc instantiates the GEMV and the
-// dot products at 16 lanes with generic vectors, so that much of the AVX-512 target's logic is
-// checked on any machine (the GEMM's panel packing uses the 8-wide AVX2 helpers below and is not).
+// each target's copy stays its own. tests/ops/test_x86_shared.cc instantiates the GEMV, the GEMM
+// and the dot products at 16 lanes with generic vectors, so that much of the AVX-512 target's
+// logic is checked on any AVX2 machine.
 //
 // V supplies: T (the vector), kWidth (floats in T), kMR (x rows per GEMM tile), kGroup (GEMM
 // panels per L2 block); load / load_bf16 (widened in order) / load_pairs (2 x kWidth values:
