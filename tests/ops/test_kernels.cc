@@ -32,6 +32,10 @@
 #include "tformers/dtype.h"
 
 namespace tformers::cpu {
+
+// avx512_emulated.cc: the AVX-512 BF16 target's kernels over emulated intrinsics (needs AVX2).
+const KernelTable& emulated_avx512bf16_kernels();
+
 namespace {
 
 // Restores the active target when a test ends, even on failure.
@@ -44,24 +48,34 @@ class TargetGuard {
   Target saved_;
 };
 
-std::string label(Target t, DType dt, int threads) {
-  return std::string(target_name(t)) + "/" + std::string(dtype_name(dt)) +
-         "/threads=" + std::to_string(threads);
+// The kernel tables under test: every target this CPU runs, and the AVX-512 BF16 target's code
+// over emulated AVX-512 intrinsics (avx512_emulated.cc), which needs AVX2.
+struct Config {
+  std::string name;
+  Target target;  // what the table computes like (tolerances)
+  const KernelTable* table;
+};
+
+std::vector<Config> configs() {
+  std::vector<Config> out;
+  for (Target t : supported_targets())
+    out.push_back({std::string(target_name(t)), t, &kernels_for(t)});
+  if (detected_target() >= Target::kAVX2)
+    out.push_back({"avx512bf16-emulated", Target::kAVX512BF16, &emulated_avx512bf16_kernels()});
+  return out;
 }
 
-// Runs `body(target, dtype, pool, label)` for every supported target, both storage dtypes, and
-// pools of 1 and 3 threads (3 gives uneven chunks).
+// Runs `body(kernels, target, dtype, pool, label)` for every table of configs(), both storage
+// dtypes, and pools of 1 and 3 threads (3 gives uneven chunks).
 template <class Body>
 void for_each_config(Body body) {
-  TargetGuard guard;
   ThreadPool pool1(1), pool3(3);
-  for (Target t : supported_targets()) {
-    set_active_target(t);
-    ASSERT_EQ(active_target(), t);
+  for (const Config& c : configs())
     for (DType dt : {DType::f32, DType::bf16})
       for (ThreadPool* pool : {&pool1, &pool3})
-        body(t, dt, *pool, label(t, dt, pool->num_threads()));
-  }
+        body(*c.table, c.target, dt, *pool,
+             c.name + "/" + std::string(dtype_name(dt)) +
+                 "/threads=" + std::to_string(pool->num_threads()));
 }
 
 // ------------------------------------------------------------------------------------ dispatch
@@ -85,14 +99,15 @@ TEST(Dispatch, TargetsAreSupportedAndRestorable) {
 
 TEST(Ops, Linear) {
   std::mt19937 rng(1234);
-  for_each_config([&](Target t, DType dt, ThreadPool& pool, const std::string& what) {
+  for_each_config([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
+                      const std::string& what) {
     for (const auto& c : kLinearCases) {
       std::vector<float> x = random_f32(rng, size_t(c.M * c.K));
       Tensor w = random_tensor(rng, size_t(c.N * c.K), dt);
       Tensor b = random_tensor(rng, size_t(c.N), dt);
       std::vector<float> y(size_t(c.M * c.N), NAN), want(y.size());
       const void* bias = c.bias ? b.data() : nullptr;
-      linear(x.data(), w.data(), dt, bias, y.data(), c.M, c.N, c.K, pool);
+      kernels.linear(x.data(), w.data(), dt, bias, y.data(), c.M, c.N, c.K, pool);
       ref::linear(x.data(), w.data(), dt, bias, want.data(), c.M, c.N, c.K);
       // The AVX-512 BF16 target rounds x to bf16 for prefill-sized M with bf16 weights.
       const bool x_bf16 = t == Target::kAVX512BF16 && dt == DType::bf16 && c.M >= 4;
@@ -112,7 +127,8 @@ TEST(Ops, Linear) {
 TEST(Ops, LinearInt8) {
   std::mt19937 rng(4321);
   std::uniform_int_distribution<int> qdist(-127, 127);
-  for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
+  for_each_config([&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool,
+                      const std::string& what) {
     if (dt != DType::f32) return;  // one weight type; the dtype loop does not apply
     for (const auto& c : kLinearCases) {
       std::vector<float> x = random_f32(rng, size_t(c.M * c.K));
@@ -122,7 +138,7 @@ TEST(Ops, LinearInt8) {
       std::vector<float> b = random_f32(rng, size_t(c.N));
       std::vector<float> y(size_t(c.M * c.N), NAN), want(y.size());
       const float* bias = c.bias ? b.data() : nullptr;
-      linear_int8(x.data(), w.data(), scale.data(), bias, y.data(), c.M, c.N, c.K, pool);
+      kernels.linear_int8(x.data(), w.data(), scale.data(), bias, y.data(), c.M, c.N, c.K, pool);
       ref::linear_int8(x.data(), w.data(), scale.data(), bias, want.data(), c.M, c.N, c.K);
       expect_close(y, want, nmse_tolerance(2 * c.K + 2) + 0x1p-30,
                    what + " int8 M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
@@ -136,33 +152,34 @@ TEST(Ops, LinearInt8) {
 // partial one).
 TEST(Ops, QuantizeInt8RoundTrip) {
   std::mt19937 rng(99);
-  for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
-    const int64_t N = 7, K = 300;
-    Tensor w = random_tensor(rng, size_t(N * K), dt, -3.0f, 3.0f);
-    for (int64_t k = 0; k < K; ++k) {  // row 2 all zero
-      w.f[size_t(2 * K + k)] = 0.0f;
-      if (dt == DType::bf16) w.h[size_t(2 * K + k)] = 0;
-    }
-    std::vector<int8_t> q(size_t(N * K));
-    const int64_t nb = int8_blocks(K);
-    std::vector<float> scale(static_cast<size_t>(N * nb));
-    quantize_int8(w.data(), dt, q.data(), scale.data(), N, K, pool);
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t b = 0; b < nb; ++b) {
-        const float sc = scale[size_t(n * nb + b)];
-        float amax = 0;
-        int qmax = 0;
-        for (int64_t k = b * kInt8Block; k < std::min(K, (b + 1) * kInt8Block); ++k) {
-          const float v = w.f[size_t(n * K + k)], r = sc * q[size_t(n * K + k)];
-          amax = std::max(amax, std::abs(v));
-          qmax = std::max(qmax, std::abs(int(q[size_t(n * K + k)])));
-          ASSERT_LE(std::abs(v - r), 0.5f * sc * (1 + 1e-5f) + 1e-30f)
-              << what << " row " << n << " k " << k;
+  for_each_config(
+      [&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool, const std::string& what) {
+        const int64_t N = 7, K = 300;
+        Tensor w = random_tensor(rng, size_t(N * K), dt, -3.0f, 3.0f);
+        for (int64_t k = 0; k < K; ++k) {  // row 2 all zero
+          w.f[size_t(2 * K + k)] = 0.0f;
+          if (dt == DType::bf16) w.h[size_t(2 * K + k)] = 0;
         }
-        EXPECT_FLOAT_EQ(sc, amax / 127.0f) << what;
-        EXPECT_EQ(qmax, n == 2 ? 0 : 127) << what << " row " << n << " block " << b;
-      }
-  });
+        std::vector<int8_t> q(size_t(N * K));
+        const int64_t nb = int8_blocks(K);
+        std::vector<float> scale(static_cast<size_t>(N * nb));
+        kernels.quantize_int8(w.data(), dt, q.data(), scale.data(), N, K, pool);
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t b = 0; b < nb; ++b) {
+            const float sc = scale[size_t(n * nb + b)];
+            float amax = 0;
+            int qmax = 0;
+            for (int64_t k = b * kInt8Block; k < std::min(K, (b + 1) * kInt8Block); ++k) {
+              const float v = w.f[size_t(n * K + k)], r = sc * q[size_t(n * K + k)];
+              amax = std::max(amax, std::abs(v));
+              qmax = std::max(qmax, std::abs(int(q[size_t(n * K + k)])));
+              ASSERT_LE(std::abs(v - r), 0.5f * sc * (1 + 1e-5f) + 1e-30f)
+                  << what << " row " << n << " k " << k;
+            }
+            EXPECT_FLOAT_EQ(sc, amax / 127.0f) << what;
+            EXPECT_EQ(qmax, n == 2 ? 0 : 127) << what << " row " << n << " block " << b;
+          }
+      });
 }
 
 // Every target quantizes to the scalar target's bytes: the same scales and the same
@@ -202,41 +219,44 @@ TEST(Ops, EmbeddingIsExact) {
   std::mt19937 rng(7);
   const int64_t V = 50, D = 37;
   const std::vector<int32_t> ids = {0, 49, 3, 3, 17};
-  for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
-    Tensor table = random_tensor(rng, size_t(V * D), dt);
-    std::vector<float> out(ids.size() * D, NAN), want(out.size());
-    embedding(table.data(), dt, ids.data(), int64_t(ids.size()), D, out.data(), pool);
-    ref::embedding(table.data(), dt, ids.data(), int64_t(ids.size()), D, want.data());
-    EXPECT_EQ(out, want) << what;
-  });
+  for_each_config(
+      [&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool, const std::string& what) {
+        Tensor table = random_tensor(rng, size_t(V * D), dt);
+        std::vector<float> out(ids.size() * D, NAN), want(out.size());
+        kernels.embedding(table.data(), dt, ids.data(), int64_t(ids.size()), D, out.data(), pool);
+        ref::embedding(table.data(), dt, ids.data(), int64_t(ids.size()), D, want.data());
+        EXPECT_EQ(out, want) << what;
+      });
 }
 
 TEST(Ops, AddIsExactAndMayAlias) {
   std::mt19937 rng(8);
-  for_each_config([&](Target, DType, ThreadPool& pool, const std::string& what) {
-    for (int64_t n : {1, 7, 1000, 40000}) {
-      std::vector<float> a = random_f32(rng, size_t(n)), b = random_f32(rng, size_t(n));
-      std::vector<float> want(a.size());
-      ref::add(a.data(), b.data(), want.data(), n);
-      add(a.data(), b.data(), a.data(), n, pool);  // y aliases a
-      EXPECT_EQ(a, want) << what << " n=" << n;
-    }
-  });
+  for_each_config(
+      [&](const KernelTable& kernels, Target, DType, ThreadPool& pool, const std::string& what) {
+        for (int64_t n : {1, 7, 1000, 40000}) {
+          std::vector<float> a = random_f32(rng, size_t(n)), b = random_f32(rng, size_t(n));
+          std::vector<float> want(a.size());
+          ref::add(a.data(), b.data(), want.data(), n);
+          kernels.add(a.data(), b.data(), a.data(), n, pool);  // y aliases a
+          EXPECT_EQ(a, want) << what << " n=" << n;
+        }
+      });
 }
 
 TEST(Ops, SiluMul) {
   std::mt19937 rng(9);
-  for_each_config([&](Target, DType, ThreadPool& pool, const std::string& what) {
-    for (int64_t n : {1, 13, 3072, 40000}) {
-      std::vector<float> g = random_f32(rng, size_t(n), -8.0f, 8.0f),
-                         u = random_f32(rng, size_t(n));
-      std::vector<float> want(g.size());
-      ref::silu_mul(g.data(), u.data(), want.data(), n);
-      silu_mul(g.data(), u.data(), g.data(), n, pool);  // y aliases gate
-      // A few roundings per element (exp, add, divide, multiply): K = 4.
-      expect_close(g, want, nmse_tolerance(4), what + " n=" + std::to_string(n));
-    }
-  });
+  for_each_config(
+      [&](const KernelTable& kernels, Target, DType, ThreadPool& pool, const std::string& what) {
+        for (int64_t n : {1, 13, 3072, 40000}) {
+          std::vector<float> g = random_f32(rng, size_t(n), -8.0f, 8.0f),
+                             u = random_f32(rng, size_t(n));
+          std::vector<float> want(g.size());
+          ref::silu_mul(g.data(), u.data(), want.data(), n);
+          kernels.silu_mul(g.data(), u.data(), g.data(), n, pool);  // y aliases gate
+          // A few roundings per element (exp, add, divide, multiply): K = 4.
+          expect_close(g, want, nmse_tolerance(4), what + " n=" + std::to_string(n));
+        }
+      });
 }
 
 TEST(Ops, CacheWriteIsExact) {
@@ -245,12 +265,13 @@ TEST(Ops, CacheWriteIsExact) {
     int64_t B, T, Hkv, S, D, start;
   };
   const Case cases[] = {{1, 1, 2, 8, 4, 5}, {2, 3, 3, 10, 5, 7}, {1, 6, 1, 6, 16, 0}};
-  for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
+  for_each_config([&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool,
+                      const std::string& what) {
     for (const auto& c : cases) {
       const size_t cache_n = size_t(c.B * c.Hkv * c.S * c.D);
       std::vector<float> src = random_f32(rng, size_t(c.B * c.T * c.Hkv * c.D));
       Tensor cache = random_tensor(rng, cache_n, dt), want = cache;
-      cache_write(cache.data(), dt, src.data(), c.B, c.T, c.Hkv, c.S, c.D, c.start, pool);
+      kernels.cache_write(cache.data(), dt, src.data(), c.B, c.T, c.Hkv, c.S, c.D, c.start, pool);
       ref::cache_write(want.data(), dt, src.data(), c.B, c.T, c.Hkv, c.S, c.D, c.start);
       if (dt == DType::bf16)
         EXPECT_EQ(cache.h, want.h) << what;
@@ -264,34 +285,36 @@ TEST(Ops, CacheWriteIsExact) {
 
 TEST(Ops, RmsNorm) {
   std::mt19937 rng(11);
-  for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
-    for (int64_t D : {1, 7, 128, 1024, 1031}) {
-      const int64_t M = 5;
-      std::vector<float> x = random_f32(rng, size_t(M * D), -3.0f, 3.0f), want(x.size());
-      Tensor w = random_tensor(rng, size_t(D), dt, 0.5f, 1.5f);
-      ref::rms_norm(x.data(), w.data(), dt, want.data(), M, D, 1e-6f);
-      rms_norm(x.data(), w.data(), dt, x.data(), M, D, 1e-6f, pool);  // y aliases x
-      expect_close(x, want, nmse_tolerance(D), what + " D=" + std::to_string(D));
-    }
-  });
+  for_each_config(
+      [&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool, const std::string& what) {
+        for (int64_t D : {1, 7, 128, 1024, 1031}) {
+          const int64_t M = 5;
+          std::vector<float> x = random_f32(rng, size_t(M * D), -3.0f, 3.0f), want(x.size());
+          Tensor w = random_tensor(rng, size_t(D), dt, 0.5f, 1.5f);
+          ref::rms_norm(x.data(), w.data(), dt, want.data(), M, D, 1e-6f);
+          kernels.rms_norm(x.data(), w.data(), dt, x.data(), M, D, 1e-6f, pool);  // y aliases x
+          expect_close(x, want, nmse_tolerance(D), what + " D=" + std::to_string(D));
+        }
+      });
 }
 
 TEST(Ops, Rope) {
   std::mt19937 rng(12);
-  for_each_config([&](Target, DType, ThreadPool& pool, const std::string& what) {
-    for (int64_t D : {2, 6, 64, 128}) {
-      const int64_t M = 4, H = 3;
-      std::vector<int32_t> pos = {0, 1, 17, 4000};
-      std::vector<float> inv_freq(size_t(D / 2));
-      for (int64_t i = 0; i < D / 2; ++i)
-        inv_freq[size_t(i)] = float(std::pow(10000.0, -2.0 * double(i) / double(D)));
-      std::vector<float> x = random_f32(rng, size_t(M * H * D)), want = x;
-      rope(x.data(), pos.data(), inv_freq.data(), M, H, D, pool);
-      ref::rope(want.data(), pos.data(), inv_freq.data(), M, H, D);
-      // f32 cos/sin of angles up to ~4000 rad are accurate to a few ulp of the angle: K = 4.
-      expect_close(x, want, nmse_tolerance(4), what + " D=" + std::to_string(D));
-    }
-  });
+  for_each_config(
+      [&](const KernelTable& kernels, Target, DType, ThreadPool& pool, const std::string& what) {
+        for (int64_t D : {2, 6, 64, 128}) {
+          const int64_t M = 4, H = 3;
+          std::vector<int32_t> pos = {0, 1, 17, 4000};
+          std::vector<float> inv_freq(size_t(D / 2));
+          for (int64_t i = 0; i < D / 2; ++i)
+            inv_freq[size_t(i)] = float(std::pow(10000.0, -2.0 * double(i) / double(D)));
+          std::vector<float> x = random_f32(rng, size_t(M * H * D)), want = x;
+          kernels.rope(x.data(), pos.data(), inv_freq.data(), M, H, D, pool);
+          ref::rope(want.data(), pos.data(), inv_freq.data(), M, H, D);
+          // f32 cos/sin of angles up to ~4000 rad are accurate to a few ulp of the angle: K = 4.
+          expect_close(x, want, nmse_tolerance(4), what + " D=" + std::to_string(D));
+        }
+      });
 }
 
 // ------------------------------------------------------------------------------ attention
@@ -312,61 +335,62 @@ TEST(Ops, Attention) {
       {1, 2, 2, 1, 8, 5, 1, 0},      // odd head_dim
   };
   std::mt19937 rng(13);
-  for_each_config([&](Target, DType dt, ThreadPool& pool, const std::string& what) {
-    for (const auto& c : cases) {
-      const size_t cache_n = size_t(c.B * c.Hkv * c.S * c.D);
-      std::vector<float> q = random_f32(rng, size_t(c.B * c.T * c.Hq * c.D), -2.0f, 2.0f);
-      Tensor k = random_tensor(rng, cache_n, dt), v = random_tensor(rng, cache_n, dt);
-      // Slots at or past start + T must never be read: poison them.
-      for (int64_t bh = 0; bh < c.B * c.Hkv; ++bh)
-        for (int64_t s = c.start + c.T; s < c.S; ++s)
-          for (int64_t i = 0; i < c.D; ++i) {
-            const size_t at = size_t((bh * c.S + s) * c.D + i);
-            if (dt == DType::bf16) {
-              k.h[at] = v.h[at] = 0x7fc0;  // NaN
-            } else {
-              k.f[at] = v.f[at] = NAN;
-            }
-          }
-      std::vector<int32_t> mask(size_t(c.B * c.S), 1);
-      if (c.mask == 1)
-        for (auto& m : mask) m = (rng() % 4 == 0) ? 0 : 1;
-      if (c.mask == 2)
-        for (int64_t s = 0; s < 2; ++s) mask[size_t(1 * c.S + s)] = 0;  // row 1: 2 pad slots
-      // Masked slots must never be read either (their rows may hold anything): poison them.
-      for (int64_t b = 0; c.mask && b < c.B; ++b)
-        for (int64_t s = 0; s < c.S; ++s)
-          if (mask[size_t(b * c.S + s)] == 0)
-            for (int64_t h = 0; h < c.Hkv; ++h)
+  for_each_config(
+      [&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool, const std::string& what) {
+        for (const auto& c : cases) {
+          const size_t cache_n = size_t(c.B * c.Hkv * c.S * c.D);
+          std::vector<float> q = random_f32(rng, size_t(c.B * c.T * c.Hq * c.D), -2.0f, 2.0f);
+          Tensor k = random_tensor(rng, cache_n, dt), v = random_tensor(rng, cache_n, dt);
+          // Slots at or past start + T must never be read: poison them.
+          for (int64_t bh = 0; bh < c.B * c.Hkv; ++bh)
+            for (int64_t s = c.start + c.T; s < c.S; ++s)
               for (int64_t i = 0; i < c.D; ++i) {
-                const size_t at = size_t(((b * c.Hkv + h) * c.S + s) * c.D + i);
+                const size_t at = size_t((bh * c.S + s) * c.D + i);
                 if (dt == DType::bf16) {
                   k.h[at] = v.h[at] = 0x7fc0;  // NaN
                 } else {
                   k.f[at] = v.f[at] = NAN;
                 }
               }
-      const int32_t* key_mask = c.mask ? mask.data() : nullptr;
-      const float scale = 1.0f / std::sqrt(float(c.D));
-      std::vector<float> out(q.size(), NAN), want(q.size());
-      attention(q.data(), k.data(), v.data(), dt, key_mask, out.data(), c.B, c.T, c.Hq, c.Hkv, c.S,
-                c.D, c.start, scale, pool);
-      ref::attention(q.data(), k.data(), v.data(), dt, key_mask, want.data(), c.B, c.T, c.Hq, c.Hkv,
-                     c.S, c.D, c.start, scale);
-      // Scores are D-term dot products; the output is a weighted sum over up to start + T keys
-      // and a few roundings in exp and the normalization.
-      expect_close(out, want, nmse_tolerance(c.D + c.start + c.T + 4),
-                   what + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
-                       " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) +
-                       " D=" + std::to_string(c.D) + " start=" + std::to_string(c.start));
-      if (c.mask == 2) {
-        // Row 1, t = 0 and 1 sit at slots 0 and 1, both padding: zeros by contract.
-        for (int64_t t = 0; t < 2; ++t)
-          for (int64_t i = 0; i < c.Hq * c.D; ++i)
-            EXPECT_EQ(out[size_t(((1 * c.T + t) * c.Hq) * c.D + i)], 0.0f) << what;
-      }
-    }
-  });
+          std::vector<int32_t> mask(size_t(c.B * c.S), 1);
+          if (c.mask == 1)
+            for (auto& m : mask) m = (rng() % 4 == 0) ? 0 : 1;
+          if (c.mask == 2)
+            for (int64_t s = 0; s < 2; ++s) mask[size_t(1 * c.S + s)] = 0;  // row 1: 2 pad slots
+          // Masked slots must never be read either (their rows may hold anything): poison them.
+          for (int64_t b = 0; c.mask && b < c.B; ++b)
+            for (int64_t s = 0; s < c.S; ++s)
+              if (mask[size_t(b * c.S + s)] == 0)
+                for (int64_t h = 0; h < c.Hkv; ++h)
+                  for (int64_t i = 0; i < c.D; ++i) {
+                    const size_t at = size_t(((b * c.Hkv + h) * c.S + s) * c.D + i);
+                    if (dt == DType::bf16) {
+                      k.h[at] = v.h[at] = 0x7fc0;  // NaN
+                    } else {
+                      k.f[at] = v.f[at] = NAN;
+                    }
+                  }
+          const int32_t* key_mask = c.mask ? mask.data() : nullptr;
+          const float scale = 1.0f / std::sqrt(float(c.D));
+          std::vector<float> out(q.size(), NAN), want(q.size());
+          kernels.attention(q.data(), k.data(), v.data(), dt, key_mask, out.data(), c.B, c.T, c.Hq,
+                            c.Hkv, c.S, c.D, c.start, scale, pool);
+          ref::attention(q.data(), k.data(), v.data(), dt, key_mask, want.data(), c.B, c.T, c.Hq,
+                         c.Hkv, c.S, c.D, c.start, scale);
+          // Scores are D-term dot products; the output is a weighted sum over up to start + T keys
+          // and a few roundings in exp and the normalization.
+          expect_close(out, want, nmse_tolerance(c.D + c.start + c.T + 4),
+                       what + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
+                           " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) +
+                           " D=" + std::to_string(c.D) + " start=" + std::to_string(c.start));
+          if (c.mask == 2) {
+            // Row 1, t = 0 and 1 sit at slots 0 and 1, both padding: zeros by contract.
+            for (int64_t t = 0; t < 2; ++t)
+              for (int64_t i = 0; i < c.Hq * c.D; ++i)
+                EXPECT_EQ(out[size_t(((1 * c.T + t) * c.Hq) * c.D + i)], 0.0f) << what;
+          }
+        }
+      });
 }
 
 // The vector exp of attention's probabilities against std::exp: within 2^-21 relative (a few

@@ -2,10 +2,10 @@
 // with a 16-float generic vector, the width of AVX-512: the decode GEMV (its streams, tiles, x
 // repacking and bf16 pairs of 32), the prefill GEMM (its 32-column panels, 8-row tiles, K blocks
 // and L2 groups) and the dot products of attention and rms_norm run as the AVX-512 target runs
-// them, on any AVX2 machine, against the scalar references. What this cannot reach is the AVX-512
-// target's own intrinsic wrappers (Avx512Vec, its int8 GEMV tile, its BF16 GEMM); those run in
-// Ops.* on a machine with AVX-512. The int8 GEMV tile here is a plain loop, so that the GEMV's
-// handling of int8 rows and block scales is checked too.
+// them, on any AVX2 machine, against the scalar references. The AVX-512 target's own code
+// (Avx512Vec, its int8 GEMV tile, its BF16 GEMM) runs in Ops.* over emulated intrinsics
+// (avx512_emulated.cc), and natively on a machine with AVX-512. The int8 GEMV tile here is a
+// plain loop, so that the GEMV's handling of int8 rows and block scales is checked too.
 //
 // kernels_x86.h packs GEMM panels with 8-wide AVX2 helpers, so it is compiled here for AVX2 (as
 // both targets that use it are) and the tests skip on a CPU without it.

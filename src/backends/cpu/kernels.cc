@@ -88,8 +88,12 @@ void linear_int8_scalar(const float* x, const int8_t* w, const float* scale, con
       16);
 }
 
-const KernelTable& table() {
-  switch (active_target()) {
+const KernelTable& table() { return kernels_for(active_target()); }
+
+}  // namespace
+
+const KernelTable& kernels_for(Target t) {
+  switch (t) {
     case Target::kAVX512BF16:
       return avx512bf16_kernels();
     case Target::kAVX512:
@@ -101,8 +105,6 @@ const KernelTable& table() {
   }
   return scalar_kernels();
 }
-
-}  // namespace
 
 void* thread_scratch(Scratch slot, size_t bytes) {
   struct Buffer {

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "backends/cpu/kernels.h"
+#include "core/cpu_features.h"
 #include "core/thread_pool.h"
 #include "tformers/dtype.h"
 
@@ -57,6 +58,9 @@ const KernelTable& scalar_kernels();
 const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
 const KernelTable& avx512bf16_kernels();
+// The table of target t (which the caller has checked the CPU supports: building or calling a
+// table the CPU lacks may execute instructions it does not have).
+const KernelTable& kernels_for(Target t);
 
 // Per-thread scratch buffers that only grow (64-byte aligned), so steady-state calls allocate
 // nothing. They live in kernels.cc, compiled for the baseline target, so that target files

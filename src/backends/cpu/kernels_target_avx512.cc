@@ -6,12 +6,14 @@
 //
 // linear:
 // - M < kGemmMinRows (decode): the GEMV of kernels_x86.h (4 streams per core, bf16 pairs of 32
-//   values); int8 weights widen to f32 here, x stays f32, so the products are exact and only the
-//   summation order differs from the reference.
+//   values); int8 weights widen to f32 exactly here and x stays f32, so products and sums round
+//   in f32 as the reference's do, in another order.
 // - M >= kGemmMinRows (prefill): the GEMM of kernels_x86.h with 8 x 32 register tiles. With BF16
 //   and bf16 weights: the panel keeps bf16 pairs along k and x is rounded to bf16 once per call;
-//   vdpbf16ps multiplies pairs and accumulates in f32 (x rounding adds about 2^-9 relative error
-//   per product, see the op-consistency test's tolerance).
+//   vdpbf16ps multiplies pairs and accumulates in f32 (x rounding adds at most 2^-8 relative
+//   error per product, see the op-consistency test's tolerance). vdpbf16ps ignores MXCSR: it
+//   reads denormal bf16 inputs as zero and flushes denormal results, where the reference keeps
+//   them (values below 2^-126, which activations and weights do not reach in practice).
 // GCC 12's AVX-512 headers build "undefined" vectors by self-initialization (__m512i __Y = __Y),
 // which -Wall reports at every inlined call although the value is never read.
 #pragma GCC diagnostic ignored "-Wuninitialized"

@@ -1,0 +1,128 @@
+// Scalar stand-ins for the AVX-512 intrinsics that src/backends/cpu/kernels_target_avx512.cc
+// uses, so that avx512_emulated.cc can compile that file for a CPU without AVX-512 and the
+// op-consistency tests can run its code (the Avx512Vec wrappers, its int8 GEMV tile, the
+// vdpbf16ps prefill GEMM) against the references on any machine. Each function follows the
+// instruction's definition in the Intel SDM, lane by lane; vdpbf16ps as the hardware does it:
+// denormal bf16 inputs read as zero, the odd pair's product added first, then the even one's,
+// each rounded to f32 (round to nearest even; the real instruction also flushes denormal
+// results, which the tests' data never produce).
+//
+// Include it before anything else includes <immintrin.h> in the translation unit: it includes
+// that header itself, then maps the _mm512_ names used by the kernel file onto these functions.
+// An intrinsic the kernel file starts to use without a stand-in here fails to compile (GCC
+// refuses to inline an AVX-512 intrinsic into a function built without AVX-512), so this list
+// cannot silently fall behind.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+// 64-byte vectors passed by value between functions built without AVX-512: GCC notes that the
+// ABI would differ from AVX-512 code; every such function here is inline in one file.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace tformers::avx512_emulation {
+
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+template <class To, class From>
+inline To bits(const From& v) {
+  static_assert(sizeof(To) == sizeof(From));
+  To r;
+  std::memcpy(&r, &v, sizeof r);
+  return r;
+}
+
+inline __m512 loadu_ps(const float* p) {
+  __m512 r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
+}
+inline void storeu_ps(float* p, __m512 v) { std::memcpy(p, &v, sizeof v); }
+inline __m512i loadu_si512(const void* p) {
+  __m512i r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
+}
+inline __m512 add_ps(__m512 a, __m512 b) { return a + b; }
+inline __m512 mul_ps(__m512 a, __m512 b) { return a * b; }
+inline __m512 fmadd_ps(__m512 a, __m512 b, __m512 c) {
+  for (int i = 0; i < 16; ++i) c[i] = __builtin_fmaf(a[i], b[i], c[i]);  // one rounding
+  return c;
+}
+inline __m512 set1_ps(float x) { return __m512{} + x; }
+inline __m512 setzero_ps() { return __m512{}; }
+inline __m512i set1_epi32(int x) { return bits<__m512i>(i32x16{} + x); }
+inline __m512 castsi512_ps(__m512i v) { return bits<__m512>(v); }
+inline __m512i and_si512(__m512i a, __m512i b) { return a & b; }
+inline __m512i slli_epi32(__m512i a, unsigned n) {
+  return n > 31 ? __m512i{} : bits<__m512i>(bits<u32x16>(a) << n);
+}
+inline __m512 cvtepi32_ps(__m512i a) {
+  const i32x16 v = bits<i32x16>(a);
+  __m512 r;
+  for (int i = 0; i < 16; ++i) r[i] = float(v[i]);  // round to nearest even, as MXCSR's default
+  return r;
+}
+inline __m512i cvtepi8_epi32(__m128i a) {  // sign-extends the 16 bytes
+  int8_t b[16];
+  std::memcpy(b, &a, sizeof b);
+  i32x16 r;
+  for (int i = 0; i < 16; ++i) r[i] = b[i];
+  return bits<__m512i>(r);
+}
+inline __m512i cvtepu16_epi32(__m256i a) {  // zero-extends the 16 words
+  uint16_t h[16];
+  std::memcpy(h, &a, sizeof h);
+  i32x16 r;
+  for (int i = 0; i < 16; ++i) r[i] = h[i];
+  return bits<__m512i>(r);
+}
+inline float reduce_add_ps(__m512 a) {
+  float s = 0.0f;
+  for (int i = 0; i < 16; ++i) s += a[i];
+  return s;
+}
+inline float bf16_daz(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  if ((u & 0x7f800000u) == 0) u &= 0x80000000u;  // denormal (or zero) -> signed zero
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+// dst[i] = src[i] + a[2i+1] b[2i+1] + a[2i] b[2i], the bf16 halves of each 32-bit lane.
+inline __m512 dpbf16_ps(__m512 src, __m512bh a, __m512bh b) {
+  uint16_t ha[32], hb[32];
+  std::memcpy(ha, &a, sizeof ha);
+  std::memcpy(hb, &b, sizeof hb);
+  for (int i = 0; i < 16; ++i) {
+    float t = src[i];
+    t += bf16_daz(ha[2 * i + 1]) * bf16_daz(hb[2 * i + 1]);
+    t += bf16_daz(ha[2 * i]) * bf16_daz(hb[2 * i]);
+    src[i] = t;
+  }
+  return src;
+}
+
+}  // namespace tformers::avx512_emulation
+
+#define _mm512_loadu_ps tformers::avx512_emulation::loadu_ps
+#define _mm512_storeu_ps tformers::avx512_emulation::storeu_ps
+#define _mm512_loadu_si512 tformers::avx512_emulation::loadu_si512
+#define _mm512_add_ps tformers::avx512_emulation::add_ps
+#define _mm512_mul_ps tformers::avx512_emulation::mul_ps
+#define _mm512_fmadd_ps tformers::avx512_emulation::fmadd_ps
+#define _mm512_set1_ps tformers::avx512_emulation::set1_ps
+#define _mm512_setzero_ps tformers::avx512_emulation::setzero_ps
+#define _mm512_set1_epi32 tformers::avx512_emulation::set1_epi32
+#define _mm512_castsi512_ps tformers::avx512_emulation::castsi512_ps
+#define _mm512_and_si512 tformers::avx512_emulation::and_si512
+#define _mm512_slli_epi32 tformers::avx512_emulation::slli_epi32
+#define _mm512_cvtepi32_ps tformers::avx512_emulation::cvtepi32_ps
+#define _mm512_cvtepi8_epi32 tformers::avx512_emulation::cvtepi8_epi32
+#define _mm512_cvtepu16_epi32 tformers::avx512_emulation::cvtepu16_epi32
+#define _mm512_reduce_add_ps tformers::avx512_emulation::reduce_add_ps
+#define _mm512_dpbf16_ps tformers::avx512_emulation::dpbf16_ps
