@@ -67,20 +67,18 @@ inline __m512 cvtepi32_ps(__m512i a) {
   for (int i = 0; i < 16; ++i) r[i] = float(v[i]);  // round to nearest even, as MXCSR's default
   return r;
 }
-inline __m512i cvtepi8_epi32(__m128i a) {  // sign-extends the 16 bytes
-  int8_t b[16];
-  std::memcpy(b, &a, sizeof b);
+// The 16 elements of a (int8_t: sign-extended; uint16_t: zero-extended) as 32-bit lanes.
+template <class From, class V>
+inline __m512i extend_epi32(V a) {
+  From e[16];
+  static_assert(sizeof e == sizeof a);
+  std::memcpy(e, &a, sizeof e);
   i32x16 r;
-  for (int i = 0; i < 16; ++i) r[i] = b[i];
+  for (int i = 0; i < 16; ++i) r[i] = e[i];
   return bits<__m512i>(r);
 }
-inline __m512i cvtepu16_epi32(__m256i a) {  // zero-extends the 16 words
-  uint16_t h[16];
-  std::memcpy(h, &a, sizeof h);
-  i32x16 r;
-  for (int i = 0; i < 16; ++i) r[i] = h[i];
-  return bits<__m512i>(r);
-}
+inline __m512i cvtepi8_epi32(__m128i a) { return extend_epi32<int8_t>(a); }
+inline __m512i cvtepu16_epi32(__m256i a) { return extend_epi32<uint16_t>(a); }
 inline float reduce_add_ps(__m512 a) {
   float s = 0.0f;
   for (int i = 0; i < 16; ++i) s += a[i];

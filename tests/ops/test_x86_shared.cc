@@ -16,7 +16,6 @@
 // |error| <= (n + 1) u sum_i |q_i k_i| with u = 2^-24, which correct code cannot exceed.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -94,58 +93,12 @@ std::string shape(const LinearCase& c) {
   return "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K);
 }
 
-bool have_avx2() {
-  if (detected_target() >= Target::kAVX2) return true;
-  std::puts("this CPU has no AVX2, which kernels_x86.h needs: skipped");
-  return false;
-}
-
-TEST(X86Shared, GemvAt16Lanes) {
-  if (!have_avx2()) GTEST_SKIP();
-  std::mt19937 rng(77);
+// `product(x, w, scale, bias, y, M, N, K, pool)` (the GEMV or the GEMM at 16 lanes) against the
+// references on `cases`, f32, bf16 and int8 weights, 1 and 3 threads.
+template <class Product>
+void check_linear(Product product, const std::vector<LinearCase>& cases, unsigned seed) {
+  std::mt19937 rng(seed);
   ThreadPool pool1(1), pool3(3);
-  for (ThreadPool* pool : {&pool1, &pool3})
-    for (const auto& c : kLinearCases) {
-      const std::string what = shape(c) + " threads=" + std::to_string(pool->num_threads());
-      std::vector<float> x = random_f32(rng, size_t(c.M * c.K));
-      std::vector<float> y(size_t(c.M * c.N)), want(y.size());
-      for (DType dt : {DType::f32, DType::bf16}) {
-        Tensor w = random_tensor(rng, size_t(c.N * c.K), dt),
-               b = random_tensor(rng, size_t(c.N), dt);
-        std::fill(y.begin(), y.end(), NAN);
-        if (dt == DType::bf16)
-          gemv<Generic16>(x.data(), w.h.data(), nullptr, c.bias ? b.h.data() : nullptr, y.data(),
-                          c.M, c.N, c.K, *pool);
-        else
-          gemv<Generic16>(x.data(), w.f.data(), nullptr, c.bias ? b.f.data() : nullptr, y.data(),
-                          c.M, c.N, c.K, *pool);
-        ref::linear(x.data(), w.data(), dt, c.bias ? b.data() : nullptr, want.data(), c.M, c.N,
-                    c.K);
-        expect_close(y, want, nmse_tolerance(c.K), std::string(dtype_name(dt)) + " " + what);
-      }
-      std::uniform_int_distribution<int> qdist(-127, 127);
-      std::vector<int8_t> q(size_t(c.N * c.K));
-      for (auto& v : q) v = int8_t(qdist(rng));
-      std::vector<float> scale = random_f32(rng, size_t(c.N * int8_blocks(c.K)), 1e-3f, 1e-2f);
-      std::vector<float> b = random_f32(rng, size_t(c.N));
-      std::fill(y.begin(), y.end(), NAN);
-      gemv<Generic16>(x.data(), q.data(), scale.data(), c.bias ? b.data() : nullptr, y.data(), c.M,
-                      c.N, c.K, *pool);
-      ref::linear_int8(x.data(), q.data(), scale.data(), c.bias ? b.data() : nullptr, want.data(),
-                       c.M, c.N, c.K);
-      expect_close(y, want, nmse_tolerance(2 * c.K + 2), "int8 " + what);
-    }
-}
-
-// The GEMM on the shapes of Ops.Linear and on a few that cross its blocks at 16 lanes: several
-// 32-column panels with a partial last one (N), more than one L2 group of 4 panels (N > 128),
-// more than one 8-row tile with a partial last one (M), and K over kKC = 256 with a tail.
-TEST(X86Shared, GemmAt16Lanes) {
-  if (!have_avx2()) GTEST_SKIP();
-  std::mt19937 rng(79);
-  ThreadPool pool1(1), pool3(3);
-  std::vector<LinearCase> cases(std::begin(kLinearCases), std::end(kLinearCases));
-  cases.insert(cases.end(), {{9, 161, 600, true}, {17, 33, 257, false}, {8, 32, 256, true}});
   for (ThreadPool* pool : {&pool1, &pool3})
     for (const auto& c : cases) {
       const std::string what = shape(c) + " threads=" + std::to_string(pool->num_threads());
@@ -156,11 +109,11 @@ TEST(X86Shared, GemmAt16Lanes) {
                b = random_tensor(rng, size_t(c.N), dt);
         std::fill(y.begin(), y.end(), NAN);
         if (dt == DType::bf16)
-          gemm<Generic16>(x.data(), w.h.data(), nullptr, c.bias ? b.h.data() : nullptr, y.data(),
-                          c.M, c.N, c.K, *pool);
+          product(x.data(), w.h.data(), nullptr, c.bias ? b.h.data() : nullptr, y.data(), c.M, c.N,
+                  c.K, *pool);
         else
-          gemm<Generic16>(x.data(), w.f.data(), nullptr, c.bias ? b.f.data() : nullptr, y.data(),
-                          c.M, c.N, c.K, *pool);
+          product(x.data(), w.f.data(), nullptr, c.bias ? b.f.data() : nullptr, y.data(), c.M, c.N,
+                  c.K, *pool);
         ref::linear(x.data(), w.data(), dt, c.bias ? b.data() : nullptr, want.data(), c.M, c.N,
                     c.K);
         expect_close(y, want, nmse_tolerance(c.K), std::string(dtype_name(dt)) + " " + what);
@@ -171,16 +124,34 @@ TEST(X86Shared, GemmAt16Lanes) {
       std::vector<float> scale = random_f32(rng, size_t(c.N * int8_blocks(c.K)), 1e-3f, 1e-2f);
       std::vector<float> b = random_f32(rng, size_t(c.N));
       std::fill(y.begin(), y.end(), NAN);
-      gemm<Generic16>(x.data(), q.data(), scale.data(), c.bias ? b.data() : nullptr, y.data(), c.M,
-                      c.N, c.K, *pool);
+      product(x.data(), q.data(), scale.data(), c.bias ? b.data() : nullptr, y.data(), c.M, c.N,
+              c.K, *pool);
       ref::linear_int8(x.data(), q.data(), scale.data(), c.bias ? b.data() : nullptr, want.data(),
                        c.M, c.N, c.K);
       expect_close(y, want, nmse_tolerance(2 * c.K + 2), "int8 " + what);
     }
 }
 
+constexpr const char* kNoAvx2 = "this CPU has no AVX2, which kernels_x86.h needs";
+
+TEST(X86Shared, GemvAt16Lanes) {
+  if (detected_target() < Target::kAVX2) GTEST_SKIP() << kNoAvx2;
+  check_linear([](auto&&... args) { gemv<Generic16>(args...); },
+               {std::begin(kLinearCases), std::end(kLinearCases)}, 77);
+}
+
+// The GEMM on the shapes of Ops.Linear and on a few that cross its blocks at 16 lanes: several
+// 32-column panels with a partial last one (N), more than one L2 group of 4 panels (N > 128),
+// more than one 8-row tile with a partial last one (M), and K over kKC = 256 with a tail.
+TEST(X86Shared, GemmAt16Lanes) {
+  if (detected_target() < Target::kAVX2) GTEST_SKIP() << kNoAvx2;
+  std::vector<LinearCase> cases(std::begin(kLinearCases), std::end(kLinearCases));
+  cases.insert(cases.end(), {{9, 161, 600, true}, {17, 33, 257, false}, {8, 32, 256, true}});
+  check_linear([](auto&&... args) { gemm<Generic16>(args...); }, cases, 79);
+}
+
 TEST(X86Shared, DotsAt16Lanes) {
-  if (!have_avx2()) GTEST_SKIP();
+  if (detected_target() < Target::kAVX2) GTEST_SKIP() << kNoAvx2;
   std::mt19937 rng(78);
   using Ops = X86Ops<Generic16>;
   for (int64_t n : {1, 15, 16, 17, 31, 32, 33, 64, 65, 128, 200}) {
