@@ -3,11 +3,14 @@
 // of one build differ by 10-30 %; two copies of one build compared here differ by a few %).
 //
 //   bench_ab OLD.so NEW.so attention [--threads N] [--rounds R] [--used L] [--queries T]
-//                                    [--heads HQ]
-//       28 layers of Qwen3-0.6B-shaped bf16 caches (8 KV heads of 128), each its own buffer: T
-//       query tokens (1: decode) attending to L cache slots, HQ query heads.
+//                                    [--heads HQ] [--layers NL]
+//       NL (28) layers of Qwen3-0.6B-shaped bf16 caches (8 KV heads of 128), each its own
+//       buffer: T query tokens (1: decode) attending to L cache slots, HQ query heads. One layer
+//       at a short used length (--layers 1 --used 1024: 4 MiB) stays in L3, which times the
+//       arithmetic rather than memory.
 //   bench_ab OLD.so NEW.so linear-bf16|linear-int8 [--threads N] [--rounds R] [--lm-head 1]
-//       The decode linears (M = 1) of 28 Qwen3-0.6B layers, each weight its own buffer; with
+//                                                  [--layers NL]
+//       The decode linears (M = 1) of NL (28) Qwen3-0.6B layers, each weight its own buffer; with
 //       --lm-head 1, Qwen3-0.6B's lm_head (151936 x 1024) instead: many short rows.
 //
 // Prints each build's median time and GB/s of cache or weights, the median of the per-round
@@ -100,7 +103,7 @@ int main(int argc, char** argv) {
   if (argc < 4) die("usage: bench_ab OLD.so NEW.so attention|linear-bf16|linear-int8 [options]");
   const std::string mode = argv[3];
   int threads = 1, rounds = 11;
-  int64_t used = 4096, queries = 1, heads = 16, lm_head = 0;
+  int64_t used = 4096, queries = 1, heads = 16, lm_head = 0, layers = 28;
   for (int i = 4; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
@@ -117,13 +120,15 @@ int main(int argc, char** argv) {
       heads = v;
     else if (k == "--lm-head")
       lm_head = v;
+    else if (k == "--layers")
+      layers = v;
     else
       die("unknown option " + k);
   }
   if ((argc - 4) % 2) die("options come in pairs: --name value");
   Build a(argv[1], threads), b(argv[2], threads);
 
-  constexpr int64_t kLayers = 28, kKvHeads = 8, kHeadDim = 128;
+  constexpr int64_t kKvHeads = 8, kHeadDim = 128;
   std::vector<std::vector<char>> buffers;  // per layer (attention) or per weight (linear)
   std::vector<std::function<void(Build&, float*)>> calls;
   size_t out_size = 0;
@@ -134,7 +139,7 @@ int main(int argc, char** argv) {
     x.resize(size_t(queries * heads * kHeadDim));
     for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
     out_size = x.size();
-    for (int64_t l = 0; l < kLayers; ++l) {
+    for (int64_t l = 0; l < layers; ++l) {
       buffers.emplace_back(size_t(2 * cache * 2));
       uint16_t* kv = reinterpret_cast<uint16_t*>(buffers.back().data());
       fill_bf16(kv, size_t(2 * cache), uint64_t(l));
@@ -149,7 +154,7 @@ int main(int argc, char** argv) {
     std::vector<std::array<int64_t, 2>> shapes = {{2048, 1024}, {1024, 1024}, {1024, 1024},
                                                   {1024, 2048}, {3072, 1024}, {3072, 1024},
                                                   {1024, 3072}};
-    const int64_t layers = lm_head ? 1 : kLayers;
+    if (lm_head) layers = 1;
     if (lm_head) shapes = {{151936, 1024}};
     x.resize(3072);
     for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));

@@ -78,7 +78,6 @@ inline __m512i extend_epi32(V a) {
   return bits<__m512i>(r);
 }
 inline __m512i cvtepi8_epi32(__m128i a) { return extend_epi32<int8_t>(a); }
-inline __m512i cvtepu16_epi32(__m256i a) { return extend_epi32<uint16_t>(a); }
 inline float reduce_add_ps(__m512 a) {
   float s = 0.0f;
   for (int i = 0; i < 16; ++i) s += a[i];
@@ -121,6 +120,5 @@ inline __m512 dpbf16_ps(__m512 src, __m512bh a, __m512bh b) {
 #define _mm512_slli_epi32 tformers::avx512_emulation::slli_epi32
 #define _mm512_cvtepi32_ps tformers::avx512_emulation::cvtepi32_ps
 #define _mm512_cvtepi8_epi32 tformers::avx512_emulation::cvtepi8_epi32
-#define _mm512_cvtepu16_epi32 tformers::avx512_emulation::cvtepu16_epi32
 #define _mm512_reduce_add_ps tformers::avx512_emulation::reduce_add_ps
 #define _mm512_dpbf16_ps tformers::avx512_emulation::dpbf16_ps

@@ -333,6 +333,10 @@ TEST(Ops, Attention) {
       {2, 4, 4, 2, 12, 24, 0, 2},    // padded batch row: its first queries see nothing
       {2, 3, 4, 2, 40, 128, 30, 1},  // head_dim 128
       {1, 2, 2, 1, 8, 5, 1, 0},      // odd head_dim
+      // Decode over key blocks from two halves of the slots, with leftover keys: GQA 2 (4 keys
+      // a block) and head_dim 72 (8 columns past the 16-column steps); one query row (8 keys).
+      {1, 1, 4, 2, 300, 72, 257, 0},
+      {1, 1, 2, 2, 100, 48, 90, 1},
   };
   std::mt19937 rng(13);
   for_each_config(

@@ -1,19 +1,19 @@
 // The code the AVX2 and AVX-512 kernels share (src/backends/cpu/kernels_x86.h), instantiated here
 // with a 16-float generic vector, the width of AVX-512: the decode GEMV (its streams, tiles, x
 // repacking and bf16 pairs of 32), the prefill GEMM (its 32-column panels, 8-row tiles, K blocks
-// and L2 groups) and the dot products of attention and rms_norm run as the AVX-512 target runs
-// them, on any AVX2 machine, against the scalar references. The AVX-512 target's own code
-// (Avx512Vec, its int8 GEMV tile, its BF16 GEMM) runs in Ops.* over emulated intrinsics
-// (avx512_emulated.cc), and natively on a machine with AVX-512. The int8 GEMV tile here is a
-// plain loop, so that the GEMV's handling of int8 rows and block scales is checked too.
+// and L2 groups) and rms_norm's sum of squares run as the AVX-512 target runs them, on any AVX2
+// machine, against the scalar references. The AVX-512 target's own code (Avx512Vec, its int8 GEMV
+// tile, its BF16 GEMM) runs in Ops.* over emulated intrinsics (avx512_emulated.cc), and natively on
+// a machine with AVX-512. The int8 GEMV tile here is a plain loop, so that the GEMV's handling of
+// int8 rows and block scales is checked too.
 //
 // kernels_x86.h packs GEMM panels with 8-wide AVX2 helpers, so it is compiled here for AVX2 (as
 // both targets that use it are) and the tests skip on a CPU without it.
 //
 // Tolerances: the GEMV's and GEMM's as in test_kernels.cc (x stays f32 and the products are exact,
-// so only the summation order differs from the reference). The dot products against the
+// so only the summation order differs from the reference). The sum of squares against the
 // deterministic bound of an f32 sum of n products, each product and each addition rounded once:
-// |error| <= (n + 1) u sum_i |q_i k_i| with u = 2^-24, which correct code cannot exceed.
+// |error| <= (n + 1) u sum_i x_i^2 with u = 2^-24, which correct code cannot exceed.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -51,11 +51,6 @@ struct Generic16 {
   static T fmadd(T a, T b, T c) { return a * b + c; }
   static T broadcast(const float* p) { return T{} + *p; }
   static T zero() { return T{}; }
-  static T load_bf16(const uint16_t* p) {
-    T v;
-    for (int i = 0; i < kWidth; ++i) v[i] = bf16_to_f32(p[i]);
-    return v;
-  }
   static float hsum(T v) {
     float s = 0.0f;
     for (int i = 0; i < kWidth; ++i) s += v[i];
@@ -150,7 +145,7 @@ TEST(X86Shared, GemmAt16Lanes) {
   check_linear([](auto&&... args) { gemm<Generic16>(args...); }, cases, 79);
 }
 
-TEST(X86Shared, DotsAt16Lanes) {
+TEST(X86Shared, SumSqAt16Lanes) {
   if (detected_target() < Target::kAVX2) GTEST_SKIP() << kNoAvx2;
   std::mt19937 rng(78);
   using Ops = X86Ops<Generic16>;
@@ -161,25 +156,6 @@ TEST(X86Shared, DotsAt16Lanes) {
     for (float v : x) want += double(v) * v;
     const double bound = double(n + 1) * 0x1p-24;  // relative to the sum of |terms|
     EXPECT_NEAR(Ops::sum_sq(x.data(), n), want, bound * want) << what;
-    for (DType dt : {DType::f32, DType::bf16}) {
-      Tensor k = random_tensor(rng, size_t(n), dt);
-      std::vector<float> q0 = random_f32(rng, size_t(n)), q1 = random_f32(rng, size_t(n)),
-                         q2 = random_f32(rng, size_t(n));
-      const float* q[3] = {q0.data(), q1.data(), q2.data()};
-      float got[3];
-      if (dt == DType::bf16)
-        Ops::dots<3>(q, k.h.data(), n, got);
-      else
-        Ops::dots<3>(q, k.f.data(), n, got);
-      for (int g = 0; g < 3; ++g) {
-        double d = 0, mag = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          d += double(q[g][i]) * k.f[size_t(i)];
-          mag += std::abs(double(q[g][i]) * k.f[size_t(i)]);
-        }
-        EXPECT_NEAR(got[g], d, bound * mag) << dtype_name(dt) << " " << what << " row " << g;
-      }
-    }
   }
 }
 

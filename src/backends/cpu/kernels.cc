@@ -28,10 +28,6 @@ struct ScalarOps {
     for (; i < n; ++i) s += a[i] * value_f32(b[i]);
     return s;
   }
-  template <int N, class KV>
-  static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
-    for (int g = 0; g < N; ++g) out[g] = dot_t(q[g], k, n);
-  }
   static float sum_sq(const float* x, int64_t n) { return dot_t(x, x, n); }
 };
 

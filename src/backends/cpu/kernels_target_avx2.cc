@@ -181,7 +181,6 @@ struct Avx2Vec {
   static T fmadd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static T broadcast(const float* p) { return _mm256_broadcast_ss(p); }
   static T zero() { return _mm256_setzero_ps(); }
-  static T load_bf16(const uint16_t* p) { return load8(p); }
   static float hsum(T v) { return cpu::hsum(v); }
   // bf16: (even | odd) as in the GEMV's x (kernels_x86.h); f32: in order.
   static void load_pairs(const uint16_t* p, T& even, T& odd) {

@@ -95,10 +95,6 @@ struct Avx512Vec {
   static T fmadd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static T broadcast(const float* p) { return _mm512_set1_ps(*p); }
   static T zero() { return _mm512_setzero_ps(); }
-  static T load_bf16(const uint16_t* p) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
   static float hsum(T v) { return _mm512_reduce_add_ps(v); }
   // bf16: (even | odd) as in the GEMV's x (kernels_x86.h); f32: in order.
   static void load_pairs(const uint16_t* p, T& even, T& odd) {

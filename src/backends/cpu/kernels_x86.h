@@ -3,11 +3,11 @@
 // kernels_impl.h, the decode GEMV and the prefill GEMM — and the 8-wide helpers the GEMM's weight
 // panels are packed with. Like kernels_impl.h, everything sits in an anonymous namespace so that
 // each target's copy stays its own. tests/ops/test_x86_shared.cc instantiates the GEMV, the GEMM
-// and the dot products at 16 lanes with generic vectors, so that much of the AVX-512 target's
+// and the sum of squares at 16 lanes with generic vectors, so that much of the AVX-512 target's
 // logic is checked on any AVX2 machine.
 //
 // V supplies: T (the vector), kWidth (floats in T), kMR (x rows per GEMM tile), kGroup (GEMM
-// panels per L2 block); load / load_bf16 (widened in order) / load_pairs (2 x kWidth values:
+// panels per L2 block); load / load_pairs (2 x kWidth values:
 // bf16 as even | odd, f32 in order) / store / add / fmadd / broadcast / zero / hsum; and its int8
 // GEMV tile: Int8X (x prepared for it, with row(m, K)), prepare_int8_x, gemv_tile_q8.
 #pragma once
@@ -54,12 +54,10 @@ inline void transpose8(__m256 (&r)[8]) {
   }
 }
 
-// The Ops of kernels_impl.h: dot products with kWidth-wide vectors.
+// The Ops of kernels_impl.h with kWidth-wide vectors.
 template <class V>
 struct X86Ops {
   using T = typename V::T;
-  static T load_any(const float* p) { return V::load(p); }
-  static T load_any(const uint16_t* p) { return V::load_bf16(p); }
 
   static float sum_sq(const float* x, int64_t n) {
     constexpr int w = V::kWidth;
@@ -80,36 +78,6 @@ struct X86Ops {
     float s = V::hsum(V::add(V::add(s0, s1), V::add(s2, s3)));
     for (; i < n; ++i) s += x[i] * x[i];
     return s;
-  }
-
-  // N dot products against one k row, which is loaded once.
-  template <int N, class KV>
-  static void dots(const float* const* q, const KV* k, int64_t n, float* out) {
-    constexpr int w = V::kWidth;
-    T acc[N][2];
-#pragma GCC unroll 4
-    for (int g = 0; g < N; ++g) acc[g][0] = acc[g][1] = V::zero();
-    int64_t i = 0;
-    for (; i + 2 * w <= n; i += 2 * w) {
-      const T k0 = load_any(k + i), k1 = load_any(k + i + w);
-#pragma GCC unroll 4
-      for (int g = 0; g < N; ++g) {
-        acc[g][0] = V::fmadd(V::load(q[g] + i), k0, acc[g][0]);
-        acc[g][1] = V::fmadd(V::load(q[g] + i + w), k1, acc[g][1]);
-      }
-    }
-    if (i + w <= n) {
-      const T k0 = load_any(k + i);
-#pragma GCC unroll 4
-      for (int g = 0; g < N; ++g) acc[g][0] = V::fmadd(V::load(q[g] + i), k0, acc[g][0]);
-      i += w;
-    }
-#pragma GCC unroll 4
-    for (int g = 0; g < N; ++g) {
-      float s = V::hsum(V::add(acc[g][0], acc[g][1]));
-      for (int64_t j = i; j < n; ++j) s += q[g][j] * value_f32(k[j]);
-      out[g] = s;
-    }
   }
 };
 
