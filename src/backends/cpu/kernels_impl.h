@@ -336,7 +336,9 @@ constexpr SlotChunks kRereadChunks{32, 32}, kStreamedChunks{8, 32};
 template <int N, int kBlocks, bool kRun, class KV>
 inline void weighted_sum_cols(const float* p, int64_t L, const int32_t* slots, int64_t n,
                               const int32_t* prefetch, int64_t n_prefetch, const KV* v, int64_t D,
-                              int64_t d, float* const* out) {
+                              int64_t d, float* const* out_rows) {
+  float* out[N];  // a local copy: stores through out[g] could otherwise alias out_rows
+  std::copy(out_rows, out_rows + N, out);
   f32x8 acc[N][kBlocks][2];
 #pragma GCC unroll 4
   for (int g = 0; g < N; ++g)
