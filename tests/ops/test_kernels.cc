@@ -361,7 +361,8 @@ TEST(Ops, Attention) {
             for (auto& m : mask) m = (rng() % 4 == 0) ? 0 : 1;
           if (c.mask == 2)
             for (int64_t s = 0; s < 2; ++s) mask[size_t(1 * c.S + s)] = 0;  // row 1: 2 pad slots
-          // Masked slots must never be read either (their rows may hold anything): poison them.
+          // Masked slots' rows may hold anything: poison them. Their value rows must never be
+          // read; their key rows may be, as long as no score of theirs reaches the output.
           for (int64_t b = 0; c.mask && b < c.B; ++b)
             for (int64_t s = 0; s < c.S; ++s)
               if (mask[size_t(b * c.S + s)] == 0)

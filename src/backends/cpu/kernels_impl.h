@@ -331,14 +331,15 @@ constexpr SlotChunks kRereadChunks{32, 32}, kStreamedChunks{8, 32};
 // Adds the chunk's sums into out[g][d, d + 16 kBlocks), which holds bf16 columns in the
 // even/odd order of load_cols16 until weighted_sum puts them back in order.
 //
-// kRun: the chunk's slots are consecutive (slots[i] = slots[0] + i), as in decode without a mask,
-// so rows and probabilities are reached by stepping pointers instead of through the slot list.
+// kRun: the chunk's slots are consecutive (slots[i] = slots[0] + i), as in decode and prefill
+// without masked or underflowed slots, so the compiler steps pointers to the rows and
+// probabilities instead of reading the slot list.
 template <int N, int kBlocks, bool kRun, class KV>
 inline void weighted_sum_cols(const float* p, int64_t L, const int32_t* slots, int64_t n,
                               const int32_t* prefetch, int64_t n_prefetch, const KV* v, int64_t D,
                               int64_t d, float* const* out_rows) {
   float* out[N];  // a local copy: stores through out[g] could otherwise alias out_rows
-  std::copy(out_rows, out_rows + N, out);
+  std::memcpy(out, out_rows, sizeof out);
   f32x8 acc[N][kBlocks][2];
 #pragma GCC unroll 4
   for (int g = 0; g < N; ++g)
@@ -411,7 +412,7 @@ void weighted_sum(const float* p, int64_t L, const int32_t* slots, int64_t n, co
   }
 }
 
-// The sums of 4 vectors' lanes, in one vector (a transposing reduction: 3 adds for 4 sums).
+// The sums of 4 vectors' lanes, in one vector (a transposing reduction: 4 adds for 4 sums).
 inline f32x4 hsum4(f32x8 a0, f32x8 a1, f32x8 a2, f32x8 a3) {
   const f32x8 u0 = __builtin_shufflevector(a0, a1, 0, 8, 2, 10, 4, 12, 6, 14) +
                    __builtin_shufflevector(a0, a1, 1, 9, 3, 11, 5, 13, 7, 15);
@@ -431,13 +432,15 @@ inline void pack_query(const float* q, int64_t D, float* out, uint16_t) {
       out[d + i] = q[d + 2 * i];
       out[d + 8 + i] = q[d + 2 * i + 1];
     }
-  std::copy(q + vec_cols, q + D, out + vec_cols);
+  std::memcpy(out + vec_cols, q + vec_cols, size_t(D - vec_cols) * sizeof(float));
 }
-inline void pack_query(const float* q, int64_t D, float* out, float) { std::copy(q, q + D, out); }
+inline void pack_query(const float* q, int64_t D, float* out, float) {
+  std::memcpy(out, q, size_t(D) * sizeof(float));
+}
 
-// Keys scored per step for N query rows: N * kKeyBlock sums (8 at most, 4 for N = 3 or 4, which
-// split theirs in two), so that each key vector is widened once for all rows and nothing spills
-// (16 vector registers on AVX2).
+// Keys scored per step for N query rows: N * kKeyBlock sums, at most 8 (N = 3 and 4 take one
+// key and split its sums in two), so that each key vector is widened once for all rows and
+// nothing spills (16 vector registers on AVX2).
 template <int N>
 constexpr int kKeyBlock = N == 1   ? 8
                           : N == 2 ? 4
@@ -452,8 +455,8 @@ inline void key_block_scores(const float* const* qp, const KV* k, int64_t D, int
                              float* scores) {
   const int64_t vec_cols = D / 16 * 16;
   constexpr int kSums = (N * KB + 3) / 4 * 4;
-  // With one key (N > 2) the even and odd columns go to separate sums, which the reduction
-  // adds, so that 2 * N chains of multiply-adds overlap, as N * KB do otherwise.
+  // With one key (N > 2, and leftover keys) the even and odd columns go to separate sums, which the
+  // reduction adds, so that 2 * N chains of multiply-adds overlap, as N * KB do otherwise.
   constexpr bool kSplit = KB == 1;
   f32x8 acc[kSums] = {}, odd[kSplit ? kSums : 1] = {};
   for (int64_t d = 0; d < vec_cols; d += 16) {
@@ -506,9 +509,11 @@ void key_scores(const float* const* qp, const KV* k, int64_t L, int64_t D, float
   int64_t j = 2 * half;
   for (; j + KB <= L; j += KB) block(j, L);
   for (; j < L; ++j) key_block_scores<N, 1>(qp, k + j * D, D, L, scores + j);
-  for (int64_t d = D / 16 * 16; d < D; ++d)
-    for (int g = 0; g < N; ++g)
-      for (int64_t i = 0; i < L; ++i) scores[g * L + i] += qp[g][d] * value_f32(k[i * D + d]);
+  if (D % 16)
+    for (int64_t i = 0; i < L; ++i)
+      for (int g = 0; g < N; ++g)
+        for (int64_t d = D / 16 * 16; d < D; ++d)
+          scores[g * L + i] += qp[g][d] * value_f32(k[i * D + d]);
 }
 
 // N query rows sharing one KV head; row g sees slots [0, len[g]) where mask is non-zero. Two
