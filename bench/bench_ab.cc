@@ -154,8 +154,10 @@ int main(int argc, char** argv) {
     std::vector<std::array<int64_t, 2>> shapes = {{2048, 1024}, {1024, 1024}, {1024, 1024},
                                                   {1024, 2048}, {3072, 1024}, {3072, 1024},
                                                   {1024, 3072}};
-    if (lm_head) layers = 1;
-    if (lm_head) shapes = {{151936, 1024}};
+    if (lm_head) {
+      shapes = {{151936, 1024}};
+      layers = 1;
+    }
     x.resize(3072);
     for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
     out_size = lm_head ? 151936 : 3072;

@@ -67,17 +67,14 @@ inline __m512 cvtepi32_ps(__m512i a) {
   for (int i = 0; i < 16; ++i) r[i] = float(v[i]);  // round to nearest even, as MXCSR's default
   return r;
 }
-// The 16 elements of a (int8_t: sign-extended; uint16_t: zero-extended) as 32-bit lanes.
-template <class From, class V>
-inline __m512i extend_epi32(V a) {
-  From e[16];
-  static_assert(sizeof e == sizeof a);
+// The 16 bytes of a, sign-extended to 32-bit lanes.
+inline __m512i cvtepi8_epi32(__m128i a) {
+  int8_t e[16];
   std::memcpy(e, &a, sizeof e);
   i32x16 r;
   for (int i = 0; i < 16; ++i) r[i] = e[i];
   return bits<__m512i>(r);
 }
-inline __m512i cvtepi8_epi32(__m128i a) { return extend_epi32<int8_t>(a); }
 inline float reduce_add_ps(__m512 a) {
   float s = 0.0f;
   for (int i = 0; i < 16; ++i) s += a[i];

@@ -86,25 +86,11 @@ struct X86Ops {
 // bf16 weights are widened without shuffles: a 32-bit lane holding two bf16 values w[2i], w[2i+1]
 // gives w[2i] as f32 after a left shift by 16 and w[2i+1] after masking the low half, so
 // V::load_pairs gives a block of kPairBlock weights as (even | odd) vectors, and x is repacked
-// once per call into the same order (pack_x). f32 weights load in order and use x as is. int8
-// weights go through the target's own tile, V::gemv_tile_q8, with x prepared for it once per call
-// (V::prepare_int8_x); this file only streams their rows and scales.
+// once per call into the same order (pack_even_odd). f32 weights load in order and use x as is.
+// int8 weights go through the target's own tile, V::gemv_tile_q8, with x prepared for it once per
+// call (V::prepare_int8_x); this file only streams their rows and scales.
 template <class V>
 constexpr int64_t kPairBlock = 2 * V::kWidth;
-
-// x row (K) reordered for bf16 weights: per full block of kPairBlock, the even then the odd
-// values; the tail stays in order.
-template <class V>
-void pack_x(const float* x, int64_t K, float* out) {
-  constexpr int64_t blk = kPairBlock<V>;
-  const int64_t full = K / blk * blk;
-  for (int64_t b = 0; b < full; b += blk)
-    for (int64_t i = 0; i < blk / 2; ++i) {
-      out[b + i] = x[b + 2 * i];
-      out[b + blk / 2 + i] = x[b + 2 * i + 1];
-    }
-  for (int64_t k = full; k < K; ++k) out[k] = x[k];
-}
 
 // Each weight row is one sequential stream (rows are contiguous), with a non-temporal software
 // prefetch kPrefetch bytes ahead in it (each weight is used once per call; NTA keeps it from
@@ -243,7 +229,7 @@ void gemv(const float* x, const W* w, const float* scale, const B* bias, float* 
   if constexpr (sizeof(W) == 2) {
     // Packed on the calling thread; workers only read it during this call.
     float* p = thread_scratch<float>(Scratch::kPackedX, size_t(M * K));
-    for (int64_t m = 0; m < M; ++m) pack_x<V>(x + m * K, K, p + m * K);
+    for (int64_t m = 0; m < M; ++m) pack_even_odd(x + m * K, K, kPairBlock<V>, p + m * K);
     xp = p;
   }
   typename V::Int8X xq{};
