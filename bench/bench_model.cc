@@ -198,8 +198,25 @@ struct Options {
   int context = 16;  // the used length decode starts at
 };
 
+// The sizes the roofline needs, from config.json.
+struct Sizes {
+  double vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+      num_key_value_heads, head_dim;
+};
+Sizes shape_of(const PretrainedConfig& config) {
+  const auto& j = config.json;
+  const double heads = j.at("num_attention_heads").get<double>();
+  return {j.at("vocab_size").get<double>(),
+          j.at("hidden_size").get<double>(),
+          j.at("intermediate_size").get<double>(),
+          j.at("num_hidden_layers").get<double>(),
+          heads,
+          j.value("num_key_value_heads", heads),
+          j.value("head_dim", j.at("hidden_size").get<double>() / heads)};
+}
+
 // Linear weights (every matrix multiplied per token, the tied head included).
-double linear_params(const ModelConfig& c) {
+double linear_params(const Sizes& c) {
   return double(c.vocab_size) * c.hidden_size +
          double(c.num_hidden_layers) *
              (double(c.hidden_size) * c.head_dim *
@@ -208,7 +225,7 @@ double linear_params(const ModelConfig& c) {
 }
 
 // Bytes of K and V read by one decode token at a used length of `len` (bf16 cache).
-double kv_bytes(const ModelConfig& c, double len) {
+double kv_bytes(const Sizes& c, double len) {
   return 2.0 * 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * len;
 }
 
@@ -248,7 +265,7 @@ void run_model(const std::string& dir, const std::string& quantize, const Machin
   CausalLM lm = AutoModelForCausalLM::from_pretrained(
       dir, {.dtype = bfloat16, .device_map = "cpu", .quantize = quantize});
   const double load_s = seconds_since(t);
-  const ModelConfig& c = lm.config();
+  const Sizes c = shape_of(lm.config());
   const bool int8 = quantize == "int8";
   // int8: one byte per weight and a 4-byte scale per 32.
   const double weight_bytes = linear_params(c) * (int8 ? 1.0 + 4.0 / 32 : 2.0);

@@ -13,19 +13,18 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "tformers/compile_stats.h"
 #include "tformers/distributed.h"
 #include "tformers/dtype.h"
+#include "tformers/error.h"
 #include "tformers/generation.h"
 #include "tformers/tensor.h"
 
 namespace tformers {
 
 class Tokenizer;
-
-struct CompileStats {
-  uint64_t compiles = 0;  // graphs compiled (cache misses)
-  uint64_t hits = 0;      // executables found in the compile cache
-};
 
 // Process-wide compile cache counters.
 CompileStats compile_stats();
@@ -54,17 +53,17 @@ struct LoadOptions {
   std::function<void(std::string_view stage, int64_t done, int64_t total)> progress;
 };
 
-// The fields of config.json that the decoder architectures read.
-struct ModelConfig {
+// config.json as the model read it: the fields every causal LM has, checked, and the whole file
+// for anything else (`model.config().json["rope_scaling"]`), as Transformers' PretrainedConfig.
+// Each architecture reads and validates its own fields besides these (src/models/).
+struct PretrainedConfig {
   std::string architecture;  // "Qwen3ForCausalLM"
   std::string model_type;    // "qwen3"
-  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
-  int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
+  int64_t vocab_size = 0, hidden_size = 0, num_hidden_layers = 0;
   int64_t max_position_embeddings = 0;
-  double rms_norm_eps = 1e-6, rope_theta = 10000.0;
-  bool tie_word_embeddings = false, attention_bias = false, mlp_bias = false;
+  bool tie_word_embeddings = false;
   std::optional<DType> torch_dtype;
-  std::vector<float> inv_freq;  // RoPE frequencies after any rope_scaling
+  nlohmann::json json;  // config.json as read
 };
 
 // Inputs of one forward pass over a static KV cache. Shapes (B,T) for ids and positions.
@@ -78,8 +77,8 @@ struct ForwardArgs {
 
 class CausalLM {
  public:
-  const ModelConfig& config() const;
-  const std::string& device() const;  // "cpu"
+  const PretrainedConfig& config() const;
+  const std::string& device() const;  // the backend it runs on: "cpu"
   DType dtype() const;
 
   // Allocates (or resets and reuses) the static KV cache for (batch, max_cache_len).
@@ -117,6 +116,7 @@ class CausalLM {
   struct Impl;
   explicit CausalLM(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   Impl& impl() { return *impl_; }
+  const Impl& impl() const { return *impl_; }
 
  private:
   std::shared_ptr<Impl> impl_;

@@ -44,6 +44,12 @@ class Executable {
   virtual uint64_t arena_bytes() const = 0;
 };
 
+// A linear weight as a backend keeps it for multiplication: the weight and, when quantized, its
+// block scales (see graph::Op::kLinearInt8).
+struct PreparedWeight {
+  std::shared_ptr<Buffer> weight, scale;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -57,6 +63,10 @@ class Backend {
   // A zero-filled device buffer (KV cache).
   virtual std::shared_ptr<Buffer> allocate(const graph::TensorType& type) = 0;
   virtual Tensor download(const Buffer& buffer) = 0;
+  // A linear weight (N,K) prepared for `quantize`: "" uploads it as given; "int8" quantizes it
+  // to weight-only int8 blocks. Weight layout and quantization are the backend's business, so
+  // models only say which weights are linear. UnsupportedError for a scheme it does not run.
+  virtual PreparedWeight prepare_linear(const Tensor& w, const std::string& quantize);
 
   const TransferStats& transfer_stats() const { return stats_; }
   void reset_transfer_stats() { stats_ = {}; }

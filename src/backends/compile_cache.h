@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "backends/backend.h"
-#include "tformers/model.h"
+#include "tformers/compile_stats.h"
 
 namespace tformers::backends {
 

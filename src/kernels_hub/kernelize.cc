@@ -1,9 +1,9 @@
 // kernelize(): resolves a layer -> device -> package mapping into custom calls that the graph
 // builder emits in place of built-in ops.
 //
-// The model's architecture is wrapped rather than the model's step() changed: the wrapper hands
-// the resolved kernels to the layers (Params::kernels) whenever a graph is built, so every
-// architecture that uses the shared layers is kernelized without knowing it.
+// The resolved kernels reach the model through models::set_layer_overrides: the layer library
+// asks them whenever a graph is built, so every architecture that uses the shared layers is
+// kernelized without knowing it.
 #include "kernels_hub/kernelize.h"
 
 #include <algorithm>
@@ -11,7 +11,7 @@
 #include <cstdlib>
 
 #include "kernels_hub/package.h"
-#include "models/causal_lm_impl.h"
+#include "models/overrides.h"
 #include "tformers/error.h"
 #include "tformers/kernels.h"
 
@@ -46,32 +46,6 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return out;
 }
 
-class KernelizedArchitecture : public models::Architecture {
- public:
-  KernelizedArchitecture(const models::Architecture* base, std::shared_ptr<const LayerKernels> k)
-      : base_(base), kernels_(std::move(k)) {}
-  const models::Architecture* base() const { return base_; }
-
-  void read_config(const io::Json& json, ModelConfig& config,
-                   const std::string& where) const override {
-    base_->read_config(json, config, where);
-  }
-  std::vector<models::WeightSpec> weights(const ModelConfig& config) const override {
-    return base_->weights(config);
-  }
-  bool ignorable(const std::string& name) const override { return base_->ignorable(name); }
-  void build(graph::GraphBuilder& b, models::Params& params, const ModelConfig& config,
-             const models::StepShape& shape, DType cache_dtype) const override {
-    params.kernels = kernels_.get();
-    base_->build(b, params, config, shape, cache_dtype);
-    params.kernels = nullptr;
-  }
-
- private:
-  const models::Architecture* base_;
-  std::shared_ptr<const LayerKernels> kernels_;
-};
-
 }  // namespace
 
 std::shared_ptr<const graph::CustomCall> LayerKernels::find(
@@ -105,16 +79,7 @@ std::shared_ptr<const graph::CustomCall> LayerKernels::find(
 
 std::vector<KernelizedLayer> kernelize(CausalLM& model, const KernelMapping& mapping,
                                        const KernelizeOptions& opt) {
-  CausalLM::Impl& impl = model.impl();
-  const models::Architecture* base =
-      impl.kernelized_arch
-          ? static_cast<const KernelizedArchitecture&>(*impl.kernelized_arch).base()
-          : impl.arch;
-  auto restore = [&] {
-    impl.arch = base;
-    impl.kernelized_arch.reset();
-    impl.steps.clear();
-  };
+  auto restore = [&] { models::set_layer_overrides(model, nullptr); };
   const char* use = std::getenv("USE_HUB_KERNELS");
   if (use && (std::string(use) == "0" || std::string(use) == "false" || std::string(use) == "no" ||
               std::string(use) == "off")) {
@@ -123,7 +88,7 @@ std::vector<KernelizedLayer> kernelize(CausalLM& model, const KernelMapping& map
         {"*", "", "USE_HUB_KERNELS=" + std::string(use) + ": every layer uses its built-in op"}};
   }
 
-  const std::string device = impl.backend->name();
+  const std::string device = models::backend_name(model);
   KernelOptions ko = opt.kernel_options;
   ko.device = device;
   auto lk = std::make_shared<LayerKernels>();
@@ -194,15 +159,12 @@ std::vector<KernelizedLayer> kernelize(CausalLM& model, const KernelMapping& map
          "modes: " + modes_str(e->second.modes) + "; schema " + e->second.schema_text});
   }
 
-  if (impl.verbose)
+  if (models::is_verbose(model))
     for (const auto& r : report)
       std::fprintf(stderr, "tformers: kernelize %s: %s\n", r.layer.c_str(),
                    r.kernel.empty() ? r.note.c_str() : (r.kernel + "; " + r.note).c_str());
   restore();
-  if (!lk->slots.empty()) {
-    impl.kernelized_arch = std::make_shared<KernelizedArchitecture>(base, lk);
-    impl.arch = impl.kernelized_arch.get();
-  }
+  if (!lk->slots.empty()) models::set_layer_overrides(model, lk);
   return report;
 }
 

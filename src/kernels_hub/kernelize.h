@@ -1,6 +1,6 @@
-// The hub kernels a model was kernelized with, as the graph builder (models/layers.cc) sees
-// them: for a layer, a mode and the actual input types, the custom call to emit, or nothing
-// (use the built-in op).
+// The hub kernels a model was kernelized with, as the layer library (models/layers.cc) sees
+// them through models::LayerOverrides: for a layer, a mode and the actual input types, the
+// custom call to emit, or nothing (use the built-in op).
 #pragma once
 
 #include <map>
@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "models/overrides.h"
 
 namespace tformers::kernels_hub {
 
-// A step with several new tokens per sequence is prefill, a step with one is decode.
-enum class Mode : uint32_t { kPrefill = 1, kDecode = 2 };  // TF_KERNEL_MODE_* bits
+using models::Mode;
 
-class LayerKernels {
+class LayerKernels : public models::LayerOverrides {
  public:
   struct Slot {
     std::shared_ptr<const graph::CustomCall> call;       // null: this layer stays built-in
@@ -28,7 +28,7 @@ class LayerKernels {
   // does not take this mode or these dtypes is an UnsupportedError saying which.
   std::shared_ptr<const graph::CustomCall> find(const std::string& layer, Mode mode,
                                                 const std::vector<graph::TensorType>& inputs,
-                                                const std::string& node_name) const;
+                                                const std::string& node_name) const override;
 
   std::map<std::string, Slot> slots;
   bool use_fallback = true;

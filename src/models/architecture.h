@@ -1,6 +1,9 @@
-// What one architecture file declares: its config fields, its weight table and its graph
-// builder. Architectures register themselves by name (config.json "architectures"), so a new
-// one is a single file in src/models/ and nothing else changes.
+// What one architecture file declares, as data the loader acts on: its config (read and
+// validated from config.json), its weights (each with a role and a default tensor-parallel
+// style), its state (the KV cache layout per layer) and its graph. The loader decides
+// quantization, tensor-parallel checks and cache allocation from roles and states, never from
+// weight names. Architectures register themselves by name (config.json "architectures"), so a
+// new one is a single file in src/models/ and nothing else changes.
 #pragma once
 
 #include <functional>
@@ -11,24 +14,42 @@
 
 #include "graph/builder.h"
 #include "io/json.h"
+#include "models/overrides.h"
 #include "tformers/model.h"
 
-namespace tformers::kernels_hub {
-class LayerKernels;
-}
 namespace tformers::distributed {
 class TpModel;
-struct WeightShard;
 }  // namespace tformers::distributed
 
 namespace tformers::models {
+
+// What a weight is for. The backend prepares linear weights (int8 quantization, layout); the
+// rest are used as stored or converted to the model dtype.
+enum class WeightRole : uint8_t {
+  kEmbedding,  // gathered by token id, never quantized
+  kLinear,     // (out, in) multiplied by activations; may be quantized; packed/fused ones too
+  kBias,       // (out) of the linear named by WeightSpec::linear; f32 when that one is quantized
+  kNorm,       // per-feature scale of a norm
+};
 
 // One weight the architecture reads, with the checkpoint's own name.
 struct WeightSpec {
   std::string name;
   Shape shape;
+  WeightRole role = WeightRole::kLinear;
+  // The default tensor-parallel style of this weight's module ("colwise", "rowwise",
+  // "packed_colwise", ...; see distributed/tp_plan.h), or "" for replicated. Biases follow their
+  // weight and leave it empty.
+  std::string tp_style;
   bool required = true;
   std::string tied_to;  // when absent from the checkpoint, use this weight instead
+  std::string linear;   // kBias: the ".weight" of the linear layer it belongs to
+};
+
+// The KV cache of one layer: past_key_values.{layer}.key and .value, each (B, kv_heads, S,
+// head_dim) in the cache dtype. Under tensor parallelism kv_heads is this rank's share.
+struct KvCacheSpec {
+  int64_t kv_heads = 0, head_dim = 0;
 };
 
 // The static shape signature of one forward pass. Positions and the used cache length are
@@ -39,6 +60,12 @@ struct StepShape {
   int64_t cache_len = 0;       // allocated static cache positions
   int64_t logits_to_keep = 1;  // 0 = all positions
   auto operator<=>(const StepShape&) const = default;
+};
+
+// Every architecture's config derives from this: the fields the loader and the generation loop
+// read (public as tformers::PretrainedConfig), then the architecture's own.
+struct ArchConfig : PretrainedConfig {
+  virtual ~ArchConfig() = default;
 };
 
 // Parameter nodes by checkpoint name, created on first use so a tied weight is one node.
@@ -52,8 +79,8 @@ class Params {
   void set_tp(const distributed::TpModel* tp) { tp_ = tp; }
   const distributed::TpModel* tp() const { return tp_; }
 
-  // Hub kernels the layers should call instead of built-in ops (null: none); see kernelize().
-  const kernels_hub::LayerKernels* kernels = nullptr;
+  // Layer implementations to call instead of built-in ops (null: none); see overrides.h.
+  const LayerOverrides* overrides = nullptr;
 
  private:
   const distributed::TpModel* tp_ = nullptr;
@@ -65,29 +92,65 @@ class Params {
 class Architecture {
  public:
   virtual ~Architecture() = default;
-  // Reads fields beyond the shared ones (ModelConfig is already filled by the common parser)
-  // and checks the combination; `where` is the config.json path for messages.
-  virtual void read_config(const io::Json& json, ModelConfig& config,
-                           const std::string& where) const {}
-  virtual std::vector<WeightSpec> weights(const ModelConfig& config) const = 0;
+  // Reads and validates config.json; `where` is its path for messages. The common fields
+  // (PretrainedConfig) must be filled.
+  virtual std::unique_ptr<ArchConfig> config(const io::Json& json,
+                                             const std::string& where) const = 0;
+  virtual std::vector<WeightSpec> weights(const ArchConfig& config) const = 0;
+  // The KV cache, one entry per layer (tp: this rank's layout, or null for a whole model).
+  virtual std::vector<KvCacheSpec> states(const ArchConfig& config,
+                                          const distributed::TpModel* tp) const = 0;
   // Checkpoint tensors that are known and deliberately not used (e.g. cached RoPE tables).
   virtual bool ignorable(const std::string& name) const { return false; }
   // Builds the forward pass: inputs input_ids, position_ids (B,T), cache_position (),
   // attention_mask (B,S); states past_key_values.{i}.{key,value}; output logits
   // (B, keep, V). cache_dtype is the KV cache element type.
-  virtual void build(graph::GraphBuilder& b, Params& params, const ModelConfig& config,
+  virtual void build(graph::GraphBuilder& b, Params& params, const ArchConfig& config,
                      const StepShape& shape, DType cache_dtype) const = 0;
-  // The default tensor-parallel plan {module pattern: style}, as Transformers declares it
-  // (base_model_tp_plan plus the causal LM's _tp_plan); empty: the model cannot be split.
-  virtual std::map<std::string, std::string> tp_plan() const { return {}; }
-  // Checks that the resolved layout can run (head counts, compatible styles) and records the
-  // per-rank KV heads; InvalidArgumentError naming the override that fixes an impossible plan.
-  virtual void validate_tp(const ModelConfig& config, distributed::TpModel& tp) const;
+  // Checks that the resolved tensor-parallel layout can run (head counts, compatible styles);
+  // InvalidArgumentError naming the override that fixes an impossible plan. The default says
+  // the architecture cannot be split.
+  virtual void validate_tp(const ArchConfig& config, const distributed::TpModel& tp) const;
+};
+
+// An architecture over its own config type: the type-erased calls downcast once, here.
+template <class Config>
+class ArchitectureFor : public Architecture {
+ public:
+  virtual void read(const io::Json& json, const std::string& where, Config& config) const = 0;
+  virtual std::vector<WeightSpec> weights(const Config& config) const = 0;
+  virtual std::vector<KvCacheSpec> states(const Config& config,
+                                          const distributed::TpModel* tp) const = 0;
+  virtual void build(graph::GraphBuilder& b, Params& params, const Config& config,
+                     const StepShape& shape, DType cache_dtype) const = 0;
+  virtual void validate_tp(const Config& config, const distributed::TpModel& tp) const {
+    Architecture::validate_tp(config, tp);
+  }
+
+  std::unique_ptr<ArchConfig> config(const io::Json& json, const std::string& where) const final {
+    auto c = std::make_unique<Config>();
+    read(json, where, *c);
+    return c;
+  }
+  std::vector<WeightSpec> weights(const ArchConfig& c) const final { return weights(cast(c)); }
+  std::vector<KvCacheSpec> states(const ArchConfig& c, const distributed::TpModel* tp) const final {
+    return states(cast(c), tp);
+  }
+  void build(graph::GraphBuilder& b, Params& p, const ArchConfig& c, const StepShape& s,
+             DType cache_dtype) const final {
+    build(b, p, cast(c), s, cache_dtype);
+  }
+  void validate_tp(const ArchConfig& c, const distributed::TpModel& tp) const final {
+    validate_tp(cast(c), tp);
+  }
+
+ private:
+  static const Config& cast(const ArchConfig& c) { return static_cast<const Config&>(c); }
 };
 
 void register_architecture(const std::string& name,
                            std::function<std::unique_ptr<Architecture>()> make);
-// NotFoundError-free lookup: null when unknown.
+// Null when unknown.
 const Architecture* find_architecture(const std::string& name);
 std::vector<std::string> architecture_names();
 

@@ -1,19 +1,14 @@
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
 
 #include "backends/compile_cache.h"
-#include "backends/cpu/kernels.h"
 #include "backends/registry.h"
 #include "io/hub.h"
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "models/causal_lm_impl.h"
-#include "models/layers.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
 
@@ -58,10 +53,9 @@ std::string join(const std::vector<std::string>& v, const std::string& sep = ", 
   return out;
 }
 
-// Fills the fields every decoder shares, then lets the architecture read its own.
-ModelConfig parse_config(const io::Json& j, const std::string& where,
-                         const models::Architecture*& arch) {
-  ModelConfig c;
+// The architecture named by config.json's "architectures", and its config read by it.
+std::unique_ptr<models::ArchConfig> parse_config(const io::Json& j, const std::string& where,
+                                                 const models::Architecture*& arch) {
   io::Json arch_list = io::get_required<io::Json>(j, "architectures", where);
   std::vector<std::string> archs;
   if (arch_list.is_array())
@@ -71,71 +65,20 @@ ModelConfig parse_config(const io::Json& j, const std::string& where,
     throw FormatError(where +
                       ": field 'architectures' must be a non-empty list of class names "
                       "such as [\"Qwen3ForCausalLM\"]");
-  for (const auto& name : archs)
-    if ((arch = models::find_architecture(name))) {
-      c.architecture = name;
+  std::string name;
+  for (const auto& n : archs)
+    if ((arch = models::find_architecture(n))) {
+      name = n;
       break;
     }
   if (!arch)
     throw UnsupportedError(where + ": architectures [" + join(archs) +
                            "] has no architecture this build supports; supported: " +
                            join(models::architecture_names()));
-  c.model_type = io::get_or<std::string>(j, "model_type", "", where);
-  c.vocab_size = io::get_required<int64_t>(j, "vocab_size", where);
-  c.hidden_size = io::get_required<int64_t>(j, "hidden_size", where);
-  c.intermediate_size = io::get_required<int64_t>(j, "intermediate_size", where);
-  c.num_hidden_layers = io::get_required<int64_t>(j, "num_hidden_layers", where);
-  c.num_attention_heads = io::get_required<int64_t>(j, "num_attention_heads", where);
-  c.num_key_value_heads =
-      io::get_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads, where);
-  c.max_position_embeddings = io::get_or<int64_t>(j, "max_position_embeddings", 2048, where);
-  c.rms_norm_eps = io::get_or<double>(j, "rms_norm_eps", 1e-6, where);
-  c.rope_theta = io::get_or<double>(j, "rope_theta", 10000.0, where);
-  c.tie_word_embeddings = io::get_or<bool>(j, "tie_word_embeddings", false, where);
-  c.attention_bias = io::get_or<bool>(j, "attention_bias", false, where);
-  if (auto d = io::get_optional<std::string>(j, "torch_dtype", where))
-    c.torch_dtype = parse_dtype(*d);
-  if (auto a = io::get_optional<std::string>(j, "hidden_act", where); a && *a != "silu")
-    throw UnsupportedError(where + ": hidden_act '" + *a + "' is not supported (only silu)");
-  for (auto [name, v] : {std::pair{"vocab_size", c.vocab_size},
-                         {"hidden_size", c.hidden_size},
-                         {"intermediate_size", c.intermediate_size},
-                         {"num_hidden_layers", c.num_hidden_layers},
-                         {"num_attention_heads", c.num_attention_heads},
-                         {"num_key_value_heads", c.num_key_value_heads}})
-    if (v <= 0)
-      throw FormatError(where + ": " + name + " must be positive, got " + std::to_string(v));
-  c.head_dim = c.hidden_size / c.num_attention_heads;
-  arch->read_config(j, c, where);
-  if (j.contains("head_dim") && !j["head_dim"].is_null())
-    c.head_dim = io::get_required<int64_t>(j, "head_dim", where);
-  if (c.head_dim <= 0 || c.head_dim % 2)
-    throw FormatError(where + ": head_dim must be a positive even number, got " +
-                      std::to_string(c.head_dim));
-  if (c.num_attention_heads % c.num_key_value_heads)
-    throw FormatError(where + ": num_attention_heads (" + std::to_string(c.num_attention_heads) +
-                      ") must be a multiple of num_key_value_heads (" +
-                      std::to_string(c.num_key_value_heads) + ")");
-  c.inv_freq = models::rope_inv_freq(j, c.rope_theta, c.head_dim, where);
+  std::unique_ptr<models::ArchConfig> c = arch->config(j, where);
+  c->architecture = name;
+  c->json = j;
   return c;
-}
-
-// LoadOptions::quantize = "int8": (N,K) int8 values and (N, ceil(K / 32)) f32 block scales for a
-// float weight (see cpu::quantize_int8). The source pages of the mapping are released afterwards
-// (they stay in the page cache and are re-read if used again, as the tied embedding's are), so
-// resident memory holds the int8 copy rather than both.
-std::pair<Tensor, Tensor> quantize_int8(const Tensor& w) {
-  Tensor src = (w.dtype() == DType::f32 || w.dtype() == DType::bf16) ? w : w.to(DType::f32);
-  const int64_t N = w.dim(0), K = w.dim(1);
-  Tensor q = Tensor::zeros({N, K}, DType::i8);
-  Tensor scale = Tensor::zeros({N, cpu::int8_blocks(K)}, DType::f32);
-  cpu::quantize_int8(src.raw(), src.dtype(), q.data<int8_t>(), scale.data<float>(), N, K,
-                     ThreadPool::global());
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  const uintptr_t lo = (uintptr_t(w.raw()) + page - 1) / page * page;
-  const uintptr_t hi = (uintptr_t(w.raw()) + w.nbytes()) / page * page;
-  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
-  return {q, scale};
 }
 
 }  // namespace
@@ -145,48 +88,50 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   impl->path = io::resolve_model_path(path, opt.revision);
   impl->verbose = opt.verbose;
   const std::string config_path = (std::filesystem::path(impl->path) / "config.json").string();
-  impl->config = parse_config(io::load_json_file(config_path), config_path, impl->arch);
-  const ModelConfig& c = impl->config;
+  impl->arch_config = parse_config(io::load_json_file(config_path), config_path, impl->arch);
+  const models::ArchConfig& c = *impl->arch_config;
+  impl->config = c;
   impl->dtype = opt.dtype.value_or(c.torch_dtype.value_or(DType::f32));
   if (impl->dtype != DType::f32 && impl->dtype != DType::bf16)
     throw UnsupportedError(std::string("dtype ") + std::string(dtype_name(impl->dtype)) +
-                           " is not supported by the CPU backend: use float32 or bfloat16");
+                           " is not supported: use float32 or bfloat16");
   impl->backend = &backends::backend_for(opt.device_map, opt.verbose);
+  impl->device = impl->backend->name();
   if (!opt.quantize.empty() && opt.quantize != "int8")
     throw InvalidArgumentError("quantize '" + opt.quantize +
                                "' is not supported: use \"int8\" (weight-only, one scale per 32 "
                                "weights) or leave it empty");
   const bool int8 = opt.quantize == "int8";
-  // Linear weights: every 2-D weight but the token embedding, which is gathered, not multiplied
-  // (a tied lm_head is quantized as its own copy below).
-  auto quantized = [&](const std::string& name, const Shape& shape) {
-    return int8 && shape.size() == 2 && name != "model.embed_tokens.weight";
+
+  // The weight table, by name. What happens to each weight follows from its role: linear
+  // weights are prepared by the backend (quantized when asked), the bias of a quantized linear
+  // is f32 as its kernel takes it, everything else is used in the model dtype.
+  const std::vector<models::WeightSpec> specs = impl->arch->weights(c);
+  std::map<std::string, const models::WeightSpec*> by_name;
+  for (const auto& s : specs) by_name[s.name] = &s;
+  auto quantized = [&](const models::WeightSpec& s) {
+    return int8 && s.role == models::WeightRole::kLinear;
   };
-  std::map<std::string, Shape> spec_shapes;
-  for (const auto& s : impl->arch->weights(c)) spec_shapes[s.name] = s.shape;
-  auto bias_of_quantized = [&](const std::string& name) {
-    const std::string suffix = ".bias";
-    if (name.size() <= suffix.size() || name.compare(name.size() - 5, 5, suffix) != 0) return false;
-    auto it = spec_shapes.find(name.substr(0, name.size() - 5) + ".weight");
-    return it != spec_shapes.end() && quantized(it->first, it->second);
+  auto bias_of_quantized = [&](const models::WeightSpec& s) {
+    return s.role == models::WeightRole::kBias && by_name.count(s.linear) &&
+           quantized(*by_name.at(s.linear));
   };
-  auto add_quantized = [&](const std::string& name, const Tensor& w) {
-    auto [q, scale] = quantize_int8(w);
+  auto bind = [&](const std::string& name, std::shared_ptr<backends::Buffer> buf) {
+    impl->weight_types[name] = buf->type();
+    impl->weights[name] = std::move(buf);
+  };
+  auto add_prepared = [&](const std::string& name, const Tensor& w) {
+    backends::PreparedWeight pw = impl->backend->prepare_linear(w, opt.quantize);
     const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
-    impl->weights[name] = impl->backend->upload(q);
-    impl->weight_types[name] = {DType::i8, q.shape()};
-    impl->weights[prefix + ".weight_scale"] = impl->backend->upload(scale);
-    impl->weight_types[prefix + ".weight_scale"] = {DType::f32, scale.shape()};
+    bind(name, std::move(pw.weight));
+    if (pw.scale) bind(prefix + ".weight_scale", std::move(pw.scale));
   };
 
   // Weights: every declared one present with its declared shape, nothing unexpected.
   io::Checkpoint ckpt = io::Checkpoint::open(impl->path);
-  std::vector<models::WeightSpec> specs = impl->arch->weights(c);
-  std::map<std::string, bool> expected;
-  for (const auto& s : specs) expected[s.name] = true;
   std::vector<std::string> unexpected;
   for (const auto& name : ckpt.names())
-    if (!expected.count(name) && !impl->arch->ignorable(name)) unexpected.push_back(name);
+    if (!by_name.count(name) && !impl->arch->ignorable(name)) unexpected.push_back(name);
   if (!unexpected.empty()) {
     if (unexpected.size() > 5) {
       size_t more = unexpected.size() - 5;
@@ -199,11 +144,16 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
                       "architectures)?");
   }
   if (opt.distributed_config) {
-    // Tensor parallelism: resolve the plan and check it before any weight is read.
+    // Tensor parallelism: resolve the plan (the weights' default styles under the user's rules)
+    // and check it before any weight is read.
     std::vector<distributed::WeightDecl> decls;
-    for (const auto& s : specs) decls.push_back({s.name, s.shape});
-    impl->tp = std::make_shared<distributed::TpModel>(*opt.distributed_config,
-                                                      impl->arch->tp_plan(), decls);
+    std::map<std::string, std::string> defaults;
+    for (const auto& s : specs) {
+      decls.push_back({s.name, s.shape});
+      if (!s.tp_style.empty())
+        defaults[distributed::TpPlan::key_form(distributed::module_of(s.name))] = s.tp_style;
+    }
+    impl->tp = std::make_shared<distributed::TpModel>(*opt.distributed_config, defaults, decls);
     impl->arch->validate_tp(c, *impl->tp);
     if (int8)
       throw UnsupportedError(
@@ -214,14 +164,15 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   // its target a second time.
   const char* stage = int8 ? "quantizing to int8" : "loading weights";
   int64_t bytes_total = 0, bytes_done = 0;
-  // A tied lm_head absent from the checkpoint gets its own int8 copy of its (unquantized) target.
-  auto quantized_copy = [&](const models::WeightSpec& s) {
-    return !ckpt.has(s.name) && !s.tied_to.empty() && quantized(s.name, s.shape) &&
-           !quantized(s.tied_to, s.shape);
+  // A tied linear absent from the checkpoint whose target is not prepared the same way (a tied
+  // lm_head under int8: the embedding is gathered as stored) gets its own prepared copy.
+  auto prepared_copy = [&](const models::WeightSpec& s) {
+    return !ckpt.has(s.name) && !s.tied_to.empty() && quantized(s) &&
+           !quantized(*by_name.at(s.tied_to));
   };
   for (const auto& s : specs) {
     if (ckpt.has(s.name)) bytes_total += int64_t(ckpt.info(s.name).nbytes);
-    if (quantized_copy(s) && ckpt.has(s.tied_to))
+    if (prepared_copy(s) && ckpt.has(s.tied_to))
       bytes_total += int64_t(ckpt.info(s.tied_to).nbytes);
   }
   auto advance = [&](const std::string& source) {
@@ -229,51 +180,44 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     if (opt.progress) opt.progress(stage, bytes_done, bytes_total);
   };
   for (const auto& s : specs) {
-    std::string source = s.name;
-    if (!ckpt.has(source)) {
+    if (!ckpt.has(s.name)) {
       if (!s.tied_to.empty()) continue;  // bound below, once its target is loaded
       throw NotFoundError("checkpoint " + impl->path + " has no tensor '" + s.name + "', which " +
                           c.architecture + " requires (shape " + shape_str(s.shape) + ")");
     }
-    const io::TensorInfo& info = ckpt.info(source);
+    const io::TensorInfo& info = ckpt.info(s.name);
     if (info.shape != s.shape)
       throw FormatError("tensor '" + s.name + "' in " + info.file + " has shape " +
                         shape_str(info.shape) + " but config.json implies " + shape_str(s.shape));
     if (!is_float(info.dtype))
       throw FormatError("tensor '" + s.name + "' in " + info.file + " has dtype " +
                         std::string(dtype_name(info.dtype)) + "; weights must be floating point");
-    if (quantized(s.name, s.shape)) {
-      add_quantized(s.name, ckpt.get(source));
-      advance(source);
-      continue;
+    if (quantized(s)) {
+      add_prepared(s.name, ckpt.get(s.name));
+    } else {
+      // Weights in the requested dtype are used straight from the mapping; others converted.
+      const DType want = bias_of_quantized(s) ? DType::f32 : impl->dtype;
+      Tensor t = impl->tp ? impl->tp->load(ckpt, s.name, s.name, want) : ckpt.get(s.name).to(want);
+      bind(s.name, impl->backend->upload(t));
     }
-    // Weights in the requested dtype are used straight from the mapping; others are converted.
-    // The bias of an int8 linear is f32, as its kernel takes it.
-    const DType want = bias_of_quantized(s.name) ? DType::f32 : impl->dtype;
-    Tensor t = impl->tp ? impl->tp->load(ckpt, s.name, source, want) : ckpt.get(source).to(want);
-    impl->weights[s.name] = impl->backend->upload(t);
-    impl->weight_types[s.name] = {want, t.shape()};
-    advance(source);
+    advance(s.name);
   }
-  for (const auto& s : specs)
-    if (!impl->weights.count(s.name) && !s.tied_to.empty() && impl->tp &&
-        (impl->tp->shard(s.name).dim != impl->tp->shard(s.tied_to).dim ||
-         impl->tp->shard(s.name).ranges != impl->tp->shard(s.tied_to).ranges)) {
+  for (const auto& s : specs) {
+    if (impl->weights.count(s.name) || s.tied_to.empty()) continue;
+    const distributed::TpModel* tp = impl->tp.get();
+    if (tp && (tp->shard(s.name).dim != tp->shard(s.tied_to).dim ||
+               tp->shard(s.name).ranges != tp->shard(s.tied_to).ranges)) {
       // Tied, but split differently from its target: this rank's own slice of the target.
-      Tensor t = impl->tp->load(ckpt, s.name, s.tied_to, impl->dtype);
-      impl->weights[s.name] = impl->backend->upload(t);
-      impl->weight_types[s.name] = {impl->dtype, t.shape()};
-    }
-  for (const auto& s : specs)
-    if (!impl->weights.count(s.name) && quantized_copy(s)) {
-      // The embedding stays as stored for the gather; the head multiplies an int8 copy. The
-      // pages are re-read from the mapping when the first tokens are embedded.
-      add_quantized(s.name, ckpt.get(s.tied_to));
+      bind(s.name, impl->backend->upload(impl->tp->load(ckpt, s.name, s.tied_to, impl->dtype)));
+    } else if (prepared_copy(s)) {
+      // The embedding stays as stored for the gather; the head multiplies its own prepared
+      // copy. The pages are re-read from the mapping when the first tokens are embedded.
+      add_prepared(s.name, ckpt.get(s.tied_to));
       advance(s.tied_to);
-    } else if (!impl->weights.count(s.name) && !s.tied_to.empty()) {
-      impl->weights[s.name] = impl->weights.at(s.tied_to);
-      impl->weight_types[s.name] = impl->weight_types.at(s.tied_to);
+    } else {
+      bind(s.name, impl->weights.at(s.tied_to));
     }
+  }
   const auto gen_path = std::filesystem::path(impl->path) / "generation_config.json";
   if (std::filesystem::exists(gen_path))
     impl->generation_config = GenerationConfig::from_file(gen_path.string());
@@ -281,16 +225,21 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   return CausalLM(impl);
 }
 
+graph::Graph CausalLM::Impl::build_graph(const models::StepShape& shape) const {
+  graph::GraphBuilder b;
+  models::Params params(b, weight_types);
+  params.set_tp(tp.get());
+  params.overrides = overrides.get();
+  arch->build(b, params, *arch_config, shape, dtype);
+  return b.finish();
+}
+
 CausalLM::Impl::Step& CausalLM::Impl::step(const models::StepShape& shape, bool uncached) {
   if (auto it = steps.find(shape); it != steps.end() && !uncached) {
     ++stats.hits;
     return it->second;
   }
-  graph::GraphBuilder b;
-  models::Params params(b, weight_types);
-  params.set_tp(tp.get());
-  arch->build(b, params, config, shape, dtype);
-  graph::Graph g = b.finish();
+  graph::Graph g = build_graph(shape);
   Step s;
   if (uncached) {
     s.exe = backend->compile(g);
@@ -321,11 +270,8 @@ void CausalLM::Impl::run(Step& s, const Tensor& ids, const Tensor& positions, co
   s.exe->run(s.params, s.states, inputs, outputs);
 }
 
-const ModelConfig& CausalLM::config() const { return impl_->config; }
-const std::string& CausalLM::device() const {
-  static const std::string cpu = "cpu";
-  return cpu;
-}
+const PretrainedConfig& CausalLM::config() const { return impl_->config; }
+const std::string& CausalLM::device() const { return impl_->device; }
 DType CausalLM::dtype() const { return impl_->dtype; }
 int64_t CausalLM::cache_batch() const { return impl_->cache_batch; }
 int64_t CausalLM::max_cache_len() const { return impl_->cache_len; }
@@ -352,14 +298,14 @@ void CausalLM::reset_cache(int64_t batch, int64_t max_cache_len) {
   // Same shape: reuse the buffers. Attention reads only slots below the used length and the
   // mask, so stale values from an earlier call are never seen and need no clearing.
   if (batch == m.cache_batch && max_cache_len == m.cache_len) return;
-  const ModelConfig& c = m.config;
   m.cache.clear();
   m.steps.clear();  // their state bindings point at the old buffers
-  const int64_t kv_heads = m.tp ? m.tp->local_kv_heads : c.num_key_value_heads;
-  graph::TensorType t{m.dtype, {batch, kv_heads, max_cache_len, c.head_dim}};
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+  const std::vector<models::KvCacheSpec> layers = m.arch->states(*m.arch_config, m.tp.get());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    graph::TensorType t{m.dtype, {batch, layers[l].kv_heads, max_cache_len, layers[l].head_dim}};
     for (const char* kv : {".key", ".value"})
       m.cache["past_key_values." + std::to_string(l) + kv] = m.backend->allocate(t);
+  }
   m.cache_batch = batch;
   m.cache_len = max_cache_len;
 }
@@ -400,5 +346,17 @@ Tensor CausalLM::forward(const ForwardArgs& a) {
   m.run(s, ids, pos, mask, a.cache_position, logits);
   return logits;
 }
+
+namespace models {
+
+void set_layer_overrides(CausalLM& model, std::shared_ptr<const LayerOverrides> overrides) {
+  CausalLM::Impl& m = model.impl();
+  m.overrides = std::move(overrides);
+  m.steps.clear();
+}
+std::string backend_name(const CausalLM& model) { return model.device(); }
+bool is_verbose(const CausalLM& model) { return model.impl().verbose; }
+
+}  // namespace models
 
 }  // namespace tformers

@@ -21,9 +21,13 @@ struct CausalLM::Impl {
     std::vector<backends::Buffer*> params, states;
   };
 
-  ModelConfig config;
+  // config.json as the architecture read it, and a copy of its public part (what CausalLM::config
+  // returns and the generation loop reads).
+  std::unique_ptr<models::ArchConfig> arch_config;
+  PretrainedConfig config;
   const models::Architecture* arch = nullptr;
   backends::Backend* backend = nullptr;
+  std::string device;  // the backend's name
   std::string path;
   DType dtype = DType::f32;
   bool verbose = false;
@@ -32,13 +36,16 @@ struct CausalLM::Impl {
   // Tensor parallelism: this rank's layout, or null for a whole model.
   std::shared_ptr<distributed::TpModel> tp;
 
-  // Static KV cache: past_key_values.{i}.{key,value}, (B,Hkv,S,D) each.
+  // Static KV cache, laid out as the architecture's states() say:
+  // past_key_values.{i}.{key,value}, (B,Hkv,S,D) each.
   int64_t cache_batch = 0, cache_len = 0;
   std::map<std::string, std::shared_ptr<backends::Buffer>> cache;
 
-  // Set by kernelize() (kernels_hub/kernelize.cc): `arch` wrapped so that the graphs it builds
-  // call the chosen hub kernels; `arch` then points at it.
-  std::shared_ptr<const models::Architecture> kernelized_arch;
+  // Layer implementations the graphs call instead of built-in ops (models::set_layer_overrides).
+  std::shared_ptr<const models::LayerOverrides> overrides;
+
+  // The graph of one step, as step() compiles it (also for tests and debugging).
+  graph::Graph build_graph(const models::StepShape& shape) const;
 
   std::map<models::StepShape, Step> steps;
   CompileStats stats;

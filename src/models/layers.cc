@@ -4,14 +4,13 @@
 #include <numbers>
 
 #include "distributed/tp_model.h"
-#include "kernels_hub/kernelize.h"
 #include "tformers/error.h"
 
 namespace tformers::models {
 
+using distributed::TpStyle;
 using graph::GraphBuilder;
 using graph::TensorType;
-using graph::Value;
 
 Value Params::operator()(const std::string& name) {
   if (auto it = nodes_.find(name); it != nodes_.end()) return it->second;
@@ -20,55 +19,51 @@ Value Params::operator()(const std::string& name) {
   return nodes_[name] = b_.parameter(name, t->second);
 }
 
-std::vector<WeightSpec> decoder_weights(const ModelConfig& c, const DecoderOptions& o) {
-  const int64_t h = c.hidden_size, d = c.head_dim, q = c.num_attention_heads * d,
-                kv = c.num_key_value_heads * d, f = c.intermediate_size;
-  std::vector<WeightSpec> w;
-  w.push_back({"model.embed_tokens.weight", {c.vocab_size, h}});
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string a = "model.layers." + std::to_string(l) + ".self_attn.";
-    const std::string m = "model.layers." + std::to_string(l) + ".mlp.";
-    const std::string n = "model.layers." + std::to_string(l) + ".";
-    w.push_back({n + "input_layernorm.weight", {h}});
-    w.push_back({a + "q_proj.weight", {q, h}});
-    w.push_back({a + "k_proj.weight", {kv, h}});
-    w.push_back({a + "v_proj.weight", {kv, h}});
-    w.push_back({a + "o_proj.weight", {h, q}});
-    if (c.attention_bias) {
-      w.push_back({a + "q_proj.bias", {q}});
-      w.push_back({a + "k_proj.bias", {kv}});
-      w.push_back({a + "v_proj.bias", {kv}});
-      w.push_back({a + "o_proj.bias", {h}});
-    }
-    if (o.qk_norm) {
-      w.push_back({a + "q_norm.weight", {d}});
-      w.push_back({a + "k_norm.weight", {d}});
-    }
-    w.push_back({n + "post_attention_layernorm.weight", {h}});
-    w.push_back({m + "gate_proj.weight", {f, h}});
-    w.push_back({m + "up_proj.weight", {f, h}});
-    w.push_back({m + "down_proj.weight", {h, f}});
-    if (c.mlp_bias) {
-      w.push_back({m + "gate_proj.bias", {f}});
-      w.push_back({m + "up_proj.bias", {f}});
-      w.push_back({m + "down_proj.bias", {h}});
-    }
-  }
-  w.push_back({"model.norm.weight", {h}});
-  WeightSpec head{"lm_head.weight", {c.vocab_size, h}};
-  if (c.tie_word_embeddings) {
-    head.required = false;
-    head.tied_to = "model.embed_tokens.weight";
-  }
-  w.push_back(head);
-  return w;
+Ctx begin_step(GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype) {
+  const int64_t B = s.batch, T = s.new_tokens, S = s.cache_len;
+  Ctx c{b, p, s, cache_dtype};
+  c.ids = b.input("input_ids", {DType::i32, {B, T}});
+  c.pos = b.input("position_ids", {DType::i32, {B, T}});
+  c.start = b.input("cache_position", {DType::i32, {}});
+  c.mask = b.input("attention_mask", {DType::i32, {B, S}});
+  return c;
 }
 
-Value linear(GraphBuilder& b, Params& p, Value x, const std::string& prefix) {
+namespace {
+
+// The override for `layer` when the model has some and one takes these inputs in this mode
+// (inputs and floats in the layer contract's order, kernels_hub/package.cc), else the built-in
+// op. `eligible` is false when the layer uses an option the contract does not carry.
+template <class Builtin>
+Value layer_op(Ctx& c, bool eligible, const char* layer, std::vector<Value> inputs, TensorType out,
+               std::vector<float> floats, const std::string& name, Builtin builtin) {
+  if (c.p.overrides && eligible) {
+    std::vector<TensorType> types;
+    for (Value v : inputs) types.push_back(c.b.type(v));
+    Mode mode = c.s.new_tokens == 1 ? Mode::kDecode : Mode::kPrefill;
+    if (auto call = c.p.overrides->find(layer, mode, types, name))
+      return c.b.custom_call(std::move(call), std::move(inputs), std::move(out), std::move(floats),
+                             name);
+  }
+  return builtin();
+}
+
+}  // namespace
+
+// ---- Linear ----
+
+void Linear::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
+  w.push_back({prefix + ".weight", {out, in}, WeightRole::kLinear, tp_style});
+  if (bias)
+    w.push_back({prefix + ".bias", {out}, WeightRole::kBias, "", true, "", prefix + ".weight"});
+}
+
+Value linear(Ctx& c, Value x, const std::string& prefix) {
+  GraphBuilder& b = c.b;
+  Params& p = c.p;
   Value bias = p.has(prefix + ".bias") ? p(prefix + ".bias") : -1;
-  if (p.has(prefix + ".weight_scale"))  // quantized at load (LoadOptions::quantize)
+  if (p.has(prefix + ".weight_scale"))  // prepared as int8 by the backend at load
     return b.linear_int8(x, p(prefix + ".weight"), p(prefix + ".weight_scale"), bias, prefix);
-  using distributed::TpStyle;
   const distributed::TpModel* tp = p.tp();
   if (!tp) return b.linear(x, p(prefix + ".weight"), bias, prefix);
   const distributed::WeightShard& w = tp->shard(prefix + ".weight");
@@ -95,148 +90,256 @@ Value linear(GraphBuilder& b, Params& p, Value x, const std::string& prefix) {
   }
 }
 
-namespace {
-
-// A hub kernel for `layer` when the model was kernelized and one takes these inputs in this
-// mode (inputs and floats in the layer contract's order, kernels_hub/package.cc), else the
-// built-in op.
-template <class Builtin>
-Value layer_op(GraphBuilder& b, const Params& p, const StepShape& s, const char* layer,
-               std::vector<Value> inputs, TensorType out, std::vector<float> floats,
-               const std::string& name, Builtin builtin) {
-  if (p.kernels) {
-    std::vector<TensorType> types;
-    for (Value v : inputs) types.push_back(b.type(v));
-    auto mode = s.new_tokens == 1 ? kernels_hub::Mode::kDecode : kernels_hub::Mode::kPrefill;
-    if (auto call = p.kernels->find(layer, mode, types, name))
-      return b.custom_call(std::move(call), std::move(inputs), std::move(out), std::move(floats),
-                           name);
+std::vector<Value> split(Ctx& c, Value y, const std::vector<int64_t>& parts,
+                         const std::string& prefix) {
+  int64_t total = 0;
+  for (int64_t n : parts) total += n;
+  const int64_t have = c.b.type(y).shape.back();
+  // Under packed_colwise each part is split over the ranks alike, so every part shrinks by the
+  // same factor.
+  TF_CHECK(have > 0 && total % have == 0, prefix, ": packed output of ", have,
+           " features does not divide the parts' ", total);
+  const int64_t ranks = total / have;
+  std::vector<Value> out;
+  int64_t begin = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t n = parts[i] / ranks;
+    out.push_back(c.b.slice_last(y, begin, begin + n, prefix + ".part" + std::to_string(i)));
+    begin += n;
   }
-  return builtin();
+  return out;
 }
 
-Value rms_norm(GraphBuilder& b, const Params& p, const StepShape& s, Value x, Value w, float eps,
-               const std::string& name) {
-  return layer_op(b, p, s, "RMSNorm", {x, w}, {DType::f32, b.type(x).shape}, {eps}, name,
-                  [&] { return b.rms_norm(x, w, eps, name); });
+// ---- Norm, rotary, activation ----
+
+void RMSNorm::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
+  w.push_back({prefix + ".weight", {dim}, WeightRole::kNorm});
 }
 
-Value rope(GraphBuilder& b, const Params& p, const StepShape& s, Value x, Value pos,
-           const std::vector<float>& inv_freq, const std::string& name) {
-  return layer_op(b, p, s, "RotaryEmbedding", {x, pos}, {DType::f32, b.type(x).shape}, inv_freq,
-                  name, [&] { return b.rope(x, pos, inv_freq, name); });
+Value RMSNorm::operator()(Ctx& c, Value x, const std::string& prefix) const {
+  Value w = c.p(prefix + ".weight");
+  return layer_op(c, !unit_offset, "RMSNorm", {x, w}, {DType::f32, c.b.type(x).shape}, {eps},
+                  prefix, [&] {
+                    return unit_offset ? c.b.rms_norm(x, w, eps, {.unit_offset = true}, prefix)
+                                       : c.b.rms_norm(x, w, eps, prefix);
+                  });
 }
 
-// The token embedding, split over the vocabulary under embedding_rowwise.
-Value embed(GraphBuilder& b, Params& p, Value ids, const std::string& name) {
-  const std::string w = name + ".weight";
-  const distributed::TpModel* tp = p.tp();
-  if (!tp || tp->shard(w).style != distributed::TpStyle::kEmbeddingRowwise || tp->size() == 1)
-    return b.embedding(p(w), ids, name);
-  const distributed::WeightShard& s = tp->shard(w);
-  Value part = b.embedding_shard(p(w), ids, s.ranges[0].first, s.full_shape[0], name);
-  return b.all_reduce(part, -1, tp->group_id(), name + ".all_reduce");
+Value Rotary::operator()(Ctx& c, Value x, const std::string& name) const {
+  const int64_t D = c.b.type(x).shape.back();
+  const bool plain = rope.rotary_dim == D && !rope.interleaved;
+  return layer_op(c, plain, "RotaryEmbedding", {x, c.pos}, {DType::f32, c.b.type(x).shape},
+                  rope.inv_freq, name, [&] {
+                    if (plain) return c.b.rope(x, c.pos, rope.inv_freq, name);
+                    return c.b.rope(
+                        x, c.pos, rope.inv_freq,
+                        {.rotary_dim = rope.rotary_dim, .interleaved = rope.interleaved}, name);
+                  });
 }
-}  // namespace
 
-void build_decoder(GraphBuilder& b, Params& p, const ModelConfig& c, const StepShape& s,
-                   DType cache_dtype, const DecoderOptions& o) {
-  const int64_t B = s.batch, T = s.new_tokens, S = s.cache_len, D = c.head_dim;
-  const float eps = float(c.rms_norm_eps), scale = float(1.0 / std::sqrt(double(D)));
+Activation parse_activation(const std::string& name, const std::string& where) {
+  if (name == "silu" || name == "swish") return Activation::kSilu;
+  if (name == "gelu_pytorch_tanh" || name == "gelu_new") return Activation::kGeluTanh;
+  throw UnsupportedError(where + ": hidden_act '" + name +
+                         "' is not supported; supported: silu, gelu_pytorch_tanh");
+}
 
-  Value ids = b.input("input_ids", {DType::i32, {B, T}});
-  Value pos = b.input("position_ids", {DType::i32, {B, T}});
-  Value start = b.input("cache_position", {DType::i32, {}});
-  Value mask = b.input("attention_mask", {DType::i32, {B, S}});
+// ---- Attention ----
 
-  Value h = embed(b, p, ids, "model.embed_tokens");  // (B,T,H)
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+void Attention::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
+  const int64_t q = heads * head_dim, kv = kv_heads * head_dim;
+  if (packed_qkv) {
+    Linear{hidden, q + 2 * kv, qkv_bias, ""}.declare(w, prefix + ".qkv_proj");
+  } else {
+    Linear{hidden, q, qkv_bias, "colwise"}.declare(w, prefix + ".q_proj");
+    Linear{hidden, kv, qkv_bias, "colwise"}.declare(w, prefix + ".k_proj");
+    Linear{hidden, kv, qkv_bias, "colwise"}.declare(w, prefix + ".v_proj");
+  }
+  Linear{q, hidden, o_bias, packed_qkv ? "" : "rowwise"}.declare(w, prefix + ".o_proj");
+  if (qk_norm) {
+    qk_norm->declare(w, prefix + ".q_norm");
+    qk_norm->declare(w, prefix + ".k_norm");
+  }
+}
+
+Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t layer) const {
+  GraphBuilder& b = c.b;
+  const int64_t B = c.s.batch, T = c.s.new_tokens, S = c.s.cache_len, D = head_dim;
+  Value q, k, v;
+  if (packed_qkv) {
+    const int64_t nq = heads * D, nkv = kv_heads * D;
+    Value qkv = linear(c, x, prefix + ".qkv_proj");
+    auto parts = split(c, qkv, {nq, nkv, nkv}, prefix + ".qkv_proj");
+    q = parts[0], k = parts[1], v = parts[2];
+  } else {
+    q = linear(c, x, prefix + ".q_proj");
+    k = linear(c, x, prefix + ".k_proj");
+    v = linear(c, x, prefix + ".v_proj");
+  }
+  // Head counts follow the projections' outputs: a rank of a tensor-parallel model holds only
+  // its heads.
+  const int64_t Hq = b.type(q).shape.back() / D, Hkv = b.type(k).shape.back() / D;
+  q = b.reshape(q, {B, T, Hq, D});
+  k = b.reshape(k, {B, T, Hkv, D});
+  v = b.reshape(v, {B, T, Hkv, D});
+  if (qk_norm) {
+    q = (*qk_norm)(c, q, prefix + ".q_norm");
+    k = (*qk_norm)(c, k, prefix + ".k_norm");
+  }
+  q = rotary(c, q, prefix + ".rope_q");
+  k = rotary(c, k, prefix + ".rope_k");
+  const std::string cache = "past_key_values." + std::to_string(layer);
+  const TensorType ct{c.cache_dtype, {B, Hkv, S, D}};
+  Value kc = b.cache_write(b.state(cache + ".key", ct), k, c.start, cache + ".key");
+  Value vc = b.cache_write(b.state(cache + ".value", ct), v, c.start, cache + ".value");
+  // yarn scales cos and sin by attention_factor, so q.k grows by its square.
+  const float f = rotary.rope.attention_factor;
+  const float s = (scale > 0 ? scale : float(1.0 / std::sqrt(double(D)))) * f * f;
+  const bool plain = sliding_window == 0 && softcap == 0;
+  const std::string name = prefix + ".attention";
+  Value att =
+      layer_op(c, plain, "Attention", {q, kc, vc, c.start, c.mask}, {DType::f32, b.type(q).shape},
+               {s}, name, [&] {
+                 if (plain) return b.attention(q, kc, vc, c.start, c.mask, s, name);
+                 return b.attention(q, kc, vc, c.start, c.mask, s,
+                                    {.sliding_window = sliding_window, .softcap = softcap}, name);
+               });
+  // att (B,T,Hq,D)
+  return linear(c, b.reshape(att, {B, T, Hq * D}), prefix + ".o_proj");
+}
+
+KvCacheSpec Attention::cache(const distributed::TpModel* tp, const std::string& prefix) const {
+  const std::string k = prefix + (packed_qkv ? ".qkv_proj.weight" : ".k_proj.weight");
+  const bool split = tp && tp->size() > 1 && tp->shard(k).style == TpStyle::kColwise;
+  return {split ? kv_heads / tp->size() : kv_heads, head_dim};
+}
+
+// ---- MLP ----
+
+void GatedMLP::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
+  if (fused_gate_up) {
+    Linear{hidden, 2 * intermediate, bias, "packed_colwise"}.declare(w, prefix + ".gate_up_proj");
+  } else {
+    Linear{hidden, intermediate, bias, "colwise"}.declare(w, prefix + ".gate_proj");
+    Linear{hidden, intermediate, bias, "colwise"}.declare(w, prefix + ".up_proj");
+  }
+  Linear{intermediate, hidden, bias, "rowwise"}.declare(w, prefix + ".down_proj");
+}
+
+Value GatedMLP::operator()(Ctx& c, Value x, const std::string& prefix) const {
+  Value gate, up;
+  if (fused_gate_up) {
+    auto parts = split(c, linear(c, x, prefix + ".gate_up_proj"), {intermediate, intermediate},
+                       prefix + ".gate_up_proj");
+    gate = parts[0], up = parts[1];
+  } else {
+    gate = linear(c, x, prefix + ".gate_proj");
+    up = linear(c, x, prefix + ".up_proj");
+  }
+  const std::string name = prefix + ".act";
+  Value act = layer_op(c, this->act == Activation::kSilu, "SiLUAndMul", {gate, up}, c.b.type(gate),
+                       {}, name, [&] {
+                         return this->act == Activation::kSilu ? c.b.silu_mul(gate, up, name)
+                                                               : c.b.gelu_tanh_mul(gate, up, name);
+                       });
+  return linear(c, act, prefix + ".down_proj");
+}
+
+// ---- Embedding and the stack ----
+
+void Embedding::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
+  w.push_back({prefix + ".weight", {vocab, hidden}, WeightRole::kEmbedding, "embedding_rowwise"});
+}
+
+Value Embedding::operator()(Ctx& c, const std::string& prefix) const {
+  GraphBuilder& b = c.b;
+  const std::string w = prefix + ".weight";
+  const distributed::TpModel* tp = c.p.tp();
+  Value h;
+  if (!tp || tp->shard(w).style != TpStyle::kEmbeddingRowwise || tp->size() == 1) {
+    h = b.embedding(c.p(w), c.ids, prefix);
+  } else {
+    // Split over the vocabulary: ids outside this rank's rows give zeros, summed over ranks.
+    const distributed::WeightShard& s = tp->shard(w);
+    Value part = b.embedding_shard(c.p(w), c.ids, s.ranges[0].first, s.full_shape[0], prefix);
+    h = b.all_reduce(part, -1, tp->group_id(), prefix + ".all_reduce");
+  }
+  return scale != 0 ? b.scale(h, scale, prefix + ".scale") : h;
+}
+
+std::vector<WeightSpec> DecoderModel::weights() const {
+  std::vector<WeightSpec> w;
+  embed.declare(w, "model.embed_tokens");
+  for (size_t l = 0; l < blocks.size(); ++l) {
+    const DecoderBlock& blk = blocks[l];
     const std::string n = "model.layers." + std::to_string(l) + ".";
-    const std::string a = n + "self_attn.";
-    Value x = rms_norm(b, p, s, h, p(n + "input_layernorm.weight"), eps, n + "input_layernorm");
-    // Head counts follow the projections' outputs: a rank of a tensor-parallel model holds
-    // only its heads.
-    Value q = linear(b, p, x, a + "q_proj"), k = linear(b, p, x, a + "k_proj"),
-          v = linear(b, p, x, a + "v_proj");
-    const int64_t Hq = b.type(q).shape.back() / D, Hkv = b.type(k).shape.back() / D;
-    q = b.reshape(q, {B, T, Hq, D});
-    k = b.reshape(k, {B, T, Hkv, D});
-    v = b.reshape(v, {B, T, Hkv, D});
-    if (o.qk_norm) {
-      q = rms_norm(b, p, s, q, p(a + "q_norm.weight"), eps, a + "q_norm");
-      k = rms_norm(b, p, s, k, p(a + "k_norm.weight"), eps, a + "k_norm");
-    }
-    q = rope(b, p, s, q, pos, c.inv_freq, a + "rope_q");
-    k = rope(b, p, s, k, pos, c.inv_freq, a + "rope_k");
-    const std::string cache = "past_key_values." + std::to_string(l);
-    Value kc = b.cache_write(b.state(cache + ".key", {cache_dtype, {B, Hkv, S, D}}), k, start,
-                             cache + ".key");
-    Value vc = b.cache_write(b.state(cache + ".value", {cache_dtype, {B, Hkv, S, D}}), v, start,
-                             cache + ".value");
-    Value att = layer_op(b, p, s, "Attention", {q, kc, vc, start, mask},
-                         {DType::f32, b.type(q).shape}, {scale}, a + "attention", [&] {
-                           return b.attention(q, kc, vc, start, mask, scale, a + "attention");
-                         });
-    // att (B,T,Hq,D)
-    h = b.add(h, linear(b, p, b.reshape(att, {B, T, Hq * D}), a + "o_proj"), n + "residual_attn");
+    for (const std::string* norm : {&blk.pre_attn, &blk.post_attn, &blk.pre_mlp, &blk.post_mlp})
+      if (!norm->empty()) blk.norm.declare(w, n + *norm);
+    blk.attn.declare(w, n + "self_attn");
+    blk.mlp.declare(w, n + "mlp");
+  }
+  norm.declare(w, "model.norm");
+  WeightSpec head{
+      "lm_head.weight", {embed.vocab, embed.hidden}, WeightRole::kLinear, "colwise_gather_output"};
+  if (tie_word_embeddings) {
+    head.required = false;
+    head.tied_to = "model.embed_tokens.weight";
+  }
+  w.push_back(head);
+  return w;
+}
 
-    x = rms_norm(b, p, s, h, p(n + "post_attention_layernorm.weight"), eps,
-                 n + "post_attention_layernorm");
-    Value gate = linear(b, p, x, n + "mlp.gate_proj");
-    Value up = linear(b, p, x, n + "mlp.up_proj");
-    Value act = layer_op(b, p, s, "SiLUAndMul", {gate, up}, b.type(gate), {}, n + "mlp.act",
-                         [&] { return b.silu_mul(gate, up, n + "mlp.act"); });
-    Value mlp = linear(b, p, act, n + "mlp.down_proj");
-    h = b.add(h, mlp, n + "residual_mlp");
+std::vector<KvCacheSpec> DecoderModel::states(const distributed::TpModel* tp) const {
+  std::vector<KvCacheSpec> out;
+  for (size_t l = 0; l < blocks.size(); ++l)
+    out.push_back(blocks[l].attn.cache(tp, "model.layers." + std::to_string(l) + ".self_attn"));
+  return out;
+}
+
+void DecoderModel::build(GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype) const {
+  Ctx c = begin_step(b, p, s, cache_dtype);
+  Value h = embed(c, "model.embed_tokens");  // (B,T,H)
+  for (size_t l = 0; l < blocks.size(); ++l) {
+    const DecoderBlock& blk = blocks[l];
+    const std::string n = "model.layers." + std::to_string(l) + ".";
+    auto sublayer = [&](const std::string& pre, const std::string& post, auto&& body,
+                        const std::string& residual) {
+      Value y = body(blk.norm(c, h, n + pre));
+      if (!post.empty()) y = blk.norm(c, y, n + post);
+      h = b.add(h, y, n + residual);
+    };
+    sublayer(
+        blk.pre_attn, blk.post_attn,
+        [&](Value x) { return blk.attn(c, x, n + "self_attn", int64_t(l)); }, "residual_attn");
+    sublayer(
+        blk.pre_mlp, blk.post_mlp, [&](Value x) { return blk.mlp(c, x, n + "mlp"); },
+        "residual_mlp");
   }
   // Only the kept positions go through the final norm and lm_head: (B,keep,H).
-  if (s.logits_to_keep > 0 && s.logits_to_keep < T) h = b.take_last(h, s.logits_to_keep);
-  h = rms_norm(b, p, s, h, p("model.norm.weight"), eps, "model.norm");
+  if (s.logits_to_keep > 0 && s.logits_to_keep < s.new_tokens) h = b.take_last(h, s.logits_to_keep);
+  h = norm(c, h, "model.norm");
   // A tied lm_head is bound to embed_tokens' buffer (or its own slice of it when the plan splits
   // the two differently).
-  b.output(linear(b, p, h, "lm_head"));
+  Value logits = linear(c, h, "lm_head");
+  if (final_softcap != 0) logits = b.softcap(logits, final_softcap, "final_logit_softcapping");
+  b.output(logits);
 }
 
-std::vector<float> rope_inv_freq(const io::Json& config, double theta, int64_t head_dim,
-                                 const std::string& where) {
-  // As Transformers: inv_freq[i] = 1 / theta^(2i / head_dim), in float32.
-  std::vector<float> inv(size_t(head_dim / 2));
-  for (size_t i = 0; i < inv.size(); ++i)
-    inv[i] = float(1.0 / std::pow(theta, double(float(2 * i) / float(head_dim))));
-
-  auto it = config.find("rope_scaling");
-  if (it == config.end() || it->is_null()) return inv;
-  const io::Json& rs = *it;
-  const std::string w = where + ": rope_scaling";
-  if (!rs.is_object()) throw FormatError(w + " must be an object or null");
-  std::string type = rs.contains("rope_type") ? io::get_required<std::string>(rs, "rope_type", w)
-                                              : io::get_or<std::string>(rs, "type", "default", w);
-  if (type == "default") return inv;
-  double factor = io::get_required<double>(rs, "factor", w);
-  if (!(factor > 0)) throw FormatError(w + ".factor must be positive");
-  if (type == "linear") {
-    for (float& f : inv) f = float(f / factor);
-    return inv;
-  }
-  if (type == "llama3") {
-    double low = io::get_required<double>(rs, "low_freq_factor", w);
-    double high = io::get_required<double>(rs, "high_freq_factor", w);
-    double old_len = io::get_required<double>(rs, "original_max_position_embeddings", w);
-    if (!(high > low)) throw FormatError(w + ": high_freq_factor must exceed low_freq_factor");
-    const double low_wavelen = old_len / low, high_wavelen = old_len / high;
-    for (float& f : inv) {
-      double wavelen = 2 * std::numbers::pi / f;
-      if (wavelen > low_wavelen) {
-        f = float(f / factor);
-      } else if (wavelen >= high_wavelen) {
-        double smooth = (old_len / wavelen - low) / (high - low);
-        f = float((1 - smooth) * f / factor + smooth * f);
-      }
-    }
-    return inv;
-  }
-  throw UnsupportedError(w + ".rope_type '" + type +
-                         "' is not supported: supported types are default, linear and llama3");
+DecoderModel llama_model(const DecoderConfig& c) {
+  DecoderModel m;
+  m.embed = {c.vocab_size, c.hidden_size};
+  m.norm = {c.hidden_size, float(c.rms_norm_eps)};
+  m.tie_word_embeddings = c.tie_word_embeddings;
+  DecoderBlock blk;
+  blk.norm = m.norm;
+  blk.attn = {.hidden = c.hidden_size,
+              .heads = c.num_attention_heads,
+              .kv_heads = c.num_key_value_heads,
+              .head_dim = c.head_dim,
+              .rotary = {c.rope}};
+  blk.mlp = {.hidden = c.hidden_size, .intermediate = c.intermediate_size};
+  m.blocks.assign(size_t(c.num_hidden_layers), blk);
+  return m;
 }
 
 }  // namespace tformers::models

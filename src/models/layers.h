@@ -1,7 +1,13 @@
-// Shared layers of decoder-only transformers, used by the architecture files. Each takes the
-// checkpoint prefix of its weights ("model.layers.3.self_attn") so names match Transformers.
+// The layer library the architecture files compose, in the spirit of candle's model files and
+// llama.cpp's graph builders. Each layer is a small value describing its options; it declares
+// its weights (with roles and default tensor-parallel styles) under a checkpoint prefix
+// ("model.layers.3.self_attn") and builds its part of a step's graph under the same prefix, so
+// declarations and graph never disagree and names match Transformers. Every layer goes through
+// tensor parallelism (the weight's resolved style decides the collectives) and through layer
+// overrides (hub kernels) where one can take its inputs.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,30 +15,177 @@
 
 namespace tformers::models {
 
-// What differs between the Llama-family decoders we support.
-struct DecoderOptions {
-  bool qk_norm = false;  // Qwen3: RMSNorm over head_dim on q and k, per head, before RoPE
+using graph::Value;
+
+// ---- Config ----
+
+// RoPE as config.json describes it, resolved once: the rotated features per head, their
+// inverse frequencies after rope_scaling, the pairing, and yarn's attention factor.
+struct RopeConfig {
+  std::vector<float> inv_freq;  // rotary_dim / 2 entries
+  int64_t rotary_dim = 0;       // features rotated per head (partial_rotary_factor * head_dim)
+  bool interleaved = false;     // pairs (2i, 2i+1) as GLM; else rotate-half (i, i + rotary_dim/2)
+  float attention_factor = 1;   // yarn: cos and sin are scaled by this
 };
 
-// The weights of a Llama-style decoder: embeddings, per-layer attention and gated MLP, final
-// norm, lm_head (tied to embed_tokens when config.tie_word_embeddings).
-std::vector<WeightSpec> decoder_weights(const ModelConfig& c, const DecoderOptions& o);
+// rope_theta (or `theta`), partial_rotary_factor and rope_scaling (default, linear, llama3, yarn)
+// of a config.json; UnsupportedError for other types.
+RopeConfig read_rope(const io::Json& j, const std::string& where, int64_t head_dim, double theta,
+                     bool interleaved);
 
-// The whole forward pass of a Llama-style decoder (see Architecture::build).
-void build_decoder(graph::GraphBuilder& b, Params& p, const ModelConfig& c, const StepShape& s,
-                   DType cache_dtype, const DecoderOptions& o);
+// The fields every decoder-only transformer shares.
+struct DecoderConfig : ArchConfig {
+  int64_t intermediate_size = 0, num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
+  double rms_norm_eps = 1e-6;
+  RopeConfig rope;
+};
 
-// Tensor parallelism: the decoders' default plan (Transformers' base_model_tp_plan and
-// _tp_plan) and the check that a resolved layout can run (see Architecture::validate_tp).
-std::map<std::string, std::string> decoder_tp_plan(const DecoderOptions& o);
-void validate_decoder_tp(const ModelConfig& c, distributed::TpModel& tp);
+// Reads PretrainedConfig's fields and DecoderConfig's, range-checked, with messages naming the
+// file and field. `head_dim_default` is used when config.json has no head_dim (0: hidden_size /
+// num_attention_heads, as Llama); `acts` are the hidden_act values the architecture builds.
+void read_decoder_config(const io::Json& j, const std::string& where, DecoderConfig& c,
+                         int64_t head_dim_default = 0,
+                         const std::vector<std::string>& acts = {"silu"});
 
-// x (..., in) -> (..., out) with "<prefix>.weight" and, when present, "<prefix>.bias".
-graph::Value linear(graph::GraphBuilder& b, Params& p, graph::Value x, const std::string& prefix);
+// ---- Building ----
 
-// RoPE inverse frequencies (head_dim / 2) for config.json's rope_theta and rope_scaling
-// (default, linear, llama3). Other rope types are an UnsupportedError naming them.
-std::vector<float> rope_inv_freq(const io::Json& config, double theta, int64_t head_dim,
-                                 const std::string& where);
+// One step's graph under construction: the builder, the weights, the shape and the inputs every
+// layer may read.
+struct Ctx {
+  graph::GraphBuilder& b;
+  Params& p;
+  const StepShape& s;
+  DType cache_dtype;
+  Value ids, pos, start, mask;  // input_ids, position_ids (B,T); cache_position (); mask (B,S)
+};
+// Declares the step's inputs.
+Ctx begin_step(graph::GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype);
+
+// ---- Layers ----
+
+// A linear layer's weights: "<prefix>.weight" (out, in) and, with bias, "<prefix>.bias". A
+// packed or fused weight ([gate; up], [q; k; v]) is one Linear whose output is cut with split();
+// its tensor-parallel style is then packed_colwise (two equal parts) or replicate.
+struct Linear {
+  int64_t in = 0, out = 0;
+  bool bias = false;
+  std::string tp_style;  // default style; "" replicate
+  void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
+};
+// x (..., in) -> (..., out) through the weights under `prefix` as loaded: prepared as int8 by
+// the backend, or split over ranks with the collectives the weight's style needs.
+Value linear(Ctx& c, Value x, const std::string& prefix);
+// The parts of a packed or fused linear's output y (..., sum) along the last dim, as this rank
+// holds them (each part split alike under packed_colwise).
+std::vector<Value> split(Ctx& c, Value y, const std::vector<int64_t>& parts,
+                         const std::string& prefix);
+
+// "<prefix>.weight" (dim). Gemma's variant scales by (1 + w), in float32.
+struct RMSNorm {
+  int64_t dim = 0;
+  float eps = 1e-6f;
+  bool unit_offset = false;
+  void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
+  Value operator()(Ctx& c, Value x, const std::string& prefix) const;
+};
+
+// x (B,T,H,D) rotated by position.
+struct Rotary {
+  RopeConfig rope;
+  Value operator()(Ctx& c, Value x, const std::string& name) const;
+};
+
+// Self-attention with grouped-query heads over the layer's static KV cache
+// past_key_values.{layer}: q/k/v/o projections (or one packed qkv_proj), optional per-head
+// q/k norms before RoPE, an optional sliding window and logit soft-capping.
+struct Attention {
+  int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  bool qkv_bias = false, o_bias = false;
+  bool packed_qkv = false;         // one "qkv_proj" (Phi-3 style) instead of q/k/v_proj
+  std::optional<RMSNorm> qk_norm;  // q_norm / k_norm over head_dim (Qwen3, Gemma 3)
+  Rotary rotary;
+  float scale = 0;             // 0: 1 / sqrt(head_dim)
+  int64_t sliding_window = 0;  // 0: full attention
+  float softcap = 0;           // 0: none
+  void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
+  // x (B,T,hidden) -> (B,T,hidden), writing keys and values into past_key_values.{layer}.
+  Value operator()(Ctx& c, Value x, const std::string& prefix, int64_t layer) const;
+  // This rank's KV heads: all of them unless the plan splits the heads.
+  KvCacheSpec cache(const distributed::TpModel* tp, const std::string& prefix) const;
+  void validate_tp(const distributed::TpModel& tp, const std::string& prefix) const;
+};
+
+enum class Activation : uint8_t { kSilu, kGeluTanh };
+// "silu" or "gelu_pytorch_tanh" (also "gelu_new"), else UnsupportedError naming the field.
+Activation parse_activation(const std::string& name, const std::string& where);
+
+// down(act(gate(x)) * up(x)), with gate and up separate or fused in one gate_up_proj.
+struct GatedMLP {
+  int64_t hidden = 0, intermediate = 0;
+  Activation act = Activation::kSilu;
+  bool bias = false;
+  bool fused_gate_up = false;  // "gate_up_proj" (GLM) instead of gate_proj and up_proj
+  void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
+  Value operator()(Ctx& c, Value x, const std::string& prefix) const;
+  void validate_tp(const distributed::TpModel& tp, const std::string& prefix) const;
+};
+
+// The token embedding "<prefix>.weight" (vocab, hidden), times `scale` when set (Gemma scales by
+// sqrt(hidden), rounded to the weight dtype as Transformers does).
+struct Embedding {
+  int64_t vocab = 0, hidden = 0;
+  float scale = 0;  // 0: none
+  void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
+  Value operator()(Ctx& c, const std::string& prefix) const;
+};
+
+// ---- The decoder stack ----
+
+// One pre-norm block: h += post_attn(attn(pre_attn(h))); h += post_mlp(mlp(pre_mlp(h))). The
+// norm names are the checkpoint's; the post norms are optional (GLM-4 and Gemma 3 have them).
+struct DecoderBlock {
+  Attention attn;
+  GatedMLP mlp;
+  RMSNorm norm;  // all of the block's norms are alike
+  std::string pre_attn = "input_layernorm", post_attn;
+  std::string pre_mlp = "post_attention_layernorm", post_mlp;
+};
+
+// embed_tokens, the blocks, the final norm and lm_head (tied to the embedding when
+// tie_word_embeddings), optionally soft-capped: the whole model as the loader sees it.
+struct DecoderModel {
+  Embedding embed;
+  std::vector<DecoderBlock> blocks;
+  RMSNorm norm;
+  bool tie_word_embeddings = false;
+  float final_softcap = 0;  // 0: none
+  std::vector<WeightSpec> weights() const;
+  std::vector<KvCacheSpec> states(const distributed::TpModel* tp) const;
+  void build(graph::GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype) const;
+  void validate_tp(const distributed::TpModel& tp) const;
+};
+
+// An architecture that is a DecoderModel built from its config: the file says how to read the
+// config and how to build the model from it, and nothing else.
+template <class Config>
+class DecoderArchitecture : public ArchitectureFor<Config> {
+ public:
+  virtual DecoderModel model(const Config& c) const = 0;
+  std::vector<WeightSpec> weights(const Config& c) const override { return model(c).weights(); }
+  std::vector<KvCacheSpec> states(const Config& c, const distributed::TpModel* tp) const override {
+    return model(c).states(tp);
+  }
+  void build(graph::GraphBuilder& b, Params& p, const Config& c, const StepShape& s,
+             DType cache_dtype) const override {
+    model(c).build(b, p, s, cache_dtype);
+  }
+  void validate_tp(const Config& c, const distributed::TpModel& tp) const override {
+    model(c).validate_tp(tp);
+  }
+};
+
+// The Llama block and stack for a DecoderConfig: q/k/v/o and gate/up/down projections, RMSNorm
+// before attention and MLP. Architectures adjust the result (biases, q/k norms).
+DecoderModel llama_model(const DecoderConfig& c);
 
 }  // namespace tformers::models

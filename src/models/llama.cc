@@ -1,30 +1,35 @@
-// LlamaForCausalLM (Llama 2, Llama 3.x): the reference decoder. Optional attention and MLP
-// biases; RoPE with llama3 scaling handled by the shared rope_inv_freq.
+// LlamaForCausalLM (Llama 2, Llama 3.x): the reference decoder. Optional biases on all four
+// attention projections (attention_bias) and on the MLP (mlp_bias); RoPE with default, linear,
+// llama3 or yarn scaling.
 #include "models/layers.h"
 
 namespace tformers::models {
 
 namespace {
 
-class LlamaForCausalLM : public Architecture {
+struct LlamaConfig : DecoderConfig {
+  bool attention_bias = false, mlp_bias = false;
+};
+
+class LlamaForCausalLM : public DecoderArchitecture<LlamaConfig> {
  public:
-  void read_config(const io::Json& json, ModelConfig& c, const std::string& where) const override {
-    c.mlp_bias = io::get_or<bool>(json, "mlp_bias", false, where);
+  void read(const io::Json& j, const std::string& where, LlamaConfig& c) const override {
+    read_decoder_config(j, where, c);
+    c.rope = read_rope(j, where, c.head_dim, 10000.0, false);
+    c.attention_bias = io::get_or<bool>(j, "attention_bias", false, where);
+    c.mlp_bias = io::get_or<bool>(j, "mlp_bias", false, where);
   }
-  std::vector<WeightSpec> weights(const ModelConfig& c) const override {
-    return decoder_weights(c, {});
+  DecoderModel model(const LlamaConfig& c) const override {
+    DecoderModel m = llama_model(c);
+    for (DecoderBlock& blk : m.blocks) {
+      blk.attn.qkv_bias = blk.attn.o_bias = c.attention_bias;
+      blk.mlp.bias = c.mlp_bias;
+    }
+    return m;
   }
   bool ignorable(const std::string& name) const override {
     // Old conversions saved the RoPE table; it is recomputed from the config.
     return name.ends_with(".rotary_emb.inv_freq");
-  }
-  void build(graph::GraphBuilder& b, Params& p, const ModelConfig& c, const StepShape& s,
-             DType cache_dtype) const override {
-    build_decoder(b, p, c, s, cache_dtype, {});
-  }
-  std::map<std::string, std::string> tp_plan() const override { return decoder_tp_plan({}); }
-  void validate_tp(const ModelConfig& c, distributed::TpModel& tp) const override {
-    validate_decoder_tp(c, tp);
   }
 };
 

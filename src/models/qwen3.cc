@@ -7,28 +7,29 @@ namespace tformers::models {
 
 namespace {
 
-class Qwen3ForCausalLM : public Architecture {
+struct Qwen3Config : DecoderConfig {
+  bool attention_bias = false;
+};
+
+class Qwen3ForCausalLM : public DecoderArchitecture<Qwen3Config> {
  public:
-  void read_config(const io::Json& json, ModelConfig& c, const std::string& where) const override {
-    // Qwen3Config's own default, used when config.json omits head_dim.
-    if (!json.contains("head_dim")) c.head_dim = 128;
-    if (io::get_or<bool>(json, "use_sliding_window", false, where))
+  void read(const io::Json& j, const std::string& where, Qwen3Config& c) const override {
+    // 128 is Qwen3Config's own default, used when config.json omits head_dim.
+    read_decoder_config(j, where, c, 128);
+    c.rope = read_rope(j, where, c.head_dim, 10000.0, false);
+    c.attention_bias = io::get_or<bool>(j, "attention_bias", false, where);
+    if (io::get_or<bool>(j, "use_sliding_window", false, where))
       throw UnsupportedError(where +
                              ": use_sliding_window=true is not supported for Qwen3 yet; set it to "
                              "false (all released Qwen3 checkpoints use full attention)");
   }
-  std::vector<WeightSpec> weights(const ModelConfig& c) const override {
-    return decoder_weights(c, {.qk_norm = true});
-  }
-  void build(graph::GraphBuilder& b, Params& p, const ModelConfig& c, const StepShape& s,
-             DType cache_dtype) const override {
-    build_decoder(b, p, c, s, cache_dtype, {.qk_norm = true});
-  }
-  std::map<std::string, std::string> tp_plan() const override {
-    return decoder_tp_plan({.qk_norm = true});
-  }
-  void validate_tp(const ModelConfig& c, distributed::TpModel& tp) const override {
-    validate_decoder_tp(c, tp);
+  DecoderModel model(const Qwen3Config& c) const override {
+    DecoderModel m = llama_model(c);
+    for (DecoderBlock& blk : m.blocks) {
+      blk.attn.qkv_bias = blk.attn.o_bias = c.attention_bias;
+      blk.attn.qk_norm = RMSNorm{c.head_dim, float(c.rms_norm_eps)};
+    }
+    return m;
   }
 };
 

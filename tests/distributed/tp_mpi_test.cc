@@ -222,14 +222,16 @@ TEST_F(TpMpi, UserOverridesTwoRanks) {
 }
 
 const char* kReplicateAttention =
-    R"({"layers.*.self_attn.q_proj": "replicate", "layers.*.self_attn.k_proj": "replicate",)"
-    R"( "layers.*.self_attn.v_proj": "replicate", "layers.*.self_attn.o_proj": "replicate"})";
+    R"({"layers.*.self_attn.q_proj": "replicated_with_grad_allreduce",)"
+    R"( "layers.*.self_attn.k_proj": "replicated_with_grad_allreduce",)"
+    R"( "layers.*.self_attn.v_proj": "replicated_with_grad_allreduce",)"
+    R"( "layers.*.self_attn.o_proj": "replicated_with_grad_allreduce"})";
 
 // tiny-qwen3 has 2 KV heads: four ranks cannot split them, and the error names the override.
 TEST_F(TpMpi, KvHeadsNotDivisibleFailsAtLoadNamingTheOverride) {
-  RunResult r =
-      run_worker(4, "tiny-qwen3", "",
-                 R"(DistributedConfig.tp_plan = {"layers.*.self_attn.q_proj": "replicate")");
+  RunResult r = run_worker(4, "tiny-qwen3", "",
+                           R"(DistributedConfig.tp_plan = {"layers.*.self_attn.q_proj": )"
+                           R"("replicated_with_grad_allreduce")");
   expect_ok(r);
   EXPECT_NE(r.output.find("does not divide num_key_value_heads 2"), std::string::npos) << r.output;
 }
@@ -366,7 +368,8 @@ TEST_F(TpMpi, GenerateUnderLaunchFailsFastOnAnImpossiblePlan) {
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.status, 124) << "hung: " << r.output;
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t).count(), 30);
-  EXPECT_NE(r.output.find(R"("layers.*.self_attn.k_proj": "replicate")"), std::string::npos)
+  EXPECT_NE(r.output.find(R"("layers.*.self_attn.k_proj": "replicated_with_grad_allreduce")"),
+            std::string::npos)
       << r.output;
 }
 

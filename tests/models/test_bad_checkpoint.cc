@@ -134,9 +134,9 @@ TEST_F(BadCheckpoint, MissingConfig) {
 
 TEST_F(BadCheckpoint, UnsupportedRopeScaling) {
   auto j = config();
-  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
   write_config(j);
-  EXPECT_HAS(load_error<UnsupportedError>(), "yarn");
+  EXPECT_HAS(load_error<UnsupportedError>(), "longrope");
 }
 
 TEST(Devices, MissingAcceleratorIsAClearError) {

@@ -474,6 +474,10 @@ class CpuBackend : public Backend {
   std::shared_ptr<Buffer> allocate(const graph::TensorType& type) override {
     return std::make_shared<CpuBuffer>(type, Tensor::zeros(type.shape, type.dtype));
   }
+  PreparedWeight prepare_linear(const Tensor& w, const std::string& quantize) override {
+    if (quantize == "int8") return prepare_int8(*this, w);
+    return Backend::prepare_linear(w, quantize);
+  }
   Tensor download(const Buffer& buffer) override {
     const Tensor& t = static_cast<const CpuBuffer&>(buffer).tensor();
     Tensor copy = Tensor::zeros(t.shape(), t.dtype());

@@ -1,0 +1,189 @@
+// Reading config.json for the layer library: the fields every decoder shares and RoPE, each
+// range-checked before use so that no later size computation can overflow, loop without end or
+// silently produce garbage (a negative eps, a zero theta).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numbers>
+
+#include "models/layers.h"
+#include "tformers/error.h"
+
+namespace tformers::models {
+
+namespace {
+
+// Bounds on shapes: far above any released model, low enough that products of two of them
+// (vocab x hidden, heads x head_dim x hidden) stay well inside int64.
+constexpr int64_t kMaxVocab = int64_t(1) << 31;  // ids are int32
+constexpr int64_t kMaxWidth = int64_t(1) << 20;  // hidden, intermediate, head_dim
+constexpr int64_t kMaxHeads = 4096;
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxPositions = int64_t(1) << 30;
+
+int64_t int_in(const io::Json& j, const std::string& key, int64_t lo, int64_t hi,
+               const std::string& where, std::optional<int64_t> fallback = std::nullopt) {
+  int64_t v = fallback ? io::get_or<int64_t>(j, key, *fallback, where)
+                       : io::get_required<int64_t>(j, key, where);
+  if (v < lo || v > hi)
+    throw FormatError(where + ": field '" + key + "' must be in [" + std::to_string(lo) + ", " +
+                      std::to_string(hi) + "], got " + std::to_string(v));
+  return v;
+}
+
+// A finite number in (lo, hi); absent or null gives the fallback.
+double positive_in(const io::Json& j, const std::string& key, double fallback, double hi,
+                   const std::string& where) {
+  double v = io::get_or<double>(j, key, fallback, where);
+  if (!std::isfinite(v) || v <= 0 || v >= hi)
+    throw FormatError(where + ": field '" + key + "' must be a positive number below " +
+                      std::to_string(hi) + ", got " + std::to_string(v));
+  return v;
+}
+
+}  // namespace
+
+void read_decoder_config(const io::Json& j, const std::string& where, DecoderConfig& c,
+                         int64_t head_dim_default, const std::vector<std::string>& acts) {
+  c.json = j;
+  c.model_type = io::get_or<std::string>(j, "model_type", "", where);
+  c.vocab_size = int_in(j, "vocab_size", 1, kMaxVocab - 1, where);
+  c.hidden_size = int_in(j, "hidden_size", 1, kMaxWidth, where);
+  c.intermediate_size = int_in(j, "intermediate_size", 1, kMaxWidth, where);
+  c.num_hidden_layers = int_in(j, "num_hidden_layers", 1, kMaxLayers, where);
+  c.num_attention_heads = int_in(j, "num_attention_heads", 1, kMaxHeads, where);
+  c.num_key_value_heads =
+      int_in(j, "num_key_value_heads", 1, c.num_attention_heads, where, c.num_attention_heads);
+  if (c.num_attention_heads % c.num_key_value_heads)
+    throw FormatError(where + ": num_attention_heads (" + std::to_string(c.num_attention_heads) +
+                      ") must be a multiple of num_key_value_heads (" +
+                      std::to_string(c.num_key_value_heads) + ")");
+  const int64_t head_dim =
+      head_dim_default > 0 ? head_dim_default : c.hidden_size / c.num_attention_heads;
+  c.head_dim = int_in(j, "head_dim", 2, kMaxWidth / 4, where, head_dim);
+  if (c.head_dim % 2)
+    throw FormatError(where + ": head_dim must be even (RoPE rotates pairs), got " +
+                      std::to_string(c.head_dim));
+  c.max_position_embeddings = int_in(j, "max_position_embeddings", 1, kMaxPositions, where, 2048);
+  c.rms_norm_eps = positive_in(j, "rms_norm_eps", 1e-6, 1, where);
+  c.tie_word_embeddings = io::get_or<bool>(j, "tie_word_embeddings", false, where);
+  if (auto d = io::get_optional<std::string>(j, "torch_dtype", where))
+    c.torch_dtype = parse_dtype(*d);
+  const std::string act = io::get_or<std::string>(j, "hidden_act", acts.front(), where);
+  if (std::find(acts.begin(), acts.end(), act) == acts.end()) {
+    std::string list;
+    for (const auto& a : acts) list += (list.empty() ? "" : ", ") + a;
+    throw UnsupportedError(where + ": hidden_act '" + act +
+                           "' is not supported by this architecture; supported: " + list);
+  }
+}
+
+RopeConfig read_rope(const io::Json& j, const std::string& where, int64_t head_dim, double theta,
+                     bool interleaved) {
+  RopeConfig r;
+  r.interleaved = interleaved;
+  theta = positive_in(j, "rope_theta", theta, std::numeric_limits<double>::max(), where);
+  const double partial = io::get_or<double>(j, "partial_rotary_factor", 1.0, where);
+  if (!(partial > 0 && partial <= 1))
+    throw FormatError(where + ": field 'partial_rotary_factor' must be in (0, 1], got " +
+                      std::to_string(partial));
+  r.rotary_dim = int64_t(double(head_dim) * partial);
+  if (r.rotary_dim < 2 || r.rotary_dim % 2)
+    throw FormatError(where + ": partial_rotary_factor " + std::to_string(partial) +
+                      " of head_dim " + std::to_string(head_dim) + " rotates " +
+                      std::to_string(r.rotary_dim) +
+                      " features; it must be a positive even number");
+  const int64_t dim = r.rotary_dim;
+  // As Transformers: inv_freq[i] = 1 / theta^(2i / dim), in float32.
+  // Rounded to float32 before any scaling, as there.
+  std::vector<double> base(size_t(dim / 2));
+  for (size_t i = 0; i < base.size(); ++i)
+    base[i] = float(1.0 / std::pow(theta, double(float(2 * i) / float(dim))));
+  auto finish = [&](const std::vector<double>& inv) {
+    r.inv_freq.assign(inv.begin(), inv.end());
+    return r;
+  };
+
+  auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) return finish(base);
+  const io::Json& rs = *it;
+  const std::string w = where + ": rope_scaling";
+  if (!rs.is_object()) throw FormatError(w + " must be an object or null");
+  std::string type = rs.contains("rope_type") ? io::get_required<std::string>(rs, "rope_type", w)
+                                              : io::get_or<std::string>(rs, "type", "default", w);
+  if (type == "default") return finish(base);
+  const double factor = io::get_required<double>(rs, "factor", w);
+  if (!(factor > 0) || !std::isfinite(factor))
+    throw FormatError(w + ".factor must be a positive number");
+  std::vector<double> inv = base;
+  if (type == "linear") {
+    for (double& f : inv) f /= factor;
+    return finish(inv);
+  }
+  if (type == "llama3") {
+    double low = io::get_required<double>(rs, "low_freq_factor", w);
+    double high = io::get_required<double>(rs, "high_freq_factor", w);
+    double old_len = io::get_required<double>(rs, "original_max_position_embeddings", w);
+    if (!(high > low) || !(low > 0) || !(old_len > 0))
+      throw FormatError(w +
+                        ": needs 0 < low_freq_factor < high_freq_factor and a positive "
+                        "original_max_position_embeddings");
+    const double low_wavelen = old_len / low, high_wavelen = old_len / high;
+    for (double& f : inv) {
+      const double wavelen = 2 * std::numbers::pi / f;
+      if (wavelen > low_wavelen) {
+        f = f / factor;
+      } else if (wavelen >= high_wavelen) {
+        double smooth = (old_len / wavelen - low) / (high - low);
+        f = (1 - smooth) * f / factor + smooth * f;
+      }
+    }
+    return finish(inv);
+  }
+  if (type == "yarn") {
+    // YaRN (arXiv 2309.00071) as Transformers resolves it: frequencies below a correction range
+    // are interpolated by `factor`, those above kept, a linear ramp between; cos and sin are
+    // scaled by an attention factor.
+    const double orig = io::get_or<double>(
+        rs, "original_max_position_embeddings",
+        double(io::get_or<int64_t>(j, "max_position_embeddings", 2048, where)), w);
+    const double beta_fast = io::get_or<double>(rs, "beta_fast", 32, w);
+    const double beta_slow = io::get_or<double>(rs, "beta_slow", 1, w);
+    if (!(orig > 0) || !(beta_fast > 0) || !(beta_slow > 0))
+      throw FormatError(w +
+                        ": original_max_position_embeddings, beta_fast and beta_slow must be "
+                        "positive");
+    auto mscale = [](double scale, double m) {
+      return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+    };
+    auto attention = io::get_optional<double>(rs, "attention_factor", w);
+    auto ms = io::get_optional<double>(rs, "mscale", w);
+    auto ms_all = io::get_optional<double>(rs, "mscale_all_dim", w);
+    r.attention_factor = float(attention ? *attention
+                                         : (ms && ms_all && *ms != 0 && *ms_all != 0
+                                                ? mscale(factor, *ms) / mscale(factor, *ms_all)
+                                                : mscale(factor, 1)));
+    auto correction_dim = [&](double rotations) {
+      return double(dim) * std::log(orig / (rotations * 2 * std::numbers::pi)) /
+             (2 * std::log(theta));
+    };
+    double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+    if (io::get_or<bool>(rs, "truncate", true, w)) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, double(dim - 1));
+    if (low == high) high += 0.001;  // a ramp of zero width
+    for (size_t i = 0; i < inv.size(); ++i) {
+      const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+      const double keep = 1 - ramp;  // 1: extrapolate (keep the frequency)
+      inv[i] = base[i] / factor * (1 - keep) + base[i] * keep;
+    }
+    if (r.attention_factor != 1 && r.rotary_dim != head_dim)
+      throw UnsupportedError(w + ": yarn with partial_rotary_factor < 1 is not supported");
+    return finish(inv);
+  }
+  throw UnsupportedError(w + ".rope_type '" + type +
+                         "' is not supported: supported types are default, linear, llama3 and "
+                         "yarn");
+}
+
+}  // namespace tformers::models
