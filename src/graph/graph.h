@@ -98,7 +98,8 @@ class Graph {
   // A 64-bit hash of the structure, shapes, dtypes, names and attributes; two graphs with the
   // same hash compile to the same executable.
   uint64_t hash() const;
-  // One line per node: "%12 = linear(%10, %3) -> float32[1, 7, 64]  # layers.0.mlp.up_proj".
+  // One line per node: "%12 = linear(%10, %3) -> float32[1, 7, 64]  # layers.0.mlp.up_proj",
+  // with options that are not the op's default in braces: "rope(%4, %2) {interleaved} -> ...".
   std::string to_string() const;
 
  private:

@@ -111,9 +111,9 @@ void embedding_impl(const void* table, DType dt, const int32_t* ids, int64_t n, 
       std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(D, 1)));
 }
 
-// yr = xr * inv * w (or * (1 + w)) over D values.
+// yr = xr * inv * w (or * (1 + w)) over D values: rms_norm's output row.
 template <bool kUnitOffset, class W>
-void scale_row(const float* xr, float inv, const W* w, float* yr, int64_t D) {
+void norm_row(const float* xr, float inv, const W* w, float* yr, int64_t D) {
   for (int64_t i = 0; i < D; ++i) {
     const float wi = value_f32(w[i]);
     yr[i] = xr[i] * inv * (kUnitOffset ? 1.0f + wi : wi);
@@ -121,11 +121,11 @@ void scale_row(const float* xr, float inv, const W* w, float* yr, int64_t D) {
 }
 
 template <bool kUnitOffset>
-void scale_row(const float* xr, float inv, const void* w, DType wt, float* yr, int64_t D) {
+void norm_row(const float* xr, float inv, const void* w, DType wt, float* yr, int64_t D) {
   if (wt == DType::bf16)
-    scale_row<kUnitOffset>(xr, inv, static_cast<const uint16_t*>(w), yr, D);
+    norm_row<kUnitOffset>(xr, inv, static_cast<const uint16_t*>(w), yr, D);
   else
-    scale_row<kUnitOffset>(xr, inv, static_cast<const float*>(w), yr, D);
+    norm_row<kUnitOffset>(xr, inv, static_cast<const float*>(w), yr, D);
 }
 
 template <class Ops>
@@ -138,16 +138,17 @@ void rms_norm_impl(const float* x, const void* w, DType wt, float* y, int64_t M,
           const float* xr = x + m * D;
           const float inv = 1.0f / std::sqrt(Ops::sum_sq(xr, D) / float(D) + eps);
           if (unit_offset)
-            scale_row<true>(xr, inv, w, wt, y + m * D, D);
+            norm_row<true>(xr, inv, w, wt, y + m * D, D);
           else
-            scale_row<false>(xr, inv, w, wt, y + m * D, D);
+            norm_row<false>(xr, inv, w, wt, y + m * D, D);
         }
       },
       std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(D, 1)));
 }
 
-// Rotates the pairs (r[a * i], r[a * i + b]) for i < n by the angles of cs ([cos (n), sin (n)]).
-// Strides as template arguments so that each layout's loop vectorizes on its own.
+// Rotates the pairs (r[kA * i], r[kA * i + b]) for i < n by the angles of cs ([cos (n),
+// sin (n)]): kA = 1, b = n for rotate-half, kA = 2, b = 1 for interleaved pairs. kA is a
+// template argument so that each layout's loop is compiled (and vectorized) on its own.
 template <int64_t kA>
 inline void rotate_pairs(float* r, int64_t b, const float* cs, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
@@ -287,9 +288,10 @@ inline f32x8 exp_f32x8(f32x8 x) {
   return in < -87.0f ? f32x8{} : y;
 }
 
-// tanh of each lane, within a few ulp of std::tanh (Cephes' tanhf: an odd polynomial below
+// tanh of each lane, within 2^-21 relative of std::tanh (Cephes' tanhf: an odd polynomial up to
 // |x| = 0.625, where 1 - 2 / (exp(2|x|) + 1) would lose the small result to cancellation, that
-// form above, where it is 1 for |x| >= 44). Ops.TanhF32x8 checks it.
+// form above; exactly +-1 from |x| of about 9 on, infinities included, as exp_f32x8 clamps at
+// 88). Ops.TanhF32x8 checks it.
 inline f32x8 tanh_f32x8(f32x8 x) {
   const f32x8 ax = x < 0.0f ? -x : x;
   const f32x8 big = 1.0f - 2.0f / (exp_f32x8(ax + ax) + 1.0f);
@@ -730,14 +732,15 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
   // One set holds all of a head's query rows: each value row is read once, from memory.
   const SlotChunks chunks = T * group <= kQuerySet ? kStreamedChunks : kRereadChunks;
   pool.parallel_for(B * blocks * Hkv, [&](int64_t lo, int64_t hi, int) {
-    AttendArgs args{nullptr,
-                    D,
-                    scale,
-                    softcap,
-                    thread_scratch<float>(Scratch::kScores, size_t(kQuerySet * (start + T))),
-                    thread_scratch<float>(Scratch::kQueries, size_t(kQuerySet * D)),
-                    thread_scratch<int32_t>(Scratch::kSlots, size_t(start + T)),
-                    chunks};
+    AttendArgs args{
+        .mask = nullptr,
+        .D = D,
+        .scale = scale,
+        .softcap = softcap,
+        .scores = thread_scratch<float>(Scratch::kScores, size_t(kQuerySet * (start + T))),
+        .packed = thread_scratch<float>(Scratch::kQueries, size_t(kQuerySet * D)),
+        .slots = thread_scratch<int32_t>(Scratch::kSlots, size_t(start + T)),
+        .chunks = chunks};
     for (int64_t u = lo; u < hi; ++u) {
       const int64_t kvh = u % Hkv, bb = (u / Hkv) % blocks, b = u / (Hkv * blocks);
       const int64_t blk = (bb % 2 == 0) ? bb / 2 : blocks - 1 - bb / 2;
@@ -763,6 +766,7 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
           qs[n] = q + row;
           os[n] = out + row;
           len[n] = start + t + 1;  // causal: slots [0, start + t]
+          // A window: only slots (start + t - window, start + t].
           first[n] = window > 0 ? std::max<int64_t>(0, len[n] - window) : 0;
           if (++n == kQuerySet) flush();
         }
