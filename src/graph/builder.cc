@@ -1,6 +1,7 @@
 #include "graph/builder.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "tformers/error.h"
 
@@ -74,22 +75,56 @@ Value GraphBuilder::linear_int8(Value x, Value w, Value scale, Value bias,
 }
 
 Value GraphBuilder::rms_norm(Value x, Value w, float eps, const std::string& name) {
+  return rms_norm(x, w, eps, RMSNormOptions{}, name);
+}
+
+Value GraphBuilder::rms_norm(Value x, Value w, float eps, RMSNormOptions o,
+                             const std::string& name) {
   const TensorType &xt = type(x), &wt = type(w);
   TF_CHECK(wt.shape == Shape{xt.shape.back()}, name, ": x ", xt.str(), " w ", wt.str());
-  return add_node(Op::kRMSNorm, {x, w}, {DType::f32, xt.shape}, name, {}, {eps});
+  return add_node(Op::kRMSNorm, {x, w}, {DType::f32, xt.shape}, name, {int64_t(o.unit_offset)},
+                  {eps});
 }
 
 Value GraphBuilder::rope(Value x, Value pos, std::vector<float> inv_freq, const std::string& name) {
+  return rope(x, pos, std::move(inv_freq), RopeOptions{}, name);
+}
+
+Value GraphBuilder::rope(Value x, Value pos, std::vector<float> inv_freq, RopeOptions o,
+                         const std::string& name) {
   const TensorType &xt = type(x), &pt = type(pos);
-  TF_CHECK(xt.shape.size() == 4 && pt.shape == Shape({xt.shape[0], xt.shape[1]}) &&
-               int64_t(inv_freq.size()) * 2 == xt.shape[3],
-           name, ": x ", xt.str(), " pos ", pt.str());
-  return add_node(Op::kRope, {x, pos}, {DType::f32, xt.shape}, name, {}, std::move(inv_freq));
+  TF_CHECK(xt.shape.size() == 4 && pt.shape == Shape({xt.shape[0], xt.shape[1]}), name, ": x ",
+           xt.str(), " pos ", pt.str());
+  const int64_t rotary_dim = o.rotary_dim ? o.rotary_dim : xt.shape[3];
+  TF_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= xt.shape[3] &&
+               int64_t(inv_freq.size()) * 2 == rotary_dim,
+           name, ": rotary_dim ", rotary_dim, " with ", inv_freq.size(), " frequencies, x ",
+           xt.str());
+  return add_node(Op::kRope, {x, pos}, {DType::f32, xt.shape}, name,
+                  {rotary_dim, int64_t(o.interleaved)}, std::move(inv_freq));
 }
 
 Value GraphBuilder::silu_mul(Value gate, Value up, const std::string& name) {
   TF_CHECK(type(gate) == type(up), name);
   return add_node(Op::kSiluMul, {gate, up}, type(gate), name);
+}
+
+Value GraphBuilder::gelu_tanh_mul(Value gate, Value up, const std::string& name) {
+  TF_CHECK(type(gate) == type(up) && type(gate).dtype == DType::f32, name, ": ", type(gate).str(),
+           " ", type(up).str());
+  return add_node(Op::kGeluTanhMul, {gate, up}, type(gate), name);
+}
+
+Value GraphBuilder::scale(Value x, float factor, const std::string& name) {
+  TF_CHECK(type(x).dtype == DType::f32 && std::isfinite(factor), name, ": ", type(x).str(), " * ",
+           factor);
+  return add_node(Op::kScale, {x}, type(x), name, {}, {factor});
+}
+
+Value GraphBuilder::softcap(Value x, float cap, const std::string& name) {
+  TF_CHECK(type(x).dtype == DType::f32 && cap > 0.0f && std::isfinite(cap), name, ": ",
+           type(x).str(), " cap ", cap);
+  return add_node(Op::kSoftcap, {x}, type(x), name, {}, {cap});
 }
 
 Value GraphBuilder::add(Value a, Value b, const std::string& name) {
@@ -114,18 +149,26 @@ Value GraphBuilder::cache_write(Value cache, Value update, Value start, const st
 
 Value GraphBuilder::attention(Value q, Value k_cache, Value v_cache, Value start, Value key_mask,
                               float scale, const std::string& name) {
+  return attention(q, k_cache, v_cache, start, key_mask, scale, AttentionOptions{}, name);
+}
+
+Value GraphBuilder::attention(Value q, Value k_cache, Value v_cache, Value start, Value key_mask,
+                              float scale, AttentionOptions o, const std::string& name) {
   const TensorType &qt = type(q), &kt = type(k_cache);
   TF_CHECK(qt.shape.size() == 4 && kt.shape.size() == 4 && type(v_cache) == kt &&
                qt.shape[0] == kt.shape[0] && qt.shape[3] == kt.shape[3] &&
                qt.shape[2] % kt.shape[1] == 0,
            name, ": q ", qt.str(), " cache ", kt.str());
+  TF_CHECK(o.sliding_window >= 0 && o.softcap >= 0.0f && std::isfinite(o.softcap), name,
+           ": sliding_window ", o.sliding_window, " softcap ", o.softcap);
   std::vector<int> inputs = {q, k_cache, v_cache, start};
   if (key_mask >= 0) {
     TF_CHECK(type(key_mask).shape == Shape({kt.shape[0], kt.shape[2]}), name, ": mask ",
              type(key_mask).str());
     inputs.push_back(key_mask);
   }
-  return add_node(Op::kAttention, std::move(inputs), {DType::f32, qt.shape}, name, {}, {scale});
+  return add_node(Op::kAttention, std::move(inputs), {DType::f32, qt.shape}, name,
+                  {o.sliding_window}, {scale, o.softcap});
 }
 
 Value GraphBuilder::take_last(Value x, int64_t n) {

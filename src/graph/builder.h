@@ -11,6 +11,20 @@ namespace tformers::graph {
 
 using Value = int;  // a node id
 
+struct RopeOptions {
+  int64_t rotary_dim = 0;    // features rotated per head, even; 0: the whole head_dim
+  bool interleaved = false;  // pairs (2i, 2i+1) (GLM) instead of (i, i + rotary_dim/2)
+};
+struct RMSNormOptions {
+  bool unit_offset = false;  // y = x_normed * (1 + w) (Gemma), in f32
+};
+struct AttentionOptions {
+  // Query at cache slot p sees key slots p - sliding_window < j <= p; 0: all j <= p.
+  int64_t sliding_window = 0;
+  // Scores (after the scale) become tanh(s / softcap) * softcap before the softmax; 0: none.
+  float softcap = 0.0f;
+};
+
 class GraphBuilder {
  public:
   Value parameter(const std::string& name, TensorType type);
@@ -26,13 +40,23 @@ class GraphBuilder {
   // w int8 (N,K) with per-output-channel scale f32 (N); bias, when given, is f32 (N).
   Value linear_int8(Value x, Value w, Value scale, Value bias = -1, const std::string& name = "");
   Value rms_norm(Value x, Value w, float eps, const std::string& name = "");
+  Value rms_norm(Value x, Value w, float eps, RMSNormOptions o, const std::string& name);
+  // inv_freq has rotary_dim / 2 entries (head_dim / 2 without options).
   Value rope(Value x, Value pos, std::vector<float> inv_freq, const std::string& name = "");
+  Value rope(Value x, Value pos, std::vector<float> inv_freq, RopeOptions o,
+             const std::string& name);
   Value silu_mul(Value gate, Value up, const std::string& name = "");
+  // gelu_pytorch_tanh(gate) * up.
+  Value gelu_tanh_mul(Value gate, Value up, const std::string& name = "");
+  Value scale(Value x, float factor, const std::string& name = "");  // x * factor
+  Value softcap(Value x, float cap, const std::string& name = "");   // tanh(x / cap) * cap
   Value add(Value a, Value b, const std::string& name = "");
   Value reshape(Value x, Shape shape);
   Value cache_write(Value cache, Value update, Value start, const std::string& name = "");
   Value attention(Value q, Value k_cache, Value v_cache, Value start, Value key_mask, float scale,
                   const std::string& name = "");
+  Value attention(Value q, Value k_cache, Value v_cache, Value start, Value key_mask, float scale,
+                  AttentionOptions o, const std::string& name);
   Value take_last(Value x, int64_t n);
   // A hub kernel producing `out` from `inputs`; the caller (models/layers.cc) has matched the
   // inputs to the kernel's schema.

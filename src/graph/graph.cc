@@ -45,6 +45,12 @@ const char* op_name(Op op) {
       return "slice";
     case Op::kLinearInt8:
       return "linear_int8";
+    case Op::kGeluTanhMul:
+      return "gelu_tanh_mul";
+    case Op::kScale:
+      return "scale";
+    case Op::kSoftcap:
+      return "softcap";
   }
   return "?";
 }
@@ -110,6 +116,43 @@ uint64_t Graph::hash() const {
   return h.h;
 }
 
+namespace {
+// The attributes to_string shows: the options that are not the op's default, and the factors of
+// scale and softcap, as " {name=value, ...}" (nothing when there are none).
+std::string attributes(const Node& n) {
+  std::vector<std::string> a;
+  auto show = [&](const char* name, auto v) {
+    std::ostringstream os;
+    os << name << "=" << v;
+    a.push_back(os.str());
+  };
+  switch (n.op) {
+    case Op::kRMSNorm:
+      if (n.ints[0]) a.push_back("unit_offset");
+      break;
+    case Op::kRope:
+      if (n.ints[0] != n.type.shape[3]) show("rotary_dim", n.ints[0]);
+      if (n.ints[1]) a.push_back("interleaved");
+      break;
+    case Op::kAttention:
+      if (n.ints[0]) show("sliding_window", n.ints[0]);
+      if (n.floats[1] != 0.0f) show("softcap", n.floats[1]);
+      break;
+    case Op::kScale:
+      show("factor", n.floats[0]);
+      break;
+    case Op::kSoftcap:
+      show("cap", n.floats[0]);
+      break;
+    default:
+      break;
+  }
+  std::string out;
+  for (size_t i = 0; i < a.size(); ++i) out += (i ? ", " : " {") + a[i];
+  return a.empty() ? out : out + "}";
+}
+}  // namespace
+
 std::string Graph::to_string() const {
   std::ostringstream os;
   for (size_t i = 0; i < nodes_.size(); ++i) {
@@ -118,7 +161,7 @@ std::string Graph::to_string() const {
     if (n.custom) os << "[" << n.custom->target << "]";
     os << "(";
     for (size_t j = 0; j < n.inputs.size(); ++j) os << (j ? ", %" : "%") << n.inputs[j];
-    os << ") -> " << n.type.str();
+    os << ")" << attributes(n) << " -> " << n.type.str();
     if (!n.name.empty()) os << "  # " << n.name;
     os << "\n";
   }

@@ -23,14 +23,18 @@ enum class Op : uint8_t {
                 // table holds rows [row_offset, row_offset + V) of a vocab-row table (zero
                 // rows for ids outside)
   kLinear,      // (x (..., K), w (N, K) [, bias (N)]) -> (..., N) f32
-  kRMSNorm,     // (x (..., D), w (D)) -> (..., D) f32; floats = {eps}
-  kRope,        // (x (B,T,H,D), pos (B,T)) -> (B,T,H,D); floats = inv_freq (D/2)
+  kRMSNorm,     // (x (..., D), w (D)) -> (..., D) f32; floats = {eps}, ints = {unit_offset}:
+                // 1 scales by (1 + w) (Gemma)
+  kRope,        // (x (B,T,H,D), pos (B,T)) -> (B,T,H,D); floats = inv_freq (rotary_dim/2),
+                // ints = {rotary_dim, interleaved}: the first rotary_dim features rotate, the
+                // rest pass; pairs (i, i + rotary_dim/2), or (2i, 2i+1) when interleaved (GLM)
   kSiluMul,     // (gate, up) -> silu(gate) * up
   kAdd,         // (a, b) -> a + b
   kReshape,     // (x) -> same bytes, shape of the node
   kCacheWrite,  // (cache (B,Hkv,S,D), new (B,T,Hkv,D), start ()) -> cache, written in place
   kAttention,   // (q (B,T,Hq,D), k_cache, v_cache, start () [, key_mask (B,S)]) -> (B,T,Hq,D);
-                // floats = {scale}
+                // floats = {scale, softcap}, ints = {sliding_window}; 0 for none (see
+                // GraphBuilder::attention)
   kTakeLast,    // (x (B,T,D)) -> (B,n,D): the last n = ints[0] positions
   kCustomCall,  // a hub kernel (Node::custom): inputs and floats as its layer's schema says
   // Tensor parallelism. ints[0] is the process group id (distributed/process_group.h).
@@ -41,6 +45,11 @@ enum class Op : uint8_t {
   kLinearInt8,  // (x (..., K), w int8 (N, K), scale f32 (N, ceil(K / kInt8Block)) [, bias f32
                 // (N)]) -> (..., N) f32: weight-only int8 with one scale per block of
                 // kInt8Block k values, w[n,k] ~ scale[n, k / kInt8Block] * q[n,k]
+
+  // Gemma's activations and scalings.
+  kGeluTanhMul,  // (gate, up) -> gelu_tanh(gate) * up (PyTorch's tanh approximation)
+  kScale,        // (x) -> x * factor; floats = {factor}
+  kSoftcap,      // (x) -> tanh(x / cap) * cap; floats = {cap}
 };
 
 const char* op_name(Op op);
@@ -89,7 +98,8 @@ class Graph {
   // A 64-bit hash of the structure, shapes, dtypes, names and attributes; two graphs with the
   // same hash compile to the same executable.
   uint64_t hash() const;
-  // One line per node: "%12 = linear(%10, %3) -> float32[1, 7, 64]  # layers.0.mlp.up_proj".
+  // One line per node: "%12 = linear(%10, %3) -> float32[1, 7, 64]  # layers.0.mlp.up_proj",
+  // with options that are not the op's default in braces: "rope(%4, %2) {interleaved} -> ...".
   std::string to_string() const;
 
  private:

@@ -259,6 +259,63 @@ TEST(Ops, SiluMul) {
       });
 }
 
+// gelu_tanh(g) * up over the range of MLP gates, and gates whose gelu saturates: g (large
+// positive g), about -0 (large negative g, also where g^3 overflows f32).
+TEST(Ops, GeluTanhMul) {
+  std::mt19937 rng(21);
+  for_each_config(
+      [&](const KernelTable& kernels, Target, DType, ThreadPool& pool, const std::string& what) {
+        for (int64_t n : {1, 13, 3072, 40000}) {
+          std::vector<float> g = random_f32(rng, size_t(n), -8.0f, 8.0f),
+                             u = random_f32(rng, size_t(n));
+          const float extremes[] = {30.0f, -30.0f, 1e20f, -1e20f, 0.0f, -0.0f};
+          for (size_t i = 0; i < std::size(extremes) && i < size_t(n); ++i) g[i] = extremes[i];
+          std::vector<float> want(g.size());
+          ref::gelu_tanh_mul(g.data(), u.data(), want.data(), n);
+          kernels.gelu_tanh_mul(g.data(), u.data(), u.data(), n, pool);  // y aliases up
+          // A few roundings per element (the cubic, exp, add, divide, multiply): K = 6.
+          expect_close(u, want, nmse_tolerance(6), what + " n=" + std::to_string(n));
+        }
+      });
+}
+
+TEST(Ops, ScaleIsExact) {
+  std::mt19937 rng(22);
+  for_each_config(
+      [&](const KernelTable& kernels, Target, DType, ThreadPool& pool, const std::string& what) {
+        for (int64_t n : {1, 7, 1000, 40000}) {
+          std::vector<float> x = random_f32(rng, size_t(n), -100.0f, 100.0f), want(x.size());
+          const float factor = 45.254833995939045f;  // sqrt(2048), Gemma's embedding scale
+          ref::scale(x.data(), factor, want.data(), n);
+          kernels.scale(x.data(), factor, x.data(), n, pool);  // y aliases x
+          EXPECT_EQ(x, want) << what << " n=" << n;
+        }
+      });
+}
+
+// Logits far inside the cap (nearly x), near it and far past it (nearly +-cap), with y apart
+// from x and aliasing it.
+TEST(Ops, Softcap) {
+  std::mt19937 rng(23);
+  for_each_config(
+      [&](const KernelTable& kernels, Target, DType, ThreadPool& pool, const std::string& what) {
+        for (int64_t n : {1, 13, 3000, 40000}) {
+          for (float range : {1.0f, 30.0f, 1000.0f}) {
+            std::vector<float> x = random_f32(rng, size_t(n), -range, range), y(x.size(), NAN),
+                               want(x.size());
+            ref::softcap(x.data(), 30.0f, want.data(), n);
+            kernels.softcap(x.data(), 30.0f, y.data(), n, pool);
+            // The division, tanh's few ulp and the product: K = 4.
+            const std::string label =
+                what + " n=" + std::to_string(n) + " range=" + std::to_string(range);
+            expect_close(y, want, nmse_tolerance(4), label);
+            kernels.softcap(x.data(), 30.0f, x.data(), n, pool);
+            EXPECT_EQ(x, y) << label << " in place";
+          }
+        }
+      });
+}
+
 TEST(Ops, CacheWriteIsExact) {
   std::mt19937 rng(10);
   struct Case {
@@ -287,14 +344,20 @@ TEST(Ops, RmsNorm) {
   std::mt19937 rng(11);
   for_each_config(
       [&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool, const std::string& what) {
-        for (int64_t D : {1, 7, 128, 1024, 1031}) {
-          const int64_t M = 5;
-          std::vector<float> x = random_f32(rng, size_t(M * D), -3.0f, 3.0f), want(x.size());
-          Tensor w = random_tensor(rng, size_t(D), dt, 0.5f, 1.5f);
-          ref::rms_norm(x.data(), w.data(), dt, want.data(), M, D, 1e-6f);
-          kernels.rms_norm(x.data(), w.data(), dt, x.data(), M, D, 1e-6f, pool);  // y aliases x
-          expect_close(x, want, nmse_tolerance(D), what + " D=" + std::to_string(D));
-        }
+        for (int64_t D : {1, 7, 128, 1024, 1031})
+          for (bool unit_offset : {false, true}) {
+            const int64_t M = 5;
+            std::vector<float> x = random_f32(rng, size_t(M * D), -3.0f, 3.0f), want(x.size());
+            // Gemma's weights are offsets from 1, around 0.
+            Tensor w = unit_offset ? random_tensor(rng, size_t(D), dt, -0.5f, 0.5f)
+                                   : random_tensor(rng, size_t(D), dt, 0.5f, 1.5f);
+            ref::rms_norm(x.data(), w.data(), dt, want.data(), M, D, 1e-6f, unit_offset);
+            kernels.rms_norm(x.data(), w.data(), dt, x.data(), M, D, 1e-6f, unit_offset,
+                             pool);  // y aliases x
+            expect_close(
+                x, want, nmse_tolerance(D),
+                what + " D=" + std::to_string(D) + " unit_offset=" + std::to_string(unit_offset));
+          }
       });
 }
 
@@ -302,18 +365,29 @@ TEST(Ops, Rope) {
   std::mt19937 rng(12);
   for_each_config(
       [&](const KernelTable& kernels, Target, DType, ThreadPool& pool, const std::string& what) {
-        for (int64_t D : {2, 6, 64, 128}) {
-          const int64_t M = 4, H = 3;
-          std::vector<int32_t> pos = {0, 1, 17, 4000};
-          std::vector<float> inv_freq(size_t(D / 2));
-          for (int64_t i = 0; i < D / 2; ++i)
-            inv_freq[size_t(i)] = float(std::pow(10000.0, -2.0 * double(i) / double(D)));
-          std::vector<float> x = random_f32(rng, size_t(M * H * D)), want = x;
-          kernels.rope(x.data(), pos.data(), inv_freq.data(), M, H, D, pool);
-          ref::rope(want.data(), pos.data(), inv_freq.data(), M, H, D);
-          // f32 cos/sin of angles up to ~4000 rad are accurate to a few ulp of the angle: K = 4.
-          expect_close(x, want, nmse_tolerance(4), what + " D=" + std::to_string(D));
-        }
+        // (head_dim, rotary_dim): whole heads, and partial rotary (GLM's half, Phi-style
+        // quarters, a rotary part that is not a multiple of 8).
+        const std::pair<int64_t, int64_t> dims[] = {{2, 2},    {6, 6},   {64, 64}, {128, 128},
+                                                    {128, 64}, {64, 16}, {10, 6}};
+        for (auto [D, R] : dims)
+          for (bool interleaved : {false, true}) {
+            const int64_t M = 4, H = 3;
+            std::vector<int32_t> pos = {0, 1, 17, 4000};
+            std::vector<float> inv_freq(size_t(R / 2));
+            for (int64_t i = 0; i < R / 2; ++i)
+              inv_freq[size_t(i)] = float(std::pow(10000.0, -2.0 * double(i) / double(R)));
+            const std::vector<float> x0 = random_f32(rng, size_t(M * H * D));
+            std::vector<float> x = x0, want = x0;
+            kernels.rope(x.data(), pos.data(), inv_freq.data(), M, H, D, R, interleaved, pool);
+            ref::rope(want.data(), pos.data(), inv_freq.data(), M, H, D, R, interleaved);
+            // f32 cos/sin of angles up to ~4000 rad are accurate to a few ulp of the angle: K = 4.
+            const std::string label = what + " D=" + std::to_string(D) + " R=" + std::to_string(R) +
+                                      " interleaved=" + std::to_string(interleaved);
+            expect_close(x, want, nmse_tolerance(4), label);
+            for (int64_t r = 0; r < M * H; ++r)  // features past rotary_dim pass unchanged
+              for (int64_t i = R; i < D; ++i)
+                ASSERT_EQ(x[size_t(r * D + i)], x0[size_t(r * D + i)]) << label;
+          }
       });
 }
 
@@ -322,6 +396,8 @@ TEST(Ops, Rope) {
 struct AttnCase {
   int64_t B, T, Hq, Hkv, S, D, start;
   int mask;  // 0: none, 1: random zeros, 2: left padding that leaves some queries no key
+  int64_t window = 0;
+  float softcap = 0.0f;
 };
 
 TEST(Ops, Attention) {
@@ -337,6 +413,19 @@ TEST(Ops, Attention) {
       // a block) and head_dim 72 (8 columns past the 16-column steps); one query row (8 keys).
       {1, 1, 4, 2, 300, 72, 257, 0},
       {1, 1, 2, 2, 100, 48, 90, 1},
+      // Sliding windows: decode (the window bounds the key range), with masked keys; prefill
+      // after a prefix, GQA 4 (one query per set); prefill with 2 queries per set whose windows
+      // differ; padding that leaves the first queries of row 1 no key.
+      {1, 1, 8, 2, 300, 64, 257, 0, 64},
+      {1, 1, 4, 2, 100, 72, 90, 1, 16},
+      {2, 9, 4, 1, 40, 32, 5, 1, 4},
+      {1, 12, 2, 2, 16, 16, 0, 0, 3},
+      {2, 4, 4, 2, 12, 24, 0, 2, 2},
+      // Soft-capped scores (typical |scores| about 0.7 here, so caps of 0.5-2 bend them), alone
+      // and with a window.
+      {1, 1, 8, 2, 64, 64, 40, 1, 0, 0.5f},
+      {2, 5, 4, 1, 24, 32, 3, 0, 0, 2.0f},
+      {1, 7, 4, 2, 40, 128, 20, 1, 8, 1.0f},
   };
   std::mt19937 rng(13);
   for_each_config(
@@ -345,9 +434,12 @@ TEST(Ops, Attention) {
           const size_t cache_n = size_t(c.B * c.Hkv * c.S * c.D);
           std::vector<float> q = random_f32(rng, size_t(c.B * c.T * c.Hq * c.D), -2.0f, 2.0f);
           Tensor k = random_tensor(rng, cache_n, dt), v = random_tensor(rng, cache_n, dt);
-          // Slots at or past start + T must never be read: poison them.
+          // Slots at or past start + T, and those before every query's window, must never be
+          // read: poison them.
+          const int64_t first = c.window ? std::max<int64_t>(0, c.start + 1 - c.window) : 0;
           for (int64_t bh = 0; bh < c.B * c.Hkv; ++bh)
-            for (int64_t s = c.start + c.T; s < c.S; ++s)
+            for (int64_t s = 0; s < c.S; ++s) {
+              if (s >= first && s < c.start + c.T) continue;
               for (int64_t i = 0; i < c.D; ++i) {
                 const size_t at = size_t((bh * c.S + s) * c.D + i);
                 if (dt == DType::bf16) {
@@ -356,6 +448,7 @@ TEST(Ops, Attention) {
                   k.f[at] = v.f[at] = NAN;
                 }
               }
+            }
           std::vector<int32_t> mask(size_t(c.B * c.S), 1);
           if (c.mask == 1)
             for (auto& m : mask) m = (rng() % 4 == 0) ? 0 : 1;
@@ -379,15 +472,18 @@ TEST(Ops, Attention) {
           const float scale = 1.0f / std::sqrt(float(c.D));
           std::vector<float> out(q.size(), NAN), want(q.size());
           kernels.attention(q.data(), k.data(), v.data(), dt, key_mask, out.data(), c.B, c.T, c.Hq,
-                            c.Hkv, c.S, c.D, c.start, scale, pool);
+                            c.Hkv, c.S, c.D, c.start, scale, c.window, c.softcap, pool);
           ref::attention(q.data(), k.data(), v.data(), dt, key_mask, want.data(), c.B, c.T, c.Hq,
-                         c.Hkv, c.S, c.D, c.start, scale);
+                         c.Hkv, c.S, c.D, c.start, scale, c.window, c.softcap);
           // Scores are D-term dot products; the output is a weighted sum over up to start + T keys
-          // and a few roundings in exp and the normalization.
-          expect_close(out, want, nmse_tolerance(c.D + c.start + c.T + 4),
+          // and a few roundings in exp and the normalization (and the soft cap's division, tanh
+          // and product).
+          expect_close(out, want, nmse_tolerance(c.D + c.start + c.T + (c.softcap ? 8 : 4)),
                        what + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
                            " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) +
-                           " D=" + std::to_string(c.D) + " start=" + std::to_string(c.start));
+                           " D=" + std::to_string(c.D) + " start=" + std::to_string(c.start) +
+                           " window=" + std::to_string(c.window) +
+                           " softcap=" + std::to_string(c.softcap));
           if (c.mask == 2) {
             // Row 1, t = 0 and 1 sit at slots 0 and 1, both padding: zeros by contract.
             for (int64_t t = 0; t < 2; ++t)
@@ -426,6 +522,34 @@ TEST(Ops, ExpF32x8) {
   EXPECT_EQ(e[5], 1.0f);
   EXPECT_NEAR(e[6], std::exp(1.0f), 4e-7f);
   EXPECT_NEAR(e[7], std::exp(-1.0f), 1e-7f);
+}
+
+// The vector tanh of softcap against std::tanh: within 2^-21 relative over both of its forms
+// (the polynomial up to |x| = 0.625, exp above) and at their seam, odd, x itself for tiny x,
+// exactly +-1 far out (a soft-capped score never exceeds the cap).
+TEST(Ops, TanhF32x8) {
+  float worst = 0.0f;
+  for (float x0 = -20.0f; x0 < 20.0f; x0 += 0.013f) {
+    f32x8 x;
+    for (int i = 0; i < kF32x8; ++i) x[i] = x0 + 0.0017f * float(i);
+    const f32x8 t = tanh_f32x8(x);
+    for (int i = 0; i < kF32x8; ++i) {
+      if (x[i] == 0.0f) continue;
+      const double want = std::tanh(double(x[i]));
+      worst = std::max(worst, float(std::abs(t[i] - want) / std::abs(want)));
+    }
+  }
+  EXPECT_LT(worst, 0x1p-21f);
+  const f32x8 edge = {0.625f, -0.625f, 0.62500006f, 1e-30f, -0.0f, 50.0f, -1e30f, INFINITY};
+  const f32x8 t = tanh_f32x8(edge);
+  EXPECT_NEAR(t[0], std::tanh(0.625), 2e-7);
+  EXPECT_EQ(t[1], -t[0]);
+  EXPECT_NEAR(t[2], std::tanh(0.62500006), 2e-7);
+  EXPECT_EQ(t[3], 1e-30f);
+  EXPECT_EQ(t[4], 0.0f);
+  EXPECT_EQ(t[5], 1.0f);
+  EXPECT_EQ(t[6], -1.0f);
+  EXPECT_EQ(t[7], 1.0f);
 }
 
 // ----------------------------------------------------------- the references, by hand
@@ -470,18 +594,96 @@ TEST(Reference, RmsNormOf3And4) {
   EXPECT_NEAR(y[1], 2.2627416998, 1e-6);
 }
 
+TEST(Reference, RmsNormUnitOffset) {
+  // Gemma: the same normalized x times (1 + w); w = (0, 1) gives the factors (1, 2) above.
+  const float x[] = {3, 4}, w[] = {0, 1};
+  float y[2];
+  ref::rms_norm(x, w, DType::f32, y, 1, 2, 0.0f, true);
+  EXPECT_NEAR(y[0], 0.8485281374, 1e-6);
+  EXPECT_NEAR(y[1], 2.2627416998, 1e-6);
+}
+
+TEST(Reference, RopeLayouts) {
+  // D = 4, frequencies (90 degrees, 0) at position 1.
+  const int32_t pos[] = {1};
+  const float inv_freq[] = {float(M_PI / 2), 0.0f};
+  // Rotate-half: pairs (0, 2) and (1, 3). (x0, x2) = (1, 5) turns to (-5, 1); (x1, x3) stays.
+  float a[] = {1, 0, 5, 6};
+  ref::rope(a, pos, inv_freq, 1, 1, 4, 4, false);
+  const float want_a[] = {-5, 0, 1, 6};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(a[i], want_a[i], 1e-6) << i;
+  // Interleaved (GLM): pairs (0, 1) and (2, 3). (x0, x1) = (1, 0) turns to (0, 1); (5, 6) stays.
+  float b[] = {1, 0, 5, 6};
+  ref::rope(b, pos, inv_freq, 1, 1, 4, 4, true);
+  const float want_b[] = {0, 1, 5, 6};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(b[i], want_b[i], 1e-6) << i;
+  // Partial rotary: head_dim 6 with the first 4 rotated as above, features 4 and 5 untouched.
+  float c[] = {1, 0, 5, 6, 7, 8};
+  ref::rope(c, pos, inv_freq, 1, 1, 6, 4, false);
+  const float want_c[] = {-5, 0, 1, 6, 7, 8};
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(c[i], want_c[i], 1e-6) << i;
+}
+
+TEST(Reference, GeluTanhScaleSoftcap) {
+  // gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), values from Python's math.
+  const float g[] = {0, 1, -1, 2, -3}, up[] = {7, 1, 1, 0.5f, 2};
+  float y[5];
+  ref::gelu_tanh_mul(g, up, y, 5);
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_NEAR(y[1], 0.8411919906082768, 1e-7);
+  EXPECT_NEAR(y[2], -0.15880800939172324, 1e-7);
+  EXPECT_NEAR(y[3], 0.5 * 1.954597694087775, 1e-7);
+  EXPECT_NEAR(y[4], 2 * -0.0036373920817729943, 1e-9);
+  ref::scale(g, 0.5f, y, 5);
+  EXPECT_EQ(y[4], -1.5f);
+  // tanh(x / 2) * 2 = 1 at x = 2 atanh(1/2); odd; 0 at 0; nearly the cap far out.
+  const float x[] = {1.0986122886681096f, -1.0986122886681096f, 0.0f, 1000.0f};
+  ref::softcap(x, 2.0f, y, 4);
+  EXPECT_NEAR(y[0], 1.0, 1e-7);
+  EXPECT_NEAR(y[1], -1.0, 1e-7);
+  EXPECT_EQ(y[2], 0.0f);
+  EXPECT_EQ(y[3], 2.0f);
+}
+
+TEST(Reference, AttentionSlidingWindowAndSoftcap) {
+  // D = 1 and q = 0: every score is 0, so each query averages the values it sees, 1 2 3 4 at
+  // slots 0-3, which shows the visible slots.
+  const float q0[] = {0, 0, 0}, k[] = {5, -5, 2, 9}, v[] = {1, 2, 3, 4};
+  float out[3];
+  auto decode = [&](int64_t window, const int32_t* mask) {
+    ref::attention(q0, k, v, DType::f32, mask, out, 1, 1, 1, 1, 4, 1, 3, 1.0f, window);
+    return out[0];
+  };
+  EXPECT_NEAR(decode(2, nullptr), 3.5, 1e-6);  // slot 3 sees 2 and 3
+  EXPECT_NEAR(decode(1, nullptr), 4.0, 1e-6);  // itself only
+  EXPECT_NEAR(decode(4, nullptr), 2.5, 1e-6);  // all four
+  EXPECT_NEAR(decode(9, nullptr), 2.5, 1e-6);  // a window past slot 0 changes nothing
+  const int32_t mask[] = {1, 1, 0, 1};
+  EXPECT_NEAR(decode(2, mask), 4.0, 1e-6);  // slot 2 is padding
+  // Prefill of 3 tokens from slot 0, window 2: slots {0}, {0, 1}, {1, 2}.
+  ref::attention(q0, k, v, DType::f32, nullptr, out, 1, 3, 1, 1, 4, 1, 0, 1.0f, 2);
+  EXPECT_NEAR(out[0], 1.0, 1e-6);
+  EXPECT_NEAR(out[1], 1.5, 1e-6);
+  EXPECT_NEAR(out[2], 2.5, 1e-6);
+  // Soft cap 1: q = 1 and keys 2, 0 score tanh(2) and 0 (not 2 and 0); values 1 and 3.
+  const float q1[] = {1}, k2[] = {2, 0}, v2[] = {1, 3};
+  ref::attention(q1, k2, v2, DType::f32, nullptr, out, 1, 1, 1, 1, 2, 1, 1, 1.0f, 0, 1.0f);
+  const double p0 = std::exp(std::tanh(2.0)) / (std::exp(std::tanh(2.0)) + 1.0);
+  EXPECT_NEAR(out[0], p0 * 1 + (1 - p0) * 3, 1e-6);  // 1.5521
+}
+
 TEST(Reference, RopeQuarterTurn) {
   // D = 2: one pair (x0, x1) rotated by pos * inv_freq = 90 degrees: (1, 0) -> (0, 1).
   float x[] = {1, 0};
   const int32_t pos[] = {1};
   const float inv_freq[] = {float(M_PI / 2)};
-  ref::rope(x, pos, inv_freq, 1, 1, 2);
+  ref::rope(x, pos, inv_freq, 1, 1, 2, 2, false);
   EXPECT_NEAR(x[0], 0.0f, 1e-6);
   EXPECT_NEAR(x[1], 1.0f, 1e-6);
   // Position 0 is the identity.
   float z[] = {0.25f, -3.0f};
   const int32_t pos0[] = {0};
-  ref::rope(z, pos0, inv_freq, 1, 1, 2);
+  ref::rope(z, pos0, inv_freq, 1, 1, 2, 2, false);
   EXPECT_EQ(z[0], 0.25f);
   EXPECT_EQ(z[1], -3.0f);
 }

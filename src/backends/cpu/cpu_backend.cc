@@ -326,20 +326,29 @@ void CpuExecutable::execute(const Node& n, int id) {
     }
     case Op::kRMSNorm: {
       int64_t d = s.back(), m = shape_numel(s) / d;
-      cpu::rms_norm(f32(0), in(1), in_type(1).dtype, out, m, d, n.floats[0], pool);
+      cpu::rms_norm(f32(0), in(1), in_type(1).dtype, out, m, d, n.floats[0], n.ints[0] != 0, pool);
       return;
     }
     case Op::kRope: {
       if (out != f32(0)) std::memcpy(out, f32(0), shape_numel(s) * sizeof(float));
       cpu::rope(out, static_cast<const int32_t*>(in(1)), n.floats.data(), s[0] * s[1], s[2], s[3],
-                pool);
+                n.ints[0], n.ints[1] != 0, pool);
       return;
     }
     case Op::kSiluMul:
       cpu::silu_mul(f32(0), f32(1), out, shape_numel(s), pool);
       return;
+    case Op::kGeluTanhMul:
+      cpu::gelu_tanh_mul(f32(0), f32(1), out, shape_numel(s), pool);
+      return;
     case Op::kAdd:
       cpu::add(f32(0), f32(1), out, shape_numel(s), pool);
+      return;
+    case Op::kScale:
+      cpu::scale(f32(0), n.floats[0], out, shape_numel(s), pool);
+      return;
+    case Op::kSoftcap:
+      cpu::softcap(f32(0), n.floats[0], out, shape_numel(s), pool);
       return;
     case Op::kCacheWrite: {
       const Shape& u = in_type(1).shape;  // (B,T,Hkv,D)
@@ -352,7 +361,7 @@ void CpuExecutable::execute(const Node& n, int id) {
       int32_t start = *static_cast<const int32_t*>(in(3));
       const int32_t* mask = n.inputs.size() > 4 ? static_cast<const int32_t*>(in(4)) : nullptr;
       cpu::attention(f32(0), in(1), in(2), in_type(1).dtype, mask, out, s[0], s[1], s[2], c[1],
-                     c[2], s[3], start, n.floats[0], pool);
+                     c[2], s[3], start, n.floats[0], n.ints[0], n.floats[1], pool);
       return;
     }
     case Op::kCustomCall:

@@ -177,15 +177,24 @@ void embedding(const void* tbl, DType dt, const int32_t* ids, int64_t n, int64_t
   table().embedding(tbl, dt, ids, n, D, out, pool);
 }
 void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D, float eps,
-              ThreadPool& pool) {
-  table().rms_norm(x, w, wt, y, M, D, eps, pool);
+              bool unit_offset, ThreadPool& pool) {
+  table().rms_norm(x, w, wt, y, M, D, eps, unit_offset, pool);
 }
 void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D,
-          ThreadPool& pool) {
-  table().rope(x, pos, inv_freq, M, H, D, pool);
+          int64_t rotary_dim, bool interleaved, ThreadPool& pool) {
+  table().rope(x, pos, inv_freq, M, H, D, rotary_dim, interleaved, pool);
 }
 void silu_mul(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool) {
   table().silu_mul(gate, up, y, n, pool);
+}
+void gelu_tanh_mul(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool) {
+  table().gelu_tanh_mul(gate, up, y, n, pool);
+}
+void scale(const float* x, float factor, float* y, int64_t n, ThreadPool& pool) {
+  table().scale(x, factor, y, n, pool);
+}
+void softcap(const float* x, float cap, float* y, int64_t n, ThreadPool& pool) {
+  table().softcap(x, cap, y, n, pool);
 }
 void add(const float* a, const float* b, float* y, int64_t n, ThreadPool& pool) {
   table().add(a, b, y, n, pool);
@@ -196,9 +205,16 @@ void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int
 }
 void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-               int64_t S, int64_t D, int64_t start, float scale, ThreadPool& pool) {
+               int64_t S, int64_t D, int64_t start, float scale, int64_t window, float softcap,
+               ThreadPool& pool) {
   table().attention(q, k_cache, v_cache, cache_type, key_mask, out, B, T, Hq, Hkv, S, D, start,
-                    scale, pool);
+                    scale, window, softcap, pool);
+}
+void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
+               const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+               int64_t S, int64_t D, int64_t start, float scale, ThreadPool& pool) {
+  attention(q, k_cache, v_cache, cache_type, key_mask, out, B, T, Hq, Hkv, S, D, start, scale, 0,
+            0.0f, pool);
 }
 
 }  // namespace tformers::cpu

@@ -43,17 +43,33 @@ void quantize_int8(const void* w, DType wt, int8_t* q, float* scale, int64_t N, 
 void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out,
                ThreadPool& pool);
 
-// y (M,D) = x (M,D) / sqrt(mean(x^2) + eps) * w (D), f32 math. y may alias x.
+// y (M,D) = x (M,D) / sqrt(mean(x^2) + eps) * w (D), f32 math; with unit_offset the factor is
+// (1 + w) instead of w (Gemma's RMSNorm, whose weights are stored as offsets from 1). y may
+// alias x.
 void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D, float eps,
-              ThreadPool& pool);
+              bool unit_offset, ThreadPool& pool);
 
-// x (M,H,D) rotated in place, rotate-half layout (pairs i and i + D/2), angle pos[m] * inv_freq[i]
-// for i < D/2 (inv_freq already includes any rope scaling).
+// x (M,H,D) rotated in place: the first rotary_dim (even, <= D) features of each head, the rest
+// left as they are (partial rotary). Pair i < rotary_dim / 2 is rotated by the angle
+// pos[m] * inv_freq[i] (inv_freq already includes any rope scaling), (a, b) ->
+// (a cos - b sin, b cos + a sin), where (a, b) are features (i, i + rotary_dim / 2) (rotate-half,
+// Llama) or, interleaved, (2i, 2i + 1) (GLM).
 void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D,
-          ThreadPool& pool);
+          int64_t rotary_dim, bool interleaved, ThreadPool& pool);
 
 // y (n) = silu(gate (n)) * up (n). y may alias gate or up.
 void silu_mul(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool);
+
+// y (n) = gelu_tanh(gate (n)) * up (n), with PyTorch's tanh approximation
+// gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))). y may alias gate or up.
+void gelu_tanh_mul(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool);
+
+// y (n) = x (n) * factor. y may alias x.
+void scale(const float* x, float factor, float* y, int64_t n, ThreadPool& pool);
+
+// y (n) = tanh(x (n) / cap) * cap: a smooth clamp to (-cap, cap) (Gemma's logit soft-capping).
+// y may alias x.
+void softcap(const float* x, float cap, float* y, int64_t n, ThreadPool& pool);
 
 // y (n) = a (n) + b (n). y may alias a or b.
 void add(const float* a, const float* b, float* y, int64_t n, ThreadPool& pool);
@@ -66,11 +82,19 @@ void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int
 // Scaled dot-product attention over a static KV cache, with grouped-query heads
 // (query head h reads KV head h / (Hq / Hkv)).
 //   q (B,T,Hq,D) f32; k_cache, v_cache (B,Hkv,S,D) in cache_type; out (B,T,Hq,D) f32.
-// Query t of a row sits at cache slot start + t and sees key slots j <= start + t for which
-// key_mask (B,S) is non-zero (key_mask may be null: all keys valid). Only slots < start + T are
-// read, so the cost follows the used length, not S. A query that sees no key gets zeros.
-// Per-thread scratch (scores) is kept thread_local and only grows, so steady-state decode
-// allocates nothing.
+// Query t of a row sits at cache slot p = start + t and sees key slots j <= p for which
+// key_mask (B,S) is non-zero (key_mask may be null: all keys valid); with a sliding window
+// (window > 0) only slots p - window < j <= p. Scores are q . k * scale, soft-capped to
+// tanh(s / softcap) * softcap when softcap > 0, before the softmax. Only slots < start + T (and
+// inside the windows) are read, so the cost follows the used length (or the window), not S. A
+// query that sees no key gets zeros. Per-thread scratch (scores) is kept thread_local and only
+// grows, so steady-state decode allocates nothing.
+void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
+               const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+               int64_t S, int64_t D, int64_t start, float scale, int64_t window, float softcap,
+               ThreadPool& pool);
+// Without window or softcap. Kept as its own symbol: bench_ab reaches two library builds'
+// attention through this exported signature.
 void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                int64_t S, int64_t D, int64_t start, float scale, ThreadPool& pool);
@@ -82,15 +106,21 @@ void linear(const float* x, const void* w, DType wt, const void* bias, float* y,
 void linear_int8(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
                  int64_t M, int64_t N, int64_t K);
 void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out);
-void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D, float eps);
-void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D);
+void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D, float eps,
+              bool unit_offset = false);
+void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D,
+          int64_t rotary_dim, bool interleaved);
 void silu_mul(const float* gate, const float* up, float* y, int64_t n);
+void gelu_tanh_mul(const float* gate, const float* up, float* y, int64_t n);
+void scale(const float* x, float factor, float* y, int64_t n);
+void softcap(const float* x, float cap, float* y, int64_t n);
 void add(const float* a, const float* b, float* y, int64_t n);
 void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int64_t T, int64_t Hkv,
                  int64_t S, int64_t D, int64_t start);
 void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-               int64_t S, int64_t D, int64_t start, float scale);
+               int64_t S, int64_t D, int64_t start, float scale, int64_t window = 0,
+               float softcap = 0.0f);
 }  // namespace ref
 
 }  // namespace tformers::cpu

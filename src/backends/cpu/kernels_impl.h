@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "backends/cpu/kernels.h"
 #include "core/cpu_features.h"
@@ -30,17 +31,20 @@ struct KernelTable {
   void (*embedding)(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D,
                     float* out, ThreadPool& pool);
   void (*rms_norm)(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D,
-                   float eps, ThreadPool& pool);
+                   float eps, bool unit_offset, ThreadPool& pool);
   void (*rope)(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D,
-               ThreadPool& pool);
+               int64_t rotary_dim, bool interleaved, ThreadPool& pool);
   void (*silu_mul)(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool);
+  void (*gelu_tanh_mul)(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool);
+  void (*scale)(const float* x, float factor, float* y, int64_t n, ThreadPool& pool);
+  void (*softcap)(const float* x, float cap, float* y, int64_t n, ThreadPool& pool);
   void (*add)(const float* a, const float* b, float* y, int64_t n, ThreadPool& pool);
   void (*cache_write)(void* cache, DType cache_type, const float* src, int64_t B, int64_t T,
                       int64_t Hkv, int64_t S, int64_t D, int64_t start, ThreadPool& pool);
   void (*attention)(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                     const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
-                    int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale,
-                    ThreadPool& pool);
+                    int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
+                    float softcap, ThreadPool& pool);
 };
 
 // int8 quantization at load (kernels.h). The scalar one (kernels.cc) quantizes any block and is
@@ -107,32 +111,57 @@ void embedding_impl(const void* table, DType dt, const int32_t* ids, int64_t n, 
       std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(D, 1)));
 }
 
+// yr = xr * inv * w (or * (1 + w)) over D values: rms_norm's output row.
+template <bool kUnitOffset, class W>
+void norm_row(const float* xr, float inv, const W* w, float* yr, int64_t D) {
+  for (int64_t i = 0; i < D; ++i) {
+    const float wi = value_f32(w[i]);
+    yr[i] = xr[i] * inv * (kUnitOffset ? 1.0f + wi : wi);
+  }
+}
+
+template <bool kUnitOffset>
+void norm_row(const float* xr, float inv, const void* w, DType wt, float* yr, int64_t D) {
+  if (wt == DType::bf16)
+    norm_row<kUnitOffset>(xr, inv, static_cast<const uint16_t*>(w), yr, D);
+  else
+    norm_row<kUnitOffset>(xr, inv, static_cast<const float*>(w), yr, D);
+}
+
 template <class Ops>
 void rms_norm_impl(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D,
-                   float eps, ThreadPool& pool) {
+                   float eps, bool unit_offset, ThreadPool& pool) {
   pool.parallel_for(
       M,
       [&](int64_t b, int64_t e, int) {
         for (int64_t m = b; m < e; ++m) {
           const float* xr = x + m * D;
-          float* yr = y + m * D;
-          float inv = 1.0f / std::sqrt(Ops::sum_sq(xr, D) / float(D) + eps);
-          if (wt == DType::bf16) {
-            const uint16_t* wr = static_cast<const uint16_t*>(w);
-            for (int64_t i = 0; i < D; ++i) yr[i] = xr[i] * inv * bf16_to_f32(wr[i]);
-          } else {
-            const float* wr = static_cast<const float*>(w);
-            for (int64_t i = 0; i < D; ++i) yr[i] = xr[i] * inv * wr[i];
-          }
+          const float inv = 1.0f / std::sqrt(Ops::sum_sq(xr, D) / float(D) + eps);
+          if (unit_offset)
+            norm_row<true>(xr, inv, w, wt, y + m * D, D);
+          else
+            norm_row<false>(xr, inv, w, wt, y + m * D, D);
         }
       },
       std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(D, 1)));
 }
 
+// Rotates the pairs (r[kA * i], r[kA * i + b]) for i < n by the angles of cs ([cos (n),
+// sin (n)]): kA = 1, b = n for rotate-half, kA = 2, b = 1 for interleaved pairs. kA is a
+// template argument so that each layout's loop is compiled (and vectorized) on its own.
+template <int64_t kA>
+inline void rotate_pairs(float* r, int64_t b, const float* cs, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x1 = r[kA * i], x2 = r[kA * i + b];
+    r[kA * i] = x1 * cs[i] - x2 * cs[n + i];
+    r[kA * i + b] = x2 * cs[i] + x1 * cs[n + i];
+  }
+}
+
 template <class Ops>
 void rope_impl(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D,
-               ThreadPool& pool) {
-  const int64_t half = D / 2;
+               int64_t rotary_dim, bool interleaved, ThreadPool& pool) {
+  const int64_t half = rotary_dim / 2;
   pool.parallel_for(
       M,
       [&](int64_t b, int64_t e, int) {
@@ -147,11 +176,10 @@ void rope_impl(float* x, const int32_t* pos, const float* inv_freq, int64_t M, i
           }
           for (int64_t h = 0; h < H; ++h) {
             float* r = x + (m * H + h) * D;
-            for (int64_t i = 0; i < half; ++i) {
-              const float x1 = r[i], x2 = r[half + i];
-              r[i] = x1 * cs[i] - x2 * cs[half + i];
-              r[half + i] = x2 * cs[i] + x1 * cs[half + i];
-            }
+            if (interleaved)
+              rotate_pairs<2>(r, 1, cs, half);
+            else
+              rotate_pairs<1>(r, half, cs, half);
           }
         }
       },
@@ -164,6 +192,16 @@ void add_impl(const float* a, const float* b, float* y, int64_t n, ThreadPool& p
       n,
       [&](int64_t lo, int64_t hi, int) {
         for (int64_t i = lo; i < hi; ++i) y[i] = a[i] + b[i];
+      },
+      kElementwiseGrain);
+}
+
+template <class Ops>
+void scale_impl(const float* x, float factor, float* y, int64_t n, ThreadPool& pool) {
+  pool.parallel_for(
+      n,
+      [&](int64_t lo, int64_t hi, int) {
+        for (int64_t i = lo; i < hi; ++i) y[i] = x[i] * factor;
       },
       kElementwiseGrain);
 }
@@ -250,28 +288,77 @@ inline f32x8 exp_f32x8(f32x8 x) {
   return in < -87.0f ? f32x8{} : y;
 }
 
-// y = silu(gate) * up = gate / (1 + exp(-gate)) * up, 8 at a time through exp_f32x8 (with
-// std::exp per element a 3072-wide MLP row took 17 us on one AVX2 core); the last few go through
-// the same code, padded. exp_f32x8's clamping keeps the limits: gate > 87 gives gate * up, and
-// gate < -88 gives about -0.
+// tanh of each lane, within 2^-21 relative of std::tanh (Cephes' tanhf: an odd polynomial up to
+// |x| = 0.625, where 1 - 2 / (exp(2|x|) + 1) would lose the small result to cancellation, that
+// form above; exactly +-1 from |x| of about 9 on, infinities included, as exp_f32x8 clamps at
+// 88). Ops.TanhF32x8 checks it.
+inline f32x8 tanh_f32x8(f32x8 x) {
+  const f32x8 ax = x < 0.0f ? -x : x;
+  const f32x8 big = 1.0f - 2.0f / (exp_f32x8(ax + ax) + 1.0f);
+  const f32x8 z = x * x;
+  f32x8 p = -5.70498872745e-3f * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const f32x8 small = p * z * x + x;
+  return ax > 0.625f ? (x < 0.0f ? -big : big) : small;
+}
+
+// y[i] = f(a[i], b[i]) for i < n, 8 at a time; the last few go through the same f, padded with
+// zeros (with std::exp per element a 3072-wide MLP row of silu_mul took 17 us on one AVX2 core).
+template <class F>
+inline void map_f32x8(const float* a, const float* b, float* y, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + kF32x8 <= n; i += kF32x8) store_f32x8(y + i, f(load_f32x8(a + i), load_f32x8(b + i)));
+  if (i < n) {
+    f32x8 va{}, vb{};
+    const size_t bytes = size_t(n - i) * sizeof(float);
+    std::memcpy(&va, a + i, bytes);
+    std::memcpy(&vb, b + i, bytes);
+    const f32x8 r = f(va, vb);
+    std::memcpy(y + i, &r, bytes);
+  }
+}
+
+// y = tanh(x / cap) * cap for n values; y may alias x.
+inline void softcap_f32(const float* x, float* y, int64_t n, float cap) {
+  map_f32x8(x, x, y, n, [cap](f32x8 v, f32x8) { return tanh_f32x8(v / cap) * cap; });
+}
+
+// y = silu(gate) * up = gate / (1 + exp(-gate)) * up. exp_f32x8's clamping keeps the limits:
+// gate > 87 gives gate * up, and gate < -88 gives about -0.
 template <class Ops>
 void silu_mul_impl(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool) {
-  auto silu_mul8 = [](f32x8 g, f32x8 u) { return g / (1.0f + exp_f32x8(-g)) * u; };
   pool.parallel_for(
       n,
       [&](int64_t b, int64_t e, int) {
-        int64_t i = b;
-        for (; i + kF32x8 <= e; i += kF32x8)
-          store_f32x8(y + i, silu_mul8(load_f32x8(gate + i), load_f32x8(up + i)));
-        if (i < e) {
-          f32x8 g{}, u{};
-          const size_t bytes = size_t(e - i) * sizeof(float);
-          std::memcpy(&g, gate + i, bytes);
-          std::memcpy(&u, up + i, bytes);
-          const f32x8 r = silu_mul8(g, u);
-          std::memcpy(y + i, &r, bytes);
-        }
+        map_f32x8(gate + b, up + b, y + b, e - b,
+                  [](f32x8 g, f32x8 u) { return g / (1.0f + exp_f32x8(-g)) * u; });
       },
+      kElementwiseGrain);
+}
+
+// y = gelu_tanh(gate) * up. 0.5 g (1 + tanh(t)) = g / (1 + exp(-2t)): the same form as silu's,
+// which for negative g keeps its relative accuracy where 1 + tanh(t) would cancel. 2t =
+// g (2 sqrt(2 / pi) + 2 sqrt(2 / pi) 0.044715 g^2); the limits are silu's (g for large g, about
+// -0 for very negative g, also when g^2 overflows).
+template <class Ops>
+void gelu_tanh_mul_impl(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool) {
+  pool.parallel_for(
+      n,
+      [&](int64_t b, int64_t e, int) {
+        map_f32x8(gate + b, up + b, y + b, e - b, [](f32x8 g, f32x8 u) {
+          const f32x8 t2 = g * (1.5957691216057308f + 0.0713548162726f * (g * g));
+          return g / (1.0f + exp_f32x8(-t2)) * u;
+        });
+      },
+      kElementwiseGrain);
+}
+
+template <class Ops>
+void softcap_impl(const float* x, float cap, float* y, int64_t n, ThreadPool& pool) {
+  pool.parallel_for(
+      n, [&](int64_t b, int64_t e, int) { softcap_f32(x + b, y + b, e - b, cap); },
       kElementwiseGrain);
 }
 
@@ -525,18 +612,28 @@ void key_scores(const float* const* qp, const KV* k, int64_t L, int64_t D, float
           scores[g * L + i] += qp[g][d] * value_f32(k[i * D + d]);
 }
 
-// N query rows sharing one KV head; row g sees slots [0, len[g]) where mask is non-zero. Two
-// passes (scores, then the weighted sum of values) with each row's max subtracted before exp so
-// large logits cannot overflow. Scratch: scores (N, max len), slots (max len), packed (N, D).
+// N query rows sharing one KV head; row g sees slots [first[g], len[g]) where mask is non-zero.
+// Two passes (scores, then the weighted sum of values) with each row's max subtracted before exp
+// so large logits cannot overflow. Scratch: scores (N, max len), slots (max len), packed (N, D).
 template <int N, class KV>
-void attend_set(const float* const* q, const int64_t* len, const KV* k, const KV* v,
-                const int32_t* mask, int64_t D, float scale, float* scores, int32_t* slots,
-                float* packed, SlotChunks chunks, float* const* out) {
-  int64_t L = 0;
-  for (int g = 0; g < N; ++g) L = std::max(L, len[g]);
+void attend_set(const float* const* q, const int64_t* first, const int64_t* len, const KV* k,
+                const KV* v, const int32_t* mask, int64_t D, float scale, float softcap,
+                float* scores, int32_t* slots, float* packed, SlotChunks chunks,
+                float* const* out) {
+  // Only slots [lo, hi), the union of the rows' ranges, are read (a sliding window bounds lo);
+  // from here on k, v, mask, scores and slot numbers count from lo.
+  int64_t lo = first[0], hi = 0;
+  for (int g = 0; g < N; ++g) {
+    lo = std::min(lo, first[g]);
+    hi = std::max(hi, len[g]);
+  }
+  k += lo * D;
+  v += lo * D;
+  if (mask) mask += lo;
+  const int64_t L = hi - lo;
   float mx[N], sum[N] = {};
   // Raw scores of every slot (masked ones too, so that key blocks stay whole; their scores are
-  // replaced below), then the scale, the causal limit and the mask.
+  // replaced below), then the scale, the soft cap, the window, the causal limit and the mask.
   float* qp[N];
   for (int g = 0; g < N; ++g) {
     qp[g] = packed + g * D;
@@ -545,12 +642,15 @@ void attend_set(const float* const* q, const int64_t* len, const KV* k, const KV
   key_scores<N>(qp, k, L, D, scores);
   for (int g = 0; g < N; ++g) {
     float* row = scores + g * L;
-    for (int64_t i = 0; i < len[g]; ++i) row[i] *= scale;
-    std::fill(row + len[g], row + L, -INFINITY);  // causal
+    const int64_t b = first[g] - lo, e = len[g] - lo;
+    for (int64_t i = b; i < e; ++i) row[i] *= scale;
+    if (softcap > 0.0f) softcap_f32(row + b, row + b, e - b, softcap);
+    std::fill(row, row + b, -INFINITY);      // before the window
+    std::fill(row + e, row + L, -INFINITY);  // causal
     if (mask)
-      for (int64_t i = 0; i < len[g]; ++i)
+      for (int64_t i = b; i < e; ++i)
         if (mask[i] == 0) row[i] = -INFINITY;
-    mx[g] = max_f32(row, len[g]);
+    mx[g] = max_f32(row + b, e - b);
   }
   // Probabilities in place of the scores (8 at a time), and the slots that any row attends to:
   // a masked slot's value row is never read. A row that sees no key (max -inf) gets zeros.
@@ -587,27 +687,41 @@ void attend_set(const float* const* q, const int64_t* len, const KV* k, const KV
   weighted_sum<N>(scores, L, slots, n, v, D, inv, chunks, out);
 }
 
+// What attend_set needs besides its rows and the KV head's cache.
+struct AttendArgs {
+  const int32_t* mask;
+  int64_t D;
+  float scale, softcap;
+  float *scores, *packed;
+  int32_t* slots;
+  SlotChunks chunks;
+};
+
 template <class KV>
-void attend_rows(int n, const float* const* q, const int64_t* len, const KV* k, const KV* v,
-                 const int32_t* mask, int64_t D, float scale, float* scores, int32_t* slots,
-                 float* packed, SlotChunks chunks, float* const* out) {
+void attend_rows(int n, const float* const* q, const int64_t* first, const int64_t* len,
+                 const KV* k, const KV* v, const AttendArgs& a, float* const* out) {
+  auto run = [&](auto set) {
+    constexpr int N = decltype(set)::value;
+    attend_set<N>(q, first, len, k, v, a.mask, a.D, a.scale, a.softcap, a.scores, a.slots, a.packed,
+                  a.chunks, out);
+  };
   switch (n) {
     case 4:
-      return attend_set<4>(q, len, k, v, mask, D, scale, scores, slots, packed, chunks, out);
+      return run(std::integral_constant<int, 4>{});
     case 3:
-      return attend_set<3>(q, len, k, v, mask, D, scale, scores, slots, packed, chunks, out);
+      return run(std::integral_constant<int, 3>{});
     case 2:
-      return attend_set<2>(q, len, k, v, mask, D, scale, scores, slots, packed, chunks, out);
+      return run(std::integral_constant<int, 2>{});
     default:
-      return attend_set<1>(q, len, k, v, mask, D, scale, scores, slots, packed, chunks, out);
+      return run(std::integral_constant<int, 1>{});
   }
 }
 
 template <class Ops>
 void attention_impl(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                     const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
-                    int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale,
-                    ThreadPool& pool) {
+                    int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
+                    float softcap, ThreadPool& pool) {
   const int64_t group = Hq / Hkv;
   // A unit is one KV head of one batch row and a block of tb consecutive queries: its
   // tb * group query rows go through attend_set kQuerySet at a time. Units are ordered
@@ -618,28 +732,32 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
   // One set holds all of a head's query rows: each value row is read once, from memory.
   const SlotChunks chunks = T * group <= kQuerySet ? kStreamedChunks : kRereadChunks;
   pool.parallel_for(B * blocks * Hkv, [&](int64_t lo, int64_t hi, int) {
-    float* scores = thread_scratch<float>(Scratch::kScores, size_t(kQuerySet * (start + T)));
-    int32_t* slots = thread_scratch<int32_t>(Scratch::kSlots, size_t(start + T));
-    float* packed = thread_scratch<float>(Scratch::kQueries, size_t(kQuerySet * D));
+    AttendArgs args{
+        .mask = nullptr,
+        .D = D,
+        .scale = scale,
+        .softcap = softcap,
+        .scores = thread_scratch<float>(Scratch::kScores, size_t(kQuerySet * (start + T))),
+        .packed = thread_scratch<float>(Scratch::kQueries, size_t(kQuerySet * D)),
+        .slots = thread_scratch<int32_t>(Scratch::kSlots, size_t(start + T)),
+        .chunks = chunks};
     for (int64_t u = lo; u < hi; ++u) {
       const int64_t kvh = u % Hkv, bb = (u / Hkv) % blocks, b = u / (Hkv * blocks);
       const int64_t blk = (bb % 2 == 0) ? bb / 2 : blocks - 1 - bb / 2;
       const int64_t t0 = blk * tb, t1 = std::min(T, t0 + tb);
-      const int32_t* mask = key_mask ? key_mask + b * S : nullptr;
+      args.mask = key_mask ? key_mask + b * S : nullptr;
       const int64_t base = (b * Hkv + kvh) * S * D;
       const float* qs[kQuerySet];
       float* os[kQuerySet];
-      int64_t len[kQuerySet];
+      int64_t first[kQuerySet], len[kQuerySet];
       int n = 0;
       auto flush = [&] {
         if (cache_type == DType::bf16)
-          attend_rows(n, qs, len, static_cast<const uint16_t*>(k_cache) + base,
-                      static_cast<const uint16_t*>(v_cache) + base, mask, D, scale, scores, slots,
-                      packed, chunks, os);
+          attend_rows(n, qs, first, len, static_cast<const uint16_t*>(k_cache) + base,
+                      static_cast<const uint16_t*>(v_cache) + base, args, os);
         else
-          attend_rows(n, qs, len, static_cast<const float*>(k_cache) + base,
-                      static_cast<const float*>(v_cache) + base, mask, D, scale, scores, slots,
-                      packed, chunks, os);
+          attend_rows(n, qs, first, len, static_cast<const float*>(k_cache) + base,
+                      static_cast<const float*>(v_cache) + base, args, os);
         n = 0;
       };
       for (int64_t t = t0; t < t1; ++t)
@@ -648,6 +766,8 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
           qs[n] = q + row;
           os[n] = out + row;
           len[n] = start + t + 1;  // causal: slots [0, start + t]
+          // A window: only slots (start + t - window, start + t].
+          first[n] = window > 0 ? std::max<int64_t>(0, len[n] - window) : 0;
           if (++n == kQuerySet) flush();
         }
       if (n > 0) flush();
@@ -667,6 +787,9 @@ KernelTable make_table(decltype(KernelTable::linear) linear,
                      &rms_norm_impl<Ops>,
                      &rope_impl<Ops>,
                      &silu_mul_impl<Ops>,
+                     &gelu_tanh_mul_impl<Ops>,
+                     &scale_impl<Ops>,
+                     &softcap_impl<Ops>,
                      &add_impl<Ops>,
                      &cache_write_impl<Ops>,
                      &attention_impl<Ops>};

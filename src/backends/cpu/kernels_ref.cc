@@ -47,17 +47,20 @@ void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64
       out[r * D + i] = float(load(table, dt, int64_t(ids[r]) * D + i));
 }
 
-void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D, float eps) {
+void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D, float eps,
+              bool unit_offset) {
   for (int64_t m = 0; m < M; ++m) {
     double ss = 0.0;
     for (int64_t i = 0; i < D; ++i) ss += double(x[m * D + i]) * x[m * D + i];
     const double inv = 1.0 / std::sqrt(ss / double(D) + double(eps));
-    for (int64_t i = 0; i < D; ++i) y[m * D + i] = float(x[m * D + i] * inv * load(w, wt, i));
+    for (int64_t i = 0; i < D; ++i)
+      y[m * D + i] = float(x[m * D + i] * inv * ((unit_offset ? 1.0 : 0.0) + load(w, wt, i)));
   }
 }
 
-void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D) {
-  const int64_t half = D / 2;
+void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_t H, int64_t D,
+          int64_t rotary_dim, bool interleaved) {
+  const int64_t half = rotary_dim / 2;
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t h = 0; h < H; ++h) {
       float* r = x + (m * H + h) * D;
@@ -66,9 +69,11 @@ void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_
         // cos and sin are then evaluated exactly.
         const double angle = float(float(pos[m]) * inv_freq[i]);
         const double c = std::cos(angle), s = std::sin(angle);
-        const double x1 = r[i], x2 = r[half + i];
-        r[i] = float(x1 * c - x2 * s);
-        r[half + i] = float(x2 * c + x1 * s);
+        float& a = r[interleaved ? 2 * i : i];
+        float& b = r[interleaved ? 2 * i + 1 : half + i];
+        const double x1 = a, x2 = b;
+        a = float(x1 * c - x2 * s);
+        b = float(x2 * c + x1 * s);
       }
     }
   }
@@ -79,6 +84,22 @@ void silu_mul(const float* gate, const float* up, float* y, int64_t n) {
     const double g = gate[i];
     y[i] = float(g / (1.0 + std::exp(-g)) * up[i]);
   }
+}
+
+void gelu_tanh_mul(const float* gate, const float* up, float* y, int64_t n) {
+  const double k = std::sqrt(2.0 / M_PI);
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    y[i] = float(0.5 * g * (1.0 + std::tanh(k * (g + 0.044715 * g * g * g))) * up[i]);
+  }
+}
+
+void scale(const float* x, float factor, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = float(double(x[i]) * factor);
+}
+
+void softcap(const float* x, float cap, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = float(std::tanh(double(x[i]) / cap) * cap);
 }
 
 void add(const float* a, const float* b, float* y, int64_t n) {
@@ -102,7 +123,7 @@ void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int
 
 void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-               int64_t S, int64_t D, int64_t start, float scale) {
+               int64_t S, int64_t D, int64_t start, float scale, int64_t window, float softcap) {
   const int64_t group = Hq / Hkv;
   std::vector<double> scores(size_t(start + T));
   std::vector<double> acc(static_cast<size_t>(D));
@@ -115,7 +136,8 @@ void attention(const float* q, const void* k_cache, const void* v_cache, DType c
         const int64_t L = start + t + 1;
         double mx = -INFINITY;
         for (int64_t j = 0; j < L; ++j) {
-          if (key_mask && key_mask[b * S + j] == 0) {
+          const bool outside_window = window > 0 && j <= start + t - window;
+          if (outside_window || (key_mask && key_mask[b * S + j] == 0)) {
             scores[j] = -INFINITY;
             continue;
           }
@@ -123,6 +145,7 @@ void attention(const float* q, const void* k_cache, const void* v_cache, DType c
           for (int64_t i = 0; i < D; ++i)
             s += double(qr[i]) * load(k_cache, cache_type, base + j * D + i);
           scores[j] = s * scale;
+          if (softcap > 0) scores[j] = std::tanh(scores[j] / softcap) * softcap;
           mx = std::max(mx, scores[j]);
         }
         std::fill(acc.begin(), acc.end(), 0.0);

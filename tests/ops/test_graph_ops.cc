@@ -1,0 +1,191 @@
+// The graph side of the ops the Qwen2, Mistral, GLM and Gemma layers use: the builder's checks
+// and attribute layouts, to_string and the hash, and one graph of every new op and option run by
+// the CPU backend against the scalar references (so the executor passes each attribute to the
+// right kernel argument).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/kernels.h"
+#include "graph/builder.h"
+#include "ops/ops_test_util.h"
+#include "tformers/error.h"
+
+namespace tformers::cpu {
+namespace {
+
+using graph::AttentionOptions;
+using graph::GraphBuilder;
+using graph::Op;
+using graph::RMSNormOptions;
+using graph::RopeOptions;
+using graph::TensorType;
+using graph::Value;
+
+// Shapes of the graph below: batch 1, T tokens, Hq query and Hkv KV heads of D, cache of S slots.
+constexpr int64_t T = 5, Hq = 4, Hkv = 2, D = 8, S = 8, kRotary = 4;
+constexpr float kEps = 1e-5f, kScale = 0.35f, kFactor = 2.5f, kCap = 3.0f, kAttnCap = 0.8f;
+constexpr int64_t kWindow = 3;
+
+TEST(GraphOps, DefaultsKeepTheirAttributeLayouts) {
+  GraphBuilder b;
+  const Value x = b.input("x", {DType::f32, {1, T, Hq, D}});
+  const Value pos = b.input("pos", {DType::i32, {1, T}});
+  const Value w = b.parameter("w", {DType::f32, {D}});
+  const Value kc = b.state("k", {DType::f32, {1, Hkv, S, D}});
+  const Value vc = b.state("v", {DType::f32, {1, Hkv, S, D}});
+  const Value start = b.input("start", {DType::i32, {}});
+  const Value n = b.rms_norm(x, w, kEps);
+  const Value r = b.rope(x, pos, std::vector<float>(D / 2, 1.0f));
+  const Value a = b.attention(x, kc, vc, start, -1, kScale);
+  const graph::Graph g = b.finish();
+  // The hub kernels' contracts read floats[0] (eps, scale) and floats as inv_freq.
+  EXPECT_EQ(g.node(n).floats, std::vector<float>({kEps}));
+  EXPECT_EQ(g.node(n).ints, std::vector<int64_t>({0}));
+  EXPECT_EQ(g.node(r).floats.size(), size_t(D / 2));
+  EXPECT_EQ(g.node(r).ints, std::vector<int64_t>({D, 0}));
+  EXPECT_EQ(g.node(a).floats, std::vector<float>({kScale, 0.0f}));
+  EXPECT_EQ(g.node(a).ints, std::vector<int64_t>({0}));
+  // Defaults print no attributes.
+  EXPECT_EQ(g.to_string().find('{'), std::string::npos) << g.to_string();
+}
+
+// Builds attention with `o` and returns the graph's hash and text.
+std::pair<uint64_t, std::string> attention_graph(AttentionOptions o) {
+  GraphBuilder b;
+  const Value q = b.input("q", {DType::f32, {1, T, Hq, D}});
+  const Value kc = b.state("k", {DType::f32, {1, Hkv, S, D}});
+  const Value vc = b.state("v", {DType::f32, {1, Hkv, S, D}});
+  b.output(b.attention(q, kc, vc, b.input("start", {DType::i32, {}}), -1, kScale, o, "attn"));
+  const graph::Graph g = b.finish();
+  return {g.hash(), g.to_string()};
+}
+
+TEST(GraphOps, OptionsChangeTheHashAndPrint) {
+  const auto plain = attention_graph({});
+  const auto window = attention_graph({.sliding_window = 512});
+  const auto capped = attention_graph({.softcap = 50.0f});
+  EXPECT_NE(plain.first, window.first);
+  EXPECT_NE(plain.first, capped.first);
+  EXPECT_NE(window.first, capped.first);
+  EXPECT_NE(window.second.find("attention(%0, %1, %2, %3) {sliding_window=512} -> float32"),
+            std::string::npos)
+      << window.second;
+  EXPECT_NE(capped.second.find("{softcap=50}"), std::string::npos) << capped.second;
+
+  GraphBuilder b;
+  const Value x = b.input("x", {DType::f32, {1, T, Hq, D}});
+  const Value pos = b.input("pos", {DType::i32, {1, T}});
+  b.rope(x, pos, {1.0f, 0.5f}, {.rotary_dim = kRotary, .interleaved = true}, "rope");
+  b.rms_norm(x, b.parameter("w", {DType::f32, {D}}), kEps, {.unit_offset = true}, "norm");
+  b.scale(x, kFactor);
+  b.softcap(x, kCap);
+  b.gelu_tanh_mul(x, x);
+  const std::string text = b.finish().to_string();
+  EXPECT_NE(text.find("rope(%0, %1) {rotary_dim=4, interleaved} -> "), std::string::npos) << text;
+  EXPECT_NE(text.find("rms_norm(%0, %3) {unit_offset} -> "), std::string::npos) << text;
+  EXPECT_NE(text.find("scale(%0) {factor=2.5} -> "), std::string::npos) << text;
+  EXPECT_NE(text.find("softcap(%0) {cap=3} -> "), std::string::npos) << text;
+  EXPECT_NE(text.find("gelu_tanh_mul(%0, %0) -> "), std::string::npos) << text;
+}
+
+TEST(GraphOps, BuilderRejectsBadOptions) {
+  GraphBuilder b;
+  const Value x = b.input("x", {DType::f32, {1, T, Hq, D}});
+  const Value pos = b.input("pos", {DType::i32, {1, T}});
+  const Value kc = b.state("k", {DType::f32, {1, Hkv, S, D}});
+  const Value start = b.input("start", {DType::i32, {}});
+  const std::vector<float> two(2, 1.0f);
+  EXPECT_NO_THROW(b.rope(x, pos, two, {.rotary_dim = 4}, "ok"));
+  EXPECT_THROW(b.rope(x, pos, two, {.rotary_dim = 6}, "frequencies"), InternalError);
+  EXPECT_THROW(b.rope(x, pos, two, {.rotary_dim = 3}, "odd"), InternalError);
+  EXPECT_THROW(b.rope(x, pos, std::vector<float>(D, 1.0f), {.rotary_dim = 2 * D}, "too wide"),
+               InternalError);
+  EXPECT_THROW(b.rope(x, pos, two, {}, "whole head needs D/2"), InternalError);
+  EXPECT_THROW(b.softcap(x, 0.0f), InternalError);
+  EXPECT_THROW(b.softcap(x, -1.0f), InternalError);
+  EXPECT_THROW(b.scale(x, INFINITY), InternalError);
+  EXPECT_THROW(b.gelu_tanh_mul(x, pos), InternalError);
+  EXPECT_THROW(b.attention(x, kc, kc, start, -1, kScale, {.sliding_window = -1}, "window"),
+               InternalError);
+  EXPECT_THROW(b.attention(x, kc, kc, start, -1, kScale, {.softcap = -2.0f}, "cap"), InternalError);
+}
+
+// Every new op and option in one graph on the CPU backend, with bf16 weights and caches, against
+// the references: rope (partial, interleaved) of q and k, the caches written at start 0,
+// attention with a window and a soft cap, then the unit-offset norm, gelu_tanh_mul, scale and
+// softcap of its output.
+TEST(GraphOps, RunOnTheCpuBackendAsTheReferences) {
+  std::mt19937 rng(31);
+  GraphBuilder b;
+  const Value q_in = b.input("q", {DType::f32, {1, T, Hq, D}});
+  const Value k_in = b.input("k", {DType::f32, {1, T, Hkv, D}});
+  const Value v_in = b.input("v", {DType::f32, {1, T, Hkv, D}});
+  const Value pos = b.input("pos", {DType::i32, {1, T}});
+  const Value start = b.input("start", {DType::i32, {}});
+  const Value w = b.parameter("w", {DType::bf16, {D}});
+  const Value kc = b.state("k_cache", {DType::bf16, {1, Hkv, S, D}});
+  const Value vc = b.state("v_cache", {DType::bf16, {1, Hkv, S, D}});
+  const std::vector<float> inv_freq = {1.0f, 0.1f};
+  const RopeOptions ro{.rotary_dim = kRotary, .interleaved = true};
+  const Value q = b.rope(q_in, pos, inv_freq, ro, "q_rope");
+  const Value k = b.rope(k_in, pos, inv_freq, ro, "k_rope");
+  const Value kw = b.cache_write(kc, k, start), vw = b.cache_write(vc, v_in, start);
+  const Value a = b.attention(q, kw, vw, start, -1, kScale,
+                              {.sliding_window = kWindow, .softcap = kAttnCap}, "attn");
+  const Value n = b.rms_norm(a, w, kEps, {.unit_offset = true}, "norm");
+  const Value g = b.gelu_tanh_mul(n, a);
+  b.output(b.softcap(b.scale(g, kFactor), kCap));
+  const graph::Graph graph = b.finish();
+
+  const std::vector<float> qv = random_f32(rng, size_t(T * Hq * D), -2.0f, 2.0f);
+  const std::vector<float> kv = random_f32(rng, size_t(T * Hkv * D), -2.0f, 2.0f);
+  const std::vector<float> vv = random_f32(rng, size_t(T * Hkv * D));
+  const Tensor wt = random_tensor(rng, size_t(D), DType::bf16, -0.5f, 0.5f);
+  const std::vector<int32_t> pv = {3, 4, 5, 6, 7};
+
+  auto backend = backends::make_cpu_backend();
+  auto exe = backend->compile(graph);
+  const tformers::Tensor w_host = tformers::Tensor::from_vector<uint16_t>({D}, DType::bf16, wt.h);
+  auto w_buf = backend->upload(w_host);
+  auto kc_buf = backend->allocate({DType::bf16, {1, Hkv, S, D}});
+  auto vc_buf = backend->allocate({DType::bf16, {1, Hkv, S, D}});
+  const tformers::Tensor ins[] = {
+      tformers::Tensor::from_vector<float>({1, T, Hq, D}, DType::f32, qv),
+      tformers::Tensor::from_vector<float>({1, T, Hkv, D}, DType::f32, kv),
+      tformers::Tensor::from_vector<float>({1, T, Hkv, D}, DType::f32, vv),
+      tformers::Tensor::from_vector<int32_t>({1, T}, DType::i32, pv),
+      tformers::Tensor::from_vector<int32_t>({}, DType::i32, {0})};
+  tformers::Tensor out = tformers::Tensor::zeros({1, T, Hq, D}, DType::f32);
+  backends::Buffer* params[] = {w_buf.get()};
+  backends::Buffer* states[] = {kc_buf.get(), vc_buf.get()};
+  const tformers::Tensor* inputs[] = {&ins[0], &ins[1], &ins[2], &ins[3], &ins[4]};
+  tformers::Tensor* outputs[] = {&out};
+  exe->run(params, states, inputs, outputs);
+
+  std::vector<float> rq = qv, rk = kv;
+  ref::rope(rq.data(), pv.data(), inv_freq.data(), T, Hq, D, kRotary, true);
+  ref::rope(rk.data(), pv.data(), inv_freq.data(), T, Hkv, D, kRotary, true);
+  std::vector<uint16_t> rkc(size_t(Hkv * S * D)), rvc(rkc.size());
+  ref::cache_write(rkc.data(), DType::bf16, rk.data(), 1, T, Hkv, S, D, 0);
+  ref::cache_write(rvc.data(), DType::bf16, vv.data(), 1, T, Hkv, S, D, 0);
+  std::vector<float> ra(qv.size()), rn(qv.size()), want(qv.size());
+  ref::attention(rq.data(), rkc.data(), rvc.data(), DType::bf16, nullptr, ra.data(), 1, T, Hq, Hkv,
+                 S, D, 0, kScale, kWindow, kAttnCap);
+  ref::rms_norm(ra.data(), wt.h.data(), DType::bf16, rn.data(), T * Hq, D, kEps, true);
+  ref::gelu_tanh_mul(rn.data(), ra.data(), want.data(), int64_t(want.size()));
+  ref::scale(want.data(), kFactor, want.data(), int64_t(want.size()));
+  ref::softcap(want.data(), kCap, want.data(), int64_t(want.size()));
+  const std::vector<float> got(out.data<float>(), out.data<float>() + out.numel());
+  // Rounding in every op of the chain, the longest being the D-term norm and attention's sums
+  // (bf16 rounding of k is the same on both sides: the reference writes its own bf16 cache).
+  expect_close(got, want, nmse_tolerance(4 * (D + T) + 32), "graph");
+}
+
+}  // namespace
+}  // namespace tformers::cpu
