@@ -200,6 +200,9 @@ TEST_F(TpMpi, DefaultPlanTwoRanksLlamaUntied) { expect_ok(run_worker(2, "tiny-ll
 
 TEST_F(TpMpi, DefaultPlanTwoRanksQwen3TiedEmbeddings) { expect_ok(run_worker(2, "tiny-qwen3")); }
 
+// Qwen2: q/k/v biases split with their heads, a sliding-window layer, tied embeddings.
+TEST_F(TpMpi, DefaultPlanTwoRanksQwen2) { expect_ok(run_worker(2, "tiny-qwen2")); }
+
 // bfloat16 weights straight from the mapping (row slices are views, column slices copies).
 TEST_F(TpMpi, DefaultPlanTwoRanksBfloat16Weights) {
   expect_ok(run_worker(2, "tiny-qwen3-sharded", "", "", "bfloat16"));

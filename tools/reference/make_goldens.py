@@ -12,7 +12,7 @@ Before writing, it checks itself:
   * it prints the relative error between the float32 and bfloat16 logits, the scale of error a
     bf16 implementation can expect against the bf16 goldens.
 
-Run: /usr/bin/python3 tools/reference/make_goldens.py
+Run: /usr/bin/python3 tools/reference/make_goldens.py [MODEL ...] (all models without names)
 """
 
 import json
@@ -28,7 +28,9 @@ from reference import DTYPES, Model, first_argmax, greedy, load_checkpoint  # no
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS_DIR = os.path.join(ROOT, "tests", "data", "models")
 OUT_DIR = os.path.join(ROOT, "tests", "data", "goldens")
-MODELS = ["tiny-qwen3", "tiny-qwen3-sharded", "tiny-llama", "tiny-llama-sharded"]
+MODELS = [
+    "tiny-qwen3", "tiny-qwen3-sharded", "tiny-qwen2", "tiny-llama", "tiny-llama-sharded"
+]
 MAX_NEW_TOKENS = 16
 
 # Fixed prompts (all ids < 512, the tiny vocab): lengths 1, 4, 11 and 20.
@@ -119,11 +121,12 @@ def write_golden(path, header, cases):
         assert np.array_equal(np.array(got["logits"], dtype=np.float32), case["logits"])
 
 
-def main():
+def main(names):
+    """Writes the goldens of the named models (all without arguments)."""
     os.makedirs(OUT_DIR, exist_ok=True)
     torch.set_num_threads(2)
     summary = []
-    for name in MODELS:
+    for name in names or MODELS:
         config, weights = load_checkpoint(os.path.join(MODELS_DIR, name))
         per_dtype = {}
         for dtype_name, dtype in DTYPES.items():
@@ -190,4 +193,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

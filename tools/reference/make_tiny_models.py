@@ -3,6 +3,7 @@
 Each model is a Hugging Face model folder: config.json, generation_config.json and safetensors
 (single model.safetensors, or model-0000k-of-0000n.safetensors + model.safetensors.index.json).
 Run with Debian's Python (it has torch): /usr/bin/python3 tools/reference/make_tiny_models.py
+[NAME ...] (all models without names).
 """
 
 import json
@@ -63,6 +64,30 @@ MODELS = {
             torch_dtype="float32",
         ),
         2,
+    ),
+    # Qwen2.5's layout (q/k/v biases, tied embeddings) with a sliding window of 8 on layer 1, so
+    # prompts longer than the window exercise it.
+    "tiny-qwen2": (
+        1005,
+        dict(
+            architectures=["Qwen2ForCausalLM"],
+            model_type="qwen2",
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rope_theta=1000000.0,
+            rope_scaling=None,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+            use_sliding_window=True,
+            sliding_window=8,
+            max_window_layers=1,
+            torch_dtype="bfloat16",
+        ),
+        1,
     ),
     "tiny-llama": (
         1003,
@@ -136,7 +161,7 @@ def full_config(overrides):
     if config["model_type"] == "qwen3":
         config.update(use_sliding_window=False, sliding_window=None, max_window_layers=config[
             "num_hidden_layers"])
-    else:
+    elif config["model_type"] == "llama":
         config.update(pretraining_tp=1)
     return dict(sorted(config.items()))
 
@@ -157,8 +182,9 @@ def make_weights(config, seed):
     vocab = config["vocab_size"]
     heads = config["num_attention_heads"]
     kv_heads = config["num_key_value_heads"]
-    head_dim = config["head_dim"]
+    head_dim = config.get("head_dim") or hidden // heads
     qwen3 = config["model_type"] == "qwen3"
+    qwen2 = config["model_type"] == "qwen2"
     # With tied embeddings the residual stream starts at the token's own embedding, so its own
     # logit wins unless the layers' outputs dominate it: give o_proj and down_proj more weight.
     out_std = 0.4 if config["tie_word_embeddings"] else 0.1
@@ -172,7 +198,11 @@ def make_weights(config, seed):
         w[a + ".k_proj.weight"] = normal((kv_heads * head_dim, hidden), 0.1)
         w[a + ".v_proj.weight"] = normal((kv_heads * head_dim, hidden), 0.1)
         w[a + ".o_proj.weight"] = normal((hidden, heads * head_dim), out_std)
-        if config["attention_bias"]:
+        if qwen2:  # q, k and v biases, none on o_proj
+            w[a + ".q_proj.bias"] = normal((heads * head_dim,), 0.1)
+            w[a + ".k_proj.bias"] = normal((kv_heads * head_dim,), 0.1)
+            w[a + ".v_proj.bias"] = normal((kv_heads * head_dim,), 0.1)
+        elif config["attention_bias"]:
             w[a + ".q_proj.bias"] = normal((heads * head_dim,), 0.1)
             w[a + ".k_proj.bias"] = normal((kv_heads * head_dim,), 0.1)
             w[a + ".v_proj.bias"] = normal((kv_heads * head_dim,), 0.1)
@@ -253,10 +283,12 @@ def write_model(name, seed, overrides, num_shards):
     print(f"{name}: {len(weights)} tensors, files {sizes}")
 
 
-def main():
-    for name, (seed, overrides, num_shards) in MODELS.items():
+def main(names):
+    """Writes the named models (all without arguments)."""
+    for name in names or MODELS:
+        seed, overrides, num_shards = MODELS[name]
         write_model(name, seed, overrides, num_shards)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

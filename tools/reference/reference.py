@@ -1,6 +1,7 @@
-"""An independent PyTorch reference for LlamaForCausalLM and Qwen3ForCausalLM.
+"""An independent PyTorch reference for LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM.
 
-It follows the semantics of Hugging Face Transformers' modeling_llama.py / modeling_qwen3.py with
+It follows the semantics of Hugging Face Transformers' modeling_llama.py / modeling_qwen2.py /
+modeling_qwen3.py with
 eager attention, op for op and dtype for dtype, so that its logits are what Transformers would
 produce for the same checkpoint loaded with `torch_dtype=dtype` on CPU:
 
@@ -9,11 +10,14 @@ produce for the same checkpoint loaded with `torch_dtype=dtype` on CPU:
   -> norm -> lm_head
 
 * RMSNorm: x.float(); var = mean(x^2); x * rsqrt(var + eps); weight * x.to(input dtype).
-* Attention: q/k/v projections (bias if attention_bias); Qwen3 applies q_norm / k_norm (RMSNorm
+* Attention: q/k/v projections (bias if attention_bias; Qwen2 always has q/k/v biases and no
+  o_proj bias: whatever biases the checkpoint holds are applied); Qwen3 applies q_norm / k_norm (RMSNorm
   over head_dim) per head before RoPE; RoPE rotate-half, inv_freq in float32, cos/sin computed in
   float32 and cast to the activation dtype; llama3 rope_scaling as in
   _compute_llama3_parameters; repeat_kv for GQA; scores * head_dim**-0.5 + causal mask of
   finfo(dtype).min; softmax in float32 cast back to the query dtype; o_proj.
+* Qwen2's sliding window: with use_sliding_window, layers from max_window_layers on let a query at
+  position p see keys p - sliding_window < j <= p (the sliding mask on cache positions).
 * MLP: down_proj(silu(gate_proj(x)) * up_proj(x)) (bias if mlp_bias, Llama only).
 * lm_head tied to embed_tokens when tie_word_embeddings.
 
@@ -57,7 +61,7 @@ class Model:
 
     def __init__(self, config, weights, dtype):
         arch = config["architectures"][0]
-        assert arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"), arch
+        assert arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"), arch
         self.is_qwen3 = arch == "Qwen3ForCausalLM"
         self.config = config
         self.dtype = dtype
@@ -73,6 +77,12 @@ class Model:
         self.eps = config["rms_norm_eps"]
         self.scaling = self.head_dim**-0.5
         self.inv_freq = self._compute_inv_freq()
+        # Per layer: the sliding window (0 = full attention).
+        window = config.get("sliding_window") or 0
+        first_sliding = config.get("max_window_layers", config["num_hidden_layers"])
+        sliding = arch == "Qwen2ForCausalLM" and config.get("use_sliding_window", False)
+        self.windows = [window if sliding and i >= first_sliding else 0
+                        for i in range(config["num_hidden_layers"])]
 
     # --- rotary embedding -------------------------------------------------------------------
     def _compute_inv_freq(self):
@@ -173,13 +183,17 @@ class Model:
         return self.linear(F.silu(self.linear(x, p + ".gate_proj")) * self.linear(x, p + ".up_proj"),
                            p + ".down_proj")
 
-    def causal_mask(self, t, s, offset):
-        """Additive [t, s] mask: query row r (absolute position offset + r) sees keys <= it."""
+    def causal_mask(self, t, s, offset, window=0):
+        """Additive [t, s] mask: query row r (absolute position offset + r) sees keys <= it, and
+        with a window only the last `window` of those."""
         min_value = torch.finfo(self.dtype).min
         q_pos = torch.arange(t)[:, None] + offset
         k_pos = torch.arange(s)[None, :]
+        hidden = k_pos > q_pos
+        if window:
+            hidden = hidden | (k_pos <= q_pos - window)
         mask = torch.zeros(t, s, dtype=self.dtype)
-        return mask.masked_fill(k_pos > q_pos, min_value)
+        return mask.masked_fill(hidden, min_value)
 
     # --- forward ----------------------------------------------------------------------------
     def forward(self, input_ids, cache=None):
@@ -197,7 +211,7 @@ class Model:
         position_ids = torch.arange(past, past + t)[None, :]
         h = F.embedding(ids, self.w["model.embed_tokens.weight"])
         cos, sin = self.rotary(position_ids)
-        mask = self.causal_mask(t, past + t, past)
+        masks = {w: self.causal_mask(t, past + t, past, w) for w in set(self.windows)}
         for i in range(self.config["num_hidden_layers"]):
             p = f"model.layers.{i}"
             residual = h
@@ -208,7 +222,7 @@ class Model:
                     k = torch.cat([cache[i][0], k], dim=2)
                     v = torch.cat([cache[i][1], v], dim=2)
                 cache[i][:] = [k, v]
-            h = residual + self.attend(i, q, k, v, mask)
+            h = residual + self.attend(i, q, k, v, masks[self.windows[i]])
             residual = h
             x = self.rms_norm(h, self.w[p + ".post_attention_layernorm.weight"])
             h = residual + self.mlp(i, x)

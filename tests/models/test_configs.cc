@@ -1,0 +1,60 @@
+// Real config.json files (tests/data/configs/) read by their architectures: accepted, and the
+// weights they declare have the real model's head layout.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+
+#include "io/json.h"
+#include "models/architecture.h"
+
+namespace tformers {
+namespace {
+
+struct Layout {
+  int64_t layers, hidden, q_out, kv_out, min_positions;
+};
+
+// From each model's card: heads x head_dim for q, KV heads x head_dim for k and v.
+const std::map<std::string, Layout> kExpected = {
+    {"Qwen2.5-0.5B", {24, 896, 14 * 64, 2 * 64, 32768}},
+};
+
+std::shared_ptr<Shape> shape_of(const std::vector<models::WeightSpec>& w, const std::string& n) {
+  for (const auto& s : w)
+    if (s.name == n) return std::make_shared<Shape>(s.shape);
+  return nullptr;
+}
+
+TEST(RealConfigs, EachIsAcceptedWithItsHeadLayout) {
+  const std::filesystem::path dir = std::filesystem::path(TFORMERS_TEST_DATA) / "configs";
+  size_t seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".json") continue;
+    const std::string name = entry.path().stem().string();
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(kExpected.count(name)) << "no expected layout for " << name;
+    const Layout& want = kExpected.at(name);
+    io::Json j = io::load_json_file(entry.path().string());
+    const auto* arch = models::find_architecture(j["architectures"][0].get<std::string>());
+    ASSERT_NE(arch, nullptr);
+    auto config = arch->config(j, entry.path().string());
+    EXPECT_EQ(config->num_hidden_layers, want.layers);
+    EXPECT_GE(config->max_position_embeddings, want.min_positions);
+    EXPECT_GE(config->max_position_embeddings, 8192);
+    auto weights = arch->weights(*config);
+    auto q = shape_of(weights, "model.layers.0.self_attn.q_proj.weight");
+    auto k = shape_of(weights, "model.layers.0.self_attn.k_proj.weight");
+    ASSERT_TRUE(q && k);
+    EXPECT_EQ(*q, (Shape{want.q_out, want.hidden}));
+    EXPECT_EQ(*k, (Shape{want.kv_out, want.hidden}));
+    auto states = arch->states(*config, nullptr);
+    ASSERT_EQ(int64_t(states.size()), want.layers);
+    EXPECT_EQ(states[0].kv_heads * states[0].head_dim, want.kv_out);
+    ++seen;
+  }
+  EXPECT_EQ(seen, kExpected.size());
+}
+
+}  // namespace
+}  // namespace tformers
