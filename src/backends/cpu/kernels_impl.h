@@ -621,7 +621,9 @@ void attend_set(const float* const* q, const int64_t* first, const int64_t* len,
                 float* scores, int32_t* slots, float* packed, SlotChunks chunks,
                 float* const* out) {
   // Only slots [lo, hi), the union of the rows' ranges, are read (a sliding window bounds lo);
-  // from here on k, v, mask, scores and slot numbers count from lo.
+  // from here on k, v, mask, scores and slot numbers count from lo. Decode over 28 layers of
+  // bf16 caches at used length 4096 (16 query, 8 KV heads of 128, one AVX-512 core of a shared
+  // host): 29 ms with a window of 1024 against 124 ms without.
   int64_t lo = first[0], hi = 0;
   for (int g = 0; g < N; ++g) {
     lo = std::min(lo, first[g]);
@@ -644,6 +646,8 @@ void attend_set(const float* const* q, const int64_t* first, const int64_t* len,
     float* row = scores + g * L;
     const int64_t b = first[g] - lo, e = len[g] - lo;
     for (int64_t i = b; i < e; ++i) row[i] *= scale;
+    // The soft cap costs nothing measurable in decode (K and V reads dominate) and 7-12 % of
+    // prefill attention (512 queries over 1024 slots, same heads, alternated in one process).
     if (softcap > 0.0f) softcap_f32(row + b, row + b, e - b, softcap);
     std::fill(row, row + b, -INFINITY);      // before the window
     std::fill(row + e, row + L, -INFINITY);  // causal
