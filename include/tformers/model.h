@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tformers/compile_stats.h"
 #include "tformers/distributed.h"
 #include "tformers/dtype.h"
 #include "tformers/generation.h"
@@ -21,14 +22,6 @@
 namespace tformers {
 
 class Tokenizer;
-
-struct CompileStats {
-  uint64_t compiles = 0;  // graphs compiled (cache misses)
-  uint64_t hits = 0;      // executables found in the compile cache
-};
-
-// Process-wide compile cache counters.
-CompileStats compile_stats();
 
 struct LoadOptions {
   // Weight dtype; unset means the checkpoint's config.json "torch_dtype" (as dtype="auto" in
