@@ -127,6 +127,13 @@ TEST(ActivationDtype, Bf16InputsAreConvertedAtTheBoundary) {
                InvalidArgumentError);
 }
 
+// The IR lets take_last move any dtype; the CPU moves f32 only and says so at compile time.
+TEST(ActivationDtype, CpuRejectsMovingNonF32Values) {
+  GraphBuilder b;
+  b.output(b.take_last(b.parameter("p", {DType::bf16, {1, 4, 8}}), 1));
+  EXPECT_THROW(backends::make_cpu_backend()->compile(b.finish()), UnsupportedError);
+}
+
 TEST(ActivationDtype, MustBeAFloatType) {
   EXPECT_THROW(GraphBuilder{DType::i32}, InvalidArgumentError);
 }

@@ -95,11 +95,12 @@ class OpProfile {
 };
 
 // The kernels compute activations in float32. A graph with another activation dtype is compiled
-// as its float32 twin: every value typed with the activation dtype becomes f32 (cache writes keep
-// their cache's dtype and reshapes follow their input), and run() converts activation-typed
-// inputs and outputs at the boundary. Results equal the f32 graph's up to the final rounding of
-// the outputs to the activation dtype. Hub kernels declare their own dtypes, so a custom call
-// cannot be retyped behind their back.
+// as its float32 twin: inputs and computed values typed with the activation dtype become f32,
+// cache writes keep their cache's dtype, and ops that only move values (reshape, take_last,
+// slice, the collectives) follow their input. run() converts activation-typed inputs and outputs
+// at the boundary. Results equal the f32 graph's up to the final rounding of the outputs to the
+// activation dtype. Hub kernels declare their own dtypes, so a custom call cannot be retyped
+// behind their back.
 graph::Graph legalise(const graph::Graph& g) {
   const DType act = g.activation_dtype();
   if (act == DType::f32) return g;
@@ -112,6 +113,10 @@ graph::Graph legalise(const graph::Graph& g) {
       case Op::kCacheWrite:
         break;
       case Op::kReshape:
+      case Op::kTakeLast:
+      case Op::kSlice:
+      case Op::kAllReduce:
+      case Op::kAllGather:
         m.type.dtype = out.node(n.inputs[0]).type.dtype;
         break;
       case Op::kCustomCall:
@@ -247,10 +252,20 @@ void CpuExecutable::plan() {
     arena_size_ = std::max(arena_size_, offset + b->size);
     placed.push_back(b);
   }
-  for (int i = 0; i < n; ++i)
-    if (nodes[i].op == Op::kCustomCall)
-      TF_CHECK(nodes[i].custom && nodes[i].custom->backend == "cpu" && nodes[i].inputs.size() <= 8,
-               "CPU backend cannot run custom call ", nodes[i].name);
+  for (int i = 0; i < n; ++i) {
+    const Node& nd = nodes[i];
+    if (nd.op == Op::kCustomCall)
+      TF_CHECK(nd.custom && nd.custom->backend == "cpu" && nd.inputs.size() <= 8,
+               "CPU backend cannot run custom call ", nd.name);
+    // The IR moves any dtype through these; the CPU's implementations move f32 (what every
+    // activation is once legalised).
+    const bool moves_f32 = nd.op == Op::kAllReduce || nd.op == Op::kAllGather ||
+                           nd.op == Op::kSlice || nd.op == Op::kTakeLast;
+    if (moves_f32 && nd.type.dtype != DType::f32)
+      throw UnsupportedError(detail::str_cat("CPU backend: ", graph::op_name(nd.op), " of ",
+                                             nd.type.str(), " values at ", nd.name,
+                                             " (it handles float32 only)"));
+  }
   for (const Block& b : blocks) slots_[b.id] = {Slot::kArena, b.offset};
   for (size_t k = 0; k < param_ids_.size(); ++k) slots_[param_ids_[k]] = {Slot::kParam, int64_t(k)};
   for (size_t k = 0; k < state_ids_.size(); ++k) slots_[state_ids_[k]] = {Slot::kState, int64_t(k)};
