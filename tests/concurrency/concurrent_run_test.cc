@@ -3,6 +3,7 @@
 // Built and run under ThreadSanitizer by scripts/test.sh (the tsan preset).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <thread>
@@ -158,17 +159,23 @@ TEST(Concurrency, CompileCacheGivesEveryThreadTheSameExecutable) {
   EXPECT_EQ(cache.stats().entries, uint64_t(kGraphs));
 }
 
+// Each caller's range is covered exactly once, and calls with one thread index never overlap in
+// time, as parallel_for promises (kernels may keep scratch per index): without callers taking
+// turns, both callers ran as index 0 at once.
 TEST(Concurrency, ThreadPoolParallelForFromTwoThreads) {
   ThreadPool pool(3);
-  constexpr int64_t kN = 5000;
+  constexpr int64_t kN = 200000;
+  std::vector<std::atomic<int>> busy(size_t(pool.num_threads()));
   on_threads(2, [&](int t) {
-    for (int r = 0; r < 100; ++r) {
+    for (int r = 0; r < 20; ++r) {
       std::vector<int> hits(kN, 0);
       pool.parallel_for(
           kN,
           [&](int64_t begin, int64_t end, int index) {
-            EXPECT_LT(index, pool.num_threads());
+            ASSERT_LT(index, pool.num_threads());
+            EXPECT_EQ(busy[size_t(index)].fetch_add(1), 0) << "index " << index << " overlaps";
             for (int64_t i = begin; i < end; ++i) ++hits[size_t(i)];
+            busy[size_t(index)].fetch_sub(1);
           },
           16 + t);
       for (int64_t i = 0; i < kN; ++i)
