@@ -10,29 +10,26 @@ namespace tformers {
 
 namespace backends {
 
-namespace {
-
-uint64_t budget_from_env() {
-  const char* s = std::getenv(CompileCache::kBudgetEnv);
-  if (!s || !*s) return CompileCache::kDefaultBudget;
+uint64_t CompileCache::budget_from_env(const char* value) {
+  if (!value || !*value) return kDefaultBudget;
   uint64_t bytes = 0;
-  const char* end = s + std::strlen(s);
-  auto [p, ec] = std::from_chars(s, end, bytes);
+  const char* end = value + std::strlen(value);
+  auto [p, ec] = std::from_chars(value, end, bytes);
   if (ec != std::errc() || p != end)
-    throw InvalidArgumentError(std::string(CompileCache::kBudgetEnv) + "=\"" + s +
+    throw InvalidArgumentError(std::string(kBudgetEnv) + "=\"" + value +
                                "\" is not a byte count: give a decimal number such as 1073741824");
   return bytes;
 }
 
-}  // namespace
-
 CompileCache& CompileCache::global() {
-  static CompileCache cache(budget_from_env());
+  static CompileCache cache(budget_from_env(std::getenv(kBudgetEnv)));
   return cache;
 }
 
-std::shared_ptr<Executable> CompileCache::get(Backend& backend, const graph::Graph& graph) {
+std::shared_ptr<Executable> CompileCache::get(Backend& backend, const graph::Graph& graph,
+                                              bool* compiled) {
   Key key{graph.hash(), backend.name()};
+  if (compiled) *compiled = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = index_.find(key); it != index_.end()) {
@@ -42,6 +39,7 @@ std::shared_ptr<Executable> CompileCache::get(Backend& backend, const graph::Gra
     }
   }
   std::shared_ptr<Executable> exe = backend.compile(graph);
+  if (compiled) *compiled = true;
   std::list<Entry> evicted;
   {
     std::lock_guard<std::mutex> lock(mu_);

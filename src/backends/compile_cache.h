@@ -24,14 +24,19 @@ class CompileCache {
   static constexpr const char* kBudgetEnv = "TFORMERS_COMPILE_CACHE_BYTES";
 
   explicit CompileCache(uint64_t budget_bytes = kDefaultBudget) : budget_(budget_bytes) {}
-  // The process-wide cache; its budget is kBudgetEnv's value when set (InvalidArgumentError when
-  // that is not a decimal byte count), else kDefaultBudget.
+  // The process-wide cache; its budget is budget_from_env(getenv(kBudgetEnv)).
   static CompileCache& global();
+  // kDefaultBudget for null or empty, else the decimal byte count `value` spells
+  // (InvalidArgumentError naming kBudgetEnv when it is anything else).
+  static uint64_t budget_from_env(const char* value);
 
   // The cached executable for this graph on this backend, compiling it on a miss. Thread-safe;
   // compiling happens outside the lock, and when two threads miss on the same graph at once
-  // both compile and both get the executable that was cached first.
-  std::shared_ptr<Executable> get(Backend& backend, const graph::Graph& graph);
+  // both compile and both get the executable that was cached first. `compiled`, when given, is
+  // set to whether this call compiled (a per-caller count that stats() deltas cannot give when
+  // other threads compile at the same time).
+  std::shared_ptr<Executable> get(Backend& backend, const graph::Graph& graph,
+                                  bool* compiled = nullptr);
   CompileStats stats() const;
   // Evicts least recently used executables until the rest fit `bytes`. The executable a get()
   // has just added is kept even when it alone exceeds the budget, so that it is not compiled

@@ -7,6 +7,7 @@
 
 #include "backends/compile_cache.h"
 #include "graph/builder.h"
+#include "tformers/error.h"
 
 namespace tformers {
 namespace {
@@ -60,8 +61,11 @@ FakeExecutable& fake(const std::shared_ptr<backends::Executable>& e) {
 TEST(CompileCacheLru, HitReturnsTheSameExecutable) {
   FakeBackend backend;
   CompileCache cache(1000);
-  auto a = cache.get(backend, graph_of(100));
-  EXPECT_EQ(cache.get(backend, graph_of(100)), a);
+  bool compiled = false;
+  auto a = cache.get(backend, graph_of(100), &compiled);
+  EXPECT_TRUE(compiled);
+  EXPECT_EQ(cache.get(backend, graph_of(100), &compiled), a);
+  EXPECT_FALSE(compiled);
   CompileStats s = cache.stats();
   EXPECT_EQ(s.compiles, 1u);
   EXPECT_EQ(s.hits, 1u);
@@ -140,6 +144,15 @@ TEST(CompileCacheLru, BackendsOfOneNameShareEntries) {
   auto a = cache.get(one, graph_of(100));
   EXPECT_EQ(cache.get(two, graph_of(100)), a);
   EXPECT_EQ(two.compiles, 0);
+}
+
+TEST(CompileCacheLru, BudgetFromEnvironment) {
+  EXPECT_EQ(CompileCache::budget_from_env(nullptr), CompileCache::kDefaultBudget);
+  EXPECT_EQ(CompileCache::budget_from_env(""), CompileCache::kDefaultBudget);
+  EXPECT_EQ(CompileCache::budget_from_env("0"), 0u);
+  EXPECT_EQ(CompileCache::budget_from_env("268435456"), uint64_t(1) << 28);
+  for (const char* bad : {"1G", "-5", " 12", "12 ", "abc", "99999999999999999999999"})
+    EXPECT_THROW(CompileCache::budget_from_env(bad), InvalidArgumentError) << bad;
 }
 
 TEST(CompileCacheLru, GlobalBudgetIsSettable) {
