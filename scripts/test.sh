@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite: every test on the release build, then again
 # under AddressSanitizer + UndefinedBehaviorSanitizer (all areas but the 1.7 MB tokenizer parity
-# runs, whose bad-input, invalid-UTF-8 and streaming tests do run there).
+# runs, whose bad-input, invalid-UTF-8 and streaming tests do run there), then the concurrency
+# tests under ThreadSanitizer (only their binary is built there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
@@ -13,3 +14,6 @@ cmake --preset asan >/dev/null
 cmake --build --preset asan
 ctest --preset asan -j2 -LE tokenizer
 ctest --preset asan -j2 -L tokenizer -R 'BadInput|Invalid|Stream'
+cmake --preset tsan >/dev/null
+cmake --build --preset tsan
+ctest --preset tsan

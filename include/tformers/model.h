@@ -26,9 +26,6 @@ namespace tformers {
 
 class Tokenizer;
 
-// Process-wide compile cache counters.
-CompileStats compile_stats();
-
 struct LoadOptions {
   // Weight dtype; unset means the checkpoint's config.json "torch_dtype" (as dtype="auto" in
   // Transformers). Activations are computed in float32 on the CPU backend either way.

@@ -3,6 +3,7 @@
 // between host and device. Nothing above backends/ knows which backend runs.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -20,6 +21,35 @@ struct TransferStats {
   uint64_t device_to_host_copies = 0;
 };
 
+// A backend's transfer counters. Runs of its executables add to them from any thread, so they
+// are atomics (relaxed: they count, they order nothing); read them as a TransferStats snapshot.
+class TransferCounters {
+ public:
+  void host_to_device(uint64_t bytes) {
+    host_to_device_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    host_to_device_copies_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void device_to_host(uint64_t bytes) {
+    device_to_host_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    device_to_host_copies_.fetch_add(1, std::memory_order_relaxed);
+  }
+  TransferStats snapshot() const {
+    return {host_to_device_bytes_.load(std::memory_order_relaxed),
+            device_to_host_bytes_.load(std::memory_order_relaxed),
+            host_to_device_copies_.load(std::memory_order_relaxed),
+            device_to_host_copies_.load(std::memory_order_relaxed)};
+  }
+  void reset() {
+    for (auto* c : {&host_to_device_bytes_, &device_to_host_bytes_, &host_to_device_copies_,
+                    &device_to_host_copies_})
+      c->store(0, std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<uint64_t> host_to_device_bytes_{0}, device_to_host_bytes_{0};
+  std::atomic<uint64_t> host_to_device_copies_{0}, device_to_host_copies_{0};
+};
+
 // Device memory holding one tensor.
 class Buffer {
  public:
@@ -30,6 +60,9 @@ class Buffer {
   virtual const void* host_data() const { return nullptr; }
 };
 
+// A compiled graph. An executable is shared process-wide (CompileCache) by every model that
+// builds the same graph, so it holds only the immutable compiled plan; the memory one run needs
+// (intermediate values, scratch) is checked out per run.
 class Executable {
  public:
   virtual ~Executable() = default;
@@ -38,10 +71,16 @@ class Executable {
   // in leaves(kInput) order, copied to the device; outputs are host tensors of the output types,
   // filled from the device. Runtime values are validated (token ids in range, cache positions
   // within the cache): a bad value is an InvalidArgumentError and leaves the state untouched.
+  // Thread-safe: concurrent runs of one executable each get their own scratch memory, but they
+  // must not share state buffers (two runs writing one KV cache race) or output tensors;
+  // parameters are only read and may be shared.
   virtual void run(std::span<Buffer* const> params, std::span<Buffer* const> states,
                    std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) = 0;
-  // Bytes of scratch memory planned for intermediate values.
+  // Bytes of scratch memory planned for intermediate values, per concurrent run.
   virtual uint64_t arena_bytes() const = 0;
+  // Frees the scratch memory of runs that have finished (a later run allocates it again);
+  // returns the bytes freed. Runs in progress keep theirs.
+  virtual uint64_t trim() = 0;
 };
 
 // A linear weight as a backend keeps it for multiplication: the weight and, when quantized, its
@@ -68,11 +107,11 @@ class Backend {
   // models only say which weights are linear. UnsupportedError for a scheme it does not run.
   virtual PreparedWeight prepare_linear(const Tensor& w, const std::string& quantize);
 
-  const TransferStats& transfer_stats() const { return stats_; }
-  void reset_transfer_stats() { stats_ = {}; }
+  TransferStats transfer_stats() const { return stats_.snapshot(); }
+  void reset_transfer_stats() { stats_.reset(); }
 
  protected:
-  TransferStats stats_;
+  TransferCounters stats_;
 };
 
 }  // namespace tformers::backends

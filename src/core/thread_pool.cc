@@ -58,6 +58,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   // Two tasks per thread: a parked thread's share can move, while each thread still streams
   // long contiguous ranges (decode GEMVs read weights at the speed of a sequential stream).
   const int64_t chunks = (n + grain - 1) / grain;
+  std::lock_guard<std::mutex> call(call_mu_);
   Job job{&fn, n, grain, chunks, std::min<int64_t>(chunks, 2 * num_threads())};
   job_.store(&job);
   {
@@ -96,9 +97,13 @@ void ThreadPool::worker_loop(int index) {
 }
 
 ThreadPool& ThreadPool::global() {
-  auto& slot = global_slot();
-  if (!slot) slot = std::make_unique<ThreadPool>();
-  return *slot;
+  // Created once even when the first calls come from several threads at once (unless
+  // set_global_threads made it first).
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (!global_slot()) global_slot() = std::make_unique<ThreadPool>();
+  });
+  return *global_slot();
 }
 
 void ThreadPool::set_global_threads(int num_threads) {

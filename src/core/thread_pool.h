@@ -5,6 +5,10 @@
 // busy on one of two cores, fixed chunks made 2 threads decode at 0.7x of 1 thread. Workers spin
 // briefly before they sleep, because decode issues hundreds of small parallel regions per token
 // and a condition variable round trip per region would cost more than the work.
+//
+// Several threads may call parallel_for at once (two models decoding on two threads): their
+// regions take turns on the pool, each with all its threads, since the workers serve one call at
+// a time and kernels keep per-thread scratch by thread index.
 #pragma once
 
 #include <atomic>
@@ -34,9 +38,10 @@ class ThreadPool {
                     int64_t grain = 1);
 
   // The process-wide pool used by the CPU backend; its size comes from TFORMERS_NUM_THREADS or
-  // the hardware.
+  // the hardware. Safe to call from any thread.
   static ThreadPool& global();
-  // Replaces the global pool's size (for benchmarks and the --threads flag).
+  // Replaces the global pool's size (for benchmarks and the --threads flag); not while another
+  // thread uses the pool.
   static void set_global_threads(int num_threads);
 
  private:
@@ -51,6 +56,9 @@ class ThreadPool {
   static void work(Job& job, int index);
 
   std::vector<std::thread> workers_;
+  // Held by the caller whose call owns the workers (job_ and active_ below serve one call).
+  // Uncontended, it costs one atomic exchange per region.
+  std::mutex call_mu_;
   // The call in progress, or null. A worker announces itself in active_ before it reads job_,
   // and the caller clears job_ and waits for active_ to drain before its Job goes away, so a
   // worker that wakes late never touches a finished call (both pairs are sequentially

@@ -28,7 +28,7 @@ Value GraphBuilder::embedding(Value table, Value ids, const std::string& name) {
   TF_CHECK(t.shape.size() == 2 && i.dtype == DType::i32, name, ": ", t.str(), " ", i.str());
   Shape out = i.shape;
   out.push_back(t.shape[1]);
-  return add_node(Op::kEmbedding, {table, ids}, {DType::f32, out}, name);
+  return add_node(Op::kEmbedding, {table, ids}, {activation(), out}, name);
 }
 
 Value GraphBuilder::embedding_shard(Value table, Value ids, int64_t row_offset, int64_t vocab,
@@ -39,7 +39,7 @@ Value GraphBuilder::embedding_shard(Value table, Value ids, int64_t row_offset, 
            name, ": ", t.str(), " ", i.str(), " rows at ", row_offset, " of ", vocab);
   Shape out = i.shape;
   out.push_back(t.shape[1]);
-  return add_node(Op::kEmbedding, {table, ids}, {DType::f32, out}, name, {row_offset, vocab});
+  return add_node(Op::kEmbedding, {table, ids}, {activation(), out}, name, {row_offset, vocab});
 }
 
 Value GraphBuilder::linear(Value x, Value w, Value bias, const std::string& name) {
@@ -53,7 +53,7 @@ Value GraphBuilder::linear(Value x, Value w, Value bias, const std::string& name
   }
   Shape out = xt.shape;
   out.back() = wt.shape[0];
-  return add_node(Op::kLinear, std::move(inputs), {DType::f32, out}, name);
+  return add_node(Op::kLinear, std::move(inputs), {activation(), out}, name);
 }
 
 Value GraphBuilder::linear_int8(Value x, Value w, Value scale, Value bias,
@@ -71,7 +71,7 @@ Value GraphBuilder::linear_int8(Value x, Value w, Value scale, Value bias,
   }
   Shape out = xt.shape;
   out.back() = wt.shape[0];
-  return add_node(Op::kLinearInt8, std::move(inputs), {DType::f32, out}, name);
+  return add_node(Op::kLinearInt8, std::move(inputs), {activation(), out}, name);
 }
 
 Value GraphBuilder::rms_norm(Value x, Value w, float eps, const std::string& name) {
@@ -82,7 +82,7 @@ Value GraphBuilder::rms_norm(Value x, Value w, float eps, RMSNormOptions o,
                              const std::string& name) {
   const TensorType &xt = type(x), &wt = type(w);
   TF_CHECK(wt.shape == Shape{xt.shape.back()}, name, ": x ", xt.str(), " w ", wt.str());
-  return add_node(Op::kRMSNorm, {x, w}, {DType::f32, xt.shape}, name, {int64_t(o.unit_offset)},
+  return add_node(Op::kRMSNorm, {x, w}, {activation(), xt.shape}, name, {int64_t(o.unit_offset)},
                   {eps});
 }
 
@@ -100,36 +100,36 @@ Value GraphBuilder::rope(Value x, Value pos, std::vector<float> inv_freq, RopeOp
                int64_t(inv_freq.size()) * 2 == rotary_dim,
            name, ": rotary_dim ", rotary_dim, " with ", inv_freq.size(), " frequencies, x ",
            xt.str());
-  return add_node(Op::kRope, {x, pos}, {DType::f32, xt.shape}, name,
+  return add_node(Op::kRope, {x, pos}, {activation(), xt.shape}, name,
                   {rotary_dim, int64_t(o.interleaved)}, std::move(inv_freq));
 }
 
 Value GraphBuilder::silu_mul(Value gate, Value up, const std::string& name) {
   TF_CHECK(type(gate) == type(up), name);
-  return add_node(Op::kSiluMul, {gate, up}, type(gate), name);
+  return add_node(Op::kSiluMul, {gate, up}, {activation(), type(gate).shape}, name);
 }
 
 Value GraphBuilder::gelu_tanh_mul(Value gate, Value up, const std::string& name) {
-  TF_CHECK(type(gate) == type(up) && type(gate).dtype == DType::f32, name, ": ", type(gate).str(),
+  TF_CHECK(type(gate) == type(up) && type(gate).dtype == activation(), name, ": ", type(gate).str(),
            " ", type(up).str());
   return add_node(Op::kGeluTanhMul, {gate, up}, type(gate), name);
 }
 
 Value GraphBuilder::scale(Value x, float factor, const std::string& name) {
-  TF_CHECK(type(x).dtype == DType::f32 && std::isfinite(factor), name, ": ", type(x).str(), " * ",
+  TF_CHECK(type(x).dtype == activation() && std::isfinite(factor), name, ": ", type(x).str(), " * ",
            factor);
   return add_node(Op::kScale, {x}, type(x), name, {}, {factor});
 }
 
 Value GraphBuilder::softcap(Value x, float cap, const std::string& name) {
-  TF_CHECK(type(x).dtype == DType::f32 && cap > 0.0f && std::isfinite(cap), name, ": ",
+  TF_CHECK(type(x).dtype == activation() && cap > 0.0f && std::isfinite(cap), name, ": ",
            type(x).str(), " cap ", cap);
   return add_node(Op::kSoftcap, {x}, type(x), name, {}, {cap});
 }
 
 Value GraphBuilder::add(Value a, Value b, const std::string& name) {
   TF_CHECK(type(a) == type(b), name, ": ", type(a).str(), " + ", type(b).str());
-  return add_node(Op::kAdd, {a, b}, type(a), name);
+  return add_node(Op::kAdd, {a, b}, {activation(), type(a).shape}, name);
 }
 
 Value GraphBuilder::reshape(Value x, Shape shape) {
@@ -167,7 +167,7 @@ Value GraphBuilder::attention(Value q, Value k_cache, Value v_cache, Value start
              type(key_mask).str());
     inputs.push_back(key_mask);
   }
-  return add_node(Op::kAttention, std::move(inputs), {DType::f32, qt.shape}, name,
+  return add_node(Op::kAttention, std::move(inputs), {activation(), qt.shape}, name,
                   {o.sliding_window}, {scale, o.softcap});
 }
 
@@ -192,7 +192,7 @@ Value GraphBuilder::custom_call(std::shared_ptr<const CustomCall> call, std::vec
 
 Value GraphBuilder::all_reduce(Value x, Value bias, int group, const std::string& name) {
   const TensorType& xt = type(x);
-  TF_CHECK(xt.dtype == DType::f32 && !xt.shape.empty(), name, ": ", xt.str());
+  TF_CHECK(!xt.shape.empty(), name, ": ", xt.str());
   std::vector<int> inputs = {x};
   if (bias >= 0) {
     TF_CHECK(type(bias).shape == Shape{xt.shape.back()}, name, ": bias ", type(bias).str());
@@ -204,25 +204,24 @@ Value GraphBuilder::all_reduce(Value x, Value bias, int group, const std::string
 Value GraphBuilder::all_gather(Value x, std::vector<int64_t> counts, int group,
                                const std::string& name) {
   const TensorType& xt = type(x);
-  TF_CHECK(xt.dtype == DType::f32 && !xt.shape.empty() &&
-               std::find(counts.begin(), counts.end(), xt.shape.back()) != counts.end(),
-           name, ": ", xt.str());
+  TF_CHECK(
+      !xt.shape.empty() && std::find(counts.begin(), counts.end(), xt.shape.back()) != counts.end(),
+      name, ": ", xt.str());
   Shape out = xt.shape;
   out.back() = 0;
   for (int64_t c : counts) out.back() += c;
   std::vector<int64_t> ints = {group};
   ints.insert(ints.end(), counts.begin(), counts.end());
-  return add_node(Op::kAllGather, {x}, {DType::f32, out}, name, std::move(ints));
+  return add_node(Op::kAllGather, {x}, {xt.dtype, out}, name, std::move(ints));
 }
 
 Value GraphBuilder::slice_last(Value x, int64_t begin, int64_t end, const std::string& name) {
   const TensorType& xt = type(x);
-  TF_CHECK(xt.dtype == DType::f32 && !xt.shape.empty() && 0 <= begin && begin < end &&
-               end <= xt.shape.back(),
-           name, ": ", xt.str(), " [", begin, ", ", end, ")");
+  TF_CHECK(!xt.shape.empty() && 0 <= begin && begin < end && end <= xt.shape.back(), name, ": ",
+           xt.str(), " [", begin, ", ", end, ")");
   Shape out = xt.shape;
   out.back() = end - begin;
-  return add_node(Op::kSlice, {x}, {DType::f32, out}, name, {begin, end});
+  return add_node(Op::kSlice, {x}, {xt.dtype, out}, name, {begin, end});
 }
 
 }  // namespace tformers::graph

@@ -1,6 +1,7 @@
 // Records graph nodes with shape and dtype checks. Models call these while building the forward
 // pass for one StepShape; a failed check is a bug in the model code (InternalError), since
-// checkpoint shapes are validated when weights load.
+// checkpoint shapes are validated when weights load. Compute ops produce the graph's activation
+// dtype; reshape, take_last, slice_last and the collectives keep their input's.
 #pragma once
 
 #include <string>
@@ -27,6 +28,10 @@ struct AttentionOptions {
 
 class GraphBuilder {
  public:
+  // activation: the dtype of computed values (f32, bf16 or f16), see graph.h.
+  explicit GraphBuilder(DType activation = DType::f32) : graph_(activation) {}
+  DType activation() const { return graph_.activation_dtype(); }
+
   Value parameter(const std::string& name, TensorType type);
   Value state(const std::string& name, TensorType type);
   Value input(const std::string& name, TensorType type);
@@ -37,7 +42,7 @@ class GraphBuilder {
   Value embedding_shard(Value table, Value ids, int64_t row_offset, int64_t vocab,
                         const std::string& name = "");
   Value linear(Value x, Value w, Value bias = -1, const std::string& name = "");
-  // w int8 (N,K) with per-output-channel scale f32 (N); bias, when given, is f32 (N).
+  // w int8 (N,K) with scale f32 (N, ceil(K / kInt8Block)); bias, when given, is f32 (N).
   Value linear_int8(Value x, Value w, Value scale, Value bias = -1, const std::string& name = "");
   Value rms_norm(Value x, Value w, float eps, const std::string& name = "");
   Value rms_norm(Value x, Value w, float eps, RMSNormOptions o, const std::string& name);

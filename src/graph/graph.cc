@@ -57,6 +57,12 @@ const char* op_name(Op op) {
 
 std::string TensorType::str() const { return std::string(dtype_name(dtype)) + shape_str(shape); }
 
+Graph::Graph(DType activation) : activation_(activation) {
+  if (!is_float(activation))
+    throw InvalidArgumentError(detail::str_cat("graph activation dtype must be a float type, got ",
+                                               dtype_name(activation)));
+}
+
 std::vector<int> Graph::leaves(Op kind) const {
   std::vector<int> out;
   for (size_t i = 0; i < nodes_.size(); ++i)
@@ -97,6 +103,7 @@ struct Hasher {
 
 uint64_t Graph::hash() const {
   Hasher h;
+  h.pod(activation_);
   h.pod(nodes_.size());
   for (const Node& n : nodes_) {
     h.pod(n.op);
@@ -155,6 +162,7 @@ std::string attributes(const Node& n) {
 
 std::string Graph::to_string() const {
   std::ostringstream os;
+  os << "activation: " << dtype_name(activation_) << "\n";
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const Node& n = nodes_[i];
     os << "%" << i << " = " << op_name(n.op);

@@ -3,6 +3,11 @@
 // parameters (weights, bound once), state (the KV cache, updated in place) and inputs (per-call
 // tensors and runtime scalars such as the cache position). Node ids are positions in nodes(),
 // which is also a valid execution order (a node's inputs always come before it).
+//
+// The activation dtype is a property of the graph: the dtype in which compute ops produce their
+// values (embedding, linear, norms, rope, attention, ...). It says what the model asks for, not
+// how a backend computes: a backend may legalise it (the CPU backend computes bf16-activation
+// graphs in float32 and converts at the graph's inputs and outputs).
 #pragma once
 
 #include <cstdint>
@@ -19,11 +24,11 @@ enum class Op : uint8_t {
   kParameter,   // leaf: a weight, bound by name
   kState,       // leaf: device state updated in place (KV cache), bound by name
   kInput,       // leaf: a per-call tensor copied from the host
-  kEmbedding,   // (table (V,D), ids (...)) -> (..., D) f32; ints = {row_offset, vocab} when the
+  kEmbedding,   // (table (V,D), ids (...)) -> (..., D) act; ints = {row_offset, vocab} when the
                 // table holds rows [row_offset, row_offset + V) of a vocab-row table (zero
                 // rows for ids outside)
-  kLinear,      // (x (..., K), w (N, K) [, bias (N)]) -> (..., N) f32
-  kRMSNorm,     // (x (..., D), w (D)) -> (..., D) f32; floats = {eps}, ints = {unit_offset}:
+  kLinear,      // (x (..., K), w (N, K) [, bias (N)]) -> (..., N) act
+  kRMSNorm,     // (x (..., D), w (D)) -> (..., D) act; floats = {eps}, ints = {unit_offset}:
                 // 1 scales by (1 + w) (Gemma)
   kRope,        // (x (B,T,H,D), pos (B,T)) -> (B,T,H,D); floats = inv_freq (rotary_dim/2),
                 // ints = {rotary_dim, interleaved}: the first rotary_dim features rotate, the
@@ -35,15 +40,16 @@ enum class Op : uint8_t {
   kAttention,   // (q (B,T,Hq,D), k_cache, v_cache, start () [, key_mask (B,S)]) -> (B,T,Hq,D);
                 // floats = {scale, softcap}, ints = {sliding_window}; 0 for none (see
                 // GraphBuilder::attention)
-  kTakeLast,    // (x (B,T,D)) -> (B,n,D): the last n = ints[0] positions
+  kTakeLast,    // (x (B,T,D)) -> (B,n,D): the last n = ints[0] positions (any dtype)
   kCustomCall,  // a hub kernel (Node::custom): inputs and floats as its layer's schema says
-  // Tensor parallelism. ints[0] is the process group id (distributed/process_group.h).
+  // Tensor parallelism. ints[0] is the process group id (distributed/process_group.h). The
+  // collectives and kSlice take any dtype; the output has the input's.
   kAllReduce,   // (x (..., N) [, bias (N)]) -> sum over ranks [+ bias, added once after the sum]
   kAllGather,   // (x (..., n_r)) -> (..., sum n): ranks' pieces concatenated along the last dim;
                 // ints = {group, n_0, n_1, ...}
   kSlice,       // (x (..., K)) -> (..., end - begin): ints = {begin, end} along the last dim
   kLinearInt8,  // (x (..., K), w int8 (N, K), scale f32 (N, ceil(K / kInt8Block)) [, bias f32
-                // (N)]) -> (..., N) f32: weight-only int8 with one scale per block of
+                // (N)]) -> (..., N) act: weight-only int8 with one scale per block of
                 // kInt8Block k values, w[n,k] ~ scale[n, k / kInt8Block] * q[n,k]
 
   // Gemma's activations and scalings.
@@ -86,6 +92,10 @@ struct Node {
 
 class Graph {
  public:
+  // `activation` is the dtype compute ops produce (f32, bf16 or f16).
+  explicit Graph(DType activation = DType::f32);
+
+  DType activation_dtype() const { return activation_; }
   const std::vector<Node>& nodes() const { return nodes_; }
   const Node& node(int id) const { return nodes_.at(id); }
   const std::vector<int>& outputs() const { return outputs_; }
@@ -95,14 +105,17 @@ class Graph {
   int add(Node node);  // checks that inputs exist; returns the node id
   void mark_output(int id);
 
-  // A 64-bit hash of the structure, shapes, dtypes, names and attributes; two graphs with the
+  // A 64-bit hash of the activation dtype, structure, shapes, dtypes, names and attributes; two
+  // graphs with the
   // same hash compile to the same executable.
   uint64_t hash() const;
-  // One line per node: "%12 = linear(%10, %3) -> float32[1, 7, 64]  # layers.0.mlp.up_proj",
-  // with options that are not the op's default in braces: "rope(%4, %2) {interleaved} -> ...".
+  // "activation: bfloat16", then one line per node:
+  // "%12 = linear(%10, %3) -> float32[1, 7, 64]  # layers.0.mlp.up_proj", with options that are
+  // not the op's default in braces: "rope(%4, %2) {interleaved} -> ...".
   std::string to_string() const;
 
  private:
+  DType activation_;
   std::vector<Node> nodes_;
   std::vector<int> outputs_;
 };

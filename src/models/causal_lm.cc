@@ -43,7 +43,6 @@ std::vector<std::string> architecture_names() {
 
 std::vector<std::string> supported_architectures() { return models::architecture_names(); }
 
-CompileStats compile_stats() { return backends::CompileCache::global().stats(); }
 
 namespace {
 

@@ -94,32 +94,105 @@ class OpProfile {
   uint64_t runs_ = 0;
 };
 
+// The kernels compute activations in float32. A graph with another activation dtype is compiled
+// as its float32 twin: inputs and computed values typed with the activation dtype become f32,
+// cache writes keep their cache's dtype, and ops that only move values (reshape, take_last,
+// slice, the collectives) follow their input. run() converts activation-typed inputs and outputs
+// at the boundary. Results equal the f32 graph's up to the final rounding of the outputs to the
+// activation dtype. Hub kernels declare their own dtypes, so a custom call cannot be retyped
+// behind their back.
+graph::Graph legalise(const graph::Graph& g) {
+  const DType act = g.activation_dtype();
+  if (act == DType::f32) return g;
+  graph::Graph out(DType::f32);
+  for (const Node& n : g.nodes()) {
+    Node m = n;
+    switch (n.op) {
+      case Op::kParameter:
+      case Op::kState:
+      case Op::kCacheWrite:
+        break;
+      case Op::kReshape:
+      case Op::kTakeLast:
+      case Op::kSlice:
+      case Op::kAllReduce:
+      case Op::kAllGather:
+        m.type.dtype = out.node(n.inputs[0]).type.dtype;
+        break;
+      case Op::kCustomCall:
+        throw UnsupportedError(detail::str_cat("CPU backend: hub kernel ", n.custom->target,
+                                               " in a ", dtype_name(act),
+                                               "-activation graph; use float32 activations"));
+      default:
+        if (m.type.dtype == act) m.type.dtype = DType::f32;
+    }
+    out.add(std::move(m));
+  }
+  for (int o : g.outputs()) out.mark_output(o);
+  return out;
+}
+
+// Host tensors of a 16-bit float dtype to and from the f32 values the kernels use.
+void widen(const void* src, DType dtype, int64_t n, float* dst) {
+  const auto* h = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = dtype == DType::bf16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+}
+void narrow(const float* src, int64_t n, DType dtype, void* dst) {
+  auto* h = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i)
+    h[i] = dtype == DType::bf16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+}
+
+// What one run needs besides the plan. A run checks one out of its executable for its duration,
+// so runs on several threads never share an arena.
+struct RunContext {
+  std::unique_ptr<char, decltype(&std::free)> arena{nullptr, &std::free};
+  std::span<Buffer*const> params, states;  // bound for the run
+  std::vector<float> gather_scratch;       // all_gather's rank-major staging, grown once
+};
+
 class CpuExecutable : public Executable {
  public:
-  CpuExecutable(const graph::Graph& g, TransferStats* stats) : graph_(g), stats_(stats) { plan(); }
+  CpuExecutable(const graph::Graph& g, TransferCounters* stats);
 
   uint64_t arena_bytes() const override { return uint64_t(arena_size_); }
+  uint64_t trim() override;
 
   void run(std::span<Buffer* const> params, std::span<Buffer* const> states,
            std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) override;
 
  private:
   void plan();
-  void* ptr(int id) const;
-  void check_runtime_values() const;
-  void execute(const Node& n, int id);
-  void custom_call(const Node& n, int id);
+  std::unique_ptr<RunContext> checkout();
+  void release(std::unique_ptr<RunContext> c);
+  void run_in(RunContext& c, std::span<const Tensor* const> inputs,
+              std::span<Tensor* const> outputs) const;
+  void* ptr(const RunContext& c, int id) const;
+  void check_runtime_values(const RunContext& c) const;
+  void execute(RunContext& c, const Node& n, int id) const;
+  void custom_call(const RunContext& c, const Node& n, int id) const;
 
-  graph::Graph graph_;
-  TransferStats* stats_;  // the backend's counters
+  // The compiled plan, fixed by the constructor and only read after.
+  graph::Graph graph_;  // legalised: activations are f32
+  // The leaf and output types the caller's graph declared (inputs and outputs convert from and
+  // to them when its activation dtype is not f32).
+  std::vector<graph::TensorType> input_types_, output_types_;
+  TransferCounters* stats_;  // the backend's counters
   std::vector<Slot> slots_;
   std::vector<int> param_ids_, state_ids_, input_ids_;
   int64_t arena_size_ = 0;
-  std::unique_ptr<char, decltype(&std::free)> arena_{nullptr, &std::free};
-  // Bound for the duration of run().
-  std::span<Buffer*const> params_, states_;
-  std::vector<float> gather_scratch_;  // all_gather's rank-major staging, grown once
+
+  std::mutex mu_;
+  std::vector<std::unique_ptr<RunContext>> idle_;  // finished runs' contexts, guarded by mu_
 };
+
+CpuExecutable::CpuExecutable(const graph::Graph& g, TransferCounters* stats)
+    : graph_(legalise(g)), stats_(stats) {
+  for (int id : g.leaves(Op::kInput)) input_types_.push_back(g.node(id).type);
+  for (int id : g.outputs()) output_types_.push_back(g.node(id).type);
+  plan();
+}
 
 void CpuExecutable::plan() {
   const auto& nodes = graph_.nodes();
@@ -142,6 +215,9 @@ void CpuExecutable::plan() {
     last[root[i]] = std::max(last[root[i]], i);
     for (int in : nodes[i].inputs) last[root[in]] = std::max(last[root[in]], i);
   }
+  // Inputs are copied in before node 0 runs, wherever the graph creates them: they must not
+  // share bytes with any value computed before their node.
+  for (int id : input_ids_) first[id] = -1;
   for (int o : graph_.outputs()) last[root[o]] = n;
 
   struct Block {
@@ -176,38 +252,78 @@ void CpuExecutable::plan() {
     arena_size_ = std::max(arena_size_, offset + b->size);
     placed.push_back(b);
   }
-  for (int i = 0; i < n; ++i)
-    if (nodes[i].op == Op::kCustomCall)
-      TF_CHECK(nodes[i].custom && nodes[i].custom->backend == "cpu" && nodes[i].inputs.size() <= 8,
-               "CPU backend cannot run custom call ", nodes[i].name);
+  for (int i = 0; i < n; ++i) {
+    const Node& nd = nodes[i];
+    if (nd.op == Op::kCustomCall)
+      TF_CHECK(nd.custom && nd.custom->backend == "cpu" && nd.inputs.size() <= 8,
+               "CPU backend cannot run custom call ", nd.name);
+    // The IR moves any dtype through these; the CPU's implementations move f32 (what every
+    // activation is once legalised).
+    const bool moves_f32 = nd.op == Op::kAllReduce || nd.op == Op::kAllGather ||
+                           nd.op == Op::kSlice || nd.op == Op::kTakeLast;
+    if (moves_f32 && nd.type.dtype != DType::f32)
+      throw UnsupportedError(detail::str_cat("CPU backend: ", graph::op_name(nd.op), " of ",
+                                             nd.type.str(), " values at ", nd.name,
+                                             " (it handles float32 only)"));
+  }
   for (const Block& b : blocks) slots_[b.id] = {Slot::kArena, b.offset};
   for (size_t k = 0; k < param_ids_.size(); ++k) slots_[param_ids_[k]] = {Slot::kParam, int64_t(k)};
   for (size_t k = 0; k < state_ids_.size(); ++k) slots_[state_ids_[k]] = {Slot::kState, int64_t(k)};
   for (int i = 0; i < n; ++i) slots_[i] = slots_[root[i]];
-
-  arena_.reset(
-      static_cast<char*>(std::aligned_alloc(kAlign, std::max<int64_t>(arena_size_, kAlign))));
-  if (!arena_) throw Error(detail::str_cat("CPU backend: cannot allocate ", arena_size_, " bytes"));
 }
 
-void* CpuExecutable::ptr(int id) const {
+std::unique_ptr<RunContext> CpuExecutable::checkout() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      std::unique_ptr<RunContext> c = std::move(idle_.back());
+      idle_.pop_back();
+      return c;
+    }
+  }
+  auto c = std::make_unique<RunContext>();
+  c->arena.reset(
+      static_cast<char*>(std::aligned_alloc(kAlign, std::max<int64_t>(arena_size_, kAlign))));
+  if (!c->arena)
+    throw Error(detail::str_cat("CPU backend: cannot allocate ", arena_size_, " bytes"));
+  return c;
+}
+
+void CpuExecutable::release(std::unique_ptr<RunContext> c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_.push_back(std::move(c));
+}
+
+uint64_t CpuExecutable::trim() {
+  std::vector<std::unique_ptr<RunContext>> freed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    freed.swap(idle_);
+  }
+  uint64_t bytes = 0;
+  for (const auto& c : freed)
+    bytes += uint64_t(arena_size_) + c->gather_scratch.capacity() * sizeof(float);
+  return bytes;
+}
+
+void* CpuExecutable::ptr(const RunContext& c, int id) const {
   const Slot& s = slots_[id];
   switch (s.kind) {
     case Slot::kParam:
-      return static_cast<CpuBuffer*>(params_[s.index])->data();
+      return static_cast<CpuBuffer*>(c.params[s.index])->data();
     case Slot::kState:
-      return static_cast<CpuBuffer*>(states_[s.index])->data();
+      return static_cast<CpuBuffer*>(c.states[s.index])->data();
     case Slot::kArena:
-      return arena_.get() + s.index;
+      return c.arena.get() + s.index;
   }
   return nullptr;
 }
 
 // Values the graph cannot check statically, checked before anything is written.
-void CpuExecutable::check_runtime_values() const {
+void CpuExecutable::check_runtime_values(const RunContext& c) const {
   for (const Node& n : graph_.nodes()) {
     if (n.op == Op::kEmbedding) {
-      const auto* ids = static_cast<const int32_t*>(ptr(n.inputs[1]));
+      const auto* ids = static_cast<const int32_t*>(ptr(c, n.inputs[1]));
       int64_t vocab = n.ints.size() == 2 ? n.ints[1] : graph_.node(n.inputs[0]).type.shape[0];
       int64_t count = shape_numel(graph_.node(n.inputs[1]).type.shape);
       for (int64_t i = 0; i < count; ++i)
@@ -216,7 +332,7 @@ void CpuExecutable::check_runtime_values() const {
                                                      " is out of range: the vocabulary has ", vocab,
                                                      " entries (ids 0..", vocab - 1, ")"));
     } else if (n.op == Op::kCacheWrite) {
-      int32_t start = *static_cast<const int32_t*>(ptr(n.inputs[2]));
+      int32_t start = *static_cast<const int32_t*>(ptr(c, n.inputs[2]));
       int64_t cache_len = n.type.shape[2], t = graph_.node(n.inputs[1]).type.shape[1];
       if (start < 0 || start + t > cache_len)
         throw InvalidArgumentError(detail::str_cat(
@@ -231,8 +347,6 @@ void CpuExecutable::run(std::span<Buffer* const> params, std::span<Buffer* const
   TF_CHECK(params.size() == param_ids_.size() && states.size() == state_ids_.size() &&
                inputs.size() == input_ids_.size() && outputs.size() == graph_.outputs().size(),
            "binding counts do not match the graph");
-  params_ = params;
-  states_ = states;
   for (size_t k = 0; k < params.size(); ++k)
     TF_CHECK(params[k]->type() == graph_.node(param_ids_[k]).type, "parameter ",
              graph_.node(param_ids_[k]).name, " bound to ", params[k]->type().str());
@@ -240,16 +354,39 @@ void CpuExecutable::run(std::span<Buffer* const> params, std::span<Buffer* const
     TF_CHECK(states[k]->type() == graph_.node(state_ids_[k]).type, "state ",
              graph_.node(state_ids_[k]).name);
   for (size_t k = 0; k < inputs.size(); ++k) {
-    const Node& n = graph_.node(input_ids_[k]);
-    if (inputs[k]->dtype() != n.type.dtype || inputs[k]->shape() != n.type.shape)
-      throw InvalidArgumentError(detail::str_cat("input '", n.name, "' must be ", n.type.str(),
-                                                 ", got ", dtype_name(inputs[k]->dtype()),
-                                                 shape_str(inputs[k]->shape())));
-    std::memcpy(ptr(input_ids_[k]), inputs[k]->raw(), inputs[k]->nbytes());
-    stats_->host_to_device_bytes += inputs[k]->nbytes();
-    ++stats_->host_to_device_copies;
+    const graph::TensorType& t = input_types_[k];
+    if (inputs[k]->dtype() != t.dtype || inputs[k]->shape() != t.shape)
+      throw InvalidArgumentError(
+          detail::str_cat("input '", graph_.node(input_ids_[k]).name, "' must be ", t.str(),
+                          ", got ", dtype_name(inputs[k]->dtype()), shape_str(inputs[k]->shape())));
   }
-  check_runtime_values();
+  for (size_t k = 0; k < outputs.size(); ++k)
+    TF_CHECK(outputs[k]->dtype() == output_types_[k].dtype &&
+                 outputs[k]->shape() == output_types_[k].shape,
+             "output ", k, " must be ", output_types_[k].str());
+  std::unique_ptr<RunContext> c = checkout();
+  c->params = params;
+  c->states = states;
+  try {
+    run_in(*c, inputs, outputs);
+  } catch (...) {
+    release(std::move(c));
+    throw;
+  }
+  release(std::move(c));
+}
+
+void CpuExecutable::run_in(RunContext& c, std::span<const Tensor* const> inputs,
+                           std::span<Tensor* const> outputs) const {
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    void* dst = ptr(c, input_ids_[k]);
+    if (graph_.node(input_ids_[k]).type.dtype == inputs[k]->dtype())
+      std::memcpy(dst, inputs[k]->raw(), inputs[k]->nbytes());
+    else
+      widen(inputs[k]->raw(), inputs[k]->dtype(), inputs[k]->numel(), static_cast<float*>(dst));
+    stats_->host_to_device(inputs[k]->nbytes());
+  }
+  check_runtime_values(c);
   const auto& nodes = graph_.nodes();
   if (OpProfile* prof = OpProfile::get()) {
     using Clock = std::chrono::steady_clock;
@@ -257,34 +394,35 @@ void CpuExecutable::run(std::span<Buffer* const> params, std::span<Buffer* const
       const Node& nd = nodes[i];
       if (nd.op == Op::kParameter || nd.op == Op::kState || nd.op == Op::kInput ||
           nd.op == Op::kReshape) {
-        execute(nd, i);
+        execute(c, nd, i);
         continue;
       }
       auto t0 = Clock::now();
-      execute(nd, i);
+      execute(c, nd, i);
       prof->add(nd.name == "lm_head" ? "lm_head" : graph::op_name(nd.op),
                 std::chrono::duration<double>(Clock::now() - t0).count());
     }
     prof->add_run();
   } else {
-    for (int i = 0; i < int(nodes.size()); ++i) execute(nodes[i], i);
+    for (int i = 0; i < int(nodes.size()); ++i) execute(c, nodes[i], i);
   }
   for (size_t k = 0; k < outputs.size(); ++k) {
-    const Node& n = graph_.node(graph_.outputs()[k]);
-    TF_CHECK(outputs[k]->dtype() == n.type.dtype && outputs[k]->shape() == n.type.shape, "output ",
-             k, " must be ", n.type.str());
-    std::memcpy(outputs[k]->raw(), ptr(graph_.outputs()[k]), outputs[k]->nbytes());
-    stats_->device_to_host_bytes += outputs[k]->nbytes();
-    ++stats_->device_to_host_copies;
+    const void* src = ptr(c, graph_.outputs()[k]);
+    if (graph_.node(graph_.outputs()[k]).type.dtype == outputs[k]->dtype())
+      std::memcpy(outputs[k]->raw(), src, outputs[k]->nbytes());
+    else
+      narrow(static_cast<const float*>(src), outputs[k]->numel(), outputs[k]->dtype(),
+             outputs[k]->raw());
+    stats_->device_to_host(outputs[k]->nbytes());
   }
 }
 
-void CpuExecutable::execute(const Node& n, int id) {
+void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
   ThreadPool& pool = ThreadPool::global();
   auto in_type = [&](int k) -> const graph::TensorType& { return graph_.node(n.inputs[k]).type; };
-  auto in = [&](int k) { return ptr(n.inputs[k]); };
-  auto f32 = [&](int k) { return static_cast<const float*>(ptr(n.inputs[k])); };
-  float* out = static_cast<float*>(ptr(id));
+  auto in = [&](int k) { return ptr(c, n.inputs[k]); };
+  auto f32 = [&](int k) { return static_cast<const float*>(ptr(c, n.inputs[k])); };
+  float* out = static_cast<float*>(ptr(c, id));
   const Shape& s = n.type.shape;
   switch (n.op) {
     case Op::kParameter:
@@ -353,7 +491,7 @@ void CpuExecutable::execute(const Node& n, int id) {
     case Op::kCacheWrite: {
       const Shape& u = in_type(1).shape;  // (B,T,Hkv,D)
       int32_t start = *static_cast<const int32_t*>(in(2));
-      cpu::cache_write(ptr(id), n.type.dtype, f32(1), u[0], u[1], u[2], s[2], u[3], start, pool);
+      cpu::cache_write(ptr(c, id), n.type.dtype, f32(1), u[0], u[1], u[2], s[2], u[3], start, pool);
       return;
     }
     case Op::kAttention: {
@@ -365,7 +503,7 @@ void CpuExecutable::execute(const Node& n, int id) {
       return;
     }
     case Op::kCustomCall:
-      custom_call(n, id);
+      custom_call(c, n, id);
       return;
     case Op::kTakeLast: {
       const Shape& x = in_type(0).shape;  // (B,T,D)
@@ -399,11 +537,11 @@ void CpuExecutable::execute(const Node& n, int id) {
         g.all_gather(f32(0), out, counts);
         return;
       }
-      gather_scratch_.resize(size_t(shape_numel(s)));
-      g.all_gather(f32(0), gather_scratch_.data(), counts);
+      c.gather_scratch.resize(size_t(shape_numel(s)));
+      g.all_gather(f32(0), c.gather_scratch.data(), counts);
       // (rank, row, piece) -> (row, rank's columns)
       int64_t col = 0;
-      const float* src = gather_scratch_.data();
+      const float* src = c.gather_scratch.data();
       for (size_t r = 0; r < counts.size(); ++r) {
         const int64_t w = n.ints[r + 1];
         for (int64_t i = 0; i < rows; ++i)
@@ -438,14 +576,14 @@ void kernel_parallel_for(void* host, int64_t n, int64_t grain,
 
 // A hub kernel through its C entry point. Tensors and attributes point into the graph and the
 // arena; nothing is allocated per call.
-void CpuExecutable::custom_call(const Node& n, int id) {
+void CpuExecutable::custom_call(const RunContext& c, const Node& n, int id) const {
   TfKernelTensor inputs[8];
   const int count = int(n.inputs.size());
   for (int k = 0; k < count; ++k) {
     const graph::TensorType& t = graph_.node(n.inputs[k]).type;
-    inputs[k] = {ptr(n.inputs[k]), int32_t(t.dtype), int32_t(t.shape.size()), t.shape.data()};
+    inputs[k] = {ptr(c, n.inputs[k]), int32_t(t.dtype), int32_t(t.shape.size()), t.shape.data()};
   }
-  const TfKernelTensor output = {ptr(id), int32_t(n.type.dtype), int32_t(n.type.shape.size()),
+  const TfKernelTensor output = {ptr(c, id), int32_t(n.type.dtype), int32_t(n.type.shape.size()),
                                  n.type.shape.data()};
   char error[512] = {0};
   TfKernelCall call = {};
@@ -491,8 +629,7 @@ class CpuBackend : public Backend {
     const Tensor& t = static_cast<const CpuBuffer&>(buffer).tensor();
     Tensor copy = Tensor::zeros(t.shape(), t.dtype());
     std::memcpy(copy.raw(), t.raw(), t.nbytes());
-    stats_.device_to_host_bytes += t.nbytes();
-    ++stats_.device_to_host_copies;
+    stats_.device_to_host(t.nbytes());
     return copy;
   }
 };

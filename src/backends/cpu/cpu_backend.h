@@ -1,6 +1,7 @@
 // The native CPU backend: always present. An executable is the graph's nodes in order, each a
-// kernel call, over one arena whose layout is planned once from tensor lifetimes; running it
-// allocates nothing.
+// kernel call, over an arena whose layout is planned once from tensor lifetimes. Each concurrent
+// run gets an arena of its own, allocated by its first use and reused after, so steady-state
+// runs allocate nothing.
 #pragma once
 
 #include <memory>

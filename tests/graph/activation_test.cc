@@ -1,0 +1,142 @@
+// The graph's activation dtype: what the builder types compute ops with, what the hash and the
+// printout include, and how the CPU backend runs a bfloat16-activation graph (in f32, rounding
+// at the outputs).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "graph/builder.h"
+#include "tformers/error.h"
+
+namespace tformers {
+namespace {
+
+using graph::GraphBuilder;
+using graph::Op;
+using graph::TensorType;
+using graph::Value;
+
+constexpr int64_t kVocab = 32, kDim = 16, kHidden = 24, kTokens = 5;
+
+std::vector<float> ramp(int64_t n, float scale, float phase) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = scale * std::sin(0.37f * float(i) + phase);
+  return v;
+}
+
+// embedding -> rms_norm -> gate/up linears -> silu_mul -> down linear -> residual add ->
+// take_last: (1,5) ids -> (1,2,16).
+graph::Graph small_graph(DType activation) {
+  GraphBuilder b(activation);
+  Value table = b.parameter("embed", {DType::f32, {kVocab, kDim}});
+  Value norm = b.parameter("norm", {DType::f32, {kDim}});
+  Value gate = b.parameter("gate", {DType::f32, {kHidden, kDim}});
+  Value up = b.parameter("up", {DType::f32, {kHidden, kDim}});
+  Value down = b.parameter("down", {DType::f32, {kDim, kHidden}});
+  Value ids = b.input("ids", {DType::i32, {1, kTokens}});
+  Value h = b.embedding(table, ids, "embed");
+  Value x = b.rms_norm(h, norm, 1e-6f, "norm");
+  Value m = b.silu_mul(b.linear(x, gate, -1, "gate"), b.linear(x, up, -1, "up"), "act");
+  Value y = b.add(h, b.linear(m, down, -1, "down"), "residual");
+  b.output(b.take_last(y, 2));
+  return b.finish();
+}
+
+std::vector<float> run_small(DType activation) {
+  auto backend = backends::make_cpu_backend();
+  const graph::Graph g = small_graph(activation);
+  auto exe = backend->compile(g);
+  std::vector<std::shared_ptr<backends::Buffer>> params;
+  std::vector<backends::Buffer*> bound;
+  float phase = 0;
+  for (int id : g.leaves(Op::kParameter)) {
+    const Shape& s = g.node(id).type.shape;
+    params.push_back(backend->upload(
+        Tensor::from_vector<float>(s, DType::f32, ramp(shape_numel(s), 0.5f, phase += 1))));
+    bound.push_back(params.back().get());
+  }
+  Tensor ids = Tensor::from_vector<int32_t>({1, kTokens}, DType::i32, {3, 17, 0, 31, 8});
+  Tensor out = Tensor::zeros({1, 2, kDim}, activation);
+  const Tensor* inputs[] = {&ids};
+  Tensor* outputs[] = {&out};
+  exe->run(bound, {}, inputs, outputs);
+  return out.to_f32_vector();
+}
+
+TEST(ActivationDtype, BuilderTypesComputeOpsWithIt) {
+  const graph::Graph g = small_graph(DType::bf16);
+  EXPECT_EQ(g.activation_dtype(), DType::bf16);
+  int computed = 0;
+  for (const graph::Node& n : g.nodes()) {
+    if (n.op == Op::kParameter || n.op == Op::kInput) continue;
+    EXPECT_EQ(n.type.dtype, DType::bf16) << graph::op_name(n.op);
+    ++computed;
+  }
+  EXPECT_EQ(computed, 8);
+  EXPECT_EQ(g.to_string().rfind("activation: bfloat16\n", 0), 0u) << g.to_string();
+  EXPECT_NE(g.hash(), small_graph(DType::f32).hash());
+  EXPECT_EQ(g.hash(), small_graph(DType::bf16).hash());
+}
+
+TEST(ActivationDtype, Bf16GraphOnCpuMatchesF32WithinBf16Rounding) {
+  const std::vector<float> f32 = run_small(DType::f32), bf16 = run_small(DType::bf16);
+  ASSERT_EQ(f32.size(), bf16.size());
+  double max_abs = 0;
+  for (size_t i = 0; i < f32.size(); ++i) {
+    // The CPU computes both in f32; the bf16 graph rounds its output once, to 8 significant
+    // bits: an error of at most half a unit in the last place, 2^-8 of the value.
+    EXPECT_NEAR(bf16[i], f32[i], std::ldexp(std::fabs(f32[i]), -8) + 1e-30) << i;
+    max_abs = std::max(max_abs, double(std::fabs(f32[i])));
+  }
+  EXPECT_GT(max_abs, 0.1);  // the graph computed something
+}
+
+// An activation-typed input is widened on the way in.
+TEST(ActivationDtype, Bf16InputsAreConvertedAtTheBoundary) {
+  auto backend = backends::make_cpu_backend();
+  auto build = [](DType act) {
+    GraphBuilder b(act);
+    Value w = b.parameter("w", {DType::f32, {kDim}});
+    Value x = b.input("x", {act, {2, kDim}});
+    b.output(b.rms_norm(x, w, 1e-6f));
+    return b.finish();
+  };
+  Tensor x32 = Tensor::from_vector<float>({2, kDim}, DType::f32, ramp(2 * kDim, 3.0f, 0.5f));
+  Tensor x16 = Tensor::zeros({2, kDim}, DType::bf16);
+  for (int64_t i = 0; i < 2 * kDim; ++i) {
+    x16.data<uint16_t>()[i] = f32_to_bf16(x32.data<float>()[i]);
+    x32.data<float>()[i] = bf16_to_f32(x16.data<uint16_t>()[i]);  // the same values in both
+  }
+  auto w = backend->upload(Tensor::from_vector<float>({kDim}, DType::f32, ramp(kDim, 1.0f, 2.0f)));
+  backends::Buffer* params[] = {w.get()};
+  Tensor out32 = Tensor::zeros({2, kDim}, DType::f32),
+         out16 = Tensor::zeros({2, kDim}, DType::bf16);
+  const Tensor* in32[] = {&x32};
+  const Tensor* in16[] = {&x16};
+  Tensor* o32[] = {&out32};
+  Tensor* o16[] = {&out16};
+  backend->compile(build(DType::f32))->run(params, {}, in32, o32);
+  backend->compile(build(DType::bf16))->run(params, {}, in16, o16);
+  const std::vector<float> a = out32.to_f32_vector(), b = out16.to_f32_vector();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(b[i], a[i], std::ldexp(std::fabs(a[i]), -8) + 1e-30) << i;
+  // The wrong host dtype is the caller's error.
+  EXPECT_THROW(backend->compile(build(DType::bf16))->run(params, {}, in32, o16),
+               InvalidArgumentError);
+}
+
+// The IR lets take_last move any dtype; the CPU moves f32 only and says so at compile time.
+TEST(ActivationDtype, CpuRejectsMovingNonF32Values) {
+  GraphBuilder b;
+  b.output(b.take_last(b.parameter("p", {DType::bf16, {1, 4, 8}}), 1));
+  EXPECT_THROW(backends::make_cpu_backend()->compile(b.finish()), UnsupportedError);
+}
+
+TEST(ActivationDtype, MustBeAFloatType) {
+  EXPECT_THROW(GraphBuilder{DType::i32}, InvalidArgumentError);
+}
+
+}  // namespace
+}  // namespace tformers
