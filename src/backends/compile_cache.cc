@@ -99,6 +99,8 @@ void CompileCache::clear() {
 
 }  // namespace backends
 
+CompileStats compile_stats() { return backends::CompileCache::global().stats(); }
+
 void set_compile_cache_budget(uint64_t bytes) {
   backends::CompileCache::global().set_budget(bytes);
 }
