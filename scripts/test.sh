@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite: every test on the release build, then again
 # under AddressSanitizer + UndefinedBehaviorSanitizer (all areas but the 1.7 MB tokenizer parity
-# runs, whose bad-input, invalid-UTF-8 and streaming tests do run there), then the concurrency
+# runs, whose bad-input, invalid-UTF-8 and streaming tests do run there, and the packaging and
+# layering checks, which test the build rather than the code), then the concurrency
 # tests under ThreadSanitizer (only their binary is built there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ echo "clang-format: clean"
 ctest --preset release -j2
 cmake --preset asan >/dev/null
 cmake --build --preset asan
-ctest --preset asan -j2 -LE tokenizer
+ctest --preset asan -j2 -LE 'tokenizer|packaging|layering'
 ctest --preset asan -j2 -L tokenizer -R 'BadInput|Invalid|Stream'
 cmake --preset tsan >/dev/null
 cmake --build --preset tsan
