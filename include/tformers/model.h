@@ -43,6 +43,13 @@ struct LoadOptions {
   // llama.cpp's Q8_0: 9 bits per weight); activations stay f32. Embeddings and norms keep
   // `dtype`; a tied lm_head gets its own int8 copy while the embedding gather stays unquantized.
   std::string quantize;
+  // Where weights used as stored live: "copy" (default) reads them into anonymous memory aligned
+  // to 2 MiB with transparent huge pages, in parallel (decode reads every weight per token, and
+  // on some hosts a file-backed mapping streams at a third of the speed); "mmap" uses the
+  // checkpoint's mapping itself: instant loads and pages shared with the page cache, for low
+  // memory. Converted or quantized weights are always in their own memory. The names are
+  // llama.cpp's load modes.
+  std::string load_mode = "copy";
   // Called as weights are read: the stage ("loading weights", "quantizing to int8") and the
   // bytes of checkpoint tensors done out of the total. `tformers generate` draws a progress bar
   // from it when loading takes more than half a second (conversion or quantization; weights used

@@ -5,6 +5,7 @@
 
 #include "backends/compile_cache.h"
 #include "backends/registry.h"
+#include "core/memory.h"
 #include "io/hub.h"
 #include "io/json.h"
 #include "io/safetensors.h"
@@ -42,7 +43,6 @@ std::vector<std::string> architecture_names() {
 }  // namespace models
 
 std::vector<std::string> supported_architectures() { return models::architecture_names(); }
-
 
 namespace {
 
@@ -101,6 +101,10 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
                                "' is not supported: use \"int8\" (weight-only, one scale per 32 "
                                "weights) or leave it empty");
   const bool int8 = opt.quantize == "int8";
+  if (opt.load_mode != "copy" && opt.load_mode != "mmap")
+    throw InvalidArgumentError("load_mode '" + opt.load_mode +
+                               "' is not supported: use \"copy\" (weights in anonymous huge-page "
+                               "memory, the default) or \"mmap\" (the checkpoint's mapping)");
 
   // The weight table, by name. What happens to each weight follows from its role: linear
   // weights are prepared by the backend (quantized when asked), the bias of a quantized linear
@@ -128,6 +132,14 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
 
   // Weights: every declared one present with its declared shape, nothing unexpected.
   io::Checkpoint ckpt = io::Checkpoint::open(impl->path);
+  // Under "copy" a weight still in the checkpoint's mapping (used as stored, or this rank's rows
+  // of it) is copied into anonymous huge-page memory; conversions already made their own.
+  auto resident = [&](const Tensor& t, const std::string& source) {
+    const char* mapped = static_cast<const char*>(ckpt.get(source).raw());
+    const char* p = static_cast<const char*>(t.raw());
+    const bool in_mapping = p >= mapped && p < mapped + ckpt.info(source).nbytes;
+    return opt.load_mode == "copy" && in_mapping ? resident_copy(t, ThreadPool::global()) : t;
+  };
   std::vector<std::string> unexpected;
   for (const auto& name : ckpt.names())
     if (!by_name.count(name) && !impl->arch->ignorable(name)) unexpected.push_back(name);
@@ -197,7 +209,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       // Weights in the requested dtype are used straight from the mapping; others converted.
       const DType want = bias_of_quantized(s) ? DType::f32 : impl->dtype;
       Tensor t = impl->tp ? impl->tp->load(ckpt, s.name, s.name, want) : ckpt.get(s.name).to(want);
-      bind(s.name, impl->backend->upload(t));
+      bind(s.name, impl->backend->upload(resident(t, s.name)));
     }
     advance(s.name);
   }
@@ -207,7 +219,8 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     if (tp && (tp->shard(s.name).dim != tp->shard(s.tied_to).dim ||
                tp->shard(s.name).ranges != tp->shard(s.tied_to).ranges)) {
       // Tied, but split differently from its target: this rank's own slice of the target.
-      bind(s.name, impl->backend->upload(impl->tp->load(ckpt, s.name, s.tied_to, impl->dtype)));
+      bind(s.name, impl->backend->upload(
+                       resident(impl->tp->load(ckpt, s.name, s.tied_to, impl->dtype), s.tied_to)));
     } else if (prepared_copy(s)) {
       // The embedding stays as stored for the gather; the head multiplies its own prepared
       // copy. The pages are re-read from the mapping when the first tokens are embedded.

@@ -1,0 +1,56 @@
+#include "core/memory.h"
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "tformers/error.h"
+
+namespace tformers {
+
+std::shared_ptr<void> allocate_pages(size_t bytes) {
+  const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  if (size < bytes) throw Error("cannot allocate " + std::to_string(bytes) + " bytes");
+  // Map one huge page more than needed, then return the unaligned head and tail.
+  void* raw =
+      mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED)
+    throw Error("out of memory: cannot map " + std::to_string(bytes) +
+                " bytes for weights or caches; free memory, use a smaller dtype or quantize, or "
+                "load with load_mode \"mmap\"");
+  const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage;
+  if (aligned > base) munmap(raw, aligned - base);
+  const uintptr_t end = aligned + size, raw_end = base + size + kHugePage;
+  if (raw_end > end) munmap(reinterpret_cast<void*>(end), raw_end - end);
+  void* p = reinterpret_cast<void*>(aligned);
+  // Advice only: without transparent huge pages the memory works with small pages.
+  madvise(p, size, MADV_HUGEPAGE);
+  return std::shared_ptr<void>(p, [size](void* q) { munmap(q, size); });
+}
+
+Tensor resident_copy(const Tensor& t, ThreadPool& pool) {
+  if (t.nbytes() < kHugePage) {  // a norm or a bias: a page of its own would mostly be waste
+    Tensor small = Tensor::zeros(t.shape(), t.dtype());
+    std::memcpy(small.raw(), t.raw(), t.nbytes());
+    return small;
+  }
+  std::shared_ptr<void> mem = allocate_pages(t.nbytes());
+  const char* src = static_cast<const char*>(t.raw());
+  char* dst = static_cast<char*>(mem.get());
+  // Chunks of 2 MiB: each thread faults in and fills whole huge pages.
+  const int64_t chunks = int64_t((t.nbytes() + kHugePage - 1) / kHugePage);
+  pool.parallel_for(
+      chunks,
+      [&](int64_t begin, int64_t end, int) {
+        const size_t lo = size_t(begin) * kHugePage;
+        const size_t hi = std::min(t.nbytes(), size_t(end) * kHugePage);
+        std::memcpy(dst + lo, src + lo, hi - lo);
+      },
+      1);
+  void* data = mem.get();
+  return Tensor::borrow(t.shape(), t.dtype(), data, std::move(mem));
+}
+
+}  // namespace tformers

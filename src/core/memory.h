@@ -1,0 +1,26 @@
+// Host memory for large, long-lived buffers: weights, KV caches, conversions. Anonymous pages
+// aligned to 2 MiB with transparent huge pages requested (madvise(MADV_HUGEPAGE)). On some hosts
+// a file-backed mapping streams at a third of what anonymous memory with huge pages gives, and
+// decoding reads every weight once per token, so where weights live sets decode speed.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "core/thread_pool.h"
+#include "tformers/tensor.h"
+
+namespace tformers {
+
+// Buffers from this size up get their own 2 MiB-aligned pages; smaller ones come from malloc.
+constexpr size_t kHugePage = size_t(2) << 20;
+
+// `bytes` of zero-filled memory aligned to 2 MiB (fresh anonymous pages are zero, so nothing is
+// written); released when the last owner goes. Error when the system has no memory for it.
+std::shared_ptr<void> allocate_pages(size_t bytes);
+
+// A copy of `t` in its own memory: from allocate_pages, copied in parallel over `pool`, from
+// kHugePage bytes up; below that (norms, biases), from malloc.
+Tensor resident_copy(const Tensor& t, ThreadPool& pool);
+
+}  // namespace tformers
