@@ -203,6 +203,10 @@ TEST_F(TpMpi, DefaultPlanTwoRanksQwen3TiedEmbeddings) { expect_ok(run_worker(2, 
 // Qwen2: q/k/v biases split with their heads, a sliding-window layer, tied embeddings.
 TEST_F(TpMpi, DefaultPlanTwoRanksQwen2) { expect_ok(run_worker(2, "tiny-qwen2")); }
 
+// Mistral: head_dim 32 apart from hidden_size / heads, a window of 6 on every layer (the
+// prompt is 12 tokens).
+TEST_F(TpMpi, DefaultPlanTwoRanksMistral) { expect_ok(run_worker(2, "tiny-mistral")); }
+
 // bfloat16 weights straight from the mapping (row slices are views, column slices copies).
 TEST_F(TpMpi, DefaultPlanTwoRanksBfloat16Weights) {
   expect_ok(run_worker(2, "tiny-qwen3-sharded", "", "", "bfloat16"));

@@ -18,6 +18,7 @@ struct Layout {
 // From each model's card: heads x head_dim for q, KV heads x head_dim for k and v.
 const std::map<std::string, Layout> kExpected = {
     {"Qwen2.5-0.5B", {24, 896, 14 * 64, 2 * 64, 32768}},
+    {"Mistral-Small-24B-Instruct-2501", {40, 5120, 32 * 128, 8 * 128, 32768}},
 };
 
 std::shared_ptr<Shape> shape_of(const std::vector<models::WeightSpec>& w, const std::string& n) {
