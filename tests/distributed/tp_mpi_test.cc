@@ -207,6 +207,10 @@ TEST_F(TpMpi, DefaultPlanTwoRanksQwen2) { expect_ok(run_worker(2, "tiny-qwen2"))
 // prompt is 12 tokens).
 TEST_F(TpMpi, DefaultPlanTwoRanksMistral) { expect_ok(run_worker(2, "tiny-mistral")); }
 
+// GLM-4-0414: one gate_up_proj split as two halves (packed_colwise), q/k/v biases, partial
+// interleaved RoPE, post norms; 2 KV heads, one per rank.
+TEST_F(TpMpi, DefaultPlanTwoRanksGlm4) { expect_ok(run_worker(2, "tiny-glm4")); }
+
 // bfloat16 weights straight from the mapping (row slices are views, column slices copies).
 TEST_F(TpMpi, DefaultPlanTwoRanksBfloat16Weights) {
   expect_ok(run_worker(2, "tiny-qwen3-sharded", "", "", "bfloat16"));
