@@ -211,6 +211,9 @@ TEST_F(TpMpi, DefaultPlanTwoRanksMistral) { expect_ok(run_worker(2, "tiny-mistra
 // interleaved RoPE, post norms; 2 KV heads, one per rank.
 TEST_F(TpMpi, DefaultPlanTwoRanksGlm4) { expect_ok(run_worker(2, "tiny-glm4")); }
 
+// GLM-4 (glm-4-9b-hf): as GLM-4-0414 without the post norms, float32 weights.
+TEST_F(TpMpi, DefaultPlanTwoRanksGlm) { expect_ok(run_worker(2, "tiny-glm")); }
+
 // bfloat16 weights straight from the mapping (row slices are views, column slices copies).
 TEST_F(TpMpi, DefaultPlanTwoRanksBfloat16Weights) {
   expect_ok(run_worker(2, "tiny-qwen3-sharded", "", "", "bfloat16"));

@@ -20,6 +20,7 @@ const std::map<std::string, Layout> kExpected = {
     {"Qwen2.5-0.5B", {24, 896, 14 * 64, 2 * 64, 32768}},
     {"Mistral-Small-24B-Instruct-2501", {40, 5120, 32 * 128, 8 * 128, 32768}},
     {"GLM-4-9B-0414", {40, 4096, 32 * 128, 2 * 128, 32768}},
+    {"glm-4-9b-hf", {40, 4096, 32 * 128, 2 * 128, 8192}},
 };
 
 std::shared_ptr<Shape> shape_of(const std::vector<models::WeightSpec>& w, const std::string& n) {
