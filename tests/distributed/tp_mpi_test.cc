@@ -214,6 +214,10 @@ TEST_F(TpMpi, DefaultPlanTwoRanksGlm4) { expect_ok(run_worker(2, "tiny-glm4")); 
 // GLM-4 (glm-4-9b-hf): as GLM-4-0414 without the post norms, float32 weights.
 TEST_F(TpMpi, DefaultPlanTwoRanksGlm) { expect_ok(run_worker(2, "tiny-glm")); }
 
+// Gemma 3: local and global layers with their own RoPE, q/k norms, soft caps, scaled and tied
+// embeddings split over the vocabulary.
+TEST_F(TpMpi, DefaultPlanTwoRanksGemma3) { expect_ok(run_worker(2, "tiny-gemma3")); }
+
 // bfloat16 weights straight from the mapping (row slices are views, column slices copies).
 TEST_F(TpMpi, DefaultPlanTwoRanksBfloat16Weights) {
   expect_ok(run_worker(2, "tiny-qwen3-sharded", "", "", "bfloat16"));

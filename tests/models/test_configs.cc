@@ -21,6 +21,7 @@ const std::map<std::string, Layout> kExpected = {
     {"Mistral-Small-24B-Instruct-2501", {40, 5120, 32 * 128, 8 * 128, 32768}},
     {"GLM-4-9B-0414", {40, 4096, 32 * 128, 2 * 128, 32768}},
     {"glm-4-9b-hf", {40, 4096, 32 * 128, 2 * 128, 8192}},
+    {"gemma-3-1b-it", {26, 1152, 4 * 256, 1 * 256, 32768}},
 };
 
 std::shared_ptr<Shape> shape_of(const std::vector<models::WeightSpec>& w, const std::string& n) {
