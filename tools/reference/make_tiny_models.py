@@ -21,6 +21,28 @@ OUT_DIR = os.path.join(ROOT, "tests", "data", "models")
 
 TRANSFORMERS_VERSION = "4.51.3"  # the config format version these files mimic
 
+# GLM-4-0414's layout: 2 KV heads (so 4 ranks cannot split them), half of each head rotated in
+# interleaved pairs, q/k/v biases, one gate_up_proj, post-attention and post-MLP norms.
+TINY_GLM4 = dict(
+    architectures=["Glm4ForCausalLM"],
+    model_type="glm4",
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    partial_rotary_factor=0.5,
+    attention_bias=True,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+    torch_dtype="bfloat16",
+)
+
 # name -> (seed, config overrides, number of shards)
 MODELS = {
     "tiny-qwen3": (
@@ -162,51 +184,15 @@ MODELS = {
         ),
         1,
     ),
-    # GLM-4-0414's layout: 2 KV heads (so 4 ranks cannot split them), half of each head rotated
-    # in interleaved pairs, q/k/v biases, one gate_up_proj, post-attention and post-MLP norms.
-    "tiny-glm4": (
-        1071,
-        dict(
-            architectures=["Glm4ForCausalLM"],
-            model_type="glm4",
-            vocab_size=512,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            partial_rotary_factor=0.5,
-            attention_bias=True,
-            rms_norm_eps=1e-5,
-            rope_theta=10000.0,
-            max_position_embeddings=512,
-            tie_word_embeddings=False,
-            pad_token_id=0,
-            torch_dtype="bfloat16",
-        ),
-        1,
-    ),
+    "tiny-glm4": (1071, TINY_GLM4, 1),
     # glm-4-9b-hf's layout: GLM-4-0414 without the post norms.
     "tiny-glm": (
         1081,
         dict(
+            TINY_GLM4,
             architectures=["GlmForCausalLM"],
             model_type="glm",
-            vocab_size=512,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            partial_rotary_factor=0.5,
-            attention_bias=True,
             rms_norm_eps=1.5625e-07,
-            rope_theta=10000.0,
-            max_position_embeddings=512,
-            tie_word_embeddings=False,
-            pad_token_id=0,
             torch_dtype="float32",
         ),
         1,
