@@ -264,8 +264,11 @@ def make_weights(config, seed):
     def normal(shape, std):
         return torch.randn(*shape, generator=g) * std
 
+    # Gemma 3 stores norm weights as offsets from 1 (its norm scales by 1 + w).
+    norm_center = 0.0 if config["model_type"] == "gemma3_text" else 1.0
+
     def norm_weight(n):
-        return 1.0 + normal((n,), 0.1)
+        return norm_center + normal((n,), 0.1)
 
     hidden = config["hidden_size"]
     inter = config["intermediate_size"]
@@ -277,9 +280,6 @@ def make_weights(config, seed):
     qwen2 = config["model_type"] == "qwen2"
     glm = config["model_type"] in ("glm", "glm4")
     gemma3 = config["model_type"] == "gemma3_text"
-    if gemma3:  # stored as offsets from 1: the norm scales by (1 + w)
-        def norm_weight(n):
-            return normal((n,), 0.1)
     norms = ["input_layernorm", "post_attention_layernorm"]
     if config["model_type"] == "glm4":
         norms += ["post_self_attn_layernorm", "post_mlp_layernorm"]
