@@ -2,6 +2,9 @@
 // weights they declare have the real model's head layout.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include <cmath>
 #include <filesystem>
 #include <map>
 
@@ -58,6 +61,35 @@ TEST(RealConfigs, EachIsAcceptedWithItsHeadLayout) {
     ++seen;
   }
   EXPECT_EQ(seen, kExpected.size());
+}
+
+// Gemma 3 multiplies the embedding by sqrt(hidden_size) cast to the table's dtype, as
+// Transformers does: sqrt(1152) = 33.94 is 34 in bfloat16 (the tiny model's sqrt(64) = 8 is exact
+// in both, so its goldens cannot show this).
+TEST(RealConfigs, Gemma3EmbeddingScaleIsInTheTableDtype) {
+  const std::string path = std::string(TFORMERS_TEST_DATA) + "/configs/gemma-3-1b-it.json";
+  io::Json j = io::load_json_file(path);
+  j["num_hidden_layers"] = 1;
+  const auto* arch = models::find_architecture("Gemma3ForCausalLM");
+  ASSERT_NE(arch, nullptr);
+  auto config = arch->config(j, path);
+  for (auto [dtype, want] :
+       {std::pair{DType::bf16, 34.0f}, {DType::f32, float(std::sqrt(1152.0))}}) {
+    std::map<std::string, graph::TensorType> types;
+    for (const auto& w : arch->weights(*config)) types[w.name] = {dtype, w.shape};
+    graph::GraphBuilder b;
+    models::Params params(b, types);
+    arch->build(b, params, *config, {.batch = 1, .new_tokens = 1, .cache_len = 8}, dtype);
+    graph::Graph g = b.finish();
+    int scales = 0;
+    for (const auto& n : g.nodes()) {
+      if (n.name != "model.embed_tokens.scale") continue;
+      ++scales;
+      ASSERT_EQ(n.floats.size(), 1u);
+      EXPECT_EQ(n.floats[0], want) << dtype_name(dtype);
+    }
+    EXPECT_EQ(scales, 1);
+  }
 }
 
 }  // namespace
