@@ -10,6 +10,7 @@
 
 #include "io/json.h"
 #include "models/architecture.h"
+#include "tformers/error.h"
 
 namespace tformers {
 namespace {
@@ -61,6 +62,39 @@ TEST(RealConfigs, EachIsAcceptedWithItsHeadLayout) {
     ++seen;
   }
   EXPECT_EQ(seen, kExpected.size());
+}
+
+// A bad value in a family's own fields is a FormatError naming the file and the field.
+TEST(RealConfigs, BadFamilyFieldsNameFileAndField) {
+  const std::filesystem::path dir = std::filesystem::path(TFORMERS_TEST_DATA) / "configs";
+  struct Case {
+    const char* file;
+    const char* field;
+    io::Json value;
+  };
+  const Case cases[] = {
+      {"Mistral-Small-24B-Instruct-2501", "sliding_window", -1},
+      {"gemma-3-1b-it", "sliding_window_pattern", 0},
+      {"gemma-3-1b-it", "query_pre_attn_scalar", -256},
+      {"gemma-3-1b-it", "attn_logit_softcapping", -50.0},
+      {"gemma-3-1b-it", "layer_types", io::Json::array({"sliding_attention"})},
+      {"gemma-3-1b-it", "sliding_window", 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.file) + " " + c.field);
+    const std::string path = (dir / (std::string(c.file) + ".json")).string();
+    io::Json j = io::load_json_file(path);
+    j[c.field] = c.value;
+    const auto* arch = models::find_architecture(j["architectures"][0].get<std::string>());
+    ASSERT_NE(arch, nullptr);
+    try {
+      arch->config(j, path);
+      ADD_FAILURE() << "accepted";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.field), std::string::npos) << e.what();
+    }
+  }
 }
 
 // Gemma 3 multiplies the embedding by sqrt(hidden_size) cast to the table's dtype, as
