@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -73,6 +74,7 @@ struct GenerateArgs {
   std::string model, prompt, prompt_ids, system, dtype, device = "auto", quantize;
   bool chat = false, verbose = false, do_sample = false;
   int64_t tp = 0;  // tensor-parallel processes (under tformers launch); 0: the whole model here
+  std::string tp_plan;  // JSON object for DistributedConfig.tp_plan; "": the default plan
   std::optional<int64_t> max_new_tokens, top_k, seed, no_repeat_ngram_size;
   std::optional<double> temperature, top_p, min_p, typical_p, repetition_penalty;
 };
@@ -92,6 +94,27 @@ tformers::GenerationConfig generation_config(const GenerateArgs& a) {
   return gc;
 }
 
+// --tp-plan's JSON object {"module pattern": "style"}, as DistributedConfig.tp_plan takes it.
+std::map<std::string, std::string> parse_tp_plan(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw tformers::InvalidArgumentError("--tp-plan: not valid JSON: " + std::string(e.what()));
+  }
+  if (!j.is_object())
+    throw tformers::InvalidArgumentError(
+        "--tp-plan must be a JSON object {\"module pattern\": \"style\", ...}, got " + j.dump());
+  std::map<std::string, std::string> plan;
+  for (const auto& [key, style] : j.items()) {
+    if (!style.is_string())
+      throw tformers::InvalidArgumentError("--tp-plan: the style of \"" + key +
+                                           "\" must be a string, got " + style.dump());
+    plan[key] = style.get<std::string>();
+  }
+  return plan;
+}
+
 // Loads the model, with a progress bar on a terminal when that takes more than half a second.
 tformers::CausalLM load_model(const GenerateArgs& a) {
   tformers::LoadOptions opt;
@@ -99,7 +122,12 @@ tformers::CausalLM load_model(const GenerateArgs& a) {
   opt.verbose = a.verbose;
   opt.quantize = a.quantize;
   if (!a.dtype.empty()) opt.dtype = tformers::parse_dtype(a.dtype);
-  if (a.tp > 0) opt.distributed_config = tformers::DistributedConfig{.tp_size = a.tp};
+  if (a.tp > 0 || !a.tp_plan.empty()) {
+    tformers::DistributedConfig dc;
+    if (a.tp > 0) dc.tp_size = a.tp;
+    if (!a.tp_plan.empty()) dc.tp_plan = parse_tp_plan(a.tp_plan);
+    opt.distributed_config = dc;
+  }
   tformers::ProgressBar bar(stderr,
                             isatty(fileno(stderr)) && tformers::distributed::is_main_process());
   opt.progress = [&bar](std::string_view stage, int64_t done, int64_t total) {
@@ -285,6 +313,9 @@ int main(int argc, char** argv) {
   gen->add_option("--prompt-ids", g.prompt_ids, "Prompt token ids, comma-separated");
   gen->add_flag("--chat", g.chat, "Wrap the prompt in the model's chat template");
   gen->add_option("--tp", g.tp, "Split the model over N processes (run under tformers launch)");
+  gen->add_option("--tp-plan", g.tp_plan,
+                  "Tensor-parallel overrides as a JSON object, e.g. "
+                  "'{\"layers.*.self_attn.q_proj\": \"replicated_with_grad_allreduce\"}'");
 
   std::string tok_model, tok_text;
   bool tok_special = false;

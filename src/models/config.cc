@@ -78,6 +78,36 @@ void read_decoder_config(const io::Json& j, const std::string& where, DecoderCon
   }
 }
 
+std::vector<int64_t> read_layer_windows(const io::Json& j, const std::string& where,
+                                        std::vector<std::string> types, int64_t window) {
+  const size_t layers = types.size();
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const io::Json& list = j["layer_types"];
+    if (!list.is_array())
+      throw FormatError(where +
+                        ": layer_types must be a list of \"full_attention\" or "
+                        "\"sliding_attention\"");
+    types.clear();
+    for (const auto& t : list) types.push_back(t.is_string() ? t.get<std::string>() : t.dump());
+    if (types.size() != layers)
+      throw FormatError(where + ": layer_types has " + std::to_string(types.size()) +
+                        " entries but num_hidden_layers is " + std::to_string(layers));
+  }
+  std::vector<int64_t> windows;
+  for (const std::string& t : types) {
+    if (t != "full_attention" && t != "sliding_attention")
+      throw FormatError(where +
+                        ": layer_types entries must be \"full_attention\" or "
+                        "\"sliding_attention\", got \"" +
+                        t + "\"");
+    if (t == "sliding_attention" && window <= 0)
+      throw FormatError(where + ": sliding attention layers need a positive sliding_window, got " +
+                        std::to_string(window));
+    windows.push_back(t == "sliding_attention" ? window : 0);
+  }
+  return windows;
+}
+
 RopeConfig read_rope(const io::Json& j, const std::string& where, int64_t head_dim, double theta,
                      bool interleaved) {
   RopeConfig r;

@@ -264,7 +264,14 @@ Value Embedding::operator()(Ctx& c, const std::string& prefix) const {
     Value part = b.embedding_shard(c.p(w), c.ids, s.ranges[0].first, s.full_shape[0], prefix);
     h = b.all_reduce(part, -1, tp->group_id(), prefix + ".all_reduce");
   }
-  return scale != 0 ? b.scale(h, scale, prefix + ".scale") : h;
+  if (scale == 0) return h;
+  // Transformers multiplies by the scale cast to the table's dtype: sqrt(1152) = 33.94 becomes
+  // 34 for a bf16 Gemma 3 1B, and the activations follow that rounded value.
+  float s = scale;
+  const DType t = b.type(c.p(w)).dtype;
+  if (t == DType::bf16) s = bf16_to_f32(f32_to_bf16(scale));
+  if (t == DType::f16) s = f16_to_f32(f32_to_f16(scale));
+  return b.scale(h, s, prefix + ".scale");
 }
 
 std::vector<WeightSpec> DecoderModel::weights() const {

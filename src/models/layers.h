@@ -47,6 +47,12 @@ void read_decoder_config(const io::Json& j, const std::string& where, DecoderCon
                          int64_t head_dim_default = 0,
                          const std::vector<std::string>& acts = {"silu"});
 
+// The sliding window of each layer (0: full attention): config.json's layer_types when present
+// ("full_attention" / "sliding_attention", one per layer), else `types`, the architecture's
+// default from its older fields. Sliding layers need a positive `window` (sliding_window).
+std::vector<int64_t> read_layer_windows(const io::Json& j, const std::string& where,
+                                        std::vector<std::string> types, int64_t window);
+
 // ---- Building ----
 
 // One step's graph under construction: the builder, the weights, the shape and the inputs every

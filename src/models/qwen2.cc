@@ -3,7 +3,6 @@
 // use_sliding_window is set, or as config.json's layer_types say; the released checkpoints use
 // full attention throughout.
 #include "models/layers.h"
-#include "tformers/error.h"
 
 namespace tformers::models {
 
@@ -22,34 +21,10 @@ class Qwen2ForCausalLM : public DecoderArchitecture<Qwen2Config> {
     const int64_t window = io::get_or<int64_t>(j, "sliding_window", 0, where);
     const int64_t from = io::get_or<int64_t>(j, "max_window_layers", c.num_hidden_layers, where);
     std::vector<std::string> types(size_t(c.num_hidden_layers), "full_attention");
-    if (j.contains("layer_types") && !j["layer_types"].is_null()) {
-      const io::Json& list = j["layer_types"];
-      if (!list.is_array())
-        throw FormatError(where +
-                          ": layer_types must be a list of \"full_attention\" or "
-                          "\"sliding_attention\"");
-      types.clear();
-      for (const auto& t : list) types.push_back(t.is_string() ? t.get<std::string>() : t.dump());
-      if (int64_t(types.size()) != c.num_hidden_layers)
-        throw FormatError(where + ": layer_types has " + std::to_string(types.size()) +
-                          " entries but num_hidden_layers is " +
-                          std::to_string(c.num_hidden_layers));
-    } else if (use) {
+    if (use)
       for (int64_t l = std::max<int64_t>(from, 0); l < c.num_hidden_layers; ++l)
         types[size_t(l)] = "sliding_attention";
-    }
-    for (const std::string& t : types) {
-      if (t != "full_attention" && t != "sliding_attention")
-        throw FormatError(where +
-                          ": layer_types entries must be \"full_attention\" or "
-                          "\"sliding_attention\", got \"" +
-                          t + "\"");
-      if (t == "sliding_attention" && window <= 0)
-        throw FormatError(where +
-                          ": sliding attention layers need a positive sliding_window, got " +
-                          std::to_string(window));
-      c.sliding_window.push_back(t == "sliding_attention" ? window : 0);
-    }
+    c.sliding_window = read_layer_windows(j, where, types, window);
   }
   DecoderModel model(const Qwen2Config& c) const override {
     DecoderModel m = llama_model(c);

@@ -140,6 +140,25 @@ TEST(TpWorker, OneRankThrows) {
   }
 }
 
+// The Transformers TPU guide's GLM-4-9B-0414 example in C++, its call word for word: 2 KV heads
+// cannot be split over 4 ranks, so the attention projections are replicated.
+TEST(TpWorker, GuideGlm4Example) {
+  if (!env("TFORMERS_TP_WORKER") || !env("TFORMERS_TP_GUIDE")) GTEST_SKIP();
+  const std::string id = model_dir("tiny-glm4");
+  auto model = AutoModelForCausalLM::from_pretrained(
+      id, {.dtype = float32,
+           .distributed_config = DistributedConfig{
+               .tp_size = 4,
+               .tp_plan = {{"layers.*.self_attn.q_proj", "replicated_with_grad_allreduce"},
+                           {"layers.*.self_attn.k_proj", "replicated_with_grad_allreduce"},
+                           {"layers.*.self_attn.v_proj", "replicated_with_grad_allreduce"},
+                           {"layers.*.self_attn.o_proj", "replicated_with_grad_allreduce"}}}});
+  CausalLM whole = AutoModelForCausalLM::from_pretrained(id, {.dtype = float32});
+  const std::vector<int32_t> prompt = {3, 141, 59, 265, 358, 97, 93, 238, 46, 264, 338, 327};
+  EXPECT_EQ(model.generate({prompt}, {.max_new_tokens = 16}),
+            whole.generate({prompt}, {.max_new_tokens = 16}));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Driver side.
 
@@ -203,6 +222,21 @@ TEST_F(TpMpi, DefaultPlanTwoRanksQwen3TiedEmbeddings) { expect_ok(run_worker(2, 
 // Qwen2: q/k/v biases split with their heads, a sliding-window layer, tied embeddings.
 TEST_F(TpMpi, DefaultPlanTwoRanksQwen2) { expect_ok(run_worker(2, "tiny-qwen2")); }
 
+// Mistral: head_dim 32 apart from hidden_size / heads, a window of 6 on every layer (the
+// prompt is 12 tokens).
+TEST_F(TpMpi, DefaultPlanTwoRanksMistral) { expect_ok(run_worker(2, "tiny-mistral")); }
+
+// GLM-4-0414: one gate_up_proj split as two halves (packed_colwise), q/k/v biases, partial
+// interleaved RoPE, post norms; 2 KV heads, one per rank.
+TEST_F(TpMpi, DefaultPlanTwoRanksGlm4) { expect_ok(run_worker(2, "tiny-glm4")); }
+
+// GLM-4 (glm-4-9b-hf): as GLM-4-0414 without the post norms, float32 weights.
+TEST_F(TpMpi, DefaultPlanTwoRanksGlm) { expect_ok(run_worker(2, "tiny-glm")); }
+
+// Gemma 3: local and global layers with their own RoPE, q/k norms, soft caps, scaled and tied
+// embeddings split over the vocabulary.
+TEST_F(TpMpi, DefaultPlanTwoRanksGemma3) { expect_ok(run_worker(2, "tiny-gemma3")); }
+
 // bfloat16 weights straight from the mapping (row slices are views, column slices copies).
 TEST_F(TpMpi, DefaultPlanTwoRanksBfloat16Weights) {
   expect_ok(run_worker(2, "tiny-qwen3-sharded", "", "", "bfloat16"));
@@ -241,6 +275,11 @@ TEST_F(TpMpi, KvHeadsNotDivisibleFailsAtLoadNamingTheOverride) {
 
 TEST_F(TpMpi, ReplicatedAttentionOverrideRunsOnFourRanks) {
   expect_ok(run_worker(4, "tiny-qwen3", kReplicateAttention));
+}
+
+TEST_F(TpMpi, GuideGlm4ExampleInCppOnFourRanks) {
+  expect_ok(run(mpirun_prefix(4) + " -x TFORMERS_TP_GUIDE=1 " + self_exe() +
+                " --gtest_color=no --gtest_filter=TpWorker.GuideGlm4Example"));
 }
 
 // Three ranks split the vocabulary (512) and the MLP (128) unevenly, as torch.chunk.
@@ -374,6 +413,41 @@ TEST_F(TpMpi, GenerateUnderLaunchFailsFastOnAnImpossiblePlan) {
   EXPECT_NE(r.output.find(R"("layers.*.self_attn.k_proj": "replicated_with_grad_allreduce")"),
             std::string::npos)
       << r.output;
+}
+
+// The guide's GLM-4 example from the command line, on a tiny Glm4ForCausalLM with 2 KV heads:
+// --tp 4 fails at load naming the override, and with that override as --tp-plan the four ranks
+// generate exactly the one-process tokens.
+TEST_F(TpMpi, GenerateGlm4GuideExampleWithTpPlan) {
+  const std::string args = " generate --model " + model_dir("tiny-glm4") +
+                           " --prompt-ids 3,141,59,265 --max-new-tokens 12 --device cpu "
+                           "--dtype float32 --tp 4";
+  RunResult one = run(cli() + args.substr(0, args.size() - std::string(" --tp 4").size()));
+  ASSERT_EQ(one.status, 0) << one.output;
+  const std::string launch = "timeout 120 " + cli() + " launch --nproc-per-node 4 -- " + cli();
+  RunResult fail = run(launch + args);
+  EXPECT_NE(fail.status, 0) << fail.output;
+  EXPECT_NE(fail.status, 124) << "hung: " << fail.output;
+  EXPECT_NE(fail.output.find(R"("layers.*.self_attn.k_proj": "replicated_with_grad_allreduce")"),
+            std::string::npos)
+      << fail.output;
+  RunResult four = run(launch + args + " --tp-plan '" + kReplicateAttention + "'");
+  ASSERT_EQ(four.status, 0) << four.output;
+  EXPECT_EQ(four.output, one.output);
+}
+
+TEST_F(TpMpi, GenerateRejectsABadTpPlan) {
+  const std::string args =
+      cli() + " generate --model " + model_dir("tiny-glm4") + " --prompt-ids 3 --device cpu";
+  for (const char* bad : {R"({"lm_head": )", R"(["lm_head"])", R"({"lm_head": 1})"}) {
+    RunResult r = run(args + " --tp-plan '" + bad + "'");
+    EXPECT_NE(r.status, 0) << bad << ": " << r.output;
+    EXPECT_NE(r.output.find("--tp-plan"), std::string::npos) << bad << ": " << r.output;
+  }
+  // A well-formed plan with an unknown style is the library's error, listing the valid ones.
+  RunResult r = run(args + R"( --tp-plan '{"lm_head": "sideways"}')");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("sideways"), std::string::npos) << r.output;
 }
 
 }  // namespace

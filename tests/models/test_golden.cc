@@ -62,7 +62,8 @@ TEST_P(Golden, Bfloat16LogitsMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, Golden,
                          ::testing::Values("tiny-qwen3", "tiny-qwen3-sharded", "tiny-qwen2",
-                                           "tiny-llama", "tiny-llama-sharded"),
+                                           "tiny-llama", "tiny-llama-sharded", "tiny-mistral",
+                                           "tiny-glm4", "tiny-glm", "tiny-gemma3"),
                          [](const auto& info) {
                            std::string s = info.param;
                            std::replace(s.begin(), s.end(), '-', '_');

@@ -29,7 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MODELS_DIR = os.path.join(ROOT, "tests", "data", "models")
 OUT_DIR = os.path.join(ROOT, "tests", "data", "goldens")
 MODELS = [
-    "tiny-qwen3", "tiny-qwen3-sharded", "tiny-qwen2", "tiny-llama", "tiny-llama-sharded"
+    "tiny-qwen3", "tiny-qwen3-sharded", "tiny-qwen2", "tiny-llama", "tiny-llama-sharded",
+    "tiny-mistral", "tiny-glm4", "tiny-glm", "tiny-gemma3",
 ]
 MAX_NEW_TOKENS = 16
 

@@ -21,6 +21,28 @@ OUT_DIR = os.path.join(ROOT, "tests", "data", "models")
 
 TRANSFORMERS_VERSION = "4.51.3"  # the config format version these files mimic
 
+# GLM-4-0414's layout: 2 KV heads (so 4 ranks cannot split them), half of each head rotated in
+# interleaved pairs, q/k/v biases, one gate_up_proj, post-attention and post-MLP norms.
+TINY_GLM4 = dict(
+    architectures=["Glm4ForCausalLM"],
+    model_type="glm4",
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    partial_rotary_factor=0.5,
+    attention_bias=True,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+    torch_dtype="bfloat16",
+)
+
 # name -> (seed, config overrides, number of shards)
 MODELS = {
     "tiny-qwen3": (
@@ -141,6 +163,72 @@ MODELS = {
         ),
         2,
     ),
+    # Mistral with an explicit head_dim (32, not 64 / 4) and a window of 6 on every layer.
+    "tiny-mistral": (
+        1061,
+        dict(
+            architectures=["MistralForCausalLM"],
+            model_type="mistral",
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            rope_theta=1000000.0,
+            sliding_window=6,
+            max_position_embeddings=512,
+            tie_word_embeddings=False,
+            torch_dtype="bfloat16",
+        ),
+        1,
+    ),
+    "tiny-glm4": (1071, TINY_GLM4, 1),
+    # glm-4-9b-hf's layout: GLM-4-0414 without the post norms.
+    "tiny-glm": (
+        1081,
+        dict(
+            TINY_GLM4,
+            architectures=["GlmForCausalLM"],
+            model_type="glm",
+            rms_norm_eps=1.5625e-07,
+            torch_dtype="float32",
+        ),
+        1,
+    ),
+    # Gemma 3 text: layers 0 and 2 slide over 4 positions with RoPE base 1e4, layer 1 is global
+    # with base 1e6 and linear scaling (as the 4B+ models); query_pre_attn_scalar != head_dim;
+    # both soft caps set small enough to bend the scores and logits.
+    "tiny-gemma3": (
+        1091,
+        dict(
+            architectures=["Gemma3ForCausalLM"],
+            model_type="gemma3_text",
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            query_pre_attn_scalar=24,
+            hidden_activation="gelu_pytorch_tanh",
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_theta=1000000.0,
+            rope_local_base_freq=10000.0,
+            rope_scaling={"rope_type": "linear", "factor": 8.0},
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=4.0,
+            attention_bias=False,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+            pad_token_id=0,
+            torch_dtype="bfloat16",
+        ),
+        1,
+    ),
 }
 
 COMMON = dict(
@@ -163,6 +251,8 @@ def full_config(overrides):
             "num_hidden_layers"])
     elif config["model_type"] == "llama":
         config.update(pretraining_tp=1)
+    elif config["model_type"] == "gemma3_text":
+        del config["hidden_act"]  # Gemma 3 names it hidden_activation
     return dict(sorted(config.items()))
 
 
@@ -174,8 +264,11 @@ def make_weights(config, seed):
     def normal(shape, std):
         return torch.randn(*shape, generator=g) * std
 
+    # Gemma 3 stores norm weights as offsets from 1 (its norm scales by 1 + w).
+    norm_center = 0.0 if config["model_type"] == "gemma3_text" else 1.0
+
     def norm_weight(n):
-        return 1.0 + normal((n,), 0.1)
+        return norm_center + normal((n,), 0.1)
 
     hidden = config["hidden_size"]
     inter = config["intermediate_size"]
@@ -185,34 +278,46 @@ def make_weights(config, seed):
     head_dim = config.get("head_dim") or hidden // heads
     qwen3 = config["model_type"] == "qwen3"
     qwen2 = config["model_type"] == "qwen2"
+    glm = config["model_type"] in ("glm", "glm4")
+    gemma3 = config["model_type"] == "gemma3_text"
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    if config["model_type"] == "glm4":
+        norms += ["post_self_attn_layernorm", "post_mlp_layernorm"]
+    if gemma3:
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
     # With tied embeddings the residual stream starts at the token's own embedding, so its own
     # logit wins unless the layers' outputs dominate it: give o_proj and down_proj more weight.
     out_std = 0.4 if config["tie_word_embeddings"] else 0.1
-    w = {"model.embed_tokens.weight": normal((vocab, hidden), 0.3)}
+    # Gemma 3 multiplies the embedding by sqrt(hidden) (8): keep the token's own row from
+    # dominating the (tied) logits.
+    w = {"model.embed_tokens.weight": normal((vocab, hidden), 0.05 if gemma3 else 0.3)}
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}"
-        w[p + ".input_layernorm.weight"] = norm_weight(hidden)
-        w[p + ".post_attention_layernorm.weight"] = norm_weight(hidden)
+        for n in norms:
+            w[p + "." + n + ".weight"] = norm_weight(hidden)
         a = p + ".self_attn"
         w[a + ".q_proj.weight"] = normal((heads * head_dim, hidden), 0.1)
         w[a + ".k_proj.weight"] = normal((kv_heads * head_dim, hidden), 0.1)
         w[a + ".v_proj.weight"] = normal((kv_heads * head_dim, hidden), 0.1)
         w[a + ".o_proj.weight"] = normal((hidden, heads * head_dim), out_std)
-        if qwen2:  # q, k and v biases, none on o_proj
+        if qwen2 or glm:  # q, k and v biases, none on o_proj
             w[a + ".q_proj.bias"] = normal((heads * head_dim,), 0.1)
             w[a + ".k_proj.bias"] = normal((kv_heads * head_dim,), 0.1)
             w[a + ".v_proj.bias"] = normal((kv_heads * head_dim,), 0.1)
-        elif config["attention_bias"]:
+        elif config.get("attention_bias"):
             w[a + ".q_proj.bias"] = normal((heads * head_dim,), 0.1)
             w[a + ".k_proj.bias"] = normal((kv_heads * head_dim,), 0.1)
             w[a + ".v_proj.bias"] = normal((kv_heads * head_dim,), 0.1)
             w[a + ".o_proj.bias"] = normal((hidden,), 0.1)
-        if qwen3:
+        if qwen3 or gemma3:
             w[a + ".q_norm.weight"] = norm_weight(head_dim)
             w[a + ".k_norm.weight"] = norm_weight(head_dim)
         m = p + ".mlp"
-        w[m + ".gate_proj.weight"] = normal((inter, hidden), 0.1)
-        w[m + ".up_proj.weight"] = normal((inter, hidden), 0.1)
+        if glm:  # [gate; up] in one matrix
+            w[m + ".gate_up_proj.weight"] = normal((2 * inter, hidden), 0.1)
+        else:
+            w[m + ".gate_proj.weight"] = normal((inter, hidden), 0.1)
+            w[m + ".up_proj.weight"] = normal((inter, hidden), 0.1)
         w[m + ".down_proj.weight"] = normal((hidden, inter), out_std)
         if config.get("mlp_bias"):
             w[m + ".gate_proj.bias"] = normal((inter,), 0.1)

@@ -1,7 +1,9 @@
-"""An independent PyTorch reference for LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM.
+"""An independent PyTorch reference for LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+MistralForCausalLM, GlmForCausalLM, Glm4ForCausalLM and Gemma3ForCausalLM.
 
 It follows the semantics of Hugging Face Transformers' modeling_llama.py / modeling_qwen2.py /
-modeling_qwen3.py with
+modeling_qwen3.py / modeling_mistral.py / modeling_glm.py / modeling_glm4.py / modeling_gemma3.py
+with
 eager attention, op for op and dtype for dtype, so that its logits are what Transformers would
 produce for the same checkpoint loaded with `torch_dtype=dtype` on CPU:
 
@@ -20,6 +22,18 @@ produce for the same checkpoint loaded with `torch_dtype=dtype` on CPU:
   position p see keys p - sliding_window < j <= p (the sliding mask on cache positions).
 * MLP: down_proj(silu(gate_proj(x)) * up_proj(x)) (bias if mlp_bias, Llama only).
 * lm_head tied to embed_tokens when tie_word_embeddings.
+* Mistral: sliding_window (when set) on every layer; head_dim from the config.
+* GLM: RoPE over the first partial_rotary_factor * head_dim features only, rotating the pairs
+  (2i, 2i+1) with frequency i (cos/sin's first half repeat_interleave'd); the rest pass through.
+  One gate_up_proj whose output halves are gate and up. GLM-4 adds post_self_attn_layernorm after
+  attention and post_mlp_layernorm after the MLP, before each residual add.
+* Gemma 3: RMSNorm as x.float() * rsqrt(mean(x^2) + eps) * (1 + w.float()), cast back; the
+  embedding times sqrt(hidden_size) rounded to the weight dtype; q_norm/k_norm; scores scaled by
+  query_pre_attn_scalar^-0.5 and soft-capped (tanh(s / cap) * cap) when attn_logit_softcapping;
+  sliding layers (layer_types, or every layer but each sliding_window_pattern-th) use the window
+  and RoPE base rope_local_base_freq, global ones rope_theta with rope_scaling; post_attention,
+  pre_feedforward and post_feedforward norms; gelu-tanh MLP; final logits soft-capped when
+  final_logit_softcapping.
 
 Only the model is here; no generation utilities beyond a plain greedy loop.
 """
@@ -61,8 +75,13 @@ class Model:
 
     def __init__(self, config, weights, dtype):
         arch = config["architectures"][0]
-        assert arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"), arch
-        self.is_qwen3 = arch == "Qwen3ForCausalLM"
+        assert arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                        "MistralForCausalLM", "GlmForCausalLM", "Glm4ForCausalLM",
+                        "Gemma3ForCausalLM"), arch
+        self.is_gemma3 = arch == "Gemma3ForCausalLM"
+        self.is_glm = arch in ("GlmForCausalLM", "Glm4ForCausalLM")
+        self.is_glm4 = arch == "Glm4ForCausalLM"
+        self.qk_norm = arch == "Qwen3ForCausalLM" or self.is_gemma3
         self.config = config
         self.dtype = dtype
         # from_pretrained(torch_dtype=dtype) casts every parameter to dtype.
@@ -75,26 +94,43 @@ class Model:
         self.num_kv_heads = config.get("num_key_value_heads") or self.num_heads
         self.head_dim = config.get("head_dim") or self.hidden_size // self.num_heads
         self.eps = config["rms_norm_eps"]
-        self.scaling = self.head_dim**-0.5
-        self.inv_freq = self._compute_inv_freq()
+        self.scaling = (config["query_pre_attn_scalar"] if self.is_gemma3 else self.head_dim)**-0.5
+        self.attn_softcap = config.get("attn_logit_softcapping") or 0
+        self.final_softcap = config.get("final_logit_softcapping") or 0
+        self.rotary_dim = int(self.head_dim * config.get("partial_rotary_factor", 1.0))
+        n = config["num_hidden_layers"]
         # Per layer: the sliding window (0 = full attention).
         window = config.get("sliding_window") or 0
-        first_sliding = config.get("max_window_layers", config["num_hidden_layers"])
-        sliding = arch == "Qwen2ForCausalLM" and config.get("use_sliding_window", False)
-        self.windows = [window if sliding and i >= first_sliding else 0
-                        for i in range(config["num_hidden_layers"])]
+        if arch == "MistralForCausalLM":
+            sliding = [True] * n
+        elif self.is_gemma3:
+            types = config.get("layer_types") or [
+                "sliding_attention" if (i + 1) % config["sliding_window_pattern"] else
+                "full_attention" for i in range(n)]
+            sliding = [t == "sliding_attention" for t in types]
+        else:
+            first_sliding = config.get("max_window_layers", n)
+            on = arch == "Qwen2ForCausalLM" and config.get("use_sliding_window", False)
+            sliding = [on and i >= first_sliding for i in range(n)]
+        self.windows = [window if s else 0 for s in sliding]
+        # Per layer: inv_freq. Gemma 3's sliding layers use their own base and no scaling.
+        global_inv = self._compute_inv_freq(float(config["rope_theta"]), config.get("rope_scaling"))
+        local_inv = global_inv
+        if self.is_gemma3:
+            local_inv = self._compute_inv_freq(float(config["rope_local_base_freq"]), None)
+        self.inv_freqs = [local_inv if s else global_inv for s in sliding]
 
     # --- rotary embedding -------------------------------------------------------------------
-    def _compute_inv_freq(self):
-        base = float(self.config["rope_theta"])
-        dim = self.head_dim
+    def _compute_inv_freq(self, base, rs):
+        dim = self.rotary_dim
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        rs = self.config.get("rope_scaling")
         if rs is None:
             return inv_freq
         rope_type = rs.get("rope_type", rs.get("type"))
         if rope_type == "default":
             return inv_freq
+        if rope_type == "linear":
+            return inv_freq / rs["factor"]
         assert rope_type == "llama3", rope_type
         factor = rs["factor"]
         low_freq_factor = rs["low_freq_factor"]
@@ -113,9 +149,9 @@ class Model:
         is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
         return torch.where(is_medium, smoothed, inv_freq_llama)
 
-    def rotary(self, position_ids):
-        """position_ids [B, T] -> cos, sin [B, T, head_dim] in self.dtype (attention_scaling 1)."""
-        inv = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+    def rotary(self, position_ids, inv_freq):
+        """position_ids [B, T] -> cos, sin [B, T, rotary_dim] in self.dtype (attention_scaling 1)."""
+        inv = inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
         pos = position_ids[:, None, :].float()
         freqs = (inv @ pos).transpose(1, 2)
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -123,6 +159,10 @@ class Model:
 
     # --- building blocks --------------------------------------------------------------------
     def rms_norm(self, x, weight):
+        if self.is_gemma3:
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (h * (1.0 + weight.float())).type_as(x)
         input_dtype = x.dtype
         h = x.to(torch.float32)
         variance = h.pow(2).mean(-1, keepdim=True)
@@ -138,11 +178,21 @@ class Model:
         x2 = x[..., x.shape[-1] // 2 :]
         return torch.cat((-x2, x1), dim=-1)
 
+    @staticmethod
+    def rotate_pairs(x):
+        """GLM's pairing: (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)."""
+        return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
     def apply_rope(self, x, cos, sin):
-        # x [B, H, T, D]; cos, sin [B, T, D]
+        # x [B, H, T, D]; cos, sin [B, T, rotary_dim]
         cos = cos.unsqueeze(1)
         sin = sin.unsqueeze(1)
-        return (x * cos) + (self.rotate_half(x) * sin)
+        if not self.is_glm:
+            return (x * cos) + (self.rotate_half(x) * sin)
+        cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+        sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        return torch.cat([rot * cos + self.rotate_pairs(rot) * sin, rest], dim=-1)
 
     @staticmethod
     def repeat_kv(x, n_rep):
@@ -159,7 +209,7 @@ class Model:
         q = self.linear(x, p + ".q_proj").view(shape)
         k = self.linear(x, p + ".k_proj").view(shape)
         v = self.linear(x, p + ".v_proj").view(shape).transpose(1, 2)
-        if self.is_qwen3:
+        if self.qk_norm:
             q = self.rms_norm(q, self.w[p + ".q_norm.weight"])
             k = self.rms_norm(k, self.w[p + ".k_norm.weight"])
         q = q.transpose(1, 2)
@@ -172,6 +222,8 @@ class Model:
         k = self.repeat_kv(k, n_rep)
         v = self.repeat_kv(v, n_rep)
         scores = torch.matmul(q, k.transpose(2, 3)) * self.scaling
+        if self.attn_softcap:
+            scores = torch.tanh(scores / self.attn_softcap) * self.attn_softcap
         scores = scores + mask
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out = torch.matmul(probs, v).transpose(1, 2).contiguous()
@@ -180,6 +232,12 @@ class Model:
 
     def mlp(self, i, x):
         p = f"model.layers.{i}.mlp"
+        if self.is_glm:
+            gate, up = self.linear(x, p + ".gate_up_proj").chunk(2, dim=-1)
+            return self.linear(up * F.silu(gate), p + ".down_proj")
+        if self.is_gemma3:
+            gate = F.gelu(self.linear(x, p + ".gate_proj"), approximate="tanh")
+            return self.linear(gate * self.linear(x, p + ".up_proj"), p + ".down_proj")
         return self.linear(F.silu(self.linear(x, p + ".gate_proj")) * self.linear(x, p + ".up_proj"),
                            p + ".down_proj")
 
@@ -209,25 +267,45 @@ class Model:
             past = cache[0][0].shape[2]
         t = ids.shape[1]
         position_ids = torch.arange(past, past + t)[None, :]
-        h = F.embedding(ids, self.w["model.embed_tokens.weight"])
-        cos, sin = self.rotary(position_ids)
+        table = self.w["model.embed_tokens.weight"]
+        h = F.embedding(ids, table)
+        if self.is_gemma3:
+            h = h * torch.tensor(self.hidden_size**0.5, dtype=table.dtype)
         masks = {w: self.causal_mask(t, past + t, past, w) for w in set(self.windows)}
+        # Norm names: before attention, after it, before the MLP, after it ("" none).
+        if self.is_gemma3:
+            names = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm")
+        elif self.is_glm4:
+            names = ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
+                     "post_mlp_layernorm")
+        else:
+            names = ("input_layernorm", "", "post_attention_layernorm", "")
         for i in range(self.config["num_hidden_layers"]):
-            p = f"model.layers.{i}"
+            p = f"model.layers.{i}."
+            cos, sin = self.rotary(position_ids, self.inv_freqs[i])
             residual = h
-            x = self.rms_norm(h, self.w[p + ".input_layernorm.weight"])
+            x = self.rms_norm(h, self.w[p + names[0] + ".weight"])
             q, k, v = self.qkv(i, x, cos, sin)
             if cache is not None:
                 if cache[i]:
                     k = torch.cat([cache[i][0], k], dim=2)
                     v = torch.cat([cache[i][1], v], dim=2)
                 cache[i][:] = [k, v]
-            h = residual + self.attend(i, q, k, v, masks[self.windows[i]])
+            y = self.attend(i, q, k, v, masks[self.windows[i]])
+            if names[1]:
+                y = self.rms_norm(y, self.w[p + names[1] + ".weight"])
+            h = residual + y
             residual = h
-            x = self.rms_norm(h, self.w[p + ".post_attention_layernorm.weight"])
-            h = residual + self.mlp(i, x)
+            y = self.mlp(i, self.rms_norm(h, self.w[p + names[2] + ".weight"]))
+            if names[3]:
+                y = self.rms_norm(y, self.w[p + names[3] + ".weight"])
+            h = residual + y
         h = self.rms_norm(h, self.w["model.norm.weight"])
-        return F.linear(h, self.w["lm_head.weight"])[0]
+        logits = F.linear(h, self.w["lm_head.weight"])[0]
+        if self.final_softcap:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
 
     def new_cache(self):
         return [[] for _ in range(self.config["num_hidden_layers"])]
