@@ -8,7 +8,7 @@
 //
 // Several threads may call parallel_for at once (two models decoding on two threads): their
 // regions take turns on the pool, each with all its threads, since the workers serve one call at
-// a time and kernels keep per-thread scratch by thread index.
+// a time and two callers would otherwise both run as thread index 0 (see parallel_for).
 #pragma once
 
 #include <atomic>
@@ -56,8 +56,8 @@ class ThreadPool {
   static void work(Job& job, int index);
 
   std::vector<std::thread> workers_;
-  // Held by the caller whose call owns the workers (job_ and active_ below serve one call).
-  // Uncontended, it costs one atomic exchange per region.
+  // Held by the caller whose call owns the workers (job_ and active_ below serve one call): one
+  // uncontended lock per region for a single caller.
   std::mutex call_mu_;
   // The call in progress, or null. A worker announces itself in active_ before it reads job_,
   // and the caller clears job_ and waits for active_ to drain before its Job goes away, so a

@@ -106,8 +106,7 @@ class Graph {
   void mark_output(int id);
 
   // A 64-bit hash of the activation dtype, structure, shapes, dtypes, names and attributes; two
-  // graphs with the
-  // same hash compile to the same executable.
+  // graphs with the same hash compile to the same executable.
   uint64_t hash() const;
   // "activation: bfloat16", then one line per node:
   // "%12 = linear(%10, %3) -> float32[1, 7, 64]  # layers.0.mlp.up_proj", with options that are

@@ -3,6 +3,7 @@
 // at the outputs).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -125,6 +126,63 @@ TEST(ActivationDtype, Bf16InputsAreConvertedAtTheBoundary) {
   // The wrong host dtype is the caller's error.
   EXPECT_THROW(backend->compile(build(DType::bf16))->run(params, {}, in32, o16),
                InvalidArgumentError);
+}
+
+// A bf16 KV cache written and attended to from a bf16-activation graph: cache writes keep the
+// cache's dtype while the new keys and the queries arrive as bf16 inputs.
+TEST(ActivationDtype, Bf16GraphWithKvCacheMatchesF32) {
+  constexpr int64_t kS = 6, kHkv = 2, kHq = 4, kD = 8;
+  const graph::TensorType cache{DType::bf16, {1, kHkv, kS, kD}};
+  auto build = [&](DType act) {
+    GraphBuilder b(act);
+    Value k = b.state("k", cache), v = b.state("v", cache);
+    Value q = b.input("q", {act, {1, 1, kHq, kD}});
+    Value kv = b.input("kv", {act, {1, 1, kHkv, kD}});
+    Value start = b.input("start", {DType::i32, {}});
+    Value kc = b.cache_write(k, kv, start), vc = b.cache_write(v, kv, start);
+    b.output(b.attention(q, kc, vc, start, -1, 0.35f));
+    return b.finish();
+  };
+  // Host tensors of `dtype` holding the same bf16-representable values.
+  auto values = [](Shape shape, DType dtype, float phase) {
+    std::vector<float> v = ramp(shape_numel(shape), 2.0f, phase);
+    Tensor t = Tensor::zeros(shape, dtype);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const uint16_t h = f32_to_bf16(v[i]);
+      if (dtype == DType::bf16)
+        t.data<uint16_t>()[i] = h;
+      else
+        t.data<float>()[i] = bf16_to_f32(h);
+    }
+    return t;
+  };
+  auto backend = backends::make_cpu_backend();
+  auto decode = [&](DType act) {
+    auto exe = backend->compile(build(act));
+    auto kb = backend->allocate(cache), vb = backend->allocate(cache);
+    backends::Buffer* states[] = {kb.get(), vb.get()};
+    std::vector<float> out;
+    for (int32_t s = 0; s < kS; ++s) {
+      Tensor q = values({1, 1, kHq, kD}, act, 0.3f * float(s));
+      Tensor kv = values({1, 1, kHkv, kD}, act, 1.7f * float(s) + 0.5f);
+      Tensor start = Tensor::from_vector<int32_t>({}, DType::i32, {s});
+      Tensor o = Tensor::zeros({1, 1, kHq, kD}, act);
+      const Tensor* inputs[] = {&q, &kv, &start};
+      Tensor* outputs[] = {&o};
+      exe->run({}, states, inputs, outputs);
+      const std::vector<float> ov = o.to_f32_vector();
+      out.insert(out.end(), ov.begin(), ov.end());
+    }
+    return out;
+  };
+  const std::vector<float> f32 = decode(DType::f32), bf16 = decode(DType::bf16);
+  ASSERT_EQ(f32.size(), bf16.size());
+  float max_abs = 0;
+  for (size_t i = 0; i < f32.size(); ++i) {
+    EXPECT_NEAR(bf16[i], f32[i], std::ldexp(std::fabs(f32[i]), -8) + 1e-30) << i;
+    max_abs = std::max(max_abs, std::fabs(f32[i]));
+  }
+  EXPECT_GT(max_abs, 0.1f);
 }
 
 // The IR lets take_last move any dtype; the CPU moves f32 only and says so at compile time.

@@ -5,6 +5,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "graph/builder.h"
+#include "tformers/error.h"
 
 namespace tformers {
 namespace {
@@ -73,6 +74,23 @@ TEST(Executable, TrimFreesIdleArenasAndRunsAgainAfter) {
   out = Tensor::zeros({64}, DType::f32);
   run(*exe, {&ta}, out);
   for (float v : out.to_f32_vector()) EXPECT_EQ(v, 6.0f);
+}
+
+// A run that throws (a token id out of range) still gives its arena back for the next run.
+TEST(Executable, FailedRunReturnsItsArena) {
+  GraphBuilder b;
+  Value table = b.parameter("table", {DType::f32, {4, 8}});
+  b.output(b.embedding(table, b.input("ids", {DType::i32, {1, 2}})));
+  auto backend = backends::make_cpu_backend();
+  auto exe = backend->compile(b.finish());
+  auto t = backend->upload(Tensor::zeros({4, 8}, DType::f32));
+  backends::Buffer* params[] = {t.get()};
+  Tensor ids = Tensor::from_vector<int32_t>({1, 2}, DType::i32, {1, 4});
+  Tensor out = Tensor::zeros({1, 2, 8}, DType::f32);
+  const Tensor* inputs[] = {&ids};
+  Tensor* outputs[] = {&out};
+  EXPECT_THROW(exe->run(params, {}, inputs, outputs), InvalidArgumentError);
+  EXPECT_GE(exe->trim(), exe->arena_bytes());
 }
 
 }  // namespace
