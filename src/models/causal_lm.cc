@@ -257,9 +257,8 @@ CausalLM::Impl::Step& CausalLM::Impl::step(const models::StepShape& shape, bool 
     s.exe = backend->compile(g);
   } else {
     backends::CompileCache& cc = backends::CompileCache::global();
-    uint64_t before = cc.stats().compiles;
-    s.exe = cc.get(*backend, g);
-    bool compiled = cc.stats().compiles > before;
+    bool compiled = false;
+    s.exe = cc.get(*backend, g, &compiled);
     ++(compiled ? stats.compiles : stats.hits);
     if (compiled && verbose && distributed::is_main_process())
       std::fprintf(stderr,
