@@ -1,6 +1,7 @@
 #include "core/memory.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -28,6 +29,13 @@ std::shared_ptr<void> allocate_pages(size_t bytes) {
   // Advice only: without transparent huge pages the memory works with small pages.
   madvise(p, size, MADV_HUGEPAGE);
   return std::shared_ptr<void>(p, [size](void* q) { munmap(q, size); });
+}
+
+void release_pages(const Tensor& t) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (uintptr_t(t.raw()) + page - 1) / page * page;
+  const uintptr_t hi = (uintptr_t(t.raw()) + t.nbytes()) / page * page;
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
 Tensor resident_copy(const Tensor& t, ThreadPool& pool) {

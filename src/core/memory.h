@@ -19,6 +19,12 @@ constexpr size_t kHugePage = size_t(2) << 20;
 // written); released when the last owner goes. Error when the system has no memory for it.
 std::shared_ptr<void> allocate_pages(size_t bytes);
 
+// Returns the whole pages inside `t`'s bytes to the system (madvise(MADV_DONTNEED)). For a view
+// of a read-only file mapping that was copied or converted: the pages stay in the page cache and
+// are read again if touched, but stop counting towards this process's resident memory, so a load
+// holds the copy rather than both.
+void release_pages(const Tensor& t);
+
 // A copy of `t` in its own memory: from allocate_pages, copied in parallel over `pool`, from
 // kHugePage bytes up; below that (norms, biases), from malloc.
 Tensor resident_copy(const Tensor& t, ThreadPool& pool);

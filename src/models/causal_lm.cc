@@ -138,7 +138,10 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     const char* mapped = static_cast<const char*>(ckpt.get(source).raw());
     const char* p = static_cast<const char*>(t.raw());
     const bool in_mapping = p >= mapped && p < mapped + ckpt.info(source).nbytes;
-    return opt.load_mode == "copy" && in_mapping ? resident_copy(t, ThreadPool::global()) : t;
+    if (opt.load_mode != "copy" || !in_mapping) return t;
+    Tensor copy = resident_copy(t, ThreadPool::global());
+    release_pages(t);
+    return copy;
   };
   std::vector<std::string> unexpected;
   for (const auto& name : ckpt.names())

@@ -1,9 +1,7 @@
 // Weight preparation for the CPU backend: weight-only int8 quantization at load.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/kernels.h"
+#include "core/memory.h"
 #include "core/thread_pool.h"
 
 namespace tformers::backends {
@@ -19,10 +17,7 @@ PreparedWeight prepare_int8(Backend& backend, const Tensor& w) {
   Tensor scale = Tensor::zeros({N, cpu::int8_blocks(K)}, DType::f32);
   cpu::quantize_int8(src.raw(), src.dtype(), q.data<int8_t>(), scale.data<float>(), N, K,
                      ThreadPool::global());
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  const uintptr_t lo = (uintptr_t(w.raw()) + page - 1) / page * page;
-  const uintptr_t hi = (uintptr_t(w.raw()) + w.nbytes()) / page * page;
-  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  release_pages(w);
   return {backend.upload(q), backend.upload(scale)};
 }
 
