@@ -31,6 +31,7 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "distributed/launcher.h"
+#include "errors.h"
 #include "io/hub.h"
 #include "kernels_hub/cli.h"
 #include "terminal.h"
@@ -148,6 +149,9 @@ tformers::GenerationConfig generation_config(const GenerateArgs& a) {
   gc.repetition_penalty = a.repetition_penalty;
   gc.no_repeat_ngram_size = a.no_repeat_ngram_size;
   gc.num_beams = a.num_beams;
+  // Beam sampling is not implemented: a model whose generation_config.json samples would refuse
+  // --num-beams without this.
+  if (a.num_beams > 1 && !a.do_sample) gc.do_sample = false;
   gc.length_penalty = a.length_penalty;
   if (a.early_stopping == "true") gc.early_stopping = tformers::EarlyStopping::kTrue;
   if (a.early_stopping == "false") gc.early_stopping = tformers::EarlyStopping::kFalse;
@@ -429,12 +433,14 @@ int cmd_chat(const GenerateArgs& a) {
     if (line.empty()) continue;
     messages.push_back({{"role", "user"}, {"content", line}});
     std::vector<int32_t> ids = render();
-    // Drop the oldest messages, never the system message or the new one, until the prompt and
-    // a full reply fit in the context.
+    // Drop the oldest turns (a user message and the reply to it), never the system message or
+    // the new message, until the prompt and a full reply fit in the context.
     size_t dropped = 0;
     while (int64_t(ids.size()) + max_new > ctx && messages.size() > first_turn + 1) {
-      messages.erase(messages.begin() + int64_t(first_turn));
-      ++dropped;
+      do {
+        messages.erase(messages.begin() + int64_t(first_turn));
+        ++dropped;
+      } while (messages.size() > first_turn + 1 && messages[first_turn]["role"] != "user");
       ids = render();
     }
     if (dropped)
@@ -535,7 +541,8 @@ bool wants_launch_help(int argc, char** argv) {
 int fail(const std::string& message) {
   g_out.end_line();
   const std::string line = "error: " + escape_for_terminal(message) + "\n";
-  if (::write(g_error_fd, line.data(), line.size()) < 0) return 1;
+  // A failed write has nowhere left to be reported.
+  [[maybe_unused]] const ssize_t written = ::write(g_error_fd, line.data(), line.size());
   return 1;
 }
 
@@ -668,25 +675,9 @@ int main(int argc, char** argv) {
   }
   // Every failure is one line on stderr and exit status 1; under mpirun, fail() of the
   // distributed layer also ends the other ranks, so none waits for this one.
-  int status = 0;
   try {
     return run(argc, argv);
-  } catch (const tformers::Error& e) {
-    status = fail(e.what());
-  } catch (const std::bad_alloc&) {
-    status = fail(
-        "out of memory; try a smaller model, --dtype bfloat16, --quantize int8 or a smaller "
-        "--ctx-size");
-  } catch (const std::filesystem::filesystem_error& e) {
-    status = fail(std::string("file system: ") + e.what());
-  } catch (const std::system_error& e) {
-    status = fail(std::string("system: ") + e.what() + " (error " +
-                  std::to_string(e.code().value()) + ")");
-  } catch (const std::length_error& e) {
-    status = fail(std::string("a size too large to allocate (") + e.what() +
-                  "); check the sizes in the model's config.json and the numbers given");
-  } catch (const std::exception& e) {
-    status = fail(std::string("unexpected failure: ") + e.what());
+  } catch (...) {
+    return tformers::distributed::fail(fail(tformers::cli::current_error_message()));
   }
-  return tformers::distributed::fail(status);
 }
