@@ -3,7 +3,7 @@
 // positions, the cache mask and the cache slot) and brings back the last position's logits.
 // The KV cache never leaves the device. Prompts are left-padded to a common, bucketed length,
 // so one compiled prefill graph serves every prompt length in a bucket and one decode graph
-// serves every step.
+// serves every step. Beam search (num_beams > 1) runs in beam_search.cc.
 #include <algorithm>
 
 #include "generation/beam_search.h"

@@ -288,8 +288,9 @@ ResolvedGenerationConfig resolve(const GenerationConfig& c, int64_t prompt_len, 
                     "different from 1 (got ", r.num_return_sequences,
                     "): every sequence would be the same; set do_sample=true or "
                     "num_return_sequences=1"));
-  } else if (c.length_penalty || c.early_stopping) {
-    // Transformers warns about these too: they only act in beam search.
+  } else if (r.length_penalty != 1.0 || r.early_stopping != EarlyStopping::kFalse) {
+    // Transformers warns about these too (when not at their defaults): only beam search reads
+    // them.
     std::fprintf(stderr,
                  "tformers: warning: length_penalty and early_stopping only apply to beam search "
                  "(num_beams > 1); they are ignored here\n");

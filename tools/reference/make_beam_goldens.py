@@ -160,6 +160,20 @@ def cases_for(plain):
         ("eos_early_stopping_never", {"num_beams": 3, "max_new_tokens": 8, "eos_token_id": aimed,
                                       "early_stopping": "never", "num_return_sequences": 3},
          [PROMPT_A]),
+        # eos on the second token of the plain search: on tiny-qwen3 the three early_stopping
+        # modes then return three different pairs of hypotheses.
+        ("early_stopping_false_lp_2", {"num_beams": 2, "max_new_tokens": 10,
+                                       "eos_token_id": [plain[1]], "length_penalty": 2.0,
+                                       "early_stopping": False, "num_return_sequences": 2},
+         [PROMPT_A]),
+        ("early_stopping_true_lp_2", {"num_beams": 2, "max_new_tokens": 10,
+                                      "eos_token_id": [plain[1]], "length_penalty": 2.0,
+                                      "early_stopping": True, "num_return_sequences": 2},
+         [PROMPT_A]),
+        ("early_stopping_never_lp_2", {"num_beams": 2, "max_new_tokens": 10,
+                                       "eos_token_id": [plain[1]], "length_penalty": 2.0,
+                                       "early_stopping": "never", "num_return_sequences": 2},
+         [PROMPT_A]),
         ("length_penalty_2_never", {"num_beams": 3, "max_new_tokens": 8, "eos_token_id": aimed,
                                     "length_penalty": 2.0, "early_stopping": "never",
                                     "num_return_sequences": 3}, [PROMPT_A]),
@@ -168,6 +182,11 @@ def cases_for(plain):
          [PROMPT_A]),
         ("repetition_penalty", {"num_beams": 2, "max_new_tokens": 6, "repetition_penalty": 1.5},
          [PROMPT_B]),
+        # Prompts that fill their finished sets at different steps: a full one takes no more.
+        ("batch_early_stopping_true", {"num_beams": 2, "max_new_tokens": 10,
+                                       "eos_token_id": [plain[1]], "length_penalty": 2.0,
+                                       "early_stopping": True, "num_return_sequences": 2},
+         [PROMPT_A, PROMPT_B]),
         ("batch_ragged", {"num_beams": 3, "max_new_tokens": 7, "eos_token_id": aimed,
                           "num_return_sequences": 2}, [PROMPT_A, PROMPT_B]),
     ]
