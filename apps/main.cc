@@ -258,6 +258,10 @@ int cmd_generate(const GenerateArgs& a) {
     // A rendered chat template already holds its special tokens.
     ids = tok->encode(text, /*add_special_tokens=*/!a.chat);
   }
+  if (!a.stop.empty() && !tok)
+    throw tformers::InvalidArgumentError(
+        "generate: --stop needs the model's tokenizer.json to read the text; " + a.model +
+        " has none");
   tformers::CausalLM lm = load_model(a);
   auto t1 = Clock::now();
 
@@ -271,8 +275,6 @@ int cmd_generate(const GenerateArgs& a) {
       merged, int64_t(ids.size()), lm.config().vocab_size, lm.config().max_position_embeddings);
   if (a.verbose && rc.do_sample)
     std::fprintf(stderr, "tformers: seed %llu\n", (unsigned long long)rc.seed);
-  if (a.stop.size() && !tok)
-    throw tformers::InvalidArgumentError("generate: --stop needs the model's tokenizer.json");
 
   const bool beams = rc.num_beams > 1, streaming = !a.json && !beams;
   std::optional<tformers::TokenStreamer> streamer;
