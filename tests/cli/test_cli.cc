@@ -349,6 +349,22 @@ TEST(Cli, ChatKeepsItsCacheTrimsHistoryAndConfirmsReset) {
   EXPECT_EQ(r.out.find("tformers"), std::string::npos) << r.out;
 }
 
+// One seed per session: the same message after /reset gets a new reply (turn i samples with
+// seed + i), and the same seed replays the whole session.
+TEST(Cli, ChatSamplesWithOneSeedPerSession) {
+  const std::string cmd = kCli + " chat" + kKjv + " -n 16 --seed 7";
+  const std::string input = "hello\n/reset\nhello\n";
+  Streams a = run(cmd, input), b = run(cmd, input);
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  // Piped input is not echoed: each line is prompts ("> ", one more after /reset), then a reply.
+  auto replies = lines_of(a.out);
+  ASSERT_GE(replies.size(), 2u) << a.out;
+  for (std::string& r : replies)
+    while (r.rfind("> ", 0) == 0) r.erase(0, 2);
+  EXPECT_NE(replies[0], replies[1]) << a.out;
+}
+
 TEST(Cli, TextPromptStreamsText) {
   CmdResult r = sh(std::string(TFORMERS_CLI) +
                    " generate --model tests/data/models/tiny-qwen3 --prompt 'The theory' "
