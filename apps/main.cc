@@ -327,9 +327,13 @@ int cmd_generate(const GenerateArgs& a) {
                     {"tokens_per_s_after_first", rate}};
     // Invalid UTF-8 in the text becomes U+FFFD rather than an exception.
     g_out.write(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-  } else if (beams) {
-    g_out.write((tok && !a.chat && a.prompt_ids.empty() ? prompt : "") + text);
+  } else if (beams && tok) {
+    g_out.write((a.chat || !a.prompt_ids.empty() ? "" : prompt) + text);
     g_out.end_line();
+  } else if (beams) {
+    std::string listed;
+    for (int32_t id : generated) listed += (listed.empty() ? "" : ",") + std::to_string(id);
+    g_out.write(listed + "\n");
   }
   if (a.verbose) {
     auto st = lm.compile_stats();
