@@ -305,6 +305,29 @@ TEST(Cli, UnderLaunchOnlyRankZeroWrites) {
   EXPECT_EQ(count(r.err, "tformers: load"), 2) << r.err;
 }
 
+// The Hub error suggests --revision, which every model command takes.
+TEST(Cli, RevisionPicksTheHubSnapshot) {
+  const auto cache =
+      std::filesystem::temp_directory_path() / ("tformers_cli_hub_" + std::to_string(::getpid()));
+  const auto snap = cache / "models--org--tiny" / "snapshots" / "c0ffee";
+  std::filesystem::create_directories(snap);
+  std::filesystem::create_directories(cache / "models--org--tiny" / "refs");
+  std::ofstream(cache / "models--org--tiny" / "refs" / "v1") << "c0ffee";
+  for (const auto& f :
+       std::filesystem::directory_iterator(std::string(TFORMERS_TEST_DATA) + "/models/tiny-qwen3"))
+    std::filesystem::copy_file(f.path(), snap / f.path().filename());
+  const std::string env = "HF_HUB_CACHE=" + cache.string() + " ";
+  Streams missing = run(env + kCli + " generate -m org/tiny --prompt-ids 1,2 -n 2");
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.err.find("pass one with --revision"), std::string::npos) << missing.err;
+  for (const std::string cmd : {" generate -m org/tiny --prompt hi -n 2 --revision v1",
+                                " tokenize -m org/tiny hi --revision v1"}) {
+    Streams r = run(env + kCli + cmd);
+    EXPECT_EQ(r.status, 0) << cmd << ": " << r.err;
+  }
+  std::filesystem::remove_all(cache);
+}
+
 // Strings from model files are escaped in errors: an architecture name with an escape sequence
 // shows as \x1b, never as a raw ESC byte that would recolour the terminal.
 TEST(Cli, StringsFromModelFilesAreEscaped) {
