@@ -6,9 +6,11 @@
 // warning never lands inside a line of text. Arguments are checked, and the model's generation
 // config resolved, before anything is printed.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -77,6 +79,9 @@ Stdout g_out;
 volatile std::sig_atomic_t g_interrupted = 0;
 
 constexpr int64_t kMaxThreads = 1024;
+
+// Set by `launch --verbose-all-ranks` for the ranks it starts, which inherit it.
+constexpr const char* kVerboseAllRanksEnv = "TFORMERS_VERBOSE_ALL_RANKS";
 
 std::vector<int32_t> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;
@@ -180,7 +185,7 @@ void check_args(const GenerateArgs& a) {
 void quiet_other_ranks(const GenerateArgs& a) {
   if (tformers::distributed::is_main_process()) return;
   if (!std::freopen("/dev/null", "w", stdout)) return;
-  if (a.verbose_all_ranks) return;
+  if (a.verbose_all_ranks || std::getenv(kVerboseAllRanksEnv)) return;
   g_error_fd = ::dup(2);
   const int null_fd = ::open("/dev/null", O_WRONLY);
   if (null_fd >= 0) {
@@ -525,13 +530,15 @@ options:
   --master-addr A     address of node 0 (default 127.0.0.1), exported as MASTER_ADDR
   --master-port P     port on node 0 (default 29500), exported as MASTER_PORT
   --hostfile F        Open MPI hostfile listing the nodes
+  --verbose-all-ranks every rank writes diagnostics to stderr (default: rank 0 only)
   -h, --help          show this help
 
 Each process runs CMD with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT set, its chip visible as device 0 (CUDA_VISIBLE_DEVICES, TPU_VISIBLE_CHIPS), and
 TFORMERS_NUM_THREADS set to its share of the cores unless already set. mpirun runs with
 --allow-run-as-root when run as root and --oversubscribe when N exceeds the cores. Only rank 0
-writes text and diagnostics; give generate or chat --verbose-all-ranks to hear every rank.
+writes text and diagnostics unless --verbose-all-ranks is given (here or to generate or chat);
+errors are written by every rank.
 
 example:
   tformers launch --nproc-per-node 2 -- build/release/tformers generate -m DIR --prompt "Hi" --tp 2
@@ -542,6 +549,18 @@ bool wants_launch_help(int argc, char** argv) {
   for (int i = 2; i < argc && std::string_view(argv[i]) != "--"; ++i)
     if (std::string_view(argv[i]) == "-h" || std::string_view(argv[i]) == "--help") return true;
   return false;
+}
+
+// Takes `--verbose-all-ranks` out of launch's own options (before `--`) and passes it to the
+// ranks through the environment they inherit. Returns the new argc.
+int take_verbose_all_ranks(int argc, char** argv) {
+  for (int i = 2; i < argc && std::string_view(argv[i]) != "--"; ++i)
+    if (std::string_view(argv[i]) == "--verbose-all-ranks") {
+      setenv(kVerboseAllRanksEnv, "1", 1);
+      std::copy(argv + i + 1, argv + argc, argv + i);
+      return argc - 1;
+    }
+  return argc;
 }
 
 int fail(const std::string& message) {
@@ -677,6 +696,7 @@ int main(int argc, char** argv) {
       std::fputs(kLaunchUsage, stdout);
       return 0;
     }
+    if (std::string_view(argv[1]) == "launch") argc = take_verbose_all_ranks(argc, argv);
     return tformers::distributed::launcher_main(argc - 1, argv + 1);
   }
   // Every failure is one line on stderr and exit status 1; under mpirun, fail() of the
