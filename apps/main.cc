@@ -275,13 +275,13 @@ int cmd_generate(const GenerateArgs& a) {
   // Split ranks must sample alike: rank 0's seed everywhere.
   if (a.tp > 0 && gc.seed) gc.seed = tformers::distributed::agree_seed(*gc.seed);
   const tformers::GenerationConfig merged = lm.generation_config().merged_with(gc);
-  // Every config error is reported here, before any text is printed.
-  const tformers::ResolvedGenerationConfig rc = tformers::resolve(
-      merged, int64_t(ids.size()), lm.config().vocab_size, lm.config().max_position_embeddings);
-  if (a.verbose && rc.do_sample)
-    std::fprintf(stderr, "tformers: seed %llu\n", (unsigned long long)rc.seed);
+  const uint64_t seed = *merged.seed;
+  if (a.verbose && merged.do_sample.value_or(false))
+    std::fprintf(stderr, "tformers: seed %llu\n", (unsigned long long)seed);
 
-  const bool beams = rc.num_beams > 1, streaming = !a.json && !beams;
+  // generate() checks the config before the first token, and the prompt is echoed with that
+  // token, so a config error is reported before anything is printed.
+  const bool beams = merged.num_beams.value_or(1) > 1, streaming = !a.json && !beams;
   std::optional<tformers::TokenStreamer> streamer;
   if (tok) streamer.emplace(*tok, /*skip_special_tokens=*/true);
   int64_t n = 0;
@@ -290,7 +290,10 @@ int cmd_generate(const GenerateArgs& a) {
   {
     std::optional<HeldStderr> held;
     if (streaming) held.emplace();
+    // Held diagnostics go out whenever stdout is at the start of a line: before the first text
+    // (warnings from generate()'s checks) and after each newline.
     auto put = [&](std::string_view text) {
+      if (held && !g_out.mid_line()) held->release();
       g_out.write(text);
       if (held && !g_out.mid_line()) held->release();
     };
@@ -324,7 +327,7 @@ int cmd_generate(const GenerateArgs& a) {
                                 {"ids", generated},
                                 {"text", text},
                                 {"finish_reason", out.finish_reasons[0]},
-                                {"seed", rc.seed}};
+                                {"seed", seed}};
     if (beams) j["sequences_score"] = out.sequences_scores[0];
     j["timings"] = {{"load_s", seconds(t0, t1)},
                     {"time_to_first_token_s", seconds(t1, first_token)},
@@ -478,6 +481,7 @@ int cmd_chat(const GenerateArgs& a) {
       HeldStderr held;
       auto put = [&](const std::string& piece) {
         reply += piece;
+        if (!g_out.mid_line()) held.release();
         g_out.write(piece);
         if (!g_out.mid_line()) held.release();
       };

@@ -2,6 +2,7 @@
 // files, and holding stderr back while text streams to stdout.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -83,7 +84,8 @@ class HeldStderr {
     ::lseek(fd, 0, SEEK_SET);
     char buf[4096];
     for (off_t done = 0; done < size;) {
-      const ssize_t n = ::read(fd, buf, sizeof buf);
+      // The file may be longer: what an earlier, longer batch left behind the offset.
+      const ssize_t n = ::read(fd, buf, std::min<size_t>(sizeof buf, size_t(size - done)));
       if (n <= 0) break;
       for (ssize_t w = 0; w < n;) {
         const ssize_t k = ::write(real_, buf + w, size_t(n - w));

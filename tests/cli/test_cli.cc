@@ -153,6 +153,22 @@ TEST(Cli, StdoutHoldsOnlyTextAndDiagnosticsKeepToTheirOwnLines) {
   EXPECT_EQ(lines_of(both.out).back().rfind("tformers: load", 0), 0u) << both.out;
 }
 
+// A warning from generate()'s checks comes before the text, and a later, shorter diagnostic
+// comes out alone (the held stderr once replayed the tail of the longer one before it).
+TEST(Cli, HeldDiagnosticsComeOutWholeAndInOrder) {
+  CmdResult r = sh(kCli + " generate" + kKjv + " --prompt And -n 3 --length-penalty 2 --verbose");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto ls = lines_of(r.out);
+  size_t warning = ls.size(), text = ls.size();
+  for (size_t i = 0; i < ls.size(); ++i) {
+    if (ls[i].find("warning: length_penalty") != std::string::npos) warning = i;
+    if (ls[i].rfind("And", 0) == 0) text = i;
+    if (ls[i].rfind("And", 0) != 0) EXPECT_EQ(ls[i].rfind("tformers: ", 0), 0u) << ls[i];
+  }
+  EXPECT_LT(warning, text) << r.out;
+  EXPECT_LT(text, ls.size()) << r.out;
+}
+
 // A bad setting is found before the prompt is echoed: nothing on stdout.
 TEST(Cli, ArgumentErrorsComeBeforeAnyOutput) {
   for (const char* bad : {" -n 0", " --top-p 2 --do-sample", " --seed -2", " --ctx-size 1"}) {
