@@ -417,6 +417,8 @@ int cmd_chat(const GenerateArgs& a) {
                                          " leaves no room for the prompt in " + "a context of " +
                                          std::to_string(ctx) + "; lower it or raise --ctx-size");
   gc.max_cache_len = ctx;
+  // Bad settings fail here, before the first prompt, rather than after the user's first line.
+  tformers::resolve(lm.generation_config().merged_with(gc), 1, lm.config().vocab_size, positions);
   const uint64_t session_seed =
       gc.seed.value_or(lm.generation_config().seed.value_or(random_seed()));
   if (a.verbose)

@@ -179,6 +179,13 @@ TEST(Cli, ArgumentErrorsComeBeforeAnyOutput) {
   }
 }
 
+TEST(Cli, ChatRejectsBadSettingsBeforeThePrompt) {
+  Streams r = run(kCli + " chat" + kKjv + " --top-p 2", "hello\n");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("error: generate: top_p must be in (0, 1]"), std::string::npos) << r.err;
+}
+
 TEST(Cli, ThreadsGoesAfterTheSubcommandAndIsRangeChecked) {
   Streams r = run(kCli + " generate" + kKjv + " --prompt And -n 3 --threads 1");
   EXPECT_EQ(r.status, 0) << r.err;
