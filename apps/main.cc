@@ -205,8 +205,9 @@ std::optional<tformers::Tokenizer> maybe_tokenizer(const std::string& model,
 int cmd_env() {
   std::printf("tformers %s\n", TFORMERS_VERSION);
   std::printf("cpu features: %s\n", std::string(tformers::cpu::feature_string()).c_str());
+  // Backend lines name the plugin files found on disk.
   for (const std::string& line : tformers::accelerator::describe_backends())
-    std::printf("backend %s\n", line.c_str());
+    std::printf("backend %s\n", escape_for_terminal(line).c_str());
   std::printf("accelerator available: %s\n", tformers::accelerator::is_available() ? "yes" : "no");
   std::string archs;
   for (const auto& a : tformers::supported_architectures())
