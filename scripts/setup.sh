@@ -17,7 +17,8 @@ for arg in "$@"; do
 done
 
 packages=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libpcre2-dev libicu-dev
-          libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin libcli11-dev)
+          libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin libcli11-dev
+          libedit-dev)
 [ "$want_tests" = 1 ] && packages+=(nodejs npm clang-format)
 [ "$want_dev" = 1 ] && packages+=(python3-torch python3-numpy libopenblas0-pthread)
 

@@ -12,6 +12,12 @@
 
 namespace tformers {
 
+class CausalLM;
+class Tokenizer;
+
+// Transformers' early_stopping: True, False or "never".
+enum class EarlyStopping { kFalse, kTrue, kNever };
+
 struct GenerationConfig {
   // Length. max_new_tokens wins over max_length (prompt + new tokens, default 20).
   std::optional<int64_t> max_length;
@@ -20,7 +26,13 @@ struct GenerationConfig {
   std::optional<int64_t> min_new_tokens;
   // Strategy.
   std::optional<bool> do_sample;                // default false (greedy)
+  std::optional<int64_t> num_beams;             // default 1 (no beam search)
   std::optional<int64_t> num_return_sequences;  // default 1
+  // Beam search: finished hypotheses score sum(log p) / generated_length ** length_penalty.
+  std::optional<double> length_penalty;  // default 1.0
+  // When beam search stops: kTrue as soon as num_beams hypotheses are finished, kFalse (the
+  // default) when no running beam is likely to beat them, kNever when none can.
+  std::optional<EarlyStopping> early_stopping;
   // Logits processors and warpers (Transformers' defaults in comments).
   std::optional<double> temperature;            // 1.0
   std::optional<int64_t> top_k;                 // 50
@@ -44,7 +56,9 @@ struct GenerationConfig {
   std::optional<bool> disable_compile;              // run without the compile cache
 
   // Reads generation_config.json; unknown fields are ignored as in Transformers, fields of the
-  // wrong type are a FormatError naming the field.
+  // wrong type are a FormatError naming the field. A Transformers field that tformers does not
+  // implement (num_beam_groups, diversity_penalty, constraints, penalty_alpha, ...) set to
+  // something other than its default gets a warning on stderr naming it.
   static GenerationConfig from_file(const std::string& path);
   // This config with every field that `over` sets replaced by `over`'s value.
   GenerationConfig merged_with(const GenerationConfig& over) const;
@@ -56,7 +70,10 @@ struct ResolvedGenerationConfig {
   int64_t max_new_tokens = 0;  // computed for a given prompt length
   int64_t min_new_tokens = 0;
   bool do_sample = false;
+  int64_t num_beams = 1;
   int64_t num_return_sequences = 1;
+  double length_penalty = 1.0;
+  EarlyStopping early_stopping = EarlyStopping::kFalse;
   double temperature = 1.0;
   int64_t top_k = 50;
   double top_p = 1.0;
@@ -82,5 +99,22 @@ ResolvedGenerationConfig resolve(const GenerationConfig& config, int64_t prompt_
 // Receives tokens as they are generated (row, token id); generation stops early if it returns
 // false.
 using TokenCallback = std::function<bool(int64_t row, int32_t token)>;
+
+// Why a returned row ended: "stop" (an eos id or a stop string), "length" (max_new_tokens) or
+// "callback" (on_token returned false), as OpenAI's finish_reason.
+struct GenerateOutput {
+  std::vector<std::vector<int32_t>> sequences;
+  // Beam search only: each returned hypothesis' score, sum(log p) / length ** length_penalty
+  // (Transformers' sequences_scores). Empty otherwise.
+  std::vector<float> sequences_scores;
+  std::vector<std::string> finish_reasons;
+};
+
+// model.generate() with Transformers' return_dict_in_generate=True: the same sequences, plus
+// beam scores and why each row ended. With num_beams > 1 (beam search) nothing is streamed, so
+// `on_token` must be empty, as Transformers refuses a streamer there.
+GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>& input_ids,
+                        const GenerationConfig& config = {}, const TokenCallback& on_token = {},
+                        const Tokenizer* tokenizer = nullptr);
 
 }  // namespace tformers

@@ -127,8 +127,10 @@ class AutoTokenizer {
  public:
   // A model folder (or Hub id found in the local cache) holding tokenizer.json and, optionally,
   // tokenizer_config.json. Transformers' LlamaTokenizerFast/GemmaTokenizerFast rebuild the
-  // post-processor from add_bos_token/add_eos_token; that is mirrored here.
-  static Tokenizer from_pretrained(const std::string& id_or_path);
+  // post-processor from add_bos_token/add_eos_token; that is mirrored here. `revision` (a
+  // branch, tag or commit hash) picks the Hub cache snapshot, as in Transformers.
+  static Tokenizer from_pretrained(const std::string& id_or_path,
+                                   const std::string& revision = "main");
 };
 
 // Incremental decoding for generation: push ids one at a time and get back only text that is

@@ -3,10 +3,12 @@
 // positions, the cache mask and the cache slot) and brings back the last position's logits.
 // The KV cache never leaves the device. Prompts are left-padded to a common, bucketed length,
 // so one compiled prefill graph serves every prompt length in a bucket and one decode graph
-// serves every step.
+// serves every step. Beam search (num_beams > 1) runs in beam_search.cc.
 #include <algorithm>
 
+#include "generation/beam_search.h"
 #include "generation/logits_process.h"
+#include "generation/padding.h"
 #include "generation/sampling.h"
 #include "models/causal_lm_impl.h"
 #include "tformers/distributed.h"
@@ -28,7 +30,13 @@ int64_t bucketed(const std::vector<int64_t>& buckets, int64_t len) {
 std::vector<std::vector<int32_t>> CausalLM::generate(
     const std::vector<std::vector<int32_t>>& prompts, const GenerationConfig& call,
     const TokenCallback& on_token, const Tokenizer* tokenizer) {
-  Impl& m = *impl_;
+  return tformers::generate(*this, prompts, call, on_token, tokenizer).sequences;
+}
+
+GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
+                        const GenerationConfig& call, const TokenCallback& on_token,
+                        const Tokenizer* tokenizer) {
+  CausalLM::Impl& m = model.impl();
   const int64_t V = m.config.vocab_size;
   if (prompts.empty()) throw InvalidArgumentError("generate: input_ids has no rows");
   int64_t longest = 0;
@@ -48,6 +56,22 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
   // Tensor-parallel ranks sample with rank 0's seed, so an unset seed (drawn per process) still
   // gives every rank the same tokens.
   if (m.tp) rc.seed = distributed::agree_seed(rc.seed);
+  if (rc.num_beams > 1) {
+    if (on_token)
+      throw InvalidArgumentError(
+          "generate: beam search (num_beams > 1) cannot stream tokens, because a beam's tokens "
+          "are final only at the end; pass no on_token callback (Transformers refuses a streamer "
+          "too)");
+    if (!rc.stop_strings.empty())
+      throw UnsupportedError(
+          "generate: stop_strings with beam search (num_beams > 1) are not implemented; use "
+          "eos_token_id, or num_beams=1");
+    int64_t S = merged.max_cache_len ? rc.max_cache_len
+                                     : bucketed(m.prompt_buckets, longest + rc.max_new_tokens - 1);
+    return generation::beam_search(model, prompts, rc, S, [&](int64_t len) {
+      return std::min(bucketed(m.prompt_buckets, len), S);
+    });
+  }
 
   // Rows: each prompt num_return_sequences times, consecutively (as repeat_interleave).
   std::vector<const std::vector<int32_t>*> rows;
@@ -77,25 +101,17 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
                                std::to_string(longest + new_tokens) +
                                " cache positions, but max_cache_len is " + std::to_string(S) +
                                "; raise max_cache_len or lower max_new_tokens");
-  reset_cache(B, S);
+  model.reset_cache(B, S);
 
   // Host state: left-padded ids, the key mask over cache slots, per-row positions.
-  Tensor ids = Tensor::zeros({B, P}, DType::i32), pos = Tensor::zeros({B, P}, DType::i32);
-  Tensor mask = Tensor::zeros({B, S}, DType::i32);
-  std::vector<int32_t> row_pos(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) {
-    const auto& row = *rows[b];
-    const int64_t offset = P - int64_t(row.size());
-    int32_t* mrow = mask.data<int32_t>() + b * S;
-    std::fill(mrow + offset, mrow + S, 1);
-    for (int64_t t = 0; t < P; ++t) {
-      // Padding slots hold a harmless id and position 1 (Transformers' masked_fill); the mask
-      // keeps every real token from seeing them.
-      ids.data<int32_t>()[b * P + t] = t < offset ? int32_t(pad.value_or(0)) : row[t - offset];
-      pos.data<int32_t>()[b * P + t] = t < offset ? 1 : int32_t(t - offset);
-    }
-    row_pos[b] = int32_t(row.size());
+  std::vector<std::span<const int32_t>> row_spans;
+  std::vector<int32_t> row_pos;
+  for (const auto* r : rows) {
+    row_spans.emplace_back(*r);
+    row_pos.push_back(int32_t(r->size()));
   }
+  generation::LeftPadded batch = generation::left_pad(row_spans, P, S, int32_t(pad.value_or(0)));
+  Tensor &ids = batch.input_ids, &pos = batch.position_ids, &mask = batch.attention_mask;
 
   if (!rc.stop_strings.empty() && !tokenizer)
     throw InvalidArgumentError(
@@ -120,8 +136,10 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
 
   generation::LogitsProcessorList processors(rc, V);
   generation::Sampler sampler(rc.seed);
-  std::vector<std::vector<int32_t>> seqs;
+  GenerateOutput out;
+  std::vector<std::vector<int32_t>>& seqs = out.sequences;
   for (const auto* r : rows) seqs.push_back(*r);
+  out.finish_reasons.assign(size_t(B), "length");
   std::vector<bool> done(size_t(B), false);
   Tensor logits = Tensor::zeros({B, 1, V}, DType::f32);
   bool stop = false;
@@ -139,21 +157,26 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
       seqs[b].push_back(next);
       if (std::find(rc.eos_token_id.begin(), rc.eos_token_id.end(), next) !=
               rc.eos_token_id.end() ||
-          hits_stop_string(b, next))
+          hits_stop_string(b, next)) {
         done[b] = true;
+        out.finish_reasons[b] = "stop";
+      }
       if (on_token && !on_token(b, next)) stop = true;
       all_done = all_done && done[b];
     }
+    if (stop)
+      for (int64_t b = 0; b < B; ++b)
+        if (!done[b]) out.finish_reasons[b] = "callback";
     return all_done || stop;
   };
 
   const bool uncached = rc.disable_compile;
   m.run(m.step({B, P, S, 1}, uncached), ids, pos, mask, 0, logits);
-  if (choose() || new_tokens == 1) return seqs;
+  if (choose() || new_tokens == 1) return out;
 
   Tensor step_ids = Tensor::zeros({B, 1}, DType::i32), step_pos = Tensor::zeros({B, 1}, DType::i32);
   // One decode executable for every step; with disable_compile, a fresh compile each step.
-  Impl::Step* decode = uncached ? nullptr : &m.step({B, 1, S, 1});
+  CausalLM::Impl::Step* decode = uncached ? nullptr : &m.step({B, 1, S, 1});
   for (int64_t i = 1; i < new_tokens; ++i) {
     for (int64_t b = 0; b < B; ++b) {
       step_ids.data<int32_t>()[b] = seqs[b].back();
@@ -164,7 +187,7 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
     if (choose()) break;
   }
   // Finished rows were filled with pad at every later step, so all rows have equal length.
-  return seqs;
+  return out;
 }
 
 }  // namespace tformers

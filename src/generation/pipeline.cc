@@ -34,7 +34,8 @@ TextGenerationPipeline pipeline(const std::string& task, const std::string& mode
   if (task != "text-generation")
     throw InvalidArgumentError("pipeline: task '" + task +
                                "' is not supported; the only task is \"text-generation\"");
-  Tokenizer tok = AutoTokenizer::from_pretrained(model);
+  // The tokenizer comes from the same snapshot as the weights.
+  Tokenizer tok = AutoTokenizer::from_pretrained(model, options.revision);
   return TextGenerationPipeline(AutoModelForCausalLM::from_pretrained(model, options),
                                 std::move(tok));
 }

@@ -2,6 +2,7 @@
 // the values one generate() call runs with, with Transformers' defaults, precedence and checks
 // (GenerationConfig.validate, _prepare_generated_length and the processors' constructors).
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "io/json.h"
@@ -62,6 +63,70 @@ std::optional<std::vector<std::string>> get_stop_strings(const Json& j, const st
   return out;
 }
 
+// early_stopping: true, false or "never".
+std::optional<EarlyStopping> get_early_stopping(const Json& j, const std::string& where) {
+  auto v = get_optional<Json>(j, "early_stopping", where);
+  if (!v || v->is_null()) return std::nullopt;
+  if (v->is_boolean()) return v->get<bool>() ? EarlyStopping::kTrue : EarlyStopping::kFalse;
+  if (v->is_string() && v->get<std::string>() == "never") return EarlyStopping::kNever;
+  throw FormatError(
+      str_cat(where, ": field 'early_stopping' must be true, false or \"never\", got ", v->dump()));
+}
+
+// Transformers' GenerationConfig fields that tformers does not implement, with their defaults:
+// a config that sets one to anything else would generate differently there, so it is named.
+void warn_unimplemented(const Json& j, const std::string& where) {
+  static const std::pair<const char*, Json> kFields[] = {
+      {"num_beam_groups", 1},
+      {"diversity_penalty", 0.0},
+      {"penalty_alpha", nullptr},
+      {"dola_layers", nullptr},
+      {"epsilon_cutoff", 0.0},
+      {"eta_cutoff", 0.0},
+      {"top_h", nullptr},
+      {"encoder_repetition_penalty", 1.0},
+      {"encoder_no_repeat_ngram_size", 0},
+      {"force_words_ids", nullptr},
+      {"constraints", nullptr},
+      {"renormalize_logits", false},
+      {"forced_bos_token_id", nullptr},
+      {"forced_eos_token_id", nullptr},
+      {"remove_invalid_values", false},
+      {"exponential_decay_length_penalty", nullptr},
+      {"begin_suppress_tokens", nullptr},
+      {"forced_decoder_ids", nullptr},
+      {"sequence_bias", nullptr},
+      {"token_healing", false},
+      {"guidance_scale", nullptr},
+      {"low_memory", nullptr},
+      {"watermarking_config", nullptr},
+      {"max_time", nullptr},
+      {"assistant_model", nullptr},
+      {"num_assistant_tokens", 20},
+      {"num_assistant_tokens_schedule", "constant"},
+      {"assistant_confidence_threshold", 0.4},
+      {"prompt_lookup_num_tokens", nullptr},
+      {"max_matching_ngram_size", nullptr},
+      {"assistant_early_exit", nullptr},
+      {"assistant_lookbehind", 10},
+      {"target_lookbehind", 10},
+      {"output_attentions", false},
+      {"output_hidden_states", false},
+      {"output_scores", false},
+      {"output_logits", false},
+      {"return_dict_in_generate", false},
+  };
+  if (!j.is_object()) return;
+  for (const auto& [name, fallback] : kFields) {
+    auto it = j.find(name);
+    if (it == j.end() || it->is_null() || *it == fallback) continue;
+    std::fprintf(stderr,
+                 "tformers: warning: %s: %s = %s is not implemented in tformers and is ignored; "
+                 "generation differs from Transformers' (remove the field to silence this)\n",
+                 where.c_str(), name, it->dump(-1, ' ', true).c_str());
+  }
+}
+
 template <typename T>
 void take(std::optional<T>& field, const std::optional<T>& over) {
   if (over) field = over;
@@ -90,7 +155,10 @@ GenerationConfig GenerationConfig::from_file(const std::string& path) {
   c.min_length = get_optional<int64_t>(j, "min_length", w);
   c.min_new_tokens = get_optional<int64_t>(j, "min_new_tokens", w);
   c.do_sample = get_optional<bool>(j, "do_sample", w);
+  c.num_beams = get_optional<int64_t>(j, "num_beams", w);
   c.num_return_sequences = get_optional<int64_t>(j, "num_return_sequences", w);
+  c.length_penalty = get_optional<double>(j, "length_penalty", w);
+  c.early_stopping = get_early_stopping(j, w);
   c.temperature = get_optional<double>(j, "temperature", w);
   c.top_k = get_optional<int64_t>(j, "top_k", w);
   c.top_p = get_optional<double>(j, "top_p", w);
@@ -112,6 +180,7 @@ GenerationConfig GenerationConfig::from_file(const std::string& path) {
   c.cache_implementation = get_optional<std::string>(j, "cache_implementation", w);
   c.max_cache_len = get_optional<int64_t>(j, "max_cache_len", w);
   c.disable_compile = get_optional<bool>(j, "disable_compile", w);
+  warn_unimplemented(j, w);
   return c;
 }
 
@@ -122,7 +191,10 @@ GenerationConfig GenerationConfig::merged_with(const GenerationConfig& o) const 
   take(c.min_length, o.min_length);
   take(c.min_new_tokens, o.min_new_tokens);
   take(c.do_sample, o.do_sample);
+  take(c.num_beams, o.num_beams);
   take(c.num_return_sequences, o.num_return_sequences);
+  take(c.length_penalty, o.length_penalty);
+  take(c.early_stopping, o.early_stopping);
   take(c.temperature, o.temperature);
   take(c.top_k, o.top_k);
   take(c.top_p, o.top_p);
@@ -171,12 +243,15 @@ ResolvedGenerationConfig resolve(const GenerationConfig& c, int64_t prompt_len, 
                       prompt_len));
     r.max_new_tokens = max_length - prompt_len;
   }
-  const int64_t total = prompt_len + r.max_new_tokens;
-  if (total > max_positions)
+  // Compared without adding: a max_new_tokens near INT64_MAX would overflow the sum (both are
+  // positive, so their unsigned sum is exact for the message).
+  if (r.max_new_tokens > max_positions - prompt_len)
     invalid(str_cat("the prompt (", prompt_len, " tokens) plus max_new_tokens (", r.max_new_tokens,
-                    ") needs ", total, " positions, more than the model's ", max_positions,
+                    ") needs ", uint64_t(prompt_len) + uint64_t(r.max_new_tokens),
+                    " positions, more than the model's ", max_positions,
                     " (max_position_embeddings); lower max_new_tokens to at most ",
                     max_positions - prompt_len, " or shorten the prompt"));
+  const int64_t total = prompt_len + r.max_new_tokens;
 
   // min_new_tokens wins over min_length (which counts the prompt); both only hold eos back.
   if (c.min_new_tokens) {
@@ -189,14 +264,37 @@ ResolvedGenerationConfig resolve(const GenerationConfig& c, int64_t prompt_len, 
   }
 
   r.do_sample = c.do_sample.value_or(false);
+  r.num_beams = c.num_beams.value_or(1);
+  if (r.num_beams < 1)
+    invalid(str_cat("num_beams must be >= 1 (1: no beam search), got ", r.num_beams));
   r.num_return_sequences = c.num_return_sequences.value_or(1);
   if (r.num_return_sequences < 1)
     invalid(str_cat("num_return_sequences must be >= 1, got ", r.num_return_sequences));
-  if (r.num_return_sequences > 1 && !r.do_sample)
+  r.length_penalty = c.length_penalty.value_or(1.0);
+  if (!std::isfinite(r.length_penalty))
+    invalid(str_cat("length_penalty must be a finite float, got ", r.length_penalty));
+  r.early_stopping = c.early_stopping.value_or(EarlyStopping::kFalse);
+  if (r.num_beams > 1) {
+    if (r.num_return_sequences > r.num_beams)
+      invalid(str_cat("num_return_sequences (", r.num_return_sequences,
+                      ") must be at most num_beams (", r.num_beams,
+                      ") in beam search; raise num_beams or lower num_return_sequences"));
+    if (r.do_sample)
+      throw UnsupportedError(
+          "generate: beam sampling (num_beams > 1 with do_sample=true) is not implemented; set "
+          "do_sample=false for beam search or num_beams=1 for sampling");
+  } else if (r.num_return_sequences > 1 && !r.do_sample) {
     invalid(str_cat("greedy decoding without beam search does not support num_return_sequences ",
                     "different from 1 (got ", r.num_return_sequences,
                     "): every sequence would be the same; set do_sample=true or "
                     "num_return_sequences=1"));
+  } else if (r.length_penalty != 1.0 || r.early_stopping != EarlyStopping::kFalse) {
+    // Transformers warns about these too (when not at their defaults): only beam search reads
+    // them.
+    std::fprintf(stderr,
+                 "tformers: warning: length_penalty and early_stopping only apply to beam search "
+                 "(num_beams > 1); they are ignored here\n");
+  }
 
   // Sampling-only fields are ignored without do_sample, as Transformers does (it warns).
   if (r.do_sample) {

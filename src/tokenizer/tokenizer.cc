@@ -457,9 +457,10 @@ Tokenizer Tokenizer::from_json_string(std::string_view json_text, const std::str
   return Tokenizer(tokenizer_detail::build(json_text, where));
 }
 
-Tokenizer AutoTokenizer::from_pretrained(const std::string& id_or_path) {
+Tokenizer AutoTokenizer::from_pretrained(const std::string& id_or_path,
+                                         const std::string& revision) {
   namespace fs = std::filesystem;
-  std::string dir = io::resolve_model_path(id_or_path);
+  std::string dir = io::resolve_model_path(id_or_path, revision);
   fs::path tj = fs::path(dir) / "tokenizer.json";
   if (!fs::exists(tj)) {
     throw NotFoundError(detail::str_cat(dir,

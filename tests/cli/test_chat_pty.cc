@@ -7,8 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <string>
+#include <vector>
 
 #include "tformers/pipeline.h"
 
@@ -71,6 +75,45 @@ TEST(Cli, ChatTwoTurnsThroughAPseudoTerminal) {
   std::string second = pipe.chat(messages, gc);
   EXPECT_NE(out.find("hello\r\n" + crlf(first) + "\r\n> "), std::string::npos) << out;
   EXPECT_NE(out.find("tell me more\r\n" + crlf(second) + "\r\n> "), std::string::npos) << out;
+}
+
+// Starts `tformers chat ARGS...` on a pseudo-terminal; returns its pid and the terminal.
+pid_t start_chat(int& fd, const std::vector<const char*>& args) {
+  pid_t pid = forkpty(&fd, nullptr, nullptr, nullptr);
+  if (pid == 0) {
+    std::vector<const char*> argv = {TFORMERS_CLI, "chat"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.push_back(nullptr);
+    execv(TFORMERS_CLI, const_cast<char* const*>(argv.data()));
+    _exit(127);
+  }
+  return pid;
+}
+
+// Ctrl-C while a reply streams stops that reply and gives the prompt back; Ctrl-C at the
+// prompt ends the program.
+TEST(Cli, ChatCtrlCStopsAReplyThenQuitsAtThePrompt) {
+  const std::string model = std::string(TFORMERS_SOURCE_DIR) + "/models/kjv-fortunes-tiny";
+  int fd = -1;
+  // 240 tokens take a few tenths of a second here or more, time enough to interrupt.
+  pid_t pid =
+      start_chat(fd, {"--model", model.c_str(), "-n", "240", "--ignore-eos", "--seed", "1"});
+  ASSERT_GE(pid, 0);
+  std::string out;
+  ASSERT_TRUE(read_until(fd, out, "> ", 1)) << out;
+  ASSERT_EQ(write(fd, "hello\n", 6), 6);
+  ASSERT_TRUE(read_until(fd, out, "hello\r\n", 1)) << out;
+  // Some of the reply, then Ctrl-C (the terminal turns it into SIGINT).
+  const int words = int(std::count(out.begin(), out.end(), ' '));
+  ASSERT_TRUE(read_until(fd, out, " ", words + 5)) << out;
+  ASSERT_EQ(write(fd, "\x03", 1), 1);
+  ASSERT_TRUE(read_until(fd, out, "reply stopped (Ctrl-C)", 1)) << out;
+  ASSERT_TRUE(read_until(fd, out, "> ", 2)) << out;
+  ASSERT_EQ(write(fd, "\x03", 1), 1);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(fd);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << out;
 }
 
 }  // namespace

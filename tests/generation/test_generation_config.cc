@@ -105,6 +105,37 @@ TEST_F(ConfigFile, WrongTypesAreFormatErrorsNamingTheField) {
   EXPECT_THROW(GenerationConfig::from_file((dir_ / "missing.json").string()), NotFoundError);
 }
 
+TEST_F(ConfigFile, ReadsBeamSearchFields) {
+  auto c = GenerationConfig::from_file(
+      write(R"({"num_beams": 4, "length_penalty": 0.5, "early_stopping": "never"})"));
+  EXPECT_EQ(c.num_beams, 4);
+  EXPECT_EQ(c.length_penalty, 0.5);
+  EXPECT_EQ(c.early_stopping, EarlyStopping::kNever);
+  EXPECT_EQ(GenerationConfig::from_file(write(R"({"early_stopping": true})")).early_stopping,
+            EarlyStopping::kTrue);
+  EXPECT_EQ(GenerationConfig::from_file(write(R"({"early_stopping": false})")).early_stopping,
+            EarlyStopping::kFalse);
+  EXPECT_THROW(GenerationConfig::from_file(write(R"({"early_stopping": "sometimes"})")),
+               FormatError);
+}
+
+// Transformers fields tformers does not implement are named on stderr when set to anything but
+// their default, never ignored silently.
+TEST_F(ConfigFile, UnimplementedFieldsAreNamedInAWarning) {
+  ::testing::internal::CaptureStderr();
+  GenerationConfig::from_file(write(R"({"num_beam_groups": 2, "diversity_penalty": 0.5,
+    "constraints": [1], "penalty_alpha": 0.6, "prompt_lookup_num_tokens": 10,
+    "num_assistant_tokens": 20, "renormalize_logits": false, "top_k": 5})"));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  for (const char* name : {"num_beam_groups = 2", "diversity_penalty = 0.5", "constraints",
+                           "penalty_alpha", "prompt_lookup_num_tokens"})
+    EXPECT_NE(err.find(name), std::string::npos) << name << " missing from:\n" << err;
+  // Defaults (as Transformers writes them) and implemented fields are not warned about.
+  EXPECT_EQ(err.find("num_assistant_tokens"), std::string::npos) << err;
+  EXPECT_EQ(err.find("renormalize_logits"), std::string::npos) << err;
+  EXPECT_EQ(err.find("top_k"), std::string::npos) << err;
+}
+
 TEST(MergedWith, SetFieldsOverrideUnsetOnesKeep) {
   GenerationConfig base;
   base.eos_token_id = std::vector<int64_t>{2};
@@ -243,6 +274,28 @@ TEST(ResolveErrors, MaxNewTokensNotPositive) {
   expect_invalid(c, {"max_new_tokens", "greater than 0", "got 0"});
   c.max_new_tokens = -5;
   expect_invalid(c, {"max_new_tokens", "-5"});
+}
+
+// The largest int64 must not wrap around when added to the prompt length (it used to pass the
+// length check and fail later).
+TEST(ResolveErrors, MaxNewTokensNearInt64MaxDoesNotOverflow) {
+  GenerationConfig c;
+  c.max_new_tokens = INT64_MAX;
+  expect_invalid(
+      c, {"9223372036854775807", "9223372036854775811 positions", "max_new_tokens to at most 508"});
+}
+
+TEST(ResolveErrors, BeamSearch) {
+  GenerationConfig c;
+  c.num_beams = 0;
+  expect_invalid(c, {"num_beams", ">= 1"});
+  c.num_beams = 2;
+  c.num_return_sequences = 3;
+  expect_invalid(c, {"num_return_sequences (3)", "at most num_beams (2)"});
+  c.num_return_sequences = 2;
+  EXPECT_EQ(resolve(c, 4, kVocab, kPositions).num_return_sequences, 2);
+  c.do_sample = true;
+  EXPECT_THROW(resolve(c, 4, kVocab, kPositions), UnsupportedError);
 }
 
 TEST(ResolveErrors, MaxLengthLeavesNoRoom) {
