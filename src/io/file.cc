@@ -4,8 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "tformers/error.h"
@@ -93,6 +95,45 @@ std::string RegularFile::read_all() const {
 
 std::string read_regular_file(const std::string& path, uint64_t max_bytes, std::string_view kind) {
   return RegularFile(path, max_bytes, kind).read_all();
+}
+
+namespace {
+
+// Whether `p` is `root` or lies under it; both canonical.
+bool is_under(const std::filesystem::path& p, const std::filesystem::path& root) {
+  auto [r, q] = std::mismatch(root.begin(), root.end(), p.begin(), p.end());
+  return r == root.end();
+}
+
+}  // namespace
+
+std::string resolve_inside(const std::string& root, const std::string& name,
+                           const std::string& where) {
+  namespace fs = std::filesystem;
+  fs::path rel(name);
+  bool bad = name.empty() || rel.is_absolute() || name.find('\0') != std::string::npos;
+  for (const auto& part : rel)
+    if (part == "..") bad = true;
+  if (bad)
+    throw FormatError(
+        str_cat(where, ": \"", name, "\" is not a file name inside the folder ", root));
+  fs::path joined = fs::path(root) / rel;
+  std::error_code ec;
+  fs::path target = fs::canonical(joined, ec);
+  if (ec) return joined.string();  // missing: the caller says so in its own words
+  fs::path base = fs::canonical(root, ec);
+  if (ec) return joined.string();
+  // The joined path, not the resolved one, names the file in later messages: a hub cache's blob
+  // hashes would mean nothing to the user.
+  if (is_under(target, base)) return joined.string();
+  // Hub cache snapshots link their files to content-addressed blobs two levels up.
+  if (base.parent_path().filename() == "snapshots") {
+    fs::path blobs = fs::canonical(base.parent_path().parent_path() / "blobs", ec);
+    if (!ec && is_under(target, blobs)) return joined.string();
+  }
+  throw FormatError(str_cat(where, ": \"", name, "\" resolves to ", target.string(),
+                            " through a symbolic link, outside the folder ", base.string(),
+                            "; refusing to read it"));
 }
 
 }  // namespace tformers::io

@@ -45,4 +45,14 @@ class RegularFile {
 // RegularFile(path, max_bytes, kind).read_all().
 std::string read_regular_file(const std::string& path, uint64_t max_bytes, std::string_view kind);
 
+// Joins `name` (a relative path read from a file: a shard name, a kernel package file) to the
+// folder `root` and checks that the result stays inside `root` after symlinks are resolved.
+// In a Hugging Face cache (`root` is .../snapshots/REV) files are symlinks into ../../blobs,
+// which is allowed too. FormatError naming `where` and `name` when `name` is absolute, has a
+// ".." part, or resolves elsewhere (through a symlinked folder or file). A path that does not
+// Returns the joined path (unresolved, so messages show the name the user knows); a path that
+// does not exist is returned too, for the caller's own "missing" message.
+std::string resolve_inside(const std::string& root, const std::string& name,
+                           const std::string& where);
+
 }  // namespace tformers::io

@@ -15,6 +15,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "io/file.h"
 #include "io/json.h"
 #include "tformers/error.h"
 
@@ -28,6 +29,9 @@ namespace {
 
 // The reference implementation refuses headers above 100 MB; a real header is a few hundred KB.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// A cap on a whole shard, far above any real one, so a size from a sparse file cannot drive the
+// mapping arithmetic near 2^64.
+constexpr uint64_t kMaxSafetensorsBytes = uint64_t(1) << 42;  // 4 TiB
 constexpr const char* kSupportedDtypes = "F32, BF16, F16, I32, I64, I8, U8";
 
 // Read-only private mapping of a whole file. Tensors returned by get() hold a shared_ptr to it.
@@ -101,6 +105,8 @@ class HeaderParser {
       }
       return true;
     };
+    n = strip_padding(text, n);
+    check_json_depth(std::string_view(text, n), str_cat(path_, " (header)"));
     OrderedJson header;
     try {
       header = OrderedJson::parse(text, text + n, cb);
@@ -118,6 +124,7 @@ class HeaderParser {
       fail(str_cat("tensor '", duplicate, "' appears twice in the header; names must be unique"));
     if (!header.is_object())
       fail(str_cat("the JSON header must be an object of tensors, got ", json_type(header)));
+    check_object_bounds(text, n);
 
     for (auto it = header.begin(); it != header.end(); ++it) {
       if (it.key() == "__metadata__") {
@@ -130,6 +137,35 @@ class HeaderParser {
   }
 
  private:
+  // The format: the header is a JSON object starting at its first byte, optionally followed by
+  // spaces (0x20) only. nlohmann would stop at a NUL (so reject those first, returning the length
+  // without the padding) and skip a BOM and other whitespace around the value (so check the
+  // first and last bytes once the text is known to be an object).
+  size_t strip_padding(const char* text, size_t n) const {
+    if (const void* nul = std::memchr(text, '\0', n))
+      fail(str_cat("the JSON header has a NUL byte at file byte ",
+                   8 + (static_cast<const char*>(nul) - text),
+                   "; only spaces may pad the header; the file is corrupt"));
+    while (n > 0 && text[n - 1] == ' ') --n;
+    return n;
+  }
+
+  void check_object_bounds(const char* text, size_t n) const {
+    if (text[0] != '{')
+      fail(str_cat("the JSON header must start with '{' at file byte 8, found byte 0x",
+                   hex_byte(text[0]), uint8_t(text[0]) == 0xEF ? " (a UTF-8 byte-order mark)" : "",
+                   "; the file is corrupt or not a safetensors file"));
+    if (text[n - 1] != '}')
+      fail(str_cat("the JSON header must end with '}' followed only by spaces; found byte 0x",
+                   hex_byte(text[n - 1]), " at file byte ", 8 + n - 1,
+                   "; the file is corrupt or not a safetensors file"));
+  }
+
+  static std::string hex_byte(char c) {
+    const char* digits = "0123456789ABCDEF";
+    return {digits[uint8_t(c) >> 4], digits[uint8_t(c) & 15]};
+  }
+
   void parse_metadata(const OrderedJson& m, std::map<std::string, std::string>& metadata) const {
     if (!m.is_object())
       fail(str_cat("'__metadata__' must be an object of strings, got ", json_type(m)));
@@ -285,29 +321,17 @@ struct SafetensorsFile::Impl {
 SafetensorsFile::~SafetensorsFile() = default;
 
 std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ENOENT) throw NotFoundError(str_cat(path, ": file not found"));
-    throw Error(str_cat(path, ": cannot open: ", std::strerror(err)));
-  }
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw FormatError(str_cat(path, ": not a regular file"));
-  }
-  uint64_t size = uint64_t(st.st_size);
+  RegularFile file(path, kMaxSafetensorsBytes, "safetensors file");
+  uint64_t size = file.size();
   if (size < 8) {
-    ::close(fd);
     throw FormatError(str_cat(path, ": file is ", size,
                               " bytes, shorter than the 8-byte header length that starts every "
                               "safetensors file; it is truncated or not a safetensors file"));
   }
   auto mapping = std::make_shared<Mapping>();
   // Only the header pages are read here; tensor data is paged in when first used.
-  void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
   int err = errno;
-  ::close(fd);
   if (p == MAP_FAILED) throw Error(str_cat(path, ": mmap failed: ", std::strerror(err)));
   mapping->base = static_cast<const uint8_t*>(p);
   mapping->size = size;
@@ -408,18 +432,6 @@ namespace {
 constexpr const char* kSingleName = "model.safetensors";
 constexpr const char* kIndexName = "model.safetensors.index.json";
 
-// Shard names come from a file; refuse anything that could point outside the model folder.
-void check_shard_name(const std::string& index_path, const std::string& tensor,
-                      const std::string& shard) {
-  fs::path p(shard);
-  bool bad = shard.empty() || p.is_absolute() || shard.find('\0') != std::string::npos;
-  for (const auto& part : p)
-    if (part == "..") bad = true;
-  if (bad)
-    throw FormatError(str_cat(index_path, ": weight_map[\"", tensor, "\"] = \"", shard,
-                              "\" is not a file name inside the model folder"));
-}
-
 }  // namespace
 
 Checkpoint Checkpoint::open(const std::string& dir) {
@@ -445,7 +457,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   if (!fs::is_directory(dir, ec))
     throw NotFoundError(str_cat("model folder '", dir, "' does not exist"));
 
-  std::string single = (fs::path(dir) / kSingleName).string();
+  std::string single = resolve_inside(dir, kSingleName, dir);
   std::string index = (fs::path(dir) / kIndexName).string();
   // Transformers prefers the single file when both exist; so do we.
   if (fs::exists(single, ec)) {
@@ -473,7 +485,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     throw NotFoundError(msg);
   }
 
-  Json idx = load_json_file(index);
+  Json idx = load_json_file(index, kMaxIndexJsonBytes);
   if (!idx.is_object()) throw FormatError(str_cat(index, ": expected a JSON object"));
   auto wm = idx.find("weight_map");
   if (wm == idx.end())
@@ -489,14 +501,14 @@ Checkpoint Checkpoint::open(const std::string& dir) {
       throw FormatError(
           str_cat(index, ": weight_map[\"", it.key(), "\"] must be a shard file name (string)"));
     const std::string& shard = it.value().get_ref<const std::string&>();
-    check_shard_name(index, it.key(), shard);
+    resolve_inside(dir, shard, str_cat(index, ": weight_map[\"", it.key(), "\"]"));
     auto [u, fresh] = first_use.emplace(shard, std::make_pair(it.key(), size_t(0)));
     ++u->second.second;
     if (fresh) shards.push_back(shard);
   }
   std::map<std::string, size_t> shard_file;
   for (const auto& shard : shards) {
-    std::string p = (fs::path(dir) / shard).string();
+    std::string p = resolve_inside(dir, shard, index);
     if (!fs::exists(p, ec)) {
       const auto& [tensor, count] = first_use[shard];
       throw NotFoundError(str_cat(index, ": shard '", shard, "' (holding '", tensor, "'",
