@@ -32,6 +32,12 @@ class IoError : public Error {
   using Error::Error;
 };
 
+// Memory ran out, or an input asked for more than a fixed budget allows.
+class ResourceError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Something looked up by name is absent: a file, a model, a tensor, a config field.
 class NotFoundError : public Error {
  public:
