@@ -15,6 +15,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "core/std_errors.h"
 #include "io/file.h"
 #include "io/json.h"
 #include "tformers/error.h"
@@ -435,104 +436,107 @@ constexpr const char* kIndexName = "model.safetensors.index.json";
 }  // namespace
 
 Checkpoint Checkpoint::open(const std::string& dir) {
-  Checkpoint ckpt;
-  ckpt.dir_ = dir;
-  std::error_code ec;
-  auto add_file = [&](std::shared_ptr<SafetensorsFile> f) {
-    size_t fi = ckpt.files_.size();
-    for (const auto& t : f->tensors()) {
-      auto [it, inserted] = ckpt.index_.emplace(t.name, fi);
-      if (!inserted)
-        throw FormatError(str_cat(dir, ": tensor '", t.name, "' is in both ",
-                                  ckpt.files_[it->second]->path(), " and ", f->path(),
-                                  "; a tensor must live in exactly one shard"));
+  return detail::with_tformers_errors(str_cat("opening the checkpoint ", dir), [&] {
+    Checkpoint ckpt;
+    ckpt.dir_ = dir;
+    std::error_code ec;
+    auto add_file = [&](std::shared_ptr<SafetensorsFile> f) {
+      size_t fi = ckpt.files_.size();
+      for (const auto& t : f->tensors()) {
+        auto [it, inserted] = ckpt.index_.emplace(t.name, fi);
+        if (!inserted)
+          throw FormatError(str_cat(dir, ": tensor '", t.name, "' is in both ",
+                                    ckpt.files_[it->second]->path(), " and ", f->path(),
+                                    "; a tensor must live in exactly one shard"));
+      }
+      ckpt.files_.push_back(std::move(f));
+    };
+
+    if (fs::is_regular_file(dir, ec)) {  // a single .safetensors file given directly
+      add_file(SafetensorsFile::open(dir));
+      return ckpt;
     }
-    ckpt.files_.push_back(std::move(f));
-  };
+    if (!fs::is_directory(dir, ec))
+      throw NotFoundError(str_cat("model folder '", dir, "' does not exist"));
 
-  if (fs::is_regular_file(dir, ec)) {  // a single .safetensors file given directly
-    add_file(SafetensorsFile::open(dir));
-    return ckpt;
-  }
-  if (!fs::is_directory(dir, ec))
-    throw NotFoundError(str_cat("model folder '", dir, "' does not exist"));
-
-  std::string single = resolve_inside(dir, kSingleName, dir);
-  std::string index = (fs::path(dir) / kIndexName).string();
-  // Transformers prefers the single file when both exist; so do we.
-  if (fs::exists(single, ec)) {
-    add_file(SafetensorsFile::open(single));
-    return ckpt;
-  }
-  if (!fs::exists(index, ec)) {
-    std::string msg = str_cat("no weights in '", dir, "': looked for ", single, " and ", index);
-    std::vector<std::string> others;
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      std::string name = e.path().filename().string();
-      if (name.ends_with(".safetensors") || name.ends_with(".bin") || name.ends_with(".gguf") ||
-          name.ends_with(".pt") || name.ends_with(".pth"))
-        others.push_back(name);
+    std::string single = resolve_inside(dir, kSingleName, dir);
+    std::string index = (fs::path(dir) / kIndexName).string();
+    // Transformers prefers the single file when both exist; so do we.
+    if (fs::exists(single, ec)) {
+      add_file(SafetensorsFile::open(single));
+      return ckpt;
     }
-    std::sort(others.begin(), others.end());
-    if (!others.empty()) {
-      msg += "; the folder has ";
-      for (size_t i = 0; i < others.size() && i < 8; ++i) msg += (i ? ", " : "") + others[i];
-      if (others.size() > 8) msg += ", ...";
-      msg +=
-          " (tformers reads model.safetensors or a sharded index; convert other formats with "
-          "Transformers' save_pretrained(..., safe_serialization=True))";
+    if (!fs::exists(index, ec)) {
+      std::string msg = str_cat("no weights in '", dir, "': looked for ", single, " and ", index);
+      std::vector<std::string> others;
+      for (const auto& e : fs::directory_iterator(dir, ec)) {
+        std::string name = e.path().filename().string();
+        if (name.ends_with(".safetensors") || name.ends_with(".bin") || name.ends_with(".gguf") ||
+            name.ends_with(".pt") || name.ends_with(".pth"))
+          others.push_back(name);
+      }
+      std::sort(others.begin(), others.end());
+      if (!others.empty()) {
+        msg += "; the folder has ";
+        for (size_t i = 0; i < others.size() && i < 8; ++i) msg += (i ? ", " : "") + others[i];
+        if (others.size() > 8) msg += ", ...";
+        msg +=
+            " (tformers reads model.safetensors or a sharded index; convert other formats with "
+            "Transformers' save_pretrained(..., safe_serialization=True))";
+      }
+      throw NotFoundError(msg);
     }
-    throw NotFoundError(msg);
-  }
 
-  Json idx = load_json_file(index, kMaxIndexJsonBytes);
-  if (!idx.is_object()) throw FormatError(str_cat(index, ": expected a JSON object"));
-  auto wm = idx.find("weight_map");
-  if (wm == idx.end())
-    throw FormatError(str_cat(index, ": required field 'weight_map' is missing"));
-  if (!wm->is_object() || wm->empty())
-    throw FormatError(str_cat(index, ": 'weight_map' must be a non-empty object {tensor: shard}"));
-
-  // Shards in order of first mention, each opened once.
-  std::vector<std::string> shards;
-  std::map<std::string, std::pair<std::string, size_t>> first_use;  // shard -> (tensor, count)
-  for (auto it = wm->begin(); it != wm->end(); ++it) {
-    if (!it.value().is_string())
+    Json idx = load_json_file(index, kMaxIndexJsonBytes);
+    if (!idx.is_object()) throw FormatError(str_cat(index, ": expected a JSON object"));
+    auto wm = idx.find("weight_map");
+    if (wm == idx.end())
+      throw FormatError(str_cat(index, ": required field 'weight_map' is missing"));
+    if (!wm->is_object() || wm->empty())
       throw FormatError(
-          str_cat(index, ": weight_map[\"", it.key(), "\"] must be a shard file name (string)"));
-    const std::string& shard = it.value().get_ref<const std::string&>();
-    resolve_inside(dir, shard, str_cat(index, ": weight_map[\"", it.key(), "\"]"));
-    auto [u, fresh] = first_use.emplace(shard, std::make_pair(it.key(), size_t(0)));
-    ++u->second.second;
-    if (fresh) shards.push_back(shard);
-  }
-  std::map<std::string, size_t> shard_file;
-  for (const auto& shard : shards) {
-    std::string p = resolve_inside(dir, shard, index);
-    if (!fs::exists(p, ec)) {
-      const auto& [tensor, count] = first_use[shard];
-      throw NotFoundError(str_cat(index, ": shard '", shard, "' (holding '", tensor, "'",
-                                  count > 1 ? str_cat(" and ", count - 1, " more tensors") : "",
-                                  ") is missing: ", p,
-                                  " does not exist; download the complete checkpoint"));
+          str_cat(index, ": 'weight_map' must be a non-empty object {tensor: shard}"));
+
+    // Shards in order of first mention, each opened once.
+    std::vector<std::string> shards;
+    std::map<std::string, std::pair<std::string, size_t>> first_use;  // shard -> (tensor, count)
+    for (auto it = wm->begin(); it != wm->end(); ++it) {
+      if (!it.value().is_string())
+        throw FormatError(
+            str_cat(index, ": weight_map[\"", it.key(), "\"] must be a shard file name (string)"));
+      const std::string& shard = it.value().get_ref<const std::string&>();
+      resolve_inside(dir, shard, str_cat(index, ": weight_map[\"", it.key(), "\"]"));
+      auto [u, fresh] = first_use.emplace(shard, std::make_pair(it.key(), size_t(0)));
+      ++u->second.second;
+      if (fresh) shards.push_back(shard);
     }
-    shard_file[shard] = ckpt.files_.size();
-    add_file(SafetensorsFile::open(p));
-  }
-  for (auto it = wm->begin(); it != wm->end(); ++it) {
-    const std::string& shard = it.value().get_ref<const std::string&>();
-    const auto& f = ckpt.files_[shard_file[shard]];
-    if (!f->find(it.key())) {
-      auto where = ckpt.index_.find(it.key());
-      throw FormatError(str_cat(
-          index, ": weight_map says tensor '", it.key(), "' is in ", shard, " but ", f->path(),
-          " has no such tensor",
-          where != ckpt.index_.end()
-              ? str_cat(" (it is in ", ckpt.files_[where->second]->path(), "; fix the index)")
-              : "; the index and the shards do not match"));
+    std::map<std::string, size_t> shard_file;
+    for (const auto& shard : shards) {
+      std::string p = resolve_inside(dir, shard, index);
+      if (!fs::exists(p, ec)) {
+        const auto& [tensor, count] = first_use[shard];
+        throw NotFoundError(str_cat(index, ": shard '", shard, "' (holding '", tensor, "'",
+                                    count > 1 ? str_cat(" and ", count - 1, " more tensors") : "",
+                                    ") is missing: ", p,
+                                    " does not exist; download the complete checkpoint"));
+      }
+      shard_file[shard] = ckpt.files_.size();
+      add_file(SafetensorsFile::open(p));
     }
-  }
-  return ckpt;
+    for (auto it = wm->begin(); it != wm->end(); ++it) {
+      const std::string& shard = it.value().get_ref<const std::string&>();
+      const auto& f = ckpt.files_[shard_file[shard]];
+      if (!f->find(it.key())) {
+        auto where = ckpt.index_.find(it.key());
+        throw FormatError(str_cat(
+            index, ": weight_map says tensor '", it.key(), "' is in ", shard, " but ", f->path(),
+            " has no such tensor",
+            where != ckpt.index_.end()
+                ? str_cat(" (it is in ", ckpt.files_[where->second]->path(), "; fix the index)")
+                : "; the index and the shards do not match"));
+      }
+    }
+    return ckpt;
+  });
 }
 
 std::vector<std::string> Checkpoint::names() const {

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "io/file.h"
 #include "io/json.h"
 #include "kernels_hub/package.h"
 #include "kernels_hub/sha256.h"
@@ -118,13 +119,20 @@ std::string read_text(const std::string& path) {
   return std::string(bytes.begin(), bytes.end());
 }
 
-// Regular files under `dir`, as paths relative to `base` with '/' separators, sorted.
+// Regular files under `dir`, as paths relative to `base` with '/' separators, sorted. The paths
+// are taken as listed, not resolved: in a hub-style cache every file is a symlink into blobs/,
+// and resolving would name the blob instead of the file. Each must still resolve inside `base`
+// (or the cache's blobs), so a link to /etc/passwd is refused rather than hashed or loaded.
 std::vector<std::string> files_under(const fs::path& dir, const fs::path& base) {
   std::vector<std::string> out;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
-       it.increment(ec))
-    if (it->is_regular_file()) out.push_back(fs::relative(it->path(), base, ec).generic_string());
+       it.increment(ec)) {
+    if (!it->is_regular_file()) continue;
+    std::string rel = it->path().lexically_relative(base).generic_string();
+    io::resolve_inside(base.string(), rel, "kernel package " + base.string());
+    out.push_back(rel);
+  }
   std::sort(out.begin(), out.end());
   return out;
 }

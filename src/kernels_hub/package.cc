@@ -154,12 +154,7 @@ std::string modes_str(uint32_t modes) {
 }
 
 Manifest parse_manifest(const std::string& bytes, const std::string& where) {
-  io::Json j;
-  try {
-    j = io::Json::parse(bytes);
-  } catch (const io::Json::parse_error& e) {
-    throw FormatError(where + ": not valid JSON (" + e.what() + ")");
-  }
+  io::Json j = io::parse_json(bytes, where);
   if (!j.is_object()) throw FormatError(where + ": the manifest must be a JSON object");
   Manifest m;
   m.name = io::get_required<std::string>(j, "name", where);
