@@ -7,11 +7,11 @@
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <vector>
 
 #include "core/std_errors.h"
+#include "io/file.h"
 #include "tformers/error.h"
 
 namespace tformers::io {
@@ -142,8 +142,9 @@ std::string resolve_model_path(const std::string& id_or_path, const std::string&
     } else {
       std::string commit;
       if (fs::is_regular_file(ref_file, ec)) {
-        std::ifstream in(ref_file);
-        std::getline(in, commit);
+        // A ref holds one commit hash; the cap keeps a corrupt one from being read whole.
+        commit = read_regular_file(ref_file.string(), 4096, "Hub ref file");
+        commit = commit.substr(0, commit.find('\n'));
         while (!commit.empty() && std::isspace(static_cast<unsigned char>(commit.back())))
           commit.pop_back();
         if (!valid_commit(commit))

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "io/file.h"
+#include "io/hub.h"
 #include "io/io_test_util.h"
 #include "io/json.h"
 #include "io/safetensors.h"
@@ -94,6 +95,18 @@ TEST(HostileSafetensors, HubCacheBlobLinksAreAllowed) {
   // shows the link was followed.
   EXPECT_HAS(error_of<FormatError>([&] { Checkpoint::open(snap); }), "has no such tensor");
   EXPECT_EQ(resolve_inside(snap, "sub/s1.safetensors", "x"), snap + "/sub/s1.safetensors");
+}
+
+TEST(HostileHub, OversizedRefFileIsNotReadWhole) {
+  TempDir cache;
+  fs::path repo = cache.path() / "models--org--m";
+  fs::create_directories(repo / "snapshots");
+  write_bytes((repo / "refs" / "main").string(), std::string(5000, 'a'));
+  setenv("HF_HUB_CACHE", cache.path().c_str(), 1);
+  EXPECT_EQ(error_of<FormatError>([&] { resolve_model_path("org/m"); }),
+            (repo / "refs" / "main").string() +
+                ": Hub ref file is 5000 bytes, over the limit of 4096 bytes for this kind of file");
+  unsetenv("HF_HUB_CACHE");
 }
 
 }  // namespace
