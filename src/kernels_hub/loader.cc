@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -478,7 +479,7 @@ LockFile LockFile::load(const std::string& path) {
     if (!k.is_object()) throw FormatError(w + " must be an object");
     LockEntry e;
     e.repo_id = io::get_required<std::string>(k, "repo_id", w);
-    e.version = int(io::get_required<int64_t>(k, "version", w));
+    e.version = int(io::get_int_in(k, "version", 0, INT32_MAX, w));
     e.revision = io::get_required<std::string>(k, "revision", w);
     e.manifest_sha256 = io::get_required<std::string>(k, "manifest_sha256", w);
     auto hex64 = [](const std::string& s) {

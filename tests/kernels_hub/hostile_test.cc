@@ -120,5 +120,17 @@ TEST(KernelsHostile, ManifestThatIsAFifoOrNestedTooDeep) {
                   "manifest.json:1:513: JSON nests deeper than 512 levels");
 }
 
+TEST(KernelsHostile, LockVersionOutOfRange) {
+  TempDir dir;
+  std::string path = (dir.path() / "kernels.lock").string();
+  testing::write_text(path, R"({"lock_version": 1, "kernels": [{"repo_id": "a/b",
+    "version": 4294967297, "revision": "r", "manifest_sha256": ")" +
+                                std::string(64, 'a') + R"(", "variants": {}}]})");
+  EXPECT_EQ(error_of<FormatError>([&] { LockFile::load(path); }),
+            path +
+                ": kernels[0]: field 'version' = 4294967297 is out of range; allowed [0, "
+                "2147483647]");
+}
+
 }  // namespace
 }  // namespace tformers
