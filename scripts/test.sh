@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite: every test on the release build, then again
 # under AddressSanitizer + UndefinedBehaviorSanitizer (all areas but the 1.7 MB tokenizer parity
-# runs, whose bad-input, invalid-UTF-8 and streaming tests do run there).
+# runs, whose bad-input, invalid-UTF-8 and streaming tests do run there), and finally a short run
+# of every fuzz target (clang, ASan + UBSan) over its seed corpus plus a few thousand mutations.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --tests
@@ -13,3 +14,4 @@ cmake --preset asan >/dev/null
 cmake --build --preset asan
 ctest --preset asan -j2 -LE tokenizer
 ctest --preset asan -j2 -L tokenizer -R 'BadInput|Invalid|Stream'
+scripts/fuzz.sh --smoke 3000
