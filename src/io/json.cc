@@ -209,10 +209,12 @@ std::optional<T> get_optional(const Json& obj, const std::string& key, const std
 
 namespace {
 
-[[noreturn]] void int_out_of_range(const std::string& where, const std::string& key, int64_t v,
-                                   int64_t lo, int64_t hi) {
-  throw FormatError(str_cat(where, ": field '", key, "' = ", v, " is out of range; allowed [", lo,
-                            ", ", hi, "]"));
+// "WHERE: field 'KEY' = SHOWN is out of range; allowed [LO, HI]", for integer and float bounds.
+template <typename B>
+[[noreturn]] void out_of_range(const std::string& where, const std::string& key,
+                               const std::string& shown, B lo, B hi) {
+  throw FormatError(str_cat(where, ": field '", key, "' = ", shown, " is out of range; allowed [",
+                            lo, ", ", hi, "]"));
 }
 
 int64_t int_in(const Json& v, const std::string& key, int64_t lo, int64_t hi,
@@ -220,17 +222,15 @@ int64_t int_in(const Json& v, const std::string& key, int64_t lo, int64_t hi,
   TF_CHECK(lo <= hi, "empty range for ", key);
   // Unsigned values above int64_t's range are out of any range a caller can pass.
   if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
-    throw FormatError(str_cat(where, ": field '", key, "' = ", v.get<uint64_t>(),
-                              " is out of range; allowed [", lo, ", ", hi, "]"));
+    out_of_range(where, key, v.dump(), lo, hi);
   // Integral floats beyond int64_t (1e30) are out of range too, not a type mismatch.
   if (v.is_number_float()) {
     double d = v.get<double>();
     if (std::isfinite(d) && d == std::floor(d) && (d < double(lo) || d > double(hi)))
-      throw FormatError(str_cat(where, ": field '", key, "' = ", describe(v),
-                                " is out of range; allowed [", lo, ", ", hi, "]"));
+      out_of_range(where, key, describe(v), lo, hi);
   }
   int64_t x = to_integer<int64_t>(v, where, key);
-  if (x < lo || x > hi) int_out_of_range(where, key, x, lo, hi);
+  if (x < lo || x > hi) out_of_range(where, key, str_cat(x), lo, hi);
   return x;
 }
 
@@ -243,8 +243,7 @@ double double_in(const Json& v, const std::string& key, double lo, double hi, bo
     if (lo_open && hi == std::numeric_limits<double>::max())
       throw FormatError(
           str_cat(where, ": field '", key, "' = ", v.dump(), " must be a finite number > ", lo));
-    throw FormatError(str_cat(where, ": field '", key, "' = ", v.dump(),
-                              " is out of range; allowed [", lo, ", ", hi, "]"));
+    out_of_range(where, key, v.dump(), lo, hi);
   }
   return d;
 }
