@@ -182,7 +182,7 @@ Manifest parse_manifest(const std::string& bytes, const std::string& where) {
   for (const auto& [layer, spec] : layers.items()) {
     const std::string w = where + ": layers." + layer;
     if (!spec.is_object()) throw FormatError(w + " must be an object");
-    auto strings = [&](const char* key) {
+    auto strings = [&, &spec = spec](const char* key) {  // clang 14 cannot capture bindings
       std::vector<std::string> out;
       io::Json v = io::get_or<io::Json>(spec, key, io::Json::array(), w);
       if (!v.is_array()) throw FormatError(w + "." + key + " must be a list of strings");
