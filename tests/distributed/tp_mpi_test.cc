@@ -356,6 +356,19 @@ TEST_F(TpMpi, LaunchSetsEachRanksEnvironment) {
   EXPECT_NE(r.output.find("ENV 1 1 2 2 1 1\n"), std::string::npos) << r.output;
 }
 
+TEST_F(TpMpi, LaunchPassesTheCollectiveTimeoutToEveryRank) {
+  RunResult r = run(cli() +
+                    " launch --nproc-per-node 2 --tp-timeout 7.5 -- sh -c 'echo TIMEOUT "
+                    "$RANK $TFORMERS_TP_TIMEOUT'");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("TIMEOUT 0 7.5\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("TIMEOUT 1 7.5\n"), std::string::npos) << r.output;
+  r = run(cli() + " launch --nproc-per-node 2 --tp-timeout 0 -- true");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("--tp-timeout must be a number of seconds > 0"), std::string::npos)
+      << r.output;
+}
+
 // The multi-node form: mpirun reads the nodes from a hostfile (here, this machine alone).
 TEST_F(TpMpi, LaunchWithHostfile) {
   fs::path hosts = fs::temp_directory_path() / ("tformers-hosts-" + std::to_string(getpid()));
