@@ -17,7 +17,9 @@
 //
 // Failure: a rank that throws out of main (or calls distributed::fail) aborts the whole job
 // (MPI_Abort), and a rank that dies is noticed by mpirun, which kills the others; no rank hangs
-// in a collective waiting for a dead peer.
+// in a collective waiting for a dead peer. A rank that stops answering without dying (stopped,
+// hung, paused in a debugger) is caught by the collective timeout: a rank that waits longer than
+// that for its peers prints which collective timed out and aborts the job.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +41,10 @@ struct DistributedConfig {
   // embedding_rowwise, packed_colwise, replicated_with_grad_allreduce, replicate (alias local).
   // An unknown key or style is an InvalidArgumentError listing the valid ones.
   std::map<std::string, std::string> tp_plan;
+  // Seconds a collective may wait for the other ranks before the job is aborted. Unset means
+  // $TFORMERS_TP_TIMEOUT (also set by `tformers launch --tp-timeout S`), else 60. Ranks must
+  // start generating within this of each other, so raise it when loading is slow or uneven.
+  std::optional<double> timeout;
 };
 
 namespace distributed {

@@ -25,6 +25,19 @@ class FormatError : public Error {
   using Error::Error;
 };
 
+// A file exists but cannot be read as one: no permission, not a regular file (a FIFO, a device,
+// a directory), a read failure.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Memory ran out, or an input asked for more than a fixed budget allows.
+class ResourceError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Something looked up by name is absent: a file, a model, a tensor, a config field.
 class NotFoundError : public Error {
  public:

@@ -1,5 +1,9 @@
 #include "core/cpu_features.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -10,11 +14,18 @@ namespace tformers::cpu {
 
 namespace {
 
+#if defined(__x86_64__)
+// CPUID directly: clang 14's __builtin_cpu_supports does not know "f16c" (GCC's does).
+bool has_f16c() {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 Target detect() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-              __builtin_cpu_supports("f16c");
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
   bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   bool bf16 =
@@ -94,7 +105,7 @@ std::string_view feature_string() {
     TF_FEATURE("avx")
     TF_FEATURE("avx2")
     TF_FEATURE("fma")
-    TF_FEATURE("f16c")
+    if (has_f16c()) out += std::string(out.empty() ? "" : " ") + "f16c";
     TF_FEATURE("avx512f")
     TF_FEATURE("avx512bw")
     TF_FEATURE("avx512vl")

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +17,9 @@ namespace tformers::distributed {
 
 const char* const kLaunchHelp =
     "Start one process per chip through mpirun: launch --nproc-per-node N [--nnodes M "
-    "--node-rank R --master-addr A --master-port P | --hostfile F] -- CMD...";
+    "--node-rank R --master-addr A --master-port P | --hostfile F] [--tp-timeout S] -- CMD... "
+    "(--tp-timeout: seconds a rank waits for the others in a collective before the job is "
+    "aborted; default 60)";
 
 namespace {
 
@@ -25,8 +28,8 @@ constexpr const char* kRankStep = "__launch-rank";
 int usage(const std::string& why) {
   std::fprintf(stderr,
                "error: tformers launch: %s\nusage: tformers launch --nproc-per-node N "
-               "[--nnodes M --node-rank R --master-addr A --master-port P | --hostfile F] -- "
-               "CMD...\n",
+               "[--nnodes M --node-rank R --master-addr A --master-port P | --hostfile F] "
+               "[--tp-timeout S] -- CMD...\n",
                why.c_str());
   return 2;
 }
@@ -104,7 +107,7 @@ bool is_launcher_command(const char* arg) {
 int launcher_main(int argc, char** argv) {
   if (std::strcmp(argv[0], kRankStep) == 0) return rank_step(argc, argv);
   long nproc = 0, nnodes = 1, node_rank = 0, port = 29500;
-  std::string master = "127.0.0.1", hostfile;
+  std::string master = "127.0.0.1", hostfile, tp_timeout;
   int i = 1;
   for (; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
     std::string k = argv[i];
@@ -124,6 +127,12 @@ int launcher_main(int argc, char** argv) {
       master = v;
     } else if (k == "--master-port" || k == "--master_port") {
       if (!parse_int(v, port) || port < 1 || port > 65535) return usage("bad --master-port");
+    } else if (k == "--tp-timeout" || k == "--tp_timeout") {
+      char* end = nullptr;
+      double t = std::strtod(v, &end);
+      if (end == v || *end != '\0' || !std::isfinite(t) || t <= 0)
+        return usage("--tp-timeout must be a number of seconds > 0");
+      tp_timeout = v;
     } else if (k == "--hostfile") {
       hostfile = v;
       if (!std::filesystem::exists(hostfile)) return usage("hostfile '" + hostfile + "' not found");
@@ -158,6 +167,10 @@ int launcher_main(int argc, char** argv) {
   setenv("MASTER_ADDR", master.c_str(), 1);
   setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
   for (const char* v : {"MASTER_ADDR", "MASTER_PORT"}) cmd.insert(cmd.end(), {"-x", v});
+  if (!tp_timeout.empty()) {
+    setenv("TFORMERS_TP_TIMEOUT", tp_timeout.c_str(), 1);
+    cmd.insert(cmd.end(), {"-x", "TFORMERS_TP_TIMEOUT"});
+  }
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   cmd.insert(cmd.end(), {self, kRankStep, "--"});
   for (int k = i + 1; k < argc; ++k) cmd.push_back(argv[k]);

@@ -2,12 +2,16 @@
 
 #include <mpi.h>
 
+#include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "tformers/distributed.h"
 #include "tformers/error.h"
@@ -52,6 +56,48 @@ void check_mpi(int rc, const char* what) {
   throw Error(detail::str_cat("MPI ", what, " failed: ", std::string(msg, size_t(len))));
 }
 
+// Seconds; 0 until set or read from the environment.
+std::atomic<double>& timeout_setting() {
+  static std::atomic<double> seconds{0.0};
+  return seconds;
+}
+
+double checked_timeout(double seconds, const char* source) {
+  if (!std::isfinite(seconds) || seconds <= 0)
+    throw InvalidArgumentError(
+        detail::str_cat(source, " = ", seconds,
+                        " is not a valid collective timeout: give a number of seconds > 0"));
+  return seconds;
+}
+
+// Waits for a nonblocking collective, or ends the job when the peers do not answer in time. A
+// blocking MPI collective would wait forever for a rank that is stopped rather than dead.
+void wait_or_abort(MPI_Request& req, const char* what, int rank) {
+  using Clock = std::chrono::steady_clock;
+  const double timeout = collective_timeout();
+  const auto start = Clock::now();
+  int done = 0;
+  for (int polls = 0;; ++polls) {
+    check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
+    if (done) return;
+    // Decode steps exchange small vectors many times a second: poll hot at first, then back off
+    // so that waiting for a slow peer does not take a whole core.
+    if (polls < 10000) continue;
+    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+    if (waited > timeout) {
+      std::fprintf(stderr,
+                   "tformers: rank %d: collective %s got no answer from the other ranks in %.3g "
+                   "s: a rank has stopped or hung. Ending the job. (The timeout is "
+                   "DistributedConfig::timeout, TFORMERS_TP_TIMEOUT or launch --tp-timeout.)\n",
+                   rank, what, timeout);
+      std::fflush(nullptr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+      std::_Exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 class MpiProcessGroup : public ProcessGroup {
  public:
   explicit MpiProcessGroup(MPI_Comm comm) : comm_(comm) {
@@ -65,8 +111,11 @@ class MpiProcessGroup : public ProcessGroup {
     // Gather every contribution, then sum them in rank order: the same operations in the same
     // order on every rank, hence bitwise identical results and identical greedy/sampled tokens.
     if (scratch_.size() < size_t(n) * size_t(size_)) scratch_.resize(size_t(n) * size_t(size_));
-    check_mpi(MPI_Allgather(in, int(n), MPI_FLOAT, scratch_.data(), int(n), MPI_FLOAT, comm_),
-              "all_gather (all_reduce)");
+    MPI_Request req;
+    check_mpi(
+        MPI_Iallgather(in, int(n), MPI_FLOAT, scratch_.data(), int(n), MPI_FLOAT, comm_, &req),
+        "all_gather (all_reduce)");
+    wait_or_abort(req, "all_reduce", rank_);
     const float* s = scratch_.data();
     for (int64_t i = 0; i < n; ++i) out[i] = s[i];
     for (int r = 1; r < size_; ++r)
@@ -83,15 +132,23 @@ class MpiProcessGroup : public ProcessGroup {
       displ[r] = int(off);
       off += counts[r];
     }
-    check_mpi(
-        MPI_Allgatherv(in, cnt[rank_], MPI_FLOAT, out, cnt.data(), displ.data(), MPI_FLOAT, comm_),
-        "all_gather");
+    MPI_Request req;
+    check_mpi(MPI_Iallgatherv(in, cnt[rank_], MPI_FLOAT, out, cnt.data(), displ.data(), MPI_FLOAT,
+                              comm_, &req),
+              "all_gather");
+    wait_or_abort(req, "all_gather", rank_);
   }
 
   void broadcast(void* data, int64_t bytes, int root) override {
-    check_mpi(MPI_Bcast(data, int(bytes), MPI_BYTE, root, comm_), "broadcast");
+    MPI_Request req;
+    check_mpi(MPI_Ibcast(data, int(bytes), MPI_BYTE, root, comm_, &req), "broadcast");
+    wait_or_abort(req, "broadcast", rank_);
   }
-  void barrier() override { check_mpi(MPI_Barrier(comm_), "barrier"); }
+  void barrier() override {
+    MPI_Request req;
+    check_mpi(MPI_Ibarrier(comm_, &req), "barrier");
+    wait_or_abort(req, "barrier", rank_);
+  }
   [[noreturn]] void abort(int code) override {
     std::fflush(nullptr);
     MPI_Abort(MPI_COMM_WORLD, code);
@@ -140,6 +197,24 @@ ProcessGroup& group(int id) {
   std::lock_guard lock(registry_mutex());
   TF_CHECK(id >= 0 && id < int(registry().size()), "no process group ", id);
   return *registry()[size_t(id)];
+}
+
+double collective_timeout() {
+  double t = timeout_setting().load();
+  if (t > 0) return t;
+  const char* env = std::getenv("TFORMERS_TP_TIMEOUT");
+  if (!env || !*env) return kDefaultCollectiveTimeout;
+  char* end = nullptr;
+  double v = std::strtod(env, &end);
+  if (end == env || *end != '\0')
+    throw InvalidArgumentError(
+        detail::str_cat("TFORMERS_TP_TIMEOUT = '", env, "' is not a number of seconds"));
+  timeout_setting().store(checked_timeout(v, "TFORMERS_TP_TIMEOUT"));
+  return v;
+}
+
+void set_collective_timeout(double seconds) {
+  timeout_setting().store(checked_timeout(seconds, "DistributedConfig::timeout"));
 }
 
 bool launched_by_mpi() {

@@ -46,4 +46,13 @@ std::shared_ptr<ProcessGroup> tp_group(int64_t tp_size);
 // True when this process was started by mpirun (Open MPI or a PMI launcher).
 bool launched_by_mpi();
 
+// Seconds a collective of any MPI group waits for its peers before it prints which collective
+// timed out and aborts the job: set_collective_timeout's value, else $TFORMERS_TP_TIMEOUT, else
+// kDefaultCollectiveTimeout. InvalidArgumentError for a value that is not a finite number > 0
+// (naming the variable when it came from the environment).
+inline constexpr double kDefaultCollectiveTimeout = 60.0;
+double collective_timeout();
+// DistributedConfig::timeout, applied to every group of the process.
+void set_collective_timeout(double seconds);
+
 }  // namespace tformers::distributed

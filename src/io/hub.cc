@@ -7,10 +7,11 @@
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <vector>
 
+#include "core/std_errors.h"
+#include "io/file.h"
 #include "tformers/error.h"
 
 namespace tformers::io {
@@ -109,73 +110,76 @@ std::string list_dir(const fs::path& p, bool dirs_only) {
 }  // namespace
 
 std::string resolve_model_path(const std::string& id_or_path, const std::string& revision) {
-  if (id_or_path.empty())
-    throw InvalidArgumentError("model id or path is empty: pass a model folder or a Hub id");
-  std::error_code ec;
-  if (fs::is_directory(id_or_path, ec)) return id_or_path;
-  std::string local = fs::absolute(id_or_path, ec).string();
-  if (fs::exists(id_or_path, ec))
-    throw NotFoundError(str_cat("'", id_or_path, "' is a file; pass the model folder that holds ",
-                                "config.json and the weights"));
-  if (!valid_repo_id(id_or_path))
-    throw NotFoundError(str_cat(
-        "model '", id_or_path, "' not found: there is no folder ", local,
-        ", and it is not a valid Hugging Face Hub id ('org/name' or 'name' of letters, digits, "
-        "'-', '_' and '.', without '--' or '..')"));
-  if (!valid_revision(revision))
-    throw InvalidArgumentError(str_cat("revision '", revision, "' for model '", id_or_path,
-                                       "' is not a valid branch, tag or commit name"));
+  return detail::with_tformers_errors(str_cat("finding model ", id_or_path), [&] {
+    if (id_or_path.empty())
+      throw InvalidArgumentError("model id or path is empty: pass a model folder or a Hub id");
+    std::error_code ec;
+    if (fs::is_directory(id_or_path, ec)) return id_or_path;
+    std::string local = fs::absolute(id_or_path, ec).string();
+    if (fs::exists(id_or_path, ec))
+      throw NotFoundError(str_cat("'", id_or_path, "' is a file; pass the model folder that holds ",
+                                  "config.json and the weights"));
+    if (!valid_repo_id(id_or_path))
+      throw NotFoundError(str_cat(
+          "model '", id_or_path, "' not found: there is no folder ", local,
+          ", and it is not a valid Hugging Face Hub id ('org/name' or 'name' of letters, digits, "
+          "'-', '_' and '.', without '--' or '..')"));
+    if (!valid_revision(revision))
+      throw InvalidArgumentError(str_cat("revision '", revision, "' for model '", id_or_path,
+                                         "' is not a valid branch, tag or commit name"));
 
-  auto [root, root_why] = hub_cache_root();
-  std::string folder = "models--" + id_or_path;
-  for (size_t p; (p = folder.find('/')) != std::string::npos;) folder.replace(p, 1, "--");
-  fs::path repo = fs::path(root) / folder;
-  fs::path ref_file = repo / "refs" / revision;
+    auto [root, root_why] = hub_cache_root();
+    std::string folder = "models--" + id_or_path;
+    for (size_t p; (p = folder.find('/')) != std::string::npos;) folder.replace(p, 1, "--");
+    fs::path repo = fs::path(root) / folder;
+    fs::path ref_file = repo / "refs" / revision;
 
-  std::vector<std::string> looked;
-  looked.push_back(str_cat(local, " (as a local folder): does not exist"));
-  std::string hint;
-  if (!fs::is_directory(repo, ec)) {
-    looked.push_back(str_cat(repo.string(), " (Hub cache from ", root_why, "): does not exist"));
-  } else {
-    std::string commit;
-    if (fs::is_regular_file(ref_file, ec)) {
-      std::ifstream in(ref_file);
-      std::getline(in, commit);
-      while (!commit.empty() && std::isspace(static_cast<unsigned char>(commit.back())))
-        commit.pop_back();
-      if (!valid_commit(commit))
-        throw FormatError(str_cat(ref_file.string(), ": expected a commit hash, got '", commit,
-                                  "'; the Hub cache is corrupt: download the model again"));
-      fs::path snap = repo / "snapshots" / commit;
-      if (fs::is_directory(snap, ec)) return snap.string();
-      looked.push_back(str_cat(ref_file.string(), ": points at commit ", commit));
-      looked.push_back(str_cat(snap.string(), ": does not exist (incomplete download?)"));
+    std::vector<std::string> looked;
+    looked.push_back(str_cat(local, " (as a local folder): does not exist"));
+    std::string hint;
+    if (!fs::is_directory(repo, ec)) {
+      looked.push_back(str_cat(repo.string(), " (Hub cache from ", root_why, "): does not exist"));
     } else {
-      looked.push_back(str_cat(ref_file.string(), " (revision '", revision,
-                               "' as a branch or tag): does not exist"));
-      fs::path snap = repo / "snapshots" / revision;
-      if (revision.find('/') == std::string::npos && fs::is_directory(snap, ec))
-        return snap.string();
-      looked.push_back(
-          str_cat(snap.string(), " (revision '", revision, "' as a commit hash): does not exist"));
+      std::string commit;
+      if (fs::is_regular_file(ref_file, ec)) {
+        // A ref holds one commit hash; the cap keeps a corrupt one from being read whole.
+        commit = read_regular_file(ref_file.string(), 4096, "Hub ref file");
+        commit = commit.substr(0, commit.find('\n'));
+        while (!commit.empty() && std::isspace(static_cast<unsigned char>(commit.back())))
+          commit.pop_back();
+        if (!valid_commit(commit))
+          throw FormatError(str_cat(ref_file.string(), ": expected a commit hash, got '", commit,
+                                    "'; the Hub cache is corrupt: download the model again"));
+        fs::path snap = repo / "snapshots" / commit;
+        if (fs::is_directory(snap, ec)) return snap.string();
+        looked.push_back(str_cat(ref_file.string(), ": points at commit ", commit));
+        looked.push_back(str_cat(snap.string(), ": does not exist (incomplete download?)"));
+      } else {
+        looked.push_back(str_cat(ref_file.string(), " (revision '", revision,
+                                 "' as a branch or tag): does not exist"));
+        fs::path snap = repo / "snapshots" / revision;
+        if (revision.find('/') == std::string::npos && fs::is_directory(snap, ec))
+          return snap.string();
+        looked.push_back(str_cat(snap.string(), " (revision '", revision,
+                                 "' as a commit hash): does not exist"));
+      }
+      std::string refs = list_dir(repo / "refs", false);
+      std::string snaps = list_dir(repo / "snapshots", true);
+      hint = str_cat("; the cache has refs [", refs, "] and snapshots [", snaps,
+                     "]: pass one with --revision");
     }
-    std::string refs = list_dir(repo / "refs", false);
-    std::string snaps = list_dir(repo / "snapshots", true);
-    hint = str_cat("; the cache has refs [", refs, "] and snapshots [", snaps,
-                   "]: pass one with --revision");
-  }
-  std::string msg =
-      str_cat("model '", id_or_path, "' (revision '", revision, "') not found. Looked in:");
-  for (const auto& l : looked) msg += "\n  - " + l;
-  msg += str_cat(
-      "\nThe Hub cache is chosen like huggingface_hub does: $HF_HUB_CACHE, else $HF_HOME/hub, "
-      "else ~/.cache/huggingface/hub (here: ",
-      root, ")", hint,
-      ".\ntformers never downloads: fetch the model with `huggingface-cli download ", id_or_path,
-      "` where there is network access, point HF_HUB_CACHE or HF_HOME at the cache that has "
-      "it, or pass a local folder.");
-  throw NotFoundError(msg);
+    std::string msg =
+        str_cat("model '", id_or_path, "' (revision '", revision, "') not found. Looked in:");
+    for (const auto& l : looked) msg += "\n  - " + l;
+    msg += str_cat(
+        "\nThe Hub cache is chosen like huggingface_hub does: $HF_HUB_CACHE, else $HF_HOME/hub, "
+        "else ~/.cache/huggingface/hub (here: ",
+        root, ")", hint,
+        ".\ntformers never downloads: fetch the model with `huggingface-cli download ", id_or_path,
+        "` where there is network access, point HF_HUB_CACHE or HF_HOME at the cache that has "
+        "it, or pass a local folder.");
+    throw NotFoundError(msg);
+  });
 }
 
 }  // namespace tformers::io

@@ -2,12 +2,10 @@
 
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <vector>
 
+#include "io/file.h"
 #include "tformers/error.h"
 
 namespace tformers::io {
@@ -18,7 +16,7 @@ using detail::str_cat;
 
 // nlohmann reports the number of bytes read when it failed; the offending byte is the last one
 // read. Lines and columns are 1-based, as editors show them.
-std::pair<size_t, size_t> line_col(const std::string& text, size_t byte) {
+std::pair<size_t, size_t> line_col(std::string_view text, size_t byte) {
   size_t end = std::min(byte == 0 ? 0 : byte - 1, text.size());
   size_t line = 1, col = 1;
   for (size_t i = 0; i < end; ++i) {
@@ -143,26 +141,45 @@ const Json* lookup(const Json& obj, const std::string& key, const std::string& w
 
 }  // namespace
 
-Json load_json_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) throw NotFoundError(str_cat(path, ": file not found"));
-  if (std::filesystem::is_directory(path, ec))
-    throw FormatError(str_cat(path, ": is a directory, expected a JSON file"));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw NotFoundError(str_cat(path, ": cannot open file for reading"));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw FormatError(str_cat(path, ": read error"));
-  std::string text = ss.str();
+void check_json_depth(std::string_view text, const std::string& where, size_t max_depth) {
+  size_t depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;  // the escaped character cannot end the string
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) {
+        auto [line, col] = line_col(text, i + 1);
+        throw FormatError(str_cat(where, ":", line, ":", col, ": JSON nests deeper than ",
+                                  max_depth, " levels (byte ", i, ")"));
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+}
+
+Json parse_json(std::string_view text, const std::string& where) {
+  check_json_depth(text, where);
   try {
     return Json::parse(text);
   } catch (const Json::parse_error& e) {
     auto [line, col] = line_col(text, e.byte);
     throw FormatError(
-        str_cat(path, ":", line, ":", col, ": malformed JSON: ", strip_nlohmann_prefix(e.what())));
+        str_cat(where, ":", line, ":", col, ": malformed JSON: ", strip_nlohmann_prefix(e.what())));
   } catch (const Json::exception& e) {
-    throw FormatError(str_cat(path, ": malformed JSON: ", strip_nlohmann_prefix(e.what())));
+    throw FormatError(str_cat(where, ": malformed JSON: ", strip_nlohmann_prefix(e.what())));
   }
+}
+
+Json load_json_file(const std::string& path, size_t max_bytes) {
+  return parse_json(read_regular_file(path, max_bytes, "JSON file"), path);
 }
 
 template <typename T>
@@ -188,6 +205,100 @@ std::optional<T> get_optional(const Json& obj, const std::string& key, const std
   const Json* v = lookup(obj, key, where);
   if (!v || v->is_null()) return std::nullopt;
   return convert_value<T>(*v, where, key);
+}
+
+namespace {
+
+// "WHERE: field 'KEY' = SHOWN is out of range; allowed [LO, HI]", for integer and float bounds.
+template <typename B>
+[[noreturn]] void out_of_range(const std::string& where, const std::string& key,
+                               const std::string& shown, B lo, B hi) {
+  throw FormatError(str_cat(where, ": field '", key, "' = ", shown, " is out of range; allowed [",
+                            lo, ", ", hi, "]"));
+}
+
+int64_t int_in(const Json& v, const std::string& key, int64_t lo, int64_t hi,
+               const std::string& where) {
+  TF_CHECK(lo <= hi, "empty range for ", key);
+  // Unsigned values above int64_t's range are out of any range a caller can pass.
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    out_of_range(where, key, v.dump(), lo, hi);
+  // Integral floats beyond int64_t (1e30) are out of range too, not a type mismatch.
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && (d < double(lo) || d > double(hi)))
+      out_of_range(where, key, describe(v), lo, hi);
+  }
+  int64_t x = to_integer<int64_t>(v, where, key);
+  if (x < lo || x > hi) out_of_range(where, key, str_cat(x), lo, hi);
+  return x;
+}
+
+double double_in(const Json& v, const std::string& key, double lo, double hi, bool lo_open,
+                 const std::string& where) {
+  if (!v.is_number()) type_error(where, key, "a number", v);
+  double d = v.get<double>();
+  bool ok = std::isfinite(d) && (lo_open ? d > lo : d >= lo) && d <= hi;
+  if (!ok) {
+    if (lo_open && hi == std::numeric_limits<double>::max())
+      throw FormatError(
+          str_cat(where, ": field '", key, "' = ", v.dump(), " must be a finite number > ", lo));
+    out_of_range(where, key, v.dump(), lo, hi);
+  }
+  return d;
+}
+
+}  // namespace
+
+int64_t get_int_in(const Json& obj, const std::string& key, int64_t lo, int64_t hi,
+                   const std::string& where) {
+  const Json* v = lookup(obj, key, where);
+  if (!v || v->is_null())
+    throw NotFoundError(str_cat(where, ": required field '", key, "' is missing"));
+  return int_in(*v, key, lo, hi, where);
+}
+
+int64_t get_int_in_or(const Json& obj, const std::string& key, int64_t fallback, int64_t lo,
+                      int64_t hi, const std::string& where) {
+  const Json* v = lookup(obj, key, where);
+  if (!v || v->is_null()) return fallback;
+  return int_in(*v, key, lo, hi, where);
+}
+
+std::optional<int64_t> get_int_in_optional(const Json& obj, const std::string& key, int64_t lo,
+                                           int64_t hi, const std::string& where) {
+  const Json* v = lookup(obj, key, where);
+  if (!v || v->is_null()) return std::nullopt;
+  return int_in(*v, key, lo, hi, where);
+}
+
+double get_positive_finite(const Json& obj, const std::string& key, const std::string& where) {
+  const Json* v = lookup(obj, key, where);
+  if (!v || v->is_null())
+    throw NotFoundError(str_cat(where, ": required field '", key, "' is missing"));
+  return double_in(*v, key, 0.0, std::numeric_limits<double>::max(), true, where);
+}
+
+double get_positive_finite_or(const Json& obj, const std::string& key, double fallback,
+                              const std::string& where) {
+  const Json* v = lookup(obj, key, where);
+  if (!v || v->is_null()) return fallback;
+  return double_in(*v, key, 0.0, std::numeric_limits<double>::max(), true, where);
+}
+
+double get_double_in(const Json& obj, const std::string& key, double lo, double hi,
+                     const std::string& where) {
+  const Json* v = lookup(obj, key, where);
+  if (!v || v->is_null())
+    throw NotFoundError(str_cat(where, ": required field '", key, "' is missing"));
+  return double_in(*v, key, lo, hi, false, where);
+}
+
+double get_double_in_or(const Json& obj, const std::string& key, double fallback, double lo,
+                        double hi, const std::string& where) {
+  const Json* v = lookup(obj, key, where);
+  if (!v || v->is_null()) return fallback;
+  return double_in(*v, key, lo, hi, false, where);
 }
 
 #define TFORMERS_INSTANTIATE(T)                                                    \

@@ -15,6 +15,8 @@
 #include <set>
 #include <unordered_map>
 
+#include "core/std_errors.h"
+#include "io/file.h"
 #include "io/json.h"
 #include "tformers/error.h"
 
@@ -28,6 +30,9 @@ namespace {
 
 // The reference implementation refuses headers above 100 MB; a real header is a few hundred KB.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// A cap on a whole shard, far above any real one, so a size from a sparse file cannot drive the
+// mapping arithmetic near 2^64.
+constexpr uint64_t kMaxSafetensorsBytes = uint64_t(1) << 42;  // 4 TiB
 constexpr const char* kSupportedDtypes = "F32, BF16, F16, I32, I64, I8, U8";
 
 // Read-only private mapping of a whole file. Tensors returned by get() hold a shared_ptr to it.
@@ -101,6 +106,8 @@ class HeaderParser {
       }
       return true;
     };
+    n = strip_padding(text, n);
+    check_json_depth(std::string_view(text, n), str_cat(path_, " (header)"));
     OrderedJson header;
     try {
       header = OrderedJson::parse(text, text + n, cb);
@@ -118,6 +125,7 @@ class HeaderParser {
       fail(str_cat("tensor '", duplicate, "' appears twice in the header; names must be unique"));
     if (!header.is_object())
       fail(str_cat("the JSON header must be an object of tensors, got ", json_type(header)));
+    check_object_bounds(text, n);
 
     for (auto it = header.begin(); it != header.end(); ++it) {
       if (it.key() == "__metadata__") {
@@ -130,6 +138,35 @@ class HeaderParser {
   }
 
  private:
+  // The format: the header is a JSON object starting at its first byte, optionally followed by
+  // spaces (0x20) only. nlohmann would stop at a NUL (so reject those first, returning the length
+  // without the padding) and skip a BOM and other whitespace around the value (so check the
+  // first and last bytes once the text is known to be an object).
+  size_t strip_padding(const char* text, size_t n) const {
+    if (const void* nul = std::memchr(text, '\0', n))
+      fail(str_cat("the JSON header has a NUL byte at file byte ",
+                   8 + (static_cast<const char*>(nul) - text),
+                   "; only spaces may pad the header; the file is corrupt"));
+    while (n > 0 && text[n - 1] == ' ') --n;
+    return n;
+  }
+
+  void check_object_bounds(const char* text, size_t n) const {
+    if (text[0] != '{')
+      fail(str_cat("the JSON header must start with '{' at file byte 8, found byte 0x",
+                   hex_byte(text[0]), uint8_t(text[0]) == 0xEF ? " (a UTF-8 byte-order mark)" : "",
+                   "; the file is corrupt or not a safetensors file"));
+    if (text[n - 1] != '}')
+      fail(str_cat("the JSON header must end with '}' followed only by spaces; found byte 0x",
+                   hex_byte(text[n - 1]), " at file byte ", 8 + n - 1,
+                   "; the file is corrupt or not a safetensors file"));
+  }
+
+  static std::string hex_byte(char c) {
+    const char* digits = "0123456789ABCDEF";
+    return {digits[uint8_t(c) >> 4], digits[uint8_t(c) & 15]};
+  }
+
   void parse_metadata(const OrderedJson& m, std::map<std::string, std::string>& metadata) const {
     if (!m.is_object())
       fail(str_cat("'__metadata__' must be an object of strings, got ", json_type(m)));
@@ -285,29 +322,17 @@ struct SafetensorsFile::Impl {
 SafetensorsFile::~SafetensorsFile() = default;
 
 std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ENOENT) throw NotFoundError(str_cat(path, ": file not found"));
-    throw Error(str_cat(path, ": cannot open: ", std::strerror(err)));
-  }
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw FormatError(str_cat(path, ": not a regular file"));
-  }
-  uint64_t size = uint64_t(st.st_size);
+  RegularFile file(path, kMaxSafetensorsBytes, "safetensors file");
+  uint64_t size = file.size();
   if (size < 8) {
-    ::close(fd);
     throw FormatError(str_cat(path, ": file is ", size,
                               " bytes, shorter than the 8-byte header length that starts every "
                               "safetensors file; it is truncated or not a safetensors file"));
   }
   auto mapping = std::make_shared<Mapping>();
   // Only the header pages are read here; tensor data is paged in when first used.
-  void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
   int err = errno;
-  ::close(fd);
   if (p == MAP_FAILED) throw Error(str_cat(path, ": mmap failed: ", std::strerror(err)));
   mapping->base = static_cast<const uint8_t*>(p);
   mapping->size = size;
@@ -408,119 +433,110 @@ namespace {
 constexpr const char* kSingleName = "model.safetensors";
 constexpr const char* kIndexName = "model.safetensors.index.json";
 
-// Shard names come from a file; refuse anything that could point outside the model folder.
-void check_shard_name(const std::string& index_path, const std::string& tensor,
-                      const std::string& shard) {
-  fs::path p(shard);
-  bool bad = shard.empty() || p.is_absolute() || shard.find('\0') != std::string::npos;
-  for (const auto& part : p)
-    if (part == "..") bad = true;
-  if (bad)
-    throw FormatError(str_cat(index_path, ": weight_map[\"", tensor, "\"] = \"", shard,
-                              "\" is not a file name inside the model folder"));
-}
-
 }  // namespace
 
 Checkpoint Checkpoint::open(const std::string& dir) {
-  Checkpoint ckpt;
-  ckpt.dir_ = dir;
-  std::error_code ec;
-  auto add_file = [&](std::shared_ptr<SafetensorsFile> f) {
-    size_t fi = ckpt.files_.size();
-    for (const auto& t : f->tensors()) {
-      auto [it, inserted] = ckpt.index_.emplace(t.name, fi);
-      if (!inserted)
-        throw FormatError(str_cat(dir, ": tensor '", t.name, "' is in both ",
-                                  ckpt.files_[it->second]->path(), " and ", f->path(),
-                                  "; a tensor must live in exactly one shard"));
+  return detail::with_tformers_errors(str_cat("opening the checkpoint ", dir), [&] {
+    Checkpoint ckpt;
+    ckpt.dir_ = dir;
+    std::error_code ec;
+    auto add_file = [&](std::shared_ptr<SafetensorsFile> f) {
+      size_t fi = ckpt.files_.size();
+      for (const auto& t : f->tensors()) {
+        auto [it, inserted] = ckpt.index_.emplace(t.name, fi);
+        if (!inserted)
+          throw FormatError(str_cat(dir, ": tensor '", t.name, "' is in both ",
+                                    ckpt.files_[it->second]->path(), " and ", f->path(),
+                                    "; a tensor must live in exactly one shard"));
+      }
+      ckpt.files_.push_back(std::move(f));
+    };
+
+    if (fs::is_regular_file(dir, ec)) {  // a single .safetensors file given directly
+      add_file(SafetensorsFile::open(dir));
+      return ckpt;
     }
-    ckpt.files_.push_back(std::move(f));
-  };
+    if (!fs::is_directory(dir, ec))
+      throw NotFoundError(str_cat("model folder '", dir, "' does not exist"));
 
-  if (fs::is_regular_file(dir, ec)) {  // a single .safetensors file given directly
-    add_file(SafetensorsFile::open(dir));
-    return ckpt;
-  }
-  if (!fs::is_directory(dir, ec))
-    throw NotFoundError(str_cat("model folder '", dir, "' does not exist"));
-
-  std::string single = (fs::path(dir) / kSingleName).string();
-  std::string index = (fs::path(dir) / kIndexName).string();
-  // Transformers prefers the single file when both exist; so do we.
-  if (fs::exists(single, ec)) {
-    add_file(SafetensorsFile::open(single));
-    return ckpt;
-  }
-  if (!fs::exists(index, ec)) {
-    std::string msg = str_cat("no weights in '", dir, "': looked for ", single, " and ", index);
-    std::vector<std::string> others;
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      std::string name = e.path().filename().string();
-      if (name.ends_with(".safetensors") || name.ends_with(".bin") || name.ends_with(".gguf") ||
-          name.ends_with(".pt") || name.ends_with(".pth"))
-        others.push_back(name);
+    std::string single = resolve_inside(dir, kSingleName, dir);
+    std::string index = (fs::path(dir) / kIndexName).string();
+    // Transformers prefers the single file when both exist; so do we.
+    if (fs::exists(single, ec)) {
+      add_file(SafetensorsFile::open(single));
+      return ckpt;
     }
-    std::sort(others.begin(), others.end());
-    if (!others.empty()) {
-      msg += "; the folder has ";
-      for (size_t i = 0; i < others.size() && i < 8; ++i) msg += (i ? ", " : "") + others[i];
-      if (others.size() > 8) msg += ", ...";
-      msg +=
-          " (tformers reads model.safetensors or a sharded index; convert other formats with "
-          "Transformers' save_pretrained(..., safe_serialization=True))";
+    if (!fs::exists(index, ec)) {
+      std::string msg = str_cat("no weights in '", dir, "': looked for ", single, " and ", index);
+      std::vector<std::string> others;
+      for (const auto& e : fs::directory_iterator(dir, ec)) {
+        std::string name = e.path().filename().string();
+        if (name.ends_with(".safetensors") || name.ends_with(".bin") || name.ends_with(".gguf") ||
+            name.ends_with(".pt") || name.ends_with(".pth"))
+          others.push_back(name);
+      }
+      std::sort(others.begin(), others.end());
+      if (!others.empty()) {
+        msg += "; the folder has ";
+        for (size_t i = 0; i < others.size() && i < 8; ++i) msg += (i ? ", " : "") + others[i];
+        if (others.size() > 8) msg += ", ...";
+        msg +=
+            " (tformers reads model.safetensors or a sharded index; convert other formats with "
+            "Transformers' save_pretrained(..., safe_serialization=True))";
+      }
+      throw NotFoundError(msg);
     }
-    throw NotFoundError(msg);
-  }
 
-  Json idx = load_json_file(index);
-  if (!idx.is_object()) throw FormatError(str_cat(index, ": expected a JSON object"));
-  auto wm = idx.find("weight_map");
-  if (wm == idx.end())
-    throw FormatError(str_cat(index, ": required field 'weight_map' is missing"));
-  if (!wm->is_object() || wm->empty())
-    throw FormatError(str_cat(index, ": 'weight_map' must be a non-empty object {tensor: shard}"));
-
-  // Shards in order of first mention, each opened once.
-  std::vector<std::string> shards;
-  std::map<std::string, std::pair<std::string, size_t>> first_use;  // shard -> (tensor, count)
-  for (auto it = wm->begin(); it != wm->end(); ++it) {
-    if (!it.value().is_string())
+    Json idx = load_json_file(index, kMaxIndexJsonBytes);
+    if (!idx.is_object()) throw FormatError(str_cat(index, ": expected a JSON object"));
+    auto wm = idx.find("weight_map");
+    if (wm == idx.end())
+      throw FormatError(str_cat(index, ": required field 'weight_map' is missing"));
+    if (!wm->is_object() || wm->empty())
       throw FormatError(
-          str_cat(index, ": weight_map[\"", it.key(), "\"] must be a shard file name (string)"));
-    const std::string& shard = it.value().get_ref<const std::string&>();
-    check_shard_name(index, it.key(), shard);
-    auto [u, fresh] = first_use.emplace(shard, std::make_pair(it.key(), size_t(0)));
-    ++u->second.second;
-    if (fresh) shards.push_back(shard);
-  }
-  std::map<std::string, size_t> shard_file;
-  for (const auto& shard : shards) {
-    std::string p = (fs::path(dir) / shard).string();
-    if (!fs::exists(p, ec)) {
-      const auto& [tensor, count] = first_use[shard];
-      throw NotFoundError(str_cat(index, ": shard '", shard, "' (holding '", tensor, "'",
-                                  count > 1 ? str_cat(" and ", count - 1, " more tensors") : "",
-                                  ") is missing: ", p,
-                                  " does not exist; download the complete checkpoint"));
+          str_cat(index, ": 'weight_map' must be a non-empty object {tensor: shard}"));
+
+    // Shards in order of first mention, each opened once.
+    std::vector<std::string> shards;
+    std::map<std::string, std::pair<std::string, size_t>> first_use;  // shard -> (tensor, count)
+    for (auto it = wm->begin(); it != wm->end(); ++it) {
+      if (!it.value().is_string())
+        throw FormatError(
+            str_cat(index, ": weight_map[\"", it.key(), "\"] must be a shard file name (string)"));
+      const std::string& shard = it.value().get_ref<const std::string&>();
+      resolve_inside(dir, shard, str_cat(index, ": weight_map[\"", it.key(), "\"]"));
+      auto [u, fresh] = first_use.emplace(shard, std::make_pair(it.key(), size_t(0)));
+      ++u->second.second;
+      if (fresh) shards.push_back(shard);
     }
-    shard_file[shard] = ckpt.files_.size();
-    add_file(SafetensorsFile::open(p));
-  }
-  for (auto it = wm->begin(); it != wm->end(); ++it) {
-    const std::string& shard = it.value().get_ref<const std::string&>();
-    const auto& f = ckpt.files_[shard_file[shard]];
-    if (!f->find(it.key())) {
-      auto where = ckpt.index_.find(it.key());
-      throw FormatError(str_cat(
-          index, ": weight_map says tensor '", it.key(), "' is in ", shard, " but ", f->path(),
-          " has no such tensor",
-          where != ckpt.index_.end()
-              ? str_cat(" (it is in ", ckpt.files_[where->second]->path(), "; fix the index)")
-              : "; the index and the shards do not match"));
+    std::map<std::string, size_t> shard_file;
+    for (const auto& shard : shards) {
+      std::string p = resolve_inside(dir, shard, index);
+      if (!fs::exists(p, ec)) {
+        const auto& [tensor, count] = first_use[shard];
+        throw NotFoundError(str_cat(index, ": shard '", shard, "' (holding '", tensor, "'",
+                                    count > 1 ? str_cat(" and ", count - 1, " more tensors") : "",
+                                    ") is missing: ", p,
+                                    " does not exist; download the complete checkpoint"));
+      }
+      shard_file[shard] = ckpt.files_.size();
+      add_file(SafetensorsFile::open(p));
     }
-  }
-  return ckpt;
+    for (auto it = wm->begin(); it != wm->end(); ++it) {
+      const std::string& shard = it.value().get_ref<const std::string&>();
+      const auto& f = ckpt.files_[shard_file[shard]];
+      if (!f->find(it.key())) {
+        auto where = ckpt.index_.find(it.key());
+        throw FormatError(str_cat(
+            index, ": weight_map says tensor '", it.key(), "' is in ", shard, " but ", f->path(),
+            " has no such tensor",
+            where != ckpt.index_.end()
+                ? str_cat(" (it is in ", ckpt.files_[where->second]->path(), "; fix the index)")
+                : "; the index and the shards do not match"));
+      }
+    }
+    return ckpt;
+  });
 }
 
 std::vector<std::string> Checkpoint::names() const {

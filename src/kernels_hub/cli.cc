@@ -91,7 +91,9 @@ int list(const KernelOptions& o) {
         KernelOptions one = o;
         one.cache_dirs = {root};
         try {
-          ResolvedPackage pkg = resolve_kernel_package(repo_id, std::stoi(v.substr(1)), one);
+          // A ref that is not vN (a stray file) is reported like a bad spec, not thrown past.
+          int version = parse_spec(repo_id + "@" + v).second;
+          ResolvedPackage pkg = resolve_kernel_package(repo_id, version, one);
           std::vector<char> bytes = read_file_bytes(pkg.path + "/manifest.json");
           Manifest m =
               parse_manifest(std::string(bytes.begin(), bytes.end()), pkg.path + "/manifest.json");

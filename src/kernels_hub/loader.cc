@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
+#include "io/file.h"
 #include "io/json.h"
 #include "kernels_hub/package.h"
 #include "kernels_hub/sha256.h"
@@ -118,13 +120,20 @@ std::string read_text(const std::string& path) {
   return std::string(bytes.begin(), bytes.end());
 }
 
-// Regular files under `dir`, as paths relative to `base` with '/' separators, sorted.
+// Regular files under `dir`, as paths relative to `base` with '/' separators, sorted. The paths
+// are taken as listed, not resolved: in a hub-style cache every file is a symlink into blobs/,
+// and resolving would name the blob instead of the file. Each must still resolve inside `base`
+// (or the cache's blobs), so a link to /etc/passwd is refused rather than hashed or loaded.
 std::vector<std::string> files_under(const fs::path& dir, const fs::path& base) {
   std::vector<std::string> out;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
-       it.increment(ec))
-    if (it->is_regular_file()) out.push_back(fs::relative(it->path(), base, ec).generic_string());
+       it.increment(ec)) {
+    if (!it->is_regular_file()) continue;
+    std::string rel = it->path().lexically_relative(base).generic_string();
+    io::resolve_inside(base.string(), rel, "kernel package " + base.string());
+    out.push_back(rel);
+  }
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -470,7 +479,7 @@ LockFile LockFile::load(const std::string& path) {
     if (!k.is_object()) throw FormatError(w + " must be an object");
     LockEntry e;
     e.repo_id = io::get_required<std::string>(k, "repo_id", w);
-    e.version = int(io::get_required<int64_t>(k, "version", w));
+    e.version = int(io::get_int_in(k, "version", 0, INT32_MAX, w));
     e.revision = io::get_required<std::string>(k, "revision", w);
     e.manifest_sha256 = io::get_required<std::string>(k, "manifest_sha256", w);
     auto hex64 = [](const std::string& s) {

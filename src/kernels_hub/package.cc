@@ -154,12 +154,7 @@ std::string modes_str(uint32_t modes) {
 }
 
 Manifest parse_manifest(const std::string& bytes, const std::string& where) {
-  io::Json j;
-  try {
-    j = io::Json::parse(bytes);
-  } catch (const io::Json::parse_error& e) {
-    throw FormatError(where + ": not valid JSON (" + e.what() + ")");
-  }
+  io::Json j = io::parse_json(bytes, where);
   if (!j.is_object()) throw FormatError(where + ": the manifest must be a JSON object");
   Manifest m;
   m.name = io::get_required<std::string>(j, "name", where);
@@ -187,7 +182,7 @@ Manifest parse_manifest(const std::string& bytes, const std::string& where) {
   for (const auto& [layer, spec] : layers.items()) {
     const std::string w = where + ": layers." + layer;
     if (!spec.is_object()) throw FormatError(w + " must be an object");
-    auto strings = [&](const char* key) {
+    auto strings = [&, &spec = spec](const char* key) {  // clang 14 cannot capture bindings
       std::vector<std::string> out;
       io::Json v = io::get_or<io::Json>(spec, key, io::Json::array(), w);
       if (!v.is_array()) throw FormatError(w + "." + key + " must be a list of strings");

@@ -5,9 +5,9 @@
 
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <vector>
 
+#include "io/file.h"
 #include "tformers/error.h"
 #include "tformers/kernels.h"
 
@@ -105,10 +105,9 @@ std::string Sha256::hex() {
 }
 
 std::vector<char> read_file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw NotFoundError("cannot open " + path);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw FormatError("cannot read " + path);
+  io::RegularFile file(path, kMaxKernelFileBytes, "kernel package file");
+  std::vector<char> bytes(file.size());
+  file.read_at(0, bytes.data(), bytes.size());
   return bytes;
 }
 

@@ -23,7 +23,11 @@ class Sha256 {
   uint64_t length_ = 0;
 };
 
-// A whole file; NotFoundError when it cannot be opened.
+// Kernel libraries are a few MB; the cap keeps a hostile package from filling memory.
+inline constexpr uint64_t kMaxKernelFileBytes = uint64_t(1) << 32;  // 4 GiB
+
+// A whole regular file of at most kMaxKernelFileBytes (io::RegularFile's errors: NotFoundError
+// when missing, IoError for a FIFO or device, FormatError when too large).
 std::vector<char> read_file_bytes(const std::string& path);
 
 }  // namespace tformers::kernels_hub

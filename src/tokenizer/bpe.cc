@@ -115,6 +115,15 @@ BpeModel::BpeModel(const std::vector<std::pair<std::string_view, int64_t>>& voca
     }
     max_id = std::max(max_id, id);
   }
+  // The id table is indexed by id, so one huge id would allocate for every id below it.
+  if (max_id >= 0 && uint64_t(max_id) >= vocab.size() + kMaxVocabIdGap) {
+    for (auto& [tok, id] : vocab)
+      if (id == max_id)
+        throw FormatError(detail::str_cat(
+            where, ": model.vocab[\"", tok, "\"] = ", id, " is far outside the vocabulary's ",
+            vocab.size(), " tokens; ids must be below the token count plus ", kMaxVocabIdGap,
+            " (the vocabulary's ids should be dense, 0 to ", vocab.size() - 1, ")"));
+  }
   vocab_.reserve(vocab.size());
   id_spans_.assign(static_cast<size_t>(max_id + 1), kNoToken);
   size_t bytes = 0;

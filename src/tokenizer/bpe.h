@@ -57,6 +57,10 @@ struct BpeOptions {
   bool ignore_merges = false;
 };
 
+// How far above the vocabulary's token count an id may lie, in model.vocab and in added_tokens.
+// Real files are dense or nearly so; the bound keeps id-indexed tables proportional to the file.
+inline constexpr uint64_t kMaxVocabIdGap = 1u << 20;
+
 class BpeModel {
  public:
   // `vocab` token -> id, `merges` in rank order. `where` names the file in errors.

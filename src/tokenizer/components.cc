@@ -82,6 +82,7 @@ template <class Seq, class Make>
 std::unique_ptr<Seq> make_sequence(const Json& j, const char* key, const std::string& path,
                                    Make make) {
   auto seq = std::make_unique<Seq>();
+  if constexpr (requires(Seq & s) { s.path; }) seq->path = path;  // for growth-budget errors
   const Json& items = array_member(j, key, path);
   for (size_t i = 0; i < items.size(); ++i)
     if (auto item = make(items[i], detail::str_cat(path, ".", key, "[", i, "]")))
@@ -361,13 +362,32 @@ static void split_by_predicate(std::vector<std::string>& splits, Pred pred, Spli
 // ---------------------------------------------------------------------------------------------
 // Normalizers
 
+GrowthBudget::GrowthBudget(size_t input)
+    : input_bytes(input),
+      max_bytes(input > (SIZE_MAX - kGrowthSlack) / kMaxGrowth
+                    ? SIZE_MAX
+                    : input * kMaxGrowth + kGrowthSlack) {}
+
+void GrowthBudget::check(size_t bytes, const std::string& path) const {
+  if (bytes <= max_bytes) return;
+  throw FormatError(detail::str_cat(
+      path, ": output of ", bytes == SIZE_MAX ? std::string("over 2^64") : std::to_string(bytes),
+      " bytes from an input of ", input_bytes, " bytes exceeds the growth budget of ", kMaxGrowth,
+      " times the input plus ", kGrowthSlack, " bytes (", max_bytes,
+      " bytes); this tokenizer.json component expands text without bound"));
+}
+
 namespace {
 
 class SequenceNormalizer : public Normalizer {
  public:
   std::vector<std::unique_ptr<Normalizer>> items;
-  void normalize(std::string& text) const override {
-    for (auto& n : items) n->normalize(text);
+  std::string path;
+  void normalize(std::string& text, const GrowthBudget& budget) const override {
+    for (auto& n : items) {
+      n->normalize(text, budget);
+      budget.check(text.size(), path);
+    }
   }
 };
 
@@ -392,7 +412,7 @@ class UnicodeNormalizer : public Normalizer {
     }
     if (U_FAILURE(status)) throw InternalError("ICU normalizer unavailable");
   }
-  void normalize(std::string& text) const override {
+  void normalize(std::string& text, const GrowthBudget&) const override {
     // ASCII is invariant under every normalization form.
     bool ascii = true;
     for (unsigned char c : text) {
@@ -418,7 +438,7 @@ class UnicodeNormalizer : public Normalizer {
 
 class LowercaseNormalizer : public Normalizer {
  public:
-  void normalize(std::string& text) const override {
+  void normalize(std::string& text, const GrowthBudget&) const override {
     std::string out;
     out.reserve(text.size());
     size_t i = 0;
@@ -437,7 +457,7 @@ class LowercaseNormalizer : public Normalizer {
 class StripNormalizer : public Normalizer {
  public:
   bool left = true, right = true;
-  void normalize(std::string& text) const override {
+  void normalize(std::string& text, const GrowthBudget&) const override {
     size_t b = 0, e = text.size();
     if (left) {
       while (b < e) {
@@ -461,7 +481,7 @@ class StripNormalizer : public Normalizer {
 
 class StripAccentsNormalizer : public Normalizer {
  public:
-  void normalize(std::string& text) const override {
+  void normalize(std::string& text, const GrowthBudget&) const override {
     std::string out;
     size_t i = 0;
     while (i < text.size()) {
@@ -476,13 +496,22 @@ class ReplaceNormalizer : public Normalizer {
  public:
   ReplaceNormalizer(const Json& j, const std::string& path)
       : pattern_(member(j, "pattern", path), path + ".pattern"),
-        content_(get_string(j, "content", path)) {}
-  void normalize(std::string& text) const override {
+        content_(get_string(j, "content", path)),
+        path_(path) {}
+  void normalize(std::string& text, const GrowthBudget& budget) const override {
     std::vector<std::pair<size_t, size_t>> m;
     pattern_.find_all(text, m);
     if (m.empty()) return;
+    // One step can multiply the text by the content's length: check before building it.
+    size_t matched = 0;
+    for (auto [b, e] : m) matched += e - b;
+    size_t grown;
+    if (__builtin_mul_overflow(m.size(), content_.size(), &grown) ||
+        __builtin_add_overflow(grown, text.size() - matched, &grown))
+      grown = SIZE_MAX;
+    budget.check(grown, path_);
     std::string out;
-    out.reserve(text.size() + m.size() * content_.size());
+    out.reserve(grown);
     size_t prev = 0;
     for (auto [b, e] : m) {
       out.append(text, prev, b - prev);
@@ -496,12 +525,13 @@ class ReplaceNormalizer : public Normalizer {
  private:
   Pattern pattern_;
   std::string content_;
+  std::string path_;
 };
 
 class PrependNormalizer : public Normalizer {
  public:
   std::string prepend;
-  void normalize(std::string& text) const override {
+  void normalize(std::string& text, const GrowthBudget&) const override {
     if (!text.empty()) text.insert(0, prepend);
   }
 };
@@ -548,8 +578,15 @@ constexpr const char* kGpt2Pattern =
 class SequencePreTokenizer : public PreTokenizer {
  public:
   std::vector<std::unique_ptr<PreTokenizer>> items;
-  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
-    for (auto& p : items) p->pre_tokenize(splits, at_input_start);
+  std::string path;
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start,
+                    const GrowthBudget& budget) const override {
+    for (auto& p : items) {
+      p->pre_tokenize(splits, at_input_start, budget);
+      size_t bytes = 0;
+      for (const auto& s : splits) bytes += s.size();
+      budget.check(bytes, path);
+    }
   }
 };
 
@@ -559,7 +596,8 @@ class SplitPreTokenizer : public PreTokenizer {
       : pattern_(member(j, "pattern", path), path + ".pattern"),
         behavior_(parse_behavior(j, path)),
         invert_(get_bool(j, "invert", path, false)) {}
-  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start,
+                    const GrowthBudget&) const override {
     std::vector<std::string> out;
     out.reserve(splits.size() * 4);
     std::vector<std::pair<size_t, size_t>> m;
@@ -585,7 +623,8 @@ class ByteLevelPreTokenizer : public PreTokenizer {
         use_regex_(get_bool(j, "use_regex", path, true)) {
     if (use_regex_) regex_ = std::make_unique<Regex>(kGpt2Pattern, path);
   }
-  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start,
+                    const GrowthBudget&) const override {
     std::vector<std::string> pieces;
     std::vector<std::pair<size_t, size_t>> m;
     const auto& table = byte_to_unicode();
@@ -632,7 +671,8 @@ class MetaspacePreTokenizer : public PreTokenizer {
     scheme_ = scheme;
     split_ = get_bool(j, "split", path, true);
   }
-  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start,
+                    const GrowthBudget&) const override {
     std::vector<std::string> out;
     std::vector<std::pair<size_t, size_t>> m;
     for (size_t k = 0; k < splits.size(); ++k) {
@@ -670,7 +710,8 @@ class MetaspacePreTokenizer : public PreTokenizer {
 class DigitsPreTokenizer : public PreTokenizer {
  public:
   bool individual = false;
-  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start,
+                    const GrowthBudget&) const override {
     // Rust's char::is_numeric: the Nd, Nl and No categories, not only ASCII digits.
     auto is_digit = [](char32_t c) {
       if (c < 0x80) return c >= '0' && c <= '9';
@@ -686,14 +727,16 @@ class DigitsPreTokenizer : public PreTokenizer {
 class PunctuationPreTokenizer : public PreTokenizer {
  public:
   SplitBehavior behavior = SplitBehavior::kIsolated;
-  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start,
+                    const GrowthBudget&) const override {
     split_by_predicate(splits, is_punctuation, behavior, at_input_start);
   }
 };
 
 class WhitespaceSplitPreTokenizer : public PreTokenizer {
  public:
-  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start,
+                    const GrowthBudget&) const override {
     split_by_predicate(splits, is_whitespace, SplitBehavior::kRemoved, at_input_start);
   }
 };
@@ -701,7 +744,8 @@ class WhitespaceSplitPreTokenizer : public PreTokenizer {
 class WhitespacePreTokenizer : public PreTokenizer {
  public:
   WhitespacePreTokenizer() : regex_("\\w+|[^\\w\\s]+", "Whitespace") {}
-  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const override {
+  void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start,
+                    const GrowthBudget&) const override {
     std::vector<std::string> out;
     std::vector<std::pair<size_t, size_t>> m;
     for (const std::string& s : splits) {

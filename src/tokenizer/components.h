@@ -50,10 +50,27 @@ void split_by_matches(std::string_view text, const std::vector<std::pair<size_t,
                       SplitBehavior behavior, bool invert, std::vector<std::string>& out,
                       size_t* first_start = nullptr);
 
+// Normalizers and pre-tokenizers are small programs written in tokenizer.json, and they can
+// expand text: eight Replace steps of "a" -> 16 "a"s turn one byte into 4 GiB. Their output may
+// be at most kMaxGrowth times their input plus kGrowthSlack bytes (room for Prepend and
+// Metaspace markers on short inputs); real tokenizers stay under 4 times.
+struct GrowthBudget {
+  static constexpr size_t kMaxGrowth = 64;
+  static constexpr size_t kGrowthSlack = 64 * 1024;
+  explicit GrowthBudget(size_t input_bytes);
+  size_t input_bytes;
+  size_t max_bytes;
+  // FormatError naming `path` (the tokenizer.json component) and the budget when `bytes` is
+  // over it.
+  void check(size_t bytes, const std::string& path) const;
+};
+
 class Normalizer {
  public:
   virtual ~Normalizer() = default;
-  virtual void normalize(std::string& text) const = 0;
+  // Steps that can multiply the text check `budget` before building it; sequences check it
+  // after every step.
+  virtual void normalize(std::string& text, const GrowthBudget& budget) const = 0;
 };
 
 class PreTokenizer {
@@ -61,7 +78,9 @@ class PreTokenizer {
   virtual ~PreTokenizer() = default;
   // `at_input_start`: the first split starts at offset 0 of the original input (Metaspace's
   // prepend_scheme "first" needs it); cleared by a pre-tokenizer that removes the text before it.
-  virtual void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start) const = 0;
+  // Every step grows the text by a bounded factor; sequences check `budget` after each one.
+  virtual void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start,
+                            const GrowthBudget& budget) const = 0;
 };
 
 class Decoder {

@@ -25,6 +25,8 @@ struct Limits {
   int max_depth = 256;                    // nesting of expressions, blocks and macro calls
   size_t max_output_bytes = 64u << 20;    // rendered text, including loop bodies and macros
   size_t max_loop_iterations = 10000000;  // all for-loop iterations of one render
+  size_t max_steps = 50000000;            // evaluations of one render (its time budget)
+  size_t max_memory_bytes = 256u << 20;   // strings and lists one render builds, in total
   size_t max_stack_bytes = 1u << 20;      // C stack the parser or a render may use (sanitizer
                                           // builds have large frames, so depth alone is no bound)
 };

@@ -214,6 +214,8 @@ struct Interpreter {
   const std::function<std::tm()>& now;
   int depth = 0;
   size_t iterations = 0;
+  size_t steps = 0;      // evaluations so far, against limits.max_steps
+  size_t allocated = 0;  // bytes of strings and arrays built so far, against max_memory_bytes
   Flow flow = Flow::kNone;
   Scope* call_scope = nullptr;  // the caller's scope while a function runs (macros use it)
   uintptr_t stack_base = stack_position();
@@ -221,6 +223,11 @@ struct Interpreter {
   struct Depth {
     Interpreter& in;
     explicit Depth(Interpreter& i) : in(i) {
+      // Every evaluation is a step: loops nested in loops, or a macro recursing wide rather than
+      // deep, stay within each other limit while taking hours.
+      if (++in.steps > in.limits.max_steps)
+        fail("template exceeds its step budget (max_steps) of " +
+             std::to_string(in.limits.max_steps) + " evaluation steps");
       // Macros can recurse; every evaluation level costs stack, so the total is bounded.
       if (++in.depth > in.limits.max_depth * 4 ||
           stack_used(in.stack_base) > in.limits.max_stack_bytes)
@@ -233,6 +240,23 @@ struct Interpreter {
   void check_size(size_t bytes) const {
     if (bytes > limits.max_output_bytes)
       fail("rendered text exceeds " + std::to_string(limits.max_output_bytes) + " bytes");
+  }
+
+  // Charges a string or array the render builds. The total, not only each value, is bounded:
+  // appending ten-million-item lists or doubling a list thirty times keeps every single value
+  // under the other limits while exhausting memory.
+  void charge(size_t bytes) {
+    allocated += bytes;
+    if (allocated > limits.max_memory_bytes)
+      fail("template exceeds its memory budget (max_memory_bytes) of " +
+           std::to_string(limits.max_memory_bytes) + " bytes of strings and lists built");
+  }
+  void charge_items(size_t n) { charge(n * sizeof(Value)); }
+
+  // A new string of `bytes` bytes: within the per-value limit, and charged.
+  void new_string(size_t bytes) {
+    check_size(bytes);
+    charge(bytes);
   }
 
   Value eval(const Node& n, Scope& s) {
@@ -250,11 +274,13 @@ struct Interpreter {
     for (const auto& st : body) {
       Value v = eval(*st, s);
       if (v.type != Type::kNull && v.type != Type::kUndefined) {
+        size_t before = out.size();
         if (v.type == Type::kString)
           out += v.str;
         else
           out += render_value(v);
         check_size(out.size());
+        charge(out.size() - before);
       }
       if (flow != Flow::kNone) break;
     }
@@ -295,6 +321,7 @@ struct Interpreter {
         return Value::from_string(n.str);
       case Kind::kArray:
       case Kind::kTuple: {
+        charge_items(n.args.size());
         Array a;
         for (const auto& e : n.args) a.push_back(eval(*e, s));
         return Value::from_array(std::move(a),
@@ -404,6 +431,7 @@ struct Interpreter {
         sc.set(var.args[j]->str, (*item.array)[j]);
       }
     };
+    charge_items(iterable.array->size());
     std::vector<Value> items;
     for (const Value& item : *iterable.array) {
       if (test) {
@@ -645,6 +673,7 @@ struct Interpreter {
         fail("slice bounds must be integers");
     }
     if (obj.is_array()) {
+      charge_items(obj.array->size());
       Array out;
       for (size_t i : slice_indices(obj.array->size(), parts[0], parts[1], parts[2]))
         out.push_back((*obj.array)[i]);
@@ -810,7 +839,7 @@ struct Interpreter {
           fail("replace(): count must be an integer or none");
         std::string r =
             replace_all(s, args[0].str, args[1].str, count.type == Type::kInt ? count.number : -1);
-        in.check_size(r.size());
+        in.new_string(r.size());
         return Value::from_string(std::move(r));
       });
     return Value::undefined();
@@ -844,7 +873,7 @@ struct Interpreter {
     if (l.type == Type::kNull || r.type == Type::kNull) fail("cannot apply '" + op + "' to none");
     if (op == "~") {
       std::string out = raw_string(l) + raw_string(r);
-      check_size(out.size());
+      new_string(out.size());
       return Value::from_string(std::move(out));
     }
     auto numeric_like = [](const Value& v) { return v.is_number() || v.type == Type::kBool; };
@@ -876,6 +905,7 @@ struct Interpreter {
         if (l.array->size() + r.array->size() > limits.max_loop_iterations)
           fail("array concatenation exceeds " + std::to_string(limits.max_loop_iterations) +
                " items");
+        charge_items(l.array->size() + r.array->size());
         Array a = *l.array;
         a.insert(a.end(), r.array->begin(), r.array->end());
         return Value::from_array(std::move(a));
@@ -889,7 +919,7 @@ struct Interpreter {
     }
     if ((l.type == Type::kString || r.type == Type::kString) && op == "+") {
       std::string out = raw_string(l) + raw_string(r);
-      check_size(out.size());
+      new_string(out.size());
       return Value::from_string(std::move(out));
     }
     if (l.type == Type::kString && r.type == Type::kString && membership) {
@@ -970,7 +1000,7 @@ struct Interpreter {
         fail("tojson: separators must be a tuple of two strings");
       }
       std::string out = to_json(v, opt, 0, true, limits.max_depth);
-      check_size(out.size());
+      new_string(out.size());
       return Value::from_string(std::move(out));
     }
     if (name == "join") {
@@ -990,6 +1020,7 @@ struct Interpreter {
         out += parts[i];
         check_size(out.size());
       }
+      charge(out.size());
       return Value::from_string(std::move(out));
     }
     if (name == "int" || name == "float") {
@@ -1114,7 +1145,7 @@ struct Interpreter {
     if (name == "safe") return v;
     if (name == "tojson") {
       std::string out = to_json(v, {}, 0, true, limits.max_depth);
-      check_size(out.size());
+      new_string(out.size());
       return Value::from_string(std::move(out));
     }
     if (v.is_array()) {
@@ -1263,6 +1294,7 @@ std::string run_program(const Program& program, std::vector<std::pair<std::strin
              if (count > double(in.limits.max_loop_iterations))
                fail("range() of " + js_number(count) + " items exceeds the limit of " +
                     std::to_string(in.limits.max_loop_iterations));
+             in.charge_items(size_t(count));
              Array out;
              for (double i = start; step > 0 ? i < stop : i > stop; i += step)
                out.push_back(Value::from_int(i));

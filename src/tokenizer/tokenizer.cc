@@ -7,11 +7,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <optional>
 
+#include "core/std_errors.h"
+#include "io/file.h"
 #include "io/hub.h"
-
+#include "io/json.h"
 #include "tformers/error.h"
 #include "tokenizer/fast_json.h"
 #include "tokenizer/tokenizer_impl.h"
@@ -163,7 +164,7 @@ std::vector<int32_t> TokenizerImpl::encode_raw(std::string_view input) const {
       second.push_back(std::move(seg));
       continue;
     }
-    if (normalizer) normalizer->normalize(seg.text);
+    if (normalizer) normalizer->normalize(seg.text, GrowthBudget(seg.text.size()));
     if (seg.text.empty()) continue;
     split_added(normalized_trie, added_tokens, seg.text, seg.at_start, second);
   }
@@ -173,10 +174,11 @@ std::vector<int32_t> TokenizerImpl::encode_raw(std::string_view input) const {
       ids.push_back(seg.id);
       continue;
     }
+    GrowthBudget budget(seg.text.size());
     splits.clear();
     splits.push_back(std::move(seg.text));
     bool at_start = seg.at_start;
-    if (pre_tokenizer) pre_tokenizer->pre_tokenize(splits, at_start);
+    if (pre_tokenizer) pre_tokenizer->pre_tokenize(splits, at_start, budget);
     for (const std::string& w : splits) model->tokenize(w, ids);
   }
   return ids;
@@ -225,18 +227,15 @@ namespace {
 class FileBytes {
  public:
   explicit FileBytes(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY);
-    if (fd < 0) throw NotFoundError(detail::str_cat("cannot open ", path));
-    struct stat st;
-    if (::fstat(fd, &st) == 0 && st.st_size > 0) {
-      void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    io::RegularFile file(path, io::kMaxTokenizerJsonBytes, "tokenizer file");
+    if (file.size() > 0) {
+      void* p = ::mmap(nullptr, file.size(), PROT_READ, MAP_PRIVATE, file.fd(), 0);
       if (p != MAP_FAILED) {
         data_ = p;
-        size_ = static_cast<size_t>(st.st_size);
+        size_ = file.size();
       }
     }
-    ::close(fd);
-    if (!data_) fallback_ = read_file(path);
+    if (!data_) fallback_ = file.read_all();
   }
   ~FileBytes() {
     if (data_) ::munmap(data_, size_);
@@ -246,26 +245,12 @@ class FileBytes {
   std::string_view view() const {
     return data_ ? std::string_view(static_cast<const char*>(data_), size_) : fallback_;
   }
-  static std::string read_file(const std::string& path);
 
  private:
   void* data_ = nullptr;
   size_t size_ = 0;
   std::string fallback_;
 };
-
-std::string read_file(const std::string& path) { return FileBytes::read_file(path); }
-
-std::string FileBytes::read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw NotFoundError(detail::str_cat("cannot open ", path));
-  std::string s;
-  f.seekg(0, std::ios::end);
-  s.resize(static_cast<size_t>(f.tellg()));
-  f.seekg(0);
-  f.read(s.data(), static_cast<std::streamsize>(s.size()));
-  return s;
-}
 
 std::unique_ptr<TokenizerImpl> build(std::string_view text, const std::string& where) {
   TokenizerJson tj = parse_tokenizer_json(text, where);
@@ -334,6 +319,12 @@ std::unique_ptr<TokenizerImpl> build(std::string_view text, const std::string& w
       throw FormatError(p + ".id must be a non-negative integer");
     }
     t.id = id.get<int32_t>();
+    // Tokenizer::vocab_size() counts up to the largest id, and callers size tables by it.
+    if (uint64_t(t.id) >= impl->model->max_id_plus_one() + added.size() + kMaxVocabIdGap) {
+      throw FormatError(detail::str_cat(p, ".id = ", t.id, " is far above the vocabulary's ",
+                                        impl->model->max_id_plus_one(),
+                                        " ids; added token ids must follow the vocabulary's"));
+    }
     t.special = get_bool(a, "special", p, false);
     t.lstrip = get_bool(a, "lstrip", p, false);
     t.rstrip = get_bool(a, "rstrip", p, false);
@@ -449,38 +440,44 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
-  tokenizer_detail::FileBytes bytes(path);
-  return Tokenizer(tokenizer_detail::build(bytes.view(), path));
+  return detail::with_tformers_errors(detail::str_cat("loading ", path), [&] {
+    tokenizer_detail::FileBytes bytes(path);
+    return Tokenizer(tokenizer_detail::build(bytes.view(), path));
+  });
 }
 
 Tokenizer Tokenizer::from_json_string(std::string_view json_text, const std::string& where) {
-  return Tokenizer(tokenizer_detail::build(json_text, where));
+  return detail::with_tformers_errors(detail::str_cat("loading ", where), [&] {
+    return Tokenizer(tokenizer_detail::build(json_text, where));
+  });
 }
 
 Tokenizer AutoTokenizer::from_pretrained(const std::string& id_or_path,
                                          const std::string& revision) {
   namespace fs = std::filesystem;
-  std::string dir = io::resolve_model_path(id_or_path, revision);
-  fs::path tj = fs::path(dir) / "tokenizer.json";
-  if (!fs::exists(tj)) {
-    throw NotFoundError(detail::str_cat(dir,
-                                        " has no tokenizer.json (only tokenizer.json-based "
-                                        "tokenizers are supported; convert a "
-                                        "SentencePiece model with Transformers first)"));
-  }
-  Tokenizer tok = Tokenizer::from_file(tj.string());
-  fs::path cfg = fs::path(dir) / "tokenizer_config.json";
-  if (fs::exists(cfg)) {
-    std::string text = tokenizer_detail::read_file(cfg.string());
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw FormatError(detail::str_cat(cfg.string(), ": malformed JSON: ", e.what()));
-    }
-    tokenizer_detail::apply_config(*tok.impl_, j, cfg.string());
-  }
-  return tok;
+  return detail::with_tformers_errors(
+      detail::str_cat("loading the tokenizer of ", id_or_path), [&] {
+        std::string dir = io::resolve_model_path(id_or_path, revision);
+        std::string tj = (fs::path(dir) / "tokenizer.json").string();
+        std::optional<Tokenizer> tok;
+        try {
+          tok.emplace(Tokenizer::from_file(tj));
+        } catch (const NotFoundError& e) {
+          if (std::string_view(e.what()) != tj + ": file not found") throw;
+          throw NotFoundError(detail::str_cat(dir,
+                                              " has no tokenizer.json (only tokenizer.json-based "
+                                              "tokenizers are supported; convert a "
+                                              "SentencePiece model with Transformers first)"));
+        }
+        std::string cfg = (fs::path(dir) / "tokenizer_config.json").string();
+        std::error_code ec;
+        if (fs::exists(cfg, ec)) {
+          nlohmann::json j =
+              io::parse_json(io::read_regular_file(cfg, io::kMaxConfigJsonBytes, "JSON file"), cfg);
+          tokenizer_detail::apply_config(*tok->impl_, j, cfg);
+        }
+        return std::move(*tok);
+      });
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {

@@ -287,36 +287,47 @@ TEST_F(TpMpi, UnevenSplitThreeRanks) {
   expect_ok(run_worker(3, "tiny-llama", kReplicateAttention));
 }
 
-TEST_F(TpMpi, KillingOneRankEndsTheOthersWithinSeconds) {
-  fs::path dir = fs::temp_directory_path() / ("tformers-tp-kill-" + std::to_string(getpid()));
+// How a two-rank generating job ended after the driver sent `sig` to rank 1.
+struct JobEnd {
+  bool exited = false;      // mpirun exited within the wait
+  int status = 0;           // its wait status
+  bool rank0_alive = true;  // rank 0 still running at the end of the wait
+  double seconds = 0;       // from the signal to the end of the job (or of the wait)
+  std::string output;       // what the job printed
+};
+
+JobEnd signal_rank1(int sig, const std::string& mpirun_options, std::chrono::seconds wait) {
+  JobEnd end;
+  fs::path dir = fs::temp_directory_path() / ("tformers-tp-signal-" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::string cmd = mpirun_prefix(2) + " -x TFORMERS_TP_PIDDIR=" + dir.string() + " " + self_exe() +
+  std::string log = (dir / "log").string();
+  std::string cmd = mpirun_prefix(2) + " " + mpirun_options +
+                    " -x TFORMERS_TP_PIDDIR=" + dir.string() + " " + self_exe() +
                     " --gtest_filter=TpWorker.GenerateUntilKilled";
   pid_t launcher = fork();
-  ASSERT_GE(launcher, 0);
+  if (launcher < 0) return end;
   if (launcher == 0) {
     setpgid(0, 0);
-    execl("/bin/sh", "sh", "-c", (cmd + " >/dev/null 2>&1").c_str(), (char*)nullptr);
+    execl("/bin/sh", "sh", "-c", (cmd + " >" + log + " 2>&1").c_str(), (char*)nullptr);
     _exit(127);
   }
   // Wait for both ranks to be generating.
   auto deadline = Clock::now() + std::chrono::seconds(60);
   while (!(fs::exists(dir / "rank0") && fs::exists(dir / "rank1")) && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(fs::exists(dir / "rank1")) << "ranks did not start";
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   pid_t rank0 = 0, rank1 = 0;
   std::ifstream(dir / "rank0") >> rank0;
   std::ifstream(dir / "rank1") >> rank1;
-  ASSERT_GT(rank1, 0);
-  ASSERT_EQ(kill(rank1, SIGKILL), 0);
-  const auto killed = Clock::now();
-  int status = 0;
-  bool exited = false;
-  while (Clock::now() - killed < std::chrono::seconds(30)) {
-    if (waitpid(launcher, &status, WNOHANG) == launcher) {
-      exited = true;
+  EXPECT_GT(rank1, 0) << "ranks did not start";
+  if (rank1 > 0) {
+    EXPECT_EQ(kill(rank1, sig), 0);
+  }
+  const auto sent = Clock::now();
+  while (Clock::now() - sent < wait) {
+    if (waitpid(launcher, &end.status, WNOHANG) == launcher) {
+      end.exited = true;
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -327,18 +338,43 @@ TEST_F(TpMpi, KillingOneRankEndsTheOthersWithinSeconds) {
     std::string pid_s, comm, state;
     return stat >> pid_s >> comm >> state && state != "Z";
   };
-  while (alive(rank0) && Clock::now() - killed < std::chrono::seconds(30))
+  while (rank0 > 0 && alive(rank0) && Clock::now() - sent < wait)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
-  if (!exited) {
+  end.rank0_alive = rank0 > 0 && alive(rank0);
+  end.seconds = std::chrono::duration<double>(Clock::now() - sent).count();
+  if (!end.exited) {
     kill(-launcher, SIGKILL);
-    waitpid(launcher, &status, 0);
+    if (rank1 > 0) kill(rank1, SIGKILL);
+    waitpid(launcher, &end.status, 0);
   }
+  std::ifstream in(log);
+  end.output.assign(std::istreambuf_iterator<char>(in), {});
   fs::remove_all(dir);
-  ASSERT_TRUE(exited) << "mpirun still running 30 s after a rank was killed";
-  EXPECT_TRUE(!WIFEXITED(status) || WEXITSTATUS(status) != 0) << "the job exited with 0";
-  EXPECT_FALSE(alive(rank0)) << "rank 0 still alive after " << seconds << " s";
-  std::printf("job ended %.2f s after rank 1 was killed\n", seconds);
+  return end;
+}
+
+TEST_F(TpMpi, KillingOneRankEndsTheOthersWithinSeconds) {
+  JobEnd end = signal_rank1(SIGKILL, "", std::chrono::seconds(30));
+  ASSERT_TRUE(end.exited) << "mpirun still running 30 s after a rank was killed";
+  EXPECT_TRUE(!WIFEXITED(end.status) || WEXITSTATUS(end.status) != 0) << "the job exited with 0";
+  EXPECT_FALSE(end.rank0_alive) << "rank 0 still alive after " << end.seconds << " s";
+  std::printf("job ended %.2f s after rank 1 was killed\n", end.seconds);
+}
+
+// A stopped rank does not die, so mpirun sees nothing: rank 0's collective timeout ends the job.
+TEST_F(TpMpi, StoppedRankEndsTheJobAfterTheCollectiveTimeout) {
+  JobEnd end = signal_rank1(SIGSTOP, "-x TFORMERS_TP_TIMEOUT=2", std::chrono::seconds(30));
+  ASSERT_TRUE(end.exited) << "mpirun still running 30 s after a rank was stopped:\n" << end.output;
+  EXPECT_TRUE(!WIFEXITED(end.status) || WEXITSTATUS(end.status) != 0) << "the job exited with 0";
+  EXPECT_FALSE(end.rank0_alive) << "rank 0 still alive after " << end.seconds << " s";
+  EXPECT_GE(end.seconds, 1.5) << "the job ended before the timeout:\n" << end.output;
+  EXPECT_NE(end.output.find("tformers: rank 0: collective "), std::string::npos) << end.output;
+  EXPECT_NE(end.output.find(
+                "got no answer from the other ranks in 2 s: a rank has stopped or hung. Ending "
+                "the job."),
+            std::string::npos)
+      << end.output;
+  std::printf("job ended %.2f s after rank 1 was stopped (timeout 2 s)\n", end.seconds);
 }
 
 TEST_F(TpMpi, OneRankThrowingEndsTheJobWithinSeconds) {
@@ -362,6 +398,19 @@ TEST_F(TpMpi, LaunchSetsEachRanksEnvironment) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("ENV 0 0 2 2 0 0\n"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("ENV 1 1 2 2 1 1\n"), std::string::npos) << r.output;
+}
+
+TEST_F(TpMpi, LaunchPassesTheCollectiveTimeoutToEveryRank) {
+  RunResult r = run(cli() +
+                    " launch --nproc-per-node 2 --tp-timeout 7.5 -- sh -c 'echo TIMEOUT "
+                    "$RANK $TFORMERS_TP_TIMEOUT'");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("TIMEOUT 0 7.5\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("TIMEOUT 1 7.5\n"), std::string::npos) << r.output;
+  r = run(cli() + " launch --nproc-per-node 2 --tp-timeout 0 -- true");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("--tp-timeout must be a number of seconds > 0"), std::string::npos)
+      << r.output;
 }
 
 // The multi-node form: mpirun reads the nodes from a hostfile (here, this machine alone).

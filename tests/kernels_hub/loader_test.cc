@@ -292,7 +292,7 @@ TEST_F(BadPackage, ManifestSchemaDoesNotMatchTheLayer) {
   unknown.replace(unknown.find("\"RMSNorm\""), 9, "\"LayerNorm\"");
   EXPECT_CONTAINS(load_error("good", unknown), "'LayerNorm' is not a layer tformers can replace");
 
-  EXPECT_CONTAINS(load_error("good", "{\"name\": \"fixture\""), "not valid JSON");
+  EXPECT_CONTAINS(load_error("good", "{\"name\": \"fixture\""), "malformed JSON");
   EXPECT_CONTAINS(load_error("good",
                              "{\"name\": \"fixture\", \"version\": \"x\", \"license\": "
                              "\"MIT\", \"backends\": [\"cpu\"], \"layers\": {}}"),

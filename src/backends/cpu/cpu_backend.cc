@@ -598,7 +598,7 @@ void CpuExecutable::custom_call(const RunContext& c, const Node& n, int id) cons
   call.host = &ThreadPool::global();
   call.error = error;
   call.error_size = sizeof error;
-  if (reinterpret_cast<TfKernelFn>(n.custom->fn)(&call) != 0) {
+  if (reinterpret_cast<TfKernelFn>(const_cast<void*>(n.custom->fn))(&call) != 0) {
     error[sizeof error - 1] = 0;
     throw Error(detail::str_cat("hub kernel ", n.custom->target, " failed at node ", n.name, ": ",
                                 error[0] ? error : "(no message)"));
