@@ -1,5 +1,7 @@
 #include "distributed/launcher.h"
 
+#include "distributed/process_group.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -105,6 +107,10 @@ bool is_launcher_command(const char* arg) {
 }
 
 int launcher_main(int argc, char** argv) {
+  if (const char* why = missing_mpi()) {
+    std::fprintf(stderr, "error: tformers launch: %s\n", why);
+    return 2;
+  }
   if (std::strcmp(argv[0], kRankStep) == 0) return rank_step(argc, argv);
   long nproc = 0, nnodes = 1, node_rank = 0, port = 29500;
   std::string master = "127.0.0.1", hostfile, tp_timeout;

@@ -1,6 +1,8 @@
 #include "distributed/process_group.h"
 
+#if TFORMERS_WITH_MPI
 #include <mpi.h>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -48,6 +50,7 @@ class SingleProcessGroup : public ProcessGroup {
   }
 };
 
+#if TFORMERS_WITH_MPI
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
@@ -55,6 +58,8 @@ void check_mpi(int rc, const char* what) {
   MPI_Error_string(rc, msg, &len);
   throw Error(detail::str_cat("MPI ", what, " failed: ", std::string(msg, size_t(len))));
 }
+
+#endif
 
 // Seconds; 0 until set or read from the environment.
 std::atomic<double>& timeout_setting() {
@@ -70,6 +75,7 @@ double checked_timeout(double seconds, const char* source) {
   return seconds;
 }
 
+#if TFORMERS_WITH_MPI
 // Waits for a nonblocking collective, or ends the job when the peers do not answer in time. A
 // blocking MPI collective would wait forever for a rank that is stopped rather than dead.
 void wait_or_abort(MPI_Request& req, const char* what, int rank) {
@@ -184,7 +190,19 @@ void finalize_at_exit() {
   std::abort();
 }
 
+#endif
+
 }  // namespace
+
+const char* missing_mpi() {
+#if TFORMERS_WITH_MPI
+  return nullptr;
+#else
+  return "this build of tformers has no MPI, which tensor parallelism needs to run one process "
+         "per shard: install Open MPI (Debian: libopenmpi-dev openmpi-bin) and rebuild with "
+         "-DTFORMERS_WITH_MPI=ON";
+#endif
+}
 
 int register_group(std::shared_ptr<ProcessGroup> group) {
   std::lock_guard lock(registry_mutex());
@@ -227,6 +245,9 @@ std::shared_ptr<ProcessGroup> world() {
   static std::shared_ptr<ProcessGroup> w = [] {
     std::shared_ptr<ProcessGroup> g;
     if (launched_by_mpi()) {
+#if !TFORMERS_WITH_MPI
+      throw UnsupportedError(detail::str_cat("started by mpirun, but ", missing_mpi()));
+#else
       int init = 0;
       MPI_Initialized(&init);
       if (!init) {
@@ -240,6 +261,7 @@ std::shared_ptr<ProcessGroup> world() {
       }
       g = std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD);
       if (g->size() > 1) std::set_terminate(terminate_handler);
+#endif
     } else {
       g = std::make_shared<SingleProcessGroup>();
     }
@@ -250,6 +272,8 @@ std::shared_ptr<ProcessGroup> world() {
 }
 
 std::shared_ptr<ProcessGroup> tp_group(int64_t tp_size) {
+  if (tp_size > 1 && missing_mpi())
+    throw UnsupportedError(detail::str_cat("tp_size ", tp_size, ": ", missing_mpi()));
   std::shared_ptr<ProcessGroup> w = world();
   const int ws = w->size();
   if (tp_size < 1 || tp_size > ws || ws % tp_size)
@@ -267,9 +291,11 @@ std::shared_ptr<ProcessGroup> tp_group(int64_t tp_size) {
   if (tp_size == 1) {
     g = std::make_shared<SingleProcessGroup>();
   } else {
+#if TFORMERS_WITH_MPI
     MPI_Comm comm;
     check_mpi(MPI_Comm_split(MPI_COMM_WORLD, int(w->rank() / tp_size), w->rank(), &comm), "split");
     g = std::make_shared<MpiProcessGroup>(comm);
+#endif
   }
   register_group(g);
   return groups[tp_size] = g;

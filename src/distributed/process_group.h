@@ -43,6 +43,9 @@ std::shared_ptr<ProcessGroup> world();
 // Groups of tp_size consecutive world ranks; this rank's group. InvalidArgumentError when
 // tp_size does not divide the world size or exceeds it.
 std::shared_ptr<ProcessGroup> tp_group(int64_t tp_size);
+// Null when this build has MPI; else the message that tensor parallelism cannot run and how to
+// rebuild (TFORMERS_WITH_MPI is a build option, ON when Open MPI is found).
+const char* missing_mpi();
 // True when this process was started by mpirun (Open MPI or a PMI launcher).
 bool launched_by_mpi();
 

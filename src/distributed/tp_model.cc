@@ -18,13 +18,19 @@ std::vector<std::string> modules_of(const std::vector<WeightDecl>& weights) {
   for (const auto& w : weights) mods.insert(module_of(w.name));
   return {mods.begin(), mods.end()};
 }
+// The group `config` asks for, its collective timeout applied first (splitting the world is
+// itself a collective).
+std::shared_ptr<ProcessGroup> group_for(const DistributedConfig& config) {
+  if (config.timeout) set_collective_timeout(*config.timeout);
+  return tp_group(config.tp_size.value_or(world_size()));
+}
+
 }  // namespace
 
 TpModel::TpModel(const DistributedConfig& config,
                  const std::map<std::string, std::string>& defaults,
                  const std::vector<WeightDecl>& weights)
-    : group_(tp_group(config.tp_size.value_or(world_size()))),
-      plan_(defaults, config.tp_plan, modules_of(weights)) {
+    : group_(group_for(config)), plan_(defaults, config.tp_plan, modules_of(weights)) {
   init(weights);
 }
 

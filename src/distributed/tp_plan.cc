@@ -160,7 +160,7 @@ TpPlan::TpPlan(const std::map<std::string, std::string>& defaults,
   for (const auto& [key, style] : user) {
     TpStyle s = parse(key, style, "");
     bool any = std::any_of(modules.begin(), modules.end(),
-                           [&](const std::string& m) { return matches(key, m); });
+                           [&, &key = key](const std::string& m) { return matches(key, m); });
     if (!any) {
       std::set<std::string> valid;
       for (const auto& m : modules) valid.insert(key_form(m));

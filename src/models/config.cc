@@ -3,7 +3,6 @@
 // silently produce garbage (a negative eps, a zero theta).
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <numbers>
 
 #include "models/layers.h"
@@ -21,24 +20,11 @@ constexpr int64_t kMaxHeads = 4096;
 constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxPositions = int64_t(1) << 30;
 
+// A field in [lo, hi]; absent or null gives the fallback when there is one.
 int64_t int_in(const io::Json& j, const std::string& key, int64_t lo, int64_t hi,
                const std::string& where, std::optional<int64_t> fallback = std::nullopt) {
-  int64_t v = fallback ? io::get_or<int64_t>(j, key, *fallback, where)
-                       : io::get_required<int64_t>(j, key, where);
-  if (v < lo || v > hi)
-    throw FormatError(where + ": field '" + key + "' must be in [" + std::to_string(lo) + ", " +
-                      std::to_string(hi) + "], got " + std::to_string(v));
-  return v;
-}
-
-// A finite number in (lo, hi); absent or null gives the fallback.
-double positive_in(const io::Json& j, const std::string& key, double fallback, double hi,
-                   const std::string& where) {
-  double v = io::get_or<double>(j, key, fallback, where);
-  if (!std::isfinite(v) || v <= 0 || v >= hi)
-    throw FormatError(where + ": field '" + key + "' must be a positive number below " +
-                      std::to_string(hi) + ", got " + std::to_string(v));
-  return v;
+  return fallback ? io::get_int_in_or(j, key, *fallback, lo, hi, where)
+                  : io::get_int_in(j, key, lo, hi, where);
 }
 
 }  // namespace
@@ -65,7 +51,7 @@ void read_decoder_config(const io::Json& j, const std::string& where, DecoderCon
     throw FormatError(where + ": head_dim must be even (RoPE rotates pairs), got " +
                       std::to_string(c.head_dim));
   c.max_position_embeddings = int_in(j, "max_position_embeddings", 1, kMaxPositions, where, 2048);
-  c.rms_norm_eps = positive_in(j, "rms_norm_eps", 1e-6, 1, where);
+  c.rms_norm_eps = io::get_double_in_or(j, "rms_norm_eps", 1e-6, 1e-12, 1.0, where);
   c.tie_word_embeddings = io::get_or<bool>(j, "tie_word_embeddings", false, where);
   if (auto d = io::get_optional<std::string>(j, "torch_dtype", where))
     c.torch_dtype = parse_dtype(*d);
@@ -112,7 +98,7 @@ RopeConfig read_rope(const io::Json& j, const std::string& where, int64_t head_d
                      bool interleaved) {
   RopeConfig r;
   r.interleaved = interleaved;
-  theta = positive_in(j, "rope_theta", theta, std::numeric_limits<double>::max(), where);
+  theta = io::get_positive_finite_or(j, "rope_theta", theta, where);
   const double partial = io::get_or<double>(j, "partial_rotary_factor", 1.0, where);
   if (!(partial > 0 && partial <= 1))
     throw FormatError(where + ": field 'partial_rotary_factor' must be in (0, 1], got " +

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "distributed/process_group.h"
+#include "distributed/tp_model.h"
 #include "tformers/error.h"
 
 namespace tformers::distributed {
@@ -39,6 +40,18 @@ TEST(CollectiveTimeout, EnvironmentThenSetting) {
   set_collective_timeout(9);
   EXPECT_EQ(collective_timeout(), 9);
   unsetenv("TFORMERS_TP_TIMEOUT");
+}
+
+// DistributedConfig::timeout reaches the collectives when a model is split (one rank here).
+TEST(CollectiveTimeout, FromTheDistributedConfig) {
+  DistributedConfig dc{.tp_size = 1, .timeout = 7.5};
+  TpModel tp(dc, {}, {{"w", {4, 4}}});
+  EXPECT_EQ(collective_timeout(), 7.5);
+  dc.timeout = -1;
+  EXPECT_NE(invalid_argument_of([&] {
+              TpModel(dc, {}, {{"w", {4, 4}}});
+            }).find("DistributedConfig::timeout = -1"),
+            std::string::npos);
 }
 
 }  // namespace
