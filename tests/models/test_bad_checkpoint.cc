@@ -132,6 +132,35 @@ TEST_F(BadCheckpoint, MissingConfig) {
   EXPECT_HAS(load_error<NotFoundError>(), "config.json");
 }
 
+// Hostile config.json values: each is refused before any size is computed from it, with a
+// FormatError naming the file and the field (no hang, no overflow, no huge allocation).
+TEST_F(BadCheckpoint, OutOfRangeFieldsAreFormatErrorsNamingTheField) {
+  const int64_t huge = int64_t(1) << 62;
+  const std::vector<std::pair<std::string, nlohmann::json>> cases = {
+      {"head_dim", huge},
+      {"num_hidden_layers", huge},
+      {"max_position_embeddings", huge},
+      {"max_position_embeddings", 0},
+      {"max_position_embeddings", -5},
+      {"num_attention_heads", huge},
+      {"hidden_size", huge},
+      {"vocab_size", int64_t(1) << 40},
+      {"rope_theta", 0.0},
+      {"rope_theta", -1.0},
+      {"rms_norm_eps", -1e-6},
+      {"rms_norm_eps", 0.0},
+  };
+  const nlohmann::json good = config();
+  for (const auto& [field, value] : cases) {
+    auto j = good;
+    j[field] = value;
+    write_config(j);
+    std::string m = load_error<FormatError>();
+    EXPECT_HAS(m, field);
+    EXPECT_HAS(m, "config.json");
+  }
+}
+
 TEST_F(BadCheckpoint, UnsupportedRopeScaling) {
   auto j = config();
   j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
