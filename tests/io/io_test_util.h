@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error_of.h"
 #include "tformers/error.h"
 
 namespace tformers::io::testing {
@@ -62,20 +63,7 @@ inline std::string raw_safetensors(const std::string& header, const std::string&
   return le64(length < 0 ? header.size() : uint64_t(length)) + header + data;
 }
 
-// Runs f, expects exactly an E, and returns its message (empty and a test failure otherwise).
-template <typename E, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected a different exception type, got: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected an exception, none was thrown";
-  return "";
-}
+using ::tformers::testing::error_of;
 
 }  // namespace tformers::io::testing
 

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 
+#include "common/error_of.h"
 #include "hub_test_util.h"
 #include "kernels_hub/package.h"
 #include "kernels_hub/sha256.h"
@@ -30,22 +31,7 @@ std::string run(const std::string& cmd) {
   return out + "\nexit " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
-template <typename E, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "no exception";
-  return "";
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+using tformers::testing::error_of;
 
 // Moves every file of a snapshot into ../../blobs/<n> and leaves a relative symlink in its place,
 // as huggingface_hub stores downloads.

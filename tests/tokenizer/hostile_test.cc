@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/error_of.h"
 #include "tformers/error.h"
 #include "tformers/tokenizer.h"
 
@@ -35,22 +36,7 @@ std::string tokenizer_json(const std::string& normalizer = "null",
   return s;
 }
 
-template <typename E, typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "no exception";
-  return "";
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+using tformers::testing::error_of;
 
 class TempFolder {
  public:
