@@ -49,7 +49,7 @@ GenerateOutput beam_search(CausalLM& model, const std::vector<std::vector<int32_
                            const ResolvedGenerationConfig& rc, int64_t cache_len,
                            const std::function<int64_t(int64_t)>& padded_len) {
   CausalLM::Impl& m = model.impl();
-  const int64_t V = m.config.vocab_size, K = rc.num_beams, N = rc.max_new_tokens;
+  const int64_t V = m.arch_config->vocab_size, K = rc.num_beams, N = rc.max_new_tokens;
   const int64_t B = int64_t(prompts.size()), rows = B * K;
   // Enough continuations that num_beams of them are still running even if all others hit eos.
   const int64_t keep = std::max<int64_t>(2, 1 + int64_t(rc.eos_token_id.size())) * K;

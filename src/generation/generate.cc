@@ -37,7 +37,7 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
                         const GenerationConfig& call, const TokenCallback& on_token,
                         const Tokenizer* tokenizer) {
   CausalLM::Impl& m = model.impl();
-  const int64_t V = m.config.vocab_size;
+  const int64_t V = m.arch_config->vocab_size;
   if (prompts.empty()) throw InvalidArgumentError("generate: input_ids has no rows");
   int64_t longest = 0;
   for (size_t r = 0; r < prompts.size(); ++r) {
@@ -52,7 +52,7 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
     longest = std::max(longest, int64_t(prompts[r].size()));
   }
   const GenerationConfig merged = m.generation_config.merged_with(call);
-  ResolvedGenerationConfig rc = resolve(merged, longest, V, m.config.max_position_embeddings);
+  ResolvedGenerationConfig rc = resolve(merged, longest, V, m.arch_config->max_position_embeddings);
   // Tensor-parallel ranks sample with rank 0's seed, so an unset seed (drawn per process) still
   // gives every rank the same tokens.
   if (m.tp) rc.seed = distributed::agree_seed(rc.seed);

@@ -14,6 +14,7 @@
 #include "models/overrides.h"
 #include "tformers/error.h"
 #include "tformers/kernels.h"
+#include "tformers/model.h"
 
 namespace tformers {
 
@@ -88,7 +89,7 @@ std::vector<KernelizedLayer> kernelize(CausalLM& model, const KernelMapping& map
         {"*", "", "USE_HUB_KERNELS=" + std::string(use) + ": every layer uses its built-in op"}};
   }
 
-  const std::string device = models::backend_name(model);
+  const std::string device = model.device();
   KernelOptions ko = opt.kernel_options;
   ko.device = device;
   auto lk = std::make_shared<LayerKernels>();

@@ -89,7 +89,6 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   const std::string config_path = (std::filesystem::path(impl->path) / "config.json").string();
   impl->arch_config = parse_config(io::load_json_file(config_path), config_path, impl->arch);
   const models::ArchConfig& c = *impl->arch_config;
-  impl->config = c;
   impl->dtype = opt.dtype.value_or(c.torch_dtype.value_or(DType::f32));
   if (impl->dtype != DType::f32 && impl->dtype != DType::bf16)
     throw UnsupportedError(std::string("dtype ") + std::string(dtype_name(impl->dtype)) +
@@ -284,7 +283,7 @@ void CausalLM::Impl::run(Step& s, const Tensor& ids, const Tensor& positions, co
   s.exe->run(s.params, s.states, inputs, outputs);
 }
 
-const PretrainedConfig& CausalLM::config() const { return impl_->config; }
+const PretrainedConfig& CausalLM::config() const { return *impl_->arch_config; }
 const std::string& CausalLM::device() const { return impl_->device; }
 DType CausalLM::dtype() const { return impl_->dtype; }
 int64_t CausalLM::cache_batch() const { return impl_->cache_batch; }
@@ -355,7 +354,7 @@ Tensor CausalLM::forward(const ForwardArgs& a) {
     std::fill_n(mask.data<int32_t>(), mask.numel(), 1);
   }
   const int64_t keep = a.logits_to_keep == 0 ? T : a.logits_to_keep;
-  Tensor logits = Tensor::zeros({B, keep, m.config.vocab_size}, DType::f32);
+  Tensor logits = Tensor::zeros({B, keep, m.arch_config->vocab_size}, DType::f32);
   Impl::Step& s = m.step({B, T, m.cache_len, keep == T ? 0 : keep});
   m.run(s, ids, pos, mask, a.cache_position, logits);
   return logits;
@@ -368,7 +367,6 @@ void set_layer_overrides(CausalLM& model, std::shared_ptr<const LayerOverrides> 
   m.overrides = std::move(overrides);
   m.steps.clear();
 }
-std::string backend_name(const CausalLM& model) { return model.device(); }
 bool is_verbose(const CausalLM& model) { return model.impl().verbose; }
 
 }  // namespace models

@@ -21,10 +21,9 @@ struct CausalLM::Impl {
     std::vector<backends::Buffer*> params, states;
   };
 
-  // config.json as the architecture read it, and a copy of its public part (what CausalLM::config
-  // returns and the generation loop reads).
+  // config.json as the architecture read it; its PretrainedConfig part is what CausalLM::config
+  // returns and the generation loop reads.
   std::unique_ptr<models::ArchConfig> arch_config;
-  PretrainedConfig config;
   const models::Architecture* arch = nullptr;
   backends::Backend* backend = nullptr;
   std::string device;  // the backend's name

@@ -118,23 +118,17 @@ void RMSNorm::declare(std::vector<WeightSpec>& w, const std::string& prefix) con
 
 Value RMSNorm::operator()(Ctx& c, Value x, const std::string& prefix) const {
   Value w = c.p(prefix + ".weight");
-  return layer_op(c, !unit_offset, "RMSNorm", {x, w}, {DType::f32, c.b.type(x).shape}, {eps},
-                  prefix, [&] {
-                    return unit_offset ? c.b.rms_norm(x, w, eps, {.unit_offset = true}, prefix)
-                                       : c.b.rms_norm(x, w, eps, prefix);
-                  });
+  return layer_op(c, !unit_offset, "RMSNorm", {x, w}, c.b.type(x), {eps}, prefix,
+                  [&] { return c.b.rms_norm(x, w, eps, {.unit_offset = unit_offset}, prefix); });
 }
 
 Value Rotary::operator()(Ctx& c, Value x, const std::string& name) const {
   const int64_t D = c.b.type(x).shape.back();
   const bool plain = rope.rotary_dim == D && !rope.interleaved;
-  return layer_op(c, plain, "RotaryEmbedding", {x, c.pos}, {DType::f32, c.b.type(x).shape},
-                  rope.inv_freq, name, [&] {
-                    if (plain) return c.b.rope(x, c.pos, rope.inv_freq, name);
-                    return c.b.rope(
-                        x, c.pos, rope.inv_freq,
-                        {.rotary_dim = rope.rotary_dim, .interleaved = rope.interleaved}, name);
-                  });
+  return layer_op(c, plain, "RotaryEmbedding", {x, c.pos}, c.b.type(x), rope.inv_freq, name, [&] {
+    return c.b.rope(x, c.pos, rope.inv_freq,
+                    {.rotary_dim = rope.rotary_dim, .interleaved = rope.interleaved}, name);
+  });
 }
 
 Activation parse_activation(const std::string& name, const std::string& where) {
@@ -198,12 +192,10 @@ Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t 
   const bool plain = sliding_window == 0 && softcap == 0;
   const std::string name = prefix + ".attention";
   Value att =
-      layer_op(c, plain, "Attention", {q, kc, vc, c.start, c.mask}, {DType::f32, b.type(q).shape},
-               {s}, name, [&] {
-                 if (plain) return b.attention(q, kc, vc, c.start, c.mask, s, name);
-                 return b.attention(q, kc, vc, c.start, c.mask, s,
-                                    {.sliding_window = sliding_window, .softcap = softcap}, name);
-               });
+      layer_op(c, plain, "Attention", {q, kc, vc, c.start, c.mask}, b.type(q), {s}, name, [&] {
+        return b.attention(q, kc, vc, c.start, c.mask, s,
+                           {.sliding_window = sliding_window, .softcap = softcap}, name);
+      });
   // att (B,T,Hq,D)
   return linear(c, b.reshape(att, {B, T, Hq * D}), prefix + ".o_proj");
 }

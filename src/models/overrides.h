@@ -34,8 +34,7 @@ class LayerOverrides {
 // Makes `model` build its graphs with `overrides` (null: built-in ops only). Compiled steps are
 // dropped, so the next forward pass compiles graphs that call the new implementations.
 void set_layer_overrides(CausalLM& model, std::shared_ptr<const LayerOverrides> overrides);
-// The backend the model runs on ("cpu") and whether it was loaded verbose.
-std::string backend_name(const CausalLM& model);
+// Whether the model was loaded verbose (kernelize reports its choices then).
 bool is_verbose(const CausalLM& model);
 
 }  // namespace tformers::models
