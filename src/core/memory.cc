@@ -38,6 +38,14 @@ void release_pages(const Tensor& t) {
   if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
+Tensor resident_zeros(const Shape& shape, DType dtype) {
+  const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  if (bytes < kHugePage) return Tensor::zeros(shape, dtype);
+  std::shared_ptr<void> mem = allocate_pages(bytes);
+  void* data = mem.get();
+  return Tensor::borrow(shape, dtype, data, std::move(mem));
+}
+
 Tensor resident_copy(const Tensor& t, ThreadPool& pool) {
   if (t.nbytes() < kHugePage) {  // a norm or a bias: a page of its own would mostly be waste
     Tensor small = Tensor::zeros(t.shape(), t.dtype());

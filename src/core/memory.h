@@ -25,6 +25,11 @@ std::shared_ptr<void> allocate_pages(size_t bytes);
 // holds the copy rather than both.
 void release_pages(const Tensor& t);
 
+// A zero tensor for a long-lived buffer (a KV cache): from allocate_pages from kHugePage bytes
+// up, else Tensor::zeros. Transient tensors (logits, conversions) stay with Tensor::zeros, since
+// mapping and unmapping pages per call would cost more than they save.
+Tensor resident_zeros(const Shape& shape, DType dtype);
+
 // A copy of `t` in its own memory: from allocate_pages, copied in parallel over `pool`, from
 // kHugePage bytes up; below that (norms, biases), from malloc.
 Tensor resident_copy(const Tensor& t, ThreadPool& pool);

@@ -3,7 +3,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "core/memory.h"
 #include "tformers/error.h"
 
 namespace tformers {
@@ -32,12 +31,6 @@ Tensor Tensor::zeros(Shape shape, DType dtype) {
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   size_t bytes = (t.nbytes() + 63) / 64 * 64;
-  if (bytes >= kHugePage) {  // weights, caches, conversions: their own huge pages, already zero
-    std::shared_ptr<void> mem = allocate_pages(bytes);
-    t.data_ = mem.get();
-    t.owner_ = std::move(mem);
-    return t;
-  }
   void* p = std::aligned_alloc(64, bytes ? bytes : 64);
   if (!p) throw Error("Tensor: out of memory allocating " + std::to_string(bytes) + " bytes");
   std::memset(p, 0, bytes);

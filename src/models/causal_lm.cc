@@ -122,8 +122,12 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     impl->weight_types[name] = buf->type();
     impl->weights[name] = std::move(buf);
   };
+  // `w` is a view of the checkpoint's mapping. Once the backend has its prepared copy, the
+  // mapped pages are released: they stay in the page cache (re-read if touched, as a tied
+  // embedding's are) but resident memory holds the copy rather than both.
   auto add_prepared = [&](const std::string& name, const Tensor& w) {
     backends::PreparedWeight pw = impl->backend->prepare_linear(w, opt.quantize);
+    release_pages(w);
     const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
     bind(name, std::move(pw.weight));
     if (pw.scale) bind(prefix + ".weight_scale", std::move(pw.scale));

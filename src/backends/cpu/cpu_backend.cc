@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "backends/cpu/kernels.h"
+#include "core/memory.h"
 #include "distributed/process_group.h"
 #include "tformers/error.h"
 #include "tformers/kernel_abi.h"
@@ -619,7 +620,7 @@ class CpuBackend : public Backend {
     return std::make_shared<CpuBuffer>(graph::TensorType{host.dtype(), host.shape()}, host);
   }
   std::shared_ptr<Buffer> allocate(const graph::TensorType& type) override {
-    return std::make_shared<CpuBuffer>(type, Tensor::zeros(type.shape, type.dtype));
+    return std::make_shared<CpuBuffer>(type, resident_zeros(type.shape, type.dtype));
   }
   PreparedWeight prepare_linear(const Tensor& w, const std::string& quantize) override {
     if (quantize == "int8") return prepare_int8(*this, w);
