@@ -35,6 +35,7 @@
 #include "core/thread_pool.h"
 #include "distributed/launcher.h"
 #include "errors.h"
+#include "io/file.h"
 #include "io/hub.h"
 #include "kernels_hub/cli.h"
 #include "terminal.h"
@@ -105,16 +106,8 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
-std::string read_prompt_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw tformers::NotFoundError("--file: '" + path + "' is not a readable file");
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (!in) throw tformers::NotFoundError("--file: cannot read '" + path + "'");
-  return ss.str();
-}
+// A prompt file: a regular file (never a FIFO or device) of at most this many bytes.
+constexpr uint64_t kMaxPromptFileBytes = uint64_t(64) << 20;
 
 // Options shared by the commands that load a model.
 struct GenerateArgs {
@@ -272,7 +265,10 @@ int cmd_generate(const GenerateArgs& a) {
     throw tformers::InvalidArgumentError(
         "generate: give exactly one of --prompt, --file and --prompt-ids");
   quiet_other_ranks(a);
-  const std::string prompt = a.prompt_file.empty() ? a.prompt : read_prompt_file(a.prompt_file);
+  const std::string prompt =
+      a.prompt_file.empty()
+          ? a.prompt
+          : tformers::io::read_regular_file(a.prompt_file, kMaxPromptFileBytes, "--file prompt");
   auto t0 = Clock::now();
   std::optional<tformers::Tokenizer> tok = maybe_tokenizer(a.model, a.revision);
   std::vector<int32_t> ids;
@@ -302,8 +298,6 @@ int cmd_generate(const GenerateArgs& a) {
 
   tformers::GenerationConfig gc = generation_config(a);
   if (!gc.seed && !lm.generation_config().seed) gc.seed = random_seed();
-  // Split ranks must sample alike: rank 0's seed everywhere.
-  if (a.tp > 0 && gc.seed) gc.seed = tformers::distributed::agree_seed(*gc.seed);
   const tformers::GenerationConfig merged = lm.generation_config().merged_with(gc);
   const uint64_t seed = *merged.seed;
   if (a.verbose && merged.do_sample.value_or(false))
@@ -449,8 +443,8 @@ int cmd_chat(const GenerateArgs& a) {
   gc.max_cache_len = ctx;
   // Bad settings fail here, before the first prompt, rather than after the user's first line.
   tformers::resolve(lm.generation_config().merged_with(gc), 1, lm.config().vocab_size, positions);
-  const uint64_t session_seed =
-      gc.seed.value_or(lm.generation_config().seed.value_or(random_seed()));
+  const std::optional<uint64_t> set_seed = gc.seed ? gc.seed : lm.generation_config().seed;
+  const uint64_t session_seed = set_seed ? *set_seed : random_seed();
   if (a.verbose)
     std::fprintf(stderr,
                  "tformers: chat: context %lld tokens, up to %lld new per reply, seed %llu\n",

@@ -504,14 +504,15 @@ Checkpoint Checkpoint::open(const std::string& dir) {
         throw FormatError(
             str_cat(index, ": weight_map[\"", it.key(), "\"] must be a shard file name (string)"));
       const std::string& shard = it.value().get_ref<const std::string&>();
-      resolve_inside(dir, shard, str_cat(index, ": weight_map[\"", it.key(), "\"]"));
       auto [u, fresh] = first_use.emplace(shard, std::make_pair(it.key(), size_t(0)));
       ++u->second.second;
       if (fresh) shards.push_back(shard);
     }
     std::map<std::string, size_t> shard_file;
     for (const auto& shard : shards) {
-      std::string p = resolve_inside(dir, shard, index);
+      // Checked once per shard, naming the first tensor that uses it.
+      std::string p = resolve_inside(
+          dir, shard, str_cat(index, ": weight_map[\"", first_use[shard].first, "\"]"));
       if (!fs::exists(p, ec)) {
         const auto& [tensor, count] = first_use[shard];
         throw NotFoundError(str_cat(index, ": shard '", shard, "' (holding '", tensor, "'",

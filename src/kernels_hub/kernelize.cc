@@ -80,11 +80,10 @@ std::shared_ptr<const graph::CustomCall> LayerKernels::find(
 
 std::vector<KernelizedLayer> kernelize(CausalLM& model, const KernelMapping& mapping,
                                        const KernelizeOptions& opt) {
-  auto restore = [&] { models::set_layer_overrides(model, nullptr); };
   const char* use = std::getenv("USE_HUB_KERNELS");
   if (use && (std::string(use) == "0" || std::string(use) == "false" || std::string(use) == "no" ||
               std::string(use) == "off")) {
-    restore();
+    models::set_layer_overrides(model, nullptr);
     return {
         {"*", "", "USE_HUB_KERNELS=" + std::string(use) + ": every layer uses its built-in op"}};
   }
@@ -164,8 +163,7 @@ std::vector<KernelizedLayer> kernelize(CausalLM& model, const KernelMapping& map
     for (const auto& r : report)
       std::fprintf(stderr, "tformers: kernelize %s: %s\n", r.layer.c_str(),
                    r.kernel.empty() ? r.note.c_str() : (r.kernel + "; " + r.note).c_str());
-  restore();
-  if (!lk->slots.empty()) models::set_layer_overrides(model, lk);
+  models::set_layer_overrides(model, lk->slots.empty() ? nullptr : lk);
   return report;
 }
 

@@ -459,24 +459,17 @@ Tokenizer AutoTokenizer::from_pretrained(const std::string& id_or_path,
       detail::str_cat("loading the tokenizer of ", id_or_path), [&] {
         std::string dir = io::resolve_model_path(id_or_path, revision);
         std::string tj = (fs::path(dir) / "tokenizer.json").string();
-        std::optional<Tokenizer> tok;
-        try {
-          tok.emplace(Tokenizer::from_file(tj));
-        } catch (const NotFoundError& e) {
-          if (std::string_view(e.what()) != tj + ": file not found") throw;
+        std::error_code ec;
+        if (!fs::exists(tj, ec))
           throw NotFoundError(detail::str_cat(dir,
                                               " has no tokenizer.json (only tokenizer.json-based "
                                               "tokenizers are supported; convert a "
                                               "SentencePiece model with Transformers first)"));
-        }
+        Tokenizer tok = Tokenizer::from_file(tj);
         std::string cfg = (fs::path(dir) / "tokenizer_config.json").string();
-        std::error_code ec;
-        if (fs::exists(cfg, ec)) {
-          nlohmann::json j =
-              io::parse_json(io::read_regular_file(cfg, io::kMaxConfigJsonBytes, "JSON file"), cfg);
-          tokenizer_detail::apply_config(*tok->impl_, j, cfg);
-        }
-        return std::move(*tok);
+        if (fs::exists(cfg, ec))
+          tokenizer_detail::apply_config(*tok.impl_, io::load_json_file(cfg), cfg);
+        return tok;
       });
 }
 

@@ -21,7 +21,8 @@ std::string invalid_argument_of(F&& f) {
   return "";
 }
 
-// One test: the setting is process-wide, and once set it wins over the environment.
+// One test: the setting is process-wide (a second test would depend on the order they run in),
+// and once set it wins over the environment.
 TEST(CollectiveTimeout, EnvironmentThenSetting) {
   unsetenv("TFORMERS_TP_TIMEOUT");
   EXPECT_EQ(collective_timeout(), kDefaultCollectiveTimeout);
@@ -40,10 +41,8 @@ TEST(CollectiveTimeout, EnvironmentThenSetting) {
   set_collective_timeout(9);
   EXPECT_EQ(collective_timeout(), 9);
   unsetenv("TFORMERS_TP_TIMEOUT");
-}
 
-// DistributedConfig::timeout reaches the collectives when a model is split (one rank here).
-TEST(CollectiveTimeout, FromTheDistributedConfig) {
+  // DistributedConfig::timeout reaches the collectives when a model is split (one rank here).
   DistributedConfig dc{.tp_size = 1, .timeout = 7.5};
   TpModel tp(dc, {}, {{"w", {4, 4}}});
   EXPECT_EQ(collective_timeout(), 7.5);
