@@ -1,0 +1,129 @@
+// Continuous batching over a paged KV cache, the engine behind `tformers serve` (as vLLM's
+// LLMEngine is behind `vllm serve`).
+//
+//   tformers::ServingEngine engine(model, {.max_num_seqs = 8, .max_model_len = 2048}, &tok);
+//   engine.warm_up();  // compiles every shape of the plan
+//   engine.start();    // the scheduler thread
+//   engine.submit({.prompt = ids, .config = {.max_new_tokens = 64}},
+//                 [](const tformers::ServingEvent& e) { ... });
+//
+// One scheduler thread owns the model. Each step it admits waiting requests (one prefill each,
+// the prompt padded to a bucket) while KV blocks and rows are free, then advances every running
+// sequence by one token in one batched decode step, the batch padded to a bucket size. The
+// shapes are fixed by the config, so after warm_up() nothing compiles again. Keys and values live
+// in fixed-size blocks of one pool; each sequence has a block table, and attention reads
+// through it. A finished or cancelled sequence frees its blocks at once. A request whose blocks
+// cannot be had waits; it is never truncated.
+//
+// A request's tokens do not depend on what else is batched with it: every row's numbers go
+// through the same kernels in the same order whatever the batch (tested against the request run
+// alone).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tformers/generation.h"
+
+namespace tformers {
+
+class CausalLM;
+class Tokenizer;
+
+struct ServingConfig {
+  int64_t max_num_seqs = 8;   // sequences decoded together (the largest decode batch)
+  int64_t max_model_len = 0;  // prompt + generated tokens of one sequence; 0: the smaller of
+                              // max_position_embeddings and 4096
+  int64_t block_size = 16;    // positions per KV block
+  // KV blocks in the pool. 0: from kv_cache_bytes when set, else enough for max_num_seqs
+  // sequences of max_model_len.
+  int64_t num_blocks = 0;
+  int64_t kv_cache_bytes = 0;
+  // Prompts are padded to the smallest of these; default: powers of two from 16, and
+  // max_model_len. Decode batches are padded to powers of two up to max_num_seqs.
+  std::vector<int64_t> prefill_buckets;
+};
+
+struct ServingRequest {
+  std::vector<int32_t> prompt;
+  // Layered over the model's generation_config.json, as generate() does. num_beams and
+  // num_return_sequences must be 1.
+  GenerationConfig config;
+  bool logprobs = false;     // report each token's log-probability
+  int64_t top_logprobs = 0;  // and this many most likely alternatives (0-20)
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+// One event per generated token; the last one has finish_reason set. A request that ends
+// without a new token (cancelled while waiting, an error) gets one event with token -1.
+// Log-probabilities are log_softmax of the model's logits, before any processor or warper (as
+// vLLM's default).
+struct ServingEvent {
+  uint64_t request = 0;
+  int32_t token = -1;
+  float logprob = 0;                       // with logprobs
+  std::vector<TokenLogprob> top_logprobs;  // with top_logprobs, most likely first
+  // "" while running; "stop" (an eos id or a stop string), "length" (max_new_tokens or
+  // max_model_len), "abort" (cancelled or shut down) or "error".
+  std::string finish_reason;
+  std::string error;  // with "error"
+};
+// Called on the scheduler thread, in token order per request. It must return quickly and may
+// call only cancel() on the engine.
+using ServingCallback = std::function<void(const ServingEvent&)>;
+
+struct ServingStats {
+  int64_t running = 0, waiting = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  uint64_t prompt_tokens = 0, generated_tokens = 0;  // since start
+  // Rows and positions computed for padding (bucketed prompts, padded decode batches) and in all.
+  uint64_t padded_tokens = 0, computed_tokens = 0;
+  uint64_t steps = 0;
+  uint64_t compiles = 0;              // compiles of the model's steps since load
+  uint64_t compiles_since_ready = 0;  // since warm_up() finished: 0 while the plan holds
+  double warm_up_seconds = 0;
+};
+
+class ServingEngine {
+ public:
+  // Allocates the KV pool for `model` (whose static cache it does not use). `tokenizer` is needed
+  // for stop strings. InvalidArgumentError for an impossible config (a pool too small for one
+  // sequence of max_model_len, sizes out of range).
+  ServingEngine(CausalLM& model, ServingConfig config = {}, const Tokenizer* tokenizer = nullptr);
+  ~ServingEngine();  // shutdown(0)
+  ServingEngine(const ServingEngine&) = delete;
+  ServingEngine& operator=(const ServingEngine&) = delete;
+
+  const ServingConfig& config() const;  // with the defaults filled in
+  // Compiles every prefill bucket and decode batch size; returns the seconds it took.
+  double warm_up();
+  void start();  // starts the scheduler thread
+  // Queues a request and returns its id. Thread-safe. InvalidArgumentError, saying which field,
+  // for a request that can never run: empty prompt, ids outside the vocabulary, prompt +
+  // max_new_tokens over max_model_len, a bad generation config. max_new_tokens unset means up to
+  // max_model_len.
+  uint64_t submit(ServingRequest request, ServingCallback on_event);
+  // Ends a waiting or running request with finish_reason "abort". Thread-safe; unknown or
+  // finished ids are ignored.
+  void cancel(uint64_t id);
+  // Stops admitting requests (submit then throws ResourceError), lets running ones finish for up
+  // to `grace`, aborts what is left and joins the scheduler.
+  void shutdown(std::chrono::milliseconds grace);
+  bool accepting() const;
+  ServingStats stats() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tformers
