@@ -171,6 +171,35 @@ Value GraphBuilder::attention(Value q, Value k_cache, Value v_cache, Value start
                   {o.sliding_window}, {scale, o.softcap});
 }
 
+Value GraphBuilder::paged_cache_write(Value pool, Value update, Value table, Value pos,
+                                      const std::string& name) {
+  const TensorType &c = type(pool), &u = type(update), &tt = type(table), &pt = type(pos);
+  TF_CHECK(c.shape.size() == 4 && u.shape.size() == 4 && c.shape[1] == u.shape[2] &&
+               c.shape[3] == u.shape[3],
+           name, ": pool ", c.str(), " update ", u.str());
+  TF_CHECK(tt.dtype == DType::i32 && tt.shape.size() == 2 && tt.shape[0] == u.shape[0], name,
+           ": table ", tt.str());
+  TF_CHECK(pt.dtype == DType::i32 && pt.shape == Shape({u.shape[0], u.shape[1]}), name, ": pos ",
+           pt.str());
+  return add_node(Op::kPagedCacheWrite, {pool, update, table, pos}, c, name);
+}
+
+Value GraphBuilder::paged_attention(Value q, Value k_pool, Value v_pool, Value table, Value pos,
+                                    float scale, AttentionOptions o, const std::string& name) {
+  const TensorType &qt = type(q), &kt = type(k_pool), &tt = type(table), &pt = type(pos);
+  TF_CHECK(qt.shape.size() == 4 && kt.shape.size() == 4 && type(v_pool) == kt &&
+               qt.shape[3] == kt.shape[3] && qt.shape[2] % kt.shape[1] == 0,
+           name, ": q ", qt.str(), " pool ", kt.str());
+  TF_CHECK(tt.dtype == DType::i32 && tt.shape.size() == 2 && tt.shape[0] == qt.shape[0], name,
+           ": table ", tt.str());
+  TF_CHECK(pt.dtype == DType::i32 && pt.shape == Shape({qt.shape[0], qt.shape[1]}), name, ": pos ",
+           pt.str());
+  TF_CHECK(o.sliding_window >= 0 && o.softcap >= 0.0f && std::isfinite(o.softcap), name,
+           ": sliding_window ", o.sliding_window, " softcap ", o.softcap);
+  return add_node(Op::kPagedAttention, {q, k_pool, v_pool, table, pos}, {activation(), qt.shape},
+                  name, {o.sliding_window}, {scale, o.softcap});
+}
+
 Value GraphBuilder::take_last(Value x, int64_t n) {
   const TensorType& xt = type(x);
   TF_CHECK(xt.shape.size() == 3 && n >= 1 && n <= xt.shape[1], xt.str(), " last ", n);

@@ -62,6 +62,11 @@ class GraphBuilder {
                   const std::string& name = "");
   Value attention(Value q, Value k_cache, Value v_cache, Value start, Value key_mask, float scale,
                   AttentionOptions o, const std::string& name);
+  // Paged KV cache (graph.h): table (B,MB) and pos (B,T) are int32 inputs.
+  Value paged_cache_write(Value pool, Value update, Value table, Value pos,
+                          const std::string& name = "");
+  Value paged_attention(Value q, Value k_pool, Value v_pool, Value table, Value pos, float scale,
+                        AttentionOptions o, const std::string& name);
   Value take_last(Value x, int64_t n);
   // A hub kernel producing `out` from `inputs`; the caller (models/layers.cc) has matched the
   // inputs to the kernel's schema.

@@ -51,6 +51,10 @@ const char* op_name(Op op) {
       return "scale";
     case Op::kSoftcap:
       return "softcap";
+    case Op::kPagedCacheWrite:
+      return "paged_cache_write";
+    case Op::kPagedAttention:
+      return "paged_attention";
   }
   return "?";
 }
@@ -142,6 +146,7 @@ std::string attributes(const Node& n) {
       if (n.ints[1]) a.push_back("interleaved");
       break;
     case Op::kAttention:
+    case Op::kPagedAttention:
       if (n.ints[0]) show("sliding_window", n.ints[0]);
       if (n.floats[1] != 0.0f) show("softcap", n.floats[1]);
       break;

@@ -56,6 +56,15 @@ enum class Op : uint8_t {
   kGeluTanhMul,  // (gate, up) -> gelu_tanh(gate) * up (PyTorch's tanh approximation)
   kScale,        // (x) -> x * factor; floats = {factor}
   kSoftcap,      // (x) -> tanh(x / cap) * cap; floats = {cap}
+
+  // Paged KV cache (continuous batching): a layer's keys or values for every sequence live in
+  // one pool of blocks (num_blocks, Hkv, block_size, D); sequence b's position p is at offset
+  // p % block_size of block table[b, p / block_size]. pos (B,T) int32 holds each new token's
+  // position, negative for padding.
+  kPagedCacheWrite,  // (pool, new (B,T,Hkv,D), table (B,MB), pos (B,T)) -> pool, in place
+  kPagedAttention,   // (q (B,T,Hq,D), k_pool, v_pool, table (B,MB), pos (B,T)) -> (B,T,Hq,D):
+                     // query (b,t) sees its sequence's positions <= pos[b,t]; attributes as
+                     // kAttention; a padding query gives zeros
 };
 
 const char* op_name(Op op);

@@ -472,7 +472,7 @@ TEST(Ops, Attention) {
           const float scale = 1.0f / std::sqrt(float(c.D));
           std::vector<float> out(q.size(), NAN), want(q.size());
           kernels.attention(q.data(), k.data(), v.data(), dt, key_mask, out.data(), c.B, c.T, c.Hq,
-                            c.Hkv, c.S, c.D, c.start, scale, c.window, c.softcap, pool);
+                            c.Hkv, c.S, c.D, c.start, scale, c.window, c.softcap, nullptr, pool);
           ref::attention(q.data(), k.data(), v.data(), dt, key_mask, want.data(), c.B, c.T, c.Hq,
                          c.Hkv, c.S, c.D, c.start, scale, c.window, c.softcap);
           // Scores are D-term dot products; the output is a weighted sum over up to start + T keys
@@ -492,6 +492,109 @@ TEST(Ops, Attention) {
           }
         }
       });
+}
+
+// ------------------------------------------------------------------------- paged KV cache
+
+// A pool of `blocks` blocks and each row's table: its blocks in a shuffled order, so that a
+// sequence's positions are never laid out contiguously.
+struct Paged {
+  int64_t NB, BS, MB;
+  std::vector<int32_t> table;  // (B, MB)
+};
+Paged shuffled_tables(std::mt19937& rng, int64_t B, int64_t BS, int64_t MB) {
+  Paged p{B * MB + 3, BS, MB, {}};  // 3 blocks nobody owns
+  std::vector<int32_t> ids(size_t(p.NB));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  p.table.assign(ids.begin(), ids.begin() + B * MB);
+  return p;
+}
+
+TEST(Ops, PagedCacheWriteIsExact) {
+  std::mt19937 rng(21);
+  // Rows at different positions, one padding token (-1), writes that cross a block boundary.
+  const int64_t B = 3, T = 3, Hkv = 2, BS = 4, MB = 3, D = 8;
+  const std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, -1, 9, 10};
+  // One implementation for every target (no vector code): each dtype and pool size.
+  for_each_config(
+      [&](const KernelTable&, Target, DType dt, ThreadPool& pool, const std::string& what) {
+        Paged p = shuffled_tables(rng, B, BS, MB);
+        std::vector<float> src = random_f32(rng, size_t(B * T * Hkv * D));
+        Tensor cache = random_tensor(rng, size_t(p.NB * Hkv * BS * D), dt), want = cache;
+        paged_cache_write(cache.data(), dt, src.data(), p.table.data(), pos.data(), B, T, Hkv, BS,
+                          MB, D, pool);
+        ref::paged_cache_write(want.data(), dt, src.data(), p.table.data(), pos.data(), B, T, Hkv,
+                               BS, MB, D);
+        if (dt == DType::bf16)
+          EXPECT_EQ(cache.h, want.h) << what;
+        else
+          EXPECT_EQ(cache.f, want.f) << what;
+      });
+}
+
+// Paged attention against the reference, and bit for bit against the static-cache kernel over
+// the same keys laid out contiguously: a sequence's numbers must not depend on where its blocks
+// are or on the other rows of the batch.
+TEST(Ops, PagedAttention) {
+  struct Case {
+    int64_t B, T, Hq, Hkv, BS, MB, D;
+    std::vector<int32_t> pos;  // (B,T)
+    int64_t window = 0;
+    float softcap = 0.0f;
+  };
+  const Case cases[] = {
+      {3, 1, 4, 2, 4, 5, 16, {0, 7, 19}},             // decode rows at different lengths
+      {2, 1, 8, 2, 16, 3, 64, {40, -1}},              // a padding row
+      {1, 6, 4, 1, 4, 3, 32, {-1, -1, 0, 1, 2, 3}},   // left-padded prefill, GQA 4
+      {2, 3, 2, 2, 8, 4, 24, {5, 6, 7, 20, 21, 22}},  // chunks after a prefix
+      {2, 1, 4, 2, 4, 8, 72, {30, 9}, 6},             // sliding window
+      {1, 4, 4, 2, 4, 4, 40, {3, 4, 5, 6}, 3, 1.0f},  // window and soft cap
+  };
+  std::mt19937 rng(22);
+  for_each_config([&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool,
+                      const std::string& what) {
+    for (const auto& c : cases) {
+      Paged p = shuffled_tables(rng, c.B, c.BS, c.MB);
+      const size_t pool_n = size_t(p.NB * c.Hkv * c.BS * c.D);
+      Tensor k = random_tensor(rng, pool_n, dt), v = random_tensor(rng, pool_n, dt);
+      std::vector<float> q = random_f32(rng, size_t(c.B * c.T * c.Hq * c.D), -2.0f, 2.0f);
+      const float scale = 1.0f / std::sqrt(float(c.D));
+      std::vector<float> out(q.size(), NAN), want(q.size());
+      paged_attention_with(kernels, q.data(), k.data(), v.data(), dt, p.table.data(), c.pos.data(),
+                           out.data(), c.B, c.T, c.Hq, c.Hkv, c.BS, c.MB, c.D, scale, c.window,
+                           c.softcap, pool);
+      ref::paged_attention(q.data(), k.data(), v.data(), dt, p.table.data(), c.pos.data(),
+                           want.data(), c.B, c.T, c.Hq, c.Hkv, c.BS, c.MB, c.D, scale, c.window,
+                           c.softcap);
+      const std::string label = what + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
+                                " D=" + std::to_string(c.D) + " window=" + std::to_string(c.window);
+      expect_close(out, want, nmse_tolerance(c.D + c.MB * c.BS + 8), label);
+      // Each row alone, its blocks unpaged into a static cache (1,Hkv,S,D): the same bits.
+      const int64_t S = c.MB * c.BS, elem = int64_t(dtype_size(dt));
+      for (int64_t b = 0; b < c.B; ++b) {
+        std::vector<char> ks(size_t(c.Hkv * S * c.D * elem)), vs(ks.size());
+        for (int64_t h = 0; h < c.Hkv; ++h)
+          for (int64_t j = 0; j < S; ++j) {
+            const int64_t src =
+                ((int64_t(p.table[size_t(b * c.MB + j / c.BS)]) * c.Hkv + h) * c.BS + j % c.BS) *
+                c.D * elem;
+            const int64_t dst = (h * S + j) * c.D * elem;
+            std::memcpy(ks.data() + dst, static_cast<const char*>(k.data()) + src,
+                        size_t(c.D * elem));
+            std::memcpy(vs.data() + dst, static_cast<const char*>(v.data()) + src,
+                        size_t(c.D * elem));
+          }
+        const int64_t row = b * c.T * c.Hq * c.D;
+        std::vector<float> alone(size_t(c.T * c.Hq * c.D), NAN);
+        kernels.attention(q.data() + row, ks.data(), vs.data(), dt, nullptr, alone.data(), 1, c.T,
+                          c.Hq, c.Hkv, S, c.D, 0, scale, c.window, c.softcap,
+                          c.pos.data() + b * c.T, pool);
+        for (size_t i = 0; i < alone.size(); ++i)
+          ASSERT_EQ(alone[i], out[size_t(row) + i]) << label << " row " << b << " at " << i;
+      }
+    }
+  });
 }
 
 // The vector exp of attention's probabilities against std::exp: within 2^-21 relative (a few

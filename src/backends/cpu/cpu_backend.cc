@@ -112,6 +112,7 @@ graph::Graph legalise(const graph::Graph& g) {
       case Op::kParameter:
       case Op::kState:
       case Op::kCacheWrite:
+      case Op::kPagedCacheWrite:
         break;
       case Op::kReshape:
       case Op::kTakeLast:
@@ -171,6 +172,7 @@ class CpuExecutable : public Executable {
               std::span<Tensor* const> outputs) const;
   void* ptr(const RunContext& c, int id) const;
   void check_runtime_values(const RunContext& c) const;
+  void check_block_table(const RunContext& c, const Node& n) const;
   void execute(RunContext& c, const Node& n, int id) const;
   void custom_call(const RunContext& c, const Node& n, int id) const;
 
@@ -208,7 +210,9 @@ void CpuExecutable::plan() {
   std::vector<int> root(n);
   for (int i = 0; i < n; ++i) {
     const Node& nd = nodes[i];
-    root[i] = (nd.op == Op::kReshape || nd.op == Op::kCacheWrite) ? root[nd.inputs[0]] : i;
+    const bool in_place =
+        nd.op == Op::kReshape || nd.op == Op::kCacheWrite || nd.op == Op::kPagedCacheWrite;
+    root[i] = in_place ? root[nd.inputs[0]] : i;
   }
   std::vector<int> first(n, -1), last(n, -1);
   for (int i = 0; i < n; ++i) {
@@ -339,7 +343,35 @@ void CpuExecutable::check_runtime_values(const RunContext& c) const {
         throw InvalidArgumentError(detail::str_cat(
             "cache position ", start, " with ", t, " new tokens does not fit the static cache of ",
             cache_len, " positions: allocate a larger cache (max_cache_len)"));
+    } else if (n.op == Op::kPagedCacheWrite || n.op == Op::kPagedAttention) {
+      check_block_table(c, n);
     }
+  }
+}
+
+// Every block a paged op reaches through its table (each row's blocks up to its largest
+// position) must be in the pool.
+void CpuExecutable::check_block_table(const RunContext& c, const Node& n) const {
+  const bool write = n.op == Op::kPagedCacheWrite;
+  const int table_in = write ? 2 : 3;
+  const Shape& ts = graph_.node(n.inputs[table_in]).type.shape;         // (B,MB)
+  const Shape& ps = graph_.node(n.inputs[table_in + 1]).type.shape;     // (B,T)
+  const Shape& pool = graph_.node(n.inputs[write ? 0 : 1]).type.shape;  // (NB,Hkv,BS,D)
+  const auto* table = static_cast<const int32_t*>(ptr(c, n.inputs[table_in]));
+  const auto* pos = static_cast<const int32_t*>(ptr(c, n.inputs[table_in + 1]));
+  for (int64_t b = 0; b < ps[0]; ++b) {
+    int64_t last = -1;
+    for (int64_t t = 0; t < ps[1]; ++t) last = std::max<int64_t>(last, pos[b * ps[1] + t]);
+    if (last < 0) continue;
+    if (last / pool[2] >= ts[1])
+      throw InvalidArgumentError(detail::str_cat(n.name, ": position ", last, " of row ", b,
+                                                 " is past its block table of ", ts[1],
+                                                 " blocks of ", pool[2], " positions"));
+    for (int64_t i = 0; i <= last / pool[2]; ++i)
+      if (table[b * ts[1] + i] < 0 || table[b * ts[1] + i] >= pool[0])
+        throw InvalidArgumentError(detail::str_cat(n.name, ": block table row ", b, " entry ", i,
+                                                   " is ", table[b * ts[1] + i],
+                                                   ", outside the pool of ", pool[0], " blocks"));
   }
 }
 
@@ -501,6 +533,21 @@ void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
       const int32_t* mask = n.inputs.size() > 4 ? static_cast<const int32_t*>(in(4)) : nullptr;
       cpu::attention(f32(0), in(1), in(2), in_type(1).dtype, mask, out, s[0], s[1], s[2], c[1],
                      c[2], s[3], start, n.floats[0], n.ints[0], n.floats[1], pool);
+      return;
+    }
+    case Op::kPagedCacheWrite: {
+      const Shape& u = in_type(1).shape;  // (B,T,Hkv,D)
+      cpu::paged_cache_write(ptr(c, id), n.type.dtype, f32(1), static_cast<const int32_t*>(in(2)),
+                             static_cast<const int32_t*>(in(3)), u[0], u[1], u[2], s[2],
+                             in_type(2).shape[1], u[3], pool);
+      return;
+    }
+    case Op::kPagedAttention: {
+      const Shape& kp = in_type(1).shape;  // (NB,Hkv,BS,D)
+      cpu::paged_attention(f32(0), in(1), in(2), in_type(1).dtype,
+                           static_cast<const int32_t*>(in(3)), static_cast<const int32_t*>(in(4)),
+                           out, s[0], s[1], s[2], kp[1], kp[2], in_type(3).shape[1], s[3],
+                           n.floats[0], n.ints[0], n.floats[1], pool);
       return;
     }
     case Op::kCustomCall:

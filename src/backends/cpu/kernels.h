@@ -99,6 +99,24 @@ void attention(const float* q, const void* k_cache, const void* v_cache, DType c
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                int64_t S, int64_t D, int64_t start, float scale, ThreadPool& pool);
 
+// Paged KV cache: keys or values of every sequence live in blocks of one pool
+// (num_blocks, Hkv, BS, D) in cache_type; sequence b's position p is at offset p % BS of block
+// blocks[b * MB + p / BS] (`table` for the writes). pos (B,T) holds each new token's position,
+// negative for padding (skipped). The caller has checked that every block a position reaches is in
+// the pool.
+void paged_cache_write(void* pool_data, DType cache_type, const float* src, const int32_t* table,
+                       const int32_t* pos, int64_t B, int64_t T, int64_t Hkv, int64_t BS,
+                       int64_t MB, int64_t D, ThreadPool& pool);
+// attention() over paged keys and values: query (b,t) sits at position pos[b,t] and sees the
+// sequence's positions j <= pos (and within the window); a negative position gets zeros. The
+// positions a row's queries reach are gathered into a contiguous per-row copy first and the
+// static-cache kernel runs over it: the same arithmetic in the same order as a static cache, for
+// one extra pass over the used keys and values.
+void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
+                     const int32_t* blocks, const int32_t* pos, float* out, int64_t B, int64_t T,
+                     int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
+                     int64_t window, float softcap, ThreadPool& pool);
+
 namespace ref {
 // Scalar references with the same contracts (single-threaded, no pool).
 void linear(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
@@ -121,6 +139,13 @@ void attention(const float* q, const void* k_cache, const void* v_cache, DType c
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                int64_t S, int64_t D, int64_t start, float scale, int64_t window = 0,
                float softcap = 0.0f);
+void paged_cache_write(void* pool_data, DType cache_type, const float* src, const int32_t* table,
+                       const int32_t* pos, int64_t B, int64_t T, int64_t Hkv, int64_t BS,
+                       int64_t MB, int64_t D);
+void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
+                     const int32_t* table, const int32_t* pos, float* out, int64_t B, int64_t T,
+                     int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
+                     int64_t window, float softcap);
 }  // namespace ref
 
 }  // namespace tformers::cpu

@@ -41,11 +41,20 @@ struct KernelTable {
   void (*add)(const float* a, const float* b, float* y, int64_t n, ThreadPool& pool);
   void (*cache_write)(void* cache, DType cache_type, const float* src, int64_t B, int64_t T,
                       int64_t Hkv, int64_t S, int64_t D, int64_t start, ThreadPool& pool);
+  // pos (B,T), when given, places each query instead of start + t (see paged_attention).
   void (*attention)(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                     const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
                     int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
-                    float softcap, ThreadPool& pool);
+                    float softcap, const int32_t* pos, ThreadPool& pool);
 };
+
+// paged_attention (kernels.h) through a given target's attention kernel (the op tests run every
+// target's).
+void paged_attention_with(const KernelTable& kernels, const float* q, const void* k_pool,
+                          const void* v_pool, DType cache_type, const int32_t* blocks,
+                          const int32_t* pos, float* out, int64_t B, int64_t T, int64_t Hq,
+                          int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
+                          int64_t window, float softcap, ThreadPool& pool);
 
 // int8 quantization at load (kernels.h). The scalar one (kernels.cc) quantizes any block and is
 // the reference; the AVX2 one (kernels_target_avx2.cc) does full blocks itself, gives the same
@@ -70,7 +79,7 @@ const KernelTable& kernels_for(Target t);
 // nothing. They live in kernels.cc, compiled for the baseline target, so that target files
 // instantiate no std::vector code: the linker keeps one copy of each template instantiation and
 // could hand an AVX-512-compiled one to baseline callers.
-enum class Scratch { kScores, kSlots, kQueries, kRope, kPackedX, kPanel, kCount };
+enum class Scratch { kScores, kSlots, kQueries, kRope, kPackedX, kPanel, kPagedKV, kCount };
 void* thread_scratch(Scratch slot, size_t bytes);
 template <class T>
 T* thread_scratch(Scratch slot, size_t n) {
@@ -725,8 +734,10 @@ template <class Ops>
 void attention_impl(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                     const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
                     int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
-                    float softcap, ThreadPool& pool) {
+                    float softcap, const int32_t* pos, ThreadPool& pool) {
   const int64_t group = Hq / Hkv;
+  // Slots a query can reach: below start + T, or below S when positions are given.
+  const int64_t reach = pos ? S : start + T;
   // A unit is one KV head of one batch row and a block of tb consecutive queries: its
   // tb * group query rows go through attend_set kQuerySet at a time. Units are ordered
   // (b, block', kv head) with block' interleaving early and late blocks (0, last, 1, ...)
@@ -736,15 +747,14 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
   // One set holds all of a head's query rows: each value row is read once, from memory.
   const SlotChunks chunks = T * group <= kQuerySet ? kStreamedChunks : kRereadChunks;
   pool.parallel_for(B * blocks * Hkv, [&](int64_t lo, int64_t hi, int) {
-    AttendArgs args{
-        .mask = nullptr,
-        .D = D,
-        .scale = scale,
-        .softcap = softcap,
-        .scores = thread_scratch<float>(Scratch::kScores, size_t(kQuerySet * (start + T))),
-        .packed = thread_scratch<float>(Scratch::kQueries, size_t(kQuerySet * D)),
-        .slots = thread_scratch<int32_t>(Scratch::kSlots, size_t(start + T)),
-        .chunks = chunks};
+    AttendArgs args{.mask = nullptr,
+                    .D = D,
+                    .scale = scale,
+                    .softcap = softcap,
+                    .scores = thread_scratch<float>(Scratch::kScores, size_t(kQuerySet * reach)),
+                    .packed = thread_scratch<float>(Scratch::kQueries, size_t(kQuerySet * D)),
+                    .slots = thread_scratch<int32_t>(Scratch::kSlots, size_t(reach)),
+                    .chunks = chunks};
     for (int64_t u = lo; u < hi; ++u) {
       const int64_t kvh = u % Hkv, bb = (u / Hkv) % blocks, b = u / (Hkv * blocks);
       const int64_t blk = (bb % 2 == 0) ? bb / 2 : blocks - 1 - bb / 2;
@@ -767,10 +777,15 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
       for (int64_t t = t0; t < t1; ++t)
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
           const int64_t row = ((b * T + t) * Hq + h) * D;
+          const int64_t p = pos ? pos[b * T + t] : start + t;
+          if (p < 0) {  // a padding query: no keys, zeros
+            std::fill(out + row, out + row + D, 0.0f);
+            continue;
+          }
           qs[n] = q + row;
           os[n] = out + row;
-          len[n] = start + t + 1;  // causal: slots [0, start + t]
-          // A window: only slots (start + t - window, start + t].
+          len[n] = p + 1;  // causal: slots [0, p]
+          // A window: only slots (p - window, p].
           first[n] = window > 0 ? std::max<int64_t>(0, len[n] - window) : 0;
           if (++n == kQuerySet) flush();
         }
