@@ -10,6 +10,7 @@
 #include "generation/logits_process.h"
 #include "generation/padding.h"
 #include "generation/sampling.h"
+#include "generation/stop_strings.h"
 #include "models/causal_lm_impl.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
@@ -118,21 +119,10 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
         "generate: stop_strings need the tokenizer to read the generated text; pass it to "
         "generate() (as tokenizer= in Transformers)");
   // Per row: the generated text so far, decoded incrementally, for stop strings.
-  std::vector<TokenStreamer> streamers;
-  std::vector<std::string> texts(static_cast<size_t>(B));
+  std::vector<generation::StopStrings> stops;
   if (!rc.stop_strings.empty())
-    for (int64_t b = 0; b < B; ++b) streamers.emplace_back(*tokenizer);
-  auto hits_stop_string = [&](int64_t b, int32_t id) {
-    if (streamers.empty()) return false;
-    const size_t before = texts[b].size();
-    texts[b] += streamers[b].put(id);
-    for (const std::string& s : rc.stop_strings) {
-      // A match must end inside the text this token completed.
-      size_t from = before >= s.size() ? before - s.size() + 1 : 0;
-      if (texts[b].size() > before && texts[b].find(s, from) != std::string::npos) return true;
-    }
-    return false;
-  };
+    for (int64_t b = 0; b < B; ++b) stops.emplace_back(*tokenizer, rc.stop_strings);
+  auto hits_stop_string = [&](int64_t b, int32_t id) { return !stops.empty() && stops[b].put(id); };
 
   generation::LogitsProcessorList processors(rc, V);
   generation::Sampler sampler(rc.seed);

@@ -57,8 +57,12 @@ struct KvCacheSpec {
 struct StepShape {
   int64_t batch = 1;
   int64_t new_tokens = 1;
-  int64_t cache_len = 0;       // allocated static cache positions
+  int64_t cache_len = 0;       // allocated static cache positions (0 with a paged cache)
   int64_t logits_to_keep = 1;  // 0 = all positions
+  // A paged KV cache (continuous batching) instead of the static one: blocks in each layer's
+  // pool, positions per block, and blocks in each sequence's table. 0: the static cache.
+  int64_t kv_blocks = 0, block_size = 0, table_blocks = 0;
+  bool paged() const { return kv_blocks > 0; }
   auto operator<=>(const StepShape&) const = default;
 };
 
@@ -104,7 +108,9 @@ class Architecture {
   virtual bool ignorable(const std::string& name) const { return false; }
   // Builds the forward pass: inputs input_ids, position_ids (B,T), cache_position (),
   // attention_mask (B,S); states past_key_values.{i}.{key,value}; output logits
-  // (B, keep, V). cache_dtype is the KV cache element type.
+  // (B, keep, V). With a paged shape the inputs are input_ids, position_ids (negative for
+  // padding) and block_table (B, table_blocks), and the states kv_pool.{i}.{key,value}
+  // (kv_blocks, Hkv, block_size, D). cache_dtype is the KV cache element type.
   virtual void build(graph::GraphBuilder& b, Params& params, const ArchConfig& config,
                      const StepShape& shape, DType cache_dtype) const = 0;
   // Checks that the resolved tensor-parallel layout can run (head counts, compatible styles);

@@ -274,7 +274,9 @@ CausalLM::Impl::Step& CausalLM::Impl::step(const models::StepShape& shape, bool 
   }
   for (int id : g.leaves(graph::Op::kParameter))
     s.params.push_back(weights.at(g.node(id).name).get());
-  for (int id : g.leaves(graph::Op::kState)) s.states.push_back(cache.at(g.node(id).name).get());
+  const auto& state_buffers = shape.paged() ? kv_pool : cache;
+  for (int id : g.leaves(graph::Op::kState))
+    s.states.push_back(state_buffers.at(g.node(id).name).get());
   if (uncached) return scratch = std::move(s);
   return steps.emplace(shape, std::move(s)).first->second;
 }
@@ -285,6 +287,34 @@ void CausalLM::Impl::run(Step& s, const Tensor& ids, const Tensor& positions, co
   const Tensor* inputs[] = {&ids, &positions, &start, &mask};
   Tensor* outputs[] = {&logits};
   s.exe->run(s.params, s.states, inputs, outputs);
+}
+
+void CausalLM::Impl::run_paged(Step& s, const Tensor& ids, const Tensor& positions,
+                               const Tensor& table, Tensor& logits) {
+  const Tensor* inputs[] = {&ids, &positions, &table};
+  Tensor* outputs[] = {&logits};
+  s.exe->run(s.params, s.states, inputs, outputs);
+}
+
+void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size) {
+  if (blocks == pool_blocks && block_size == pool_block_size) return;
+  kv_pool.clear();
+  std::erase_if(steps, [](const auto& s) { return s.first.paged(); });  // bound to the old pools
+  const std::vector<models::KvCacheSpec> layers = arch->states(*arch_config, tp.get());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    graph::TensorType t{dtype, {blocks, layers[l].kv_heads, block_size, layers[l].head_dim}};
+    for (const char* kv : {".key", ".value"})
+      kv_pool["kv_pool." + std::to_string(l) + kv] = backend->allocate(t);
+  }
+  pool_blocks = blocks;
+  pool_block_size = block_size;
+}
+
+int64_t CausalLM::Impl::kv_bytes_per_position() const {
+  int64_t bytes = 0;
+  for (const models::KvCacheSpec& l : arch->states(*arch_config, tp.get()))
+    bytes += 2 * l.kv_heads * l.head_dim * int64_t(dtype_size(dtype));
+  return bytes;
 }
 
 const PretrainedConfig& CausalLM::config() const { return *impl_->arch_config; }
@@ -316,7 +346,8 @@ void CausalLM::reset_cache(int64_t batch, int64_t max_cache_len) {
   // mask, so stale values from an earlier call are never seen and need no clearing.
   if (batch == m.cache_batch && max_cache_len == m.cache_len) return;
   m.cache.clear();
-  m.steps.clear();  // their state bindings point at the old buffers
+  // Static steps' state bindings point at the old buffers.
+  std::erase_if(m.steps, [](const auto& s) { return !s.first.paged(); });
   const std::vector<models::KvCacheSpec> layers = m.arch->states(*m.arch_config, m.tp.get());
   for (size_t l = 0; l < layers.size(); ++l) {
     graph::TensorType t{m.dtype, {batch, layers[l].kv_heads, max_cache_len, layers[l].head_dim}};

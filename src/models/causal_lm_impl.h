@@ -40,6 +40,14 @@ struct CausalLM::Impl {
   int64_t cache_batch = 0, cache_len = 0;
   std::map<std::string, std::shared_ptr<backends::Buffer>> cache;
 
+  // Paged KV pools (ServingEngine): kv_pool.{i}.{key,value}, (blocks, Hkv, block_size, D) each.
+  int64_t pool_blocks = 0, pool_block_size = 0;
+  std::map<std::string, std::shared_ptr<backends::Buffer>> kv_pool;
+  // Allocates the pools (or keeps them if the sizes match); paged steps bind to them.
+  void allocate_pool(int64_t blocks, int64_t block_size);
+  // Bytes of keys and values one position takes over all layers, in the cache dtype.
+  int64_t kv_bytes_per_position() const;
+
   // Layer implementations the graphs call instead of built-in ops (models::set_layer_overrides).
   std::shared_ptr<const models::LayerOverrides> overrides;
 
@@ -60,6 +68,10 @@ struct CausalLM::Impl {
   // (B,S) mask and the cache slot of the first new token; fills logits (B,keep,V).
   void run(Step& step, const Tensor& ids, const Tensor& positions, const Tensor& mask,
            int64_t cache_position, Tensor& logits);
+  // Runs a paged step: ids and positions (B,T) (negative positions are padding), block table
+  // (B, table_blocks); fills logits (B,keep,V).
+  void run_paged(Step& step, const Tensor& ids, const Tensor& positions, const Tensor& table,
+                 Tensor& logits);
 };
 
 }  // namespace tformers

@@ -24,8 +24,12 @@ Ctx begin_step(GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype
   Ctx c{b, p, s, cache_dtype};
   c.ids = b.input("input_ids", {DType::i32, {B, T}});
   c.pos = b.input("position_ids", {DType::i32, {B, T}});
-  c.start = b.input("cache_position", {DType::i32, {}});
-  c.mask = b.input("attention_mask", {DType::i32, {B, S}});
+  if (s.paged()) {
+    c.table = b.input("block_table", {DType::i32, {B, s.table_blocks}});
+  } else {
+    c.start = b.input("cache_position", {DType::i32, {}});
+    c.mask = b.input("attention_mask", {DType::i32, {B, S}});
+  }
   return c;
 }
 
@@ -182,20 +186,30 @@ Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t 
   }
   q = rotary(c, q, prefix + ".rope_q");
   k = rotary(c, k, prefix + ".rope_k");
-  const std::string cache = "past_key_values." + std::to_string(layer);
-  const TensorType ct{c.cache_dtype, {B, Hkv, S, D}};
-  Value kc = b.cache_write(b.state(cache + ".key", ct), k, c.start, cache + ".key");
-  Value vc = b.cache_write(b.state(cache + ".value", ct), v, c.start, cache + ".value");
   // yarn scales cos and sin by attention_factor, so q.k grows by its square.
   const float f = rotary.rope.attention_factor;
   const float s = (scale > 0 ? scale : float(1.0 / std::sqrt(double(D)))) * f * f;
-  const bool plain = sliding_window == 0 && softcap == 0;
+  const graph::AttentionOptions options{.sliding_window = sliding_window, .softcap = softcap};
   const std::string name = prefix + ".attention";
-  Value att =
-      layer_op(c, plain, "Attention", {q, kc, vc, c.start, c.mask}, b.type(q), {s}, name, [&] {
-        return b.attention(q, kc, vc, c.start, c.mask, s,
-                           {.sliding_window = sliding_window, .softcap = softcap}, name);
-      });
+  Value att;
+  if (c.s.paged()) {
+    // Hub kernels take a static cache (their layer contract), so paged steps use the built-in
+    // op.
+    const std::string pool = "kv_pool." + std::to_string(layer);
+    const TensorType pt{c.cache_dtype, {c.s.kv_blocks, Hkv, c.s.block_size, D}};
+    Value kc = b.paged_cache_write(b.state(pool + ".key", pt), k, c.table, c.pos, pool + ".key");
+    Value vc =
+        b.paged_cache_write(b.state(pool + ".value", pt), v, c.table, c.pos, pool + ".value");
+    att = b.paged_attention(q, kc, vc, c.table, c.pos, s, options, name);
+  } else {
+    const std::string cache = "past_key_values." + std::to_string(layer);
+    const TensorType ct{c.cache_dtype, {B, Hkv, S, D}};
+    Value kc = b.cache_write(b.state(cache + ".key", ct), k, c.start, cache + ".key");
+    Value vc = b.cache_write(b.state(cache + ".value", ct), v, c.start, cache + ".value");
+    const bool plain = sliding_window == 0 && softcap == 0;
+    att = layer_op(c, plain, "Attention", {q, kc, vc, c.start, c.mask}, b.type(q), {s}, name,
+                   [&] { return b.attention(q, kc, vc, c.start, c.mask, s, options, name); });
+  }
   // att (B,T,Hq,D)
   return linear(c, b.reshape(att, {B, T, Hq * D}), prefix + ".o_proj");
 }

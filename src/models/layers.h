@@ -62,7 +62,9 @@ struct Ctx {
   Params& p;
   const StepShape& s;
   DType cache_dtype;
-  Value ids, pos, start, mask;  // input_ids, position_ids (B,T); cache_position (); mask (B,S)
+  Value ids, pos;               // input_ids, position_ids (B,T)
+  Value start = -1, mask = -1;  // static cache: cache_position (); attention_mask (B,S)
+  Value table = -1;             // paged cache: block_table (B, table_blocks)
 };
 // Declares the step's inputs.
 Ctx begin_step(graph::GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype);
@@ -102,8 +104,9 @@ struct Rotary {
 };
 
 // Self-attention with grouped-query heads over the layer's static KV cache
-// past_key_values.{layer}: q/k/v/o projections (or one packed qkv_proj), optional per-head
-// q/k norms before RoPE, an optional sliding window and logit soft-capping.
+// past_key_values.{layer} (or its paged pool kv_pool.{layer}): q/k/v/o projections (or one packed
+// qkv_proj), optional per-head q/k norms before RoPE, an optional sliding window and logit
+// soft-capping.
 struct Attention {
   int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0;
   bool qkv_bias = false, o_bias = false;

@@ -1,0 +1,505 @@
+// The continuous-batching engine (tformers/serving.h).
+//
+// Memory: a sequence reserves the blocks for its whole length (prompt + max_new_tokens) when it
+// is admitted, so a running sequence never waits for memory and nothing is ever preempted or
+// truncated; a request whose blocks are not free waits at the head of the queue (first come,
+// first served). vLLM allocates blocks as sequences grow and preempts when the pool runs out,
+// which packs more sequences into a pool but recomputes preempted ones; reserving keeps every
+// step's cost predictable, which a fixed shape plan wants. Prefix sharing is not done.
+//
+// Shapes: prefill runs one sequence at a time, its prompt left-padded to a bucket; decode runs
+// every running sequence in one step, the batch padded to a bucket. Decode buckets start at 4
+// rows: the CPU backend multiplies fewer than 4 rows with its GEMV and 4 or more with its GEMM,
+// whose sums are ordered differently, and a request's tokens must not depend on how many others
+// share its step. Prefill (16 or more positions) goes through the GEMM as well. Every row's
+// numbers therefore go through the same kernels in the same order whatever the batch.
+#include "tformers/serving.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "generation/logits_process.h"
+#include "generation/sampling.h"
+#include "generation/stop_strings.h"
+#include "models/causal_lm_impl.h"
+#include "tformers/error.h"
+#include "tformers/tokenizer.h"
+
+namespace tformers {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The smallest bucket that holds n (buckets sorted, the last one holds every n that can occur).
+int64_t bucket_for(const std::vector<int64_t>& buckets, int64_t n) {
+  return *std::lower_bound(buckets.begin(), buckets.end(), n);
+}
+
+constexpr int64_t kMinDecodeRows = 4;  // see the file comment
+constexpr int64_t kMaxTopLogprobs = 20;
+
+// log_softmax of the raw logits: the chosen token's and the k most likely ones.
+void fill_logprobs(std::span<const float> logits, int32_t chosen, int64_t k, ServingEvent& e) {
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float x : logits) sum += std::exp(double(x - mx));
+  const float log_z = mx + float(std::log(sum));
+  e.logprob = logits[size_t(chosen)] - log_z;
+  if (k <= 0) return;
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+  const size_t n = std::min(size_t(k), ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(n), ids.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] ||
+           (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  for (size_t i = 0; i < n; ++i) e.top_logprobs.push_back({ids[i], logits[size_t(ids[i])] - log_z});
+}
+
+}  // namespace
+
+struct ServingEngine::Impl {
+  struct Sequence {
+    uint64_t id = 0;
+    ServingRequest request;
+    ServingCallback on_event;
+    ResolvedGenerationConfig rc;
+    std::vector<int32_t> tokens;  // prompt, then generated
+    int64_t prompt_len = 0, max_new = 0;
+    std::optional<generation::LogitsProcessorList> processors;
+    std::optional<generation::Sampler> sampler;
+    std::optional<generation::StopStrings> stops;
+    std::vector<int32_t> blocks;  // reserved for the whole length
+  };
+
+  CausalLM& model;
+  CausalLM::Impl& m;
+  ServingConfig cfg;
+  const Tokenizer* tokenizer;
+  int64_t table_blocks = 0;
+  std::vector<int64_t> decode_buckets;
+
+  // Shared with the request threads, under mu.
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::unique_ptr<Sequence>> waiting;
+  std::set<uint64_t> cancelled;
+  uint64_t next_id = 1;
+  bool accepting = true, stopping = false, abort_all = false;
+
+  // The scheduler thread's own.
+  std::vector<std::unique_ptr<Sequence>> running;
+  std::vector<int32_t> free_blocks;
+  std::thread thread;
+
+  // Read by stats() from any thread.
+  std::atomic<int64_t> n_running{0}, n_waiting{0}, blocks_used{0};
+  std::atomic<uint64_t> prompt_tokens{0}, generated_tokens{0}, padded_tokens{0}, computed_tokens{0},
+      steps{0}, compiles{0}, compiles_at_ready{0};
+  std::atomic<bool> ready{false};
+  double warm_up_seconds = 0;
+
+  Impl(CausalLM& model, ServingConfig c, const Tokenizer* tok)
+      : model(model), m(model.impl()), cfg(std::move(c)), tokenizer(tok) {}
+
+  void configure();
+  models::StepShape shape(int64_t batch, int64_t tokens) const {
+    return {.batch = batch,
+            .new_tokens = tokens,
+            .cache_len = 0,
+            .logits_to_keep = 1,
+            .kv_blocks = cfg.num_blocks,
+            .block_size = cfg.block_size,
+            .table_blocks = table_blocks};
+  }
+  std::unique_ptr<Sequence> make_sequence(ServingRequest r, ServingCallback cb) const;
+  void loop();
+  void step();
+  void cancel_requested();
+  enum class Admit { kNoRoom, kRunning, kDone };
+  // Reserves the sequence's blocks, prefills its prompt and chooses its first token.
+  Admit admit(Sequence& s);
+  void decode();
+  // Chooses the next token from `logits` (V) and reports it; true when the sequence is done.
+  bool choose(Sequence& s, std::span<float> logits);
+  void finish(Sequence& s, const std::string& reason, const std::string& error = {});
+  void release(Sequence& s);
+  void table_row(const Sequence& s, int32_t* row) const;
+  void note_compiles() { compiles = m.stats.compiles; }
+};
+
+void ServingEngine::Impl::configure() {
+  if (m.tp)
+    throw UnsupportedError(
+        "ServingEngine: tensor-parallel models cannot be served yet; load the model in one "
+        "process (no tp_size)");
+  const int64_t max_pos = m.arch_config->max_position_embeddings;
+  if (cfg.max_model_len == 0) cfg.max_model_len = std::min<int64_t>(max_pos, 4096);
+  auto check = [](bool ok, const std::string& what) {
+    if (!ok) throw InvalidArgumentError("ServingEngine: " + what);
+  };
+  check(cfg.max_model_len >= 2 && cfg.max_model_len <= max_pos,
+        "max_model_len " + std::to_string(cfg.max_model_len) + " must be in [2, " +
+            std::to_string(max_pos) + "] (the model's max_position_embeddings)");
+  check(cfg.max_num_seqs >= 1 && cfg.max_num_seqs <= 1024,
+        "max_num_seqs " + std::to_string(cfg.max_num_seqs) + " must be in [1, 1024]");
+  check(cfg.block_size >= 1 && cfg.block_size <= 1024,
+        "block_size " + std::to_string(cfg.block_size) + " must be in [1, 1024]");
+  check(cfg.num_blocks >= 0 && cfg.kv_cache_bytes >= 0,
+        "num_blocks and kv_cache_bytes must not be negative");
+  table_blocks = (cfg.max_model_len + cfg.block_size - 1) / cfg.block_size;
+  const int64_t block_bytes = m.kv_bytes_per_position() * cfg.block_size;
+  if (cfg.num_blocks == 0)
+    cfg.num_blocks =
+        cfg.kv_cache_bytes > 0 ? cfg.kv_cache_bytes / block_bytes : cfg.max_num_seqs * table_blocks;
+  check(cfg.num_blocks >= table_blocks,
+        "a KV pool of " + std::to_string(cfg.num_blocks) + " blocks of " +
+            std::to_string(cfg.block_size) + " positions (" + std::to_string(block_bytes) +
+            " bytes each) cannot hold one sequence of max_model_len " +
+            std::to_string(cfg.max_model_len) + "; raise the KV memory or lower max_model_len");
+  check(cfg.num_blocks <= INT32_MAX, "num_blocks must fit int32");
+
+  if (cfg.prefill_buckets.empty())
+    for (int64_t b = 16; b < cfg.max_model_len; b *= 2) cfg.prefill_buckets.push_back(b);
+  std::sort(cfg.prefill_buckets.begin(), cfg.prefill_buckets.end());
+  cfg.prefill_buckets.erase(std::unique(cfg.prefill_buckets.begin(), cfg.prefill_buckets.end()),
+                            cfg.prefill_buckets.end());
+  check(cfg.prefill_buckets.front() >= 1 && cfg.prefill_buckets.back() <= cfg.max_model_len,
+        "prefill_buckets must lie in [1, max_model_len]");
+  if (cfg.prefill_buckets.back() < cfg.max_model_len)
+    cfg.prefill_buckets.push_back(cfg.max_model_len);
+  for (int64_t b = kMinDecodeRows; b < cfg.max_num_seqs; b *= 2) decode_buckets.push_back(b);
+  decode_buckets.push_back(std::max(kMinDecodeRows, cfg.max_num_seqs));
+
+  m.allocate_pool(cfg.num_blocks, cfg.block_size);
+  free_blocks.resize(size_t(cfg.num_blocks));
+  // Popped from the back: low block numbers first.
+  for (int64_t i = 0; i < cfg.num_blocks; ++i)
+    free_blocks[size_t(i)] = int32_t(cfg.num_blocks - 1 - i);
+}
+
+std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequence(
+    ServingRequest r, ServingCallback cb) const {
+  const int64_t V = m.arch_config->vocab_size, P = int64_t(r.prompt.size());
+  auto bad = [](const std::string& what) { throw InvalidArgumentError(what); };
+  if (P == 0) bad("prompt is empty; give at least one token");
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    if (r.prompt[i] < 0 || r.prompt[i] >= V)
+      bad("prompt token " + std::to_string(i) + " is " + std::to_string(r.prompt[i]) +
+          ", outside the vocabulary [0, " + std::to_string(V) + ")");
+  if (P >= cfg.max_model_len)
+    bad("the prompt has " + std::to_string(P) + " tokens, but max_model_len is " +
+        std::to_string(cfg.max_model_len) + " (prompt and at least one new token); shorten it");
+  if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs)
+    bad("top_logprobs " + std::to_string(r.top_logprobs) + " must be in [0, 20]");
+  GenerationConfig call = r.config;
+  // Unset length: up to max_model_len, as an OpenAI server without max_tokens.
+  if (!call.max_new_tokens && !call.max_length) call.max_new_tokens = cfg.max_model_len - P;
+  auto s = std::make_unique<Sequence>();
+  s->rc = resolve(m.generation_config.merged_with(call), P, V, cfg.max_model_len);
+  if (s->rc.num_beams != 1 || s->rc.num_return_sequences != 1)
+    bad("num_beams and num_return_sequences must be 1 when serving");
+  if (P + s->rc.max_new_tokens > cfg.max_model_len)
+    bad("the prompt has " + std::to_string(P) + " tokens and max_new_tokens is " +
+        std::to_string(s->rc.max_new_tokens) + ": " + std::to_string(P + s->rc.max_new_tokens) +
+        " positions, over max_model_len " + std::to_string(cfg.max_model_len) +
+        "; lower max_new_tokens");
+  if (!s->rc.stop_strings.empty() && !tokenizer)
+    bad("stop strings need the engine to have the tokenizer");
+  s->prompt_len = P;
+  s->max_new = s->rc.max_new_tokens;
+  s->tokens = r.prompt;
+  s->request = std::move(r);
+  s->on_event = std::move(cb);
+  s->processors.emplace(s->rc, V);
+  s->sampler.emplace(s->rc.seed);
+  if (!s->rc.stop_strings.empty()) s->stops.emplace(*tokenizer, s->rc.stop_strings);
+  return s;
+}
+
+void ServingEngine::Impl::table_row(const Sequence& s, int32_t* row) const {
+  std::fill(row, row + table_blocks, 0);
+  std::copy(s.blocks.begin(), s.blocks.end(), row);
+}
+
+void ServingEngine::Impl::release(Sequence& s) {
+  for (int32_t b : s.blocks) free_blocks.push_back(b);
+  blocks_used -= int64_t(s.blocks.size());
+  s.blocks.clear();
+}
+
+void ServingEngine::Impl::finish(Sequence& s, const std::string& reason, const std::string& error) {
+  release(s);
+  ServingEvent e;
+  e.request = s.id;
+  e.finish_reason = reason;
+  e.error = error;
+  s.on_event(e);
+}
+
+bool ServingEngine::Impl::choose(Sequence& s, std::span<float> logits) {
+  ServingEvent e;
+  e.request = s.id;
+  const bool want_logprobs = s.request.logprobs || s.request.top_logprobs > 0;
+  std::vector<float> raw;
+  if (want_logprobs) raw.assign(logits.begin(), logits.end());
+  s.processors->process(s.tokens, s.prompt_len, logits);
+  const int32_t next = s.sampler->next_token(logits, s.rc.do_sample);
+  if (want_logprobs) fill_logprobs(raw, next, s.request.top_logprobs, e);
+  s.tokens.push_back(next);
+  ++generated_tokens;
+  e.token = next;
+  const auto& eos = s.rc.eos_token_id;
+  const bool stop =
+      std::find(eos.begin(), eos.end(), next) != eos.end() || (s.stops && s.stops->put(next));
+  const int64_t generated = int64_t(s.tokens.size()) - s.prompt_len;
+  if (stop)
+    e.finish_reason = "stop";
+  else if (generated >= s.max_new)
+    e.finish_reason = "length";
+  if (!e.finish_reason.empty()) release(s);
+  s.on_event(e);
+  return !e.finish_reason.empty();
+}
+
+ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s) {
+  const int64_t need = (s.prompt_len + s.max_new + cfg.block_size - 1) / cfg.block_size;
+  if (int64_t(free_blocks.size()) < need) return Admit::kNoRoom;
+  for (int64_t i = 0; i < need; ++i) {
+    s.blocks.push_back(free_blocks.back());
+    free_blocks.pop_back();
+  }
+  blocks_used += need;
+  // Left-padded to the bucket: padding positions are -1 (no cache write, no keys), so the last
+  // position is the prompt's last token.
+  const int64_t P = s.prompt_len, T = bucket_for(cfg.prefill_buckets, P);
+  Tensor ids = Tensor::zeros({1, T}, DType::i32), pos = Tensor::zeros({1, T}, DType::i32);
+  Tensor table = Tensor::zeros({1, table_blocks}, DType::i32);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t i = t - (T - P);
+    ids.data<int32_t>()[t] = i < 0 ? 0 : s.tokens[size_t(i)];
+    pos.data<int32_t>()[t] = int32_t(i < 0 ? -1 : i);
+  }
+  table_row(s, table.data<int32_t>());
+  Tensor logits = Tensor::zeros({1, 1, m.arch_config->vocab_size}, DType::f32);
+  m.run_paged(m.step(shape(1, T)), ids, pos, table, logits);
+  note_compiles();
+  ++steps;
+  prompt_tokens += uint64_t(P);
+  computed_tokens += uint64_t(T);
+  padded_tokens += uint64_t(T - P);
+  return choose(s, {logits.data<float>(), size_t(logits.numel())}) ? Admit::kDone : Admit::kRunning;
+}
+
+void ServingEngine::Impl::decode() {
+  const int64_t n = int64_t(running.size()), B = bucket_for(decode_buckets, n);
+  const int64_t V = m.arch_config->vocab_size;
+  Tensor ids = Tensor::zeros({B, 1}, DType::i32), pos = Tensor::zeros({B, 1}, DType::i32);
+  Tensor table = Tensor::zeros({B, table_blocks}, DType::i32);
+  std::fill_n(pos.data<int32_t>(), B, -1);  // padding rows
+  for (int64_t b = 0; b < n; ++b) {
+    const Sequence& s = *running[size_t(b)];
+    ids.data<int32_t>()[b] = s.tokens.back();
+    pos.data<int32_t>()[b] = int32_t(s.tokens.size() - 1);
+    table_row(s, table.data<int32_t>() + b * table_blocks);
+  }
+  Tensor logits = Tensor::zeros({B, 1, V}, DType::f32);
+  m.run_paged(m.step(shape(B, 1)), ids, pos, table, logits);
+  note_compiles();
+  ++steps;
+  computed_tokens += uint64_t(B);
+  padded_tokens += uint64_t(B - n);
+  std::vector<std::unique_ptr<Sequence>> still;
+  for (int64_t b = 0; b < n; ++b)
+    if (!choose(*running[size_t(b)], {logits.data<float>() + b * V, size_t(V)}))
+      still.push_back(std::move(running[size_t(b)]));
+  running = std::move(still);
+}
+
+void ServingEngine::Impl::cancel_requested() {
+  std::set<uint64_t> ids;
+  std::vector<std::unique_ptr<Sequence>> dropped;
+  bool all = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ids.swap(cancelled);
+    all = abort_all;
+    for (auto it = waiting.begin(); it != waiting.end();)
+      if (all || ids.count((*it)->id)) {
+        dropped.push_back(std::move(*it));
+        it = waiting.erase(it);
+      } else {
+        ++it;
+      }
+  }
+  for (auto& s : running)
+    if (all || ids.count(s->id)) dropped.push_back(std::move(s));
+  std::erase(running, nullptr);
+  for (auto& s : dropped) finish(*s, "abort");
+}
+
+void ServingEngine::Impl::step() {
+  cancel_requested();
+  while (int64_t(running.size()) < cfg.max_num_seqs) {
+    std::unique_ptr<Sequence> s;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (waiting.empty()) break;
+      s = std::move(waiting.front());
+      waiting.pop_front();
+    }
+    Admit a = Admit::kDone;
+    try {
+      a = admit(*s);
+    } catch (const std::exception& e) {
+      finish(*s, "error", e.what());
+      continue;
+    }
+    if (a == Admit::kNoRoom) {  // waits at the head of the queue for blocks to free up
+      std::lock_guard<std::mutex> lock(mu);
+      waiting.push_front(std::move(s));
+      break;
+    }
+    if (a == Admit::kRunning) running.push_back(std::move(s));
+  }
+  if (!running.empty()) {
+    try {
+      decode();
+    } catch (const std::exception& e) {
+      for (auto& s : running) finish(*s, "error", e.what());
+      running.clear();
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  n_running = int64_t(running.size());
+  n_waiting = int64_t(waiting.size());
+}
+
+void ServingEngine::Impl::loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] {
+        return stopping || abort_all || !waiting.empty() || !running.empty() || !cancelled.empty();
+      });
+      if (stopping && waiting.empty() && running.empty()) return;
+    }
+    step();
+  }
+}
+
+ServingEngine::ServingEngine(CausalLM& model, ServingConfig config, const Tokenizer* tokenizer)
+    : impl_(std::make_unique<Impl>(model, std::move(config), tokenizer)) {
+  impl_->configure();
+}
+
+ServingEngine::~ServingEngine() { shutdown(std::chrono::milliseconds(0)); }
+
+const ServingConfig& ServingEngine::config() const { return impl_->cfg; }
+
+double ServingEngine::warm_up() {
+  Impl& e = *impl_;
+  const auto t0 = Clock::now();
+  // Each shape is compiled and run once on padding only (no cache writes, no keys), so that its
+  // executable's working memory exists before the first request too.
+  auto run_empty = [&](int64_t batch, int64_t tokens) {
+    Tensor ids = Tensor::zeros({batch, tokens}, DType::i32);
+    Tensor pos = Tensor::zeros({batch, tokens}, DType::i32);
+    std::fill_n(pos.data<int32_t>(), pos.numel(), -1);
+    Tensor table = Tensor::zeros({batch, e.table_blocks}, DType::i32);
+    Tensor logits = Tensor::zeros({batch, 1, e.m.arch_config->vocab_size}, DType::f32);
+    e.m.run_paged(e.m.step(e.shape(batch, tokens)), ids, pos, table, logits);
+  };
+  for (int64_t t : e.cfg.prefill_buckets) run_empty(1, t);
+  for (int64_t b : e.decode_buckets) run_empty(b, 1);
+  e.warm_up_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  e.note_compiles();
+  e.compiles_at_ready = e.compiles.load();
+  e.ready = true;
+  return e.warm_up_seconds;
+}
+
+void ServingEngine::start() {
+  Impl& e = *impl_;
+  if (e.thread.joinable()) return;
+  e.thread = std::thread([&e] { e.loop(); });
+}
+
+uint64_t ServingEngine::submit(ServingRequest request, ServingCallback on_event) {
+  Impl& e = *impl_;
+  if (!on_event) throw InvalidArgumentError("ServingEngine::submit: on_event is required");
+  std::unique_ptr<Impl::Sequence> s = e.make_sequence(std::move(request), std::move(on_event));
+  std::lock_guard<std::mutex> lock(e.mu);
+  if (!e.accepting) throw ResourceError("the server is shutting down and takes no new requests");
+  s->id = e.next_id++;
+  const uint64_t id = s->id;
+  e.waiting.push_back(std::move(s));
+  e.n_waiting = int64_t(e.waiting.size());
+  e.cv.notify_one();
+  return id;
+}
+
+void ServingEngine::cancel(uint64_t id) {
+  Impl& e = *impl_;
+  std::lock_guard<std::mutex> lock(e.mu);
+  e.cancelled.insert(id);
+  e.cv.notify_one();
+}
+
+void ServingEngine::shutdown(std::chrono::milliseconds grace) {
+  Impl& e = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    e.accepting = false;
+    e.stopping = true;
+    e.cv.notify_one();
+  }
+  if (!e.thread.joinable()) {
+    // Never started: whatever waits is aborted here.
+    e.abort_all = true;
+    e.cancel_requested();
+    return;
+  }
+  const auto deadline = Clock::now() + grace;
+  while (Clock::now() < deadline && (e.n_running > 0 || e.n_waiting > 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    e.abort_all = true;
+    e.cv.notify_one();
+  }
+  e.thread.join();
+}
+
+bool ServingEngine::accepting() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->accepting;
+}
+
+ServingStats ServingEngine::stats() const {
+  const Impl& e = *impl_;
+  ServingStats s;
+  s.running = e.n_running;
+  s.waiting = e.n_waiting;
+  s.kv_blocks_total = e.cfg.num_blocks;
+  s.kv_blocks_used = e.blocks_used;
+  s.prompt_tokens = e.prompt_tokens;
+  s.generated_tokens = e.generated_tokens;
+  s.padded_tokens = e.padded_tokens;
+  s.computed_tokens = e.computed_tokens;
+  s.steps = e.steps;
+  s.compiles = e.compiles;
+  s.compiles_since_ready = e.ready ? e.compiles - e.compiles_at_ready : 0;
+  s.warm_up_seconds = e.warm_up_seconds;
+  return s;
+}
+
+}  // namespace tformers

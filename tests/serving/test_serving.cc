@@ -1,0 +1,305 @@
+// The continuous-batching engine: paged steps against the static cache, batch invariance, the
+// shape plan, a full pool, cancellation, shutdown and bad requests.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common/error_of.h"
+#include "tformers/model.h"
+#include "tformers/serving.h"
+#include "tformers/tokenizer.h"
+
+namespace tformers {
+namespace {
+
+using testing::error_of;
+
+const std::string kShipped = std::string(TFORMERS_SOURCE_DIR) + "/models/kjv-fortunes-tiny";
+
+// Collects a request's events and waits for its end.
+class Collector {
+ public:
+  ServingCallback callback() {
+    return [this](const ServingEvent& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (e.token >= 0) {
+        tokens_.push_back(e.token);
+        logprobs_.push_back(e.logprob);
+        top_.push_back(e.top_logprobs);
+      }
+      if (!e.finish_reason.empty()) {
+        reason_ = e.finish_reason;
+        error_ = e.error;
+        cv_.notify_all();
+      }
+    };
+  }
+  // The finish reason, after waiting up to a minute for it.
+  std::string wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(60), [&] { return !reason_.empty(); });
+    return reason_;
+  }
+  std::vector<int32_t> tokens() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return tokens_;
+  }
+  std::vector<float> logprobs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return logprobs_;
+  }
+  std::vector<std::vector<TokenLogprob>> top() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return top_;
+  }
+  std::string error() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> tokens_;
+  std::vector<float> logprobs_;
+  std::vector<std::vector<TokenLogprob>> top_;
+  std::string reason_, error_;
+};
+
+ServingRequest greedy(std::vector<int32_t> prompt, int64_t n) {
+  ServingRequest r;
+  r.prompt = std::move(prompt);
+  r.config.do_sample = false;
+  r.config.max_new_tokens = n;
+  r.config.eos_token_id = std::vector<int64_t>{};  // full length, so lengths are known
+  r.logprobs = true;
+  return r;
+}
+
+std::vector<int32_t> prompt_of(int seed, int len, int64_t vocab) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < len; ++i) p.push_back(int32_t((seed * 7919 + i * 104729) % vocab));
+  return p;
+}
+
+// Each tiny architecture through the engine: every chosen token's log-probability equals the
+// one the static cache gives for the same tokens (forward() over the prompt, then one token at
+// a time). Gemma 3 covers sliding windows and soft-capping, GLM partial interleaved rotary.
+class PagedMatchesStatic : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PagedMatchesStatic, LogprobsOfEveryToken) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(
+      std::string(TFORMERS_TEST_DATA) + "/models/" + GetParam(), {.device_map = "cpu"});
+  const int64_t V = model.config().vocab_size;
+  const std::vector<int32_t> prompt = prompt_of(3, 21, V);  // crosses block and bucket edges
+  const int64_t n = 12;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  {
+    ServingEngine engine(model, {.max_num_seqs = 2, .max_model_len = 64, .block_size = 8});
+    engine.warm_up();
+    engine.start();
+    Collector c;
+    engine.submit(greedy(prompt, n), c.callback());
+    ASSERT_EQ(c.wait(), "length") << c.error();
+    tokens = c.tokens();
+    logprobs = c.logprobs();
+  }
+  ASSERT_EQ(int64_t(tokens.size()), n);
+  model.reset_cache(1, 64);
+  std::vector<int32_t> all = prompt;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t start = i == 0 ? 0 : int64_t(all.size()) - 1;
+    std::vector<int32_t> step(all.begin() + start, all.end());
+    Tensor ids = Tensor::from_vector<int32_t>({1, int64_t(step.size())}, DType::i32, step);
+    Tensor logits = model.forward({.input_ids = ids, .cache_position = start});
+    const float* l = logits.data<float>();
+    double mx = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(l[v]));
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(l[v]) - mx);
+    const double want = double(l[tokens[size_t(i)]]) - mx - std::log(sum);
+    EXPECT_NEAR(logprobs[size_t(i)], want, 1e-3 + 1e-4 * std::abs(want)) << GetParam() << " " << i;
+    all.push_back(tokens[size_t(i)]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Serving, PagedMatchesStatic,
+                         ::testing::Values("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral",
+                                           "tiny-gemma3", "tiny-glm", "tiny-glm4"));
+
+// A request's greedy tokens alone equal its tokens among others of other lengths, submitted
+// together and at staggered times, with the decode batch growing and shrinking around it; and
+// after warm-up nothing compiles.
+TEST(Serving, BatchInvariantAndNoCompilesAfterWarmUp) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  const int64_t V = model.config().vocab_size;
+  ServingEngine engine(model, {.max_num_seqs = 8, .max_model_len = 128});
+  engine.warm_up();
+  const uint64_t compiled = engine.stats().compiles;
+  EXPECT_GT(compiled, 0u);
+  engine.start();
+  const int kRequests = 12;
+  std::vector<std::vector<int32_t>> alone(kRequests);
+  std::vector<std::vector<float>> alone_logprobs(kRequests);
+  for (int r = 0; r < kRequests; ++r) {
+    Collector c;
+    engine.submit(greedy(prompt_of(r, 3 + 5 * r, V), 10 + 3 * r), c.callback());
+    ASSERT_EQ(c.wait(), "length") << c.error();
+    alone[size_t(r)] = c.tokens();
+    alone_logprobs[size_t(r)] = c.logprobs();
+  }
+  std::vector<Collector> together(kRequests);
+  for (int r = 0; r < kRequests; ++r) {
+    engine.submit(greedy(prompt_of(r, 3 + 5 * r, V), 10 + 3 * r), together[size_t(r)].callback());
+    if (r % 3 == 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < kRequests; ++r) {
+    ASSERT_EQ(together[size_t(r)].wait(), "length");
+    EXPECT_EQ(together[size_t(r)].tokens(), alone[size_t(r)]) << "request " << r;
+    // Not only the same choices: the same bits of every log-probability.
+    EXPECT_EQ(together[size_t(r)].logprobs(), alone_logprobs[size_t(r)]) << "request " << r;
+  }
+  const ServingStats s = engine.stats();
+  EXPECT_EQ(s.compiles_since_ready, 0u);
+  EXPECT_EQ(s.compiles, compiled);
+  EXPECT_EQ(s.kv_blocks_used, 0);
+  EXPECT_GT(s.padded_tokens, 0u);
+  EXPECT_GT(s.computed_tokens, s.padded_tokens);
+}
+
+// A pool with room for one full-length sequence: the others wait their turn and still get every
+// token they asked for.
+TEST(Serving, FullPoolMakesRequestsWaitNotTruncate) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  ServingEngine engine(model,
+                       {.max_num_seqs = 4, .max_model_len = 64, .block_size = 16, .num_blocks = 4});
+  engine.warm_up();
+  engine.start();
+  std::vector<Collector> c(3);
+  for (int r = 0; r < 3; ++r)
+    engine.submit(greedy(prompt_of(r, 10, 4096), 50), c[size_t(r)].callback());
+  bool saw_waiting = false;
+  for (int i = 0; i < 200 && !saw_waiting; ++i) {
+    saw_waiting = engine.stats().waiting > 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(saw_waiting);
+  for (auto& x : c) {
+    ASSERT_EQ(x.wait(), "length");
+    EXPECT_EQ(x.tokens().size(), 50u);
+  }
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+}
+
+TEST(Serving, CancelFreesTheSequence) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  ServingEngine engine(model, {.max_num_seqs = 2, .max_model_len = 256});
+  engine.warm_up();
+  engine.start();
+  Collector c;
+  std::atomic<uint64_t> id{0};
+  std::atomic<int> seen{0};
+  ServingCallback inner = c.callback();
+  id = engine.submit(greedy({1, 2, 3}, 250), [&](const ServingEvent& e) {
+    if (++seen == 5) engine.cancel(e.request);  // from inside the callback, as a server would
+    inner(e);
+  });
+  EXPECT_EQ(c.wait(), "abort");
+  EXPECT_LT(c.tokens().size(), 250u);
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+  engine.cancel(id);  // finished: ignored
+  engine.cancel(12345);
+}
+
+TEST(Serving, LogprobsAndStopStrings) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  Tokenizer tok = AutoTokenizer::from_pretrained(kShipped);
+  ServingEngine engine(model, {.max_num_seqs = 2, .max_model_len = 128}, &tok);
+  engine.start();  // without warm_up: shapes compile on first use
+  ServingRequest r = greedy(tok.encode("And the LORD said"), 40);
+  r.top_logprobs = 3;
+  Collector c;
+  engine.submit(r, c.callback());
+  ASSERT_EQ(c.wait(), "length");
+  const auto tokens = c.tokens();
+  const auto lp = c.logprobs();
+  const auto top = c.top();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    ASSERT_EQ(top[i].size(), 3u);
+    EXPECT_EQ(top[i][0].token, tokens[i]);  // greedy picks the most likely
+    EXPECT_FLOAT_EQ(top[i][0].logprob, lp[i]);
+    EXPECT_LE(lp[i], 0.0f);
+    EXPECT_GE(top[i][0].logprob, top[i][1].logprob);
+    EXPECT_GE(top[i][1].logprob, top[i][2].logprob);
+  }
+  // A stop string taken from the middle of that text ends the same request early.
+  const std::string text = tok.decode(tokens);
+  ASSERT_GT(text.size(), 12u);
+  const std::string stop = text.substr(text.size() / 2, 3);
+  ServingRequest s = greedy(tok.encode("And the LORD said"), 40);
+  s.config.stop_strings = std::vector<std::string>{stop};
+  Collector d;
+  engine.submit(s, d.callback());
+  EXPECT_EQ(d.wait(), "stop");
+  EXPECT_LT(d.tokens().size(), tokens.size());
+  EXPECT_NE(tok.decode(d.tokens()).find(stop), std::string::npos);
+}
+
+TEST(Serving, BadRequestsAndConfigs) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  ServingEngine engine(model, {.max_num_seqs = 2, .max_model_len = 64});
+  auto none = [](const ServingEvent&) {};
+  EXPECT_CONTAINS(error_of<InvalidArgumentError>([&] { engine.submit(greedy({}, 4), none); }),
+                  "prompt is empty");
+  EXPECT_CONTAINS(error_of<InvalidArgumentError>([&] { engine.submit(greedy({5000}, 4), none); }),
+                  "outside the vocabulary");
+  EXPECT_CONTAINS(error_of<InvalidArgumentError>(
+                      [&] { engine.submit(greedy(std::vector<int32_t>(64, 1), 4), none); }),
+                  "max_model_len is 64");
+  EXPECT_CONTAINS(error_of<InvalidArgumentError>(
+                      [&] { engine.submit(greedy(std::vector<int32_t>(40, 1), 30), none); }),
+                  "lower max_new_tokens");
+  ServingRequest r = greedy({1}, 4);
+  r.top_logprobs = 21;
+  EXPECT_CONTAINS(error_of<InvalidArgumentError>([&] { engine.submit(r, none); }),
+                  "top_logprobs 21");
+  ServingRequest beams = greedy({1}, 4);
+  beams.config.num_beams = 2;
+  EXPECT_CONTAINS(error_of<InvalidArgumentError>([&] { engine.submit(beams, none); }), "num_beams");
+  EXPECT_CONTAINS(
+      error_of<InvalidArgumentError>([&] { ServingEngine e(model, {.max_model_len = 1000}); }),
+      "max_position_embeddings");
+  EXPECT_CONTAINS(error_of<InvalidArgumentError>([&] {
+                    ServingEngine e(model,
+                                    {.max_model_len = 64, .block_size = 16, .num_blocks = 3});
+                  }),
+                  "cannot hold one sequence");
+}
+
+// shutdown() lets running requests finish within the grace period, aborts what is left, and
+// refuses new requests.
+TEST(Serving, ShutdownFinishesOrAborts) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  ServingEngine engine(model, {.max_num_seqs = 2, .max_model_len = 256});
+  engine.warm_up();
+  engine.start();
+  Collector short_one, long_one;
+  engine.submit(greedy({1, 2}, 3), short_one.callback());
+  engine.submit(greedy({1, 2}, 250), long_one.callback());
+  engine.shutdown(std::chrono::milliseconds(100));
+  EXPECT_EQ(short_one.wait(), "length");
+  EXPECT_EQ(long_one.wait(), "abort");
+  EXPECT_FALSE(engine.accepting());
+  EXPECT_CONTAINS(
+      error_of<ResourceError>([&] { engine.submit(greedy({1}, 2), [](const ServingEvent&) {}); }),
+      "shutting down");
+}
+
+}  // namespace
+}  // namespace tformers
