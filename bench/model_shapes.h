@@ -1,0 +1,75 @@
+// Model shapes of the benchmarks, written as checkpoints with random bf16 weights.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "tformers/tensor.h"
+
+namespace tformers::bench {
+
+struct ModelShape {
+  std::string name, arch, model_type;
+  int64_t vocab, hidden, inter, layers, heads, kv_heads, head_dim;
+  bool qk_norm;
+};
+
+const ModelShape kQwen3{
+    "qwen3-0.6b", "Qwen3ForCausalLM", "qwen3", 151936, 1024, 3072, 28, 16, 8, 128, true};
+const ModelShape kLlama{
+    "llama-3.2-1b", "LlamaForCausalLM", "llama", 128256, 2048, 8192, 16, 32, 8, 64, false};
+
+// Writes config.json and random bf16 weights of the shape (tied embeddings), once.
+inline void make_model(const ModelShape& m, const std::string& dir) {
+  if (std::filesystem::exists(dir + "/model.safetensors")) return;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json")
+      << "{\"architectures\": [\"" << m.arch << "\"], \"model_type\": \"" << m.model_type
+      << "\", \"vocab_size\": " << m.vocab << ", \"hidden_size\": " << m.hidden
+      << ", \"intermediate_size\": " << m.inter << ", \"num_hidden_layers\": " << m.layers
+      << ", \"num_attention_heads\": " << m.heads << ", \"num_key_value_heads\": " << m.kv_heads
+      << ", \"head_dim\": " << m.head_dim
+      << ", \"max_position_embeddings\": 40960, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000,"
+         " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\", \"hidden_act\": "
+         "\"silu\"}";
+  std::vector<std::pair<std::string, Tensor>> ts;
+  std::mt19937 rng(7);
+  auto add = [&](const std::string& name, Shape shape, float scale) {
+    Tensor t = Tensor::zeros(shape, DType::bf16);
+    uint16_t* p = t.data<uint16_t>();
+    uint32_t s = rng() | 1;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      s ^= s << 13, s ^= s >> 17, s ^= s << 5;  // xorshift: fast enough for 10^9 values
+      p[i] = f32_to_bf16(scale * (float(s >> 8) * 0x1p-24f - 0.5f));
+    }
+    ts.push_back({name, t});
+  };
+  const int64_t h = m.hidden, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
+  add("model.embed_tokens.weight", {m.vocab, h}, 0.1f);
+  for (int l = 0; l < m.layers; ++l) {
+    std::string n = "model.layers." + std::to_string(l) + ".";
+    add(n + "input_layernorm.weight", {h}, 1.0f);
+    add(n + "post_attention_layernorm.weight", {h}, 1.0f);
+    add(n + "self_attn.q_proj.weight", {q, h}, 0.05f);
+    add(n + "self_attn.k_proj.weight", {kv, h}, 0.05f);
+    add(n + "self_attn.v_proj.weight", {kv, h}, 0.05f);
+    add(n + "self_attn.o_proj.weight", {h, q}, 0.05f);
+    if (m.qk_norm) {
+      add(n + "self_attn.q_norm.weight", {m.head_dim}, 1.0f);
+      add(n + "self_attn.k_norm.weight", {m.head_dim}, 1.0f);
+    }
+    add(n + "mlp.gate_proj.weight", {m.inter, h}, 0.05f);
+    add(n + "mlp.up_proj.weight", {m.inter, h}, 0.05f);
+    add(n + "mlp.down_proj.weight", {h, m.inter}, 0.05f);
+  }
+  add("model.norm.weight", {h}, 1.0f);
+  io::save_safetensors(dir + "/model.safetensors", ts);
+}
+
+}  // namespace tformers::bench
