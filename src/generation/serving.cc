@@ -155,6 +155,7 @@ void ServingEngine::Impl::configure() {
         "block_size " + std::to_string(cfg.block_size) + " must be in [1, 1024]");
   check(cfg.num_blocks >= 0 && cfg.kv_cache_bytes >= 0,
         "num_blocks and kv_cache_bytes must not be negative");
+  check(cfg.max_prefill_tokens >= 1, "max_prefill_tokens must be positive");
   table_blocks = (cfg.max_model_len + cfg.block_size - 1) / cfg.block_size;
   const int64_t block_bytes = m.kv_bytes_per_position() * cfg.block_size;
   if (cfg.num_blocks == 0)
@@ -348,11 +349,15 @@ void ServingEngine::Impl::cancel_requested() {
 
 void ServingEngine::Impl::step() {
   cancel_requested();
+  int64_t prefilled = 0;
   while (int64_t(running.size()) < cfg.max_num_seqs) {
     std::unique_ptr<Sequence> s;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (waiting.empty()) break;
+      const int64_t cost = bucket_for(cfg.prefill_buckets, waiting.front()->prompt_len);
+      if (prefilled > 0 && prefilled + cost > cfg.max_prefill_tokens) break;
+      prefilled += cost;
       s = std::move(waiting.front());
       waiting.pop_front();
     }
