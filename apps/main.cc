@@ -5,7 +5,6 @@
 // written out whenever stdout reaches the start of a line (HeldStderr), so a compile note or a
 // warning never lands inside a line of text. Arguments are checked, and the model's generation
 // config resolved, before anything is printed.
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -30,6 +29,7 @@
 #include <editline/readline.h>
 #endif
 
+#include "cli.h"
 #include "core/cpu_features.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
@@ -48,8 +48,14 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using tformers::cli::check_args;
 using tformers::cli::escape_for_terminal;
+using tformers::cli::GenerateArgs;
+using tformers::cli::generation_config;
 using tformers::cli::HeldStderr;
+using tformers::cli::parse_ids;
+using tformers::cli::parse_tp_plan;
+using tformers::cli::random_seed;
 
 // Where errors go: stderr, or on a rank that is not rank 0 (whose stderr is silenced) a copy of
 // the original stderr, so a failing rank is still heard.
@@ -80,100 +86,11 @@ Stdout g_out;
 // Set by SIGINT while a chat reply streams; the reply stops at the next token.
 volatile std::sig_atomic_t g_interrupted = 0;
 
-constexpr int64_t kMaxThreads = 1024;
-
 // Set by `launch --verbose-all-ranks` for the ranks it starts, which inherit it.
 constexpr const char* kVerboseAllRanksEnv = "TFORMERS_VERBOSE_ALL_RANKS";
 
-std::vector<int32_t> parse_ids(const std::string& s) {
-  std::vector<int32_t> ids;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || v < 0 || v > INT32_MAX)
-      throw tformers::InvalidArgumentError("--prompt-ids: '" + item +
-                                           "' is not a token id (use comma-separated integers, "
-                                           "e.g. 72,101,108)");
-    ids.push_back(int32_t(v));
-  }
-  return ids;
-}
-
 // A prompt file: a regular file (never a FIFO or device) of at most this many bytes.
 constexpr uint64_t kMaxPromptFileBytes = uint64_t(64) << 20;
-
-// Options shared by the commands that load a model.
-struct GenerateArgs {
-  std::string model, revision = "main", prompt, prompt_file, prompt_ids, system, dtype,
-                     device = "auto", quantize, early_stopping, load_mode = "copy";
-  bool chat = false, verbose = false, verbose_all_ranks = false, do_sample = false,
-       ignore_eos = false, json = false;
-  int64_t tp = 0;  // tensor-parallel processes (under tformers launch); 0: the whole model here
-  std::string tp_plan;  // JSON object for DistributedConfig.tp_plan; "": the default plan
-  std::optional<int64_t> max_new_tokens, top_k, seed, no_repeat_ngram_size, ctx_size, num_beams;
-  std::optional<double> temperature, top_p, min_p, typical_p, repetition_penalty, length_penalty;
-  std::vector<std::string> stop;
-};
-
-// A fresh 63-bit seed (it must read back through --seed, which is signed).
-uint64_t random_seed() {
-  std::random_device rd;
-  return ((uint64_t(rd()) << 32) ^ uint64_t(rd())) >> 1;
-}
-
-// The flags as a GenerationConfig layered over the model's generation_config.json. Notes about
-// how a flag was read go to stderr here, before anything streams.
-tformers::GenerationConfig generation_config(const GenerateArgs& a) {
-  tformers::GenerationConfig gc;
-  gc.max_new_tokens = a.max_new_tokens;
-  if (a.do_sample) gc.do_sample = true;
-  gc.temperature = a.temperature;
-  if (a.temperature == 0.0) {
-    // llama.cpp's convention; Transformers rejects temperature 0 when sampling.
-    std::fprintf(stderr,
-                 "tformers: note: --temperature 0 means greedy decoding (do_sample=false)\n");
-    gc.do_sample = false;
-    gc.temperature.reset();
-  }
-  gc.top_k = a.top_k;
-  gc.top_p = a.top_p;
-  gc.min_p = a.min_p;
-  gc.typical_p = a.typical_p;
-  gc.repetition_penalty = a.repetition_penalty;
-  gc.no_repeat_ngram_size = a.no_repeat_ngram_size;
-  gc.num_beams = a.num_beams;
-  // Beam sampling is not implemented: a model whose generation_config.json samples would refuse
-  // --num-beams without this.
-  if (a.num_beams > 1 && !a.do_sample) gc.do_sample = false;
-  gc.length_penalty = a.length_penalty;
-  if (a.early_stopping == "true") gc.early_stopping = tformers::EarlyStopping::kTrue;
-  if (a.early_stopping == "false") gc.early_stopping = tformers::EarlyStopping::kFalse;
-  if (a.early_stopping == "never") gc.early_stopping = tformers::EarlyStopping::kNever;
-  if (!a.stop.empty()) gc.stop_strings = a.stop;
-  if (a.ignore_eos) gc.eos_token_id = std::vector<int64_t>{};
-  gc.max_cache_len = a.ctx_size;
-  if (a.seed) gc.seed = *a.seed == -1 ? random_seed() : uint64_t(*a.seed);
-  return gc;
-}
-
-// Checks what can be checked without the model, so that a bad flag fails before loading.
-void check_args(const GenerateArgs& a) {
-  if (a.seed && *a.seed < -1)
-    throw tformers::InvalidArgumentError("--seed " + std::to_string(*a.seed) +
-                                         ": give a seed >= 0, or -1 for a fresh random one");
-  if (a.ctx_size && *a.ctx_size < 2)
-    throw tformers::InvalidArgumentError("--ctx-size " + std::to_string(*a.ctx_size) +
-                                         ": the context must hold at least 2 tokens");
-  for (const std::string& s : a.stop)
-    if (s.empty()) throw tformers::InvalidArgumentError("--stop: give a non-empty string");
-}
 
 // Under tformers launch every rank runs the same command; only rank 0 prints, and its stderr is
 // the only one unless --verbose-all-ranks.
@@ -209,27 +126,6 @@ int cmd_env() {
     archs += (archs.empty() ? "" : ", ") + a;
   std::printf("architectures: %s\n", archs.c_str());
   return 0;
-}
-
-// --tp-plan's JSON object {"module pattern": "style"}, as DistributedConfig.tp_plan takes it.
-std::map<std::string, std::string> parse_tp_plan(const std::string& text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw tformers::InvalidArgumentError("--tp-plan: not valid JSON: " + std::string(e.what()));
-  }
-  if (!j.is_object())
-    throw tformers::InvalidArgumentError(
-        "--tp-plan must be a JSON object {\"module pattern\": \"style\", ...}, got " + j.dump());
-  std::map<std::string, std::string> plan;
-  for (const auto& [key, style] : j.items()) {
-    if (!style.is_string())
-      throw tformers::InvalidArgumentError("--tp-plan: the style of \"" + key +
-                                           "\" must be a string, got " + style.dump());
-    plan[key] = style.get<std::string>();
-  }
-  return plan;
 }
 
 // Loads the model, with a progress bar on a terminal when that takes more than half a second.
@@ -602,127 +498,18 @@ int fail(const std::string& message) {
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"tformers: run Hugging Face causal language models natively"};
-  app.set_version_flag("--version", std::string("tformers ") + TFORMERS_VERSION,
-                       "Print the version and exit");
-  app.require_subcommand(1);
-  int64_t threads = 0;
-  const std::string threads_help = "CPU threads, 1 to " + std::to_string(kMaxThreads) +
-                                   " (default: TFORMERS_NUM_THREADS or all cores)";
-  app.add_option("--threads", threads, threads_help);
-
-  CLI::App* env =
-      app.add_subcommand("env", "Print the version, CPU features, backends and accelerators");
-  app.add_subcommand("launch", tformers::distributed::kLaunchHelp)->allow_extras();
-
-  GenerateArgs g;
-  CLI::App* gen = app.add_subcommand("generate", "Generate text from a prompt");
-  CLI::App* chat = app.add_subcommand("chat", "Chat with a model, turn by turn, in the terminal");
-  std::string tok_model, tok_revision = "main", tok_text;
-  bool tok_special = false;
-  CLI::App* tokz = app.add_subcommand("tokenize", "Show the token ids and pieces of a text");
-  for (CLI::App* sub : {gen, chat, tokz}) sub->add_option("--threads", threads, threads_help);
-  for (CLI::App* sub : {gen, chat}) {
-    sub->add_option("--model,-m", g.model, "Model folder or Hub id in the local cache")->required();
-    sub->add_option("--revision", g.revision,
-                    "Hub revision (branch, tag or commit) of a cached model")
-        ->capture_default_str();
-    sub->add_option("--system", g.system, "System message");
-    sub->add_option("--max-new-tokens,-n", g.max_new_tokens,
-                    "Tokens to generate (generate: default from generation_config.json, else up "
-                    "to 20 in all; chat: 256 per reply)");
-    sub->add_flag("--do-sample", g.do_sample, "Sample instead of greedy decoding");
-    sub->add_option("--temperature", g.temperature,
-                    "Sampling temperature (1: unchanged); 0 means greedy decoding");
-    sub->add_option("--top-k", g.top_k, "Sample from the K most likely tokens only (0: all)");
-    sub->add_option("--top-p", g.top_p,
-                    "Sample from the smallest set of tokens whose probability reaches P (1: all)");
-    sub->add_option("--min-p", g.min_p, "Drop tokens less likely than P times the most likely one");
-    sub->add_option("--typical-p", g.typical_p, "Locally typical sampling mass (1: off)");
-    sub->add_option("--repetition-penalty", g.repetition_penalty,
-                    "Divide the scores of tokens already seen by this (1: off)");
-    sub->add_option("--no-repeat-ngram-size", g.no_repeat_ngram_size,
-                    "Never repeat an n-gram of this size (0: off)");
-    sub->add_option("--seed", g.seed,
-                    "Sampling seed: the same seed gives the same text; -1 draws a fresh one "
-                    "(shown with --verbose)");
-    sub->add_option("--stop", g.stop, "Stop when the text contains STR (repeatable)")
-        ->allow_extra_args(false);
-    sub->add_flag("--ignore-eos", g.ignore_eos,
-                  "Keep generating past end-of-sequence tokens, up to --max-new-tokens");
-    sub->add_option("--ctx-size,--max-cache-len,-c", g.ctx_size,
-                    "KV cache positions (max_cache_len; chat: the whole conversation, default "
-                    "the model's positions up to 4096)");
-    sub->add_option("--dtype", g.dtype,
-                    "float32 or bfloat16 (default: the checkpoint's torch_dtype)");
-    sub->add_option("--device", g.device, "cpu, auto, tpu or cuda")->capture_default_str();
-    sub->add_option("--quantize", g.quantize,
-                    "int8: weight-only int8 linears, one scale per 32 weights (as Q8_0)");
-    sub->add_option("--load-mode", g.load_mode,
-                    "copy: weights in anonymous huge-page memory (fast decode); mmap: use the "
-                    "checkpoint's mapping (instant load, low memory)")
-        ->check(CLI::IsMember({"copy", "mmap"}))
-        ->capture_default_str();
-    sub->add_flag("--verbose,-v", g.verbose,
-                  "Show the seed, compiles, cache hits, time to first token, tokens/s on stderr");
-    sub->add_flag("--verbose-all-ranks", g.verbose_all_ranks,
-                  "Under tformers launch, let every rank write to stderr (default: rank 0 only)");
-  }
-  gen->add_option("--prompt,-p", g.prompt, "Prompt text (needs the model's tokenizer.json)");
-  gen->add_option("--file,-f", g.prompt_file, "Read the prompt text from a file");
-  gen->add_option("--prompt-ids", g.prompt_ids, "Prompt token ids, comma-separated");
-  gen->add_flag("--chat", g.chat, "Wrap the prompt in the model's chat template");
-  gen->add_flag("--json", g.json,
-                "Print one JSON object (ids, text, finish reason, timings) instead of streaming");
-  gen->add_option("--num-beams", g.num_beams, "Beam search with N beams (1: off)");
-  gen->add_option("--length-penalty", g.length_penalty,
-                  "Beam search: scores are divided by length ** this (default 1)");
-  gen->add_option("--early-stopping", g.early_stopping,
-                  "Beam search: stop at num_beams finished (true), when no beam is likely to "
-                  "improve (false, default) or when none can (never)")
-      ->check(CLI::IsMember({"true", "false", "never"}));
-  gen->add_option("--tp", g.tp, "Split the model over N processes (run under tformers launch)");
-  gen->add_option("--tp-plan", g.tp_plan,
-                  "Tensor-parallel overrides as a JSON object, e.g. "
-                  "'{\"layers.*.self_attn.q_proj\": \"replicated_with_grad_allreduce\"}'");
-
-  tokz->add_option("--model,-m", tok_model, "Model folder or Hub id in the local cache")
-      ->required();
-  tokz->add_option("--revision", tok_revision, "Hub revision of a cached model")
-      ->capture_default_str();
-  tokz->add_option("text", tok_text, "Text to tokenize")->required();
-  tokz->add_flag("--add-special-tokens", tok_special, "Add the post-processor's special tokens");
-
-  CLI::App* kernels = app.add_subcommand("kernels", "Hub kernels: list | lock | verify (--help)");
-  kernels->prefix_command()->set_help_flag();  // its own usage: tformers kernels --help
-
-  // CLI11 would call an unknown subcommand an unexpected argument; name it and list the real ones.
-  if (argc > 1 && argv[1][0] != '-') {
-    bool known = false;
-    const auto subs = app.get_subcommands([](CLI::App*) { return true; });
-    for (const CLI::App* sub : subs) known = known || sub->check_name(argv[1]);
-    if (!known) {
-      std::string names;
-      for (const CLI::App* sub : subs) names += (names.empty() ? "" : ", ") + sub->get_name();
-      return fail("unknown subcommand '" + std::string(argv[1]) + "'; the subcommands are " +
-                  names + " (tformers --help shows them)");
-    }
-  }
-  CLI11_PARSE(app, argc, argv);
-  if (threads != 0) {
-    if (threads < 1 || threads > kMaxThreads)
-      throw tformers::InvalidArgumentError(
-          "--threads " + std::to_string(threads) + " is out of range: give 1 to " +
-          std::to_string(kMaxThreads) + " (this machine has " +
-          std::to_string(std::thread::hardware_concurrency()) + " cores)");
-    tformers::ThreadPool::set_global_threads(int(threads));
-  }
-  if (env->parsed()) return cmd_env();
-  if (kernels->parsed()) return tformers::kernels_hub::kernels_cli(kernels->remaining());
-  if (gen->parsed()) return cmd_generate(g);
-  if (chat->parsed()) return cmd_chat(g);
-  if (tokz->parsed()) return cmd_tokenize(tok_model, tok_revision, tok_text, tok_special);
-  return 0;
+  const tformers::cli::CommandLine cl =
+      tformers::cli::parse_command_line(argc, argv, std::cout, std::cerr);
+  if (cl.command.empty()) return cl.exit_code;
+  if (cl.threads != 0) tformers::ThreadPool::set_global_threads(int(cl.threads));
+  if (cl.command == "env") return cmd_env();
+  if (cl.command == "kernels") return tformers::kernels_hub::kernels_cli(cl.kernels);
+  if (cl.command == "generate") return cmd_generate(cl.generate);
+  if (cl.command == "chat") return cmd_chat(cl.generate);
+  if (cl.command == "tokenize")
+    return cmd_tokenize(cl.tokenize.model, cl.tokenize.revision, cl.tokenize.text,
+                        cl.tokenize.add_special_tokens);
+  return 0;  // launch: main() runs it before parsing
 }
 
 }  // namespace

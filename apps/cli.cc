@@ -1,0 +1,243 @@
+#include "cli.h"
+
+#include <CLI/CLI.hpp>
+#include <climits>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "distributed/launcher.h"
+#include "terminal.h"
+#include "tformers/error.h"
+
+namespace tformers::cli {
+
+CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& out,
+                               std::ostream& err) {
+  CommandLine cl;
+  CLI::App app{"tformers: run Hugging Face causal language models natively"};
+  app.set_version_flag("--version", std::string("tformers ") + TFORMERS_VERSION,
+                       "Print the version and exit");
+  app.require_subcommand(1);
+  int64_t& threads = cl.threads;
+  const std::string threads_help = "CPU threads, 1 to " + std::to_string(kMaxThreads) +
+                                   " (default: TFORMERS_NUM_THREADS or all cores)";
+  app.add_option("--threads", threads, threads_help);
+
+  CLI::App* env =
+      app.add_subcommand("env", "Print the version, CPU features, backends and accelerators");
+  CLI::App* launch =
+      app.add_subcommand("launch", tformers::distributed::kLaunchHelp)->allow_extras();
+
+  GenerateArgs& g = cl.generate;
+  CLI::App* gen = app.add_subcommand("generate", "Generate text from a prompt");
+  CLI::App* chat = app.add_subcommand("chat", "Chat with a model, turn by turn, in the terminal");
+  std::string &tok_model = cl.tokenize.model, &tok_revision = cl.tokenize.revision,
+              &tok_text = cl.tokenize.text;
+  bool& tok_special = cl.tokenize.add_special_tokens;
+  CLI::App* tokz = app.add_subcommand("tokenize", "Show the token ids and pieces of a text");
+  for (CLI::App* sub : {gen, chat, tokz}) sub->add_option("--threads", threads, threads_help);
+  for (CLI::App* sub : {gen, chat}) {
+    sub->add_option("--model,-m", g.model, "Model folder or Hub id in the local cache")->required();
+    sub->add_option("--revision", g.revision,
+                    "Hub revision (branch, tag or commit) of a cached model")
+        ->capture_default_str();
+    sub->add_option("--system", g.system, "System message");
+    sub->add_option("--max-new-tokens,-n", g.max_new_tokens,
+                    "Tokens to generate (generate: default from generation_config.json, else up "
+                    "to 20 in all; chat: 256 per reply)");
+    sub->add_flag("--do-sample", g.do_sample, "Sample instead of greedy decoding");
+    sub->add_option("--temperature", g.temperature,
+                    "Sampling temperature (1: unchanged); 0 means greedy decoding");
+    sub->add_option("--top-k", g.top_k, "Sample from the K most likely tokens only (0: all)");
+    sub->add_option("--top-p", g.top_p,
+                    "Sample from the smallest set of tokens whose probability reaches P (1: all)");
+    sub->add_option("--min-p", g.min_p, "Drop tokens less likely than P times the most likely one");
+    sub->add_option("--typical-p", g.typical_p, "Locally typical sampling mass (1: off)");
+    sub->add_option("--repetition-penalty", g.repetition_penalty,
+                    "Divide the scores of tokens already seen by this (1: off)");
+    sub->add_option("--no-repeat-ngram-size", g.no_repeat_ngram_size,
+                    "Never repeat an n-gram of this size (0: off)");
+    sub->add_option("--seed", g.seed,
+                    "Sampling seed: the same seed gives the same text; -1 draws a fresh one "
+                    "(shown with --verbose)");
+    sub->add_option("--stop", g.stop, "Stop when the text contains STR (repeatable)")
+        ->allow_extra_args(false);
+    sub->add_flag("--ignore-eos", g.ignore_eos,
+                  "Keep generating past end-of-sequence tokens, up to --max-new-tokens");
+    sub->add_option("--ctx-size,--max-cache-len,-c", g.ctx_size,
+                    "KV cache positions (max_cache_len; chat: the whole conversation, default "
+                    "the model's positions up to 4096)");
+    sub->add_option("--dtype", g.dtype,
+                    "float32 or bfloat16 (default: the checkpoint's torch_dtype)");
+    sub->add_option("--device", g.device, "cpu, auto, tpu or cuda")->capture_default_str();
+    sub->add_option("--quantize", g.quantize,
+                    "int8: weight-only int8 linears, one scale per 32 weights (as Q8_0)");
+    sub->add_option("--load-mode", g.load_mode,
+                    "copy: weights in anonymous huge-page memory (fast decode); mmap: use the "
+                    "checkpoint's mapping (instant load, low memory)")
+        ->check(CLI::IsMember({"copy", "mmap"}))
+        ->capture_default_str();
+    sub->add_flag("--verbose,-v", g.verbose,
+                  "Show the seed, compiles, cache hits, time to first token, tokens/s on stderr");
+    sub->add_flag("--verbose-all-ranks", g.verbose_all_ranks,
+                  "Under tformers launch, let every rank write to stderr (default: rank 0 only)");
+  }
+  gen->add_option("--prompt,-p", g.prompt, "Prompt text (needs the model's tokenizer.json)");
+  gen->add_option("--file,-f", g.prompt_file, "Read the prompt text from a file");
+  gen->add_option("--prompt-ids", g.prompt_ids, "Prompt token ids, comma-separated");
+  gen->add_flag("--chat", g.chat, "Wrap the prompt in the model's chat template");
+  gen->add_flag("--json", g.json,
+                "Print one JSON object (ids, text, finish reason, timings) instead of streaming");
+  gen->add_option("--num-beams", g.num_beams, "Beam search with N beams (1: off)");
+  gen->add_option("--length-penalty", g.length_penalty,
+                  "Beam search: scores are divided by length ** this (default 1)");
+  gen->add_option("--early-stopping", g.early_stopping,
+                  "Beam search: stop at num_beams finished (true), when no beam is likely to "
+                  "improve (false, default) or when none can (never)")
+      ->check(CLI::IsMember({"true", "false", "never"}));
+  gen->add_option("--tp", g.tp, "Split the model over N processes (run under tformers launch)");
+  gen->add_option("--tp-plan", g.tp_plan,
+                  "Tensor-parallel overrides as a JSON object, e.g. "
+                  "'{\"layers.*.self_attn.q_proj\": \"replicated_with_grad_allreduce\"}'");
+
+  tokz->add_option("--model,-m", tok_model, "Model folder or Hub id in the local cache")
+      ->required();
+  tokz->add_option("--revision", tok_revision, "Hub revision of a cached model")
+      ->capture_default_str();
+  tokz->add_option("text", tok_text, "Text to tokenize")->required();
+  tokz->add_flag("--add-special-tokens", tok_special, "Add the post-processor's special tokens");
+
+  CLI::App* kernels = app.add_subcommand("kernels", "Hub kernels: list | lock | verify (--help)");
+  kernels->prefix_command()->set_help_flag();  // its own usage: tformers kernels --help
+
+  // CLI11 would call an unknown subcommand an unexpected argument; name it and list the real ones.
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    const auto subs = app.get_subcommands([](CLI::App*) { return true; });
+    for (const CLI::App* sub : subs) known = known || sub->check_name(argv[1]);
+    if (!known) {
+      std::string names;
+      for (const CLI::App* sub : subs) names += (names.empty() ? "" : ", ") + sub->get_name();
+      err << "error: "
+          << escape_for_terminal("unknown subcommand '" + std::string(argv[1]) +
+                                 "'; the subcommands are " + names +
+                                 " (tformers --help shows them)")
+          << "\n"
+          << std::flush;
+      cl.exit_code = 1;
+      return cl;
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    cl.exit_code = app.exit(e, out, err);
+    cl.threads = 0;  // unchecked, and nothing runs
+    return cl;
+  }
+  if (threads != 0 && (threads < 1 || threads > kMaxThreads))
+    throw tformers::InvalidArgumentError(
+        "--threads " + std::to_string(threads) + " is out of range: give 1 to " +
+        std::to_string(kMaxThreads) + " (this machine has " +
+        std::to_string(std::thread::hardware_concurrency()) + " cores)");
+  for (const CLI::App* sub : {env, launch, kernels, gen, chat, tokz})
+    if (sub->parsed()) cl.command = sub->get_name();
+  if (kernels->parsed()) cl.kernels = kernels->remaining();
+  return cl;
+}
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < 0 || v > INT32_MAX)
+      throw tformers::InvalidArgumentError("--prompt-ids: '" + item +
+                                           "' is not a token id (use comma-separated integers, "
+                                           "e.g. 72,101,108)");
+    ids.push_back(int32_t(v));
+  }
+  return ids;
+}
+
+std::map<std::string, std::string> parse_tp_plan(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw tformers::InvalidArgumentError("--tp-plan: not valid JSON: " + std::string(e.what()));
+  }
+  if (!j.is_object())
+    throw tformers::InvalidArgumentError(
+        "--tp-plan must be a JSON object {\"module pattern\": \"style\", ...}, got " + j.dump());
+  std::map<std::string, std::string> plan;
+  for (const auto& [key, style] : j.items()) {
+    if (!style.is_string())
+      throw tformers::InvalidArgumentError("--tp-plan: the style of \"" + key +
+                                           "\" must be a string, got " + style.dump());
+    plan[key] = style.get<std::string>();
+  }
+  return plan;
+}
+
+void check_args(const GenerateArgs& a) {
+  if (a.seed && *a.seed < -1)
+    throw tformers::InvalidArgumentError("--seed " + std::to_string(*a.seed) +
+                                         ": give a seed >= 0, or -1 for a fresh random one");
+  if (a.ctx_size && *a.ctx_size < 2)
+    throw tformers::InvalidArgumentError("--ctx-size " + std::to_string(*a.ctx_size) +
+                                         ": the context must hold at least 2 tokens");
+  for (const std::string& s : a.stop)
+    if (s.empty()) throw tformers::InvalidArgumentError("--stop: give a non-empty string");
+}
+
+uint64_t random_seed() {
+  std::random_device rd;
+  return ((uint64_t(rd()) << 32) ^ uint64_t(rd())) >> 1;
+}
+
+GenerationConfig generation_config(const GenerateArgs& a, std::FILE* notes) {
+  GenerationConfig gc;
+  gc.max_new_tokens = a.max_new_tokens;
+  if (a.do_sample) gc.do_sample = true;
+  gc.temperature = a.temperature;
+  if (a.temperature == 0.0) {
+    // llama.cpp's convention; Transformers rejects temperature 0 when sampling.
+    if (notes)
+      std::fprintf(notes,
+                   "tformers: note: --temperature 0 means greedy decoding (do_sample=false)\n");
+    gc.do_sample = false;
+    gc.temperature.reset();
+  }
+  gc.top_k = a.top_k;
+  gc.top_p = a.top_p;
+  gc.min_p = a.min_p;
+  gc.typical_p = a.typical_p;
+  gc.repetition_penalty = a.repetition_penalty;
+  gc.no_repeat_ngram_size = a.no_repeat_ngram_size;
+  gc.num_beams = a.num_beams;
+  // Beam sampling is not implemented: a model whose generation_config.json samples would refuse
+  // --num-beams without this.
+  if (a.num_beams > 1 && !a.do_sample) gc.do_sample = false;
+  gc.length_penalty = a.length_penalty;
+  if (a.early_stopping == "true") gc.early_stopping = EarlyStopping::kTrue;
+  if (a.early_stopping == "false") gc.early_stopping = EarlyStopping::kFalse;
+  if (a.early_stopping == "never") gc.early_stopping = EarlyStopping::kNever;
+  if (!a.stop.empty()) gc.stop_strings = a.stop;
+  if (a.ignore_eos) gc.eos_token_id = std::vector<int64_t>{};
+  gc.max_cache_len = a.ctx_size;
+  if (a.seed) gc.seed = *a.seed == -1 ? random_seed() : uint64_t(*a.seed);
+  return gc;
+}
+
+}  // namespace tformers::cli

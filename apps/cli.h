@@ -1,0 +1,75 @@
+// The `tformers` command line, read apart from running it: parse_command_line() builds the
+// options, reads argv and checks what can be checked without a model, and never touches a file,
+// a model or the process (apps/main.cc runs the result). The libFuzzer target
+// tests/fuzz/fuzz_cli.cc feeds it arbitrary argument lists.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tformers/generation.h"
+
+namespace tformers::cli {
+
+constexpr int64_t kMaxThreads = 1024;
+
+// Options shared by the commands that load a model.
+struct GenerateArgs {
+  std::string model, revision = "main", prompt, prompt_file, prompt_ids, system, dtype,
+                     device = "auto", quantize, early_stopping, load_mode = "copy";
+  bool chat = false, verbose = false, verbose_all_ranks = false, do_sample = false,
+       ignore_eos = false, json = false;
+  int64_t tp = 0;  // tensor-parallel processes (under tformers launch); 0: the whole model here
+  std::string tp_plan;  // JSON object for DistributedConfig.tp_plan; "": the default plan
+  std::optional<int64_t> max_new_tokens, top_k, seed, no_repeat_ngram_size, ctx_size, num_beams;
+  std::optional<double> temperature, top_p, min_p, typical_p, repetition_penalty, length_penalty;
+  std::vector<std::string> stop;
+};
+
+struct TokenizeArgs {
+  std::string model, revision = "main", text;
+  bool add_special_tokens = false;
+};
+
+struct CommandLine {
+  // The subcommand to run: env, kernels, generate, chat or tokenize (or launch, which main()
+  // hands to the launcher before parsing). Empty when parsing ended the command: --help,
+  // --version or a usage error, already written to the streams given; the process then exits
+  // with exit_code.
+  std::string command;
+  int exit_code = 0;
+  int64_t threads = 0;               // --threads, 1 to kMaxThreads; 0: the default
+  GenerateArgs generate;             // generate and chat
+  TokenizeArgs tokenize;             // tokenize
+  std::vector<std::string> kernels;  // kernels: the arguments after "kernels"
+};
+
+// Reads `tformers ARGS...` (argv[0] is the program). Help and version text go to `out`, usage
+// errors to `err` (as CLI11 writes them, and "error: unknown subcommand ..." for a first argument
+// that names none). A value out of range (--threads) throws InvalidArgumentError. `launch` is
+// run by main() before this, which only knows it as a subcommand.
+CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& out,
+                               std::ostream& err);
+
+// --prompt-ids: comma-separated token ids; InvalidArgumentError names the first bad one.
+std::vector<int32_t> parse_ids(const std::string& s);
+
+// --tp-plan's JSON object {"module pattern": "style"}, as DistributedConfig.tp_plan takes it.
+std::map<std::string, std::string> parse_tp_plan(const std::string& text);
+
+// Checks what can be checked without the model, so that a bad flag fails before loading.
+void check_args(const GenerateArgs& a);
+
+// A fresh 63-bit seed (it must read back through --seed, which is signed).
+uint64_t random_seed();
+
+// The flags as a GenerationConfig layered over the model's generation_config.json. Notes about
+// how a flag was read go to `notes` (none when null), before anything streams.
+GenerationConfig generation_config(const GenerateArgs& a, std::FILE* notes = stderr);
+
+}  // namespace tformers::cli

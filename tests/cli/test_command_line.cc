@@ -1,0 +1,143 @@
+// The command line's parser on its own (apps/cli.cc, also fuzzed by tests/fuzz/fuzz_cli.cc): what
+// it reads, what it writes to the streams it is given, and the checks made before a model loads.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../../apps/cli.h"
+#include "tformers/error.h"
+
+namespace tformers::cli {
+namespace {
+
+struct Parsed {
+  CommandLine cl;
+  std::string out, err;
+};
+
+Parsed parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "tformers");
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  argv.push_back(nullptr);
+  std::ostringstream out, err;
+  Parsed p;
+  p.cl = parse_command_line(int(args.size()), argv.data(), out, err);
+  p.out = out.str();
+  p.err = err.str();
+  return p;
+}
+
+TEST(CommandLine, ReadsGenerateFlags) {
+  Parsed p = parse({"generate", "-m", "DIR", "--prompt", "And", "-n", "40", "--seed", "-1",
+                    "--stop", ",", "--stop", "Jeremiah", "--threads", "2", "--load-mode", "mmap"});
+  EXPECT_EQ(p.cl.command, "generate");
+  EXPECT_EQ(p.cl.exit_code, 0);
+  EXPECT_EQ(p.cl.threads, 2);
+  EXPECT_EQ(p.cl.generate.model, "DIR");
+  EXPECT_EQ(p.cl.generate.prompt, "And");
+  EXPECT_EQ(p.cl.generate.max_new_tokens, 40);
+  EXPECT_EQ(p.cl.generate.seed, -1);
+  EXPECT_EQ(p.cl.generate.stop, (std::vector<std::string>{",", "Jeremiah"}));
+  EXPECT_EQ(p.cl.generate.load_mode, "mmap");
+  EXPECT_EQ(p.cl.generate.revision, "main");
+  EXPECT_EQ(p.out + p.err, "");
+}
+
+TEST(CommandLine, ReadsTokenizeKernelsAndEnv) {
+  Parsed p = parse({"tokenize", "-m", "DIR", "The theory", "--add-special-tokens"});
+  EXPECT_EQ(p.cl.command, "tokenize");
+  EXPECT_EQ(p.cl.tokenize.model, "DIR");
+  EXPECT_EQ(p.cl.tokenize.text, "The theory");
+  EXPECT_TRUE(p.cl.tokenize.add_special_tokens);
+  p = parse({"kernels", "lock", "--help"});
+  EXPECT_EQ(p.cl.command, "kernels");
+  EXPECT_EQ(p.cl.kernels, (std::vector<std::string>{"lock", "--help"}));
+  EXPECT_EQ(parse({"--threads", "1", "env"}).cl.command, "env");
+}
+
+// Help and version go to the `out` stream given, usage errors to `err`; nothing runs.
+TEST(CommandLine, HelpVersionAndUsageErrorsGoToTheStreamsGiven) {
+  Parsed p = parse({"--version"});
+  EXPECT_EQ(p.cl.command, "");
+  EXPECT_EQ(p.cl.exit_code, 0);
+  EXPECT_EQ(p.out, "tformers " TFORMERS_VERSION "\n");
+  p = parse({"generate", "--help"});
+  EXPECT_EQ(p.cl.command, "");
+  EXPECT_EQ(p.cl.exit_code, 0);
+  EXPECT_NE(p.out.find("--prompt-ids"), std::string::npos) << p.out;
+  p = parse({"generate", "--prompt", "x"});
+  EXPECT_EQ(p.cl.command, "");
+  EXPECT_NE(p.cl.exit_code, 0);
+  EXPECT_NE(p.err.find("--model is required"), std::string::npos) << p.err;
+  EXPECT_EQ(p.out, "");
+}
+
+TEST(CommandLine, UnknownSubcommandIsNamedAndEscaped) {
+  Parsed p = parse({"serve\x1b[2J-everything"});
+  EXPECT_EQ(p.cl.command, "");
+  EXPECT_EQ(p.cl.exit_code, 1);
+  EXPECT_EQ(p.err,
+            "error: unknown subcommand 'serve\\x1b[2J-everything'; the subcommands are env, "
+            "launch, generate, chat, tokenize, kernels (tformers --help shows them)\n");
+}
+
+TEST(CommandLine, ThreadsOutOfRangeIsAnError) {
+  EXPECT_THROW(parse({"generate", "-m", "DIR", "--threads", "100000"}), InvalidArgumentError);
+  try {
+    parse({"--threads", "-1", "env"});
+    FAIL();
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("--threads -1 is out of range: give 1 to 1024", 0), 0u)
+        << e.what();
+  }
+}
+
+// --threads is range-checked only once parsing succeeds; when parsing ends early (with the help
+// or a usage error) the unchecked value is dropped, so nothing can act on it.
+TEST(CommandLine, ThreadsAreDroppedWhenNothingRuns) {
+  Parsed p = parse({"generate", "--threads", "100000", "--help"});
+  EXPECT_EQ(p.cl.command, "");
+  EXPECT_EQ(p.cl.exit_code, 0);
+  EXPECT_EQ(p.cl.threads, 0);
+  EXPECT_NE(p.out.find("--threads"), std::string::npos) << p.out;
+  p = parse({"--threads", "7", "generate", "-m", "DIR", "--bogus"});
+  EXPECT_NE(p.cl.exit_code, 0);
+  EXPECT_EQ(p.cl.threads, 0);
+  EXPECT_EQ(p.err,
+            "The following argument was not expected: --bogus\nRun with --help for more "
+            "information.\n");
+}
+
+TEST(CommandLine, ChecksBeforeTheModelLoads) {
+  GenerateArgs a;
+  a.seed = -2;
+  EXPECT_THROW(check_args(a), InvalidArgumentError);
+  EXPECT_EQ(parse_ids("72,101,108"), (std::vector<int32_t>{72, 101, 108}));
+  try {
+    parse_ids("1,99999999999999999999");
+    FAIL();
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_STREQ(e.what(),
+                 "--prompt-ids: '99999999999999999999' is not a token id (use comma-separated "
+                 "integers, e.g. 72,101,108)");
+  }
+  EXPECT_EQ(parse_tp_plan(R"({"lm_head": "colwise_rep"})").at("lm_head"), "colwise_rep");
+  try {
+    parse_tp_plan(R"({"a": 1})");
+    FAIL();
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_STREQ(e.what(), "--tp-plan: the style of \"a\" must be a string, got 1");
+  }
+  a = {};
+  a.temperature = 0.0;
+  a.do_sample = true;
+  const GenerationConfig gc = generation_config(a, nullptr);
+  EXPECT_EQ(gc.do_sample, false);
+  EXPECT_FALSE(gc.temperature);
+}
+
+}  // namespace
+}  // namespace tformers::cli
