@@ -112,6 +112,7 @@ int launcher_main(int argc, char** argv) {
     return 2;
   }
   if (std::strcmp(argv[0], kRankStep) == 0) return rank_step(argc, argv);
+  constexpr long kMaxLaunchCount = 4096;
   long nproc = 0, nnodes = 1, node_rank = 0, port = 29500;
   std::string master = "127.0.0.1", hostfile, tp_timeout;
   int i = 1;
@@ -124,9 +125,12 @@ int launcher_main(int argc, char** argv) {
     if (i + 1 >= argc) return usage(k + " needs a value");
     const char* v = argv[++i];
     if (k == "--nproc-per-node" || k == "--nproc_per_node") {
-      if (!parse_int(v, nproc) || nproc < 1) return usage("--nproc-per-node must be >= 1");
+      // Bounded so that the world size (nproc * nnodes) cannot overflow.
+      if (!parse_int(v, nproc) || nproc < 1 || nproc > kMaxLaunchCount)
+        return usage("--nproc-per-node must be in [1, 4096]");
     } else if (k == "--nnodes") {
-      if (!parse_int(v, nnodes) || nnodes < 1) return usage("--nnodes must be >= 1");
+      if (!parse_int(v, nnodes) || nnodes < 1 || nnodes > kMaxLaunchCount)
+        return usage("--nnodes must be in [1, 4096]");
     } else if (k == "--node-rank" || k == "--node_rank") {
       if (!parse_int(v, node_rank) || node_rank < 0) return usage("--node-rank must be >= 0");
     } else if (k == "--master-addr" || k == "--master_addr") {

@@ -309,6 +309,17 @@ TEST(Cli, HelpVersionAndSubcommands) {
 
 // Under launch every rank runs the command; only rank 0 writes text and diagnostics, unless
 // --verbose-all-ranks.
+// Process counts are bounded before they are multiplied into the world size.
+TEST(Cli, LaunchRejectsHugeProcessCounts) {
+  Streams r = run(kCli + " launch --nproc-per-node 9223372036854775807 --nnodes 2 --hostfile " +
+                  kCli + " -- true");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--nproc-per-node must be in [1, 4096]"), std::string::npos) << r.err;
+  r = run(kCli + " launch --nproc-per-node 2 --nnodes 5000 -- true");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--nnodes must be in [1, 4096]"), std::string::npos) << r.err;
+}
+
 TEST(Cli, UnderLaunchOnlyRankZeroWrites) {
   if (std::system("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
   const std::string ranks = " --nproc-per-node 2 -- " + kCli + " generate" + kKjv +
