@@ -33,8 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "core/stream_read.h"
 #include "core/thread_pool.h"
-#include "stream_read.h"
 
 namespace {
 
@@ -210,8 +210,8 @@ int main(int argc, char** argv) {
   for (int r = 0; r < 3; ++r)
     tr.push_back(seconds([&] {
       for (const auto& buf : buffers)
-        sink = sink + tformers::bench::stream_sum(reinterpret_cast<const uint64_t*>(buf.data()), 0,
-                                                  int64_t(buf.size() / 8));
+        sink = sink + tformers::stream_sum(reinterpret_cast<const uint64_t*>(buf.data()), 0,
+                                           int64_t(buf.size() / 8));
     }));
   std::printf(
       "%s, %d thread%s: old %.2f ms (%.1f GB/s), new %.2f ms (%.1f GB/s); old/new median of %d "

@@ -32,9 +32,9 @@
 
 #include "backends/cpu/kernels.h"
 #include "core/cpu_features.h"
+#include "core/stream_read.h"
 #include "core/thread_pool.h"
 #include "peak.h"
-#include "stream_read.h"
 #include "tformers/dtype.h"
 
 using namespace tformers;
@@ -58,7 +58,7 @@ double median_time(int reps, const std::function<void()>& fn) {
   return t[t.size() / 2];
 }
 
-// ---- 1. streaming-read bandwidth (stream_read.h).
+// ---- 1. streaming-read bandwidth (core/stream_read.h).
 volatile uint64_t g_sink;
 
 // Sums `pieces` buffers of n bytes each, one piece per timed run (cycling), split over the pool.
@@ -70,10 +70,7 @@ double read_bandwidth(const std::vector<const void*>& pieces, int64_t bytes, int
   const double t = median_time(reps, [&] {
     const uint64_t* buf = static_cast<const uint64_t*>(pieces[next++ % pieces.size()]);
     pool.parallel_for(
-        n,
-        [&](int64_t b, int64_t e, int th) {
-          partial[size_t(th) * 8] = bench::stream_sum(buf, b, e);
-        },
+        n, [&](int64_t b, int64_t e, int th) { partial[size_t(th) * 8] = stream_sum(buf, b, e); },
         1 << 16);
     uint64_t total = 0;
     for (auto v : partial) total += v;

@@ -2,9 +2,9 @@
 // and Llama-3.2-1B, tied embeddings), as stored (bf16) and quantized at load (int8), beside the
 // hardware measured in the same run:
 // - decode against the memory roofline: (weight bytes + KV bytes read per token) / streaming-read
-//   bandwidth with the same number of threads (the multi-stream loop of stream_read.h), two
-//   ways: that loop over the very bytes decode streams (the mmap'd checkpoint pages for bf16, the
-//   int8 copies for int8), alternated with the decode steps in the child (medians); and over a
+//   bandwidth with the same number of threads (the multi-stream loop of core/stream_read.h), two
+//   ways: that loop over the very bytes decode streams (the bf16 weights where the load put them,
+//   the int8 copies for int8), alternated with the decode steps in the child (medians); and over a
 //   fresh 1 GiB anonymous buffer in the parent just before. The first judges decode on its own
 //   pages at its own moment; the second drifts with this shared machine's load;
 // - prefill against the matmul peak: register-only FMA (or, on AVX-512 BF16 machines, vdpbf16ps)
@@ -46,12 +46,12 @@
 #include <vector>
 
 #include "core/cpu_features.h"
+#include "core/stream_read.h"
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
 #include "model_shapes.h"
 #include "models/causal_lm_impl.h"
 #include "peak.h"
-#include "stream_read.h"
 #include "tformers/model.h"
 
 namespace {
@@ -69,58 +69,19 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Streaming-read bandwidth in GB/s over a 1 GiB buffer: the median of 5 passes. Measured by the
-// parent just before each child runs, so that the roofline and the decode it judges are seconds
-// apart on this shared machine, and the buffer never counts in a child's RSS.
-double read_bandwidth(ThreadPool& pool) {
-  std::vector<uint64_t> buf(size_t(1) << 27, 1);  // 1 GiB
-  std::vector<double> runs;
-  for (int r = 0; r < 5; ++r) {
-    std::vector<uint64_t> sums(size_t(pool.num_threads()) * 8, 0);
-    auto t = Clock::now();
-    pool.parallel_for(
-        int64_t(buf.size()),
-        [&](int64_t b, int64_t e, int th) {
-          sums[size_t(th) * 8] += bench::stream_sum(buf.data(), b, e);
-        },
-        4096);
-    runs.push_back(double(buf.size() * 8) / seconds_since(t) / 1e9);
-    if (sums[0] == 42) std::puts("");  // keeps the loads
-  }
-  return median(runs);
-}
-
-// The bytes one decode step streams, where this process holds them: every weight buffer once (a
-// tied bf16 head is the embedding itself), but not an embedding of which a step gathers one row
-// (with int8 the head is its own copy).
-std::vector<std::pair<const uint64_t*, int64_t>> decode_spans(CausalLM& lm) {
-  const auto& w = lm.impl().weights;
-  auto head = w.find("lm_head.weight"), embed = w.find("model.embed_tokens.weight");
-  const bool gather_only = embed != w.end() && head != w.end() && head->second != embed->second;
-  std::set<const backends::Buffer*> seen;
-  std::vector<std::pair<const uint64_t*, int64_t>> spans;
-  for (const auto& [name, buf] : w) {
-    if ((gather_only && buf == embed->second) || !seen.insert(buf.get()).second) continue;
-    const int64_t bytes = shape_numel(buf->type().shape) * int64_t(dtype_size(buf->type().dtype));
-    spans.emplace_back(static_cast<const uint64_t*>(buf->host_data()), bytes / 8);
-  }
-  return spans;
-}
-
-// Streaming-read bandwidth in GB/s over those very bytes (the mmap'd checkpoint pages for bf16,
-// the int8 copies for int8), buffer by buffer as decode reads them, with the loop of
-// read_bandwidth.
-double spans_bandwidth(const std::vector<std::pair<const uint64_t*, int64_t>>& spans,
-                       ThreadPool& pool) {
+// Streaming-read bandwidth in GB/s over the bytes one decode step streams
+// (CausalLM::Impl::decode_weight_spans: the mmap'd checkpoint pages or their copies for bf16, the
+// int8 copies for int8), buffer by buffer as decode reads them, with the loop of read_bandwidth.
+double spans_bandwidth(const std::vector<CausalLM::Impl::WeightSpan>& spans, ThreadPool& pool) {
   std::vector<uint64_t> sums(size_t(pool.num_threads()) * 8, 0);
   double bytes = 0;
   auto t = Clock::now();
-  for (const auto& [p, words] : spans) {
+  for (const auto& [data, span_bytes] : spans) {
+    const uint64_t* p = static_cast<const uint64_t*>(data);
     pool.parallel_for(
-        words,
-        [&](int64_t b, int64_t e, int th) { sums[size_t(th) * 8] += bench::stream_sum(p, b, e); },
-        4096);
-    bytes += double(words) * 8;
+        span_bytes / 8,
+        [&](int64_t b, int64_t e, int th) { sums[size_t(th) * 8] += stream_sum(p, b, e); }, 4096);
+    bytes += double(span_bytes);
   }
   const double gbs = bytes / seconds_since(t) / 1e9;
   if (sums[0] == 42) std::puts("");  // keeps the loads
@@ -211,8 +172,9 @@ void run_model(const std::string& dir, const std::string& quantize, const Machin
   const double load_s = seconds_since(t);
   const Sizes c = shape_of(lm.config());
   const bool int8 = quantize == "int8";
-  // int8: one byte per weight and a 4-byte scale per 32.
-  const double weight_bytes = linear_params(c) * (int8 ? 1.0 + 4.0 / 32 : 2.0);
+  const auto spans = lm.impl().decode_weight_spans();
+  double weight_bytes = 0;
+  for (const auto& span : spans) weight_bytes += double(span.bytes);
   const int64_t prompt = o.context, cache_len = std::max<int64_t>(512, prompt + o.decode + 8);
   const int max_threads = *std::max_element(o.threads.begin(), o.threads.end());
   std::map<int, double> decode_tps, read_gbs;  // by thread count
@@ -233,7 +195,6 @@ void run_model(const std::string& dir, const std::string& quantize, const Machin
     // medians of each, so the roofline and the decode it judges are measured alike in time.
     constexpr int kRounds = 4;
     const int steps = std::max(1, o.decode / kRounds);
-    const auto spans = decode_spans(lm);
     std::vector<double> decs, bws;
     for (int r = 0; r < kRounds; ++r) {
       bws.push_back(spans_bandwidth(spans, ThreadPool::global()));

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <set>
 
 #include "backends/compile_cache.h"
 #include "backends/registry.h"
@@ -315,6 +316,22 @@ int64_t CausalLM::Impl::kv_bytes_per_position() const {
   for (const models::KvCacheSpec& l : arch->states(*arch_config, tp.get()))
     bytes += 2 * l.kv_heads * l.head_dim * int64_t(dtype_size(dtype));
   return bytes;
+}
+
+std::vector<CausalLM::Impl::WeightSpan> CausalLM::Impl::decode_weight_spans() const {
+  // By role, not name: the buffers bound to a weight that is not an embedding (quantization
+  // scales included), each once; an embedding buffer is among them only as a tied head.
+  std::set<std::string> embeddings;
+  for (const models::WeightSpec& s : arch->weights(*arch_config))
+    if (s.role == models::WeightRole::kEmbedding) embeddings.insert(s.name);
+  std::set<const backends::Buffer*> multiplied;
+  for (const auto& [name, buf] : weights)
+    if (!embeddings.count(name)) multiplied.insert(buf.get());
+  std::vector<WeightSpan> spans;
+  for (const backends::Buffer* buf : multiplied)
+    spans.push_back({buf->host_data(),
+                     shape_numel(buf->type().shape) * int64_t(dtype_size(buf->type().dtype))});
+  return spans;
 }
 
 const PretrainedConfig& CausalLM::config() const { return *impl_->arch_config; }

@@ -48,6 +48,16 @@ struct CausalLM::Impl {
   // Bytes of keys and values one position takes over all layers, in the cache dtype.
   int64_t kv_bytes_per_position() const;
 
+  // The weight bytes one decode step streams, for rooflines (tformers bench, bench/): every
+  // weight buffer once (a tied head that is the embedding counts once), but not an embedding of
+  // which a step gathers one row while the head is its own buffer (untied, or a quantized copy).
+  // `data` is where the host reads the bytes in place, null for device memory.
+  struct WeightSpan {
+    const void* data;
+    int64_t bytes;
+  };
+  std::vector<WeightSpan> decode_weight_spans() const;
+
   // Layer implementations the graphs call instead of built-in ops (models::set_layer_overrides).
   std::shared_ptr<const models::LayerOverrides> overrides;
 

@@ -179,7 +179,7 @@ inline void gemv_tile(const float* x, const W* const (&w)[S], int64_t K, float (
 // stride N, plus bias[n]; scale is the int8 block scales (N, int8_blocks(K)), null for float
 // weights. Blocks of rows are cut into S equal parts read side by side (kStreams), each part at
 // most kStreamSpan bytes of weights: streams far apart alias (4 streams 256 MiB apart read about
-// half the bandwidth of 4 streams 2 MiB apart; bench/stream_read.h). The rows left over go one at
+// half the bandwidth of 4 streams 2 MiB apart; core/stream_read.h). The rows left over go one at
 // a time.
 constexpr int64_t kStreamSpan = int64_t(1) << 20;
 

@@ -1,30 +1,25 @@
-// The streaming-read loop behind every roofline of the benchmarks. One core reads more from
-// memory when it follows several streams far apart than when it follows one, because the
-// hardware prefetchers then keep every stream in flight: on the 2-core AMD EPYC of
-// bench/RESULTS.md, over the mmap'd Qwen3-0.6B linears, 1 / 2 / 4 / 8 streams per thread read
-// 14.6 / 18.5 / 20.9 / 20.7 GB/s with one thread (25.3 / 29.9 / 35.0 / 33.5 with two). A
-// roofline must be the most the memory gives, so the loop reads kReadStreams parts side by side;
-// the decode GEMV does the same (kernels_x86.h, kStreams). Streams far apart alias: over
-// a 1 GiB buffer, 4 streams 256 MiB apart read 9-10 GB/s, 4 streams 2 MiB apart 19-23, so a
-// long range is read one chunk of kReadChunk words at a time.
-#pragma once
+#include "core/stream_read.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstdint>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <vector>
 
 #include "core/cpu_features.h"
+#include "core/memory.h"
 
-namespace tformers::bench {
+namespace tformers {
+namespace {
 
 constexpr int kReadStreams = 4;
-constexpr int64_t kReadChunk = int64_t(1) << 20;  // 8 MiB
+constexpr int64_t kReadChunk = int64_t(1) << 20;  // words: 8 MiB
 
 // Sum of the words [b, e) of p, read as kReadStreams equal parts side by side, 64 bytes of each
 // per step into independent accumulators, so that memory, not the adds, bounds the loop.
-__attribute__((target("avx2"))) inline uint64_t chunk_sum_avx2(const uint64_t* p, int64_t b,
-                                                               int64_t e) {
+__attribute__((target("avx2"))) uint64_t chunk_sum_avx2(const uint64_t* p, int64_t b, int64_t e) {
   const int64_t part = (e - b) / kReadStreams / 8 * 8;
   __m256i acc[kReadStreams][2];
   for (auto& a : acc) a[0] = a[1] = _mm256_setzero_si256();
@@ -45,7 +40,7 @@ __attribute__((target("avx2"))) inline uint64_t chunk_sum_avx2(const uint64_t* p
   return sum;
 }
 
-inline uint64_t chunk_sum_scalar(const uint64_t* p, int64_t b, int64_t e) {
+uint64_t chunk_sum_scalar(const uint64_t* p, int64_t b, int64_t e) {
   const int64_t part = (e - b) / kReadStreams;
   uint64_t acc[kReadStreams] = {};
   for (int64_t i = 0; i < part; ++i)
@@ -56,8 +51,9 @@ inline uint64_t chunk_sum_scalar(const uint64_t* p, int64_t b, int64_t e) {
   return sum;
 }
 
-// The sum of the words [b, e) of p, chunk by chunk, with the loop of the active target.
-inline uint64_t stream_sum(const uint64_t* p, int64_t b, int64_t e) {
+}  // namespace
+
+uint64_t stream_sum(const uint64_t* p, int64_t b, int64_t e) {
   const bool avx2 = cpu::active_target() >= cpu::Target::kAVX2;
   uint64_t sum = 0;
   for (int64_t c = b; c < e; c += kReadChunk) {
@@ -67,4 +63,29 @@ inline uint64_t stream_sum(const uint64_t* p, int64_t b, int64_t e) {
   return sum;
 }
 
-}  // namespace tformers::bench
+double read_bandwidth(ThreadPool& pool, size_t bytes, int passes) {
+  const int64_t words = int64_t(bytes / 8);
+  std::shared_ptr<void> mem = allocate_pages(size_t(words) * 8);
+  uint64_t* buf = static_cast<uint64_t*>(mem.get());
+  // Written by the threads that read it, so each part's pages sit near its reader.
+  pool.parallel_for(
+      words, [&](int64_t b, int64_t e, int) { std::memset(buf + b, 1, size_t(e - b) * 8); }, 4096);
+  // One slot per thread, a cache line apart, so that the sums do not share a line.
+  std::vector<uint64_t> sums(size_t(pool.num_threads()) * 8, 0);
+  std::vector<double> gbs;
+  for (int r = 0; r < passes; ++r) {
+    const auto t = std::chrono::steady_clock::now();
+    pool.parallel_for(
+        words, [&](int64_t b, int64_t e, int th) { sums[size_t(th) * 8] += stream_sum(buf, b, e); },
+        4096);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    gbs.push_back(double(words) * 8 / s / 1e9);
+  }
+  // The sums must look used, or the loop could go: a volatile store of their total.
+  volatile uint64_t sink = 0;
+  for (uint64_t v : sums) sink = sink + v;
+  std::sort(gbs.begin(), gbs.end());
+  return gbs[gbs.size() / 2];
+}
+
+}  // namespace tformers
