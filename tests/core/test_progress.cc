@@ -25,6 +25,20 @@ TEST(Progress, LineShowsStagePercentBarBytesAndTime) {
             "quantizing to int8    0% [....] 0/3 MB  0.0 s");
 }
 
+TEST(Progress, CountsOfAUnitAreShownAsCounted) {
+  EXPECT_EQ(format_progress("perplexity 46.31", 76, 152, 3.5, 10, "windows"),
+            "perplexity 46.31   50% [#####.....] 76/152 windows  3.5 s");
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressBar bar(f, /*enabled=*/true, /*delay_s=*/0.0, "windows");
+    bar.update("scoring", 3, 4);
+  }
+  const std::string out = contents(f);
+  std::fclose(f);
+  EXPECT_NE(out.find("] 3/4 windows  "), std::string::npos) << out;
+}
+
 TEST(Progress, FractionIsClampedAndAnEmptyTotalIsZero) {
   EXPECT_NE(format_progress("x", 5, 4, 0, 4).find("100% [####]"), std::string::npos);
   EXPECT_NE(format_progress("x", 0, 0, 0, 4).find("  0% [....]"), std::string::npos);
