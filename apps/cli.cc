@@ -13,6 +13,29 @@
 #include "tformers/error.h"
 
 namespace tformers::cli {
+namespace {
+
+// The flags that say which model to load and how, with the same meaning in every command.
+void add_model_flags(CLI::App* sub, std::string& model, std::string& revision, std::string& dtype,
+                     std::string& quantize, std::string& load_mode) {
+  sub->add_option("--model,-m", model, "Model folder or Hub id in the local cache")->required();
+  sub->add_option("--revision", revision, "Hub revision (branch, tag or commit) of a cached model")
+      ->capture_default_str();
+  sub->add_option("--dtype", dtype, "float32 or bfloat16 (default: the checkpoint's torch_dtype)");
+  sub->add_option("--quantize", quantize,
+                  "int8: weight-only int8 linears, one scale per 32 weights (as Q8_0)");
+  sub->add_option("--load-mode", load_mode,
+                  "copy: weights in anonymous huge-page memory (fast decode); mmap: use the "
+                  "checkpoint's mapping (instant load, low memory)")
+      ->check(CLI::IsMember({"copy", "mmap"}))
+      ->capture_default_str();
+}
+
+void add_model_flags(CLI::App* sub, ModelFlags& m) {
+  add_model_flags(sub, m.model, m.revision, m.dtype, m.quantize, m.load_mode);
+}
+
+}  // namespace
 
 CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& out,
                                std::ostream& err) {
@@ -38,12 +61,15 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
               &tok_text = cl.tokenize.text;
   bool& tok_special = cl.tokenize.add_special_tokens;
   CLI::App* tokz = app.add_subcommand("tokenize", "Show the token ids and pieces of a text");
-  for (CLI::App* sub : {gen, chat, tokz}) sub->add_option("--threads", threads, threads_help);
+  BenchArgs& b = cl.bench;
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Measure prompt processing and token generation speed (tokens/s), as llama-bench");
+  PerplexityArgs& p = cl.perplexity;
+  CLI::App* ppl = app.add_subcommand(
+      "perplexity", "Perplexity of a model on a text file, over non-overlapping windows");
+  for (CLI::App* sub : {gen, chat, tokz, ppl}) sub->add_option("--threads", threads, threads_help);
   for (CLI::App* sub : {gen, chat}) {
-    sub->add_option("--model,-m", g.model, "Model folder or Hub id in the local cache")->required();
-    sub->add_option("--revision", g.revision,
-                    "Hub revision (branch, tag or commit) of a cached model")
-        ->capture_default_str();
+    add_model_flags(sub, g.model, g.revision, g.dtype, g.quantize, g.load_mode);
     sub->add_option("--system", g.system, "System message");
     sub->add_option("--max-new-tokens,-n", g.max_new_tokens,
                     "Tokens to generate (generate: default from generation_config.json, else up "
@@ -70,16 +96,7 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
     sub->add_option("--ctx-size,--max-cache-len,-c", g.ctx_size,
                     "KV cache positions (max_cache_len; chat: the whole conversation, default "
                     "the model's positions up to 4096)");
-    sub->add_option("--dtype", g.dtype,
-                    "float32 or bfloat16 (default: the checkpoint's torch_dtype)");
     sub->add_option("--device", g.device, "cpu, auto, tpu or cuda")->capture_default_str();
-    sub->add_option("--quantize", g.quantize,
-                    "int8: weight-only int8 linears, one scale per 32 weights (as Q8_0)");
-    sub->add_option("--load-mode", g.load_mode,
-                    "copy: weights in anonymous huge-page memory (fast decode); mmap: use the "
-                    "checkpoint's mapping (instant load, low memory)")
-        ->check(CLI::IsMember({"copy", "mmap"}))
-        ->capture_default_str();
     sub->add_flag("--verbose,-v", g.verbose,
                   "Show the seed, compiles, cache hits, time to first token, tokens/s on stderr");
     sub->add_flag("--verbose-all-ranks", g.verbose_all_ranks,
@@ -109,6 +126,36 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
       ->capture_default_str();
   tokz->add_option("text", tok_text, "Text to tokenize")->required();
   tokz->add_flag("--add-special-tokens", tok_special, "Add the post-processor's special tokens");
+
+  add_model_flags(bench, b.model);
+  bench
+      ->add_option("--n-prompt,-p", b.prompt,
+                   "Prompt lengths, comma-separated: one forward pass over each (0: none)")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench
+      ->add_option("--n-gen,-n", b.gen,
+                   "Generation lengths, comma-separated: single-token steps after an " +
+                       std::to_string(kBenchGenPrompt) + "-token prompt (0: none)")
+      ->delimiter(',')
+      ->capture_default_str();
+  bench
+      ->add_option("--threads,-t", b.threads,
+                   "Thread counts, comma-separated (default: TFORMERS_NUM_THREADS or all cores)")
+      ->delimiter(',');
+  bench->add_option("--repetitions,-r", b.repetitions, "Timed runs of each test, after a warm-up")
+      ->capture_default_str();
+  bench->add_option("--output,-o", b.output, "md: a markdown table; json: an array of results")
+      ->check(CLI::IsMember({"md", "json"}))
+      ->capture_default_str();
+
+  add_model_flags(ppl, p.model);
+  ppl->add_option("--file,-f", p.file, "The text to score")->required();
+  ppl->add_option("--ctx,-c", p.ctx,
+                  "Tokens per window; the first of each is context only (default: " +
+                      std::to_string(kPerplexityCtx) + ", or the model's positions if fewer)");
+  ppl->add_flag("--json", p.json,
+                "Print one JSON object (perplexity, mean NLL, tokens, windows, time)");
 
   CLI::App* kernels = app.add_subcommand("kernels", "Hub kernels: list | lock | verify (--help)");
   kernels->prefix_command()->set_help_flag();  // its own usage: tformers kernels --help
@@ -143,7 +190,7 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
         "--threads " + std::to_string(threads) + " is out of range: give 1 to " +
         std::to_string(kMaxThreads) + " (this machine has " +
         std::to_string(std::thread::hardware_concurrency()) + " cores)");
-  for (const CLI::App* sub : {env, launch, kernels, gen, chat, tokz})
+  for (const CLI::App* sub : {env, launch, kernels, gen, chat, tokz, bench, ppl})
     if (sub->parsed()) cl.command = sub->get_name();
   if (kernels->parsed()) cl.kernels = kernels->remaining();
   return cl;
@@ -199,6 +246,38 @@ void check_args(const GenerateArgs& a) {
                                          ": the context must hold at least 2 tokens");
   for (const std::string& s : a.stop)
     if (s.empty()) throw tformers::InvalidArgumentError("--stop: give a non-empty string");
+}
+
+void check_bench_args(const BenchArgs& a) {
+  auto check_lengths = [](const std::vector<int64_t>& values, const char* flag) {
+    for (int64_t v : values)
+      if (v < 0)
+        throw tformers::InvalidArgumentError(std::string("bench: ") + flag + " " +
+                                             std::to_string(v) +
+                                             ": give token counts >= 1 (0 skips the test)");
+  };
+  check_lengths(a.prompt, "-p/--n-prompt");
+  check_lengths(a.gen, "-n/--n-gen");
+  bool any = false;
+  for (int64_t v : a.prompt) any = any || v > 0;
+  for (int64_t v : a.gen) any = any || v > 0;
+  if (!any)
+    throw tformers::InvalidArgumentError(
+        "bench: nothing to run: every -p/--n-prompt and -n/--n-gen is 0");
+  for (int64_t t : a.threads)
+    if (t < 1 || t > kMaxThreads)
+      throw tformers::InvalidArgumentError("bench: -t/--threads " + std::to_string(t) +
+                                           " is out of range: give 1 to " +
+                                           std::to_string(kMaxThreads));
+  if (a.repetitions < 1)
+    throw tformers::InvalidArgumentError("bench: -r/--repetitions " +
+                                         std::to_string(a.repetitions) + ": give at least 1");
+}
+
+void check_perplexity_args(const PerplexityArgs& a) {
+  if (a.ctx && *a.ctx < 2)
+    throw tformers::InvalidArgumentError("perplexity: --ctx " + std::to_string(*a.ctx) +
+                                         ": a window must hold at least 2 tokens");
 }
 
 uint64_t random_seed() {

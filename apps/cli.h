@@ -36,16 +36,45 @@ struct TokenizeArgs {
   bool add_special_tokens = false;
 };
 
+// How bench and perplexity load their model: generate's flags of the same names.
+struct ModelFlags {
+  std::string model, revision = "main", dtype, quantize, load_mode = "copy";
+};
+
+// bench's generation tests start after this many prompt tokens (untimed), so that every timed
+// step is a decode step over a few cached positions, as in generate().
+constexpr int64_t kBenchGenPrompt = 8;
+
+struct BenchArgs {
+  ModelFlags model;
+  std::vector<int64_t> prompt = {512}, gen = {128};  // -p, -n: token counts; 0 skips one
+  std::vector<int64_t> threads;                      // -t; empty: the global pool's size
+  int64_t repetitions = 5;
+  std::string output = "md";
+};
+
+// perplexity's window without --ctx: this, or the model's positions when it has fewer.
+constexpr int64_t kPerplexityCtx = 512;
+
+struct PerplexityArgs {
+  ModelFlags model;
+  std::string file;
+  std::optional<int64_t> ctx;
+  bool json = false;
+};
+
 struct CommandLine {
-  // The subcommand to run: env, kernels, generate, chat or tokenize (or launch, which main()
-  // hands to the launcher before parsing). Empty when parsing ended the command: --help,
-  // --version or a usage error, already written to the streams given; the process then exits
-  // with exit_code.
+  // The subcommand to run: env, kernels, generate, chat, tokenize, bench or perplexity (or
+  // launch, which main() hands to the launcher before parsing). Empty when parsing ended the
+  // command: --help, --version or a usage error, already written to the streams given; the
+  // process then exits with exit_code.
   std::string command;
   int exit_code = 0;
   int64_t threads = 0;               // --threads, 1 to kMaxThreads; 0: the default
   GenerateArgs generate;             // generate and chat
   TokenizeArgs tokenize;             // tokenize
+  BenchArgs bench;                   // bench
+  PerplexityArgs perplexity;         // perplexity
   std::vector<std::string> kernels;  // kernels: the arguments after "kernels"
 };
 
@@ -64,6 +93,10 @@ std::map<std::string, std::string> parse_tp_plan(const std::string& text);
 
 // Checks what can be checked without the model, so that a bad flag fails before loading.
 void check_args(const GenerateArgs& a);
+// bench: token counts >= 0 and not all 0, thread counts 1 to kMaxThreads, repetitions >= 1.
+void check_bench_args(const BenchArgs& a);
+// perplexity: a --ctx of at least 2 tokens.
+void check_perplexity_args(const PerplexityArgs& a);
 
 // A fresh 63-bit seed (it must read back through --seed, which is signed).
 uint64_t random_seed();

@@ -1,4 +1,4 @@
-// The `tformers` command: generate, chat, tokenize, env, launch, kernels.
+// The `tformers` command: generate, chat, tokenize, bench, perplexity, env, launch, kernels.
 //
 // Streams: stdout carries only generated text (or --json, or the listing a command asks for);
 // everything else goes to stderr on its own lines. While text streams, stderr is held back and
@@ -35,6 +35,7 @@
 #include "core/thread_pool.h"
 #include "distributed/launcher.h"
 #include "errors.h"
+#include "eval.h"
 #include "io/file.h"
 #include "io/hub.h"
 #include "kernels_hub/cli.h"
@@ -509,6 +510,8 @@ int run(int argc, char** argv) {
   if (cl.command == "tokenize")
     return cmd_tokenize(cl.tokenize.model, cl.tokenize.revision, cl.tokenize.text,
                         cl.tokenize.add_special_tokens);
+  if (cl.command == "bench") return tformers::cli::run_bench(cl.bench);
+  if (cl.command == "perplexity") return tformers::cli::run_perplexity(cl.perplexity);
   return 0;  // launch: main() runs it before parsing
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/run_command.h"
 #include "io/json.h"
 
 namespace {
@@ -34,31 +35,8 @@ CmdResult sh(const std::string& cmd) {
   return {WEXITSTATUS(st), out};
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Streams {
-  int status;
-  std::string out, err;
-};
-
-// Runs a command from the source tree with `input` on stdin and stdout and stderr captured
-// apart.
-Streams run(const std::string& cmd, const std::string& input = "") {
-  const std::string base =
-      std::filesystem::temp_directory_path() / ("tformers_cli_" + std::to_string(::getpid()));
-  std::ofstream(base + ".in") << input;
-  int st = std::system(("cd " TFORMERS_SOURCE_DIR " && " + cmd + " >" + base + ".out 2>" + base +
-                        ".err <" + base + ".in")
-                           .c_str());
-  Streams r{WEXITSTATUS(st), slurp(base + ".out"), slurp(base + ".err")};
-  for (const char* ext : {".in", ".out", ".err"}) std::filesystem::remove(base + ext);
-  return r;
-}
+using tformers::testing::run;
+using tformers::testing::Streams;
 
 const std::string kCli = TFORMERS_CLI;
 const std::string kKjv = " -m models/kjv-fortunes-tiny";

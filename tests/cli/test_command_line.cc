@@ -58,6 +58,41 @@ TEST(CommandLine, ReadsTokenizeKernelsAndEnv) {
   EXPECT_EQ(parse({"--threads", "1", "env"}).cl.command, "env");
 }
 
+TEST(CommandLine, ReadsBenchAndPerplexityFlags) {
+  Parsed p = parse({"bench", "-m", "DIR", "-p", "16,64", "-n", "4", "-t", "1,2", "-r", "2", "-o",
+                    "json", "--quantize", "int8", "--load-mode", "mmap"});
+  EXPECT_EQ(p.cl.command, "bench");
+  EXPECT_EQ(p.cl.bench.model.model, "DIR");
+  EXPECT_EQ(p.cl.bench.prompt, (std::vector<int64_t>{16, 64}));
+  EXPECT_EQ(p.cl.bench.gen, (std::vector<int64_t>{4}));
+  EXPECT_EQ(p.cl.bench.threads, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(p.cl.bench.repetitions, 2);
+  EXPECT_EQ(p.cl.bench.output, "json");
+  EXPECT_EQ(p.cl.bench.model.quantize, "int8");
+  EXPECT_EQ(p.cl.bench.model.load_mode, "mmap");
+  EXPECT_EQ(p.out + p.err, "");
+  // The defaults are llama-bench's.
+  p = parse({"bench", "-m", "DIR"});
+  EXPECT_EQ(p.cl.bench.prompt, (std::vector<int64_t>{512}));
+  EXPECT_EQ(p.cl.bench.gen, (std::vector<int64_t>{128}));
+  EXPECT_TRUE(p.cl.bench.threads.empty());
+  EXPECT_EQ(p.cl.bench.repetitions, 5);
+  EXPECT_EQ(p.cl.bench.output, "md");
+
+  p = parse({"perplexity", "-m", "DIR", "-f", "text.txt", "--ctx", "64", "--json", "--dtype",
+             "bfloat16", "--threads", "1"});
+  EXPECT_EQ(p.cl.command, "perplexity");
+  EXPECT_EQ(p.cl.threads, 1);
+  EXPECT_EQ(p.cl.perplexity.model.model, "DIR");
+  EXPECT_EQ(p.cl.perplexity.file, "text.txt");
+  EXPECT_EQ(p.cl.perplexity.ctx, 64);
+  EXPECT_TRUE(p.cl.perplexity.json);
+  EXPECT_EQ(p.cl.perplexity.model.dtype, "bfloat16");
+  p = parse({"perplexity", "-m", "DIR"});
+  EXPECT_EQ(p.cl.command, "");
+  EXPECT_NE(p.err.find("--file is required"), std::string::npos) << p.err;
+}
+
 // Help and version go to the `out` stream given, usage errors to `err`; nothing runs.
 TEST(CommandLine, HelpVersionAndUsageErrorsGoToTheStreamsGiven) {
   Parsed p = parse({"--version"});
@@ -81,7 +116,8 @@ TEST(CommandLine, UnknownSubcommandIsNamedAndEscaped) {
   EXPECT_EQ(p.cl.exit_code, 1);
   EXPECT_EQ(p.err,
             "error: unknown subcommand 'serve\\x1b[2J-everything'; the subcommands are env, "
-            "launch, generate, chat, tokenize, kernels (tformers --help shows them)\n");
+            "launch, generate, chat, tokenize, bench, perplexity, kernels (tformers --help shows "
+            "them)\n");
 }
 
 TEST(CommandLine, ThreadsOutOfRangeIsAnError) {
@@ -131,6 +167,18 @@ TEST(CommandLine, ChecksBeforeTheModelLoads) {
   } catch (const InvalidArgumentError& e) {
     EXPECT_STREQ(e.what(), "--tp-plan: the style of \"a\" must be a string, got 1");
   }
+  BenchArgs b;
+  b.threads = {2, 0};
+  EXPECT_THROW(check_bench_args(b), InvalidArgumentError);
+  b = {};
+  b.prompt = {0};
+  b.gen = {0};
+  EXPECT_THROW(check_bench_args(b), InvalidArgumentError);
+  b.gen = {0, 3};
+  check_bench_args(b);
+  PerplexityArgs pa;
+  pa.ctx = 1;
+  EXPECT_THROW(check_perplexity_args(pa), InvalidArgumentError);
   a = {};
   a.temperature = 0.0;
   a.do_sample = true;

@@ -1,8 +1,8 @@
-// The command line: an argument list through parse_command_line and, for generate and chat, the
-// checks that run before a model loads (check_args, --prompt-ids, --tp-plan, the flags as a
-// GenerationConfig and resolve() of it for a small model). The input is the arguments after
-// `tformers`, one per line, or separated by NUL bytes when it holds any (so that an argument can
-// hold a newline).
+// The command line: an argument list through parse_command_line and the checks that run before a
+// model loads: for generate and chat check_args, --prompt-ids, --tp-plan, the flags as a
+// GenerationConfig and resolve() of it for a small model; for bench and perplexity their own. The
+// input is the arguments after `tformers`, one per line, or separated by NUL bytes when it holds
+// any (so that an argument can hold a newline).
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -60,6 +60,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       return;
     }
     check(cl.exit_code == 0, "a command to run with a failing exit code");
+    if (cl.command == "bench") cli::check_bench_args(cl.bench);
+    if (cl.command == "perplexity") cli::check_perplexity_args(cl.perplexity);
     if (cl.command != "generate" && cl.command != "chat") return;
     const cli::GenerateArgs& g = cl.generate;
     cli::check_args(g);

@@ -1,0 +1,25 @@
+#include "eval.h"
+
+#include <cstdio>
+
+#include <unistd.h>
+
+#include "core/progress.h"
+
+namespace tformers::cli {
+
+CausalLM load_with_progress(const ModelFlags& flags, const std::string& device_map) {
+  LoadOptions opt;
+  opt.device_map = device_map;
+  opt.revision = flags.revision;
+  opt.quantize = flags.quantize;
+  opt.load_mode = flags.load_mode;
+  if (!flags.dtype.empty()) opt.dtype = parse_dtype(flags.dtype);
+  ProgressBar bar(stderr, isatty(fileno(stderr)));
+  opt.progress = [&bar](std::string_view stage, int64_t done, int64_t total) {
+    bar.update(stage, done, total);
+  };
+  return AutoModelForCausalLM::from_pretrained(flags.model, opt);
+}
+
+}  // namespace tformers::cli
