@@ -35,6 +35,57 @@ void add_model_flags(CLI::App* sub, ModelFlags& m) {
   add_model_flags(sub, m.model, m.revision, m.dtype, m.quantize, m.load_mode);
 }
 
+void add_serve_flags(CLI::App* s, ServeArgs& a) {
+  add_model_flags(s, a.model);
+  s->add_option("--device", a.device, "cpu, auto, tpu or cuda")->capture_default_str();
+  s->add_option("--served-model-name", a.served_model_name,
+                "The name requests give as `model` (default: --model as given)");
+  s->add_option("--host", a.host, "Address to listen on (0.0.0.0: every interface)")
+      ->capture_default_str();
+  s->add_option("--port", a.port, "Port to listen on; 0 takes any free one and prints it")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  s->add_option("--api-key", a.api_key,
+                "Requests to /v1 must send Authorization: Bearer KEY (default: TFORMERS_API_KEY; "
+                "none: no key needed)");
+  s->add_option("--max-num-seqs", a.max_num_seqs, "Sequences decoded together")
+      ->check(CLI::Range(int64_t(1), int64_t(1024)))
+      ->capture_default_str();
+  s->add_option("--max-model-len", a.max_model_len,
+                "Prompt + completion tokens of one request (default: the model's positions, up "
+                "to 4096)")
+      ->check(CLI::NonNegativeNumber);
+  s->add_option("--max-body-bytes", a.max_body_bytes, "Largest request body (413 beyond)")
+      ->check(CLI::Range(int64_t(1024), int64_t(1) << 30))
+      ->capture_default_str();
+  s->add_option("--max-connections", a.max_connections,
+                "Open connections served at once, one thread each (503 beyond)")
+      ->check(CLI::Range(int64_t(1), int64_t(1000)))
+      ->capture_default_str();
+  s->add_option("--request-timeout", a.request_timeout,
+                "Seconds a completion may take from arrival to its last token; then it is "
+                "cancelled (504, or an error event when streaming)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  s->add_option("--read-timeout", a.read_timeout, "Seconds to wait for a client's bytes")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  s->add_option("--write-timeout", a.write_timeout,
+                "Seconds a write may wait for a client that does not read")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  s->add_option("--keep-alive-timeout", a.keep_alive_timeout,
+                "Seconds an idle connection stays open for its next request")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
+  s->add_option("--shutdown-timeout", a.shutdown_timeout,
+                "On SIGTERM or SIGINT, seconds running requests may take to finish before they "
+                "are aborted")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  s->add_flag("--verbose,-v", a.verbose, "Log each request on stderr");
+}
+
 }  // namespace
 
 CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& out,
@@ -67,7 +118,10 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
   PerplexityArgs& p = cl.perplexity;
   CLI::App* ppl = app.add_subcommand(
       "perplexity", "Perplexity of a model on a text file, over non-overlapping windows");
-  for (CLI::App* sub : {gen, chat, tokz, ppl}) sub->add_option("--threads", threads, threads_help);
+  CLI::App* serve = app.add_subcommand(
+      "serve", "Serve the model over HTTP with OpenAI's API (chat/completions, completions)");
+  for (CLI::App* sub : {gen, chat, tokz, ppl, serve})
+    sub->add_option("--threads", threads, threads_help);
   for (CLI::App* sub : {gen, chat}) {
     add_model_flags(sub, g.model, g.revision, g.dtype, g.quantize, g.load_mode);
     sub->add_option("--system", g.system, "System message");
@@ -157,6 +211,8 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
   ppl->add_flag("--json", p.json,
                 "Print one JSON object (perplexity, mean NLL, tokens, windows, time)");
 
+  add_serve_flags(serve, cl.serve);
+
   CLI::App* kernels = app.add_subcommand("kernels", "Hub kernels: list | lock | verify (--help)");
   kernels->prefix_command()->set_help_flag();  // its own usage: tformers kernels --help
 
@@ -190,7 +246,7 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
         "--threads " + std::to_string(threads) + " is out of range: give 1 to " +
         std::to_string(kMaxThreads) + " (this machine has " +
         std::to_string(std::thread::hardware_concurrency()) + " cores)");
-  for (const CLI::App* sub : {env, launch, kernels, gen, chat, tokz, bench, ppl})
+  for (const CLI::App* sub : {env, launch, kernels, gen, chat, tokz, bench, ppl, serve})
     if (sub->parsed()) cl.command = sub->get_name();
   if (kernels->parsed()) cl.kernels = kernels->remaining();
   return cl;

@@ -63,9 +63,27 @@ struct PerplexityArgs {
   bool json = false;
 };
 
+// serve (apps/serve/server.h): how to load the model (generate's flags of the same names), the
+// address, the engine's sizes and the server's limits.
+struct ServeArgs {
+  ModelFlags model;
+  std::string device = "auto";
+  std::string served_model_name;  // the `model` requests name; default: --model as given
+  std::string host = "127.0.0.1";
+  int port = 8080;      // 0: any free port (the one taken is printed)
+  std::string api_key;  // default: TFORMERS_API_KEY; empty: no key needed
+  bool verbose = false;
+  int64_t max_num_seqs = 8, max_model_len = 0;
+  int64_t max_body_bytes = int64_t(4) << 20;
+  int64_t max_connections = 64;
+  double request_timeout = 600;  // seconds from arrival to the last token; then cancelled
+  double read_timeout = 30, write_timeout = 30, keep_alive_timeout = 5;
+  double shutdown_timeout = 10;  // how long running requests may finish after SIGTERM
+};
+
 struct CommandLine {
-  // The subcommand to run: env, kernels, generate, chat, tokenize, bench or perplexity (or
-  // launch, which main() hands to the launcher before parsing). Empty when parsing ended the
+  // The subcommand to run: env, kernels, generate, chat, tokenize, bench, perplexity or serve
+  // (or launch, which main() hands to the launcher before parsing). Empty when parsing ended the
   // command: --help, --version or a usage error, already written to the streams given; the
   // process then exits with exit_code.
   std::string command;
@@ -75,6 +93,7 @@ struct CommandLine {
   TokenizeArgs tokenize;             // tokenize
   BenchArgs bench;                   // bench
   PerplexityArgs perplexity;         // perplexity
+  ServeArgs serve;                   // serve
   std::vector<std::string> kernels;  // kernels: the arguments after "kernels"
 };
 

@@ -1,4 +1,5 @@
-// The `tformers` command: generate, chat, tokenize, bench, perplexity, env, launch, kernels.
+// The `tformers` command: generate, chat, tokenize, bench, perplexity, serve, env, launch,
+// kernels.
 //
 // Streams: stdout carries only generated text (or --json, or the listing a command asks for);
 // everything else goes to stderr on its own lines. While text streams, stderr is held back and
@@ -39,6 +40,7 @@
 #include "io/file.h"
 #include "io/hub.h"
 #include "kernels_hub/cli.h"
+#include "serve/server.h"
 #include "terminal.h"
 #include "tformers/accelerator.h"
 #include "tformers/distributed.h"
@@ -512,6 +514,10 @@ int run(int argc, char** argv) {
                         cl.tokenize.add_special_tokens);
   if (cl.command == "bench") return tformers::cli::run_bench(cl.bench);
   if (cl.command == "perplexity") return tformers::cli::run_perplexity(cl.perplexity);
+  if (cl.command == "serve")
+    return tformers::serve::run_serve(cl.serve, [](const tformers::cli::ServeArgs& a) {
+      return tformers::cli::load_with_progress(a.model, a.device);
+    });
   return 0;  // launch: main() runs it before parsing
 }
 

@@ -94,6 +94,33 @@ TEST(CommandLine, ReadsBenchAndPerplexityFlags) {
 }
 
 // Help and version go to the `out` stream given, usage errors to `err`; nothing runs.
+TEST(CommandLine, ReadsServeFlags) {
+  Parsed p = parse({"serve", "-m", "DIR", "--port", "0", "--api-key", "k", "--max-num-seqs", "16",
+                    "--request-timeout", "0.5", "--quantize", "int8", "--threads", "2"});
+  EXPECT_EQ(p.cl.command, "serve");
+  EXPECT_EQ(p.cl.threads, 2);
+  EXPECT_EQ(p.cl.serve.model.model, "DIR");
+  EXPECT_EQ(p.cl.serve.model.quantize, "int8");
+  EXPECT_EQ(p.cl.serve.port, 0);
+  EXPECT_EQ(p.cl.serve.api_key, "k");
+  EXPECT_EQ(p.cl.serve.max_num_seqs, 16);
+  EXPECT_EQ(p.cl.serve.request_timeout, 0.5);
+  // Defaults: loopback only, and the limits of cli.h.
+  EXPECT_EQ(p.cl.serve.host, "127.0.0.1");
+  EXPECT_EQ(p.cl.serve.max_connections, 64);
+  EXPECT_EQ(p.out + p.err, "");
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"serve", "-m", "DIR", "--port", "70000"},
+        {"serve", "-m", "DIR", "--max-connections", "0"},
+        {"serve", "-m", "DIR", "--request-timeout", "0"},
+        {"serve", "--port", "1"}}) {
+    p = parse(bad);
+    EXPECT_TRUE(p.cl.command.empty()) << bad.back();
+    EXPECT_NE(p.cl.exit_code, 0) << bad.back();
+    EXPECT_FALSE(p.err.empty()) << bad.back();
+  }
+}
+
 TEST(CommandLine, HelpVersionAndUsageErrorsGoToTheStreamsGiven) {
   Parsed p = parse({"--version"});
   EXPECT_EQ(p.cl.command, "");
@@ -116,8 +143,8 @@ TEST(CommandLine, UnknownSubcommandIsNamedAndEscaped) {
   EXPECT_EQ(p.cl.exit_code, 1);
   EXPECT_EQ(p.err,
             "error: unknown subcommand 'serve\\x1b[2J-everything'; the subcommands are env, "
-            "launch, generate, chat, tokenize, bench, perplexity, kernels (tformers --help shows "
-            "them)\n");
+            "launch, generate, chat, tokenize, bench, perplexity, serve, kernels (tformers --help "
+            "shows them)\n");
 }
 
 TEST(CommandLine, ThreadsOutOfRangeIsAnError) {

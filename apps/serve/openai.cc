@@ -1,0 +1,544 @@
+#include "serve/openai.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <mutex>
+#include <random>
+
+#include "tformers/error.h"
+
+namespace tformers::serve {
+
+ApiError::ApiError(int status, const std::string& message, std::string param, std::string code)
+    : std::runtime_error(message),
+      status_(status),
+      param_(std::move(param)),
+      code_(std::move(code)) {}
+
+std::string ApiError::type() const {
+  return status_ < 500 ? "invalid_request_error" : "server_error";
+}
+
+std::string ApiError::body() const {
+  auto or_null = [](const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); };
+  return dump({{"error",
+                {{"message", what()},
+                 {"type", type()},
+                 {"param", or_null(param_)},
+                 {"code", or_null(code_)}}}});
+}
+
+namespace {
+
+// Clients nest a few levels (messages, content parts, tool schemas); deeper input is refused
+// before anything recurses over it (the chat template, dump).
+constexpr int kMaxJsonDepth = 64;
+// OpenAI's limits: stop strings per request, and alternatives per token with logprobs.
+constexpr size_t kMaxStop = 4;
+constexpr int64_t kMaxTopLogprobs = 20;
+
+// A value for an error message, cut short: the client sent it, and it may be large.
+std::string shown(const Json& v) {
+  std::string s = dump(v);
+  return s.size() > 40 ? s.substr(0, 37) + "..." : s;
+}
+
+std::string number_text(double x) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%g", x);
+  return s;
+}
+
+ApiError bad_field(const std::string& field, const std::string& what) {
+  return ApiError(400, field + ": " + what, field);
+}
+
+// The optional fields of one JSON object. A field set to null counts as absent, since OpenAI's
+// clients send null for options left unset.
+class Fields {
+ public:
+  explicit Fields(const Json& object) : object_(object) {}
+
+  const Json* get(const std::string& name) const {
+    auto it = object_.find(name);
+    return it == object_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  std::optional<double> number(const std::string& name, double lo, double hi) const {
+    const Json* v = get(name);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) throw bad_field(name, "expected a number, got " + shown(*v));
+    const double x = v->get<double>();
+    if (!(x >= lo && x <= hi))
+      throw bad_field(
+          name, shown(*v) + " is out of range; give " + number_text(lo) + " to " + number_text(hi));
+    return x;
+  }
+
+  std::optional<int64_t> integer(const std::string& name, int64_t lo, int64_t hi) const {
+    const Json* v = get(name);
+    if (!v) return std::nullopt;
+    if (!v->is_number_integer()) throw bad_field(name, "expected an integer, got " + shown(*v));
+    // Integers beyond int64 arrive unsigned; they are out of every range here.
+    const bool fits = !(v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) &&
+                      v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
+    if (!fits)
+      throw bad_field(name, shown(*v) + " is out of range; give " + std::to_string(lo) + " to " +
+                                std::to_string(hi));
+    return v->get<int64_t>();
+  }
+
+  std::optional<bool> boolean(const std::string& name) const {
+    const Json* v = get(name);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) throw bad_field(name, "expected true or false, got " + shown(*v));
+    return v->get<bool>();
+  }
+
+  std::optional<std::string> string(const std::string& name) const {
+    const Json* v = get(name);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) throw bad_field(name, "expected a string, got " + shown(*v));
+    return v->get<std::string>();
+  }
+
+ private:
+  const Json& object_;
+};
+
+Json parse_body(std::string_view body) {
+  Json j;
+  try {
+    j = Json::parse(body, [](int depth, Json::parse_event_t, Json&) {
+      if (depth > kMaxJsonDepth)
+        throw ApiError(
+            400, "the request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      return true;
+    });
+  } catch (const Json::parse_error& e) {
+    throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  return j;
+}
+
+// OpenAI's stop: one string or a list of up to 4.
+std::vector<std::string> parse_stop(const Fields& f) {
+  const Json* v = f.get("stop");
+  if (!v) return {};
+  std::vector<std::string> stop;
+  if (v->is_string()) {
+    stop.push_back(v->get<std::string>());
+  } else if (v->is_array()) {
+    if (v->size() > kMaxStop)
+      throw bad_field("stop", "at most " + std::to_string(kMaxStop) + " stop strings, got " +
+                                  std::to_string(v->size()));
+    for (const Json& s : *v) {
+      if (!s.is_string()) throw bad_field("stop", "expected strings, got " + shown(s));
+      stop.push_back(s.get<std::string>());
+    }
+  } else {
+    throw bad_field("stop", "expected a string or a list of strings, got " + shown(*v));
+  }
+  for (const std::string& s : stop)
+    if (s.empty()) throw bad_field("stop", "stop strings must not be empty");
+  return stop;
+}
+
+// Options tformers does not implement are refused unless set to what they do by default, so a
+// client never gets output it did not ask for.
+void refuse_unless_default(const Fields& f) {
+  if (auto n = f.integer("n", 1, 128); n && *n != 1)
+    throw bad_field("n", "only n = 1 is supported; send one request per choice");
+  for (const char* penalty : {"frequency_penalty", "presence_penalty"})
+    if (auto p = f.number(penalty, -2, 2); p && *p != 0)
+      throw bad_field(penalty, "not supported (give 0, or repetition_penalty)");
+  if (const Json* bias = f.get("logit_bias"); bias && !(bias->is_object() && bias->empty()))
+    throw bad_field("logit_bias", "not supported");
+  if (const Json* format = f.get("response_format");
+      format && !(format->is_object() && format->value("type", "") == "text"))
+    throw bad_field("response_format", "only {\"type\": \"text\"} is supported");
+}
+
+// OpenAI's sampling fields and vLLM's extra ones, over GenerationConfig. temperature 0 means
+// greedy decoding; a temperature above 0, or top_p, turns sampling on. Whatever the client leaves
+// out comes from the model's generation_config.json (as vLLM's default --generation-config auto
+// does) rather than from OpenAI's defaults (temperature 1): a model's own settings are what it
+// was tuned for.
+void parse_sampling(const Fields& f, ApiRequest& r) {
+  GenerationConfig& c = r.config;
+  const std::optional<double> temperature = f.number("temperature", 0, 2);
+  const std::optional<double> top_p = f.number("top_p", 0, 1);
+  if (top_p && *top_p == 0) throw bad_field("top_p", "must be above 0");
+  if (temperature == 0.0) {
+    c.do_sample = false;
+  } else if (temperature || top_p) {
+    c.do_sample = true;
+    c.temperature = temperature;
+  }
+  c.top_p = top_p;
+  if (auto top_k = f.integer("top_k", -1, INT32_MAX)) c.top_k = std::max<int64_t>(*top_k, 0);
+  c.min_p = f.number("min_p", 0, 1);
+  if (auto penalty = f.number("repetition_penalty", 0, 2)) {
+    if (*penalty == 0) throw bad_field("repetition_penalty", "must be above 0");
+    c.repetition_penalty = penalty;
+  }
+  if (auto seed = f.integer("seed", INT64_MIN, INT64_MAX)) c.seed = uint64_t(*seed);
+  if (f.boolean("ignore_eos").value_or(false)) c.eos_token_id = std::vector<int64_t>{};
+  r.stop = parse_stop(f);
+  if (!r.stop.empty()) c.stop_strings = r.stop;
+}
+
+// One chat message as the template takes it: content parts joined into one string (with "\n",
+// as vLLM does) and OpenAI's "developer" role read as "system", which templates know.
+Json parse_message(const Json& m, const std::string& where) {
+  if (!m.is_object()) throw bad_field(where, "expected a message object, got " + shown(m));
+  Fields f(m);
+  const std::optional<std::string> role = f.string("role");
+  static const std::vector<std::string> kRoles = {"system", "developer", "user", "assistant",
+                                                  "tool"};
+  if (!role) throw bad_field(where + ".role", "required");
+  if (std::find(kRoles.begin(), kRoles.end(), *role) == kRoles.end())
+    throw bad_field(where + ".role",
+                    "expected system, developer, user, assistant or tool, got " + shown(*role));
+  Json out = m;
+  if (*role == "developer") out["role"] = "system";
+  const Json* content = f.get("content");
+  if (!content) {
+    // An assistant message that only calls tools has no content.
+    if (*role != "assistant") throw bad_field(where + ".content", "required");
+  } else if (content->is_array()) {
+    std::string text;
+    for (size_t i = 0; i < content->size(); ++i) {
+      const Json& part = (*content)[i];
+      const std::string at = where + ".content[" + std::to_string(i) + "]";
+      if (!part.is_object() || part.value("type", Json()) != "text")
+        throw bad_field(at, "only text parts ({\"type\": \"text\", \"text\": ...}) are supported");
+      const std::optional<std::string> part_text = Fields(part).string("text");
+      if (!part_text) throw bad_field(at + ".text", "required");
+      text += (i ? "\n" : "") + *part_text;
+    }
+    out["content"] = text;
+  } else if (!content->is_string()) {
+    throw bad_field(where + ".content",
+                    "expected a string or a list of text parts, got " + shown(*content));
+  }
+  return out;
+}
+
+void parse_chat(const Fields& f, ApiRequest& r) {
+  const Json* messages = f.get("messages");
+  if (!messages) throw bad_field("messages", "required");
+  if (!messages->is_array() || messages->empty())
+    throw bad_field("messages", "expected a non-empty list of messages");
+  r.messages = Json::array();
+  for (size_t i = 0; i < messages->size(); ++i)
+    r.messages.push_back(parse_message((*messages)[i], "messages[" + std::to_string(i) + "]"));
+
+  if (const Json* tools = f.get("tools")) {
+    if (!tools->is_array()) throw bad_field("tools", "expected a list of tools");
+    for (size_t i = 0; i < tools->size(); ++i)
+      if (!(*tools)[i].is_object())
+        throw bad_field("tools[" + std::to_string(i) + "]", "expected a tool object");
+    r.tools = *tools;
+  }
+  // Tool calls are not parsed out of the output, so the model cannot be made to call one.
+  if (const Json* choice = f.get("tool_choice")) {
+    if (!(choice->is_string() && (*choice == "auto" || *choice == "none")))
+      throw bad_field("tool_choice", "only \"auto\" and \"none\" are supported");
+    if (*choice == "none") r.tools = nullptr;
+  }
+  if (const Json* kwargs = f.get("chat_template_kwargs")) {
+    if (!kwargs->is_object()) throw bad_field("chat_template_kwargs", "expected an object");
+    r.template_kwargs = *kwargs;
+  }
+
+  r.logprobs = f.boolean("logprobs").value_or(false);
+  if (auto top = f.integer("top_logprobs", 0, kMaxTopLogprobs)) {
+    if (!r.logprobs) throw bad_field("top_logprobs", "needs logprobs set to true");
+    r.top_logprobs = *top;
+  }
+  // max_completion_tokens replaced max_tokens in OpenAI's chat API; either is read.
+  r.max_tokens = f.integer("max_completion_tokens", 1, INT32_MAX);
+  if (!r.max_tokens) r.max_tokens = f.integer("max_tokens", 1, INT32_MAX);
+}
+
+// A token id list as a completion prompt.
+std::vector<int32_t> parse_ids(const Json& list, const std::string& where) {
+  std::vector<int32_t> ids;
+  for (const Json& id : list) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      throw bad_field(where, "expected token ids (integers from 0), got " + shown(id));
+    ids.push_back(int32_t(id.get<int64_t>()));
+  }
+  return ids;
+}
+
+void parse_completion(const Fields& f, ApiRequest& r) {
+  const Json* prompt = f.get("prompt");
+  if (!prompt) throw bad_field("prompt", "required");
+  // OpenAI's batch forms hold one prompt here: ["text"] or [[ids]].
+  const Json* one = prompt;
+  if (prompt->is_array() && !prompt->empty() && !(*prompt)[0].is_number()) {
+    if (prompt->size() != 1)
+      throw bad_field("prompt", "one prompt per request (send a request for each)");
+    one = &(*prompt)[0];
+  }
+  if (one->is_string()) {
+    r.prompt = one->get<std::string>();
+  } else if (one->is_array()) {
+    r.prompt_ids = parse_ids(*one, "prompt");
+    r.prompt_is_ids = true;
+  } else {
+    throw bad_field("prompt", "expected a string or a list of token ids, got " + shown(*prompt));
+  }
+  if (auto n = f.integer("logprobs", 0, kMaxTopLogprobs)) {
+    r.logprobs = true;
+    r.top_logprobs = *n;
+  }
+  if (f.boolean("echo").value_or(false)) throw bad_field("echo", "not supported");
+  if (auto suffix = f.string("suffix"); suffix && !suffix->empty())
+    throw bad_field("suffix", "not supported");
+  if (auto best_of = f.integer("best_of", 1, 128); best_of && *best_of != 1)
+    throw bad_field("best_of", "only best_of = 1 is supported");
+  r.max_tokens = f.integer("max_tokens", 1, INT32_MAX);
+}
+
+}  // namespace
+
+ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
+  const Json j = parse_body(body);
+  const Fields f(j);
+  ApiRequest r;
+  r.endpoint = endpoint;
+  const std::optional<std::string> model = f.string("model");
+  if (!model) throw bad_field("model", "required");
+  r.model = *model;
+  refuse_unless_default(f);
+  if (endpoint == Endpoint::kChatCompletions)
+    parse_chat(f, r);
+  else
+    parse_completion(f, r);
+  parse_sampling(f, r);
+  r.stream = f.boolean("stream").value_or(false);
+  if (const Json* options = f.get("stream_options")) {
+    if (!options->is_object()) throw bad_field("stream_options", "expected an object");
+    r.include_usage = Fields(*options).boolean("include_usage").value_or(false);
+  }
+  return r;
+}
+
+ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer,
+                                 int64_t max_model_len) {
+  const bool chat = r.endpoint == Endpoint::kChatCompletions;
+  const char* prompt_field = chat ? "messages" : "prompt";
+  ServingRequest out;
+  if (chat) {
+    std::string text;
+    try {
+      text = tokenizer.apply_chat_template(r.messages, /*add_generation_prompt=*/true, r.tools,
+                                           r.template_kwargs);
+    } catch (const tformers::Error& e) {
+      throw ApiError(400,
+                     std::string("the model's chat template failed on these messages: ") + e.what(),
+                     prompt_field);
+    }
+    // The rendered template already holds its special tokens.
+    out.prompt = tokenizer.encode(text, /*add_special_tokens=*/false);
+  } else {
+    out.prompt = r.prompt_is_ids ? r.prompt_ids : tokenizer.encode(r.prompt);
+  }
+  const int64_t prompt_len = int64_t(out.prompt.size());
+  if (prompt_len == 0) throw ApiError(400, std::string(prompt_field) + ": empty", prompt_field);
+  const std::string context =
+      "this model's maximum context length is " + std::to_string(max_model_len) + " tokens";
+  if (prompt_len >= max_model_len)
+    throw ApiError(400,
+                   std::string(prompt_field) + ": the prompt is " + std::to_string(prompt_len) +
+                       " tokens, and " + context + ", prompt and completion together",
+                   prompt_field, "context_length_exceeded");
+  const int64_t room = max_model_len - prompt_len;
+  int64_t max_tokens = room;
+  if (r.max_tokens) {
+    if (*r.max_tokens > room)
+      throw ApiError(400,
+                     "max_tokens: " + std::to_string(*r.max_tokens) + " tokens were asked for, " +
+                         "but the prompt is " + std::to_string(prompt_len) + " tokens and " +
+                         context + ": at most " + std::to_string(room) + " can be generated",
+                     "max_tokens", "context_length_exceeded");
+    max_tokens = *r.max_tokens;
+  } else if (!chat) {
+    max_tokens = std::min<int64_t>(16, room);
+  }
+  out.config = r.config;
+  out.config.max_new_tokens = max_tokens;
+  out.logprobs = r.logprobs;
+  out.top_logprobs = r.top_logprobs;
+  return out;
+}
+
+OutputText::OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop)
+    : streamer_(tokenizer, /*skip_special_tokens=*/true), stop_(std::move(stop)) {}
+
+std::string OutputText::put(int32_t token) {
+  if (stopped_) return "";
+  held_ += streamer_.put(token);
+  return release(/*final=*/false);
+}
+
+std::string OutputText::finish() {
+  if (stopped_) return "";
+  held_ += streamer_.end();
+  return release(/*final=*/true);
+}
+
+// Sent text never holds the start of a stop string (that part is held back), so a stop string
+// can only begin in held_.
+std::string OutputText::release(bool final) {
+  size_t cut = std::string::npos;
+  for (const std::string& s : stop_) cut = std::min(cut, held_.find(s));
+  size_t keep = 0;
+  if (cut != std::string::npos) {
+    stopped_ = true;
+    held_.resize(cut);
+  } else if (!final) {
+    // Hold back the longest end of the text that begins some stop string.
+    for (const std::string& s : stop_)
+      for (size_t k = std::min(s.size() - 1, held_.size()); k > keep; --k)
+        if (std::string_view(held_).ends_with(std::string_view(s).substr(0, k))) {
+          keep = k;
+          break;
+        }
+  }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, out.size());
+  sent_ += out.size();
+  return out;
+}
+
+Json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+namespace {
+
+std::string token_text(const Tokenizer& tok, int32_t id) {
+  return tok.decode(std::span<const int32_t>(&id, 1));
+}
+
+// A token as chat's logprobs write it; `bytes` because a token may be part of a character.
+Json chat_token(const Tokenizer& tok, int32_t id, float logprob) {
+  const std::string text = token_text(tok, id);
+  Json bytes = Json::array();
+  for (unsigned char c : text) bytes.push_back(int(c));
+  return {{"token", text}, {"logprob", logprob}, {"bytes", bytes}};
+}
+
+}  // namespace
+
+Json logprobs_json(Endpoint endpoint, const Tokenizer& tok, std::span<const ServingEvent> events,
+                   std::span<const size_t> text_offsets) {
+  if (endpoint == Endpoint::kChatCompletions) {
+    Json content = Json::array();
+    for (const ServingEvent& e : events) {
+      Json entry = chat_token(tok, e.token, e.logprob);
+      entry["top_logprobs"] = Json::array();
+      for (const TokenLogprob& alt : e.top_logprobs)
+        entry["top_logprobs"].push_back(chat_token(tok, alt.token, alt.logprob));
+      content.push_back(std::move(entry));
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  Json tokens = Json::array(), logprobs = Json::array(), top = Json::array();
+  for (const ServingEvent& e : events) {
+    tokens.push_back(token_text(tok, e.token));
+    logprobs.push_back(e.logprob);
+    Json alts = Json::object();
+    for (const TokenLogprob& alt : e.top_logprobs) alts[token_text(tok, alt.token)] = alt.logprob;
+    top.push_back(std::move(alts));
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", logprobs},
+          {"top_logprobs", top},
+          {"text_offset", Json(std::vector<size_t>(text_offsets.begin(), text_offsets.end()))}};
+}
+
+ResponseHead new_response_head(Endpoint endpoint, const std::string& model) {
+  static std::mutex mu;
+  static std::mt19937_64 rng{std::random_device{}()};
+  char hex[25];
+  {
+    std::lock_guard lock(mu);
+    std::snprintf(hex, sizeof hex, "%016llx%08llx", (unsigned long long)rng(),
+                  (unsigned long long)(rng() & 0xffffffff));
+  }
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  return {endpoint,
+          (endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + std::string(hex),
+          std::chrono::duration_cast<std::chrono::seconds>(now).count(), model};
+}
+
+namespace {
+
+Json head_json(const ResponseHead& h, bool chunk) {
+  const bool chat = h.endpoint == Endpoint::kChatCompletions;
+  return {
+      {"id", h.id},
+      {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+      {"created", h.created},
+      {"model", h.model}};
+}
+
+}  // namespace
+
+Json response_json(const ResponseHead& head, const std::string& text,
+                   const std::string& finish_reason, const Json& logprobs, const Usage& usage) {
+  Json choice = {{"index", 0}};
+  if (head.endpoint == Endpoint::kChatCompletions)
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else
+    choice["text"] = text;
+  choice["logprobs"] = logprobs;
+  choice["finish_reason"] = finish_reason;
+  Json j = head_json(head, /*chunk=*/false);
+  j["choices"] = Json::array({choice});
+  j["usage"] = usage_json(usage);
+  return j;
+}
+
+Json chunk_json(const ResponseHead& head, const Chunk& c) {
+  Json choice = {{"index", 0}};
+  if (head.endpoint == Endpoint::kChatCompletions) {
+    Json delta = Json::object();
+    if (c.first) delta["role"] = "assistant";
+    if (c.first || !c.text.empty()) delta["content"] = c.text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = c.text;
+  }
+  choice["logprobs"] = c.logprobs;
+  choice["finish_reason"] = c.finish_reason ? Json(*c.finish_reason) : Json(nullptr);
+  Json j = head_json(head, /*chunk=*/true);
+  j["choices"] = Json::array({choice});
+  if (c.usage_null) j["usage"] = nullptr;
+  return j;
+}
+
+Json usage_chunk_json(const ResponseHead& head, const Usage& usage) {
+  Json j = head_json(head, /*chunk=*/true);
+  j["choices"] = Json::array();
+  j["usage"] = usage_json(usage);
+  return j;
+}
+
+std::string dump(const Json& j) {
+  return j.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
+}
+
+std::string sse_event(const Json& j) { return "data: " + dump(j) + "\n\n"; }
+
+}  // namespace tformers::serve

@@ -1,0 +1,145 @@
+// OpenAI's API as `tformers serve` speaks it: request bodies of /v1/chat/completions and
+// /v1/completions read and checked field by field, the engine request built from them, and the
+// response objects and stream chunks written back. Nothing here does I/O, so all of it is tested
+// without a server (tests/serve/).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tformers/generation.h"
+#include "tformers/serving.h"
+#include "tformers/tokenizer.h"
+
+namespace tformers::serve {
+
+using Json = nlohmann::ordered_json;
+
+// A request answered with an HTTP error, written as OpenAI writes errors:
+// {"error": {"message", "type", "param", "code"}}. `param` names the request field at fault.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, const std::string& message, std::string param = "", std::string code = "");
+  int status() const { return status_; }
+  const std::string& param() const { return param_; }
+  const std::string& code() const { return code_; }
+  // "invalid_request_error" for 4xx, "server_error" for 5xx.
+  std::string type() const;
+  std::string body() const;
+
+ private:
+  int status_;
+  std::string param_, code_;
+};
+
+enum class Endpoint { kChatCompletions, kCompletions };
+
+// A request body, checked. Fields the client left out (or set to null) stay unset, so the
+// model's generation_config.json supplies them.
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::kChatCompletions;
+  std::string model;
+  // Chat: the messages as the chat template takes them (content parts joined), the tools (null
+  // when none) and chat_template_kwargs (vLLM's, e.g. {"enable_thinking": false}).
+  Json messages, tools, template_kwargs = Json::object();
+  // Completions: a text prompt, or token ids.
+  std::string prompt;
+  std::vector<int32_t> prompt_ids;
+  bool prompt_is_ids = false;
+  // Sampling, stop strings and the seed; max_new_tokens is set by to_engine_request.
+  GenerationConfig config;
+  std::optional<int64_t> max_tokens;
+  std::vector<std::string> stop;
+  bool stream = false, include_usage = false;
+  bool logprobs = false;
+  int64_t top_logprobs = 0;
+};
+
+// Reads a request body. ApiError 400 naming the field for malformed JSON, a field of the wrong
+// type or out of range, and for what tformers does not do (n > 1, penalties, echo, ...).
+ApiRequest parse_request(Endpoint endpoint, std::string_view body);
+
+// The engine request: the chat template rendered and encoded (or the prompt encoded), its length
+// and max_tokens checked against max_model_len (ApiError 400 "context_length_exceeded"). A
+// completion with no max_tokens gets 16, as OpenAI's; a chat completion gets whatever room the
+// context has left.
+ServingRequest to_engine_request(const ApiRequest& request, const Tokenizer& tokenizer,
+                                 int64_t max_model_len);
+
+// The text a client is sent: generated tokens detokenized incrementally (special tokens
+// skipped) and cut before the first stop string, as OpenAI does. Text that could still turn out
+// to be the start of a stop string is held back until a later token settles it.
+class OutputText {
+ public:
+  OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop);
+  // The text that became final with this token (often empty).
+  std::string put(int32_t token);
+  // Whatever is left once generation has ended.
+  std::string finish();
+  // A stop string appeared: the text ended before it, and nothing more is returned.
+  bool stopped() const { return stopped_; }
+  // Bytes decoded so far (sent and held back), where the next token's text starts.
+  size_t offset() const { return sent_ + held_.size(); }
+
+ private:
+  std::string release(bool final);
+
+  TokenStreamer streamer_;
+  std::vector<std::string> stop_;
+  std::string held_;
+  size_t sent_ = 0;
+  bool stopped_ = false;
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+};
+Json usage_json(const Usage& usage);
+
+// The log-probabilities of generated tokens (events with a token) in the endpoint's shape: chat's
+// {"content": [{"token", "logprob", "bytes", "top_logprobs"}], "refusal": null}, or completions'
+// {"tokens", "token_logprobs", "top_logprobs", "text_offset"}. `text_offsets` holds each token's
+// OutputText::offset() before it was put.
+Json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
+                   std::span<const ServingEvent> events, std::span<const size_t> text_offsets);
+
+// What identifies one response, repeated in each of its chunks.
+struct ResponseHead {
+  Endpoint endpoint = Endpoint::kChatCompletions;
+  std::string id;  // "chatcmpl-..." or "cmpl-..."
+  int64_t created = 0;
+  std::string model;
+};
+// A fresh head: a random id with the endpoint's prefix, created now.
+ResponseHead new_response_head(Endpoint endpoint, const std::string& model);
+
+// A whole (non-streamed) response with one choice. `logprobs` is null when not asked for.
+Json response_json(const ResponseHead& head, const std::string& text,
+                   const std::string& finish_reason, const Json& logprobs, const Usage& usage);
+
+// One streamed chunk with one choice.
+struct Chunk {
+  bool first = false;  // chat: the delta carries the role
+  std::string text;
+  std::optional<std::string> finish_reason;
+  Json logprobs;            // null when none
+  bool usage_null = false;  // stream_options.include_usage: every chunk carries "usage": null
+};
+Json chunk_json(const ResponseHead& head, const Chunk& chunk);
+// The last chunk with include_usage: no choices, the request's usage.
+Json usage_chunk_json(const ResponseHead& head, const Usage& usage);
+
+// JSON text of a response; invalid UTF-8 in model output becomes U+FFFD rather than an error.
+std::string dump(const Json& j);
+// One server-sent event: "data: {...}\n\n".
+std::string sse_event(const Json& j);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+}  // namespace tformers::serve
