@@ -1,0 +1,433 @@
+// tformers serve's OpenAI layer without a server: every bad field of a request is a 400 naming
+// it, sampling fields map onto GenerationConfig, prompts are checked against the context, stop
+// strings cut the text as OpenAI cuts it, and responses and stream chunks have OpenAI's shape.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/error_of.h"
+#include "serve/openai.h"
+#include "tformers/tokenizer.h"
+
+namespace tformers::serve {
+namespace {
+
+const std::string kModel = TFORMERS_SOURCE_DIR "/models/kjv-fortunes-tiny";
+
+const Tokenizer& kjv() {
+  static const Tokenizer tok = AutoTokenizer::from_pretrained(kModel);
+  return tok;
+}
+
+// A chat body with `extra` fields merged in.
+std::string chat(const Json& extra = Json::object()) {
+  Json j = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "Hello"}}}}};
+  j.update(extra);
+  return j.dump();
+}
+
+std::string completion(const Json& extra = Json::object()) {
+  Json j = {{"model", "m"}, {"prompt", "And the LORD said"}};
+  j.update(extra);
+  return j.dump();
+}
+
+ApiError error_of(Endpoint endpoint, const std::string& body) {
+  try {
+    parse_request(endpoint, body);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no error for " << body;
+  return ApiError(0, "");
+}
+
+struct BadField {
+  Endpoint endpoint;
+  std::string body;
+  std::string param;  // the field the 400 must name
+};
+
+TEST(OpenAiRequest, EveryBadFieldIsA400NamingIt) {
+  const Endpoint c = Endpoint::kChatCompletions, p = Endpoint::kCompletions;
+  const std::vector<BadField> cases = {
+      {c, R"({"messages": [{"role": "user", "content": "x"}]})", "model"},
+      {c, R"({"model": 3, "messages": []})", "model"},
+      {c, R"({"model": "m"})", "messages"},
+      {c, R"({"model": "m", "messages": []})", "messages"},
+      {c, R"({"model": "m", "messages": "hi"})", "messages"},
+      {c, R"({"model": "m", "messages": [3]})", "messages[0]"},
+      {c, R"({"model": "m", "messages": [{"content": "x"}]})", "messages[0].role"},
+      {c, R"({"model": "m", "messages": [{"role": "king", "content": "x"}]})", "messages[0].role"},
+      {c, R"({"model": "m", "messages": [{"role": "user"}]})", "messages[0].content"},
+      {c, R"({"model": "m", "messages": [{"role": "user", "content": 5}]})", "messages[0].content"},
+      {c,
+       R"({"model": "m", "messages": [{"role": "user", "content": "a"},
+           {"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
+       "messages[1].content[0]"},
+      {c, R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "text"}]}]})",
+       "messages[0].content[0].text"},
+      {c, chat({{"tools", "f"}}), "tools"},
+      {c, chat({{"tools", {1}}}), "tools[0]"},
+      {c, chat({{"tool_choice", "required"}}), "tool_choice"},
+      {c, chat({{"chat_template_kwargs", 1}}), "chat_template_kwargs"},
+      {c, chat({{"logprobs", "yes"}}), "logprobs"},
+      {c, chat({{"top_logprobs", 2}}), "top_logprobs"},
+      {c, chat({{"logprobs", true}, {"top_logprobs", 21}}), "top_logprobs"},
+      {c, chat({{"max_completion_tokens", 0}}), "max_completion_tokens"},
+      {c, chat({{"max_tokens", 1.5}}), "max_tokens"},
+      {c, chat({{"max_tokens", -3}}), "max_tokens"},
+      {c, chat({{"max_tokens", 18446744073709551615ull}}), "max_tokens"},
+      {c, chat({{"temperature", "hot"}}), "temperature"},
+      {c, chat({{"temperature", 2.5}}), "temperature"},
+      {c, chat({{"temperature", -1}}), "temperature"},
+      {c, chat({{"top_p", 0}}), "top_p"},
+      {c, chat({{"top_p", 1.5}}), "top_p"},
+      {c, chat({{"top_k", -2}}), "top_k"},
+      {c, chat({{"min_p", 2}}), "min_p"},
+      {c, chat({{"repetition_penalty", 0}}), "repetition_penalty"},
+      {c, chat({{"seed", "1"}}), "seed"},
+      {c, chat({{"seed", 1.5}}), "seed"},
+      {c, chat({{"ignore_eos", 1}}), "ignore_eos"},
+      {c, chat({{"stop", 3}}), "stop"},
+      {c, chat({{"stop", {"a", 3}}}), "stop"},
+      {c, chat({{"stop", ""}}), "stop"},
+      {c, chat({{"stop", {"a", "b", "c", "d", "e"}}}), "stop"},
+      {c, chat({{"n", 2}}), "n"},
+      {c, chat({{"n", "1"}}), "n"},
+      {c, chat({{"frequency_penalty", 0.5}}), "frequency_penalty"},
+      {c, chat({{"presence_penalty", 1}}), "presence_penalty"},
+      {c, chat({{"logit_bias", {{"42", 10}}}}), "logit_bias"},
+      {c, chat({{"response_format", {{"type", "json_object"}}}}), "response_format"},
+      {c, chat({{"stream", "true"}}), "stream"},
+      {c, chat({{"stream_options", true}}), "stream_options"},
+      {c, chat({{"stream", true}, {"stream_options", {{"include_usage", 1}}}}), "include_usage"},
+      {p, R"({"model": "m"})", "prompt"},
+      {p, completion({{"prompt", 3}}), "prompt"},
+      {p, completion({{"prompt", {"a", "b"}}}), "prompt"},
+      {p, completion({{"prompt", {1, -2}}}), "prompt"},
+      {p, completion({{"prompt", {1, 2.5}}}), "prompt"},
+      {p, completion({{"prompt", {1, 4294967296ll}}}), "prompt"},
+      {p, completion({{"logprobs", true}}), "logprobs"},
+      {p, completion({{"logprobs", 21}}), "logprobs"},
+      {p, completion({{"echo", true}}), "echo"},
+      {p, completion({{"suffix", "end"}}), "suffix"},
+      {p, completion({{"best_of", 2}}), "best_of"},
+      {p, completion({{"max_tokens", 0}}), "max_tokens"},
+  };
+  for (const BadField& bad : cases) {
+    const ApiError e = error_of(bad.endpoint, bad.body);
+    EXPECT_EQ(e.status(), 400) << bad.body;
+    EXPECT_EQ(e.param(), bad.param) << bad.body << ": " << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind(bad.param + ": ", 0), 0u) << e.what();
+  }
+}
+
+TEST(OpenAiRequest, MalformedBodiesAre400s) {
+  for (const std::string body : {"", "{", "[1]", "\"text\"", "{\"model\": }"}) {
+    const ApiError e = error_of(Endpoint::kCompletions, body);
+    EXPECT_EQ(e.status(), 400) << body;
+    EXPECT_EQ(e.type(), "invalid_request_error");
+  }
+  // Deep nesting is refused before anything recurses over it.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_CONTAINS(
+      error_of(Endpoint::kChatCompletions, chat().insert(1, "\"x\": " + deep + ", ")).what(),
+      "nests deeper");
+}
+
+TEST(OpenAiRequest, ErrorBodyHasOpenAisShape) {
+  const Json j = Json::parse(ApiError(400, "top_p: bad", "top_p").body());
+  EXPECT_EQ(j["error"]["message"], "top_p: bad");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["param"], "top_p");
+  EXPECT_TRUE(j["error"]["code"].is_null());
+  const Json server = Json::parse(ApiError(503, "busy", "", "server_busy").body());
+  EXPECT_EQ(server["error"]["type"], "server_error");
+  EXPECT_TRUE(server["error"]["param"].is_null());
+  EXPECT_EQ(server["error"]["code"], "server_busy");
+}
+
+TEST(OpenAiRequest, SamplingFieldsMapOntoGenerationConfig) {
+  // Nothing given: every sampling field comes from generation_config.json.
+  ApiRequest r = parse_request(Endpoint::kChatCompletions, chat());
+  EXPECT_FALSE(r.config.do_sample);
+  EXPECT_FALSE(r.config.temperature);
+  EXPECT_FALSE(r.config.top_p);
+  EXPECT_FALSE(r.config.seed);
+  // temperature 0: greedy.
+  r = parse_request(Endpoint::kChatCompletions, chat({{"temperature", 0}}));
+  EXPECT_EQ(r.config.do_sample, false);
+  EXPECT_FALSE(r.config.temperature);
+  // A temperature, or top_p alone, samples.
+  r = parse_request(Endpoint::kChatCompletions, chat({{"temperature", 0.7}, {"seed", 5}}));
+  EXPECT_EQ(r.config.do_sample, true);
+  EXPECT_EQ(r.config.temperature, 0.7);
+  EXPECT_EQ(r.config.seed, 5u);
+  r = parse_request(Endpoint::kChatCompletions, chat({{"top_p", 0.9}}));
+  EXPECT_EQ(r.config.do_sample, true);
+  EXPECT_EQ(r.config.top_p, 0.9);
+  // temperature 0 wins over top_p.
+  r = parse_request(Endpoint::kChatCompletions, chat({{"temperature", 0}, {"top_p", 0.9}}));
+  EXPECT_EQ(r.config.do_sample, false);
+  // vLLM's extras; top_k -1 means all, as 0 does in GenerationConfig.
+  r = parse_request(Endpoint::kCompletions, completion({{"top_k", -1},
+                                                        {"min_p", 0.05},
+                                                        {"repetition_penalty", 1.1},
+                                                        {"ignore_eos", true},
+                                                        {"seed", -1}}));
+  EXPECT_EQ(r.config.top_k, 0);
+  EXPECT_EQ(r.config.min_p, 0.05);
+  EXPECT_EQ(r.config.repetition_penalty, 1.1);
+  EXPECT_EQ(r.config.eos_token_id, std::vector<int64_t>{});
+  EXPECT_EQ(r.config.seed, uint64_t(-1));
+  // Null is absent; defaults are accepted.
+  r = parse_request(Endpoint::kChatCompletions, chat({{"temperature", nullptr},
+                                                      {"n", 1},
+                                                      {"presence_penalty", 0},
+                                                      {"logit_bias", Json::object()},
+                                                      {"response_format", {{"type", "text"}}},
+                                                      {"user", "someone"}}));
+  EXPECT_FALSE(r.config.do_sample);
+}
+
+TEST(OpenAiRequest, StopStreamAndLogprobFields) {
+  ApiRequest r = parse_request(Endpoint::kChatCompletions, chat({{"stop", "\n"}}));
+  EXPECT_EQ(r.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(r.config.stop_strings, r.stop);
+  r = parse_request(Endpoint::kChatCompletions, chat({{"stop", {"a", "b"}},
+                                                      {"stream", true},
+                                                      {"stream_options", {{"include_usage", true}}},
+                                                      {"logprobs", true},
+                                                      {"top_logprobs", 3}}));
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.top_logprobs, 3);
+  r = parse_request(Endpoint::kCompletions, completion({{"logprobs", 2}}));
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.top_logprobs, 2);
+  r = parse_request(Endpoint::kCompletions, completion({{"logprobs", 0}}));
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.top_logprobs, 0);
+}
+
+TEST(OpenAiRequest, MessagesAreReadAsTheTemplateTakesThem) {
+  const ApiRequest r = parse_request(Endpoint::kChatCompletions,
+                                     R"({"model": "m", "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null, "tool_calls": []}],
+          "tools": [{"type": "function", "function": {"name": "f"}}],
+          "chat_template_kwargs": {"enable_thinking": false}, "max_tokens": 7})");
+  EXPECT_EQ(r.messages[0]["role"], "system");
+  EXPECT_EQ(r.messages[1]["content"], "a\nb");
+  EXPECT_TRUE(r.messages[2]["content"].is_null());
+  EXPECT_TRUE(r.messages[2].contains("tool_calls"));
+  EXPECT_EQ(r.tools[0]["function"]["name"], "f");
+  EXPECT_EQ(r.template_kwargs["enable_thinking"], false);
+  EXPECT_EQ(r.max_tokens, 7);
+  // tool_choice "none" renders without the tools.
+  EXPECT_TRUE(
+      parse_request(Endpoint::kChatCompletions,
+                    chat({{"tools", Json::array({Json::object()})}, {"tool_choice", "none"}}))
+          .tools.is_null());
+}
+
+TEST(OpenAiRequest, CompletionPromptForms) {
+  ApiRequest r = parse_request(Endpoint::kCompletions, completion());
+  EXPECT_EQ(r.prompt, "And the LORD said");
+  EXPECT_FALSE(r.prompt_is_ids);
+  r = parse_request(Endpoint::kCompletions, completion({{"prompt", {1, 2, 3}}}));
+  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(r.prompt_is_ids);
+  r = parse_request(Endpoint::kCompletions, completion({{"prompt", {"one"}}}));
+  EXPECT_EQ(r.prompt, "one");
+  r = parse_request(Endpoint::kCompletions, completion({{"prompt", {{4, 5}}}}));
+  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{4, 5}));
+}
+
+TEST(OpenAiRequest, EngineRequestRendersTheTemplateAndChecksTheContext) {
+  const Tokenizer& tok = kjv();
+  ApiRequest chat_request = parse_request(Endpoint::kChatCompletions, chat());
+  ServingRequest s = to_engine_request(chat_request, tok, 256);
+  const std::string rendered = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n";
+  EXPECT_EQ(s.prompt, tok.encode(rendered, false));
+  // A chat completion without max_tokens may fill the context.
+  EXPECT_EQ(s.config.max_new_tokens, 256 - int64_t(s.prompt.size()));
+
+  ApiRequest text = parse_request(Endpoint::kCompletions, completion({{"temperature", 0}}));
+  s = to_engine_request(text, tok, 256);
+  EXPECT_EQ(s.prompt, tok.encode("And the LORD said"));
+  EXPECT_EQ(s.config.max_new_tokens, 16);  // OpenAI's default for completions
+  EXPECT_EQ(s.config.do_sample, false);
+  const int64_t prompt_len = int64_t(s.prompt.size());
+  // ... but never more than the context has room for.
+  EXPECT_EQ(to_engine_request(text, tok, prompt_len + 3).config.max_new_tokens, 3);
+
+  text.max_tokens = 10;
+  EXPECT_EQ(to_engine_request(text, tok, prompt_len + 10).config.max_new_tokens, 10);
+  try {
+    to_engine_request(text, tok, prompt_len + 9);
+    ADD_FAILURE() << "max_tokens over the context was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), "max_tokens");
+    EXPECT_EQ(e.code(), "context_length_exceeded");
+    EXPECT_CONTAINS(e.what(), "at most 9 can be generated");
+  }
+  for (int64_t context : {prompt_len, prompt_len - 1}) {
+    try {
+      to_engine_request(text, tok, context);
+      ADD_FAILURE() << "a prompt that fills the context was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param(), "prompt");
+      EXPECT_EQ(e.code(), "context_length_exceeded");
+    }
+  }
+  ApiRequest empty = parse_request(Endpoint::kCompletions, completion({{"prompt", ""}}));
+  EXPECT_EQ(testing::error_of<ApiError>([&] { to_engine_request(empty, tok, 256); }),
+            "prompt: empty");
+  ApiRequest ids = parse_request(Endpoint::kCompletions, completion({{"prompt", {7, 8}}}));
+  EXPECT_EQ(to_engine_request(ids, tok, 256).prompt, (std::vector<int32_t>{7, 8}));
+}
+
+// Feeds the tokens of `text` through OutputText and returns what a client would have been sent,
+// piece by piece.
+std::vector<std::string> pieces(const std::string& text, std::vector<std::string> stop,
+                                bool* stopped = nullptr) {
+  OutputText out(kjv(), std::move(stop));
+  std::vector<std::string> sent;
+  for (int32_t id : kjv().encode(text, false)) sent.push_back(out.put(id));
+  sent.push_back(out.finish());
+  if (stopped) *stopped = out.stopped();
+  return sent;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& p : v) s += p;
+  return s;
+}
+
+TEST(OpenAiOutput, TextIsCutBeforeTheFirstStopString) {
+  bool stopped = false;
+  EXPECT_EQ(joined(pieces("And the LORD said unto Moses", {"LORD"}, &stopped)), "And the ");
+  EXPECT_TRUE(stopped);
+  // The earliest of several, wherever it falls within a token.
+  EXPECT_EQ(joined(pieces("And the LORD said unto Moses", {"Moses", "ai"}, &stopped)),
+            "And the LORD s");
+  EXPECT_EQ(joined(pieces("And the LORD said", {"xyz"}, &stopped)), "And the LORD said");
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(joined(pieces("And the LORD said", {}, &stopped)), "And the LORD said");
+}
+
+TEST(OpenAiOutput, TextThatMayStartAStopStringIsHeldBack) {
+  // " the" could be the start of "the LOST": it is held until " LORD" settles it.
+  const std::vector<std::string> sent = pieces("And the LORD said", {"the LOST"});
+  EXPECT_EQ(joined(sent), "And the LORD said");
+  std::string so_far;
+  for (const std::string& p : sent) {
+    so_far += p;
+    EXPECT_FALSE(so_far.ends_with("the")) << "sent the start of a stop string: " << so_far;
+  }
+  // At the end, held text is released.
+  EXPECT_EQ(joined(pieces("And the", {"the LORD"})), "And the");
+}
+
+TEST(OpenAiOutput, SpecialTokensAreSkippedAndOffsetsCount) {
+  OutputText out(kjv(), {});
+  const std::vector<int32_t> ids = kjv().encode("Amen", false);
+  std::string text;
+  for (int32_t id : ids) text += out.put(id);
+  const size_t before_eos = out.offset();
+  text += out.put(*kjv().token_to_id("<|im_end|>"));
+  text += out.finish();
+  EXPECT_EQ(text, "Amen");
+  EXPECT_EQ(before_eos, 4u);
+  EXPECT_EQ(out.offset(), 4u);
+}
+
+ServingEvent token_event(int32_t id, float logprob, std::vector<TokenLogprob> top = {}) {
+  ServingEvent e;
+  e.token = id;
+  e.logprob = logprob;
+  e.top_logprobs = std::move(top);
+  return e;
+}
+
+TEST(OpenAiResponse, ChatResponseAndChunks) {
+  ResponseHead head = new_response_head(Endpoint::kChatCompletions, "kjv");
+  EXPECT_EQ(head.id.rfind("chatcmpl-", 0), 0u);
+  EXPECT_NE(head.id, new_response_head(Endpoint::kChatCompletions, "kjv").id);
+  head.created = 1700000000;
+  const Json r =
+      response_json(head, "Amen", "stop", nullptr, {.prompt_tokens = 5, .completion_tokens = 2});
+  EXPECT_EQ(
+      dump(r),
+      R"({"id":")" + head.id +
+          R"(","object":"chat.completion","created":1700000000,"model":"kjv","choices":[{"index":0,"message":{"role":"assistant","content":"Amen"},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}})");
+
+  const Json first = chunk_json(head, {.first = true});
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"], (Json{{"role", "assistant"}, {"content", ""}}));
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  EXPECT_FALSE(first.contains("usage"));
+  const Json piece = chunk_json(head, {.text = " unto", .usage_null = true});
+  EXPECT_EQ(piece["choices"][0]["delta"], (Json{{"content", " unto"}}));
+  EXPECT_TRUE(piece.contains("usage") && piece["usage"].is_null());
+  const Json last = chunk_json(head, {.finish_reason = "length"});
+  EXPECT_EQ(last["choices"][0]["delta"], Json::object());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  const Json usage = usage_chunk_json(head, {.prompt_tokens = 3, .completion_tokens = 4});
+  EXPECT_EQ(usage["choices"], Json::array());
+  EXPECT_EQ(usage["usage"]["total_tokens"], 7);
+
+  EXPECT_EQ(sse_event(Json{{"a", 1}}), "data: {\"a\":1}\n\n");
+  EXPECT_EQ(kSseDone, "data: [DONE]\n\n");
+}
+
+TEST(OpenAiResponse, CompletionResponseAndChunks) {
+  ResponseHead head = new_response_head(Endpoint::kCompletions, "kjv");
+  EXPECT_EQ(head.id.rfind("cmpl-", 0), 0u);
+  const Json r = response_json(head, " unto Moses", "length", nullptr, {4, 2});
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["choices"][0]["text"], " unto Moses");
+  EXPECT_FALSE(r["choices"][0].contains("message"));
+  const Json chunk = chunk_json(head, {.text = " unto"});
+  EXPECT_EQ(chunk["object"], "text_completion");
+  EXPECT_EQ(chunk["choices"][0]["text"], " unto");
+  EXPECT_FALSE(chunk["choices"][0].contains("delta"));
+}
+
+TEST(OpenAiResponse, InvalidUtf8BecomesReplacementCharacters) {
+  EXPECT_EQ(dump(Json("a\xff")), "\"a\xEF\xBF\xBD\"");
+}
+
+TEST(OpenAiResponse, LogprobsInEachEndpointsShape) {
+  const Tokenizer& tok = kjv();
+  const int32_t the = tok.encode(" the", false).at(0), and_ = tok.encode(" and", false).at(0);
+  const std::vector<ServingEvent> events = {token_event(the, -0.5f, {{the, -0.5f}, {and_, -1.25f}}),
+                                            token_event(and_, -2.0f)};
+  const std::vector<size_t> offsets = {0, 4};
+  const Json chat = logprobs_json(Endpoint::kChatCompletions, tok, events, offsets);
+  EXPECT_TRUE(chat["refusal"].is_null());
+  ASSERT_EQ(chat["content"].size(), 2u);
+  EXPECT_EQ(chat["content"][0]["token"], " the");
+  EXPECT_EQ(chat["content"][0]["logprob"], -0.5);
+  EXPECT_EQ(chat["content"][0]["bytes"], (Json{32, 116, 104, 101}));
+  EXPECT_EQ(chat["content"][0]["top_logprobs"][1]["token"], " and");
+  EXPECT_EQ(chat["content"][0]["top_logprobs"][1]["logprob"], -1.25);
+  EXPECT_EQ(chat["content"][1]["top_logprobs"], Json::array());
+
+  const Json text = logprobs_json(Endpoint::kCompletions, tok, events, offsets);
+  EXPECT_EQ(text["tokens"], (Json{" the", " and"}));
+  EXPECT_EQ(text["token_logprobs"], (Json{-0.5, -2.0}));
+  EXPECT_EQ(text["top_logprobs"][0], (Json{{" the", -0.5}, {" and", -1.25}}));
+  EXPECT_EQ(text["text_offset"], (Json{0, 4}));
+}
+
+}  // namespace
+}  // namespace tformers::serve
