@@ -58,6 +58,11 @@ void Metrics::count_request(const std::string& endpoint, int status) {
   requests_[{endpoint, status}]++;
 }
 
+void Metrics::count_finish(const std::string& reason) {
+  std::lock_guard lock(mu_);
+  finished_[reason]++;
+}
+
 void Metrics::observe_time_to_first_token(double seconds) {
   std::lock_guard lock(mu_);
   ttft_.observe(seconds);
@@ -77,6 +82,11 @@ std::string Metrics::render(const ServingStats& s) const {
     for (const auto& [key, n] : requests_)
       out += "tformers_requests_total{endpoint=\"" + key.first + "\",status=\"" +
              std::to_string(key.second) + "\"} " + std::to_string(n) + "\n";
+    header(out, "tformers_completions_finished_total", "counter",
+           "Completions ended, by why: stop, length, timeout, shutdown, error, disconnected.");
+    for (const auto& [reason, n] : finished_)
+      out += "tformers_completions_finished_total{reason=\"" + reason + "\"} " + std::to_string(n) +
+             "\n";
     header(out, "tformers_time_to_first_token_seconds", "histogram",
            "Seconds from a request's arrival to its first generated token.");
     ttft_.write(out, "tformers_time_to_first_token_seconds");

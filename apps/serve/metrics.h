@@ -33,6 +33,9 @@ class Metrics {
   Metrics();
   // One answered request; `endpoint` is its route, or "other".
   void count_request(const std::string& endpoint, int status);
+  // One completion ended: "stop", "length", "timeout", "shutdown", "error", or "disconnected"
+  // (the client left, or a write to it failed, before the end).
+  void count_finish(const std::string& reason);
   // Seconds from a request's arrival to its first token, and the mean seconds between its later
   // tokens (requests with two tokens or more).
   void observe_time_to_first_token(double seconds);
@@ -43,6 +46,7 @@ class Metrics {
  private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
+  std::map<std::string, uint64_t> finished_;
   Histogram ttft_, tpot_;
 };
 

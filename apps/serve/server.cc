@@ -40,6 +40,12 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
+std::string number_text(double x) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%g", x);
+  return s;
+}
+
 // How often a request's thread wakes while it waits for tokens: to see whether a streaming
 // client is still there, and for the request timeout.
 constexpr auto kPoll = std::chrono::milliseconds(250);
@@ -277,7 +283,10 @@ Completion::Completion(Server& server, ApiRequest request, Clock::time_point arr
 Completion::~Completion() {
   // A response that ended early (the client left, a write failed, the server stopped) must not
   // leave its sequence running.
-  if (submitted_ && !finished_) server_.engine_.cancel(id_);
+  if (submitted_ && !finished_) {
+    server_.engine_.cancel(id_);
+    server_.metrics_.count_finish("disconnected");
+  }
   server_.leave();
 }
 
@@ -352,22 +361,26 @@ Completion::Delta Completion::advance(Clock::duration wait) {
 
 void Completion::finish(const ServingEvent& last) {
   finished_ = true;
+  std::string why;
   if (text_.stopped()) {
-    finish_reason_ = "stop";
+    finish_reason_ = why = "stop";
   } else if (last.finish_reason == "stop" || last.finish_reason == "length") {
-    finish_reason_ = last.finish_reason;
+    finish_reason_ = why = last.finish_reason;
   } else if (last.finish_reason == "error") {
+    why = "error";
     error_ = ApiError(500, "generation failed: " + last.error);
   } else if (timed_out_) {
+    why = "timeout";
     error_ = ApiError(504,
                       "the request ran longer than the server's --request-timeout of " +
-                          std::to_string(int64_t(server_.args_.request_timeout)) +
-                          " s and was cancelled",
+                          number_text(server_.args_.request_timeout) + " s and was cancelled",
                       "", "timeout");
   } else {
+    why = "shutdown";
     error_ = ApiError(503, "the server is shutting down; the request was cancelled", "",
                       "shutting_down");
   }
+  server_.metrics_.count_finish(why);
   // The callback wrote these before queueing the last event, which this thread has taken.
   std::lock_guard lock(job_->mu);
   if (job_->tokens > 0)
@@ -408,7 +421,8 @@ bool Completion::stream(httplib::DataSink& sink) {
     if (ended && request_.include_usage) out += sse_event(usage_chunk_json(head_, usage_));
     out += kSseDone;
   }
-  if (!sink.write(out.data(), out.size())) {
+  // httplib reads a write of nothing as the end of the content.
+  if (!out.empty() && !sink.write(out.data(), out.size())) {
     cancel();
     return false;
   }

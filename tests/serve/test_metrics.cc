@@ -28,6 +28,9 @@ TEST(Metrics, RenderHasEveryFamilyWithHelpAndType) {
   m.count_request("/v1/completions", 200);
   m.count_request("/v1/completions", 200);
   m.count_request("/v1/chat/completions", 400);
+  m.count_finish("stop");
+  m.count_finish("disconnected");
+  m.count_finish("stop");
   m.observe_time_to_first_token(0.03);
   m.observe_time_per_output_token(0.004);
   ServingStats s;
@@ -48,6 +51,8 @@ TEST(Metrics, RenderHasEveryFamilyWithHelpAndType) {
            "# TYPE tformers_requests_total counter\n",
            "tformers_requests_total{endpoint=\"/v1/completions\",status=\"200\"} 2\n",
            "tformers_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"} 1\n",
+           "tformers_completions_finished_total{reason=\"stop\"} 2\n",
+           "tformers_completions_finished_total{reason=\"disconnected\"} 1\n",
            "# TYPE tformers_time_to_first_token_seconds histogram\n",
            "tformers_time_to_first_token_seconds_bucket{le=\"0.04\"} 1\n",
            "tformers_time_to_first_token_seconds_bucket{le=\"0.02\"} 0\n",

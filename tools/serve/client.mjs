@@ -1,0 +1,40 @@
+// What the scripts of tools/serve share: their flags, and the official openai client, installed
+// by tools/npm (npm ci there; scripts/setup.sh --tests does it).
+import { createRequire } from 'node:module';
+
+const require = createRequire(new URL('../npm/package.json', import.meta.url));
+export const { default: OpenAI } = require('openai');
+
+// --name value pairs, with defaults; an unknown flag is an error.
+export function parseFlags(defaults, usage) {
+  const flags = { ...defaults };
+  const argv = process.argv.slice(2);
+  for (let i = 0; i < argv.length; i += 2) {
+    const name = argv[i].replace(/^--/, '').replace(/-/g, '_');
+    if (!argv[i].startsWith('--') || !(name in flags) || i + 1 >= argv.length) {
+      console.error(`unknown or incomplete flag ${argv[i]}\n${usage}`);
+      process.exit(2);
+    }
+    flags[name] = typeof defaults[name] === 'number' ? Number(argv[i + 1]) : argv[i + 1];
+  }
+  return flags;
+}
+
+// A client that fails fast: a test must see every error, not a retry that hides it.
+export function client(flags) {
+  return new OpenAI({ baseURL: flags.base_url, apiKey: flags.api_key, maxRetries: 0, timeout: 120000 });
+}
+
+// The text and finish reason of a streamed completion (chat or not), and its usage chunk.
+export async function collect(stream) {
+  let text = '', finish = null, usage = null, chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    if (chunk.usage) usage = chunk.usage;
+    const choice = chunk.choices[0];
+    if (!choice) continue;
+    text += choice.delta ? (choice.delta.content ?? '') : choice.text;
+    if (choice.finish_reason) finish = choice.finish_reason;
+  }
+  return { text, finish, usage, chunks };
+}
