@@ -11,9 +11,9 @@ import { client, collect, parseFlags } from './client.mjs';
 
 const flags = parseFlags(
   { base_url: 'http://127.0.0.1:8080/v1', model: '', api_key: 'none', pid: 0, clients: 32,
-    duration: 60, warm_up: 10, max_tokens: 32, rss_growth_mib: 16 },
+    duration: 60, warm_up: 10, max_tokens: 32, rss_growth_mib: 8 },
   'usage: load_test.mjs --base-url URL --model NAME --pid SERVER_PID [--clients 32] ' +
-  '[--duration 60] [--warm-up 10] [--max-tokens 32] [--rss-growth-mib 16] [--api-key KEY]');
+  '[--duration 60] [--warm-up 10] [--max-tokens 32] [--rss-growth-mib 8] [--api-key KEY]');
 const openai = client(flags);
 
 function rssMib() {
