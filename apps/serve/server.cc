@@ -16,6 +16,7 @@
 #include <optional>
 #include <thread>
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "serve/metrics.h"
@@ -201,6 +202,15 @@ class Server {
                      .count()) {
     configure();
   }
+  // A failure after the listener started (in the warm-up, say) still ends it, before the engine
+  // it calls goes away.
+  ~Server() {
+    if (!listener_.joinable()) return;
+    http_.stop();
+    listener_.join();
+  }
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
 
   // Binds the address (IoError when it cannot) and returns the port taken.
   int bind() {
@@ -507,6 +517,13 @@ std::string route_of(const httplib::Request& req) {
 void Server::configure() {
   const size_t max_connections = size_t(args_.max_connections);
   http_.new_task_queue = [max_connections] { return new ConnectionQueue(max_connections); };
+  // SO_REUSEADDR, so that a restarted server can bind while the old one's connections linger,
+  // but not httplib's default SO_REUSEPORT: with it a second server on the same port would
+  // silently take half of the connections instead of failing.
+  http_.set_socket_options([](socket_t sock) {
+    const int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   http_.set_payload_max_length(size_t(args_.max_body_bytes));
   http_.set_read_timeout(seconds(args_.read_timeout));
   http_.set_write_timeout(seconds(args_.write_timeout));
