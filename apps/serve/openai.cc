@@ -331,7 +331,7 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
 }
 
 ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer,
-                                 int64_t max_model_len) {
+                                 int64_t max_model_len, int64_t vocab_size) {
   const bool chat = r.endpoint == Endpoint::kChatCompletions;
   const char* prompt_field = chat ? "messages" : "prompt";
   ServingRequest out;
@@ -347,8 +347,17 @@ ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer
     }
     // The rendered template already holds its special tokens.
     out.prompt = tokenizer.encode(text, /*add_special_tokens=*/false);
+  } else if (r.prompt_is_ids) {
+    for (size_t i = 0; i < r.prompt_ids.size(); ++i)
+      if (r.prompt_ids[i] >= vocab_size)
+        throw ApiError(400,
+                       "prompt: token " + std::to_string(i) + " is " +
+                           std::to_string(r.prompt_ids[i]) + ", outside the vocabulary [0, " +
+                           std::to_string(vocab_size) + ")",
+                       prompt_field);
+    out.prompt = r.prompt_ids;
   } else {
-    out.prompt = r.prompt_is_ids ? r.prompt_ids : tokenizer.encode(r.prompt);
+    out.prompt = tokenizer.encode(r.prompt);
   }
   const int64_t prompt_len = int64_t(out.prompt.size());
   if (prompt_len == 0) throw ApiError(400, std::string(prompt_field) + ": empty", prompt_field);

@@ -66,12 +66,12 @@ struct ApiRequest {
 // type or out of range, and for what tformers does not do (n > 1, penalties, echo, ...).
 ApiRequest parse_request(Endpoint endpoint, std::string_view body);
 
-// The engine request: the chat template rendered and encoded (or the prompt encoded), its length
-// and max_tokens checked against max_model_len (ApiError 400 "context_length_exceeded"). A
-// completion with no max_tokens gets 16, as OpenAI's; a chat completion gets whatever room the
-// context has left.
+// The engine request: the chat template rendered and encoded (or the prompt encoded, or its ids
+// checked against the model's vocabulary), its length and max_tokens checked against
+// max_model_len (ApiError 400 "context_length_exceeded"). A completion with no max_tokens gets
+// 16, as OpenAI's; a chat completion gets whatever room the context has left.
 ServingRequest to_engine_request(const ApiRequest& request, const Tokenizer& tokenizer,
-                                 int64_t max_model_len);
+                                 int64_t max_model_len, int64_t vocab_size);
 
 // The text a client is sent: generated tokens detokenized incrementally (special tokens
 // skipped) and cut before the first stop string, as OpenAI does. Text that could still turn out

@@ -191,10 +191,11 @@ class Completion {
 class Server {
  public:
   Server(const ServeArgs& args, ServingEngine& engine, const Tokenizer& tokenizer,
-         std::string api_key)
+         int64_t vocab_size, std::string api_key)
       : args_(args),
         engine_(engine),
         tokenizer_(tokenizer),
+        vocab_size_(vocab_size),
         api_key_(std::move(api_key)),
         model_name_(args.served_model_name.empty() ? args.model.model : args.served_model_name),
         created_(std::chrono::duration_cast<std::chrono::seconds>(
@@ -269,6 +270,7 @@ class Server {
   const ServeArgs& args_;
   ServingEngine& engine_;
   const Tokenizer& tokenizer_;
+  const int64_t vocab_size_;
   const std::string api_key_, model_name_;
   const int64_t created_;
   Metrics metrics_;
@@ -488,7 +490,7 @@ void Server::complete(Endpoint endpoint, const httplib::Request& req, httplib::R
                        model_name_ + "' (GET /v1/models)",
                    "model", "model_not_found");
   ServingRequest engine_request =
-      to_engine_request(request, tokenizer_, engine_.config().max_model_len);
+      to_engine_request(request, tokenizer_, engine_.config().max_model_len, vocab_size_);
   const bool stream = request.stream;
   auto completion = std::make_shared<Completion>(*this, std::move(request), arrival);
   completion->submit(std::move(engine_request));
@@ -611,7 +613,7 @@ int run_serve(const ServeArgs& args, const ModelLoader& load_model) {
   CausalLM model = load_model(args);
   ServingEngine engine(
       model, {.max_num_seqs = args.max_num_seqs, .max_model_len = args.max_model_len}, &tokenizer);
-  Server server(args, engine, tokenizer, api_key);
+  Server server(args, engine, tokenizer, model.config().vocab_size, api_key);
   const int port = server.bind();
   server.listen_in_background();
   std::fprintf(stderr, "tformers: serve: listening on http://%s:%d (warming up)\n",

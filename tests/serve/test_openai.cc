@@ -252,25 +252,25 @@ TEST(OpenAiRequest, CompletionPromptForms) {
 TEST(OpenAiRequest, EngineRequestRendersTheTemplateAndChecksTheContext) {
   const Tokenizer& tok = kjv();
   ApiRequest chat_request = parse_request(Endpoint::kChatCompletions, chat());
-  ServingRequest s = to_engine_request(chat_request, tok, 256);
+  ServingRequest s = to_engine_request(chat_request, tok, 256, 4096);
   const std::string rendered = "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n";
   EXPECT_EQ(s.prompt, tok.encode(rendered, false));
   // A chat completion without max_tokens may fill the context.
   EXPECT_EQ(s.config.max_new_tokens, 256 - int64_t(s.prompt.size()));
 
   ApiRequest text = parse_request(Endpoint::kCompletions, completion({{"temperature", 0}}));
-  s = to_engine_request(text, tok, 256);
+  s = to_engine_request(text, tok, 256, 4096);
   EXPECT_EQ(s.prompt, tok.encode("And the LORD said"));
   EXPECT_EQ(s.config.max_new_tokens, 16);  // OpenAI's default for completions
   EXPECT_EQ(s.config.do_sample, false);
   const int64_t prompt_len = int64_t(s.prompt.size());
   // ... but never more than the context has room for.
-  EXPECT_EQ(to_engine_request(text, tok, prompt_len + 3).config.max_new_tokens, 3);
+  EXPECT_EQ(to_engine_request(text, tok, prompt_len + 3, 4096).config.max_new_tokens, 3);
 
   text.max_tokens = 10;
-  EXPECT_EQ(to_engine_request(text, tok, prompt_len + 10).config.max_new_tokens, 10);
+  EXPECT_EQ(to_engine_request(text, tok, prompt_len + 10, 4096).config.max_new_tokens, 10);
   try {
-    to_engine_request(text, tok, prompt_len + 9);
+    to_engine_request(text, tok, prompt_len + 9, 4096);
     ADD_FAILURE() << "max_tokens over the context was accepted";
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status(), 400);
@@ -280,7 +280,7 @@ TEST(OpenAiRequest, EngineRequestRendersTheTemplateAndChecksTheContext) {
   }
   for (int64_t context : {prompt_len, prompt_len - 1}) {
     try {
-      to_engine_request(text, tok, context);
+      to_engine_request(text, tok, context, 4096);
       ADD_FAILURE() << "a prompt that fills the context was accepted";
     } catch (const ApiError& e) {
       EXPECT_EQ(e.param(), "prompt");
@@ -288,10 +288,13 @@ TEST(OpenAiRequest, EngineRequestRendersTheTemplateAndChecksTheContext) {
     }
   }
   ApiRequest empty = parse_request(Endpoint::kCompletions, completion({{"prompt", ""}}));
-  EXPECT_EQ(testing::error_of<ApiError>([&] { to_engine_request(empty, tok, 256); }),
+  EXPECT_EQ(testing::error_of<ApiError>([&] { to_engine_request(empty, tok, 256, 4096); }),
             "prompt: empty");
   ApiRequest ids = parse_request(Endpoint::kCompletions, completion({{"prompt", {7, 8}}}));
-  EXPECT_EQ(to_engine_request(ids, tok, 256).prompt, (std::vector<int32_t>{7, 8}));
+  EXPECT_EQ(to_engine_request(ids, tok, 256, 4096).prompt, (std::vector<int32_t>{7, 8}));
+  ids = parse_request(Endpoint::kCompletions, completion({{"prompt", {7, 4096}}}));
+  EXPECT_EQ(testing::error_of<ApiError>([&] { to_engine_request(ids, tok, 256, 4096); }),
+            "prompt: token 1 is 4096, outside the vocabulary [0, 4096)");
 }
 
 // Feeds the tokens of `text` through OutputText and returns what a client would have been sent,
