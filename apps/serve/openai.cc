@@ -157,9 +157,11 @@ void refuse_unless_default(const Fields& f) {
       throw bad_field(penalty, "not supported (give 0, or repetition_penalty)");
   if (const Json* bias = f.get("logit_bias"); bias && !(bias->is_object() && bias->empty()))
     throw bad_field("logit_bias", "not supported");
-  if (const Json* format = f.get("response_format");
-      format && !(format->is_object() && format->value("type", "") == "text"))
-    throw bad_field("response_format", "only {\"type\": \"text\"} is supported");
+  if (const Json* format = f.get("response_format")) {
+    const Json* type = format->is_object() ? Fields(*format).get("type") : nullptr;
+    if (!type || *type != "text")
+      throw bad_field("response_format", "only {\"type\": \"text\"} is supported");
+  }
 }
 
 // OpenAI's sampling fields and vLLM's extra ones, over GenerationConfig. temperature 0 means

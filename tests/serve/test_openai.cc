@@ -100,6 +100,8 @@ TEST(OpenAiRequest, EveryBadFieldIsA400NamingIt) {
       {c, chat({{"presence_penalty", 1}}), "presence_penalty"},
       {c, chat({{"logit_bias", {{"42", 10}}}}), "logit_bias"},
       {c, chat({{"response_format", {{"type", "json_object"}}}}), "response_format"},
+      {c, chat({{"response_format", {{"type", 5}}}}), "response_format"},
+      {c, chat({{"response_format", "text"}}), "response_format"},
       {c, chat({{"stream", "true"}}), "stream"},
       {c, chat({{"stream_options", true}}), "stream_options"},
       {c, chat({{"stream", true}, {"stream_options", {{"include_usage", 1}}}}), "include_usage"},
