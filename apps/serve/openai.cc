@@ -117,7 +117,7 @@ Json parse_body(std::string_view body) {
             400, "the request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
       return true;
     });
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // a syntax error, or a number beyond a double
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");

@@ -127,7 +127,8 @@ TEST(OpenAiRequest, EveryBadFieldIsA400NamingIt) {
 }
 
 TEST(OpenAiRequest, MalformedBodiesAre400s) {
-  for (const std::string body : {"", "{", "[1]", "\"text\"", "{\"model\": }"}) {
+  for (const std::string body :
+       {"", "{", "[1]", "\"text\"", "{\"model\": }", "{\"model\": \"m\", \"seed\": 1e99999}"}) {
     const ApiError e = error_of(Endpoint::kCompletions, body);
     EXPECT_EQ(e.status(), 400) << body;
     EXPECT_EQ(e.type(), "invalid_request_error");
