@@ -439,7 +439,10 @@ int cmd_tokenize(const std::string& model, const std::string& revision, const st
   std::vector<int32_t> ids = tok.encode(text, special);
   std::vector<std::string> pieces = tok.convert_ids_to_tokens(ids);
   std::string line;
-  for (size_t i = 0; i < ids.size(); ++i) line += (i ? "," : "") + std::to_string(ids[i]);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) line += ',';
+    line += std::to_string(ids[i]);
+  }
   std::printf("ids: %s\n", line.c_str());
   // Pieces come from tokenizer.json: control bytes in them are shown, not sent to the terminal.
   for (size_t i = 0; i < ids.size(); ++i)
