@@ -23,7 +23,8 @@ void add_model_flags(CLI::App* sub, std::string& model, std::string& revision, s
       ->capture_default_str();
   sub->add_option("--dtype", dtype, "float32 or bfloat16 (default: the checkpoint's torch_dtype)");
   sub->add_option("--quantize", quantize,
-                  "int8: weight-only int8 linears, one scale per 32 weights (as Q8_0)");
+                  "Weight-only linears, one scale per 32 weights: int8 (as Q8_0) or int4 (as "
+                  "Q4_0)");
   sub->add_option("--load-mode", load_mode,
                   "copy: weights in anonymous huge-page memory (fast decode); mmap: use the "
                   "checkpoint's mapping (instant load, low memory)")

@@ -8,8 +8,8 @@
 //       buffer: T query tokens (1: decode) attending to L cache slots, HQ query heads. One layer
 //       at a short used length (--layers 1 --used 1024: 4 MiB) stays in L3, which times the
 //       arithmetic rather than memory.
-//   bench_ab OLD.so NEW.so linear-bf16|linear-int8 [--threads N] [--rounds R] [--lm-head 1]
-//                                                  [--layers NL]
+//   bench_ab OLD.so NEW.so linear-bf16|linear-int8|linear-int4 [--threads N] [--rounds R]
+//                                                              [--lm-head 1] [--layers NL]
 //       The decode linears (M = 1) of NL (28) Qwen3-0.6B layers, each weight its own buffer; with
 //       --lm-head 1, Qwen3-0.6B's lm_head (151936 x 1024) instead: many short rows.
 //
@@ -45,6 +45,8 @@ using LinearFn = void (*)(const float*, const void*, uint8_t, const void*, float
                           int64_t, void*);
 using LinearInt8Fn = void (*)(const float*, const int8_t*, const float*, const float*, float*,
                               int64_t, int64_t, int64_t, void*);
+using LinearInt4Fn = void (*)(const float*, const uint8_t*, const uint16_t*, const uint8_t*,
+                              const float*, float*, int64_t, int64_t, int64_t, void*);
 constexpr uint8_t kBf16 = 1;  // tformers::DType::bf16
 
 [[noreturn]] void die(const std::string& what) {
@@ -58,6 +60,7 @@ struct Build {
   AttentionFn attention;
   LinearFn linear;
   LinearInt8Fn linear_int8;
+  LinearInt4Fn linear_int4;
   alignas(tformers::ThreadPool) unsigned char pool[sizeof(tformers::ThreadPool)];
 
   Build(const char* path, int threads) {
@@ -74,6 +77,8 @@ struct Build {
         sym("_ZN8tformers3cpu6linearEPKfPKvNS_5DTypeES4_PflllRNS_10ThreadPoolE"));
     linear_int8 = reinterpret_cast<LinearInt8Fn>(
         sym("_ZN8tformers3cpu11linear_int8EPKfPKaS2_S2_PflllRNS_10ThreadPoolE"));
+    linear_int4 = reinterpret_cast<LinearInt4Fn>(
+        sym("_ZN8tformers3cpu11linear_int4EPKfPKhPKtS4_S2_PflllRNS_10ThreadPoolE"));
     reinterpret_cast<void (*)(void*, int)>(sym("_ZN8tformers10ThreadPoolC1Ei"))(pool, threads);
   }
 };
@@ -100,7 +105,8 @@ void fill_bf16(uint16_t* p, size_t n, uint64_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4) die("usage: bench_ab OLD.so NEW.so attention|linear-bf16|linear-int8 [options]");
+  if (argc < 4)
+    die("usage: bench_ab OLD.so NEW.so attention|linear-bf16|linear-int8|linear-int4 [options]");
   const std::string mode = argv[3];
   int threads = 1, rounds = 11;
   int64_t used = 4096, queries = 1, heads = 16, lm_head = 0, layers = 28;
@@ -148,8 +154,8 @@ int main(int argc, char** argv) {
                      used, kHeadDim, used - queries, 1.0f / std::sqrt(float(kHeadDim)), bd.pool);
       });
     }
-  } else if (mode == "linear-bf16" || mode == "linear-int8") {
-    const bool int8 = mode == "linear-int8";
+  } else if (mode == "linear-bf16" || mode == "linear-int8" || mode == "linear-int4") {
+    const bool int8 = mode == "linear-int8", int4 = mode == "linear-int4";
     // q, k, v, o, gate, up, down of Qwen3-0.6B.
     std::vector<std::array<int64_t, 2>> shapes = {{2048, 1024}, {1024, 1024}, {1024, 1024},
                                                   {1024, 2048}, {3072, 1024}, {3072, 1024},
@@ -164,7 +170,17 @@ int main(int argc, char** argv) {
     for (int64_t l = 0; l < layers; ++l)
       for (const auto& s : shapes) {
         const int64_t N = s[0], K = s[1], nb = (K + 31) / 32;
-        if (int8) {
+        if (int4) {  // tiles of random codes (kernels.h), scales as int8's
+          const int64_t codes = N * nb * 16;
+          buffers.emplace_back(size_t(codes + N * nb * 2));
+          uint8_t* q = reinterpret_cast<uint8_t*>(buffers.back().data());
+          uint16_t* scale = reinterpret_cast<uint16_t*>(q + codes);
+          fill_bf16(reinterpret_cast<uint16_t*>(q), size_t(codes / 2), uint64_t(l));
+          for (int64_t i = 0; i < N * nb; ++i) scale[i] = 0x1419;  // f16 1e-3
+          calls.push_back([=, &x](Build& bd, float* out) {
+            bd.linear_int4(x.data(), q, scale, nullptr, nullptr, out, 1, N, K, bd.pool);
+          });
+        } else if (int8) {
           buffers.emplace_back(size_t(N * K + N * nb * 4));
           int8_t* q = reinterpret_cast<int8_t*>(buffers.back().data());
           float* scale = reinterpret_cast<float*>(q + N * K);
@@ -183,7 +199,7 @@ int main(int argc, char** argv) {
         }
       }
   } else {
-    die("unknown mode " + mode + " (attention, linear-bf16, linear-int8)");
+    die("unknown mode " + mode + " (attention, linear-bf16, linear-int8, linear-int4)");
   }
   size_t bytes = 0;
   for (const auto& buf : buffers) bytes += buf.size();

@@ -1,12 +1,12 @@
 // Decode, prefill and time to first token of two model shapes with random bf16 weights (Qwen3-0.6B
-// and Llama-3.2-1B, tied embeddings), as stored (bf16) and quantized at load (int8), beside the
-// hardware measured in the same run:
+// and Llama-3.2-1B, tied embeddings), as stored (bf16) and quantized at load (int8, int4), beside
+// the hardware measured in the same run:
 // - decode against the memory roofline: (weight bytes + KV bytes read per token) / streaming-read
 //   bandwidth with the same number of threads (the multi-stream loop of core/stream_read.h), two
 //   ways: that loop over the very bytes decode streams (the bf16 weights where the load put them,
-//   the int8 copies for int8), alternated with the decode steps in the child (medians); and over a
-//   fresh 1 GiB anonymous buffer in the parent just before. The first judges decode on its own
-//   pages at its own moment; the second drifts with this shared machine's load;
+//   the quantized copies for int8 and int4), alternated with the decode steps in the child
+//   (medians); and over a fresh 1 GiB anonymous buffer in the parent just before. The first judges
+//   decode on its own pages at its own moment; the second drifts with this shared machine's load;
 // - prefill against the matmul peak: register-only FMA (or, on AVX-512 BF16 machines, vdpbf16ps)
 //   throughput with the same number of threads;
 // - peak RSS (getrusage) against weights + KV cache + the planned activation arenas of every
@@ -17,6 +17,7 @@
 //
 //   build/release/bench/bench_model [--threads 1,2] [--decode 16] [--ttft 128] [--prefill 512]
 //                                   [--context 16] [--models qwen3,llama] [--dir /tmp]
+//                                   [--weights bf16,int8,int4]
 //
 // --context N decodes at used lengths from N on (the cache's contents do not change the cost, so
 // the cache is not filled first); the roofline then counts the K and V bytes read.
@@ -71,7 +72,8 @@ double median(std::vector<double> v) {
 
 // Streaming-read bandwidth in GB/s over the bytes one decode step streams
 // (CausalLM::Impl::decode_weight_spans: the mmap'd checkpoint pages or their copies for bf16, the
-// int8 copies for int8), buffer by buffer as decode reads them, with the loop of read_bandwidth.
+// quantized copies for int8 and int4), buffer by buffer as decode reads them, with the loop of
+// read_bandwidth.
 double spans_bandwidth(const std::vector<CausalLM::Impl::WeightSpan>& spans, ThreadPool& pool) {
   std::vector<uint64_t> sums(size_t(pool.num_threads()) * 8, 0);
   double bytes = 0;
@@ -171,7 +173,6 @@ void run_model(const std::string& dir, const std::string& quantize, const Machin
       dir, {.dtype = bfloat16, .device_map = "cpu", .quantize = quantize});
   const double load_s = seconds_since(t);
   const Sizes c = shape_of(lm.config());
-  const bool int8 = quantize == "int8";
   const auto spans = lm.impl().decode_weight_spans();
   double weight_bytes = 0;
   for (const auto& span : spans) weight_bytes += double(span.bytes);
@@ -211,7 +212,7 @@ void run_model(const std::string& dir, const std::string& quantize, const Machin
     lm.reset_cache(1, cache_len);
     const double ttft = o.ttft > 0 ? forward_seconds(lm, o.ttft) : 0;
     std::string prefill = "-";
-    if (o.prefill > 0 && !int8 && n == max_threads) {
+    if (o.prefill > 0 && quantize.empty() && n == max_threads) {
       collect();
       lm.reset_cache(1, std::max<int64_t>(cache_len, o.prefill));
       const double s = forward_seconds(lm, o.prefill);
@@ -225,9 +226,9 @@ void run_model(const std::string& dir, const std::string& quantize, const Machin
       prefill = buf;
     }
     std::printf("| %s | %s | %d | %.1f / %.1f | %.2f | %.2f | %.2f | %.2f | %.0f | %s |\n",
-                std::filesystem::path(dir).filename().c_str(), int8 ? "int8" : "bf16", n,
-                hw.bw.at(n), bw_own, 1 / dec, roof, (1 / dec) / roof, (1 / dec) / roof_buffer,
-                ttft * 1e3, prefill.c_str());
+                std::filesystem::path(dir).filename().c_str(),
+                quantize.empty() ? "bf16" : quantize.c_str(), n, hw.bw.at(n), bw_own, 1 / dec, roof,
+                (1 / dec) / roof, (1 / dec) / roof_buffer, ttft * 1e3, prefill.c_str());
     std::fflush(stdout);
   }
   // Memory: what the model holds against what the process peaked at. The KV cache is the one
@@ -342,7 +343,7 @@ std::vector<std::string> split(const std::string& v) {
 
 int main(int argc, char** argv) {
   Options o;
-  std::vector<std::string> models = {"qwen3", "llama"};
+  std::vector<std::string> models = {"qwen3", "llama"}, weights = {"bf16", "int8", "int4"};
   std::string dir = "/tmp";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
@@ -359,6 +360,8 @@ int main(int argc, char** argv) {
       o.prefill = std::stoi(v);
     } else if (k == "--models") {
       models = split(v);
+    } else if (k == "--weights") {
+      weights = split(v);
     } else if (k == "--dir") {
       dir = v;
     } else {
@@ -395,9 +398,9 @@ int main(int argc, char** argv) {
       o.ttft, o.prefill);
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& d : dirs)
-    for (const char* q : {"", "int8"}) {
+    for (const std::string& w : weights) {
       measure(true);  // bandwidth and peak again, right before the run they judge
-      in_child([&] { run_model(d, q, hw, o); });
+      in_child([&] { run_model(d, w == "bf16" ? "" : w, hw, o); });
     }
   std::printf("\n");
   const int max_threads = *std::max_element(o.threads.begin(), o.threads.end());

@@ -37,11 +37,13 @@ struct LoadOptions {
   // Tensor parallelism: split the model over the ranks of mpirun (see distributed.h). Unset:
   // the whole model in this process.
   std::optional<DistributedConfig> distributed_config;
-  // Weight-only quantization at load: "" (none) or "int8". With "int8" every linear weight
-  // (attention and MLP projections, lm_head) is stored as int8 with one f32 scale per block of
-  // 32 consecutive input values of an output channel (symmetric, scale = max|block| / 127, as
-  // llama.cpp's Q8_0: 9 bits per weight); activations stay f32. Embeddings and norms keep
-  // `dtype`; a tied lm_head gets its own int8 copy while the embedding gather stays unquantized.
+  // Weight-only quantization at load: "" (none), "int8" or "int4". With "int8" every linear
+  // weight (attention and MLP projections, lm_head) is stored as int8 with one f32 scale per
+  // block of 32 consecutive input values of an output channel (symmetric, scale = max|block| /
+  // 127, as llama.cpp's Q8_0: 9 bits per weight). With "int4" each block of 32 is 4-bit codes
+  // with one f16 scale, as llama.cpp's Q4_0 (4.5 bits per weight; a weight whose output count
+  // is not a multiple of 8 gets int8). Activations stay f32. Embeddings and norms keep `dtype`;
+  // a tied lm_head gets its own quantized copy while the embedding gather stays unquantized.
   std::string quantize;
   // Where weights used as stored live: "copy" (default) reads them into anonymous memory aligned
   // to 2 MiB with transparent huge pages, in parallel (decode reads every weight per token, and

@@ -84,7 +84,7 @@ class Executable {
 };
 
 // A linear weight as a backend keeps it for multiplication: the weight and, when quantized, its
-// block scales (see graph::Op::kLinearInt8).
+// block scales (see graph::Op::kLinearInt8 and kLinearInt4; the weight's dtype tells which).
 struct PreparedWeight {
   std::shared_ptr<Buffer> weight, scale;
 };
@@ -103,7 +103,8 @@ class Backend {
   virtual std::shared_ptr<Buffer> allocate(const graph::TensorType& type) = 0;
   virtual Tensor download(const Buffer& buffer) = 0;
   // A linear weight (N,K) prepared for `quantize`: "" uploads it as given; "int8" quantizes it
-  // to weight-only int8 blocks. Weight layout and quantization are the backend's business, so
+  // to weight-only int8 blocks, "int4" to 4-bit ones (or int8 where the backend's int4 layout
+  // cannot hold the shape). Weight layout and quantization are the backend's business, so
   // models only say which weights are linear. UnsupportedError for a scheme it does not run.
   virtual PreparedWeight prepare_linear(const Tensor& w, const std::string& quantize);
 

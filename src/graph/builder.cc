@@ -74,6 +74,30 @@ Value GraphBuilder::linear_int8(Value x, Value w, Value scale, Value bias,
   return add_node(Op::kLinearInt8, std::move(inputs), {activation(), out}, name);
 }
 
+Value GraphBuilder::linear_int4(Value x, Value w, Value scale, Value zero, Value bias,
+                                const std::string& name) {
+  const TensorType &xt = type(x), &wt = type(w), &st = type(scale);
+  TF_CHECK(!xt.shape.empty() && wt.dtype == DType::u8 && wt.shape.size() == 3 &&
+               wt.shape[1] == (xt.shape.back() + kInt4Block - 1) / kInt4Block &&
+               wt.shape[2] == kInt4Rows * kInt4Block / 2 &&
+               st == (TensorType{DType::f16, {wt.shape[0], wt.shape[1], kInt4Rows}}),
+           name, ": x ", xt.str(), " w ", wt.str(), " scale ", st.str());
+  const int64_t N = wt.shape[0] * kInt4Rows;
+  std::vector<int> inputs = {x, w, scale};
+  if (zero >= 0) {
+    TF_CHECK(type(zero) == (TensorType{DType::u8, st.shape}), name, ": zero ", type(zero).str());
+    inputs.push_back(zero);
+  }
+  if (bias >= 0) {
+    TF_CHECK(type(bias) == (TensorType{DType::f32, {N}}), name, ": bias ", type(bias).str());
+    inputs.push_back(bias);
+  }
+  Shape out = xt.shape;
+  out.back() = N;
+  return add_node(Op::kLinearInt4, std::move(inputs), {activation(), out}, name,
+                  {zero >= 0 ? 1 : 0});
+}
+
 Value GraphBuilder::rms_norm(Value x, Value w, float eps, const std::string& name) {
   return rms_norm(x, w, eps, RMSNormOptions{}, name);
 }

@@ -44,6 +44,10 @@ class GraphBuilder {
   Value linear(Value x, Value w, Value bias = -1, const std::string& name = "");
   // w int8 (N,K) with scale f32 (N, ceil(K / kInt8Block)); bias, when given, is f32 (N).
   Value linear_int8(Value x, Value w, Value scale, Value bias = -1, const std::string& name = "");
+  // w u8 tiles (N / 8, ceil(K / kInt4Block), 128) with scale f16 and, when given, zero u8
+  // (N / 8, ceil(K / kInt4Block), 8) (see Op::kLinearInt4); bias, when given, is f32 (N).
+  Value linear_int4(Value x, Value w, Value scale, Value zero = -1, Value bias = -1,
+                    const std::string& name = "");
   Value rms_norm(Value x, Value w, float eps, const std::string& name = "");
   Value rms_norm(Value x, Value w, float eps, RMSNormOptions o, const std::string& name);
   // inv_freq has rotary_dim / 2 entries (head_dim / 2 without options).

@@ -55,6 +55,8 @@ const char* op_name(Op op) {
       return "paged_cache_write";
     case Op::kPagedAttention:
       return "paged_attention";
+    case Op::kLinearInt4:
+      return "linear_int4";
   }
   return "?";
 }
@@ -155,6 +157,9 @@ std::string attributes(const Node& n) {
       break;
     case Op::kSoftcap:
       show("cap", n.floats[0]);
+      break;
+    case Op::kLinearInt4:
+      if (n.ints[0]) a.push_back("zero");
       break;
     default:
       break;

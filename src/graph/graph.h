@@ -65,12 +65,21 @@ enum class Op : uint8_t {
   kPagedAttention,   // (q (B,T,Hq,D), k_pool, v_pool, table (B,MB), pos (B,T)) -> (B,T,Hq,D):
                      // query (b,t) sees its sequence's positions <= pos[b,t]; attributes as
                      // kAttention; a padding query gives zeros
+
+  kLinearInt4,  // (x (..., K), w u8 (N / 8, nb, 128), scale f16 (N / 8, nb, 8) [, zero u8
+                // (N / 8, nb, 8)] [, bias f32 (N)]) -> (..., N) act, nb = ceil(K / kInt4Block):
+                // weight-only 4-bit codes in tiles of 8 rows by kInt4Block k values (the layout
+                // of backends/cpu/kernels.h), w[n,k] = scale[n, b] * (code[n,k] - zero[n, b])
+                // with zero 8 when absent; ints = {has_zero}
 };
 
 const char* op_name(Op op);
 
 // k values per int8 scale in kLinearInt8 (as llama.cpp's Q8_0 block).
 constexpr int64_t kInt8Block = 32;
+// k values per int4 scale in kLinearInt4 (as llama.cpp's Q4_0 block), and rows per tile.
+constexpr int64_t kInt4Block = 32;
+constexpr int64_t kInt4Rows = 8;
 
 struct TensorType {
   DType dtype = DType::f32;

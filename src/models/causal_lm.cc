@@ -96,11 +96,11 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
                            " is not supported: use float32 or bfloat16");
   impl->backend = &backends::backend_for(opt.device_map, opt.verbose);
   impl->device = impl->backend->name();
-  if (!opt.quantize.empty() && opt.quantize != "int8")
+  if (!opt.quantize.empty() && opt.quantize != "int8" && opt.quantize != "int4")
     throw InvalidArgumentError("quantize '" + opt.quantize +
-                               "' is not supported: use \"int8\" (weight-only, one scale per 32 "
-                               "weights) or leave it empty");
-  const bool int8 = opt.quantize == "int8";
+                               "' is not supported: use \"int8\" or \"int4\" (weight-only, one "
+                               "scale per 32 weights) or leave it empty");
+  const bool quantize = !opt.quantize.empty();
   if (opt.load_mode != "copy" && opt.load_mode != "mmap")
     throw InvalidArgumentError("load_mode '" + opt.load_mode +
                                "' is not supported: use \"copy\" (weights in anonymous huge-page "
@@ -113,7 +113,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   std::map<std::string, const models::WeightSpec*> by_name;
   for (const auto& s : specs) by_name[s.name] = &s;
   auto quantized = [&](const models::WeightSpec& s) {
-    return int8 && s.role == models::WeightRole::kLinear;
+    return quantize && s.role == models::WeightRole::kLinear;
   };
   auto bias_of_quantized = [&](const models::WeightSpec& s) {
     return s.role == models::WeightRole::kBias && by_name.count(s.linear) &&
@@ -173,17 +173,17 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     }
     impl->tp = std::make_shared<distributed::TpModel>(*opt.distributed_config, defaults, decls);
     impl->arch->validate_tp(c, *impl->tp);
-    if (int8)
-      throw UnsupportedError(
-          "quantize=\"int8\" with tensor parallelism is not supported yet: load the model in "
-          "bfloat16 under tp_size > 1, or quantize in a single process");
+    if (quantize)
+      throw UnsupportedError("quantize=\"" + opt.quantize +
+                             "\" with tensor parallelism is not supported yet: load the model in "
+                             "bfloat16 under tp_size > 1, or quantize in a single process");
   }
   // Progress by bytes of checkpoint tensors read; a tied head quantized as its own copy reads
   // its target a second time.
-  const char* stage = int8 ? "quantizing to int8" : "loading weights";
+  const std::string stage = quantize ? "quantizing to " + opt.quantize : "loading weights";
   int64_t bytes_total = 0, bytes_done = 0;
   // A tied linear absent from the checkpoint whose target is not prepared the same way (a tied
-  // lm_head under int8: the embedding is gathered as stored) gets its own prepared copy.
+  // lm_head when quantized: the embedding is gathered as stored) gets its own prepared copy.
   auto prepared_copy = [&](const models::WeightSpec& s) {
     return !ckpt.has(s.name) && !s.tied_to.empty() && quantized(s) &&
            !quantized(*by_name.at(s.tied_to));

@@ -66,8 +66,14 @@ Value linear(Ctx& c, Value x, const std::string& prefix) {
   GraphBuilder& b = c.b;
   Params& p = c.p;
   Value bias = p.has(prefix + ".bias") ? p(prefix + ".bias") : -1;
-  if (p.has(prefix + ".weight_scale"))  // prepared as int8 by the backend at load
-    return b.linear_int8(x, p(prefix + ".weight"), p(prefix + ".weight_scale"), bias, prefix);
+  if (p.has(prefix + ".weight_scale")) {  // quantized by the backend at load
+    const Value w = p(prefix + ".weight");
+    if (b.type(w).dtype == DType::u8)  // int4 tiles, with zero points when imported with them
+      return b.linear_int4(x, w, p(prefix + ".weight_scale"),
+                           p.has(prefix + ".weight_zero") ? p(prefix + ".weight_zero") : -1, bias,
+                           prefix);
+    return b.linear_int8(x, w, p(prefix + ".weight_scale"), bias, prefix);
+  }
   const distributed::TpModel* tp = p.tp();
   if (!tp) return b.linear(x, p(prefix + ".weight"), bias, prefix);
   const distributed::WeightShard& w = tp->shard(prefix + ".weight");

@@ -80,8 +80,8 @@ struct Linear {
   std::string tp_style;  // default style; "" replicate
   void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
 };
-// x (..., in) -> (..., out) through the weights under `prefix` as loaded: prepared as int8 by
-// the backend, or split over ranks with the collectives the weight's style needs.
+// x (..., in) -> (..., out) through the weights under `prefix` as loaded: prepared as int8 or
+// int4 by the backend, or split over ranks with the collectives the weight's style needs.
 Value linear(Ctx& c, Value x, const std::string& prefix);
 // The parts of a packed or fused linear's output y (..., sum) along the last dim, as this rank
 // holds them (each part split alike under packed_colwise).

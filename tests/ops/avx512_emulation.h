@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "tformers/dtype.h"
+
 // 64-byte vectors passed by value between functions built without AVX-512: GCC notes that the
 // ABI would differ from AVX-512 code; every such function here is inline in one file.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -27,6 +29,8 @@ namespace tformers::avx512_emulation {
 
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef int16_t i16x32 __attribute__((vector_size(64)));
+typedef uint16_t u16x32 __attribute__((vector_size(64)));
 
 template <class To, class From>
 inline To bits(const From& v) {
@@ -75,6 +79,74 @@ inline __m512i cvtepi8_epi32(__m128i a) {
   for (int i = 0; i < 16; ++i) r[i] = e[i];
   return bits<__m512i>(r);
 }
+// The 16 bytes of a, zero-extended to 32-bit lanes.
+inline __m512i cvtepu8_epi32(__m128i a) {
+  uint8_t e[16];
+  std::memcpy(e, &a, sizeof e);
+  i32x16 r;
+  for (int i = 0; i < 16; ++i) r[i] = e[i];
+  return bits<__m512i>(r);
+}
+// a in the low 256 bits; the upper ones are undefined for the instruction, zero here.
+inline __m512i castsi256_si512(__m256i a) {
+  __m512i r{};
+  std::memcpy(&r, &a, sizeof a);
+  return r;
+}
+// a with its 256-bit half `imm` (0 low, 1 high) replaced by b.
+inline __m512i inserti64x4(__m512i a, __m256i b, int imm) {
+  std::memcpy(reinterpret_cast<char*>(&a) + 32 * (imm & 1), &b, sizeof b);
+  return a;
+}
+inline __m512i set1_epi8(char x) {
+  __m512i r;
+  std::memset(&r, x, sizeof r);
+  return r;
+}
+inline __m512i set1_epi16(short x) { return bits<__m512i>(i16x32{} + x); }
+inline __m512i srli_epi16(__m512i a, unsigned n) {
+  return n > 15 ? __m512i{} : bits<__m512i>(bits<u16x32>(a) >> n);
+}
+inline __m512i add_epi16(__m512i a, __m512i b) {  // wraps
+  return bits<__m512i>(bits<u16x32>(a) + bits<u16x32>(b));
+}
+inline __m512i sub_epi32(__m512i a, __m512i b) {  // wraps
+  return bits<__m512i>(bits<u32x16>(a) - bits<u32x16>(b));
+}
+// The low 32 bits of each lane's product.
+inline __m512i mullo_epi32(__m512i a, __m512i b) {
+  return bits<__m512i>(bits<u32x16>(a) * bits<u32x16>(b));
+}
+// Word i = saturate16(a[2i] b[2i] + a[2i+1] b[2i+1]) with a's bytes unsigned and b's signed.
+inline __m512i maddubs_epi16(__m512i a, __m512i b) {
+  uint8_t ua[64];
+  int8_t sb[64];
+  std::memcpy(ua, &a, sizeof ua);
+  std::memcpy(sb, &b, sizeof sb);
+  i16x32 r;
+  for (int i = 0; i < 32; ++i) {
+    const int32_t t = ua[2 * i] * sb[2 * i] + ua[2 * i + 1] * sb[2 * i + 1];
+    r[i] = int16_t(t > 32767 ? 32767 : t < -32768 ? -32768 : t);
+  }
+  return bits<__m512i>(r);
+}
+// Lane i = a[2i] b[2i] + a[2i+1] b[2i+1], signed words to a 32-bit sum (wrapping only for
+// 4 * -32768^2, which the kernels never form).
+inline __m512i madd_epi16(__m512i a, __m512i b) {
+  const i16x32 x = bits<i16x32>(a), y = bits<i16x32>(b);
+  i32x16 r;
+  for (int i = 0; i < 16; ++i)
+    r[i] = int32_t(uint32_t(x[2 * i] * y[2 * i]) + uint32_t(x[2 * i + 1] * y[2 * i + 1]));
+  return bits<__m512i>(r);
+}
+// 16 halves (IEEE binary16) to f32, exactly.
+inline __m512 cvtph_ps(__m256i a) {
+  uint16_t h[16];
+  std::memcpy(h, &a, sizeof h);
+  __m512 r;
+  for (int i = 0; i < 16; ++i) r[i] = tformers::f16_to_f32(h[i]);
+  return r;
+}
 inline float reduce_add_ps(__m512 a) {
   float s = 0.0f;
   for (int i = 0; i < 16; ++i) s += a[i];
@@ -118,4 +190,16 @@ inline __m512 dpbf16_ps(__m512 src, __m512bh a, __m512bh b) {
 #define _mm512_cvtepi32_ps tformers::avx512_emulation::cvtepi32_ps
 #define _mm512_cvtepi8_epi32 tformers::avx512_emulation::cvtepi8_epi32
 #define _mm512_reduce_add_ps tformers::avx512_emulation::reduce_add_ps
+#define _mm512_cvtepu8_epi32 tformers::avx512_emulation::cvtepu8_epi32
+#define _mm512_castsi256_si512 tformers::avx512_emulation::castsi256_si512
+#define _mm512_inserti64x4 tformers::avx512_emulation::inserti64x4
+#define _mm512_set1_epi8 tformers::avx512_emulation::set1_epi8
+#define _mm512_set1_epi16 tformers::avx512_emulation::set1_epi16
+#define _mm512_srli_epi16 tformers::avx512_emulation::srli_epi16
+#define _mm512_add_epi16 tformers::avx512_emulation::add_epi16
+#define _mm512_sub_epi32 tformers::avx512_emulation::sub_epi32
+#define _mm512_mullo_epi32 tformers::avx512_emulation::mullo_epi32
+#define _mm512_maddubs_epi16 tformers::avx512_emulation::maddubs_epi16
+#define _mm512_madd_epi16 tformers::avx512_emulation::madd_epi16
+#define _mm512_cvtph_ps tformers::avx512_emulation::cvtph_ps
 #define _mm512_dpbf16_ps tformers::avx512_emulation::dpbf16_ps

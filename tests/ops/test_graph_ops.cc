@@ -12,6 +12,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/kernels.h"
+#include "core/cpu_features.h"
 #include "graph/builder.h"
 #include "ops/ops_test_util.h"
 #include "tformers/error.h"
@@ -185,6 +186,76 @@ TEST(GraphOps, RunOnTheCpuBackendAsTheReferences) {
   // Rounding in every op of the chain, the longest being the D-term norm and attention's sums
   // (bf16 rounding of k is the same on both sides: the reference writes its own bf16 cache).
   expect_close(got, want, nmse_tolerance(4 * (D + T) + 32), "graph");
+}
+
+// linear_int4: the builder's shape checks, the zero-point attribute in the text and the hash,
+// and the CPU backend running it (M = 1, the GEMV; M = 5, the GEMM) with and without zero points
+// and bias, against the reference with the tolerances of Ops.LinearInt4.
+TEST(GraphOps, LinearInt4ChecksPrintsAndRuns) {
+  constexpr int64_t N = 16, K = 80, nb = 3;  // K: two full blocks and a partial one
+  const TensorType wt{DType::u8, {N / kInt4Rows, nb, kInt4TileBytes}};
+  const TensorType st{DType::f16, {N / kInt4Rows, nb, kInt4Rows}};
+  const TensorType zt{DType::u8, st.shape};
+  {
+    GraphBuilder b;
+    const Value x = b.input("x", {DType::f32, {1, K}});
+    const Value w = b.parameter("w", wt), s = b.parameter("s", st), z = b.parameter("z", zt);
+    EXPECT_THROW(b.linear_int4(b.input("x2", {DType::f32, {1, K + 32}}), w, s), InternalError);
+    EXPECT_THROW(b.linear_int4(x, w, b.parameter("s32", {DType::f32, st.shape})), InternalError);
+    EXPECT_THROW(b.linear_int4(x, b.parameter("w8", {DType::i8, wt.shape}), s), InternalError);
+    EXPECT_THROW(b.linear_int4(x, w, s, b.parameter("zf", {DType::f16, st.shape})), InternalError);
+    EXPECT_THROW(b.linear_int4(x, w, s, z, b.parameter("b", {DType::f32, {N + 1}})), InternalError);
+  }
+  std::mt19937 rng(41);
+  std::uniform_int_distribution<int> byte(0, 255), zp(0, 16);
+  std::vector<uint8_t> w(size_t(N / kInt4Rows * nb * kInt4TileBytes)), z(size_t(N * nb));
+  for (auto& v : w) v = uint8_t(byte(rng));
+  for (auto& v : z) v = uint8_t(zp(rng));
+  std::vector<uint16_t> s;
+  for (float v : random_f32(rng, size_t(N * nb), -0.02f, 0.02f)) s.push_back(f32_to_f16(v));
+  const std::vector<float> bias = random_f32(rng, size_t(N));
+  auto backend = backends::make_cpu_backend();
+  auto wb = backend->upload(tformers::Tensor::from_vector<uint8_t>(wt.shape, DType::u8, w));
+  auto sb = backend->upload(tformers::Tensor::from_vector<uint16_t>(st.shape, DType::f16, s));
+  auto zb = backend->upload(tformers::Tensor::from_vector<uint8_t>(zt.shape, DType::u8, z));
+  auto bb = backend->upload(tformers::Tensor::from_vector<float>({N}, DType::f32, bias));
+  uint64_t hashes[2] = {};
+  for (bool with_zero : {false, true})
+    for (int64_t M : {1, 5}) {
+      GraphBuilder b;
+      // Parameters in binding order: w, s, [z,] b.
+      const Value x = b.input("x", {DType::f32, {M, K}});
+      const Value pw = b.parameter("w", wt), ps = b.parameter("s", st);
+      const Value pz = with_zero ? b.parameter("z", zt) : -1;
+      const Value pb = b.parameter("b", {DType::f32, {N}});
+      const Value y = b.linear_int4(x, pw, ps, pz, pb, "proj");
+      b.output(y);
+      const graph::Graph g = b.finish();
+      EXPECT_EQ(g.node(y).type, (TensorType{DType::f32, {M, N}}));
+      EXPECT_NE(g.to_string().find(with_zero ? "linear_int4(%0, %1, %2, %3, %4) {zero}"
+                                             : "linear_int4(%0, %1, %2, %3) -> float32[" +
+                                                   std::to_string(M) + ", 16]"),
+                std::string::npos)
+          << g.to_string();
+      if (M == 1) hashes[with_zero] = g.hash();
+      const std::vector<float> xv = random_f32(rng, size_t(M * K));
+      const tformers::Tensor in = tformers::Tensor::from_vector<float>({M, K}, DType::f32, xv);
+      tformers::Tensor out = tformers::Tensor::zeros({M, N}, DType::f32);
+      std::vector<backends::Buffer*> params = {wb.get(), sb.get()};
+      if (with_zero) params.push_back(zb.get());
+      params.push_back(bb.get());
+      const tformers::Tensor* inputs[] = {&in};
+      tformers::Tensor* outputs[] = {&out};
+      backend->compile(g)->run(params, {}, inputs, outputs);
+      std::vector<float> want(size_t(M * N));
+      ref::linear_int4(xv.data(), w.data(), s.data(), with_zero ? z.data() : nullptr, bias.data(),
+                       want.data(), M, N, K);
+      const std::vector<float> got(out.data<float>(), out.data<float>() + out.numel());
+      const bool x_int8 = active_target() != Target::kScalar && M < 4;
+      expect_close(got, want, nmse_tolerance(2 * K + 2) + (x_int8 ? 0x1p-14 : 0.0),
+                   "graph M=" + std::to_string(M) + (with_zero ? " zero" : ""));
+    }
+  EXPECT_NE(hashes[0], hashes[1]);
 }
 
 }  // namespace

@@ -213,6 +213,129 @@ TEST(Ops, QuantizeInt8SameBytesOnEveryTarget) {
   }
 }
 
+// int4 weights in tiles (kernels.h): random codes, f16 scales, and zero points or the implicit 8,
+// on the shapes of Ops.Linear with N rounded up to the 8 rows of a tile (GEMV and GEMM paths, K
+// tails and partial last blocks, several row groups per stream part). The weights are exact in
+// f32 (an f16 scale times a code difference), so the scalar target and the GEMMs differ from the
+// reference only in summation order: the int8 tolerance. The x86 GEMVs (M < 4) also round x to
+// int8 per 32-block with its own scale: each x value moves by at most half a step of
+// max|block| / 127, uniformly, which on uniform random x is a relative variance of
+// 1 / (3 * 127^2) ~ 2^-15.9 of x's; the outputs' NMSE is then about the same, and 2^-14 allows 4x
+// that.
+TEST(Ops, LinearInt4) {
+  std::mt19937 rng(4444);
+  std::uniform_int_distribution<int> code(0, 15), zp(0, 16);
+  for_each_config([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
+                      const std::string& what) {
+    for (bool with_zero : {false, true}) {
+      if ((dt == DType::bf16) != with_zero) continue;  // the dtype loop picks the zero-point form
+      for (const auto& c : kLinearCases) {
+        const int64_t N = (c.N + kInt4Rows - 1) / kInt4Rows * kInt4Rows, K = c.K;
+        const int64_t nb = int4_blocks(K), tiles = N / kInt4Rows * nb;
+        std::vector<float> x = random_f32(rng, size_t(c.M * K));
+        std::vector<uint8_t> w(size_t(tiles * kInt4TileBytes)), zero(size_t(tiles * kInt4Rows));
+        for (auto& v : w) v = uint8_t(code(rng) | code(rng) << 4);
+        for (auto& v : zero) v = uint8_t(zp(rng));
+        std::vector<uint16_t> scale;
+        for (float v : random_f32(rng, size_t(tiles * kInt4Rows), 1e-3f, 1e-2f))
+          scale.push_back(f32_to_f16(v));
+        std::vector<float> b = random_f32(rng, size_t(N));
+        std::vector<float> y(size_t(c.M * N), NAN), want(y.size());
+        const float* bias = c.bias ? b.data() : nullptr;
+        const uint8_t* z = with_zero ? zero.data() : nullptr;
+        kernels.linear_int4(x.data(), w.data(), scale.data(), z, bias, y.data(), c.M, N, K, pool);
+        ref::linear_int4(x.data(), w.data(), scale.data(), z, bias, want.data(), c.M, N, K);
+        const bool x_int8 = t != Target::kScalar && c.M < 4;
+        expect_close(y, want, nmse_tolerance(2 * K + 2) + (x_int8 ? 0x1p-14 : 0.0),
+                     what + (with_zero ? " int4+zero" : " int4") + " M=" + std::to_string(c.M) +
+                         " N=" + std::to_string(N) + " K=" + std::to_string(K));
+      }
+    }
+  });
+}
+
+// The serving engine batches requests in the GEMM path (M >= 4) and needs each row's result to
+// be the same whatever the other rows are: rows of x repeated in calls of 4 to 13 rows give
+// bit-identical outputs, for float, int8 and int4 weights, on every target and pool.
+TEST(Ops, GemmRowsIndependentOfM) {
+  std::mt19937 rng(555);
+  const int64_t N = 72, K = 300;
+  for_each_config(
+      [&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool, const std::string& what) {
+        std::vector<float> x = random_f32(rng, size_t(13 * K));
+        Tensor w = random_tensor(rng, size_t(N * K), dt);
+        std::vector<int8_t> q8(size_t(N * K));
+        std::vector<float> s8(size_t(N * int8_blocks(K)));
+        kernels.quantize_int8(w.data(), dt, q8.data(), s8.data(), N, K, pool);
+        std::vector<uint8_t> q4(size_t(N / kInt4Rows * int4_blocks(K) * kInt4TileBytes));
+        std::vector<uint16_t> s4(size_t(N * int4_blocks(K)));
+        quantize_int4(w.data(), dt, q4.data(), s4.data(), N, K, pool);
+        auto run = [&](int kind, int64_t M) {
+          std::vector<float> y(size_t(M * N), NAN);
+          if (kind == 0) kernels.linear(x.data(), w.data(), dt, nullptr, y.data(), M, N, K, pool);
+          if (kind == 1)
+            kernels.linear_int8(x.data(), q8.data(), s8.data(), nullptr, y.data(), M, N, K, pool);
+          if (kind == 2)
+            kernels.linear_int4(x.data(), q4.data(), s4.data(), nullptr, nullptr, y.data(), M, N, K,
+                                pool);
+          return y;
+        };
+        for (int kind : {0, 1, 2}) {
+          const std::vector<float> all = run(kind, 13);
+          for (int64_t M = 4; M < 13; ++M) {
+            const std::vector<float> part = run(kind, M);
+            EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin()))
+                << what << " weights " << kind << " M=" << M;
+          }
+        }
+      });
+}
+
+// quantize_int4: every value within half a step of its block's (stored) scale, except those
+// clamped to code 15 (+7 steps, where values of the other sign than the largest reach up to +8:
+// within a step, as in Q4_0), the value of largest magnitude at code 0 (-8 steps), an all-zero
+// row at scale 0, and the same bytes on every pool (K = 300: 9 full blocks and a partial one).
+TEST(Ops, QuantizeInt4RoundTrip) {
+  std::mt19937 rng(98);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const int64_t N = 16, K = 300, nb = int4_blocks(K);
+    Tensor w = random_tensor(rng, size_t(N * K), dt, -3.0f, 3.0f);
+    for (int64_t k = 0; k < K; ++k) {  // row 2 all zero
+      w.f[size_t(2 * K + k)] = 0.0f;
+      if (dt == DType::bf16) w.h[size_t(2 * K + k)] = 0;
+    }
+    std::vector<uint8_t> q(size_t(N / kInt4Rows * nb * kInt4TileBytes)), q3(q.size());
+    std::vector<uint16_t> scale(size_t(N * nb)), scale3(scale.size());
+    ThreadPool pool1(1), pool3(3);
+    quantize_int4(w.data(), dt, q.data(), scale.data(), N, K, pool1);
+    quantize_int4(w.data(), dt, q3.data(), scale3.data(), N, K, pool3);
+    EXPECT_EQ(q, q3);
+    EXPECT_EQ(scale, scale3);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t b = 0; b < nb; ++b) {
+        const float sc = f16_to_f32(scale[size_t((n / kInt4Rows * nb + b) * kInt4Rows + n % 8)]);
+        float m = 0;
+        for (int64_t k = b * kInt4Block; k < std::min(K, (b + 1) * kInt4Block); ++k) {
+          const float v = w.f[size_t(n * K + k)];
+          const int c = int4_code(q.data(), K, n, k);
+          if (std::abs(v) > std::abs(m)) m = v;
+          const float steps = c == 15 ? 1.0f : 0.5f;
+          ASSERT_LE(std::abs(v - sc * float(c - 8)), steps * std::abs(sc) * (1 + 1e-3f) + 1e-30f)
+              << dtype_name(dt) << " row " << n << " k " << k;
+        }
+        if (n == 2) {
+          EXPECT_EQ(sc, 0.0f);
+          continue;
+        }
+        EXPECT_NEAR(sc, m / -8.0f, std::abs(m) / 8 * 0x1p-11) << "row " << n << " block " << b;
+        for (int64_t k = b * kInt4Block; k < std::min(K, (b + 1) * kInt4Block); ++k)
+          if (w.f[size_t(n * K + k)] == m) {
+            EXPECT_EQ(int4_code(q.data(), K, n, k), 0);
+          }
+      }
+  }
+}
+
 // -------------------------------------------------------------------- embedding, add, cache
 
 TEST(Ops, EmbeddingIsExact) {
@@ -686,6 +809,77 @@ TEST(Reference, LinearInt8Small) {
   const float s2[] = {0.5f, 3.0f};
   ref::linear_int8(ones.data(), w2.data(), s2, nullptr, y, 1, 1, 40);
   EXPECT_FLOAT_EQ(y[0], 32 * 0.5f + 8 * 2 * 3.0f);  // 64
+}
+
+// Every target quantizes to int4 as the scalar target does: the same extremes (including equal
+// magnitudes of both signs, where the first wins), scales and round-to-nearest-even codes (K =
+// 1000: 31 full blocks and a partial one; values over five orders of magnitude, exact ties).
+TEST(Ops, QuantizeInt4SameBytesOnEveryTarget) {
+  std::mt19937 rng(17);
+  const int64_t N = 16, K = 1000, nb = int4_blocks(K);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor w = random_tensor(rng, size_t(N * K), dt, -1.0f, 1.0f);
+    for (size_t i = 0; i < w.f.size(); i += 7) w.f[i] *= float(std::pow(10.0, double(i % 5) - 2));
+    // Row 1, block 0: extremes 8 and -8 (the first, 8, sets the scale -1), the rest on half
+    // steps: ties k + 0.5.
+    for (int64_t k = 0; k < kInt4Block; ++k)
+      w.f[size_t(K + k)] = k == 0 ? 8.0f : k == 1 ? -8.0f : float(k % 15) - 7.5f;
+    // Row 2, block 1: -8 before 8, the rest small.
+    for (int64_t k = kInt4Block; k < 2 * kInt4Block; ++k)
+      w.f[size_t(2 * K + k)] = k == 40 ? -8.0f : k == 41 ? 8.0f : 0.25f * float(k % 5);
+    if (dt == DType::bf16)
+      for (size_t i = 0; i < w.f.size(); ++i) {
+        w.h[i] = f32_to_bf16(w.f[i]);
+        w.f[i] = bf16_to_f32(w.h[i]);
+      }
+    TargetGuard guard;
+    ThreadPool pool(2);
+    const size_t bytes = size_t(N / kInt4Rows * nb * kInt4TileBytes);
+    std::vector<uint8_t> want(bytes), q(bytes);
+    std::vector<uint16_t> want_scale(size_t(N * nb)), scale(size_t(N * nb));
+    set_active_target(Target::kScalar);
+    quantize_int4(w.data(), dt, want.data(), want_scale.data(), N, K, pool);
+    EXPECT_EQ(f16_to_f32(want_scale[0 * kInt4Rows + 1]), -1.0f);  // row 1, block 0
+    EXPECT_EQ(f16_to_f32(want_scale[1 * kInt4Rows + 2]), 1.0f);   // row 2, block 1
+    for (Target t : supported_targets()) {
+      set_active_target(t);
+      quantize_int4(w.data(), dt, q.data(), scale.data(), N, K, pool);
+      EXPECT_EQ(q, want) << target_name(t) << " " << dtype_name(dt);
+      EXPECT_EQ(scale, want_scale) << target_name(t) << " " << dtype_name(dt);
+    }
+  }
+}
+
+// The tile layout and the int4 reference by hand: 8 rows, K = 40 (a full block and a partial one)
+// of codes in row order, packed, read back code by code, and multiplied.
+TEST(Reference, LinearInt4Small) {
+  const int64_t K = 40;
+  std::vector<uint8_t> codes(size_t(8 * K));
+  for (int64_t j = 0; j < 8; ++j)
+    for (int64_t k = 0; k < K; ++k) codes[size_t(j * K + k)] = uint8_t((j + 3 * k) % 16);
+  std::vector<uint8_t> tiles(2 * kInt4TileBytes, 0xee);
+  pack_int4_tiles(codes.data(), K, K, tiles.data());
+  for (int64_t j = 0; j < 8; ++j)
+    for (int64_t k = 0; k < K; ++k)
+      ASSERT_EQ(int4_code(tiles.data(), K, j, k), codes[size_t(j * K + k)]) << j << " " << k;
+  // Byte 32 v + 4 j + t holds k = 8 v + t low and 8 v + 4 + t high: row 1, v = 2, t = 3.
+  EXPECT_EQ(tiles[32 * 2 + 4 * 1 + 3], uint8_t(codes[1 * K + 19] | codes[1 * K + 23] << 4));
+  EXPECT_EQ(tiles[kInt4TileBytes + 32 * 3 + 4 * 7 + 3], 0);  // k = 59 and 63: padding
+  // Scales [block][row]: 0.5 then 2 for row 0; zero points 8 (none) or 3.
+  std::vector<uint16_t> scale(16, f32_to_f16(1.0f));
+  scale[0] = f32_to_f16(0.5f);
+  scale[8] = f32_to_f16(2.0f);
+  std::vector<uint8_t> zero(16, 3);
+  std::vector<float> x(K, 1.0f), y(8);
+  const float bias[8] = {1, 0, 0, 0, 0, 0, 0, 0};
+  for (bool with_zero : {false, true}) {
+    ref::linear_int4(x.data(), tiles.data(), scale.data(), with_zero ? zero.data() : nullptr, bias,
+                     y.data(), 1, 8, K);
+    const double z = with_zero ? 3 : 8;
+    double want = 1;
+    for (int64_t k = 0; k < K; ++k) want += (k < 32 ? 0.5 : 2.0) * (codes[size_t(k)] - z);
+    EXPECT_FLOAT_EQ(y[0], float(want)) << with_zero;
+  }
 }
 
 TEST(Reference, RmsNormOf3And4) {

@@ -42,6 +42,8 @@ struct Slot {
 
 constexpr int64_t kAlign = 64;
 static_assert(graph::kInt8Block == cpu::kInt8Block, "the graph and the kernels agree on blocks");
+static_assert(graph::kInt4Block == cpu::kInt4Block && graph::kInt4Rows == cpu::kInt4Rows,
+              "the graph and the kernels agree on int4 tiles");
 
 // Opt-in time per op kind (TFORMERS_PROFILE=1), summed over every run of every CPU executable
 // and printed to stderr at exit, so a user can see where a forward pass spends its time
@@ -495,6 +497,15 @@ void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
                        n.inputs.size() > 3 ? f32(3) : nullptr, out, m, s.back(), k, pool);
       return;
     }
+    case Op::kLinearInt4: {
+      const int64_t k = in_type(0).shape.back(), m = shape_numel(in_type(0).shape) / k;
+      const size_t bias_at = n.ints[0] ? 4 : 3;
+      cpu::linear_int4(
+          f32(0), static_cast<const uint8_t*>(in(1)), static_cast<const uint16_t*>(in(2)),
+          n.ints[0] ? static_cast<const uint8_t*>(in(3)) : nullptr,
+          n.inputs.size() > bias_at ? f32(bias_at) : nullptr, out, m, s.back(), k, pool);
+      return;
+    }
     case Op::kRMSNorm: {
       int64_t d = s.back(), m = shape_numel(s) / d;
       cpu::rms_norm(f32(0), in(1), in_type(1).dtype, out, m, d, n.floats[0], n.ints[0] != 0, pool);
@@ -671,6 +682,7 @@ class CpuBackend : public Backend {
   }
   PreparedWeight prepare_linear(const Tensor& w, const std::string& quantize) override {
     if (quantize == "int8") return prepare_int8(*this, w);
+    if (quantize == "int4") return prepare_int4(*this, w);
     return Backend::prepare_linear(w, quantize);
   }
   Tensor download(const Buffer& buffer) override {

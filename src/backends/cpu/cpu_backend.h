@@ -14,5 +14,7 @@ std::unique_ptr<Backend> make_cpu_backend();
 
 // Backend::prepare_linear for "int8" on the CPU (prepare.cc).
 PreparedWeight prepare_int8(Backend& backend, const Tensor& w);
+// ... and "int4".
+PreparedWeight prepare_int4(Backend& backend, const Tensor& w);
 
 }  // namespace tformers::backends

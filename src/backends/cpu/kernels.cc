@@ -86,6 +86,51 @@ void linear_int8_scalar(const float* x, const int8_t* w, const float* scale, con
       16);
 }
 
+// One tile's 8 x 32 weights as exact f32 (an f16 scale times a code difference of at most 16
+// fits f32's mantissa): out[j * 32 + i] is row j's weight at k = 32 b + i.
+void dequantize_tile(const uint8_t* tile, const uint16_t* scale, const uint8_t* zero, float* out) {
+  for (int64_t j = 0; j < kInt4Rows; ++j) {
+    const float s = f16_to_f32(scale[j]), z = zero ? float(zero[j]) : 8.0f;
+    for (int64_t v = 0; v < 4; ++v)
+      for (int64_t t = 0; t < 4; ++t) {
+        const uint8_t byte = tile[32 * v + 4 * j + t];
+        out[j * kInt4Block + 8 * v + t] = s * (float(byte & 15) - z);
+        out[j * kInt4Block + 8 * v + 4 + t] = s * (float(byte >> 4) - z);
+      }
+  }
+}
+
+// Tile by tile: each tile is dequantized once and used by every row of x; y accumulates the
+// blocks' dot products in block order, then gets the bias.
+void linear_int4_scalar(const float* x, const uint8_t* w, const uint16_t* scale,
+                        const uint8_t* zero, const float* bias, float* y, int64_t M, int64_t N,
+                        int64_t K, ThreadPool& pool) {
+  const int64_t nb = int4_blocks(K);
+  pool.parallel_for(
+      N / kInt4Rows,
+      [&](int64_t g0, int64_t g1, int) {
+        float tile[kInt4Rows * kInt4Block];
+        for (int64_t g = g0; g < g1; ++g) {
+          const int64_t n0 = g * kInt4Rows;
+          for (int64_t m = 0; m < M; ++m)
+            std::fill(y + m * N + n0, y + m * N + n0 + kInt4Rows, 0.0f);
+          for (int64_t b = 0; b < nb; ++b) {
+            const int64_t at = g * nb + b, k0 = b * kInt4Block;
+            dequantize_tile(w + at * kInt4TileBytes, scale + at * kInt4Rows,
+                            zero ? zero + at * kInt4Rows : nullptr, tile);
+            const int64_t len = std::min(kInt4Block, K - k0);
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t j = 0; j < kInt4Rows; ++j)
+                y[m * N + n0 + j] += ScalarOps::dot_t(x + m * K + k0, tile + j * kInt4Block, len);
+          }
+          if (bias)
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t j = 0; j < kInt4Rows; ++j) y[m * N + n0 + j] += bias[n0 + j];
+        }
+      },
+      2);
+}
+
 const KernelTable& table() { return kernels_for(active_target()); }
 
 }  // namespace
@@ -124,7 +169,8 @@ void* thread_scratch(Scratch slot, size_t bytes) {
 
 const KernelTable& scalar_kernels() {
   static const KernelTable t =
-      make_table<ScalarOps>(&linear_scalar, &linear_int8_scalar, &quantize_int8_scalar);
+      make_table<ScalarOps>(&linear_scalar, &linear_int8_scalar, &quantize_int8_scalar,
+                            &linear_int4_scalar, &quantize_int4_scalar);
   return t;
 }
 
@@ -135,6 +181,65 @@ void linear(const float* x, const void* w, DType wt, const void* bias, float* y,
 void linear_int8(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
                  int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
   table().linear_int8(x, w, scale, bias, y, M, N, K, pool);
+}
+
+void linear_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
+                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
+  table().linear_int4(x, w, scale, zero, bias, y, M, N, K, pool);
+}
+
+void put_int4_row(const uint8_t* codes, int64_t j, uint8_t* tile) {
+  for (int64_t v = 0; v < 4; ++v)
+    for (int64_t t = 0; t < 4; ++t)
+      tile[32 * v + 4 * j + t] = uint8_t(codes[8 * v + t] | codes[8 * v + 4 + t] << 4);
+}
+
+void pack_int4_tiles(const uint8_t* codes, int64_t stride, int64_t K, uint8_t* tiles) {
+  for (int64_t b = 0; b < int4_blocks(K); ++b, tiles += kInt4TileBytes)
+    for (int64_t j = 0; j < kInt4Rows; ++j) {
+      uint8_t block[kInt4Block] = {};
+      const int64_t k0 = b * kInt4Block;
+      std::copy(codes + j * stride + k0, codes + j * stride + std::min(K, k0 + kInt4Block), block);
+      put_int4_row(block, j, tiles);
+    }
+}
+
+void quantize_int4_block(const float* v, int64_t len, uint8_t* codes, uint16_t* scale) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < len; ++i)
+    if (std::fabs(v[i]) > std::fabs(m)) m = v[i];
+  *scale = f32_to_f16(m / -8.0f);
+  const float d = f16_to_f32(*scale);
+  // |v / d| <= 8 up to the scale's rounding, so adding and subtracting 1.5 * 2^23 rounds to the
+  // nearest integer, ties to even (as quantize_block_scalar).
+  constexpr float kRound = 12582912.0f;
+  for (int64_t i = 0; i < len; ++i) {
+    const float r = d == 0.0f ? 0.0f : (v[i] / d + kRound) - kRound;
+    codes[i] = uint8_t(std::clamp(r, -8.0f, 7.0f) + 8.0f);
+  }
+  std::fill(codes + len, codes + kInt4Block, uint8_t(0));  // padding
+}
+
+void quantize_int4_scalar(const void* w, DType wt, uint8_t* tiles, uint16_t* scale, int64_t N,
+                          int64_t K, ThreadPool& pool) {
+  const int64_t nb = int4_blocks(K), es = int64_t(dtype_size(wt));
+  pool.parallel_for(N, [&](int64_t n0, int64_t n1, int) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t k0 = b * kInt4Block, len = std::min(kInt4Block, K - k0);
+        float v[kInt4Block];
+        convert(static_cast<const char*>(w) + (n * K + k0) * es, wt, v, DType::f32, size_t(len));
+        uint8_t codes[kInt4Block];
+        const int64_t at = (n / kInt4Rows) * nb + b;
+        quantize_int4_block(v, len, codes, scale + at * kInt4Rows + n % kInt4Rows);
+        put_int4_row(codes, n % kInt4Rows, tiles + at * kInt4TileBytes);
+      }
+  });
+}
+
+void quantize_int4(const void* w, DType wt, uint8_t* tiles, uint16_t* scale, int64_t N, int64_t K,
+                   ThreadPool& pool) {
+  table().quantize_int4(w, wt, tiles, scale, N, K, pool);
 }
 
 void quantize_block_scalar(const void* w, DType wt, int64_t len, int8_t* q, float* scale) {

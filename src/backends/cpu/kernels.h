@@ -39,6 +39,57 @@ void linear_int8(const float* x, const int8_t* w, const float* scale, const floa
 void quantize_int8(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
                    ThreadPool& pool);
 
+// int4 weight-only quantization: blocks of kInt4Block k values of one output channel share an
+// f16 scale (and, for imported AWQ/GPTQ checkpoints, a zero point), as llama.cpp's Q4_0 (32
+// four-bit codes and an f16 scale: 4.5 bits per weight). Each weight is a code c in [0, 15]:
+//   w[n, k] = scale[n, b] * (c[n, k] - zero[n, b]),  b = k / kInt4Block,
+// with zero 8 when the weight has no zero points (the symmetric form --quantize int4 writes).
+//
+// Layout ("tiles"), chosen for the decode GEMV and the GEMM's panels: rows are taken 8 at a time
+// (a row group; N must be a multiple of kInt4Rows) and K is cut into blocks of 32 (the last one
+// padded with zero weights), and a tile is one row group by one block: 8 x 32 codes in 128 bytes.
+// Byte 32 v + 4 j + t of a tile (v < 4, j < 8, t < 4) holds row j's codes at k = 8 v + t (low
+// nibble) and k = 8 v + 4 + t (high nibble) of the block. A 32-byte load of part v therefore
+// unpacks (a mask, a shift and a mask) into two vectors of 8 lanes, one lane per row, each lane
+// holding 4 consecutive codes of its row: the GEMV multiplies them with 4 x values broadcast to
+// every lane (vpmaddubsw), so each 32-bit lane sums one row's block and 8 rows come out in one
+// vector, with no horizontal sums, and each row's block scale applies lane by lane; the GEMM
+// takes each byte position t of a lane as the 8 rows' weights at one k, which is the K-major
+// order its panels want. Tiles are stored row group by row group, block by block:
+//   codes u8 (N / 8, nb, 128), scale f16 (N / 8, nb, 8), zero u8 (N / 8, nb, 8) (optional),
+// scale and zero of row 8 g + j at [g, b, j]; nb = int4_blocks(K). Padding codes (k >= K) are
+// 0: kernels never read them as weights (the GEMV multiplies them by zeros).
+constexpr int64_t kInt4Block = 32;
+constexpr int64_t kInt4Rows = 8;
+constexpr int64_t kInt4TileBytes = kInt4Rows * kInt4Block / 2;
+inline int64_t int4_blocks(int64_t K) { return (K + kInt4Block - 1) / kInt4Block; }
+
+// y (M,N) = x (M,K) @ w (N,K)^T [+ bias (N)] with w in the int4 tiles above (zero null: 8).
+// The GEMV (M < 4 on the x86 targets) rounds each 32-value block of x to int8 with its own scale
+// (as llama.cpp's Q8_0 activations; relative error at most 2^-8 of the block's largest |x|) and
+// sums exact integer products; the GEMM and the scalar target multiply the exact f32 weights.
+// Either way a row's result does not depend on the other rows of x, in the GEMM for any M.
+void linear_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
+                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool);
+
+// Quantization of w (N,K) (f32 or bf16; N a multiple of 8) into tiles with zero 8, per block as
+// Q4_0 but rounding to nearest: m = the value of largest magnitude, scale = f16(m / -8), and
+// c = clamp(round(w / scale), -8, 7) + 8 with the stored (rounded) scale, so m itself maps to
+// code 0 and the block keeps all 16 levels. An all-zero block gets scale 0.
+void quantize_int4(const void* w, DType wt, uint8_t* tiles, uint16_t* scale, int64_t N, int64_t K,
+                   ThreadPool& pool);
+
+// Writes one row group's tiles (nb of them) from codes in row order: 8 rows of K codes, row r at
+// codes + r * stride. Used by quantize_int4 and by the importers of other 4-bit formats.
+void pack_int4_tiles(const uint8_t* codes, int64_t stride, int64_t K, uint8_t* tiles);
+// The code of row n, column k in tiles of K columns (the inverse of pack_int4_tiles).
+inline uint8_t int4_code(const uint8_t* tiles, int64_t K, int64_t n, int64_t k) {
+  const int64_t b = k / kInt4Block, i = k % kInt4Block, v = i / 8, t = i % 4;
+  const uint8_t byte = tiles[((n / kInt4Rows) * int4_blocks(K) + b) * kInt4TileBytes + 32 * v +
+                             4 * (n % kInt4Rows) + t];
+  return (i % 8) < 4 ? byte & 15 : byte >> 4;
+}
+
 // out (n,D) = table (V,D)[ids (n)], converted to f32. Ids are in [0, V) (checked by the caller).
 void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out,
                ThreadPool& pool);
@@ -123,6 +174,8 @@ void linear(const float* x, const void* w, DType wt, const void* bias, float* y,
             int64_t N, int64_t K);
 void linear_int8(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
                  int64_t M, int64_t N, int64_t K);
+void linear_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
+                 const float* bias, float* y, int64_t M, int64_t N, int64_t K);
 void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out);
 void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D, float eps,
               bool unit_offset = false);

@@ -28,6 +28,11 @@ struct KernelTable {
                       float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool);
   void (*quantize_int8)(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
                         ThreadPool& pool);
+  void (*linear_int4)(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
+                      const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+                      ThreadPool& pool);
+  void (*quantize_int4)(const void* w, DType wt, uint8_t* tiles, uint16_t* scale, int64_t N,
+                        int64_t K, ThreadPool& pool);
   void (*embedding)(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D,
                     float* out, ThreadPool& pool);
   void (*rms_norm)(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D,
@@ -65,6 +70,17 @@ void quantize_int8_avx2(const void* w, DType wt, int8_t* q, float* scale, int64_
                         ThreadPool& pool);
 // One block of len <= kInt8Block values (row-contiguous) into q and its scale.
 void quantize_block_scalar(const void* w, DType wt, int64_t len, int8_t* q, float* scale);
+
+// int4 quantization at load (kernels.h), the same way: the scalar one is the reference, the AVX2
+// one gives its bytes and serves the AVX-512 tables too.
+void quantize_int4_scalar(const void* w, DType wt, uint8_t* tiles, uint16_t* scale, int64_t N,
+                          int64_t K, ThreadPool& pool);
+void quantize_int4_avx2(const void* w, DType wt, uint8_t* tiles, uint16_t* scale, int64_t N,
+                        int64_t K, ThreadPool& pool);
+// One block of len <= kInt4Block f32 values into 32 codes (padding 0) and its f16 scale.
+void quantize_int4_block(const float* v, int64_t len, uint8_t* codes, uint16_t* scale);
+// Row j's 32 codes of a block into its tile.
+void put_int4_row(const uint8_t* codes, int64_t j, uint8_t* tile);
 
 // One table per target; only the ones the CPU supports are ever selected (kernels.cc).
 const KernelTable& scalar_kernels();
@@ -794,14 +810,18 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
   });
 }
 
-// Builds a table from a target's linear kernel and its vector primitives.
+// Builds a table from a target's linear kernels and its vector primitives.
 template <class Ops>
 KernelTable make_table(decltype(KernelTable::linear) linear,
                        decltype(KernelTable::linear_int8) linear_int8,
-                       decltype(KernelTable::quantize_int8) quantize_int8) {
+                       decltype(KernelTable::quantize_int8) quantize_int8,
+                       decltype(KernelTable::linear_int4) linear_int4,
+                       decltype(KernelTable::quantize_int4) quantize_int4) {
   return KernelTable{linear,
                      linear_int8,
                      quantize_int8,
+                     linear_int4,
+                     quantize_int4,
                      &embedding_impl<Ops>,
                      &rms_norm_impl<Ops>,
                      &rope_impl<Ops>,

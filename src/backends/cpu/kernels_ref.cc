@@ -42,6 +42,23 @@ void linear_int8(const float* x, const int8_t* w, const float* scale, const floa
   }
 }
 
+void linear_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
+                 const float* bias, float* y, int64_t M, int64_t N, int64_t K) {
+  const int64_t nb = int4_blocks(K);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = bias ? double(bias[n]) : 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        // scale and zero of (n, k / 32) sit at [n / 8, k / 32, n % 8].
+        const int64_t at = ((n / kInt4Rows) * nb + k / kInt4Block) * kInt4Rows + n % kInt4Rows;
+        const double z = zero ? zero[at] : 8.0;
+        acc += double(x[m * K + k]) * f16_to_f32(scale[at]) * (int4_code(w, K, n, k) - z);
+      }
+      y[m * N + n] = float(acc);
+    }
+  }
+}
+
 void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t i = 0; i < D; ++i)

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 
 #include "backends/cpu/kernels_x86.h"
@@ -37,18 +38,6 @@ struct XQ16 {
     return {q ? q + m * K : nullptr, s ? s + m * int8_blocks(K) : nullptr};
   }
 };
-
-// The largest |value| of one block of 32 (in four vectors).
-inline float abs_max(const __m256 (&v)[4]) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 m =
-      _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-                    _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-  return _mm_cvtss_f32(m4);
-}
 
 void quantize_x16(const float* x, int64_t K, int16_t* q, float* s) {
   const int64_t full = K / kInt8Block * kInt8Block;
@@ -200,6 +189,17 @@ struct Avx2Vec {
                            const float* const (&scale)[S], int64_t K, float (&out)[S][MR]) {
     cpu::gemv_tile_q8<S, MR>(x, xq, w, scale, K, int8_blocks(K), out);
   }
+  // int4: one x row reads 2 row groups' tiles and their scales (4 streams, as the int8 GEMV); two
+  // x rows read one group (their 8 partial sums and accumulators and 4 broadcasts of x fill the
+  // 16 registers; with two groups GCC spilled).
+  template <int MR>
+  static constexpr int kInt4Streams = MR == 1 ? 2 : 1;
+  template <int S, int MR, bool kZero>
+  static void gemv_int4_tile(Int4X x, int64_t nb, const uint8_t* const (&w)[S],
+                             const uint16_t* const (&scale)[S], const uint8_t* const (&zero)[S],
+                             float (&out)[S][MR][kInt4Rows]) {
+    gemv_int4_tile_ymm<S, MR, kZero>(x, nb, w, scale, zero, out);
+  }
 };
 using Avx2Ops = X86Ops<Avx2Vec>;
 
@@ -227,6 +227,12 @@ void linear_avx2(const float* x, const void* w, DType wt, const void* bias, floa
 void linear_int8_avx2(const float* x, const int8_t* w, const float* scale, const float* bias,
                       float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
   linear_t(x, w, scale, bias, y, M, N, K, pool);
+}
+
+void linear_int4_avx2(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
+                      const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+                      ThreadPool& pool) {
+  linear_int4_x86<Avx2Vec>(x, w, scale, zero, bias, y, M, N, K, kGemmMinRows, pool);
 }
 
 // 32 consecutive weights as f32.
@@ -271,9 +277,75 @@ void quantize_int8_avx2(const void* w, DType wt, int8_t* q, float* scale, int64_
   });
 }
 
+// The bytes of quantize_int4_scalar for full blocks (the same signed extreme, the first of equal
+// magnitudes; IEEE division and round to nearest even as its kRound trick), the partial last block
+// through its scalar block.
+void quantize_int4_avx2(const void* w, DType wt, uint8_t* tiles, uint16_t* scale, int64_t N,
+                        int64_t K, ThreadPool& pool) {
+  const int64_t nb = int4_blocks(K), full = K / kInt4Block, es = int64_t(dtype_size(wt));
+  pool.parallel_for(N, [&](int64_t n0, int64_t n1, int) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const int64_t j = n % kInt4Rows;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t k0 = b * kInt4Block, at = (n / kInt4Rows) * nb + b;
+        const char* src = static_cast<const char*>(w) + (n * K + k0) * es;
+        uint16_t* sc = scale + at * kInt4Rows + j;
+        uint8_t* tile = tiles + at * kInt4TileBytes;
+        if (b == full) {  // the partial last block
+          float v[kInt4Block];
+          uint8_t codes[kInt4Block];
+          convert(src, wt, v, DType::f32, size_t(K - k0));
+          quantize_int4_block(v, K - k0, codes, sc);
+          put_int4_row(codes, j, tile);
+          continue;
+        }
+        __m256 v[4];
+        load32(src, wt, v);
+        const float amax = abs_max(v);
+        // The first value of that magnitude, with its sign.
+        const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        const __m256 target = _mm256_set1_ps(amax);
+        float m = 0.0f;
+        for (int q = 0; q < 4; ++q) {
+          const int hits =
+              _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v[q], abs_mask), target, _CMP_EQ_OQ));
+          if (hits) {
+            alignas(32) float lane[8];
+            _mm256_store_ps(lane, v[q]);
+            m = lane[__builtin_ctz(unsigned(hits))];
+            break;
+          }
+        }
+        *sc = f32_to_f16(m / -8.0f);
+        const float d = f16_to_f32(*sc);
+        __m256i c[4];
+        for (int q = 0; q < 4; ++q) {
+          __m256 r = d == 0.0f ? _mm256_setzero_ps()
+                               : _mm256_round_ps(_mm256_div_ps(v[q], _mm256_set1_ps(d)),
+                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-8.0f)), _mm256_set1_ps(7.0f));
+          c[q] = _mm256_cvtps_epi32(_mm256_add_ps(r, _mm256_set1_ps(8.0f)));
+        }
+        // 32 code bytes in order (packs interleave lanes: dwords 0 4 1 5 2 6 3 7 undo it), then
+        // dword pairs (2 v, 2 v + 1), each 4 codes, merged into the 4 bytes of part v, row j.
+        const __m256i bytes = _mm256_permutevar8x32_epi32(
+            _mm256_packus_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3])),
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        const __m256i split =
+            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+        int32_t parts[4];
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(parts),
+                         _mm_or_si128(_mm256_castsi256_si128(split),
+                                      _mm_slli_epi32(_mm256_extracti128_si256(split, 1), 4)));
+        for (int p = 0; p < 4; ++p) std::memcpy(tile + 32 * p + 4 * j, &parts[p], 4);
+      }
+    }
+  });
+}
+
 const KernelTable& avx2_kernels() {
-  static const KernelTable t =
-      make_table<Avx2Ops>(&linear_avx2, &linear_int8_avx2, &quantize_int8_avx2);
+  static const KernelTable t = make_table<Avx2Ops>(
+      &linear_avx2, &linear_int8_avx2, &quantize_int8_avx2, &linear_int4_avx2, &quantize_int4_avx2);
   return t;
 }
 

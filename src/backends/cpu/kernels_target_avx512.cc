@@ -21,6 +21,7 @@
 
 #include <immintrin.h>
 
+#include <cstring>
 #include <type_traits>
 
 #include "backends/cpu/kernels_x86.h"
@@ -78,6 +79,74 @@ inline void gemv_tile_q8(const float* x, const int8_t* const (&w)[S],
     }
 }
 
+// int4 weights, two row groups at once: lanes 0-7 of a 512-bit vector are group a's rows, lanes
+// 8-15 group b's, so every instruction of the AVX2 tile (kernels_x86.h's gemv_int4_tile) does
+// two tiles' work, for one insert per tile part. Same integer sums, scales and order as there.
+inline __m512i load_halves(const void* a, const void* b) {
+  return _mm512_inserti64x4(
+      _mm512_castsi256_si512(_mm256_loadu_si256(static_cast<const __m256i*>(a))),
+      _mm256_loadu_si256(static_cast<const __m256i*>(b)), 1);
+}
+
+template <int MR, bool kZero>
+inline void gemv_int4_pair(Int4X x, int64_t nb, const uint8_t* const (&w)[2],
+                           const uint16_t* const (&scale)[2], const uint8_t* const (&zero)[2],
+                           float (&out)[2][MR][kInt4Rows]) {
+  const __m512i mask = _mm512_set1_epi8(0x0f), ones = _mm512_set1_epi16(1);
+  const int64_t kp = nb * kInt4Block;
+  __m512 acc[MR];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *ta = w[0] + b * kInt4TileBytes, *tb = w[1] + b * kInt4TileBytes;
+    __m512i p[MR];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      if (v < 2) {
+        prefetch_ahead(ta + 64 * v);
+        prefetch_ahead(tb + 64 * v);
+      }
+      const __m512i raw = load_halves(ta + 32 * v, tb + 32 * v);
+      const __m512i lo = _mm512_and_si512(raw, mask);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const int8_t* xb = x.q + i * kp + b * kInt4Block + 8 * v;
+        int32_t xl, xh;
+        std::memcpy(&xl, xb, 4);
+        std::memcpy(&xh, xb + 4, 4);
+        const __m512i d = _mm512_add_epi16(_mm512_maddubs_epi16(lo, _mm512_set1_epi32(xl)),
+                                           _mm512_maddubs_epi16(hi, _mm512_set1_epi32(xh)));
+        p[i] = v == 0 ? d : _mm512_add_epi16(p[i], d);
+      }
+    }
+    const __m512 ws = _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale[0] + b * kInt4Rows))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale[1] + b * kInt4Rows)), 1));
+    __m512i z{};
+    if constexpr (kZero)
+      z = _mm512_cvtepu8_epi32(
+          _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(zero[0] + b * 8)),
+                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(zero[1] + b * 8))));
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512i xsum = _mm512_set1_epi32(x.sum[i * nb + b]);
+      const __m512i zx = kZero ? _mm512_mullo_epi32(z, xsum) : _mm512_slli_epi32(xsum, 3);
+      const __m512i dot = _mm512_sub_epi32(_mm512_madd_epi16(p[i], ones), zx);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                               _mm512_mul_ps(ws, _mm512_set1_ps(x.s[i * nb + b])), acc[i]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    float all[2 * kInt4Rows];
+    _mm512_storeu_ps(all, acc[i]);
+    std::memcpy(out[0][i], all, sizeof out[0][i]);
+    std::memcpy(out[1][i], all + kInt4Rows, sizeof out[1][i]);
+  }
+}
+
 // int8 weights take x as f32: nothing to prepare.
 struct F32X {
   F32X row(int64_t, int64_t) const { return {}; }
@@ -112,6 +181,19 @@ struct Avx512Vec {
   static void gemv_tile_q8(const float* x, F32X, const int8_t* const (&w)[S],
                            const float* const (&scale)[S], int64_t K, float (&out)[S][MR]) {
     cpu::gemv_tile_q8<S, MR>(x, w, scale, K, out);
+  }
+  // int4: two row groups at a time (gemv_int4_pair) for one or two x rows; a group left over
+  // alone goes through the 256-bit tile.
+  template <int MR>
+  static constexpr int kInt4Streams = 2;
+  template <int S, int MR, bool kZero>
+  static void gemv_int4_tile(Int4X x, int64_t nb, const uint8_t* const (&w)[S],
+                             const uint16_t* const (&scale)[S], const uint8_t* const (&zero)[S],
+                             float (&out)[S][MR][kInt4Rows]) {
+    if constexpr (S == 2)
+      gemv_int4_pair<MR, kZero>(x, nb, w, scale, zero, out);
+    else
+      gemv_int4_tile_ymm<S, MR, kZero>(x, nb, w, scale, zero, out);
   }
 };
 using Avx512Ops = X86Ops<Avx512Vec>;
@@ -243,6 +325,14 @@ void linear_int8_avx512(const float* x, const int8_t* w, const float* scale, con
   linear_t(x, w, scale, bias, y, M, N, K, pool);
 }
 
+// int4: the GEMV with gemv_int4_pair, the GEMM with this target's 8 x 32 register tiles over
+// panels unpacked from the tiles.
+void linear_int4_avx512(const float* x, const uint8_t* w, const uint16_t* scale,
+                        const uint8_t* zero, const float* bias, float* y, int64_t M, int64_t N,
+                        int64_t K, ThreadPool& pool) {
+  linear_int4_x86<Avx512Vec>(x, w, scale, zero, bias, y, M, N, K, kGemmMinRows, pool);
+}
+
 }  // namespace
 
 #if defined(TF_AVX512_BF16)
@@ -251,7 +341,8 @@ const KernelTable& avx512bf16_kernels() {
 const KernelTable& avx512_kernels() {
 #endif
   static const KernelTable t =
-      make_table<Avx512Ops>(&linear_avx512, &linear_int8_avx512, &quantize_int8_avx2);
+      make_table<Avx512Ops>(&linear_avx512, &linear_int8_avx512, &quantize_int8_avx2,
+                            &linear_int4_avx512, &quantize_int4_avx2);
   return t;
 }
 

@@ -8,13 +8,15 @@
 //
 // V supplies: T (the vector), kWidth (floats in T), kMR (x rows per GEMM tile), kGroup (GEMM
 // panels per L2 block); load / load_pairs (2 x kWidth values:
-// bf16 as even | odd, f32 in order) / store / add / fmadd / broadcast / zero / hsum; and its int8
-// GEMV tile: Int8X (x prepared for it, with row(m, K)), prepare_int8_x, gemv_tile_q8.
+// bf16 as even | odd, f32 in order) / store / add / fmadd / broadcast / zero / hsum; its int8
+// GEMV tile: Int8X (x prepared for it, with row(m, K)), prepare_int8_x, gemv_tile_q8; and, for
+// int4, gemv_int4_tile and kInt4Streams<MR> (row groups read side by side for MR x rows).
 #pragma once
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -32,6 +34,18 @@ inline __m256 load8(const uint16_t* p) {
 inline __m256 load8(const int8_t* p) {
   const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+
+// The largest |value| of one block of 32 (in four vectors).
+inline float abs_max(const __m256 (&v)[4]) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 m =
+      _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                    _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  return _mm_cvtss_f32(m4);
 }
 
 // 8x8 transpose of r[0..7] in place.
@@ -361,10 +375,11 @@ void finish_columns(const B* bias, float* y, int64_t M, int64_t N, int64_t K, in
   }
 }
 
-// y (M, N) = x (M, K) @ w (N, K)^T + bias, w in f32, bf16 or int8 (with its block scales).
-template <class V, class W, class B>
-void gemm(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
-          int64_t N, int64_t K, ThreadPool& pool) {
+// y (M, N) = x (M, K) @ w (N, K)^T + bias, with pack(n0, rows, k0, kc, panel) writing the f32
+// panel of w rows [n0, n0 + rows) (rows <= kNR; the rest zero) and k in [k0, k0 + kc).
+template <class V, class Pack, class B>
+void gemm_panels(const float* x, const Pack& pack, const B* bias, float* y, int64_t M, int64_t N,
+                 int64_t K, ThreadPool& pool) {
   constexpr int nr = kNR<V>;
   const int64_t panels = (N + nr - 1) / nr;
   pool.parallel_for(
@@ -376,8 +391,8 @@ void gemm(const float* x, const W* w, const float* scale, const B* bias, float* 
           for (int64_t k0 = 0; k0 < K; k0 += kKC) {
             const int64_t kc = std::min(kKC, K - k0);
             for (int64_t p = g0; p < g1; ++p)
-              pack_panel<V>(w, scale, K, p * nr, int(std::min<int64_t>(nr, N - p * nr)), k0, kc,
-                            panel + (p - g0) * kKC * nr);
+              pack(p * nr, int(std::min<int64_t>(nr, N - p * nr)), k0, kc,
+                   panel + (p - g0) * kKC * nr);
             // The x block (kMR rows x kc) stays in L1 while it meets every panel of the group.
             for (int64_t m = 0; m < M; m += V::kMR) {
               with_tile_rows<V::kMR>(int(std::min<int64_t>(V::kMR, M - m)), [&](auto mr) {
@@ -392,6 +407,294 @@ void gemm(const float* x, const W* w, const float* scale, const B* bias, float* 
         }
       },
       V::kGroup);
+}
+
+// y (M, N) = x (M, K) @ w (N, K)^T + bias, w in f32, bf16 or int8 (with its block scales).
+template <class V, class W, class B>
+void gemm(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
+          int64_t N, int64_t K, ThreadPool& pool) {
+  gemm_panels<V>(
+      x,
+      [&](int64_t n0, int rows, int64_t k0, int64_t kc, float* panel) {
+        pack_panel<V>(w, scale, K, n0, rows, k0, kc, panel);
+      },
+      bias, y, M, N, K, pool);
+}
+
+// ---- int4 weights (the tiles of kernels.h). Both paths unpack a tile's 32-byte part v the same
+// way: the low nibbles give each row's codes at k = 8 v + t, the high ones at 8 v + 4 + t, t < 4,
+// as 8 lanes of 4 bytes, lane j for row j.
+
+// One block of 32 x values rounded to int8 at q with the scale *s = max|x| / 127 (x ~ s q, to
+// nearest even; an all-zero block gets scale 0 and zeros), and the sum of those int8 values.
+inline void quantize_x8_block(const float* x, int8_t* q, float* s, int32_t* sum) {
+  __m256 v[4];
+  for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(x + 8 * j);
+  const float amax = abs_max(v);
+  *s = amax / 127.0f;
+  const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+  __m256i i32[4];
+  for (int j = 0; j < 4; ++j) i32[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv));
+  // packs interleave the 128-bit lanes: dwords (0 4 1 5 2 6 3 7) put them back in order.
+  const __m256i i8 =
+      _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(i8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  const __m256i t =
+      _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
+  __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+  u = _mm_add_epi32(u, _mm_shuffle_epi32(u, _MM_SHUFFLE(1, 0, 3, 2)));
+  u = _mm_add_epi32(u, _mm_shuffle_epi32(u, _MM_SHUFFLE(2, 3, 0, 1)));
+  *sum = _mm_cvtsi128_si32(u);
+}
+
+// x rows for the int4 GEMV: per 32-value block, int8 values (padded with zeros past K), their
+// scale and their sum, which the zero point's term needs (sum_k c_k x_k - z sum_k x_k).
+struct Int4X {
+  const int8_t* q;     // (M, nb * 32)
+  const float* s;      // (M, nb)
+  const int32_t* sum;  // (M, nb)
+};
+
+// The M rows of x rounded on the calling thread, into its kPackedX scratch.
+inline Int4X prepare_int4_x(const float* x, int64_t M, int64_t K) {
+  const int64_t nb = int4_blocks(K), kp = nb * kInt4Block;
+  char* p = thread_scratch<char>(Scratch::kPackedX, size_t(M * (kp + 8 * nb) + 64));
+  int8_t* q = reinterpret_cast<int8_t*>(p);
+  float* s = reinterpret_cast<float*>(p + (M * kp + 63) / 64 * 64);
+  int32_t* sum = reinterpret_cast<int32_t*>(s + M * nb);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + m * K + b * kInt4Block;
+      float padded[kInt4Block] = {};
+      if ((b + 1) * kInt4Block > K) {  // the last, partial block
+        std::copy(xb, x + m * K + K, padded);
+        xb = padded;
+      }
+      quantize_x8_block(xb, q + m * kp + b * kInt4Block, s + m * nb + b, sum + m * nb + b);
+    }
+  return {q, s, sum};
+}
+
+// Vectors of 32-bit lanes, 4 bytes each, from one tile part: row j's codes at k = 8 v + t (lo)
+// and 8 v + 4 + t (hi) in byte t of lane j.
+inline void unpack_part(const uint8_t* part, __m256i& lo, __m256i& hi) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(part));
+  const __m256i mask = _mm256_set1_epi8(0x0f);
+  lo = _mm256_and_si256(raw, mask);
+  hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+}
+
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+
+// S row groups (each its own stream of tiles, with its scales and zero points) against MR x rows:
+// acc[s][i] gets the 8 rows' sums. Per tile and x row: vpmaddubsw multiplies codes (unsigned)
+// by x (signed) in pairs and sums the 4 parts' pairs in int16 (16 products of at most 15 x 127
+// per int16: 30480 < 2^15), vpmaddwd finishes each row's exact integer block sum, the zero
+// point's term is subtracted, and the sum is scaled by the row's and x's block scales. The
+// streams take turns part by part, so that each broadcast of x serves all of them and few vectors
+// are live at once (with each stream's whole tile in turn, GCC spilled the partial sums out of
+// AVX2's 16 registers).
+template <int S, int MR, bool kZero>
+inline void gemv_int4_tile(Int4X x, int64_t nb, const uint8_t* const (&w)[S],
+                           const uint16_t* const (&scale)[S], const uint8_t* const (&zero)[S],
+                           __m256 (&acc)[S][MR]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t kp = nb * kInt4Block;
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i p[S][MR];
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      __m256i xl[MR], xh[MR];
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const int8_t* xb = x.q + i * kp + b * kInt4Block + 8 * v;
+        xl[i] = broadcast4(xb);
+        xh[i] = broadcast4(xb + 4);
+      }
+#pragma GCC unroll 16
+      for (int s = 0; s < S; ++s) {
+        const uint8_t* tile = w[s] + b * kInt4TileBytes;
+        if (v < 2) prefetch_ahead(tile + 64 * v);
+        __m256i lo, hi;
+        unpack_part(tile + 32 * v, lo, hi);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+          const __m256i d =
+              _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl[i]), _mm256_maddubs_epi16(hi, xh[i]));
+          p[s][i] = v == 0 ? d : _mm256_add_epi16(p[s][i], d);
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) {
+      const __m256 ws = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale[s] + b * kInt4Rows)));
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const __m256i xsum = _mm256_set1_epi32(x.sum[i * nb + b]);
+        __m256i zx;
+        if constexpr (kZero)
+          zx = _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                      reinterpret_cast<const __m128i*>(zero[s] + b * kInt4Rows))),
+                                  xsum);
+        else
+          zx = _mm256_slli_epi32(xsum, 3);  // zero point 8
+        const __m256i dot = _mm256_sub_epi32(_mm256_madd_epi16(p[s][i], ones), zx);
+        acc[s][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                    _mm256_mul_ps(ws, _mm256_set1_ps(x.s[i * nb + b])), acc[s][i]);
+      }
+    }
+  }
+}
+
+// gemv_int4_tile's sums stored, 8 rows per (stream, x row): the int4 GEMV tile of both AVX2 and,
+// for a single stream, AVX-512 (which pairs streams in its 512-bit registers otherwise).
+template <int S, int MR, bool kZero>
+inline void gemv_int4_tile_ymm(Int4X x, int64_t nb, const uint8_t* const (&w)[S],
+                               const uint16_t* const (&scale)[S], const uint8_t* const (&zero)[S],
+                               float (&out)[S][MR][kInt4Rows]) {
+  __m256 acc[S][MR];
+#pragma GCC unroll 16
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) acc[s][i] = _mm256_setzero_ps();
+  gemv_int4_tile<S, MR, kZero>(x, nb, w, scale, zero, acc);
+#pragma GCC unroll 16
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) _mm256_storeu_ps(out[s][i], acc[s][i]);
+}
+
+// Row groups [g0, g1) for MR x rows (x.q etc. at the first of them), y stride N, through the
+// target's tile V::gemv_int4_tile. As gemv_rows, the groups are cut into S parts read side by
+// side, each at most kStreamSpan bytes of tiles; groups left over go one at a time.
+template <class V, int S, int MR, bool kZero>
+void gemv_int4_groups(Int4X x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
+                      const float* bias, float* y, int64_t N, int64_t K, int64_t g0, int64_t g1) {
+  const int64_t nb = int4_blocks(K);
+  const int64_t max_part = std::max<int64_t>(1, kStreamSpan / (nb * kInt4TileBytes));
+  for (int64_t first = g0; first < g1;) {
+    const int64_t part = std::min(max_part, (g1 - first) / S);
+    if (part == 0) {
+      if constexpr (S > 1)
+        gemv_int4_groups<V, 1, MR, kZero>(x, w, scale, zero, bias, y, N, K, first, g1);
+      return;
+    }
+    for (int64_t r = 0; r < part; ++r) {
+      const uint8_t* tiles[S];
+      const uint16_t* scales[S];
+      const uint8_t* zeros[S];
+      int64_t g[S];
+#pragma GCC unroll 16
+      for (int s = 0; s < S; ++s) {
+        g[s] = first + s * part + r;
+        tiles[s] = w + g[s] * nb * kInt4TileBytes;
+        scales[s] = scale + g[s] * nb * kInt4Rows;
+        zeros[s] = kZero ? zero + g[s] * nb * kInt4Rows : nullptr;
+      }
+      float out[S][MR][kInt4Rows];
+      V::template gemv_int4_tile<S, MR, kZero>(x, nb, tiles, scales, zeros, out);
+#pragma GCC unroll 16
+      for (int s = 0; s < S; ++s) {
+        const int64_t n0 = g[s] * kInt4Rows;
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i)
+          for (int j = 0; j < kInt4Rows; ++j)
+            y[i * N + n0 + j] = out[s][i][j] + (bias ? bias[n0 + j] : 0.0f);
+      }
+    }
+    first += S * part;
+  }
+}
+
+// y (M, N) for M < the GEMM's rows: x rows two at a time (each tile unpacked once per pair),
+// then the last one, with V::kInt4Streams<MR> row groups read side by side.
+template <class V, bool kZero>
+void gemv_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
+               const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
+  const Int4X xq = prepare_int4_x(x, M, K);
+  const int64_t nb = int4_blocks(K), kp = nb * kInt4Block;
+  auto rows = [&](int64_t m) { return Int4X{xq.q + m * kp, xq.s + m * nb, xq.sum + m * nb}; };
+  pool.parallel_for(
+      N / kInt4Rows,
+      [&](int64_t g0, int64_t g1, int) {
+        int64_t m = 0;
+        for (; m + 2 <= M; m += 2)
+          gemv_int4_groups<V, V::template kInt4Streams<2>, 2, kZero>(rows(m), w, scale, zero, bias,
+                                                                     y + m * N, N, K, g0, g1);
+        if (m < M)
+          gemv_int4_groups<V, V::template kInt4Streams<1>, 1, kZero>(rows(m), w, scale, zero, bias,
+                                                                     y + m * N, N, K, g0, g1);
+      },
+      4);
+}
+
+// panel (kc, kNR) f32 of int4 rows [n0, n0 + rows) (rows a multiple of 8; the rest zero) and k in
+// [k0, k0 + kc), k0 a multiple of 32: each byte position t of a tile part's lanes is the 8 rows'
+// codes at one k, exactly scale * (code - zero) in f32.
+template <class V>
+void pack_panel_int4(const uint8_t* w, const uint16_t* scale, const uint8_t* zero, int64_t K,
+                     int64_t n0, int rows, int64_t k0, int64_t kc, float* panel) {
+  constexpr int nr = kNR<V>;
+  const int64_t nb = int4_blocks(K);
+  const __m256i byte = _mm256_set1_epi32(0xff);
+  for (int part = 0; part < nr / kInt4Rows; ++part) {
+    float* col = panel + part * kInt4Rows;
+    if (part * kInt4Rows >= rows) {
+      for (int64_t k = 0; k < kc; ++k) _mm256_storeu_ps(col + k * nr, _mm256_setzero_ps());
+      continue;
+    }
+    const int64_t g = n0 / kInt4Rows + part;
+    for (int64_t kb = 0; kb < kc; kb += kInt4Block) {
+      const int64_t at = g * nb + (k0 + kb) / kInt4Block;
+      const __m256 s = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale + at * kInt4Rows)));
+      const __m256i z = zero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                   reinterpret_cast<const __m128i*>(zero + at * kInt4Rows)))
+                             : _mm256_set1_epi32(8);
+      const int64_t len = std::min(kInt4Block, kc - kb);
+      for (int v = 0; v < 4; ++v) {
+        __m256i codes[2];
+        unpack_part(w + at * kInt4TileBytes + 32 * v, codes[0], codes[1]);
+        for (int h = 0; h < 2; ++h)
+          for (int t = 0; t < 4; ++t) {
+            const int64_t k = 8 * v + 4 * h + t;
+            if (k >= len) continue;  // past K in the last block
+            const __m256i c = _mm256_and_si256(_mm256_srli_epi32(codes[h], 8 * t), byte);
+            _mm256_storeu_ps(col + (kb + k) * nr,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(c, z)), s));
+          }
+      }
+    }
+  }
+}
+
+template <class V>
+void gemm_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
+               const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
+  gemm_panels<V>(
+      x,
+      [&](int64_t n0, int rows, int64_t k0, int64_t kc, float* panel) {
+        pack_panel_int4<V>(w, scale, zero, K, n0, rows, k0, kc, panel);
+      },
+      bias, y, M, N, K, pool);
+}
+
+// The int4 linear of a target whose GEMM starts at min_gemm_rows rows of x.
+template <class V>
+void linear_int4_x86(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
+                     const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+                     int64_t min_gemm_rows, ThreadPool& pool) {
+  if (M >= min_gemm_rows) return gemm_int4<V>(x, w, scale, zero, bias, y, M, N, K, pool);
+  if (zero)
+    gemv_int4<V, true>(x, w, scale, zero, bias, y, M, N, K, pool);
+  else
+    gemv_int4<V, false>(x, w, scale, zero, bias, y, M, N, K, pool);
 }
 
 }  // namespace
