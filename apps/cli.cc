@@ -213,6 +213,24 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
                 "Print one JSON object (perplexity, mean NLL, tokens, windows, time)");
 
   add_serve_flags(serve, cl.serve);
+  QuantizeArgs& q = cl.quantize;
+  CLI::App* quant = app.add_subcommand(
+      "quantize", "Write a copy of a model with int8 or int4 linear weights, which loads as is");
+  quant->add_option("--model,-m", q.model, "Model folder or Hub id in the local cache")->required();
+  quant
+      ->add_option("--revision", q.revision,
+                   "Hub revision (branch, tag or commit) of a cached model")
+      ->capture_default_str();
+  quant
+      ->add_option("--to", q.to,
+                   "int8 (one f32 scale per 32 weights, as Q8_0) or int4 (4-bit codes and an f16 "
+                   "scale per 32, as Q4_0)")
+      ->required()
+      ->check(CLI::IsMember({"int8", "int4"}));
+  quant->add_option("--dtype", q.dtype,
+                    "float32 or bfloat16 for the weights that stay floats (embeddings, norms; "
+                    "default: the checkpoint's torch_dtype)");
+  quant->add_option("out", q.out, "Folder to write; it must not exist or be empty")->required();
 
   CLI::App* kernels = app.add_subcommand("kernels", "Hub kernels: list | lock | verify (--help)");
   kernels->prefix_command()->set_help_flag();  // its own usage: tformers kernels --help
@@ -247,7 +265,7 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
         "--threads " + std::to_string(threads) + " is out of range: give 1 to " +
         std::to_string(kMaxThreads) + " (this machine has " +
         std::to_string(std::thread::hardware_concurrency()) + " cores)");
-  for (const CLI::App* sub : {env, launch, kernels, gen, chat, tokz, bench, ppl, serve})
+  for (const CLI::App* sub : {env, launch, kernels, gen, chat, tokz, bench, ppl, serve, quant})
     if (sub->parsed()) cl.command = sub->get_name();
   if (kernels->parsed()) cl.kernels = kernels->remaining();
   return cl;

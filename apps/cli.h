@@ -81,11 +81,16 @@ struct ServeArgs {
   double shutdown_timeout = 10;  // how long running requests may finish after SIGTERM
 };
 
+// quantize: the model, the scheme (--to) and the folder to write.
+struct QuantizeArgs {
+  std::string model, revision = "main", to, dtype, out;
+};
+
 struct CommandLine {
-  // The subcommand to run: env, kernels, generate, chat, tokenize, bench, perplexity or serve
-  // (or launch, which main() hands to the launcher before parsing). Empty when parsing ended the
-  // command: --help, --version or a usage error, already written to the streams given; the
-  // process then exits with exit_code.
+  // The subcommand to run: env, kernels, generate, chat, tokenize, bench, perplexity, serve or
+  // quantize (or launch, which main() hands to the launcher before parsing). Empty when parsing
+  // ended the command: --help, --version or a usage error, already written to the streams given;
+  // the process then exits with exit_code.
   std::string command;
   int exit_code = 0;
   int64_t threads = 0;               // --threads, 1 to kMaxThreads; 0: the default
@@ -94,6 +99,7 @@ struct CommandLine {
   BenchArgs bench;                   // bench
   PerplexityArgs perplexity;         // perplexity
   ServeArgs serve;                   // serve
+  QuantizeArgs quantize;             // quantize
   std::vector<std::string> kernels;  // kernels: the arguments after "kernels"
 };
 

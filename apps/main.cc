@@ -40,6 +40,7 @@
 #include "io/file.h"
 #include "io/hub.h"
 #include "kernels_hub/cli.h"
+#include "quantize.h"
 #include "serve/server.h"
 #include "terminal.h"
 #include "tformers/accelerator.h"
@@ -521,6 +522,7 @@ int run(int argc, char** argv) {
     return tformers::serve::run_serve(cl.serve, [](const tformers::cli::ServeArgs& a) {
       return tformers::cli::load_with_progress(a.model, a.device);
     });
+  if (cl.command == "quantize") return tformers::cli::run_quantize(cl.quantize);
   return 0;  // launch: main() runs it before parsing
 }
 

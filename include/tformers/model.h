@@ -113,6 +113,15 @@ class CausalLM {
   // compiled prefill graph. Default: powers of two from 16 up to max_position_embeddings.
   void set_prompt_buckets(std::vector<int64_t> buckets);
 
+  // Writes the model as loaded into `dir` (created if needed): config.json and model.safetensors,
+  // as Transformers' save_pretrained. Weights quantized at load are written quantized, with
+  // "quantization_config": {"quant_method": "tformers", ...} in config.json, and load again
+  // without quantizing (docs/quantization.md has the layout); other weights are written in
+  // dtype(). A tied head that shares its embedding is not written. The tokenizer files and
+  // generation_config.json are not written (`tformers quantize` copies them). UnsupportedError
+  // under tensor parallelism (each rank holds only its slices).
+  void save_pretrained(const std::string& dir) const;
+
   // Compiles and cache hits for this model's steps.
   CompileStats compile_stats() const;
   // Bytes that crossed between host and device (inputs in, logits out) since load.

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <set>
 
@@ -81,6 +82,25 @@ std::unique_ptr<models::ArchConfig> parse_config(const io::Json& j, const std::s
   return c;
 }
 
+// config.json's quantization_config: "" when the checkpoint's linear weights are floats, else the
+// scheme ("int8" or "int4") of a checkpoint tformers wrote quantized (CausalLM::save_pretrained,
+// `tformers quantize`; the layout is in docs/quantization.md).
+std::string stored_scheme(const io::Json& j, const std::string& where) {
+  const auto q = io::get_optional<io::Json>(j, "quantization_config", where);
+  if (!q) return "";
+  const std::string at = where + ": quantization_config";
+  const auto method = io::get_required<std::string>(*q, "quant_method", at);
+  if (method != "tformers")
+    throw UnsupportedError(at + ": quant_method '" + method +
+                           "' is not supported; tformers reads \"tformers\" (its own layout, "
+                           "written by `tformers quantize`)");
+  const auto scheme = io::get_required<std::string>(*q, "scheme", at);
+  if (scheme != "int8" && scheme != "int4")
+    throw FormatError(at + ": field 'scheme' is '" + scheme + "'; expected \"int8\" or \"int4\"");
+  io::get_int_in(*q, "block_size", 32, 32, at);  // the only block size of both schemes
+  return scheme;
+}
+
 }  // namespace
 
 CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const LoadOptions& opt) {
@@ -100,7 +120,15 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     throw InvalidArgumentError("quantize '" + opt.quantize +
                                "' is not supported: use \"int8\" or \"int4\" (weight-only, one "
                                "scale per 32 weights) or leave it empty");
-  const bool quantize = !opt.quantize.empty();
+  const std::string stored = stored_scheme(c.json, config_path);
+  if (!stored.empty() && !opt.quantize.empty() && opt.quantize != stored)
+    throw InvalidArgumentError("quantize '" + opt.quantize + "': " + config_path +
+                               " says the checkpoint is already quantized to " + stored +
+                               " (quantization_config); load it without quantize, or quantize "
+                               "its float original");
+  impl->quantize = stored.empty() ? opt.quantize : stored;
+  // Linear weights quantized here (else used as stored: floats, or already quantized).
+  const bool quantize = stored.empty() && !opt.quantize.empty();
   if (opt.load_mode != "copy" && opt.load_mode != "mmap")
     throw InvalidArgumentError("load_mode '" + opt.load_mode +
                                "' is not supported: use \"copy\" (weights in anonymous huge-page "
@@ -112,8 +140,15 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   const std::vector<models::WeightSpec> specs = impl->arch->weights(c);
   std::map<std::string, const models::WeightSpec*> by_name;
   for (const auto& s : specs) by_name[s.name] = &s;
+  // Weights: every declared one present with its declared shape, nothing unexpected.
+  io::Checkpoint ckpt = io::Checkpoint::open(impl->path);
+  // A linear weight stored quantized (int8 or int4 with its scales, as save_pretrained writes).
+  auto stored_quantized = [&](const models::WeightSpec& s) {
+    return !stored.empty() && s.role == models::WeightRole::kLinear && ckpt.has(s.name) &&
+           !is_float(ckpt.info(s.name).dtype);
+  };
   auto quantized = [&](const models::WeightSpec& s) {
-    return quantize && s.role == models::WeightRole::kLinear;
+    return (quantize && s.role == models::WeightRole::kLinear) || stored_quantized(s);
   };
   auto bias_of_quantized = [&](const models::WeightSpec& s) {
     return s.role == models::WeightRole::kBias && by_name.count(s.linear) &&
@@ -134,8 +169,6 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     if (pw.scale) bind(prefix + ".weight_scale", std::move(pw.scale));
   };
 
-  // Weights: every declared one present with its declared shape, nothing unexpected.
-  io::Checkpoint ckpt = io::Checkpoint::open(impl->path);
   // Under "copy" a weight still in the checkpoint's mapping (used as stored, or this rank's rows
   // of it) is copied into anonymous huge-page memory; conversions already made their own.
   auto resident = [&](const Tensor& t, const std::string& source) {
@@ -147,9 +180,20 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     release_pages(t);
     return copy;
   };
+  // The scales (and int4 zero points) of a stored quantized weight: "<prefix>.weight_scale",
+  // "<prefix>.weight_zero".
+  auto companion_of = [&](const std::string& name) -> const models::WeightSpec* {
+    for (std::string_view suffix : {"_scale", "_zero"})
+      if (name.size() > suffix.size() && name.ends_with(suffix)) {
+        auto it = by_name.find(name.substr(0, name.size() - suffix.size()));
+        if (it != by_name.end() && stored_quantized(*it->second)) return it->second;
+      }
+    return nullptr;
+  };
   std::vector<std::string> unexpected;
   for (const auto& name : ckpt.names())
-    if (!by_name.count(name) && !impl->arch->ignorable(name)) unexpected.push_back(name);
+    if (!by_name.count(name) && !impl->arch->ignorable(name) && !companion_of(name))
+      unexpected.push_back(name);
   if (!unexpected.empty()) {
     if (unexpected.size() > 5) {
       size_t more = unexpected.size() - 5;
@@ -173,10 +217,11 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     }
     impl->tp = std::make_shared<distributed::TpModel>(*opt.distributed_config, defaults, decls);
     impl->arch->validate_tp(c, *impl->tp);
-    if (quantize)
-      throw UnsupportedError("quantize=\"" + opt.quantize +
-                             "\" with tensor parallelism is not supported yet: load the model in "
-                             "bfloat16 under tp_size > 1, or quantize in a single process");
+    if (!impl->quantize.empty())
+      throw UnsupportedError("quantize=\"" + impl->quantize +
+                             "\" with tensor parallelism is not supported yet: load a float "
+                             "checkpoint in bfloat16 under tp_size > 1, or quantize in a single "
+                             "process");
   }
   // Progress by bytes of checkpoint tensors read; a tied head quantized as its own copy reads
   // its target a second time.
@@ -188,20 +233,70 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     return !ckpt.has(s.name) && !s.tied_to.empty() && quantized(s) &&
            !quantized(*by_name.at(s.tied_to));
   };
-  for (const auto& s : specs) {
-    if (ckpt.has(s.name)) bytes_total += int64_t(ckpt.info(s.name).nbytes);
+  for (const auto& name : ckpt.names())
+    if (by_name.count(name) || companion_of(name)) bytes_total += int64_t(ckpt.info(name).nbytes);
+  for (const auto& s : specs)
     if (prepared_copy(s) && ckpt.has(s.tied_to))
       bytes_total += int64_t(ckpt.info(s.tied_to).nbytes);
-  }
   auto advance = [&](const std::string& source) {
     bytes_done += int64_t(ckpt.info(source).nbytes);
     if (opt.progress) opt.progress(stage, bytes_done, bytes_total);
+  };
+  // A weight stored quantized, bound as stored with its scales (and zero points): the layout is
+  // graph::Op::kLinearInt8's or kLinearInt4's, which every backend takes.
+  auto add_stored = [&](const models::WeightSpec& s) {
+    const io::TensorInfo& info = ckpt.info(s.name);
+    const int64_t N = s.shape[0], K = s.shape[1];
+    const bool int4 = info.dtype == DType::u8;
+    if (!int4 && info.dtype != DType::i8)
+      throw FormatError("tensor '" + s.name + "' in " + info.file + " has dtype " +
+                        std::string(dtype_name(info.dtype)) +
+                        "; a quantized linear weight is int8 (int8 scheme) or uint8 (int4 tiles)");
+    if (int4 && N % graph::kInt4Rows != 0)
+      throw FormatError("tensor '" + s.name + "' in " + info.file + " holds int4 tiles, but its " +
+                        std::to_string(N) + " rows (config.json) do not divide into tiles of 8");
+    const int64_t nb4 = (K + graph::kInt4Block - 1) / graph::kInt4Block;
+    const Shape weight_shape =
+        int4 ? Shape{N / graph::kInt4Rows, nb4, graph::kInt4Rows * graph::kInt4Block / 2}
+             : Shape{N, K};
+    const Shape scale_shape = int4 ? Shape{N / graph::kInt4Rows, nb4, graph::kInt4Rows}
+                                   : Shape{N, (K + graph::kInt8Block - 1) / graph::kInt8Block};
+    const std::string what = int4 ? "int4" : "int8";
+    auto add = [&](const std::string& name, DType dtype, const Shape& shape) {
+      if (!ckpt.has(name))
+        throw NotFoundError("checkpoint " + impl->path + " has no tensor '" + name +
+                            "', which the " + what + " weight '" + s.name + "' needs (" +
+                            std::string(dtype_name(dtype)) + shape_str(shape) + ")");
+      const io::TensorInfo& t = ckpt.info(name);
+      if (t.dtype != dtype || t.shape != shape)
+        throw FormatError("tensor '" + name + "' in " + t.file + " is " +
+                          std::string(dtype_name(t.dtype)) + shape_str(t.shape) + "; the " + what +
+                          " weight of shape " + shape_str(s.shape) + " needs " +
+                          std::string(dtype_name(dtype)) + shape_str(shape) +
+                          " (docs/quantization.md)");
+      bind(name, impl->backend->upload(resident(ckpt.get(name), name)));
+      advance(name);
+    };
+    const std::string prefix = s.name.substr(0, s.name.size() - std::string(".weight").size());
+    add(s.name, info.dtype, weight_shape);
+    add(prefix + ".weight_scale", int4 ? DType::f16 : DType::f32, scale_shape);
+    if (ckpt.has(prefix + ".weight_zero")) {
+      if (!int4)
+        throw FormatError("tensor '" + prefix + ".weight_zero' in " +
+                          ckpt.info(prefix + ".weight_zero").file +
+                          ": zero points belong to int4 weights, and '" + s.name + "' is int8");
+      add(prefix + ".weight_zero", DType::u8, scale_shape);
+    }
   };
   for (const auto& s : specs) {
     if (!ckpt.has(s.name)) {
       if (!s.tied_to.empty()) continue;  // bound below, once its target is loaded
       throw NotFoundError("checkpoint " + impl->path + " has no tensor '" + s.name + "', which " +
                           c.architecture + " requires (shape " + shape_str(s.shape) + ")");
+    }
+    if (stored_quantized(s)) {
+      add_stored(s);
+      continue;
     }
     const io::TensorInfo& info = ckpt.info(s.name);
     if (info.shape != s.shape)
@@ -332,6 +427,38 @@ std::vector<CausalLM::Impl::WeightSpan> CausalLM::Impl::decode_weight_spans() co
     spans.push_back({buf->host_data(),
                      shape_numel(buf->type().shape) * int64_t(dtype_size(buf->type().dtype))});
   return spans;
+}
+
+void CausalLM::save_pretrained(const std::string& dir) const {
+  const Impl& m = *impl_;
+  if (m.tp)
+    throw UnsupportedError(
+        "save_pretrained: this tensor-parallel model holds only its rank's "
+        "slices of the weights; load it in one process to save it");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const models::WeightSpec& s : m.arch->weights(*m.arch_config)) {
+    const auto& w = m.weights.at(s.name);
+    if (!s.tied_to.empty() && m.weights.at(s.tied_to) == w) continue;  // the tie, not a copy
+    tensors.emplace_back(s.name, m.backend->download(*w));
+    // A quantized linear's scales and zero points, under the names the loader binds them by.
+    for (const char* suffix : {"_scale", "_zero"})
+      if (auto it = m.weights.find(s.name + suffix); it != m.weights.end())
+        tensors.emplace_back(it->first, m.backend->download(*it->second));
+  }
+  std::filesystem::create_directories(dir);
+  io::save_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors,
+                       {{"format", "pt"}});
+  nlohmann::json config = m.arch_config->json;
+  config["torch_dtype"] = std::string(dtype_name(m.dtype));
+  if (m.quantize.empty())
+    config.erase("quantization_config");
+  else
+    config["quantization_config"] = {
+        {"quant_method", "tformers"}, {"scheme", m.quantize}, {"block_size", 32}};
+  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+  std::ofstream out(config_path);
+  out << config.dump(2) << "\n";
+  if (!out.flush()) throw IoError("save_pretrained: cannot write " + config_path);
 }
 
 const PretrainedConfig& CausalLM::config() const { return *impl_->arch_config; }

@@ -29,6 +29,8 @@ struct CausalLM::Impl {
   std::string device;  // the backend's name
   std::string path;
   DType dtype = DType::f32;
+  // The linear weights' quantization ("", "int8", "int4"): asked for at load, or as stored.
+  std::string quantize;
   bool verbose = false;
   std::map<std::string, std::shared_ptr<backends::Buffer>> weights;
   std::map<std::string, graph::TensorType> weight_types;

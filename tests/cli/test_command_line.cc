@@ -143,8 +143,8 @@ TEST(CommandLine, UnknownSubcommandIsNamedAndEscaped) {
   EXPECT_EQ(p.cl.exit_code, 1);
   EXPECT_EQ(p.err,
             "error: unknown subcommand 'serve\\x1b[2J-everything'; the subcommands are env, "
-            "launch, generate, chat, tokenize, bench, perplexity, serve, kernels (tformers --help "
-            "shows them)\n");
+            "launch, generate, chat, tokenize, bench, perplexity, serve, quantize, kernels "
+            "(tformers --help shows them)\n");
 }
 
 TEST(CommandLine, ThreadsOutOfRangeIsAnError) {
