@@ -84,9 +84,10 @@ class Executable {
 };
 
 // A linear weight as a backend keeps it for multiplication: the weight and, when quantized, its
-// block scales (see graph::Op::kLinearInt8 and kLinearInt4; the weight's dtype tells which).
+// block scales and (int4 from a format with zero points) its zero points (see
+// graph::Op::kLinearInt8 and kLinearInt4; the weight's dtype tells which).
 struct PreparedWeight {
-  std::shared_ptr<Buffer> weight, scale;
+  std::shared_ptr<Buffer> weight, scale, zero;
 };
 
 class Backend {
@@ -107,6 +108,12 @@ class Backend {
   // cannot hold the shape). Weight layout and quantization are the backend's business, so
   // models only say which weights are linear. UnsupportedError for a scheme it does not run.
   virtual PreparedWeight prepare_linear(const Tensor& w, const std::string& quantize);
+  // A linear weight (N,K) already in 4 bits, as imported AWQ and GPTQ checkpoints hold it:
+  // codes u8 (N,K) in [0, 15], row-major, and per block of 32 inputs an f16 scale and a u8 zero
+  // point, (N, ceil(K / 32)) each: w[n,k] = scale[n, k / 32] * (codes[n,k] - zero[n, k / 32]).
+  // Returns the kLinearInt4 operands. UnsupportedError where the backend has no int4 weights.
+  virtual PreparedWeight prepare_linear_int4(const Tensor& codes, const Tensor& scale,
+                                             const Tensor& zero);
 
   TransferStats transfer_stats() const { return stats_.snapshot(); }
   void reset_transfer_stats() { stats_.reset(); }

@@ -3,7 +3,9 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <span>
 
 #include "backends/compile_cache.h"
 #include "backends/registry.h"
@@ -12,6 +14,7 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "models/causal_lm_impl.h"
+#include "models/int4_import.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
 
@@ -82,23 +85,29 @@ std::unique_ptr<models::ArchConfig> parse_config(const io::Json& j, const std::s
   return c;
 }
 
-// config.json's quantization_config: "" when the checkpoint's linear weights are floats, else the
-// scheme ("int8" or "int4") of a checkpoint tformers wrote quantized (CausalLM::save_pretrained,
-// `tformers quantize`; the layout is in docs/quantization.md).
-std::string stored_scheme(const io::Json& j, const std::string& where) {
+// How config.json's quantization_config says the linear weights are stored.
+struct StoredQuantization {
+  // "" (floats), or "int8" / "int4": written by tformers (CausalLM::save_pretrained, `tformers
+  // quantize`; docs/quantization.md), or int4 from AWQ or GPTQ (`import` set).
+  std::string scheme;
+  std::optional<models::Int4Import> import;
+};
+
+StoredQuantization stored_quantization(const io::Json& j, const std::string& where) {
   const auto q = io::get_optional<io::Json>(j, "quantization_config", where);
-  if (!q) return "";
+  if (!q) return {};
   const std::string at = where + ": quantization_config";
+  if (auto import = models::read_int4_import(*q, at)) return {"int4", import};
   const auto method = io::get_required<std::string>(*q, "quant_method", at);
   if (method != "tformers")
     throw UnsupportedError(at + ": quant_method '" + method +
                            "' is not supported; tformers reads \"tformers\" (its own layout, "
-                           "written by `tformers quantize`)");
+                           "written by `tformers quantize`), \"awq\" and \"gptq\"");
   const auto scheme = io::get_required<std::string>(*q, "scheme", at);
   if (scheme != "int8" && scheme != "int4")
     throw FormatError(at + ": field 'scheme' is '" + scheme + "'; expected \"int8\" or \"int4\"");
   io::get_int_in(*q, "block_size", 32, 32, at);  // the only block size of both schemes
-  return scheme;
+  return {scheme, std::nullopt};
 }
 
 }  // namespace
@@ -110,7 +119,12 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   const std::string config_path = (std::filesystem::path(impl->path) / "config.json").string();
   impl->arch_config = parse_config(io::load_json_file(config_path), config_path, impl->arch);
   const models::ArchConfig& c = *impl->arch_config;
-  impl->dtype = opt.dtype.value_or(c.torch_dtype.value_or(DType::f32));
+  const StoredQuantization stored = stored_quantization(c.json, config_path);
+  // AWQ and GPTQ checkpoints keep their float tensors (embeddings, norms, the head) in float16,
+  // which the CPU backend does not compute in: bfloat16 unless asked otherwise.
+  const std::optional<DType> stored_dtype =
+      stored.import && c.torch_dtype == DType::f16 ? DType::bf16 : c.torch_dtype;
+  impl->dtype = opt.dtype.value_or(stored_dtype.value_or(DType::f32));
   if (impl->dtype != DType::f32 && impl->dtype != DType::bf16)
     throw UnsupportedError(std::string("dtype ") + std::string(dtype_name(impl->dtype)) +
                            " is not supported: use float32 or bfloat16");
@@ -120,15 +134,14 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     throw InvalidArgumentError("quantize '" + opt.quantize +
                                "' is not supported: use \"int8\" or \"int4\" (weight-only, one "
                                "scale per 32 weights) or leave it empty");
-  const std::string stored = stored_scheme(c.json, config_path);
-  if (!stored.empty() && !opt.quantize.empty() && opt.quantize != stored)
+  if (!stored.scheme.empty() && !opt.quantize.empty() && opt.quantize != stored.scheme)
     throw InvalidArgumentError("quantize '" + opt.quantize + "': " + config_path +
-                               " says the checkpoint is already quantized to " + stored +
+                               " says the checkpoint is already quantized to " + stored.scheme +
                                " (quantization_config); load it without quantize, or quantize "
                                "its float original");
-  impl->quantize = stored.empty() ? opt.quantize : stored;
+  impl->quantize = stored.scheme.empty() ? opt.quantize : stored.scheme;
   // Linear weights quantized here (else used as stored: floats, or already quantized).
-  const bool quantize = stored.empty() && !opt.quantize.empty();
+  const bool quantize = stored.scheme.empty() && !opt.quantize.empty();
   if (opt.load_mode != "copy" && opt.load_mode != "mmap")
     throw InvalidArgumentError("load_mode '" + opt.load_mode +
                                "' is not supported: use \"copy\" (weights in anonymous huge-page "
@@ -142,10 +155,15 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   for (const auto& s : specs) by_name[s.name] = &s;
   // Weights: every declared one present with its declared shape, nothing unexpected.
   io::Checkpoint ckpt = io::Checkpoint::open(impl->path);
-  // A linear weight stored quantized (int8 or int4 with its scales, as save_pretrained writes).
+  auto prefix_of = [](const std::string& weight) {
+    return weight.substr(0, weight.size() - std::string(".weight").size());
+  };
+  // A linear weight stored quantized: int8 or int4 with its scales, as save_pretrained writes
+  // them, or AWQ's or GPTQ's qweight with its parts.
   auto stored_quantized = [&](const models::WeightSpec& s) {
-    return !stored.empty() && s.role == models::WeightRole::kLinear && ckpt.has(s.name) &&
-           !is_float(ckpt.info(s.name).dtype);
+    if (stored.scheme.empty() || s.role != models::WeightRole::kLinear) return false;
+    if (stored.import) return ckpt.has(prefix_of(s.name) + ".qweight");
+    return ckpt.has(s.name) && !is_float(ckpt.info(s.name).dtype);
   };
   auto quantized = [&](const models::WeightSpec& s) {
     return (quantize && s.role == models::WeightRole::kLinear) || stored_quantized(s);
@@ -180,19 +198,28 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     release_pages(t);
     return copy;
   };
-  // The scales (and int4 zero points) of a stored quantized weight: "<prefix>.weight_scale",
-  // "<prefix>.weight_zero".
-  auto companion_of = [&](const std::string& name) -> const models::WeightSpec* {
-    for (std::string_view suffix : {"_scale", "_zero"})
+  // The other tensors of a stored quantized weight "<prefix>.weight": "<prefix>.weight_scale" and
+  // "<prefix>.weight_zero" (tformers), "<prefix>.qweight", ".qzeros", ".scales", ".g_idx" (AWQ,
+  // GPTQ).
+  // A part's suffix, and what takes its place in its weight's name.
+  using Part = std::pair<std::string_view, std::string_view>;
+  static constexpr Part kOwnParts[] = {{"_scale", ""}, {"_zero", ""}};
+  static constexpr Part kImportParts[] = {{".qweight", ".weight"},
+                                          {".qzeros", ".weight"},
+                                          {".scales", ".weight"},
+                                          {".g_idx", ".weight"}};
+  auto stored_part = [&](const std::string& name) {
+    for (auto [suffix, weight] :
+         stored.import ? std::span<const Part>(kImportParts) : std::span<const Part>(kOwnParts))
       if (name.size() > suffix.size() && name.ends_with(suffix)) {
-        auto it = by_name.find(name.substr(0, name.size() - suffix.size()));
-        if (it != by_name.end() && stored_quantized(*it->second)) return it->second;
+        auto it = by_name.find(name.substr(0, name.size() - suffix.size()) + std::string(weight));
+        if (it != by_name.end() && stored_quantized(*it->second)) return true;
       }
-    return nullptr;
+    return false;
   };
   std::vector<std::string> unexpected;
   for (const auto& name : ckpt.names())
-    if (!by_name.count(name) && !impl->arch->ignorable(name) && !companion_of(name))
+    if (!by_name.count(name) && !impl->arch->ignorable(name) && !stored_part(name))
       unexpected.push_back(name);
   if (!unexpected.empty()) {
     if (unexpected.size() > 5) {
@@ -234,7 +261,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
            !quantized(*by_name.at(s.tied_to));
   };
   for (const auto& name : ckpt.names())
-    if (by_name.count(name) || companion_of(name)) bytes_total += int64_t(ckpt.info(name).nbytes);
+    if (by_name.count(name) || stored_part(name)) bytes_total += int64_t(ckpt.info(name).nbytes);
   for (const auto& s : specs)
     if (prepared_copy(s) && ckpt.has(s.tied_to))
       bytes_total += int64_t(ckpt.info(s.tied_to).nbytes);
@@ -242,9 +269,25 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     bytes_done += int64_t(ckpt.info(source).nbytes);
     if (opt.progress) opt.progress(stage, bytes_done, bytes_total);
   };
-  // A weight stored quantized, bound as stored with its scales (and zero points): the layout is
-  // graph::Op::kLinearInt8's or kLinearInt4's, which every backend takes.
+  // An AWQ or GPTQ weight, read into codes and per-block scales and zero points that the backend
+  // packs.
+  auto add_imported = [&](const models::WeightSpec& s) {
+    const std::string prefix = prefix_of(s.name);
+    const models::Int4Codes q =
+        models::import_int4(ckpt, impl->path, *stored.import, prefix, s.shape[0], s.shape[1]);
+    backends::PreparedWeight pw = impl->backend->prepare_linear_int4(q.codes, q.scale, q.zero);
+    bind(s.name, std::move(pw.weight));
+    bind(prefix + ".weight_scale", std::move(pw.scale));
+    bind(prefix + ".weight_zero", std::move(pw.zero));
+    for (const std::string& part : models::int4_import_parts(ckpt, prefix)) {
+      release_pages(ckpt.get(part));
+      advance(part);
+    }
+  };
+  // A weight stored quantized by tformers, bound as stored with its scales (and zero points): the
+  // layout is graph::Op::kLinearInt8's or kLinearInt4's, which every backend takes.
   auto add_stored = [&](const models::WeightSpec& s) {
+    if (stored.import) return add_imported(s);
     const io::TensorInfo& info = ckpt.info(s.name);
     const int64_t N = s.shape[0], K = s.shape[1];
     const bool int4 = info.dtype == DType::u8;
@@ -277,7 +320,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       bind(name, impl->backend->upload(resident(ckpt.get(name), name)));
       advance(name);
     };
-    const std::string prefix = s.name.substr(0, s.name.size() - std::string(".weight").size());
+    const std::string prefix = prefix_of(s.name);
     add(s.name, info.dtype, weight_shape);
     add(prefix + ".weight_scale", int4 ? DType::f16 : DType::f32, scale_shape);
     if (ckpt.has(prefix + ".weight_zero")) {
@@ -289,14 +332,14 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     }
   };
   for (const auto& s : specs) {
+    if (stored_quantized(s)) {
+      add_stored(s);
+      continue;
+    }
     if (!ckpt.has(s.name)) {
       if (!s.tied_to.empty()) continue;  // bound below, once its target is loaded
       throw NotFoundError("checkpoint " + impl->path + " has no tensor '" + s.name + "', which " +
                           c.architecture + " requires (shape " + shape_str(s.shape) + ")");
-    }
-    if (stored_quantized(s)) {
-      add_stored(s);
-      continue;
     }
     const io::TensorInfo& info = ckpt.info(s.name);
     if (info.shape != s.shape)

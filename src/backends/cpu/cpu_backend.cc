@@ -685,6 +685,10 @@ class CpuBackend : public Backend {
     if (quantize == "int4") return prepare_int4(*this, w);
     return Backend::prepare_linear(w, quantize);
   }
+  PreparedWeight prepare_linear_int4(const Tensor& codes, const Tensor& scale,
+                                     const Tensor& zero) override {
+    return pack_int4(*this, codes, scale, zero);
+  }
   Tensor download(const Buffer& buffer) override {
     const Tensor& t = static_cast<const CpuBuffer&>(buffer).tensor();
     Tensor copy = Tensor::zeros(t.shape(), t.dtype());

@@ -16,5 +16,8 @@ std::unique_ptr<Backend> make_cpu_backend();
 PreparedWeight prepare_int8(Backend& backend, const Tensor& w);
 // ... and "int4".
 PreparedWeight prepare_int4(Backend& backend, const Tensor& w);
+// Backend::prepare_linear_int4 on the CPU.
+PreparedWeight pack_int4(Backend& backend, const Tensor& codes, const Tensor& scale,
+                         const Tensor& zero);
 
 }  // namespace tformers::backends

@@ -2,6 +2,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/kernels.h"
 #include "core/thread_pool.h"
+#include "tformers/error.h"
 
 namespace tformers::backends {
 
@@ -21,7 +22,7 @@ PreparedWeight prepare_int8(Backend& backend, const Tensor& w) {
   Tensor scale = Tensor::zeros({N, cpu::int8_blocks(K)}, DType::f32);
   cpu::quantize_int8(src.raw(), src.dtype(), q.data<int8_t>(), scale.data<float>(), N, K,
                      ThreadPool::global());
-  return {backend.upload(q), backend.upload(scale)};
+  return {backend.upload(q), backend.upload(scale), nullptr};
 }
 
 // int4 tiles and their f16 scales (see cpu::quantize_int4). The tiles take rows 8 at a time, so
@@ -37,7 +38,35 @@ PreparedWeight prepare_int4(Backend& backend, const Tensor& w) {
   Tensor scale = Tensor::zeros({groups, nb, cpu::kInt4Rows}, DType::f16);
   cpu::quantize_int4(src.raw(), src.dtype(), q.data<uint8_t>(), scale.data<uint16_t>(), N, K,
                      ThreadPool::global());
-  return {backend.upload(q), backend.upload(scale)};
+  return {backend.upload(q), backend.upload(scale), nullptr};
+}
+
+// The tiles of codes in row order, and the scales and zero points re-laid by row group.
+PreparedWeight pack_int4(Backend& backend, const Tensor& codes, const Tensor& scale,
+                         const Tensor& zero) {
+  const int64_t N = codes.dim(0), K = codes.dim(1), nb = cpu::int4_blocks(K);
+  TF_CHECK(N % cpu::kInt4Rows == 0 && codes.dtype() == DType::u8 &&
+               scale.shape() == Shape({N, nb}) && scale.dtype() == DType::f16 &&
+               zero.shape() == Shape({N, nb}) && zero.dtype() == DType::u8,
+           "pack_int4: codes ", shape_str(codes.shape()), " scale ", shape_str(scale.shape()),
+           " zero ", shape_str(zero.shape()));
+  const int64_t groups = N / cpu::kInt4Rows;
+  Tensor tiles = Tensor::zeros({groups, nb, cpu::kInt4TileBytes}, DType::u8);
+  Tensor s = Tensor::zeros({groups, nb, cpu::kInt4Rows}, DType::f16);
+  Tensor z = Tensor::zeros({groups, nb, cpu::kInt4Rows}, DType::u8);
+  ThreadPool::global().parallel_for(groups, [&](int64_t g0, int64_t g1, int) {
+    for (int64_t g = g0; g < g1; ++g) {
+      cpu::pack_int4_tiles(codes.data<uint8_t>() + g * cpu::kInt4Rows * K, K, K,
+                           tiles.data<uint8_t>() + g * nb * cpu::kInt4TileBytes);
+      for (int64_t b = 0; b < nb; ++b)
+        for (int64_t j = 0; j < cpu::kInt4Rows; ++j) {
+          const int64_t from = (g * cpu::kInt4Rows + j) * nb + b, to = (g * nb + b) * 8 + j;
+          s.data<uint16_t>()[to] = scale.data<uint16_t>()[from];
+          z.data<uint8_t>()[to] = zero.data<uint8_t>()[from];
+        }
+    }
+  });
+  return {backend.upload(tiles), backend.upload(s), backend.upload(z)};
 }
 
 }  // namespace tformers::backends
