@@ -216,8 +216,10 @@ void run_model(const std::string& dir, const std::string& quantize, const Machin
       collect();
       lm.reset_cache(1, std::max<int64_t>(cache_len, o.prefill));
       const double s = forward_seconds(lm, o.prefill);
-      // Linear FLOPs plus causal attention (QK^T and PV over T^2 / 2 pairs per head).
-      const double flops = 2.0 * linear_params(c) * o.prefill +
+      // Linear FLOPs plus causal attention (QK^T and PV over T^2 / 2 pairs per head). The output
+      // layer runs on the last position only (ForwardArgs::logits_to_keep = 1, as generate()).
+      const double lm_head = double(c.vocab_size) * c.hidden_size;
+      const double flops = 2.0 * (linear_params(c) - lm_head) * o.prefill + 2.0 * lm_head +
                            2.0 * 2 * c.num_hidden_layers * c.num_attention_heads * c.head_dim *
                                o.prefill * o.prefill / 2;
       char buf[96];

@@ -4,45 +4,67 @@
 # (tools/peer/safetensors_to_gguf.py) and timed by llama.cpp's prebuilt CPU build through
 # node-llama-cpp (tools/peer/llama_cpp_bench.mjs, pinned in tools/peer/package.json).
 #
-#   bench/peer_llama_cpp.sh [--threads 1,2] [--decode 32] [--dir /tmp]
+#   bench/peer_llama_cpp.sh [--threads 1,2] [--decode 32] [--prefill 512] [--dir /tmp]
+#                           [--weights bf16,int8,int4] [--load-modes mmap,none]
 #
-# bf16 against bf16, and tformers' --quantize int8 against llama.cpp's Q8_0 (the same 32-value
-# blocks with one scale; written only where Debian's python3-torch is, scripts/setup.sh --dev).
+# --weights picks the pairs: bf16 against bf16, tformers' --quantize int8 against llama.cpp's Q8_0
+# and --quantize int4 against Q4_0 (the same 32-value blocks with one f16 scale each; the GGUFs
+# are quantized with Debian's python3-numpy, scripts/setup.sh --dev, and skipped without it).
+# --load-modes times llama.cpp on the GGUF's mapping (mmap, its default) and on weights it reads
+# into memory of its own (none: the like of tformers' default load, a copy, which bench_model uses).
+# --prefill N (0 = skip) is the prompt length of both prefill timings; bench_model times it with
+# bf16 weights at the largest thread count only, llama.cpp for every weight type and thread count.
 # Needs the release build (scripts/setup.sh) and Node.js with npm (scripts/setup.sh --tests);
 # installs tools/peer/node_modules from the npm registry on first use (about 85 MB: the Linux
 # x64 binaries only, no GPU packages, no install scripts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-threads=1,2 decode=32 dir=/tmp
+usage="usage: $0 [--threads 1,2] [--decode 32] [--prefill 512] [--dir /tmp] [--weights bf16,int8,int4] [--load-modes mmap,none]"
+threads=1,2 decode=32 prefill=512 dir=/tmp weights=bf16,int8,int4 load_modes=mmap,none
 while [ $# -gt 0 ]; do
   case "$1" in
     --threads) threads=$2; shift 2 ;;
     --decode) decode=$2; shift 2 ;;
+    --prefill) prefill=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
-    *) echo "usage: $0 [--threads 1,2] [--decode 32] [--dir /tmp]" >&2; exit 2 ;;
+    --weights) weights=$2; shift 2 ;;
+    --load-modes) load_modes=$2; shift 2 ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
+done
+# Checked before anything runs, so that a typo does not cost the tformers run first.
+for w in ${weights//,/ }; do
+  case "$w" in bf16|int8|int4) ;; *) echo "$0: --weights $w: use bf16, int8 or int4" >&2; exit 2 ;; esac
+done
+for m in ${load_modes//,/ }; do
+  case "$m" in mmap|none) ;; *) echo "$0: --load-modes $m: use mmap or none" >&2; exit 2 ;; esac
 done
 [ -x build/release/bench/bench_model ] || { echo "$0: build/release/bench/bench_model is missing: run scripts/setup.sh" >&2; exit 1; }
 command -v node >/dev/null || { echo "$0: node is missing: run scripts/setup.sh --tests" >&2; exit 1; }
 
 echo "== tformers (bench_model)"
-build/release/bench/bench_model --models qwen3 --threads "$threads" --decode "$decode" --dir "$dir"
+build/release/bench/bench_model --models qwen3 --threads "$threads" --decode "$decode" \
+  --prefill "$prefill" --weights "$weights" --dir "$dir"
 
 ckpt=$dir/tformers-bench-qwen3-0.6b
 if [ ! -d tools/peer/node_modules/node-llama-cpp ]; then
   (cd tools/peer && npm ci --omit=optional --ignore-scripts --no-audit --no-fund --loglevel=error)
 fi
 # Each GGUF is written again when the checkpoint is newer than it. Debian's python3 (not one
-# first on PATH, such as a pyenv one) is the one that has python3-torch for Q8_0.
-for kind in bf16 q8_0; do
+# first on PATH, such as a pyenv one) is the one that has python3-numpy for Q8_0 and Q4_0.
+for w in ${weights//,/ }; do
+  case "$w" in bf16) kind=bf16 quant= ;; int8) kind=q8_0 quant=--q8_0 ;; int4) kind=q4_0 quant=--q4_0 ;; esac
   gguf=$ckpt.$kind.gguf
-  if [ "$kind" = q8_0 ] && ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
-    echo "== llama.cpp Q8_0: skipped (needs python3-torch: scripts/setup.sh --dev)"
+  if [ -n "$quant" ] && ! /usr/bin/python3 -c "import numpy" 2>/dev/null; then
+    echo "== llama.cpp $kind: skipped (needs python3-numpy: scripts/setup.sh --dev)"
     continue
   fi
   if [ ! -s "$gguf" ] || [ "$gguf" -ot "$ckpt/model.safetensors" ]; then
-    /usr/bin/python3 tools/peer/safetensors_to_gguf.py $([ "$kind" = q8_0 ] && echo --q8_0) "$ckpt" "$gguf"
+    /usr/bin/python3 tools/peer/safetensors_to_gguf.py ${quant:+"$quant"} "$ckpt" "$gguf"
   fi
-  echo "== llama.cpp, $kind weights"
-  node tools/peer/llama_cpp_bench.mjs "$gguf" --threads "$threads" --decode "$decode"
+  for mode in ${load_modes//,/ }; do
+    echo "== llama.cpp, $kind weights, load mode $mode"
+    node tools/peer/llama_cpp_bench.mjs "$gguf" --threads "$threads" --decode "$decode" \
+      --prefill "$prefill" --load-mode "$mode"
+  done
 done

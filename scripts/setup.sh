@@ -2,7 +2,8 @@
 # Installs what tformers needs on a fresh Debian 12 machine and builds it. Safe to re-run.
 #   scripts/setup.sh            build dependencies, then the release build
 #   scripts/setup.sh --tests    also the test tooling (npm references) and the asan build
-#   scripts/setup.sh --dev      also python3-torch, to regenerate goldens (tools/reference)
+#   scripts/setup.sh --dev      also python3-torch, to regenerate goldens (tools/reference), and
+#                               python3-numpy, to write the peer GGUFs (bench/peer_llama_cpp.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -12,12 +12,22 @@ Qwen3 needs no reordering of the q/k projections (llama.cpp runs its rope in the
 layout of the checkpoint), unlike Llama, whose checkpoints llama.cpp permutes, so only Qwen3 is
 accepted.
 
-With --q8_0 the 2-D tensors are written as Q8_0 (blocks of 32 int8 with one f16 scale
-max|x| / 127, llama.cpp's 8-bit format) instead of bf16, for the peer of tformers'
---quantize int8; that needs PyTorch (Debian's python3-torch) to round 600 M weights in seconds.
-The rest is the standard library.
+With --q8_0 or --q4_0 the 2-D tensors are written in one of llama.cpp's block formats instead
+of bf16, each block 32 consecutive values of a row, as llama.cpp's reference quantizers
+(ggml-quants.c) round them:
+- Q8_0, the peer of tformers' --quantize int8: an f16 scale d = max|x| / 127, then 32 int8
+  round(x / d), ties to even;
+- Q4_0, the peer of --quantize int4: with m the value of largest magnitude (the first of equals,
+  sign kept), an f16 scale d = m / -8, then 16 bytes of codes min(15, trunc(x / d + 8.5)) in
+  [0, 15] (w = d (code - 8)); byte j holds value j in its low nibble and value j + 16 in its high.
+Every 2-D tensor is quantized, token_embd included: the checkpoint's head is tied, so llama.cpp
+multiplies by token_embd as its output layer, and tformers quantizes that head too (a copy of its
+own, the embedding lookup staying bf16; one row per token, which costs no time). llama.cpp's
+llama-quantize would keep a tied head in Q6_K for Q4_0; here both engines stream the same
+4.5 bits per weight. Quantizing needs NumPy (Debian's python3-numpy) to round 600 M weights in
+seconds; the rest is the standard library.
 
-usage: safetensors_to_gguf.py [--q8_0] CHECKPOINT_DIR OUT.gguf
+usage: safetensors_to_gguf.py [--q8_0 | --q4_0] CHECKPOINT_DIR OUT.gguf
 """
 import json
 import os
@@ -28,8 +38,8 @@ GGUF_VERSION = 3
 ALIGNMENT = 32
 # GGUF metadata value types and GGML tensor types (gguf.md of the ggml repository).
 T_UINT32, T_FLOAT32, T_STRING, T_ARRAY = 4, 6, 8, 9
-GGML_F32, GGML_Q8_0, GGML_BF16 = 0, 8, 30
-Q8_0_BLOCK = 32  # values per Q8_0 block: a 2-byte f16 scale, then 32 int8
+GGML_F32, GGML_Q4_0, GGML_Q8_0, GGML_BF16 = 0, 2, 8, 30
+BLOCK = 32  # values per Q8_0 or Q4_0 block, each block a 2-byte f16 scale and then its codes
 
 LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -83,24 +93,57 @@ def kv(key, vtype, value):
     return out + struct.pack("<IQ", T_STRING, len(items)) + b"".join(string(s) for s in items)
 
 
-def q8_0(raw):
-    """bf16 bytes (whole rows) -> Q8_0 bytes (ties round to even, as torch.round)."""
-    import torch  # only for --q8_0
+def bf16_blocks(raw):
+    """bf16 bytes (whole rows) -> f32 array of blocks of BLOCK values, one block a row."""
+    import numpy as np  # only to quantize
 
-    x = torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).float().reshape(-1, Q8_0_BLOCK)
-    d = x.abs().amax(dim=1, keepdim=True) / 127
-    q = torch.where(d > 0, torch.round(x / d.clamp_min(1e-38)), torch.zeros_like(x)).to(torch.int8)
-    scale = d.half().view(torch.int16).reshape(-1, 1)
-    blocks = torch.cat([scale.view(torch.int8).reshape(-1, 2), q], dim=1)
-    return blocks.numpy().tobytes()
+    bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16  # bf16 is f32's high half
+    return bits.view(np.float32).reshape(-1, BLOCK)
+
+
+def blocks_bytes(d, codes):
+    """Per-block f32 scales (n, 1) and uint8 codes (n, k) -> n blocks of f16 scale then codes."""
+    import numpy as np
+
+    return np.concatenate([d.astype("<f2").view(np.uint8), codes], axis=1).tobytes()
+
+
+def q8_0(raw):
+    import numpy as np
+
+    x = bf16_blocks(raw)
+    d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+    q = np.zeros_like(x)
+    np.divide(x, d, out=q, where=d > 0)
+    return blocks_bytes(d, np.rint(q).astype(np.int8).view(np.uint8))
+
+
+def q4_0(raw):
+    import numpy as np
+
+    x = bf16_blocks(raw)
+    m = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)  # first of equals
+    d = m / np.float32(-8)
+    inv = np.zeros_like(d)
+    np.divide(np.float32(1), d, out=inv, where=d != 0)  # the unrounded d, as ggml's codes use
+    # x * inv + 8.5 is never below 0 (m itself gives 0.5), so the cast truncates as ggml's does.
+    q = np.minimum(15, (x * inv + np.float32(8.5)).astype(np.uint8))
+    half = BLOCK // 2
+    return blocks_bytes(d, q[:, :half] | q[:, half:] << 4)
+
+
+# By flag: the format's name, GGML type, bytes per block, and quantizer.
+QUANTS = {"--q8_0": ("Q8_0", GGML_Q8_0, 2 + BLOCK, q8_0),
+          "--q4_0": ("Q4_0", GGML_Q4_0, 2 + BLOCK // 2, q4_0)}
 
 
 def main():
     args = sys.argv[1:]
-    quant = "--q8_0" in args
-    args = [a for a in args if a != "--q8_0"]
-    if len(args) != 2:
+    flags = [a for a in args if a in QUANTS]
+    args = [a for a in args if a not in QUANTS]
+    if len(args) != 2 or len(flags) > 1:
         sys.exit(__doc__)
+    fmt, quant, block_bytes, quantize = QUANTS[flags[0]] if flags else (None, None, 0, None)
     src, dst = args
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
@@ -118,10 +161,10 @@ def main():
         if info["dtype"] != "BF16":
             fail(f"{st_path}: tensor {name} is {info['dtype']}, only BF16 checkpoints are supported")
         begin, end = info["data_offsets"]
-        ggml_type = GGML_F32 if len(info["shape"]) == 1 else GGML_Q8_0 if quant else GGML_BF16
-        if ggml_type == GGML_Q8_0 and info["shape"][-1] % Q8_0_BLOCK:
+        ggml_type = GGML_F32 if len(info["shape"]) == 1 else quant or GGML_BF16
+        if ggml_type == quant and info["shape"][-1] % BLOCK:
             fail(f"{st_path}: tensor {name} has rows of {info['shape'][-1]} values, "
-                 f"not a multiple of {Q8_0_BLOCK} as Q8_0 needs")
+                 f"not a multiple of {BLOCK} as {fmt} needs")
         tensors.append((gguf_name(name), ggml_type, info["shape"], data_start + begin, end - begin))
 
     a = "qwen3"
@@ -147,7 +190,7 @@ def main():
     infos, offset = [], 0
     for gname, ggml_type, shape, _, nbytes in tensors:
         out_bytes = {GGML_F32: nbytes * 2, GGML_BF16: nbytes,
-                     GGML_Q8_0: nbytes // 2 // Q8_0_BLOCK * (2 + Q8_0_BLOCK)}[ggml_type]
+                     quant: nbytes // 2 // BLOCK * block_bytes}[ggml_type]
         dims = list(reversed(shape))  # GGUF lists the innermost dimension first
         infos.append(string(gname) + struct.pack("<I", len(dims)) +
                      b"".join(struct.pack("<Q", d) for d in dims) +
@@ -165,12 +208,12 @@ def main():
                 raw = fin.read(nbytes)
                 fout.write(b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, nbytes, 2)))
                 written = nbytes * 2
-            elif ggml_type == GGML_Q8_0:
+            elif ggml_type == quant:
                 written = 0
                 rows_per_chunk = max(1, (1 << 24) // (shape[-1] * 2))
                 for r in range(0, shape[0], rows_per_chunk):
                     n = min(rows_per_chunk, shape[0] - r) * shape[-1] * 2
-                    out = q8_0(fin.read(n))
+                    out = quantize(fin.read(n))
                     fout.write(out)
                     written += len(out)
             else:
