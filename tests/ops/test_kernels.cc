@@ -549,6 +549,11 @@ TEST(Ops, Attention) {
       {1, 1, 8, 2, 64, 64, 40, 1, 0, 0.5f},
       {2, 5, 4, 1, 24, 32, 3, 0, 0, 2.0f},
       {1, 7, 4, 2, 40, 128, 20, 1, 8, 1.0f},
+      // The x86 targets' blocked prefill (from 32 query rows per KV head): several units per
+      // head, more slots than one GEMM k block (256) and head_dim 72 (a partial panel of value
+      // columns), after a prefix with masked keys; then windows, left padding and a soft cap.
+      {1, 300, 4, 2, 400, 72, 30, 1},
+      {2, 70, 2, 1, 128, 40, 0, 2, 48, 1.5f},
   };
   std::mt19937 rng(13);
   for_each_config(

@@ -637,6 +637,44 @@ void key_scores(const float* const* qp, const KV* k, int64_t L, int64_t D, float
           scores[g * L + i] += qp[g][d] * value_f32(k[i * D + d]);
 }
 
+// One row of raw scores q . k of slots [0, L) (counted from the first slot read) made into
+// unnormalised probabilities in place: the scale, the soft cap, -inf outside [b, e) (the window
+// and the causal limit) and where the mask is 0, then exp(s - max) with the row's max subtracted
+// so that large logits cannot overflow. Returns their sum; a row that sees no key gets zeros and
+// 0. Shared by the row-set kernel below and the x86 targets' blocked prefill attention.
+inline float row_probabilities(float* row, int64_t L, int64_t b, int64_t e, const int32_t* mask,
+                               float scale, float softcap) {
+  for (int64_t i = b; i < e; ++i) row[i] *= scale;
+  // The soft cap costs nothing measurable in decode (K and V reads dominate) and 7-12 % of
+  // prefill attention (512 queries over 1024 slots, same heads, alternated in one process).
+  if (softcap > 0.0f) softcap_f32(row + b, row + b, e - b, softcap);
+  std::fill(row, row + b, -INFINITY);      // before the window
+  std::fill(row + e, row + L, -INFINITY);  // causal
+  if (mask)
+    for (int64_t i = b; i < e; ++i)
+      if (mask[i] == 0) row[i] = -INFINITY;
+  const float mx = max_f32(row + b, e - b);
+  if (mx == -INFINITY) {
+    std::fill(row, row + L, 0.0f);
+    return 0.0f;
+  }
+  f32x8 acc{};
+  int64_t j = 0;
+  for (; j + kF32x8 <= L; j += kF32x8) {
+    const f32x8 x = exp_f32x8(load_f32x8(row + j) - mx);
+    store_f32x8(row + j, x);
+    acc += x;
+  }
+  if (j < L) {  // the last few scores through the same exp, padded with -inf (exp 0)
+    f32x8 x = f32x8{} - INFINITY;
+    std::memcpy(&x, row + j, size_t(L - j) * sizeof(float));
+    x = exp_f32x8(x - mx);
+    std::memcpy(row + j, &x, size_t(L - j) * sizeof(float));
+    acc += x;
+  }
+  return hsum_f32x8(acc);
+}
+
 // N query rows sharing one KV head; row g sees slots [first[g], len[g]) where mask is non-zero.
 // Two passes (scores, then the weighted sum of values) with each row's max subtracted before exp
 // so large logits cannot overflow. Scratch: scores (N, max len), slots (max len), packed (N, D).
@@ -658,7 +696,7 @@ void attend_set(const float* const* q, const int64_t* first, const int64_t* len,
   v += lo * D;
   if (mask) mask += lo;
   const int64_t L = hi - lo;
-  float mx[N], sum[N] = {};
+  float sum[N];
   // Raw scores of every slot (masked ones too, so that key blocks stay whole; their scores are
   // replaced below), then the scale, the soft cap, the window, the causal limit and the mask.
   float* qp[N];
@@ -667,44 +705,10 @@ void attend_set(const float* const* q, const int64_t* first, const int64_t* len,
     pack_query(q[g], D, qp[g], KV{});
   }
   key_scores<N>(qp, k, L, D, scores);
-  for (int g = 0; g < N; ++g) {
-    float* row = scores + g * L;
-    const int64_t b = first[g] - lo, e = len[g] - lo;
-    for (int64_t i = b; i < e; ++i) row[i] *= scale;
-    // The soft cap costs nothing measurable in decode (K and V reads dominate) and 7-12 % of
-    // prefill attention (512 queries over 1024 slots, same heads, alternated in one process).
-    if (softcap > 0.0f) softcap_f32(row + b, row + b, e - b, softcap);
-    std::fill(row, row + b, -INFINITY);      // before the window
-    std::fill(row + e, row + L, -INFINITY);  // causal
-    if (mask)
-      for (int64_t i = b; i < e; ++i)
-        if (mask[i] == 0) row[i] = -INFINITY;
-    mx[g] = max_f32(row + b, e - b);
-  }
-  // Probabilities in place of the scores (8 at a time), and the slots that any row attends to:
-  // a masked slot's value row is never read. A row that sees no key (max -inf) gets zeros.
-  for (int g = 0; g < N; ++g) {
-    float* row = scores + g * L;
-    if (mx[g] == -INFINITY) {
-      std::fill(row, row + L, 0.0f);
-      continue;
-    }
-    f32x8 acc{};
-    int64_t j = 0;
-    for (; j + kF32x8 <= L; j += kF32x8) {
-      const f32x8 e = exp_f32x8(load_f32x8(row + j) - mx[g]);
-      store_f32x8(row + j, e);
-      acc += e;
-    }
-    if (j < L) {  // the last few scores through the same exp, padded with -inf (exp 0)
-      f32x8 x = f32x8{} - INFINITY;
-      std::memcpy(&x, row + j, size_t(L - j) * sizeof(float));
-      const f32x8 e = exp_f32x8(x - mx[g]);
-      std::memcpy(row + j, &e, size_t(L - j) * sizeof(float));
-      acc += e;
-    }
-    sum[g] = hsum_f32x8(acc);
-  }
+  // Probabilities in place of the scores, and the slots that any row attends to: a masked slot's
+  // value row is never read.
+  for (int g = 0; g < N; ++g)
+    sum[g] = row_probabilities(scores + g * L, L, first[g] - lo, len[g] - lo, mask, scale, softcap);
   int64_t n = 0;
   for (int64_t j = 0; j < L; ++j) {
     bool any = false;
@@ -746,6 +750,13 @@ void attend_rows(int n, const float* const* q, const int64_t* first, const int64
   }
 }
 
+// The query block that unit order i of `blocks` runs: 0, last, 1, last - 1, ... A causal query's
+// cost grows with its position and the pool hands out contiguous chunks of units, so each chunk
+// gets early and late blocks alike.
+inline int64_t interleaved_block(int64_t i, int64_t blocks) {
+  return i % 2 == 0 ? i / 2 : blocks - 1 - i / 2;
+}
+
 template <class Ops>
 void attention_impl(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                     const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
@@ -772,9 +783,9 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
                     .slots = thread_scratch<int32_t>(Scratch::kSlots, size_t(reach)),
                     .chunks = chunks};
     for (int64_t u = lo; u < hi; ++u) {
-      const int64_t kvh = u % Hkv, bb = (u / Hkv) % blocks, b = u / (Hkv * blocks);
-      const int64_t blk = (bb % 2 == 0) ? bb / 2 : blocks - 1 - bb / 2;
-      const int64_t t0 = blk * tb, t1 = std::min(T, t0 + tb);
+      const int64_t kvh = u % Hkv, b = u / (Hkv * blocks);
+      const int64_t t0 = interleaved_block((u / Hkv) % blocks, blocks) * tb,
+                    t1 = std::min(T, t0 + tb);
       args.mask = key_mask ? key_mask + b * S : nullptr;
       const int64_t base = (b * Hkv + kvh) * S * D;
       const float* qs[kQuerySet];
@@ -810,13 +821,15 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
   });
 }
 
-// Builds a table from a target's linear kernels and its vector primitives.
+// Builds a table from a target's linear kernels (and attention, where it has its own) and its
+// vector primitives.
 template <class Ops>
 KernelTable make_table(decltype(KernelTable::linear) linear,
                        decltype(KernelTable::linear_int8) linear_int8,
                        decltype(KernelTable::quantize_int8) quantize_int8,
                        decltype(KernelTable::linear_int4) linear_int4,
-                       decltype(KernelTable::quantize_int4) quantize_int4) {
+                       decltype(KernelTable::quantize_int4) quantize_int4,
+                       decltype(KernelTable::attention) attention = &attention_impl<Ops>) {
   return KernelTable{linear,
                      linear_int8,
                      quantize_int8,
@@ -831,7 +844,7 @@ KernelTable make_table(decltype(KernelTable::linear) linear,
                      &softcap_impl<Ops>,
                      &add_impl<Ops>,
                      &cache_write_impl<Ops>,
-                     &attention_impl<Ops>};
+                     attention};
 }
 
 }  // namespace

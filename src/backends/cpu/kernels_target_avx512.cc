@@ -258,17 +258,47 @@ void gemm_tile_bf16(const uint32_t* x, int64_t ldx, const uint32_t* panel, int64
     store_tile_row<Avx512Vec>(y + i * ldy, c[i][0], c[i][1], cols, accumulate);
 }
 
+// n f32 values rounded to bf16 (stored at out, 2 bytes each) with the bits of f32_to_bf16 (nearest
+// even, NaN kept quiet), 8 at a time with AVX2 integer operations. One row of a 512 x 1024 prefill
+// input took 1.3 us this way; the scalar conversion on the calling thread alone had cost 0.4-0.9 ms
+// per linear call, a quarter of a 512 x 1024 x 1024 GEMM's time on two threads.
+void round_to_bf16(const float* x, int64_t n, char* out) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+    const __m256i up = _mm256_add_epi32(
+        u, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
+    const __m256i r = _mm256_srli_epi32(
+        _mm256_blendv_epi8(up, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan), 16);
+    // 8 x 32 -> 8 x 16 bits: packus works within 128-bit lanes, so take lanes 0 and 2.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), _mm256_castsi256_si128(packed));
+  }
+  for (; i < n; ++i) {
+    const uint16_t h = f32_to_bf16(x[i]);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
 void gemm_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* y, int64_t M,
                int64_t N, int64_t K, ThreadPool& pool) {
-  // x rounded to bf16 pairs once, on the calling thread: xb (M, ceil(K/2)) u32.
+  // x rounded to bf16 pairs once, the rows split over the pool: xb (M, ceil(K/2)) u32, a pair's
+  // first value in its low half (a bf16 row in order, padded with a zero when K is odd).
   const int64_t kp = (K + 1) / 2;
   uint32_t* xb = thread_scratch<uint32_t>(Scratch::kPackedX, size_t(M * kp));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t p = 0; p < kp; ++p) {
-      const uint32_t lo = f32_to_bf16(x[m * K + 2 * p]);
-      const uint32_t hi = 2 * p + 1 < K ? f32_to_bf16(x[m * K + 2 * p + 1]) : 0;
-      xb[m * kp + p] = lo | (hi << 16);
-    }
+  pool.parallel_for(
+      M,
+      [&](int64_t m0, int64_t m1, int) {
+        for (int64_t m = m0; m < m1; ++m) {
+          char* row = reinterpret_cast<char*>(xb + m * kp);  // written through char: no aliasing
+          round_to_bf16(x + m * K, K, row);
+          if (K % 2) std::memset(row + 2 * K, 0, 2);
+        }
+      },
+      16);
   const int64_t panels = (N + kPairNR - 1) / kPairNR;
   constexpr int64_t kPanelPairs = kKC / 2 * kPairNR;
   pool.parallel_for(
@@ -340,9 +370,9 @@ const KernelTable& avx512bf16_kernels() {
 #else
 const KernelTable& avx512_kernels() {
 #endif
-  static const KernelTable t =
-      make_table<Avx512Ops>(&linear_avx512, &linear_int8_avx512, &quantize_int8_avx2,
-                            &linear_int4_avx512, &quantize_int4_avx2);
+  static const KernelTable t = make_table<Avx512Ops>(
+      &linear_avx512, &linear_int8_avx512, &quantize_int8_avx2, &linear_int4_avx512,
+      &quantize_int4_avx2, &attention_x86<Avx512Vec, Avx512Ops>);
   return t;
 }
 

@@ -375,37 +375,42 @@ void finish_columns(const B* bias, float* y, int64_t M, int64_t N, int64_t K, in
   }
 }
 
-// y (M, N) = x (M, K) @ w (N, K)^T + bias, with pack(n0, rows, k0, kc, panel) writing the f32
-// panel of w rows [n0, n0 + rows) (rows <= kNR; the rest zero) and k in [k0, k0 + kc).
+// Columns [p0 * kNR, p1 * kNR) of y (M, N) = x (M, K) @ w (N, K)^T + bias on the calling thread,
+// with pack(n0, rows, k0, kc, panel) writing the f32 panel of w rows [n0, n0 + rows) (rows <= kNR;
+// the rest zero) and k in [k0, k0 + kc).
+template <class V, class Pack, class B>
+void gemm_panel_range(const float* x, const Pack& pack, const B* bias, float* y, int64_t M,
+                      int64_t N, int64_t K, int64_t p0, int64_t p1) {
+  constexpr int nr = kNR<V>;
+  float* panel = thread_scratch<float>(Scratch::kPanel, size_t(V::kGroup * kKC * nr));
+  for (int64_t g0 = p0; g0 < p1; g0 += V::kGroup) {
+    const int64_t g1 = std::min(p1, g0 + V::kGroup);
+    for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+      const int64_t kc = std::min(kKC, K - k0);
+      for (int64_t p = g0; p < g1; ++p)
+        pack(p * nr, int(std::min<int64_t>(nr, N - p * nr)), k0, kc, panel + (p - g0) * kKC * nr);
+      // The x block (kMR rows x kc) stays in L1 while it meets every panel of the group.
+      for (int64_t m = 0; m < M; m += V::kMR) {
+        with_tile_rows<V::kMR>(int(std::min<int64_t>(V::kMR, M - m)), [&](auto mr) {
+          for (int64_t p = g0; p < g1; ++p)
+            gemm_tile<V, mr()>(x + m * K + k0, K, panel + (p - g0) * kKC * nr, kc,
+                               y + m * N + p * nr, N, int(std::min<int64_t>(nr, N - p * nr)),
+                               k0 > 0);
+        });
+      }
+    }
+    finish_columns(bias, y, M, N, K, g0 * nr, std::min(N, g1 * nr));
+  }
+}
+
+// The same over all of y, the panels split over the pool.
 template <class V, class Pack, class B>
 void gemm_panels(const float* x, const Pack& pack, const B* bias, float* y, int64_t M, int64_t N,
                  int64_t K, ThreadPool& pool) {
-  constexpr int nr = kNR<V>;
-  const int64_t panels = (N + nr - 1) / nr;
+  const int64_t panels = (N + kNR<V> - 1) / kNR<V>;
   pool.parallel_for(
       panels,
-      [&](int64_t p0, int64_t p1, int) {
-        float* panel = thread_scratch<float>(Scratch::kPanel, size_t(V::kGroup * kKC * nr));
-        for (int64_t g0 = p0; g0 < p1; g0 += V::kGroup) {
-          const int64_t g1 = std::min(p1, g0 + V::kGroup);
-          for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-            const int64_t kc = std::min(kKC, K - k0);
-            for (int64_t p = g0; p < g1; ++p)
-              pack(p * nr, int(std::min<int64_t>(nr, N - p * nr)), k0, kc,
-                   panel + (p - g0) * kKC * nr);
-            // The x block (kMR rows x kc) stays in L1 while it meets every panel of the group.
-            for (int64_t m = 0; m < M; m += V::kMR) {
-              with_tile_rows<V::kMR>(int(std::min<int64_t>(V::kMR, M - m)), [&](auto mr) {
-                for (int64_t p = g0; p < g1; ++p)
-                  gemm_tile<V, mr()>(x + m * K + k0, K, panel + (p - g0) * kKC * nr, kc,
-                                     y + m * N + p * nr, N, int(std::min<int64_t>(nr, N - p * nr)),
-                                     k0 > 0);
-              });
-            }
-          }
-          finish_columns(bias, y, M, N, K, g0 * nr, std::min(N, g1 * nr));
-        }
-      },
+      [&](int64_t p0, int64_t p1, int) { gemm_panel_range<V>(x, pack, bias, y, M, N, K, p0, p1); },
       V::kGroup);
 }
 
@@ -695,6 +700,140 @@ void linear_int4_x86(const float* x, const uint8_t* w, const uint16_t* scale, co
     gemv_int4<V, true>(x, w, scale, zero, bias, y, M, N, K, pool);
   else
     gemv_int4<V, false>(x, w, scale, zero, bias, y, M, N, K, pool);
+}
+
+// ---- Prefill attention as two GEMMs per block of query rows. The row-set kernel of
+// kernels_impl.h (attention_impl) computes each score as a dot product of its own, reduced across
+// lanes, and each value row times a few probabilities; for prefill that ran at about a tenth of
+// the FMA peak. Here a unit is one KV head of one batch row and up to kAttnRows of its query rows
+// (consecutive queries with all of the head's query heads each), and the GEMM's register tiles
+// do both products:
+//   scores (R, L) = q (R, D) @ k[lo, hi)^T,  row_probabilities per row,  out (R, D) = p @ v[lo, hi)
+// with [lo, hi) the union of the rows' slots. A slot that a row does not see has probability
+// exactly 0; one that no row of the unit sees (masked, or outside every window) may hold
+// anything, NaN included, so its value row is never read: its panel row is zeros. Each output is
+// one sum in slot order, as in the row-set kernel, which depends on the other rows of its unit only
+// through lo (sliding windows): the same call shape gives the same bits, so paged and static caches
+// agree exactly (Ops.PagedAttention). Used from kAttnMinRows query rows per KV head; decode (a few
+// rows) keeps the row-set kernel, which streams each key and value row once.
+constexpr int64_t kAttnRows = 128, kAttnMinRows = 32;
+
+// panel (kc, kNR) f32 = columns [n0, n0 + cols) of rows [k0, k0 + kc) of a row-major matrix with
+// rows of ld values: the K-major panel is the rows' slices as they lie (columns past cols zero),
+// and zeros for the rows whose flag in live is 0, which are not read.
+template <class V, class W>
+void pack_panel_rows(const W* a, const uint8_t* live, int64_t ld, int64_t n0, int cols, int64_t k0,
+                     int64_t kc, float* panel) {
+  constexpr int nr = kNR<V>;
+  for (int64_t k = 0; k < kc; ++k) {
+    const W* src = a + (k0 + k) * ld + n0;
+    float* dst = panel + k * nr;
+    if (!live[k0 + k])
+      std::fill(dst, dst + nr, 0.0f);
+    else if (cols == nr)
+      for (int c = 0; c < nr; c += 8) _mm256_storeu_ps(dst + c, load8(src + c));
+    else
+      for (int j = 0; j < nr; ++j) dst[j] = j < cols ? value_f32(src[j]) : 0.0f;
+  }
+}
+
+// R query rows xq (R, D) of one KV head, row r seeing slots [first[r], len[r]) where mask is
+// non-zero, into o (R, D). Scratch: scores (R, max len), inv (R), live (max len).
+template <class V, class KV>
+void attend_block_gemm(const float* xq, int64_t R, const int64_t* first, const int64_t* len,
+                       const KV* k, const KV* v, const int32_t* mask, int64_t D, float scale,
+                       float softcap, float* scores, float* inv, uint8_t* live, float* o) {
+  constexpr int nr = kNR<V>;
+  int64_t lo = first[0], hi = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    lo = std::min(lo, first[r]);
+    hi = std::max(hi, len[r]);
+  }
+  k += lo * D;
+  v += lo * D;
+  if (mask) mask += lo;
+  const int64_t L = hi - lo;
+  const float* no_bias = nullptr;
+  gemm_panel_range<V>(
+      xq,
+      [&](int64_t n0, int rows, int64_t k0, int64_t kc, float* panel) {
+        pack_panel<V>(k, nullptr, D, n0, rows, k0, kc, panel);
+      },
+      no_bias, scores, R, L, D, 0, (L + nr - 1) / nr);
+  for (int64_t r = 0; r < R; ++r) {
+    const float sum =
+        row_probabilities(scores + r * L, L, first[r] - lo, len[r] - lo, mask, scale, softcap);
+    inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;  // no key: zeros
+  }
+  std::fill(live, live + L, uint8_t{0});
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < L; ++j) live[j] |= scores[r * L + j] != 0.0f;
+  gemm_panel_range<V>(
+      scores,
+      [&](int64_t n0, int cols, int64_t k0, int64_t kc, float* panel) {
+        pack_panel_rows<V>(v, live, D, n0, cols, k0, kc, panel);
+      },
+      no_bias, o, R, D, L, 0, (D + nr - 1) / nr);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t d = 0; d < D; ++d) o[r * D + d] *= inv[r];
+}
+
+// The attention kernel of the x86 targets (kernels.h's contract): the blocked GEMMs above for
+// prefill, the row-set kernel of Ops otherwise.
+template <class V, class Ops>
+void attention_x86(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
+                   const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
+                   int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
+                   float softcap, const int32_t* pos, ThreadPool& pool) {
+  const int64_t group = Hq / Hkv;
+  if (T * group < kAttnMinRows)
+    return attention_impl<Ops>(q, k_cache, v_cache, cache_type, key_mask, out, B, T, Hq, Hkv, S, D,
+                               start, scale, window, softcap, pos, pool);
+  const int64_t reach = pos ? S : start + T;
+  const int64_t tb = std::max<int64_t>(1, kAttnRows / group);  // queries per unit
+  const int64_t rows = tb * group, blocks = (T + tb - 1) / tb;
+  pool.parallel_for(B * blocks * Hkv, [&](int64_t u0, int64_t u1, int) {
+    float* xq = thread_scratch<float>(Scratch::kQueries, size_t(rows * (2 * D + 1)));
+    float* o = xq + rows * D;
+    float* inv = o + rows * D;
+    float* scores = thread_scratch<float>(Scratch::kScores, size_t(rows * reach));
+    int64_t* first = thread_scratch<int64_t>(Scratch::kSlots, size_t(3 * rows + (reach + 7) / 8));
+    int64_t* len = first + rows;
+    int64_t* dst = len + rows;
+    uint8_t* live = reinterpret_cast<uint8_t*>(dst + rows);
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t kvh = u % Hkv, b = u / (Hkv * blocks);
+      const int64_t t0 = interleaved_block((u / Hkv) % blocks, blocks) * tb,
+                    t1 = std::min(T, t0 + tb);
+      int64_t R = 0;
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+          const int64_t row = ((b * T + t) * Hq + h) * D;
+          const int64_t p = pos ? pos[b * T + t] : start + t;
+          if (p < 0) {  // a padding query: no keys, zeros
+            std::fill(out + row, out + row + D, 0.0f);
+            continue;
+          }
+          std::memcpy(xq + R * D, q + row, size_t(D) * sizeof(float));
+          len[R] = p + 1;  // causal: slots [0, p], and with a window only (p - window, p]
+          first[R] = window > 0 ? std::max<int64_t>(0, len[R] - window) : 0;
+          dst[R++] = row;
+        }
+      if (R == 0) continue;
+      const int32_t* mask = key_mask ? key_mask + b * S : nullptr;
+      const int64_t base = (b * Hkv + kvh) * S * D;
+      if (cache_type == DType::bf16)
+        attend_block_gemm<V>(xq, R, first, len, static_cast<const uint16_t*>(k_cache) + base,
+                             static_cast<const uint16_t*>(v_cache) + base, mask, D, scale, softcap,
+                             scores, inv, live, o);
+      else
+        attend_block_gemm<V>(xq, R, first, len, static_cast<const float*>(k_cache) + base,
+                             static_cast<const float*>(v_cache) + base, mask, D, scale, softcap,
+                             scores, inv, live, o);
+      for (int64_t r = 0; r < R; ++r)
+        std::memcpy(out + dst[r], o + r * D, size_t(D) * sizeof(float));
+    }
+  });
 }
 
 }  // namespace
