@@ -5,9 +5,11 @@
 //
 // Tolerances: prefill of 4 or more tokens runs the int4 GEMM on exact f32 weights (an f16 scale
 // times a small integer), so it is the float32 model up to summation order: the float32 goldens'
-// 1e-4. A one-token prompt runs the GEMV, which rounds x to int8 per block of 32 (test_quantized.cc
-// explains its 4e-2). Greedy decoding (the GEMV again) must follow the goldens until a step whose
-// top-2 margin is under 0.25, where that rounding may pick the other token.
+// 1e-4; except on AVX-512 BF16, whose GEMM rounds x to bf16 (vdpbf16ps, as for bf16 weights): the
+// 2e-2 that bf16 gets against float32 in test_golden.cc. A one-token prompt runs the GEMV, which
+// rounds x to int8 per block of 32 (test_quantized.cc explains its 4e-2). Greedy decoding (the GEMV
+// again) must follow the goldens until a step whose top-2 margin is under 0.25, where that rounding
+// may pick the other token.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -52,7 +54,9 @@ TEST_P(Imported, MatchesTheDequantizedGoldensOnEveryTarget) {
     const int64_t V = lm.config().vocab_size;
     for (const auto& c : load_goldens(name, "float32")) {
       Tensor logits = prefill_logits(lm, c.input_ids);
-      const double tolerance = c.input_ids.size() >= 4 ? 1e-4 : 4e-2;
+      const double tolerance = c.input_ids.size() < 4               ? 4e-2
+                               : target == cpu::Target::kAVX512BF16 ? 2e-2
+                                                                    : 1e-4;
       for (size_t t = 0; t < c.logits.size(); ++t)
         EXPECT_LT(row_error(logits.data<float>() + t * V, c.logits[t]), tolerance)
             << where << " prompt of " << c.input_ids.size() << " position " << t;

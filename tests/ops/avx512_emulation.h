@@ -139,6 +139,19 @@ inline __m512i madd_epi16(__m512i a, __m512i b) {
     r[i] = int32_t(uint32_t(x[2 * i] * y[2 * i]) + uint32_t(x[2 * i + 1] * y[2 * i + 1]));
   return bits<__m512i>(r);
 }
+// Lane i = src[i] + the 4 products a[4i + j] b[4i + j] (a's bytes unsigned, b's signed),
+// wrapping (vpdpbusd, AVX-512 VNNI).
+inline __m512i dpbusd_epi32(__m512i src, __m512i a, __m512i b) {
+  uint8_t ua[64];
+  int8_t sb[64];
+  std::memcpy(ua, &a, sizeof ua);
+  std::memcpy(sb, &b, sizeof sb);
+  u32x16 r = bits<u32x16>(src);
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 4; ++j) r[i] += uint32_t(ua[4 * i + j] * sb[4 * i + j]);
+  return bits<__m512i>(r);
+}
+inline __m512i setzero_si512() { return __m512i{}; }
 // 16 halves (IEEE binary16) to f32, exactly.
 inline __m512 cvtph_ps(__m256i a) {
   uint16_t h[16];
@@ -201,5 +214,7 @@ inline __m512 dpbf16_ps(__m512 src, __m512bh a, __m512bh b) {
 #define _mm512_mullo_epi32 tformers::avx512_emulation::mullo_epi32
 #define _mm512_maddubs_epi16 tformers::avx512_emulation::maddubs_epi16
 #define _mm512_madd_epi16 tformers::avx512_emulation::madd_epi16
+#define _mm512_dpbusd_epi32 tformers::avx512_emulation::dpbusd_epi32
+#define _mm512_setzero_si512 tformers::avx512_emulation::setzero_si512
 #define _mm512_cvtph_ps tformers::avx512_emulation::cvtph_ps
 #define _mm512_dpbf16_ps tformers::avx512_emulation::dpbf16_ps

@@ -30,7 +30,9 @@ inline int64_t int8_blocks(int64_t K) { return (K + kInt8Block - 1) / kInt8Block
 
 // y (M,N) = x (M,K) @ (scale * w) (N,K)^T [+ bias (N)], w int8 (N,K) and scale f32
 // (N, int8_blocks(K)): w[n,k] ~ scale[n, k / kInt8Block] * q[n,k]. Activations stay f32; the
-// int8 values widen to f32 exactly, so only the summation order differs from the reference.
+// int8 values widen to f32 exactly, so only the summation order differs from the reference
+// (except in the AVX-512 BF16 GEMM, M >= 4, which rounds x to bf16 as for bf16 weights and
+// applies each block's scale to its partial sums).
 void linear_int8(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
                  int64_t M, int64_t N, int64_t K, ThreadPool& pool);
 
@@ -67,7 +69,8 @@ inline int64_t int4_blocks(int64_t K) { return (K + kInt4Block - 1) / kInt4Block
 // y (M,N) = x (M,K) @ w (N,K)^T [+ bias (N)] with w in the int4 tiles above (zero null: 8).
 // The GEMV (M < 4 on the x86 targets) rounds each 32-value block of x to int8 with its own scale
 // (as llama.cpp's Q8_0 activations; relative error at most 2^-8 of the block's largest |x|) and
-// sums exact integer products; the GEMM and the scalar target multiply the exact f32 weights.
+// sums exact integer products; the GEMM and the scalar target multiply the exact f32 weights
+// (the AVX-512 BF16 GEMM exact codes by x rounded to bf16, the block scales applied per block).
 // Either way a row's result does not depend on the other rows of x, in the GEMM for any M.
 void linear_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
                  const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool);

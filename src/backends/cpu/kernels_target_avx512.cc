@@ -92,7 +92,10 @@ template <int MR, bool kZero>
 inline void gemv_int4_pair(Int4X x, int64_t nb, const uint8_t* const (&w)[2],
                            const uint16_t* const (&scale)[2], const uint8_t* const (&zero)[2],
                            float (&out)[2][MR][kInt4Rows]) {
-  const __m512i mask = _mm512_set1_epi8(0x0f), ones = _mm512_set1_epi16(1);
+  const __m512i mask = _mm512_set1_epi8(0x0f);
+#if !defined(TF_AVX512_BF16)
+  const __m512i ones = _mm512_set1_epi16(1);
+#endif
   const int64_t kp = nb * kInt4Block;
   __m512 acc[MR];
 #pragma GCC unroll 16
@@ -115,9 +118,18 @@ inline void gemv_int4_pair(Int4X x, int64_t nb, const uint8_t* const (&w)[2],
         int32_t xl, xh;
         std::memcpy(&xl, xb, 4);
         std::memcpy(&xh, xb + 4, 4);
+#if defined(TF_AVX512_BF16)
+        // VNNI (every AVX-512 BF16 CPU has it): vpdpbusd multiplies the same unsigned codes by
+        // signed x and adds each lane's 4 products straight into 32 bits, for 2 instructions
+        // where vpmaddubsw, the 16-bit adds and the final vpmaddwd took 3 to 4.
+        if (v == 0) p[i] = _mm512_setzero_si512();
+        p[i] = _mm512_dpbusd_epi32(p[i], lo, _mm512_set1_epi32(xl));
+        p[i] = _mm512_dpbusd_epi32(p[i], hi, _mm512_set1_epi32(xh));
+#else
         const __m512i d = _mm512_add_epi16(_mm512_maddubs_epi16(lo, _mm512_set1_epi32(xl)),
                                            _mm512_maddubs_epi16(hi, _mm512_set1_epi32(xh)));
         p[i] = v == 0 ? d : _mm512_add_epi16(p[i], d);
+#endif
       }
     }
     const __m512 ws = _mm512_cvtph_ps(_mm256_inserti128_si256(
@@ -133,7 +145,11 @@ inline void gemv_int4_pair(Int4X x, int64_t nb, const uint8_t* const (&w)[2],
     for (int i = 0; i < MR; ++i) {
       const __m512i xsum = _mm512_set1_epi32(x.sum[i * nb + b]);
       const __m512i zx = kZero ? _mm512_mullo_epi32(z, xsum) : _mm512_slli_epi32(xsum, 3);
+#if defined(TF_AVX512_BF16)
+      const __m512i dot = _mm512_sub_epi32(p[i], zx);
+#else
       const __m512i dot = _mm512_sub_epi32(_mm512_madd_epi16(p[i], ones), zx);
+#endif
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
                                _mm512_mul_ps(ws, _mm512_set1_ps(x.s[i * nb + b])), acc[i]);
     }
@@ -237,27 +253,6 @@ void pack_panel_pairs(const uint16_t* w, int64_t K, int64_t n0, int rows, int64_
     }
 }
 
-template <int MR>
-void gemm_tile_bf16(const uint32_t* x, int64_t ldx, const uint32_t* panel, int64_t pairs, float* y,
-                    int64_t ldy, int cols, bool accumulate) {
-  __m512 c[MR][2];
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p) {
-    const __m512i b0 = _mm512_loadu_si512(panel + p * kPairNR),
-                  b1 = _mm512_loadu_si512(panel + p * kPairNR + 16);
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) {
-      const __m512i a = _mm512_set1_epi32(int(x[i * ldx + p]));
-      c[i][0] = _mm512_dpbf16_ps(c[i][0], (__m512bh)a, (__m512bh)b0);
-      c[i][1] = _mm512_dpbf16_ps(c[i][1], (__m512bh)a, (__m512bh)b1);
-    }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i)
-    store_tile_row<Avx512Vec>(y + i * ldy, c[i][0], c[i][1], cols, accumulate);
-}
-
 // n f32 values rounded to bf16 (stored at out, 2 bytes each) with the bits of f32_to_bf16 (nearest
 // even, NaN kept quiet), 8 at a time with AVX2 integer operations. One row of a 512 x 1024 prefill
 // input took 1.3 us this way; the scalar conversion on the calling thread alone had cost 0.4-0.9 ms
@@ -283,8 +278,169 @@ void round_to_bf16(const float* x, int64_t n, char* out) {
   }
 }
 
-void gemm_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* y, int64_t M,
-               int64_t N, int64_t K, ThreadPool& pool) {
+template <int MR>
+void gemm_tile_bf16(const uint32_t* x, int64_t ldx, const uint32_t* panel, int64_t kc, float* y,
+                    int64_t ldy, int cols, bool accumulate) {
+  const int64_t pairs = (kc + 1) / 2;
+  __m512 c[MR][2];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const __m512i b0 = _mm512_loadu_si512(panel + p * kPairNR),
+                  b1 = _mm512_loadu_si512(panel + p * kPairNR + 16);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512i a = _mm512_set1_epi32(int(x[i * ldx + p]));
+      c[i][0] = _mm512_dpbf16_ps(c[i][0], (__m512bh)a, (__m512bh)b0);
+      c[i][1] = _mm512_dpbf16_ps(c[i][1], (__m512bh)a, (__m512bh)b1);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+    store_tile_row<Avx512Vec>(y + i * ldy, c[i][0], c[i][1], cols, accumulate);
+}
+
+// bf16 weights: the panel is pack_panel_pairs' (kKC / 2 pair rows of kPairNR lanes).
+struct Bf16Panels {
+  static constexpr int kMR = Avx512Vec::kMR;
+  static constexpr int64_t kWords = kKC / 2 * kPairNR;  // u32 per panel
+  const uint16_t* w;
+  int64_t K;
+  void pack(int64_t n0, int rows, int64_t k0, int64_t kc, uint32_t* panel) const {
+    pack_panel_pairs(w, K, n0, rows, k0, kc, panel);
+  }
+  template <int MR>
+  static void tile(const uint32_t* x, int64_t ldx, const uint32_t* panel, int64_t kc, float* y,
+                   int64_t ldy, int cols, bool accumulate) {
+    gemm_tile_bf16<MR>(x, ldx, panel, kc, y, ldy, cols, accumulate);
+  }
+};
+
+// ---- int8 and int4 weights with vdpbf16ps. Their codes (q, or c - zero in [-16, 15]) are small
+// integers, exact in bf16, so the panel holds them unscaled as bf16 pairs and the scales apply
+// per 32-value block: each block's products are summed by vdpbf16ps into accumulators of their
+// own, which are then multiplied by the block's column scales and added to the tile's sums (one
+// FMA per 16 vdpbf16ps). Rounding is then that of bf16 weights: x to bf16 once, products exact,
+// sums in f32. 6 x 32 tiles: 12 sums and 12 block sums of the 32 zmm registers.
+
+// The unscaled codes of a K-major f32 panel (kc, kPairNR) as bf16 pairs along k (exact: small
+// integers in f32 are bf16 in their high half), zero past kc. 256-bit operations, which every
+// AVX-512 target has.
+void pairs_from_f32_panel(const float* f, int64_t kc, uint32_t* panel) {
+  const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
+  for (int64_t p = 0; p < (kc + 1) / 2; ++p)
+    for (int j = 0; j < kPairNR; j += 8) {
+      const __m256i lo =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(f + 2 * p * kPairNR + j));
+      const __m256i hi =
+          2 * p + 1 < kc
+              ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(f + (2 * p + 1) * kPairNR + j))
+              : _mm256_setzero_si256();
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + p * kPairNR + j),
+                          _mm256_or_si256(_mm256_srli_epi32(lo, 16), _mm256_and_si256(hi, high)));
+    }
+}
+
+template <int MR>
+void gemm_tile_bf16_scaled(const uint32_t* x, int64_t ldx, const uint32_t* panel,
+                           const float* scales, int64_t kc, float* y, int64_t ldy, int cols,
+                           bool accumulate) {
+  constexpr int64_t kBlockPairs = kInt4Block / 2;  // = kInt8Block / 2
+  const int64_t pairs = (kc + 1) / 2;
+  __m512 c[MR][2];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
+  for (int64_t b = 0; b * kBlockPairs < pairs; ++b) {
+    __m512 t[MR][2];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) t[i][0] = t[i][1] = _mm512_setzero_ps();
+    const int64_t p1 = std::min(pairs, (b + 1) * kBlockPairs);
+    for (int64_t p = b * kBlockPairs; p < p1; ++p) {
+      const __m512i b0 = _mm512_loadu_si512(panel + p * kPairNR),
+                    b1 = _mm512_loadu_si512(panel + p * kPairNR + 16);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const __m512i a = _mm512_set1_epi32(int(x[i * ldx + p]));
+        t[i][0] = _mm512_dpbf16_ps(t[i][0], (__m512bh)a, (__m512bh)b0);
+        t[i][1] = _mm512_dpbf16_ps(t[i][1], (__m512bh)a, (__m512bh)b1);
+      }
+    }
+    const __m512 s0 = _mm512_loadu_ps(scales + b * kPairNR),
+                 s1 = _mm512_loadu_ps(scales + b * kPairNR + 16);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      c[i][0] = _mm512_fmadd_ps(t[i][0], s0, c[i][0]);
+      c[i][1] = _mm512_fmadd_ps(t[i][1], s1, c[i][1]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+    store_tile_row<Avx512Vec>(y + i * ldy, c[i][0], c[i][1], cols, accumulate);
+}
+
+// A panel of int8 or int4 weights: the codes' pairs (kKC / 2 rows of kPairNR), then the scales
+// (kKC / 32 rows of kPairNR f32), then the K-major f32 codes they were made from.
+constexpr int64_t kScaledPairWords = kKC / 2 * kPairNR, kScaleWords = kKC / 32 * kPairNR;
+struct ScaledPanels {
+  static constexpr int kMR = 6;
+  static constexpr int64_t kWords = kScaledPairWords + kScaleWords + kKC * kPairNR;
+  template <int MR>
+  static void tile(const uint32_t* x, int64_t ldx, const uint32_t* panel, int64_t kc, float* y,
+                   int64_t ldy, int cols, bool accumulate) {
+    gemm_tile_bf16_scaled<MR>(x, ldx, panel,
+                              reinterpret_cast<const float*>(panel + kScaledPairWords), kc, y, ldy,
+                              cols, accumulate);
+  }
+  static float* scales(uint32_t* panel) {
+    return reinterpret_cast<float*>(panel + kScaledPairWords);
+  }
+  static float* codes(uint32_t* panel) { return scales(panel) + kScaleWords; }
+};
+
+struct Int8Panels : ScaledPanels {
+  const int8_t* w;
+  const float* scale;
+  int64_t K;
+  void pack(int64_t n0, int rows, int64_t k0, int64_t kc, uint32_t* panel) const {
+    float* f = codes(panel);
+    pack_panel<Avx512Vec>(w, nullptr, K, n0, rows, k0, kc, f);
+    pairs_from_f32_panel(f, kc, panel);
+    const int64_t nb = int8_blocks(K);
+    float* s = scales(panel);
+    for (int64_t b = 0; b < int8_blocks(kc); ++b)
+      for (int j = 0; j < kPairNR; ++j)
+        s[b * kPairNR + j] = j < rows ? scale[(n0 + j) * nb + k0 / kInt8Block + b] : 0.0f;
+  }
+};
+
+struct Int4Panels : ScaledPanels {
+  const uint8_t* w;
+  const uint16_t* scale;
+  const uint8_t* zero;
+  int64_t K;
+  void pack(int64_t n0, int rows, int64_t k0, int64_t kc, uint32_t* panel) const {
+    float* f = codes(panel);
+    pack_panel_int4<Avx512Vec>(w, nullptr, zero, K, n0, rows, k0, kc, f);
+    pairs_from_f32_panel(f, kc, panel);
+    const int64_t nb = int4_blocks(K);
+    float* s = scales(panel);
+    for (int64_t b = 0; b < int4_blocks(kc); ++b)
+      for (int part = 0; part < kPairNR / kInt4Rows; ++part) {
+        const __m256 v =
+            part * kInt4Rows < rows
+                ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(
+                      scale + ((n0 / kInt4Rows + part) * nb + k0 / kInt4Block + b) * kInt4Rows)))
+                : _mm256_setzero_ps();
+        _mm256_storeu_ps(s + b * kPairNR + part * kInt4Rows, v);
+      }
+  }
+};
+
+// y (M, N) = x (M, K) @ w (N, K)^T + bias with x rounded to bf16 and Panels' packing and
+// register tile (Bf16Panels, Int8Panels, Int4Panels).
+template <class Panels, class B>
+void gemm_pairs(const float* x, const Panels& panels_of, const B* bias, float* y, int64_t M,
+                int64_t N, int64_t K, ThreadPool& pool) {
   // x rounded to bf16 pairs once, the rows split over the pool: xb (M, ceil(K/2)) u32, a pair's
   // first value in its low half (a bf16 row in order, padded with a zero when K is odd).
   const int64_t kp = (K + 1) / 2;
@@ -300,27 +456,26 @@ void gemm_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* y
       },
       16);
   const int64_t panels = (N + kPairNR - 1) / kPairNR;
-  constexpr int64_t kPanelPairs = kKC / 2 * kPairNR;
   pool.parallel_for(
       panels,
       [&](int64_t p0, int64_t p1, int) {
         uint32_t* panel =
-            thread_scratch<uint32_t>(Scratch::kPanel, size_t(Avx512Vec::kGroup * kPanelPairs));
+            thread_scratch<uint32_t>(Scratch::kPanel, size_t(Avx512Vec::kGroup * Panels::kWords));
         for (int64_t g0 = p0; g0 < p1; g0 += Avx512Vec::kGroup) {
           const int64_t g1 = std::min(p1, g0 + Avx512Vec::kGroup);
           for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-            const int64_t kc = std::min(kKC, K - k0), pairs = (kc + 1) / 2;
+            const int64_t kc = std::min(kKC, K - k0);
             for (int64_t p = g0; p < g1; ++p)
-              pack_panel_pairs(w, K, p * kPairNR, int(std::min<int64_t>(kPairNR, N - p * kPairNR)),
-                               k0, kc, panel + (p - g0) * kPanelPairs);
-            for (int64_t m = 0; m < M; m += Avx512Vec::kMR) {
-              with_tile_rows<Avx512Vec::kMR>(
-                  int(std::min<int64_t>(Avx512Vec::kMR, M - m)), [&](auto r) {
-                    for (int64_t p = g0; p < g1; ++p)
-                      gemm_tile_bf16<r()>(xb + m * kp + k0 / 2, kp, panel + (p - g0) * kPanelPairs,
-                                          pairs, y + m * N + p * kPairNR, N,
-                                          int(std::min<int64_t>(kPairNR, N - p * kPairNR)), k0 > 0);
-                  });
+              panels_of.pack(p * kPairNR, int(std::min<int64_t>(kPairNR, N - p * kPairNR)), k0, kc,
+                             panel + (p - g0) * Panels::kWords);
+            for (int64_t m = 0; m < M; m += Panels::kMR) {
+              with_tile_rows<Panels::kMR>(int(std::min<int64_t>(Panels::kMR, M - m)), [&](auto r) {
+                for (int64_t p = g0; p < g1; ++p)
+                  Panels::template tile<r()>(
+                      xb + m * kp + k0 / 2, kp, panel + (p - g0) * Panels::kWords, kc,
+                      y + m * N + p * kPairNR, N, int(std::min<int64_t>(kPairNR, N - p * kPairNR)),
+                      k0 > 0);
+              });
             }
           }
           finish_columns(bias, y, M, N, K, g0 * kPairNR, std::min(N, g1 * kPairNR));
@@ -335,7 +490,10 @@ void linear_t(const float* x, const W* w, const float* scale, const B* bias, flo
               int64_t N, int64_t K, ThreadPool& pool) {
   if (M < kGemmMinRows) return gemv<Avx512Vec>(x, w, scale, bias, y, M, N, K, pool);
 #if defined(TF_AVX512_BF16)
-  if constexpr (sizeof(W) == 2) return gemm_bf16(x, w, bias, y, M, N, K, pool);
+  if constexpr (sizeof(W) == 2)
+    return gemm_pairs(x, Bf16Panels{.w = w, .K = K}, bias, y, M, N, K, pool);
+  if constexpr (std::is_same_v<W, int8_t>)
+    return gemm_pairs(x, Int8Panels{{}, w, scale, K}, bias, y, M, N, K, pool);
 #endif
   gemm<Avx512Vec>(x, w, scale, bias, y, M, N, K, pool);
 }
@@ -360,6 +518,10 @@ void linear_int8_avx512(const float* x, const int8_t* w, const float* scale, con
 void linear_int4_avx512(const float* x, const uint8_t* w, const uint16_t* scale,
                         const uint8_t* zero, const float* bias, float* y, int64_t M, int64_t N,
                         int64_t K, ThreadPool& pool) {
+#if defined(TF_AVX512_BF16)
+  if (M >= kGemmMinRows)
+    return gemm_pairs(x, Int4Panels{{}, w, scale, zero, K}, bias, y, M, N, K, pool);
+#endif
   linear_int4_x86<Avx512Vec>(x, w, scale, zero, bias, y, M, N, K, kGemmMinRows, pool);
 }
 

@@ -275,8 +275,9 @@ template <class V>
 constexpr int kNR = 2 * V::kWidth;  // panel width: output columns per register tile
 
 // panel (kc, kNR) f32 = w rows [n0, n0 + rows) x k in [k0, k0 + kc); missing rows are zero.
-// scale: the int8 block scales (N, int8_blocks(K)), null for float weights; k0 is a multiple of
-// kKC and k of 8, so 8 consecutive values share one block scale.
+// scale: the int8 block scales (N, int8_blocks(K)), null for float weights and for int8 codes
+// left unscaled; k0 is a multiple of kKC and k of 8, so 8 consecutive values share one block
+// scale.
 template <class V, class W>
 void pack_panel(const W* w, const float* scale, int64_t K, int64_t n0, int rows, int64_t k0,
                 int64_t kc, float* panel) {
@@ -284,9 +285,8 @@ void pack_panel(const W* w, const float* scale, int64_t K, int64_t n0, int rows,
   const int64_t nb = int8_blocks(K);
   auto weight = [&](int64_t n, int64_t k) {
     if constexpr (std::is_same_v<W, int8_t>)
-      return value_f32(w[n * K + k]) * scale[n * nb + k / kInt8Block];
-    else
-      return value_f32(w[n * K + k]);
+      if (scale) return value_f32(w[n * K + k]) * scale[n * nb + k / kInt8Block];
+    return value_f32(w[n * K + k]);
   };
   int64_t k = 0;
   if (rows == nr) {
@@ -297,7 +297,8 @@ void pack_panel(const W* w, const float* scale, int64_t K, int64_t n0, int rows,
           const int64_t n = n0 + part * 8 + j;
           r[j] = load8(w + n * K + k0 + k);
           if constexpr (std::is_same_v<W, int8_t>)
-            r[j] = _mm256_mul_ps(r[j], _mm256_set1_ps(scale[n * nb + (k0 + k) / kInt8Block]));
+            if (scale)
+              r[j] = _mm256_mul_ps(r[j], _mm256_set1_ps(scale[n * nb + (k0 + k) / kInt8Block]));
         }
         transpose8(r);  // r[kk] = 8 rows at k + kk
         for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(panel + (k + kk) * nr + part * 8, r[kk]);
@@ -641,7 +642,7 @@ void gemv_int4(const float* x, const uint8_t* w, const uint16_t* scale, const ui
 
 // panel (kc, kNR) f32 of int4 rows [n0, n0 + rows) (rows a multiple of 8; the rest zero) and k in
 // [k0, k0 + kc), k0 a multiple of 32: each byte position t of a tile part's lanes is the 8 rows'
-// codes at one k, exactly scale * (code - zero) in f32.
+// codes at one k, exactly scale * (code - zero) in f32 (code - zero when scale is null).
 template <class V>
 void pack_panel_int4(const uint8_t* w, const uint16_t* scale, const uint8_t* zero, int64_t K,
                      int64_t n0, int rows, int64_t k0, int64_t kc, float* panel) {
@@ -657,8 +658,9 @@ void pack_panel_int4(const uint8_t* w, const uint16_t* scale, const uint8_t* zer
     const int64_t g = n0 / kInt4Rows + part;
     for (int64_t kb = 0; kb < kc; kb += kInt4Block) {
       const int64_t at = g * nb + (k0 + kb) / kInt4Block;
-      const __m256 s = _mm256_cvtph_ps(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale + at * kInt4Rows)));
+      const __m256 s = scale ? _mm256_cvtph_ps(_mm_loadu_si128(
+                                   reinterpret_cast<const __m128i*>(scale + at * kInt4Rows)))
+                             : _mm256_set1_ps(1.0f);
       const __m256i z = zero ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(
                                    reinterpret_cast<const __m128i*>(zero + at * kInt4Rows)))
                              : _mm256_set1_epi32(8);
