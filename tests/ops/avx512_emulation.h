@@ -152,6 +152,21 @@ inline __m512i dpbusd_epi32(__m512i src, __m512i a, __m512i b) {
   return bits<__m512i>(r);
 }
 inline __m512i setzero_si512() { return __m512i{}; }
+// Byte i from p where bit i of k is set, else 0; bytes not selected are not read.
+inline __m512i maskz_loadu_epi8(uint64_t k, const void* p) {
+  uint8_t b[64] = {};
+  for (int i = 0; i < 64; ++i)
+    if ((k >> i) & 1) b[i] = static_cast<const uint8_t*>(p)[i];
+  __m512i r;
+  std::memcpy(&r, b, sizeof r);
+  return r;
+}
+// Lane i from b where bit i of k is set, else from a.
+inline __m512 mask_blend_ps(uint16_t k, __m512 a, __m512 b) {
+  __m512 r;
+  for (int i = 0; i < 16; ++i) r[i] = (k >> i) & 1 ? b[i] : a[i];
+  return r;
+}
 // 16 halves (IEEE binary16) to f32, exactly.
 inline __m512 cvtph_ps(__m256i a) {
   uint16_t h[16];
@@ -216,5 +231,7 @@ inline __m512 dpbf16_ps(__m512 src, __m512bh a, __m512bh b) {
 #define _mm512_madd_epi16 tformers::avx512_emulation::madd_epi16
 #define _mm512_dpbusd_epi32 tformers::avx512_emulation::dpbusd_epi32
 #define _mm512_setzero_si512 tformers::avx512_emulation::setzero_si512
+#define _mm512_mask_blend_ps tformers::avx512_emulation::mask_blend_ps
+#define _mm512_maskz_loadu_epi8 tformers::avx512_emulation::maskz_loadu_epi8
 #define _mm512_cvtph_ps tformers::avx512_emulation::cvtph_ps
 #define _mm512_dpbf16_ps tformers::avx512_emulation::dpbf16_ps

@@ -95,7 +95,17 @@ const KernelTable& kernels_for(Target t);
 // nothing. They live in kernels.cc, compiled for the baseline target, so that target files
 // instantiate no std::vector code: the linker keeps one copy of each template instantiation and
 // could hand an AVX-512-compiled one to baseline callers.
-enum class Scratch { kScores, kSlots, kQueries, kRope, kPackedX, kPanel, kPagedKV, kCount };
+enum class Scratch {
+  kScores,
+  kSlots,
+  kQueries,
+  kRope,
+  kPackedX,
+  kPackedXScales,
+  kPanel,
+  kPagedKV,
+  kCount
+};
 void* thread_scratch(Scratch slot, size_t bytes);
 template <class T>
 T* thread_scratch(Scratch slot, size_t n) {

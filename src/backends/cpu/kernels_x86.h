@@ -462,9 +462,10 @@ struct Int4X {
   const int32_t* sum;  // (M, nb)
 };
 
-// The M rows of x rounded on the calling thread, into its kPackedX scratch.
-inline Int4X prepare_int4_x(const float* x, int64_t M, int64_t K) {
-  const int64_t nb = int4_blocks(K), kp = nb * kInt4Block;
+// The M rows of x rounded on the calling thread, into its kPackedX scratch, each row as nb
+// blocks (at least int4_blocks(K); the blocks past K are zeros with scale 0).
+inline Int4X prepare_int4_x(const float* x, int64_t M, int64_t K, int64_t nb) {
+  const int64_t kp = nb * kInt4Block;
   char* p = thread_scratch<char>(Scratch::kPackedX, size_t(M * (kp + 8 * nb) + 64));
   int8_t* q = reinterpret_cast<int8_t*>(p);
   float* s = reinterpret_cast<float*>(p + (M * kp + 63) / 64 * 64);
@@ -473,8 +474,8 @@ inline Int4X prepare_int4_x(const float* x, int64_t M, int64_t K) {
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + m * K + b * kInt4Block;
       float padded[kInt4Block] = {};
-      if ((b + 1) * kInt4Block > K) {  // the last, partial block
-        std::copy(xb, x + m * K + K, padded);
+      if ((b + 1) * kInt4Block > K) {  // the last, partial block, or one past K
+        std::copy(xb, x + m * K + std::max(K, b * kInt4Block), padded);
         xb = padded;
       }
       quantize_x8_block(xb, q + m * kp + b * kInt4Block, s + m * nb + b, sum + m * nb + b);
@@ -623,7 +624,7 @@ void gemv_int4_groups(Int4X x, const uint8_t* w, const uint16_t* scale, const ui
 template <class V, bool kZero>
 void gemv_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
                const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
-  const Int4X xq = prepare_int4_x(x, M, K);
+  const Int4X xq = prepare_int4_x(x, M, K, int4_blocks(K));
   const int64_t nb = int4_blocks(K), kp = nb * kInt4Block;
   auto rows = [&](int64_t m) { return Int4X{xq.q + m * kp, xq.s + m * nb, xq.sum + m * nb}; };
   pool.parallel_for(
