@@ -522,53 +522,123 @@ struct Int4Panels : ScaledPanels {
   }
 };
 
-// y (M, N) = x (M, K) @ w (N, K)^T + bias with x rounded to bf16 and Panels' packing and
-// register tile (Bf16Panels, Int8Panels, Int4Panels).
+// Rows [m0, m1) of x (M, K) rounded to bf16 pairs in xb (M, ceil(K/2)) u32, a pair's first value
+// in its low half (a bf16 row in order, padded with a zero when K is odd).
+void round_rows_to_pairs(const float* x, int64_t m0, int64_t m1, int64_t K, uint32_t* xb) {
+  const int64_t kp = (K + 1) / 2;
+  for (int64_t m = m0; m < m1; ++m) {
+    char* row = reinterpret_cast<char*>(xb + m * kp);  // written through char: no aliasing
+    round_to_bf16(x + m * K, K, row);
+    if (K % 2) std::memset(row + 2 * K, 0, 2);
+  }
+}
+
+// Columns [p0 * kPairNR, p1 * kPairNR) of y (M, N) = xb @ w (N, K)^T + bias on the calling
+// thread, with xb the bf16 pairs of round_rows_to_pairs and Panels' packing and register tile
+// (Bf16Panels, Int8Panels, Int4Panels, ValuePanels).
+template <class Panels, class B>
+void pairs_panel_range(const uint32_t* xb, const Panels& panels_of, const B* bias, float* y,
+                       int64_t M, int64_t N, int64_t K, int64_t p0, int64_t p1) {
+  const int64_t kp = (K + 1) / 2;
+  uint32_t* panel =
+      thread_scratch<uint32_t>(Scratch::kPanel, size_t(Avx512Vec::kGroup * Panels::kWords));
+  for (int64_t g0 = p0; g0 < p1; g0 += Avx512Vec::kGroup) {
+    const int64_t g1 = std::min(p1, g0 + Avx512Vec::kGroup);
+    for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+      const int64_t kc = std::min(kKC, K - k0);
+      for (int64_t p = g0; p < g1; ++p)
+        panels_of.pack(p * kPairNR, int(std::min<int64_t>(kPairNR, N - p * kPairNR)), k0, kc,
+                       panel + (p - g0) * Panels::kWords);
+      for (int64_t m = 0; m < M; m += Panels::kMR) {
+        with_tile_rows<Panels::kMR>(int(std::min<int64_t>(Panels::kMR, M - m)), [&](auto r) {
+          for (int64_t p = g0; p < g1; ++p)
+            Panels::template tile<r()>(xb + m * kp + k0 / 2, kp, panel + (p - g0) * Panels::kWords,
+                                       kc, y + m * N + p * kPairNR, N,
+                                       int(std::min<int64_t>(kPairNR, N - p * kPairNR)), k0 > 0);
+        });
+      }
+    }
+    finish_columns(bias, y, M, N, K, g0 * kPairNR, std::min(N, g1 * kPairNR));
+  }
+}
+
+// y (M, N) = x (M, K) @ w (N, K)^T + bias with x rounded to bf16, both steps split over the pool.
 template <class Panels, class B>
 void gemm_pairs(const float* x, const Panels& panels_of, const B* bias, float* y, int64_t M,
                 int64_t N, int64_t K, ThreadPool& pool) {
-  // x rounded to bf16 pairs once, the rows split over the pool: xb (M, ceil(K/2)) u32, a pair's
-  // first value in its low half (a bf16 row in order, padded with a zero when K is odd).
-  const int64_t kp = (K + 1) / 2;
-  uint32_t* xb = thread_scratch<uint32_t>(Scratch::kPackedX, size_t(M * kp));
+  uint32_t* xb = thread_scratch<uint32_t>(Scratch::kPackedX, size_t(M * ((K + 1) / 2)));
   pool.parallel_for(
-      M,
-      [&](int64_t m0, int64_t m1, int) {
-        for (int64_t m = m0; m < m1; ++m) {
-          char* row = reinterpret_cast<char*>(xb + m * kp);  // written through char: no aliasing
-          round_to_bf16(x + m * K, K, row);
-          if (K % 2) std::memset(row + 2 * K, 0, 2);
-        }
-      },
-      16);
-  const int64_t panels = (N + kPairNR - 1) / kPairNR;
-  pool.parallel_for(
-      panels,
-      [&](int64_t p0, int64_t p1, int) {
-        uint32_t* panel =
-            thread_scratch<uint32_t>(Scratch::kPanel, size_t(Avx512Vec::kGroup * Panels::kWords));
-        for (int64_t g0 = p0; g0 < p1; g0 += Avx512Vec::kGroup) {
-          const int64_t g1 = std::min(p1, g0 + Avx512Vec::kGroup);
-          for (int64_t k0 = 0; k0 < K; k0 += kKC) {
-            const int64_t kc = std::min(kKC, K - k0);
-            for (int64_t p = g0; p < g1; ++p)
-              panels_of.pack(p * kPairNR, int(std::min<int64_t>(kPairNR, N - p * kPairNR)), k0, kc,
-                             panel + (p - g0) * Panels::kWords);
-            for (int64_t m = 0; m < M; m += Panels::kMR) {
-              with_tile_rows<Panels::kMR>(int(std::min<int64_t>(Panels::kMR, M - m)), [&](auto r) {
-                for (int64_t p = g0; p < g1; ++p)
-                  Panels::template tile<r()>(
-                      xb + m * kp + k0 / 2, kp, panel + (p - g0) * Panels::kWords, kc,
-                      y + m * N + p * kPairNR, N, int(std::min<int64_t>(kPairNR, N - p * kPairNR)),
-                      k0 > 0);
-              });
-            }
-          }
-          finish_columns(bias, y, M, N, K, g0 * kPairNR, std::min(N, g1 * kPairNR));
-        }
-      },
-      Avx512Vec::kGroup);
+      M, [&](int64_t m0, int64_t m1, int) { round_rows_to_pairs(x, m0, m1, K, xb); }, 16);
+  pool.parallel_for((N + kPairNR - 1) / kPairNR,
+                    [&](int64_t p0, int64_t p1, int) {
+                      pairs_panel_range(xb, panels_of, bias, y, M, N, K, p0, p1);
+                    },
+                    Avx512Vec::kGroup);
 }
+
+// ---- Prefill attention over a bf16 cache with vdpbf16ps: the blocked kernel of kernels_x86.h
+// with both GEMMs in bf16 pairs, q and the probabilities rounded to bf16 once (as the linears'
+// inputs are), the keys and values as they are stored. Twice the f32 FMA rate, for one rounding
+// of each factor (2^-9 relative); an f32 cache keeps the f32 GEMMs.
+
+// Value rows as the B panel of p @ v: lane j of pair row p = (v[k0 + 2p][n0 + j],
+// v[k0 + 2p + 1][n0 + j]); rows whose live flag is 0 (and the one past kc) are zeros, never read.
+struct ValuePanels : Bf16Panels {
+  const uint16_t* v;
+  const uint8_t* live;
+  int64_t D;
+  void pack(int64_t n0, int cols, int64_t k0, int64_t kc, uint32_t* panel) const {
+    for (int64_t p = 0; p < (kc + 1) / 2; ++p) {
+      const int64_t j = k0 + 2 * p;
+      const uint16_t* a = live[j] ? v + j * D + n0 : nullptr;
+      const uint16_t* b = 2 * p + 1 < kc && live[j + 1] ? v + (j + 1) * D + n0 : nullptr;
+      uint32_t* out = panel + p * kPairNR;
+      if (cols == kPairNR) {
+        for (int c = 0; c < kPairNR; c += 8) {
+          const __m256i lo =
+              a ? _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + c)))
+                : _mm256_setzero_si256();
+          const __m256i hi =
+              b ? _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + c)))
+                : _mm256_setzero_si256();
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + c),
+                              _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+        }
+      } else {
+        for (int c = 0; c < kPairNR; ++c)
+          out[c] = c < cols ? uint32_t(a ? a[c] : 0) | uint32_t(b ? b[c] : 0) << 16 : 0;
+      }
+    }
+  }
+};
+
+struct Bf16AttentionGemms {
+  template <class V, class KV>
+  static void scores(const float* xq, int64_t R, const KV* k, int64_t L, int64_t D, float* s) {
+    if constexpr (!std::is_same_v<KV, uint16_t>) {
+      F32AttentionGemms::scores<V>(xq, R, k, L, D, s);
+    } else {
+      uint32_t* qb = thread_scratch<uint32_t>(Scratch::kPackedX, size_t(R * ((D + 1) / 2)));
+      round_rows_to_pairs(xq, 0, R, D, qb);
+      const float* no_bias = nullptr;
+      pairs_panel_range(qb, Bf16Panels{.w = k, .K = D}, no_bias, s, R, L, D, 0,
+                        (L + kPairNR - 1) / kPairNR);
+    }
+  }
+  template <class V, class KV>
+  static void weighted(const float* p, int64_t R, const KV* v, const uint8_t* live, int64_t L,
+                       int64_t D, float* o) {
+    if constexpr (!std::is_same_v<KV, uint16_t>) {
+      F32AttentionGemms::weighted<V>(p, R, v, live, L, D, o);
+    } else {
+      uint32_t* pb = thread_scratch<uint32_t>(Scratch::kPackedX, size_t(R * ((L + 1) / 2)));
+      round_rows_to_pairs(p, 0, R, L, pb);
+      const float* no_bias = nullptr;
+      pairs_panel_range(pb, ValuePanels{{}, v, live, D}, no_bias, o, R, D, L, 0,
+                        (D + kPairNR - 1) / kPairNR);
+    }
+  }
+};
 #endif
 
 template <class W, class B>
@@ -618,9 +688,14 @@ const KernelTable& avx512bf16_kernels() {
 #else
 const KernelTable& avx512_kernels() {
 #endif
+#if defined(TF_AVX512_BF16)
+  using AttentionGemms = Bf16AttentionGemms;
+#else
+  using AttentionGemms = F32AttentionGemms;
+#endif
   static const KernelTable t = make_table<Avx512Ops>(
       &linear_avx512, &linear_int8_avx512, &quantize_int8_avx2, &linear_int4_avx512,
-      &quantize_int4_avx2, &attention_x86<Avx512Vec, Avx512Ops>);
+      &quantize_int4_avx2, &attention_x86<Avx512Vec, Avx512Ops, AttentionGemms>);
   return t;
 }
 

@@ -740,13 +740,40 @@ void pack_panel_rows(const W* a, const uint8_t* live, int64_t ld, int64_t n0, in
   }
 }
 
+// The two products of attend_block_gemm in f32 (a target may bring its own, as AVX-512 BF16
+// does for bf16 caches): scores (R, L) = xq (R, D) @ k (L, D)^T, and o (R, D) = p (R, L) @ v
+// (L, D) reading only the rows of v whose live flag is set.
+struct F32AttentionGemms {
+  template <class V, class KV>
+  static void scores(const float* xq, int64_t R, const KV* k, int64_t L, int64_t D, float* s) {
+    const float* no_bias = nullptr;
+    gemm_panel_range<V>(
+        xq,
+        [&](int64_t n0, int rows, int64_t k0, int64_t kc, float* panel) {
+          pack_panel<V>(k, nullptr, D, n0, rows, k0, kc, panel);
+        },
+        no_bias, s, R, L, D, 0, (L + kNR<V> - 1) / kNR<V>);
+  }
+  template <class V, class KV>
+  static void weighted(const float* p, int64_t R, const KV* v, const uint8_t* live, int64_t L,
+                       int64_t D, float* o) {
+    const float* no_bias = nullptr;
+    gemm_panel_range<V>(
+        p,
+        [&](int64_t n0, int cols, int64_t k0, int64_t kc, float* panel) {
+          pack_panel_rows<V>(v, live, D, n0, cols, k0, kc, panel);
+        },
+        no_bias, o, R, D, L, 0, (D + kNR<V> - 1) / kNR<V>);
+  }
+};
+
 // R query rows xq (R, D) of one KV head, row r seeing slots [first[r], len[r]) where mask is
-// non-zero, into o (R, D). Scratch: scores (R, max len), inv (R), live (max len).
-template <class V, class KV>
+// non-zero, into o (R, D) through Gemms' two products. Scratch: scores (R, max len), inv (R),
+// live (max len).
+template <class V, class Gemms, class KV>
 void attend_block_gemm(const float* xq, int64_t R, const int64_t* first, const int64_t* len,
                        const KV* k, const KV* v, const int32_t* mask, int64_t D, float scale,
                        float softcap, float* scores, float* inv, uint8_t* live, float* o) {
-  constexpr int nr = kNR<V>;
   int64_t lo = first[0], hi = 0;
   for (int64_t r = 0; r < R; ++r) {
     lo = std::min(lo, first[r]);
@@ -756,13 +783,7 @@ void attend_block_gemm(const float* xq, int64_t R, const int64_t* first, const i
   v += lo * D;
   if (mask) mask += lo;
   const int64_t L = hi - lo;
-  const float* no_bias = nullptr;
-  gemm_panel_range<V>(
-      xq,
-      [&](int64_t n0, int rows, int64_t k0, int64_t kc, float* panel) {
-        pack_panel<V>(k, nullptr, D, n0, rows, k0, kc, panel);
-      },
-      no_bias, scores, R, L, D, 0, (L + nr - 1) / nr);
+  Gemms::template scores<V>(xq, R, k, L, D, scores);
   for (int64_t r = 0; r < R; ++r) {
     const float sum =
         row_probabilities(scores + r * L, L, first[r] - lo, len[r] - lo, mask, scale, softcap);
@@ -771,19 +792,14 @@ void attend_block_gemm(const float* xq, int64_t R, const int64_t* first, const i
   std::fill(live, live + L, uint8_t{0});
   for (int64_t r = 0; r < R; ++r)
     for (int64_t j = 0; j < L; ++j) live[j] |= scores[r * L + j] != 0.0f;
-  gemm_panel_range<V>(
-      scores,
-      [&](int64_t n0, int cols, int64_t k0, int64_t kc, float* panel) {
-        pack_panel_rows<V>(v, live, D, n0, cols, k0, kc, panel);
-      },
-      no_bias, o, R, D, L, 0, (D + nr - 1) / nr);
+  Gemms::template weighted<V>(scores, R, v, live, L, D, o);
   for (int64_t r = 0; r < R; ++r)
     for (int64_t d = 0; d < D; ++d) o[r * D + d] *= inv[r];
 }
 
 // The attention kernel of the x86 targets (kernels.h's contract): the blocked GEMMs above for
 // prefill, the row-set kernel of Ops otherwise.
-template <class V, class Ops>
+template <class V, class Ops, class Gemms = F32AttentionGemms>
 void attention_x86(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                    const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
                    int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
@@ -826,13 +842,13 @@ void attention_x86(const float* q, const void* k_cache, const void* v_cache, DTy
       const int32_t* mask = key_mask ? key_mask + b * S : nullptr;
       const int64_t base = (b * Hkv + kvh) * S * D;
       if (cache_type == DType::bf16)
-        attend_block_gemm<V>(xq, R, first, len, static_cast<const uint16_t*>(k_cache) + base,
-                             static_cast<const uint16_t*>(v_cache) + base, mask, D, scale, softcap,
-                             scores, inv, live, o);
+        attend_block_gemm<V, Gemms>(xq, R, first, len, static_cast<const uint16_t*>(k_cache) + base,
+                                    static_cast<const uint16_t*>(v_cache) + base, mask, D, scale,
+                                    softcap, scores, inv, live, o);
       else
-        attend_block_gemm<V>(xq, R, first, len, static_cast<const float*>(k_cache) + base,
-                             static_cast<const float*>(v_cache) + base, mask, D, scale, softcap,
-                             scores, inv, live, o);
+        attend_block_gemm<V, Gemms>(xq, R, first, len, static_cast<const float*>(k_cache) + base,
+                                    static_cast<const float*>(v_cache) + base, mask, D, scale,
+                                    softcap, scores, inv, live, o);
       for (int64_t r = 0; r < R; ++r)
         std::memcpy(out + dst[r], o + r * D, size_t(D) * sizeof(float));
     }
