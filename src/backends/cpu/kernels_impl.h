@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "backends/cpu/kernels.h"
 #include "core/cpu_features.h"
@@ -647,6 +648,17 @@ void key_scores(const float* const* qp, const KV* k, int64_t L, int64_t D, float
           scores[g * L + i] += qp[g][d] * value_f32(k[i * D + d]);
 }
 
+// [lo, hi): the union of n rows' slot ranges [first[r], len[r]) (each starting at or before the
+// others' ends, as consecutive queries' do).
+inline std::pair<int64_t, int64_t> slot_union(const int64_t* first, const int64_t* len, int64_t n) {
+  int64_t lo = first[0], hi = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    lo = std::min(lo, first[r]);
+    hi = std::max(hi, len[r]);
+  }
+  return {lo, hi};
+}
+
 // One row of raw scores q . k of slots [0, L) (counted from the first slot read) made into
 // unnormalised probabilities in place: the scale, the soft cap, -inf outside [b, e) (the window
 // and the causal limit) and where the mask is 0, then exp(s - max) with the row's max subtracted
@@ -697,11 +709,7 @@ void attend_set(const float* const* q, const int64_t* first, const int64_t* len,
   // from here on k, v, mask, scores and slot numbers count from lo. Decode over 28 layers of
   // bf16 caches at used length 4096 (16 query, 8 KV heads of 128, one AVX-512 core of a shared
   // host): 29 ms with a window of 1024 against 124 ms without.
-  int64_t lo = first[0], hi = 0;
-  for (int g = 0; g < N; ++g) {
-    lo = std::min(lo, first[g]);
-    hi = std::max(hi, len[g]);
-  }
+  const auto [lo, hi] = slot_union(first, len, N);
   k += lo * D;
   v += lo * D;
   if (mask) mask += lo;
@@ -767,6 +775,26 @@ inline int64_t interleaved_block(int64_t i, int64_t blocks) {
   return i % 2 == 0 ? i / 2 : blocks - 1 - i / 2;
 }
 
+// f(row, first, len) for the query rows of batch row b, queries [t0, t1), query heads of KV head
+// kvh, in that order: row is the offset of its q and out rows, and it sees slots [first, len)
+// (causal: up to its position p; with a window only (p - window, p]). A padding query (negative
+// position) gets zeros in out instead.
+template <class F>
+inline void for_each_query(int64_t b, int64_t t0, int64_t t1, int64_t kvh, int64_t group, int64_t T,
+                           int64_t Hq, int64_t D, const int32_t* pos, int64_t start, int64_t window,
+                           float* out, F&& f) {
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+      const int64_t row = ((b * T + t) * Hq + h) * D;
+      const int64_t p = pos ? pos[b * T + t] : start + t;
+      if (p < 0) {
+        std::fill(out + row, out + row + D, 0.0f);
+        continue;
+      }
+      f(row, window > 0 ? std::max<int64_t>(0, p + 1 - window) : 0, p + 1);
+    }
+}
+
 template <class Ops>
 void attention_impl(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                     const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
@@ -811,21 +839,14 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
                       static_cast<const float*>(v_cache) + base, args, os);
         n = 0;
       };
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          const int64_t row = ((b * T + t) * Hq + h) * D;
-          const int64_t p = pos ? pos[b * T + t] : start + t;
-          if (p < 0) {  // a padding query: no keys, zeros
-            std::fill(out + row, out + row + D, 0.0f);
-            continue;
-          }
-          qs[n] = q + row;
-          os[n] = out + row;
-          len[n] = p + 1;  // causal: slots [0, p]
-          // A window: only slots (p - window, p].
-          first[n] = window > 0 ? std::max<int64_t>(0, len[n] - window) : 0;
-          if (++n == kQuerySet) flush();
-        }
+      for_each_query(b, t0, t1, kvh, group, T, Hq, D, pos, start, window, out,
+                     [&](int64_t row, int64_t row_first, int64_t row_len) {
+                       qs[n] = q + row;
+                       os[n] = out + row;
+                       first[n] = row_first;
+                       len[n] = row_len;
+                       if (++n == kQuerySet) flush();
+                     });
       if (n > 0) flush();
     }
   });

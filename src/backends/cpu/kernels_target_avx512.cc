@@ -364,23 +364,31 @@ void round_to_bf16(const float* x, int64_t n, char* out) {
   }
 }
 
+// acc (MR rows x kPairNR columns, zeroed here) = the sums over pair rows [p0, p1) of x's pairs
+// (MR rows of stride ldx) times the panel's. Always inlined, so acc stays in registers.
 template <int MR>
-void gemm_tile_bf16(const uint32_t* x, int64_t ldx, const uint32_t* panel, int64_t kc, float* y,
-                    int64_t ldy, int cols, bool accumulate) {
-  const int64_t pairs = (kc + 1) / 2;
-  __m512 c[MR][2];
+__attribute__((always_inline)) inline void dot_pairs(const uint32_t* x, int64_t ldx,
+                                                     const uint32_t* panel, int64_t p0, int64_t p1,
+                                                     __m512 (&acc)[MR][2]) {
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p) {
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t p = p0; p < p1; ++p) {
     const __m512i b0 = _mm512_loadu_si512(panel + p * kPairNR),
                   b1 = _mm512_loadu_si512(panel + p * kPairNR + 16);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m512i a = _mm512_set1_epi32(int(x[i * ldx + p]));
-      c[i][0] = _mm512_dpbf16_ps(c[i][0], (__m512bh)a, (__m512bh)b0);
-      c[i][1] = _mm512_dpbf16_ps(c[i][1], (__m512bh)a, (__m512bh)b1);
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)a, (__m512bh)b0);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)a, (__m512bh)b1);
     }
   }
+}
+
+template <int MR>
+void gemm_tile_bf16(const uint32_t* x, int64_t ldx, const uint32_t* panel, int64_t kc, float* y,
+                    int64_t ldy, int cols, bool accumulate) {
+  __m512 c[MR][2];
+  dot_pairs<MR>(x, ldx, panel, 0, (kc + 1) / 2, c);
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i)
     store_tile_row<Avx512Vec>(y + i * ldy, c[i][0], c[i][1], cols, accumulate);
@@ -438,19 +446,7 @@ void gemm_tile_bf16_scaled(const uint32_t* x, int64_t ldx, const uint32_t* panel
   for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
   for (int64_t b = 0; b * kBlockPairs < pairs; ++b) {
     __m512 t[MR][2];
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) t[i][0] = t[i][1] = _mm512_setzero_ps();
-    const int64_t p1 = std::min(pairs, (b + 1) * kBlockPairs);
-    for (int64_t p = b * kBlockPairs; p < p1; ++p) {
-      const __m512i b0 = _mm512_loadu_si512(panel + p * kPairNR),
-                    b1 = _mm512_loadu_si512(panel + p * kPairNR + 16);
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        const __m512i a = _mm512_set1_epi32(int(x[i * ldx + p]));
-        t[i][0] = _mm512_dpbf16_ps(t[i][0], (__m512bh)a, (__m512bh)b0);
-        t[i][1] = _mm512_dpbf16_ps(t[i][1], (__m512bh)a, (__m512bh)b1);
-      }
-    }
+    dot_pairs<MR>(x, ldx, panel, b * kBlockPairs, std::min(pairs, (b + 1) * kBlockPairs), t);
     const __m512 s0 = _mm512_loadu_ps(scales + b * kPairNR),
                  s1 = _mm512_loadu_ps(scales + b * kPairNR + 16);
 #pragma GCC unroll 16

@@ -774,11 +774,7 @@ template <class V, class Gemms, class KV>
 void attend_block_gemm(const float* xq, int64_t R, const int64_t* first, const int64_t* len,
                        const KV* k, const KV* v, const int32_t* mask, int64_t D, float scale,
                        float softcap, float* scores, float* inv, uint8_t* live, float* o) {
-  int64_t lo = first[0], hi = 0;
-  for (int64_t r = 0; r < R; ++r) {
-    lo = std::min(lo, first[r]);
-    hi = std::max(hi, len[r]);
-  }
+  const auto [lo, hi] = slot_union(first, len, R);
   k += lo * D;
   v += lo * D;
   if (mask) mask += lo;
@@ -825,19 +821,13 @@ void attention_x86(const float* q, const void* k_cache, const void* v_cache, DTy
       const int64_t t0 = interleaved_block((u / Hkv) % blocks, blocks) * tb,
                     t1 = std::min(T, t0 + tb);
       int64_t R = 0;
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          const int64_t row = ((b * T + t) * Hq + h) * D;
-          const int64_t p = pos ? pos[b * T + t] : start + t;
-          if (p < 0) {  // a padding query: no keys, zeros
-            std::fill(out + row, out + row + D, 0.0f);
-            continue;
-          }
-          std::memcpy(xq + R * D, q + row, size_t(D) * sizeof(float));
-          len[R] = p + 1;  // causal: slots [0, p], and with a window only (p - window, p]
-          first[R] = window > 0 ? std::max<int64_t>(0, len[R] - window) : 0;
-          dst[R++] = row;
-        }
+      for_each_query(b, t0, t1, kvh, group, T, Hq, D, pos, start, window, out,
+                     [&](int64_t row, int64_t row_first, int64_t row_len) {
+                       std::memcpy(xq + R * D, q + row, size_t(D) * sizeof(float));
+                       first[R] = row_first;
+                       len[R] = row_len;
+                       dst[R++] = row;
+                     });
       if (R == 0) continue;
       const int32_t* mask = key_mask ? key_mask + b * S : nullptr;
       const int64_t base = (b * Hkv + kvh) * S * D;
