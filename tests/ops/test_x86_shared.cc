@@ -67,6 +67,7 @@ struct Generic16 {
     lo = load(p);
     hi = load(p + kWidth);
   }
+  static constexpr int kInt8Streams = 2;
   struct Int8X {
     Int8X row(int64_t, int64_t) const { return {}; }
   };

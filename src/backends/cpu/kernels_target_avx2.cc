@@ -183,6 +183,7 @@ struct Avx2Vec {
   }
   // int8 weights: x rounded to int16 per block (XQ16) and the vpmaddwd tile.
   using Int8X = XQ16;
+  static constexpr int kInt8Streams = kStreams / 2;  // rows and their scales: 4 streams
   static XQ16 prepare_int8_x(const float* x, int64_t M, int64_t K) { return quantize_x(x, M, K); }
   template <int S, int MR>
   static void gemv_tile_q8(const float* x, XQ16 xq, const int8_t* const (&w)[S],

@@ -9,7 +9,8 @@
 // V supplies: T (the vector), kWidth (floats in T), kMR (x rows per GEMM tile), kGroup (GEMM
 // panels per L2 block); load / load_pairs (2 x kWidth values:
 // bf16 as even | odd, f32 in order) / store / add / fmadd / broadcast / zero / hsum; its int8
-// GEMV tile: Int8X (x prepared for it, with row(m, K)), prepare_int8_x, gemv_tile_q8; and, for
+// GEMV tile: Int8X (x prepared for it, with row(m, K)), prepare_int8_x, gemv_tile_q8 and
+// kInt8Streams (int8 rows read at once for one x row); and, for
 // int4, gemv_int4_tile and kInt4Streams<MR> (row groups read side by side for MR x rows).
 #pragma once
 
@@ -127,10 +128,11 @@ inline void prefetch_ahead(const void* p) {
 // brings a second stream, its block scales, so int8 reads half as many rows at once: against 4
 // rows over the 28 Qwen3-0.6B layers' int8 linears, alternated in one process (bench_ab
 // linear-int8), 0.99-1.07x in 7 runs on one thread (median 1.02x; two copies of one build give
-// 0.99-1.01x) and 1.02x on two, where 8 rows were 0.83x.
+// 0.99-1.01x) and 1.02x on two, where 8 rows were 0.83x. A target's own int8 tile may want
+// another count (V::kInt8Streams; the AVX-512 BF16 target's VNNI tile reads 4).
 constexpr int kStreams = 4;
-template <class W>
-constexpr int kRowStreams = std::is_same_v<W, int8_t> ? kStreams / 2 : kStreams;
+template <class V, class W>
+constexpr int kRowStreams = std::is_same_v<W, int8_t> ? V::kInt8Streams : kStreams;
 
 // S weight rows (each its own stream) against MR packed x rows (stride K): out[s][i] = w[s] . x_i.
 // Two blocks of kPairBlock per step (one cache line of bf16 per row with AVX2, two with AVX-512)
@@ -256,8 +258,8 @@ void gemv(const float* x, const W* w, const float* scale, const B* bias, float* 
           gemv_rows<V, kStreams / 2, 2>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N, K,
                                         n0, n1);
         if (m < M)
-          gemv_rows<V, kRowStreams<W>, 1>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N, K,
-                                          n0, n1);
+          gemv_rows<V, kRowStreams<V, W>, 1>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N,
+                                             K, n0, n1);
       },
       32);
 }
