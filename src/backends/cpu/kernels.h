@@ -29,10 +29,12 @@ constexpr int64_t kInt8Block = 32;
 inline int64_t int8_blocks(int64_t K) { return (K + kInt8Block - 1) / kInt8Block; }
 
 // y (M,N) = x (M,K) @ (scale * w) (N,K)^T [+ bias (N)], w int8 (N,K) and scale f32
-// (N, int8_blocks(K)): w[n,k] ~ scale[n, k / kInt8Block] * q[n,k]. Activations stay f32; the
-// int8 values widen to f32 exactly, so only the summation order differs from the reference
-// (except in the AVX-512 BF16 GEMM, M >= 4, which rounds x to bf16 as for bf16 weights and
-// applies each block's scale to its partial sums).
+// (N, int8_blocks(K)): w[n,k] ~ scale[n, k / kInt8Block] * q[n,k]. How x is taken depends on
+// the target: the scalar target, plain AVX-512 and the AVX2 GEMM keep it in f32 (the int8 values
+// widen to f32 exactly, so only the summation order differs from the reference); the AVX2 GEMV
+// rounds it to int16 per 32-block; on AVX-512 BF16 the GEMV (M < 4) rounds it to int8 per block
+// and sums exact integer products (as llama.cpp's Q8_0 x Q8_0), and the GEMM rounds it to bf16
+// as for bf16 weights, each block's scale applied to its partial sums.
 void linear_int8(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
                  int64_t M, int64_t N, int64_t K, ThreadPool& pool);
 
