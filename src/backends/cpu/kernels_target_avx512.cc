@@ -280,7 +280,8 @@ struct Avx512Vec {
   }
 #if defined(TF_AVX512_BF16)
   // 4 rows at once (8 streams with their scales): Qwen3-0.6B int8 decode on one Zen 5 core went
-  // from 0.71-0.76 of the weights roofline with 2 rows to 0.86-0.93 (bench_model, 2 and 3 runs).
+  // from 0.71-0.76 of the weights roofline with 2 rows to 0.86-0.93 (bench_model, 2 runs before,
+  // 5 after).
   static constexpr int kInt8Streams = kStreams;
   using Int8X = Q8X;
   static Q8X prepare_int8_x(const float* x, int64_t M, int64_t K) { return prepare_q8_x(x, M, K); }
