@@ -176,12 +176,18 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     impl->weight_types[name] = buf->type();
     impl->weights[name] = std::move(buf);
   };
-  // `w` is a view of the checkpoint's mapping. Once the backend has its prepared copy, the
-  // mapped pages are released: they stay in the page cache (re-read if touched, as a tied
-  // embedding's are) but resident memory holds the copy rather than both.
-  auto add_prepared = [&](const std::string& name, const Tensor& w) {
+  // Whether `t` lies in the checkpoint's mapping of tensor `source`.
+  auto in_mapping = [&](const Tensor& t, const std::string& source) {
+    const char* mapped = static_cast<const char*>(ckpt.get(source).raw());
+    const char* p = static_cast<const char*>(t.raw());
+    return p >= mapped && p < mapped + ckpt.info(source).nbytes;
+  };
+  // Once the backend has its prepared copy of `w`, a view of the checkpoint's mapping, the mapped
+  // pages are released: they stay in the page cache (re-read if touched, as a tied embedding's
+  // are under "mmap") but resident memory holds the copy rather than both.
+  auto add_prepared = [&](const std::string& name, const Tensor& w, const std::string& source) {
     backends::PreparedWeight pw = impl->backend->prepare_linear(w, opt.quantize);
-    release_pages(w);
+    if (in_mapping(w, source)) release_pages(w);
     const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
     bind(name, std::move(pw.weight));
     if (pw.scale) bind(prefix + ".weight_scale", std::move(pw.scale));
@@ -190,10 +196,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   // Under "copy" a weight still in the checkpoint's mapping (used as stored, or this rank's rows
   // of it) is copied into anonymous huge-page memory; conversions already made their own.
   auto resident = [&](const Tensor& t, const std::string& source) {
-    const char* mapped = static_cast<const char*>(ckpt.get(source).raw());
-    const char* p = static_cast<const char*>(t.raw());
-    const bool in_mapping = p >= mapped && p < mapped + ckpt.info(source).nbytes;
-    if (opt.load_mode != "copy" || !in_mapping) return t;
+    if (opt.load_mode != "copy" || !in_mapping(t, source)) return t;
     Tensor copy = resident_copy(t, ThreadPool::global());
     release_pages(t);
     return copy;
@@ -265,6 +268,11 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   for (const auto& s : specs)
     if (prepared_copy(s) && ckpt.has(s.tied_to))
       bytes_total += int64_t(ckpt.info(s.tied_to).nbytes);
+  // Host tensors of the targets of those copies, kept from their load until the copy is made.
+  std::map<std::string, Tensor> host_copies;
+  std::set<std::string> copied_targets;
+  for (const auto& s : specs)
+    if (prepared_copy(s)) copied_targets.insert(s.tied_to);
   auto advance = [&](const std::string& source) {
     bytes_done += int64_t(ckpt.info(source).nbytes);
     if (opt.progress) opt.progress(stage, bytes_done, bytes_total);
@@ -349,12 +357,18 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       throw FormatError("tensor '" + s.name + "' in " + info.file + " has dtype " +
                         std::string(dtype_name(info.dtype)) + "; weights must be floating point");
     if (quantized(s)) {
-      add_prepared(s.name, ckpt.get(s.name));
+      add_prepared(s.name, ckpt.get(s.name), s.name);
     } else {
       // Weights in the requested dtype are used straight from the mapping; others converted.
       const DType want = bias_of_quantized(s) ? DType::f32 : impl->dtype;
       Tensor t = impl->tp ? impl->tp->load(ckpt, s.name, s.name, want) : ckpt.get(s.name).to(want);
-      bind(s.name, impl->backend->upload(resident(t, s.name)));
+      t = resident(t, s.name);
+      // A copy of the stored values that a tied head quantizes below: read from it rather than
+      // from the mapping, whose pages would otherwise count a second time at the peak.
+      if (copied_targets.count(s.name) && !impl->tp && t.dtype() == info.dtype &&
+          !in_mapping(t, s.name))
+        host_copies[s.name] = t;
+      bind(s.name, impl->backend->upload(t));
     }
     advance(s.name);
   }
@@ -368,8 +382,9 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
                        resident(impl->tp->load(ckpt, s.name, s.tied_to, impl->dtype), s.tied_to)));
     } else if (prepared_copy(s)) {
       // The embedding stays as stored for the gather; the head multiplies its own prepared
-      // copy. The pages are re-read from the mapping when the first tokens are embedded.
-      add_prepared(s.name, ckpt.get(s.tied_to));
+      // copy, quantized from the embedding's copy under "copy" and from the mapping otherwise.
+      auto it = host_copies.find(s.tied_to);
+      add_prepared(s.name, it != host_copies.end() ? it->second : ckpt.get(s.tied_to), s.tied_to);
       advance(s.tied_to);
     } else {
       bind(s.name, impl->weights.at(s.tied_to));

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -44,6 +45,32 @@ TEST(LoadMode, CopyAndMmapGiveTheSameLogits) {
   Tensor a = prefill_logits(copy, ids), b = prefill_logits(mapped, ids);
   ASSERT_EQ(a.numel(), b.numel());
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << i;
+}
+
+// A tied head quantized at load: under "copy" it is quantized from the embedding's own copy (so
+// the embedding's mapped pages are not resident a second time at the peak), under "mmap" from
+// the mapping. Both give the same head, byte for byte, and the same logits; the embedding's copy
+// is intact after the head is made from it.
+TEST(LoadMode, TiedHeadQuantizedFromTheCopyIsTheSame) {
+  const std::string dir = model_dir("tiny-qwen3");  // bfloat16, tied embeddings
+  for (const std::string quantize : {"int8", "int4"}) {
+    CausalLM copy = AutoModelForCausalLM::from_pretrained(dir, {.quantize = quantize});
+    CausalLM mapped =
+        AutoModelForCausalLM::from_pretrained(dir, {.quantize = quantize, .load_mode = "mmap"});
+    EXPECT_TRUE(own_memory(copy, "model.embed_tokens.weight")) << quantize;
+    for (const std::string w : {"lm_head.weight", "lm_head.weight_scale"}) {
+      const backends::Buffer& a = *copy.impl().weights.at(w);
+      const backends::Buffer& b = *mapped.impl().weights.at(w);
+      ASSERT_EQ(a.type(), b.type()) << quantize << " " << w;
+      const size_t bytes = size_t(shape_numel(a.type().shape)) * dtype_size(a.type().dtype);
+      EXPECT_EQ(std::memcmp(a.host_data(), b.host_data(), bytes), 0) << quantize << " " << w;
+    }
+    const std::vector<int32_t> ids = {1, 17, 300, 45, 9};
+    Tensor a = prefill_logits(copy, ids), b = prefill_logits(mapped, ids);
+    ASSERT_EQ(a.numel(), b.numel());
+    for (int64_t i = 0; i < a.numel(); ++i)
+      ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << quantize << " " << i;
+  }
 }
 
 TEST(LoadMode, UnknownModeIsAnError) {
