@@ -30,9 +30,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/memory.h"
 #include "core/stream_read.h"
 #include "core/thread_pool.h"
 
@@ -135,7 +137,20 @@ int main(int argc, char** argv) {
   Build a(argv[1], threads), b(argv[2], threads);
 
   constexpr int64_t kKvHeads = 8, kHeadDim = 128;
-  std::vector<std::vector<char>> buffers;  // per layer (attention) or per weight (linear)
+  // Per layer (attention) or per weight (linear), in the memory the model's weights and caches
+  // get (allocate_pages: 2 MiB-aligned, huge pages asked for), not malloc's: where transparent huge
+  // pages are "madvise", malloc'd buffers get 4 KiB pages, which read slower than a loaded model.
+  struct Pages {
+    std::shared_ptr<void> mem;
+    size_t bytes;
+    char* data() const { return static_cast<char*>(mem.get()); }
+    size_t size() const { return bytes; }
+  };
+  std::vector<Pages> buffers;
+  auto add_buffer = [&](size_t bytes) {
+    buffers.push_back({tformers::allocate_pages(bytes), bytes});
+    return buffers.back().data();
+  };
   std::vector<std::function<void(Build&, float*)>> calls;
   size_t out_size = 0;
   std::vector<float> x;
@@ -146,8 +161,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
     out_size = x.size();
     for (int64_t l = 0; l < layers; ++l) {
-      buffers.emplace_back(size_t(2 * cache * 2));
-      uint16_t* kv = reinterpret_cast<uint16_t*>(buffers.back().data());
+      uint16_t* kv = reinterpret_cast<uint16_t*>(add_buffer(size_t(2 * cache * 2)));
       fill_bf16(kv, size_t(2 * cache), uint64_t(l));
       calls.push_back([=, &x](Build& bd, float* out) {
         bd.attention(x.data(), kv, kv + cache, kBf16, nullptr, out, 1, queries, heads, kKvHeads,
@@ -172,8 +186,7 @@ int main(int argc, char** argv) {
         const int64_t N = s[0], K = s[1], nb = (K + 31) / 32;
         if (int4) {  // tiles of random codes (kernels.h), scales as int8's
           const int64_t codes = N * nb * 16;
-          buffers.emplace_back(size_t(codes + N * nb * 2));
-          uint8_t* q = reinterpret_cast<uint8_t*>(buffers.back().data());
+          uint8_t* q = reinterpret_cast<uint8_t*>(add_buffer(size_t(codes + N * nb * 2)));
           uint16_t* scale = reinterpret_cast<uint16_t*>(q + codes);
           fill_bf16(reinterpret_cast<uint16_t*>(q), size_t(codes / 2), uint64_t(l));
           for (int64_t i = 0; i < N * nb; ++i) scale[i] = 0x1419;  // f16 1e-3
@@ -181,8 +194,7 @@ int main(int argc, char** argv) {
             bd.linear_int4(x.data(), q, scale, nullptr, nullptr, out, 1, N, K, bd.pool);
           });
         } else if (int8) {
-          buffers.emplace_back(size_t(N * K + N * nb * 4));
-          int8_t* q = reinterpret_cast<int8_t*>(buffers.back().data());
+          int8_t* q = reinterpret_cast<int8_t*>(add_buffer(size_t(N * K + N * nb * 4)));
           float* scale = reinterpret_cast<float*>(q + N * K);
           fill_bf16(reinterpret_cast<uint16_t*>(q), size_t(N * K / 2), uint64_t(l));
           for (int64_t i = 0; i < N * nb; ++i) scale[i] = 1e-3f;
@@ -190,8 +202,7 @@ int main(int argc, char** argv) {
             bd.linear_int8(x.data(), q, scale, nullptr, out, 1, N, K, bd.pool);
           });
         } else {
-          buffers.emplace_back(size_t(N * K * 2));
-          uint16_t* w = reinterpret_cast<uint16_t*>(buffers.back().data());
+          uint16_t* w = reinterpret_cast<uint16_t*>(add_buffer(size_t(N * K * 2)));
           fill_bf16(w, size_t(N * K), uint64_t(l));
           calls.push_back([=, &x](Build& bd, float* out) {
             bd.linear(x.data(), w, kBf16, nullptr, out, 1, N, K, bd.pool);
