@@ -247,12 +247,21 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     }
     impl->tp = std::make_shared<distributed::TpModel>(*opt.distributed_config, defaults, decls);
     impl->arch->validate_tp(c, *impl->tp);
-    if (!impl->quantize.empty())
-      throw UnsupportedError("quantize=\"" + impl->quantize +
-                             "\" with tensor parallelism is not supported yet: load a float "
-                             "checkpoint in bfloat16 under tp_size > 1, or quantize in a single "
-                             "process");
+    if (!stored.scheme.empty())
+      throw UnsupportedError("checkpoint " + impl->path + " is stored quantized (" + stored.scheme +
+                             "); loading it with tensor parallelism is not supported yet: load "
+                             "its float original with quantize=\"int8\" or \"int4\" under "
+                             "tp_size > 1 (each rank quantizes its own slice), or this checkpoint "
+                             "in a single process");
   }
+  // This rank's part of checkpoint tensor `source` for weight `s` (all of it without tensor
+  // parallelism), for the quantizer, which reads f32 or bf16.
+  auto quantizer_source = [&](const models::WeightSpec& s, const std::string& source) {
+    if (!impl->tp) return ckpt.get(source);
+    const DType stored_dtype = ckpt.info(source).dtype;
+    return impl->tp->load(ckpt, s.name, source,
+                          stored_dtype == DType::bf16 ? stored_dtype : DType::f32);
+  };
   // Progress by bytes of checkpoint tensors read; a tied head quantized as its own copy reads
   // its target a second time.
   const std::string stage = quantize ? "quantizing to " + opt.quantize : "loading weights";
@@ -357,7 +366,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       throw FormatError("tensor '" + s.name + "' in " + info.file + " has dtype " +
                         std::string(dtype_name(info.dtype)) + "; weights must be floating point");
     if (quantized(s)) {
-      add_prepared(s.name, ckpt.get(s.name), s.name);
+      add_prepared(s.name, quantizer_source(s, s.name), s.name);
     } else {
       // Weights in the requested dtype are used straight from the mapping; others converted.
       const DType want = bias_of_quantized(s) ? DType::f32 : impl->dtype;
@@ -365,8 +374,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       t = resident(t, s.name);
       // A copy of the stored values that a tied head quantizes below: read from it rather than
       // from the mapping, whose pages would otherwise count a second time at the peak.
-      if (copied_targets.count(s.name) && !impl->tp && t.dtype() == info.dtype &&
-          !in_mapping(t, s.name))
+      if (copied_targets.count(s.name) && t.dtype() == info.dtype && !in_mapping(t, s.name))
         host_copies[s.name] = t;
       bind(s.name, impl->backend->upload(t));
     }
@@ -375,17 +383,20 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   for (const auto& s : specs) {
     if (impl->weights.count(s.name) || s.tied_to.empty()) continue;
     const distributed::TpModel* tp = impl->tp.get();
-    if (tp && (tp->shard(s.name).dim != tp->shard(s.tied_to).dim ||
-               tp->shard(s.name).ranges != tp->shard(s.tied_to).ranges)) {
-      // Tied, but split differently from its target: this rank's own slice of the target.
+    // Tied, but split differently from its target: this rank's own slice of the target.
+    const bool own_slice = tp && (tp->shard(s.name).dim != tp->shard(s.tied_to).dim ||
+                                  tp->shard(s.name).ranges != tp->shard(s.tied_to).ranges);
+    if (prepared_copy(s)) {
+      // The embedding stays as stored for the gather; the head multiplies its own prepared
+      // copy, quantized from the embedding's copy under "copy" when that is the head's slice,
+      // else from the mapping.
+      auto it = own_slice ? host_copies.end() : host_copies.find(s.tied_to);
+      add_prepared(s.name, it != host_copies.end() ? it->second : quantizer_source(s, s.tied_to),
+                   s.tied_to);
+      advance(s.tied_to);
+    } else if (own_slice) {
       bind(s.name, impl->backend->upload(
                        resident(impl->tp->load(ckpt, s.name, s.tied_to, impl->dtype), s.tied_to)));
-    } else if (prepared_copy(s)) {
-      // The embedding stays as stored for the gather; the head multiplies its own prepared
-      // copy, quantized from the embedding's copy under "copy" and from the mapping otherwise.
-      auto it = host_copies.find(s.tied_to);
-      add_prepared(s.name, it != host_copies.end() ? it->second : ckpt.get(s.tied_to), s.tied_to);
-      advance(s.tied_to);
     } else {
       bind(s.name, impl->weights.at(s.tied_to));
     }

@@ -66,16 +66,19 @@ Value linear(Ctx& c, Value x, const std::string& prefix) {
   GraphBuilder& b = c.b;
   Params& p = c.p;
   Value bias = p.has(prefix + ".bias") ? p(prefix + ".bias") : -1;
-  if (p.has(prefix + ".weight_scale")) {  // quantized by the backend at load
+  // x times this rank's weight (all of it without tensor parallelism), plus `bias`: the float
+  // op, or the quantized one for a weight the backend quantized at load.
+  auto mul = [&](Value x, Value bias) {
     const Value w = p(prefix + ".weight");
+    if (!p.has(prefix + ".weight_scale")) return b.linear(x, w, bias, prefix);
     if (b.type(w).dtype == DType::u8)  // int4 tiles, with zero points when imported with them
       return b.linear_int4(x, w, p(prefix + ".weight_scale"),
                            p.has(prefix + ".weight_zero") ? p(prefix + ".weight_zero") : -1, bias,
                            prefix);
     return b.linear_int8(x, w, p(prefix + ".weight_scale"), bias, prefix);
-  }
+  };
   const distributed::TpModel* tp = p.tp();
-  if (!tp) return b.linear(x, p(prefix + ".weight"), bias, prefix);
+  if (!tp) return mul(x, bias);
   const distributed::WeightShard& w = tp->shard(prefix + ".weight");
   switch (w.style) {
     case TpStyle::kRowwiseSplitInput: {
@@ -87,16 +90,13 @@ Value linear(Ctx& c, Value x, const std::string& prefix) {
     }
     case TpStyle::kRowwise: {
       // Partial sums over this rank's input features; the bias is added once, after the sum.
-      Value partial = b.linear(x, p(prefix + ".weight"), -1, prefix);
-      return b.all_reduce(partial, bias, tp->group_id(), prefix + ".all_reduce");
+      return b.all_reduce(mul(x, -1), bias, tp->group_id(), prefix + ".all_reduce");
     }
-    case TpStyle::kColwiseGatherOutput: {
-      Value y = b.linear(x, p(prefix + ".weight"), bias, prefix);
-      return b.all_gather(y, distributed::chunk_sizes(w.full_shape[0], tp->size()), tp->group_id(),
-                          prefix + ".all_gather");
-    }
+    case TpStyle::kColwiseGatherOutput:
+      return b.all_gather(mul(x, bias), distributed::chunk_sizes(w.full_shape[0], tp->size()),
+                          tp->group_id(), prefix + ".all_gather");
     default:  // colwise keeps its output sharded; replicated weights need no communication
-      return b.linear(x, p(prefix + ".weight"), bias, prefix);
+      return mul(x, bias);
   }
 }
 

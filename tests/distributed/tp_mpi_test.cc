@@ -42,11 +42,17 @@ DType dtype() {
   return d ? parse_dtype(d) : float32;
 }
 
+// "int8" or "int4": both the split and the whole model quantize their linears at load.
+std::string quantize() {
+  const char* q = env("TFORMERS_TP_QUANTIZE");
+  return q ? q : "";
+}
+
 LoadOptions tp_options() {
   DistributedConfig dc;
   if (const char* plan = env("TFORMERS_TP_PLAN"))
     dc.tp_plan = nlohmann::json::parse(plan).get<std::map<std::string, std::string>>();
-  return {.dtype = dtype(), .device_map = "cpu", .distributed_config = dc};
+  return {.dtype = dtype(), .device_map = "cpu", .distributed_config = dc, .quantize = quantize()};
 }
 
 double row_error(const float* a, const float* b, int64_t n) {
@@ -71,9 +77,10 @@ TEST(TpWorker, SplitModelMatchesWholeModel) {
     }
     return;
   }
-  CausalLM whole = AutoModelForCausalLM::from_pretrained(model_dir(name),
-                                                         {.dtype = dtype(), .device_map = "cpu"});
-  // Splitting changes only the order of float32 sums, whatever the weight dtype.
+  CausalLM whole = AutoModelForCausalLM::from_pretrained(
+      model_dir(name), {.dtype = dtype(), .device_map = "cpu", .quantize = quantize()});
+  // Splitting changes only the order of float32 sums, whatever the weight dtype; quantized, each
+  // rank's slice holds the whole model's blocks of 32 when the split falls on block edges.
   const double tol = 1e-4;
   CausalLM split = AutoModelForCausalLM::from_pretrained(model_dir(name), tp_options());
   const int64_t V = whole.config().vocab_size;
@@ -191,13 +198,16 @@ RunResult run(const std::string& cmd) {
 bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
 
 RunResult run_worker(int np, const std::string& model, const std::string& plan_json = "",
-                     const std::string& expect_error = "", const std::string& dtype = "float32") {
+                     const std::string& expect_error = "", const std::string& dtype = "float32",
+                     const std::string& quantize = "") {
   std::string cmd = "TFORMERS_TP_DTYPE=" + dtype + " TFORMERS_TP_MODEL=" + model;
   if (!plan_json.empty()) cmd += " TFORMERS_TP_PLAN='" + plan_json + "'";
   if (!expect_error.empty()) cmd += " TFORMERS_TP_EXPECT_ERROR='" + expect_error + "'";
+  if (!quantize.empty()) cmd += " TFORMERS_TP_QUANTIZE=" + quantize;
   cmd += " " + mpirun_prefix(np) + " -x TFORMERS_TP_MODEL -x TFORMERS_TP_DTYPE";
   if (!plan_json.empty()) cmd += " -x TFORMERS_TP_PLAN";
   if (!expect_error.empty()) cmd += " -x TFORMERS_TP_EXPECT_ERROR";
+  if (!quantize.empty()) cmd += " -x TFORMERS_TP_QUANTIZE";
   cmd += " " + self_exe() + " --gtest_color=no --gtest_filter=TpWorker.SplitModelMatchesWholeModel";
   return run(cmd);
 }
@@ -240,6 +250,29 @@ TEST_F(TpMpi, DefaultPlanTwoRanksGemma3) { expect_ok(run_worker(2, "tiny-gemma3"
 // bfloat16 weights straight from the mapping (row slices are views, column slices copies).
 TEST_F(TpMpi, DefaultPlanTwoRanksBfloat16Weights) {
   expect_ok(run_worker(2, "tiny-qwen3-sharded", "", "", "bfloat16"));
+}
+
+// Quantized at load, each rank its own slice: int8 and int4 with a tied head (its quantized copy
+// split over the vocabulary) and untied, q/k/v biases kept in f32 (Qwen2), and a tied head whole
+// on every rank while its embedding is split (its own slice, quantized).
+TEST_F(TpMpi, QuantizedInt8TwoRanksQwen3Tied) {
+  expect_ok(run_worker(2, "tiny-qwen3", "", "", "float32", "int8"));
+}
+
+TEST_F(TpMpi, QuantizedInt4TwoRanksQwen3Tied) {
+  expect_ok(run_worker(2, "tiny-qwen3", "", "", "bfloat16", "int4"));
+}
+
+TEST_F(TpMpi, QuantizedInt4TwoRanksLlamaUntied) {
+  expect_ok(run_worker(2, "tiny-llama", "", "", "float32", "int4"));
+}
+
+TEST_F(TpMpi, QuantizedInt8TwoRanksQwen2Biases) {
+  expect_ok(run_worker(2, "tiny-qwen2", "", "", "float32", "int8"));
+}
+
+TEST_F(TpMpi, QuantizedInt4TwoRanksHeadSplitApartFromItsEmbedding) {
+  expect_ok(run_worker(2, "tiny-qwen3", R"({"lm_head": "replicate"})", "", "bfloat16", "int4"));
 }
 
 // 4 KV heads over 4 ranks, attention biases (o_proj's added once after the reduce), tied

@@ -15,6 +15,7 @@
 #include "common/error_of.h"
 #include "golden_util.h"
 #include "io/safetensors.h"
+#include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/model.h"
 
@@ -207,6 +208,16 @@ TEST(StoredQuantized, AnotherSchemeAtLoadIsRejected) {
   const std::string msg = stored_error<InvalidArgumentError>(
       [](Tensors&, nlohmann::json&) {}, {.device_map = "cpu", .quantize = "int8"});
   EXPECT_CONTAINS(msg, "already quantized to int4 (quantization_config)");
+}
+
+// Under tensor parallelism a float checkpoint is quantized rank by rank (TpMpi.Quantized*); a
+// stored quantized one is refused before any weight is read, naming the way that works.
+TEST(StoredQuantized, TensorParallelLoadIsRefusedWithTheWayThatWorks) {
+  const std::string msg = stored_error<UnsupportedError>(
+      [](Tensors&, nlohmann::json&) {},
+      {.device_map = "cpu", .distributed_config = DistributedConfig{.tp_size = 1}});
+  EXPECT_CONTAINS(msg, "is stored quantized (int4)");
+  EXPECT_CONTAINS(msg, "quantize=\"int8\" or \"int4\" under tp_size > 1");
 }
 
 TEST(StoredQuantized, TheSameSchemeAtLoadIsNoOp) {
