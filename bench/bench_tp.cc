@@ -2,6 +2,9 @@
 // for tp=1 and tp=2 on the same cores, and the checkpoint bytes each rank reads.
 //
 //   build/release/bench/bench_tp [--threads 1,4] [--decode 32] [--dir /tmp/...-qwen3-0.6b]
+//                                [--quantize int8|int4]
+//
+// --quantize: every process quantizes its linears at load (under tp, each rank its own slice).
 //
 // The driver writes the model once, then runs itself: as one process with 1 and 2 threads, and
 // under mpirun as 2 ranks of 1 thread each. Each rank reports the bytes of checkpoint data it
@@ -9,6 +12,7 @@
 // column slice of rows no longer than a page or two costs whole pages).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -94,8 +98,8 @@ uint64_t mapped_rss(const std::string& file) {
   return kb * 1024;
 }
 
-int worker(const std::string& dir, int decode_steps, bool tp) {
-  LoadOptions opt{.dtype = bfloat16, .device_map = "cpu"};
+int worker(const std::string& dir, int decode_steps, bool tp, const std::string& quantize) {
+  LoadOptions opt{.dtype = bfloat16, .device_map = "cpu", .quantize = quantize};
   if (tp) opt.distributed_config = DistributedConfig{};
   auto t = Clock::now();
   CausalLM lm = AutoModelForCausalLM::from_pretrained(dir, opt);
@@ -153,6 +157,7 @@ int main(int argc, char** argv) {
   std::string dir = "/tmp/tformers-bench-qwen3-0.6b";
   int decode_steps = 32;
   bool as_worker = false, tp = false;
+  std::string quantize;
   std::vector<int> threads = {1};
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -164,8 +169,16 @@ int main(int argc, char** argv) {
       dir = argv[++i];
     else if (k == "--decode" && i + 1 < argc)
       decode_steps = std::atoi(argv[++i]);
+    else if (k == "--quantize" && i + 1 < argc)
+      quantize = argv[++i];
+    else if (k == "--threads" && i + 1 < argc) {
+      threads.clear();
+      std::stringstream list(argv[++i]);
+      for (std::string n; std::getline(list, n, ',');)
+        threads.push_back(std::max(1, std::atoi(n.c_str())));
+    }
   }
-  if (as_worker) return worker(dir, decode_steps, tp);
+  if (as_worker) return worker(dir, decode_steps, tp, quantize);
 
   auto t = Clock::now();
   write_model(dir);
@@ -181,7 +194,8 @@ int main(int argc, char** argv) {
       "read fraction | mapping RSS GB |\n|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const std::string args = " --worker --dir " + dir + " --decode " + std::to_string(decode_steps);
+  std::string args = " --worker --dir " + dir + " --decode " + std::to_string(decode_steps);
+  if (!quantize.empty()) args += " --quantize " + quantize;
   // Ranks yield while waiting in a collective: on a machine whose cores are shared with other
   // work, a spinning rank would hold the core its peer needs to reach the same collective.
   std::string mpirun = "mpirun -np 2 --bind-to none --mca mpi_yield_when_idle 1";
