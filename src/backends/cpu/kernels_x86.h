@@ -129,10 +129,17 @@ inline void prefetch_ahead(const void* p) {
 // rows over the 28 Qwen3-0.6B layers' int8 linears, alternated in one process (bench_ab
 // linear-int8), 0.99-1.07x in 7 runs on one thread (median 1.02x; two copies of one build give
 // 0.99-1.01x) and 1.02x on two, where 8 rows were 0.83x. A target's own int8 tile may want
-// another count (V::kInt8Streams; the AVX-512 BF16 target's VNNI tile reads 4).
+// another count (V::kInt8Streams; the AVX-512 BF16 target's VNNI tile reads 4 on one thread).
+// With several threads reading at once, each reads at most kStreams / 2 int8 rows: on a 2-core
+// Zen 5, 4 rows (and their 4 scale streams) per thread were 1.03x faster than 2 on one thread
+// but 0.94x on two, while bf16 rows were the same at 4 or 2 on two threads (bench_ab, 3 runs).
 constexpr int kStreams = 4;
 template <class V, class W>
 constexpr int kRowStreams = std::is_same_v<W, int8_t> ? V::kInt8Streams : kStreams;
+template <class V, class W>
+constexpr int kSharedRowStreams = std::is_same_v<W, int8_t>
+                                      ? std::min(V::kInt8Streams, kStreams / 2)
+                                      : kStreams;
 
 // S weight rows (each its own stream) against MR packed x rows (stride K): out[s][i] = w[s] . x_i.
 // Two blocks of kPairBlock per step (one cache line of bf16 per row with AVX2, two with AVX-512)
@@ -250,6 +257,7 @@ void gemv(const float* x, const W* w, const float* scale, const B* bias, float* 
   }
   typename V::Int8X xq{};
   if constexpr (std::is_same_v<W, int8_t>) xq = V::prepare_int8_x(x, M, K);
+  const bool shared = pool.num_threads() > 1;
   pool.parallel_for(
       N,
       [&](int64_t n0, int64_t n1, int) {
@@ -257,7 +265,11 @@ void gemv(const float* x, const W* w, const float* scale, const B* bias, float* 
         for (; m + 2 <= M; m += 2)
           gemv_rows<V, kStreams / 2, 2>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N, K,
                                         n0, n1);
-        if (m < M)
+        if (m == M) return;
+        if (shared)
+          gemv_rows<V, kSharedRowStreams<V, W>, 1>(xp + m * K, xq.row(m, K), w, scale, bias,
+                                                   y + m * N, N, K, n0, n1);
+        else
           gemv_rows<V, kRowStreams<V, W>, 1>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N,
                                              K, n0, n1);
       },
