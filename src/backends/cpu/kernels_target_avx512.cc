@@ -301,9 +301,11 @@ struct Avx512Vec {
   }
 #endif
   // int4: row groups two to a 512-bit register (gemv_int4_pairs), two groups side by side; with
-  // the BF16 target's VNNI tile 4 for one x row (Qwen3-0.6B int4 decode on one Zen 5 core: 0.75-
-  // 0.77 of the weights roofline with 2, 0.78-0.81 with 4; bench_model, 3 runs each). A group
-  // left over alone goes through the 256-bit tile.
+  // the BF16 target's VNNI tile 4 for one x row. On a Zen 5 core separate bench_model runs put
+  // Qwen3-0.6B int4 decode at 0.75-0.77 of the weights roofline with 2 and 0.78-0.81 with 4, but
+  // bench_ab alternating both builds (huge-page buffers, 30 rounds) puts 4 within 1 % of 2 on one
+  // thread and on two; 6 and 8 were 2-8 % slower. A group left over alone goes through the
+  // 256-bit tile.
   template <int MR>
 #if defined(TF_AVX512_BF16)
   static constexpr int kInt4Streams = MR == 1 ? 4 : 2;
