@@ -127,7 +127,9 @@ TEST(ServeHardening, BadRequestsAre400sNamingTheField) {
 }
 
 TEST(ServeHardening, ConnectionsOverTheLimitAre503ThenServedAgain) {
-  ServeProcess server({"--max-connections", "4"});
+  // Idle connections are held for a minute, not the default 5 s, so that all four still hold
+  // their threads however long a loaded run takes to reach the 503 below.
+  ServeProcess server({"--max-connections", "4", "--keep-alive-timeout", "60"});
   {
     // Four idle connections hold the four connection threads.
     std::vector<std::unique_ptr<RawConnection>> idle;
@@ -135,7 +137,7 @@ TEST(ServeHardening, ConnectionsOverTheLimitAre503ThenServedAgain) {
     // Until the server has accepted all four (under a loaded sanitizer run that took longer
     // than 200 ms), a fifth connection may still be served; from then on it gets a 503.
     std::string answer;
-    for (int attempt = 0; attempt < 50; ++attempt) {
+    for (int attempt = 0; attempt < 100; ++attempt) {
       std::this_thread::sleep_for(100ms);
       RawConnection over(server.port());
       over.send(post_request("/v1/completions", completion_body()));
