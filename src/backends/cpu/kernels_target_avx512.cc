@@ -88,90 +88,79 @@ inline __m512i load_halves(const void* a, const void* b) {
       _mm256_loadu_si256(static_cast<const __m256i*>(b)), 1);
 }
 
-template <int P, int MR, bool kZero>
-inline void gemv_int4_pairs(Int4X x, int64_t nb, const uint8_t* const (&w)[2 * P],
-                            const uint16_t* const (&scale)[2 * P],
-                            const uint8_t* const (&zero)[2 * P],
-                            float (&out)[2 * P][MR][kInt4Rows]) {
+template <int MR, bool kZero>
+inline void gemv_int4_pair(Int4X x, int64_t nb, const uint8_t* const (&w)[2],
+                           const uint16_t* const (&scale)[2], const uint8_t* const (&zero)[2],
+                           float (&out)[2][MR][kInt4Rows]) {
   const __m512i mask = _mm512_set1_epi8(0x0f);
 #if !defined(TF_AVX512_BF16)
   const __m512i ones = _mm512_set1_epi16(1);
 #endif
   const int64_t kp = nb * kInt4Block;
-  __m512 acc[P][MR];
+  __m512 acc[MR];
 #pragma GCC unroll 16
-  for (int q = 0; q < P; ++q)
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) acc[q][i] = _mm512_setzero_ps();
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m512i p[P][MR];
+    const uint8_t *ta = w[0] + b * kInt4TileBytes, *tb = w[1] + b * kInt4TileBytes;
+    __m512i p[MR];
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
-#pragma GCC unroll 4
-      for (int q = 0; q < P; ++q) {
-        const uint8_t *ta = w[2 * q] + b * kInt4TileBytes, *tb = w[2 * q + 1] + b * kInt4TileBytes;
-        if (v < 2) {
-          prefetch_ahead(ta + 64 * v);
-          prefetch_ahead(tb + 64 * v);
-        }
-        const __m512i raw = load_halves(ta + 32 * v, tb + 32 * v);
-        const __m512i lo = _mm512_and_si512(raw, mask);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) {
-          const int8_t* xb = x.q + i * kp + b * kInt4Block + 8 * v;
-          int32_t xl, xh;
-          std::memcpy(&xl, xb, 4);
-          std::memcpy(&xh, xb + 4, 4);
-#if defined(TF_AVX512_BF16)
-          // VNNI (every AVX-512 BF16 CPU has it): vpdpbusd multiplies the same unsigned codes by
-          // signed x and adds each lane's 4 products straight into 32 bits, for 2 instructions
-          // where vpmaddubsw, the 16-bit adds and the final vpmaddwd took 3 to 4.
-          if (v == 0) p[q][i] = _mm512_setzero_si512();
-          p[q][i] = _mm512_dpbusd_epi32(p[q][i], lo, _mm512_set1_epi32(xl));
-          p[q][i] = _mm512_dpbusd_epi32(p[q][i], hi, _mm512_set1_epi32(xh));
-#else
-          const __m512i d = _mm512_add_epi16(_mm512_maddubs_epi16(lo, _mm512_set1_epi32(xl)),
-                                             _mm512_maddubs_epi16(hi, _mm512_set1_epi32(xh)));
-          p[q][i] = v == 0 ? d : _mm512_add_epi16(p[q][i], d);
-#endif
-        }
+      if (v < 2) {
+        prefetch_ahead(ta + 64 * v);
+        prefetch_ahead(tb + 64 * v);
       }
-    }
-#pragma GCC unroll 4
-    for (int q = 0; q < P; ++q) {
-      const __m512 ws = _mm512_cvtph_ps(_mm256_inserti128_si256(
-          _mm256_castsi128_si256(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale[2 * q] + b * kInt4Rows))),
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale[2 * q + 1] + b * kInt4Rows)), 1));
-      __m512i z{};
-      if constexpr (kZero)
-        z = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(zero[2 * q] + b * 8)),
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(zero[2 * q + 1] + b * 8))));
+      const __m512i raw = load_halves(ta + 32 * v, tb + 32 * v);
+      const __m512i lo = _mm512_and_si512(raw, mask);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
-        const __m512i xsum = _mm512_set1_epi32(x.sum[i * nb + b]);
-        const __m512i zx = kZero ? _mm512_mullo_epi32(z, xsum) : _mm512_slli_epi32(xsum, 3);
+        const int8_t* xb = x.q + i * kp + b * kInt4Block + 8 * v;
+        int32_t xl, xh;
+        std::memcpy(&xl, xb, 4);
+        std::memcpy(&xh, xb + 4, 4);
 #if defined(TF_AVX512_BF16)
-        const __m512i dot = _mm512_sub_epi32(p[q][i], zx);
+        // VNNI (every AVX-512 BF16 CPU has it): vpdpbusd multiplies the same unsigned codes by
+        // signed x and adds each lane's 4 products straight into 32 bits, for 2 instructions
+        // where vpmaddubsw, the 16-bit adds and the final vpmaddwd took 3 to 4.
+        if (v == 0) p[i] = _mm512_setzero_si512();
+        p[i] = _mm512_dpbusd_epi32(p[i], lo, _mm512_set1_epi32(xl));
+        p[i] = _mm512_dpbusd_epi32(p[i], hi, _mm512_set1_epi32(xh));
 #else
-        const __m512i dot = _mm512_sub_epi32(_mm512_madd_epi16(p[q][i], ones), zx);
+        const __m512i d = _mm512_add_epi16(_mm512_maddubs_epi16(lo, _mm512_set1_epi32(xl)),
+                                           _mm512_maddubs_epi16(hi, _mm512_set1_epi32(xh)));
+        p[i] = v == 0 ? d : _mm512_add_epi16(p[i], d);
 #endif
-        acc[q][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
-                                    _mm512_mul_ps(ws, _mm512_set1_ps(x.s[i * nb + b])), acc[q][i]);
       }
     }
-  }
-#pragma GCC unroll 4
-  for (int q = 0; q < P; ++q)
+    const __m512 ws = _mm512_cvtph_ps(_mm256_inserti128_si256(
+        _mm256_castsi128_si256(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale[0] + b * kInt4Rows))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale[1] + b * kInt4Rows)), 1));
+    __m512i z{};
+    if constexpr (kZero)
+      z = _mm512_cvtepu8_epi32(
+          _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(zero[0] + b * 8)),
+                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(zero[1] + b * 8))));
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      float all[2 * kInt4Rows];
-      _mm512_storeu_ps(all, acc[q][i]);
-      std::memcpy(out[2 * q][i], all, sizeof out[2 * q][i]);
-      std::memcpy(out[2 * q + 1][i], all + kInt4Rows, sizeof out[2 * q + 1][i]);
+      const __m512i xsum = _mm512_set1_epi32(x.sum[i * nb + b]);
+      const __m512i zx = kZero ? _mm512_mullo_epi32(z, xsum) : _mm512_slli_epi32(xsum, 3);
+#if defined(TF_AVX512_BF16)
+      const __m512i dot = _mm512_sub_epi32(p[i], zx);
+#else
+      const __m512i dot = _mm512_sub_epi32(_mm512_madd_epi16(p[i], ones), zx);
+#endif
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                               _mm512_mul_ps(ws, _mm512_set1_ps(x.s[i * nb + b])), acc[i]);
     }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+    float all[2 * kInt4Rows];
+    _mm512_storeu_ps(all, acc[i]);
+    std::memcpy(out[0][i], all, sizeof out[0][i]);
+    std::memcpy(out[1][i], all + kInt4Rows, sizeof out[1][i]);
+  }
 }
 
 #if defined(TF_AVX512_BF16)
@@ -279,9 +268,9 @@ struct Avx512Vec {
     hi = _mm512_loadu_ps(p + 16);
   }
 #if defined(TF_AVX512_BF16)
-  // 4 rows at once (8 streams with their scales): Qwen3-0.6B int8 decode on one Zen 5 core went
-  // from 0.71-0.76 of the weights roofline with 2 rows to 0.86-0.93 (bench_model, 2 runs before,
-  // 5 after).
+  // 4 rows at once on one thread (8 streams with their scales): on a Zen 5 core 1.03x faster
+  // than 2 rows (bench_ab linear-int8, 3 runs of 30 rounds: 2 rows at 0.968, 0.967, 0.969); with
+  // several threads gemv reads 2 per thread (kSharedRowStreams in kernels_x86.h).
   static constexpr int kInt8Streams = kStreams;
   using Int8X = Q8X;
   static Q8X prepare_int8_x(const float* x, int64_t M, int64_t K) { return prepare_q8_x(x, M, K); }
@@ -300,24 +289,17 @@ struct Avx512Vec {
     cpu::gemv_tile_q8<S, MR>(x, w, scale, K, out);
   }
 #endif
-  // int4: row groups two to a 512-bit register (gemv_int4_pairs), two groups side by side; with
-  // the BF16 target's VNNI tile 4 for one x row. On a Zen 5 core separate bench_model runs put
-  // Qwen3-0.6B int4 decode at 0.75-0.77 of the weights roofline with 2 and 0.78-0.81 with 4, but
-  // bench_ab alternating both builds (huge-page buffers, 30 rounds) puts 4 within 1 % of 2 on one
-  // thread and on two; 6 and 8 were 2-8 % slower. A group left over alone goes through the
-  // 256-bit tile.
+  // int4: two row groups at a time (gemv_int4_pair) for one or two x rows; a group left over
+  // alone goes through the 256-bit tile. With the VNNI tile on a Zen 5 core, 4 groups for one x
+  // row were within 1 % of 2 (bench_ab linear-int4, 1 and 2 threads), 6 and 8 slower.
   template <int MR>
-#if defined(TF_AVX512_BF16)
-  static constexpr int kInt4Streams = MR == 1 ? 4 : 2;
-#else
   static constexpr int kInt4Streams = 2;
-#endif
   template <int S, int MR, bool kZero>
   static void gemv_int4_tile(Int4X x, int64_t nb, const uint8_t* const (&w)[S],
                              const uint16_t* const (&scale)[S], const uint8_t* const (&zero)[S],
                              float (&out)[S][MR][kInt4Rows]) {
-    if constexpr (S % 2 == 0)
-      gemv_int4_pairs<S / 2, MR, kZero>(x, nb, w, scale, zero, out);
+    if constexpr (S == 2)
+      gemv_int4_pair<MR, kZero>(x, nb, w, scale, zero, out);
     else
       gemv_int4_tile_ymm<S, MR, kZero>(x, nb, w, scale, zero, out);
   }
@@ -689,7 +671,7 @@ void linear_int8_avx512(const float* x, const int8_t* w, const float* scale, con
   linear_t(x, w, scale, bias, y, M, N, K, pool);
 }
 
-// int4: the GEMV with gemv_int4_pairs, the GEMM with this target's 8 x 32 register tiles over
+// int4: the GEMV with gemv_int4_pair, the GEMM with this target's 8 x 32 register tiles over
 // panels unpacked from the tiles.
 void linear_int4_avx512(const float* x, const uint8_t* w, const uint16_t* scale,
                         const uint8_t* zero, const float* bias, float* y, int64_t M, int64_t N,
