@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs what tformers needs on a fresh Debian 12 machine and builds it. Safe to re-run.
-#   scripts/setup.sh            build dependencies, then the release build
-#   scripts/setup.sh --tests    also the test tooling (npm references) and the asan build
-#   scripts/setup.sh --dev      also python3-torch, to regenerate goldens (tools/reference), and
-#                               python3-numpy, to write the peer GGUFs (bench/peer_llama_cpp.sh)
+#   scripts/setup.sh            the C++ build dependencies (apt), then the library and the
+#                               `tformers` command of the release preset: what the main job needs
+#   scripts/setup.sh --tests    also the test tooling: clang, clang-format and libFuzzer's runtime
+#                               (apt), the npm references (tools/npm), and the `test` group of
+#                               pyproject.toml in .venv/ (tokenizers, Jinja2); no test is built here
+#   scripts/setup.sh --dev      also the `reference` group in .venv/ (Transformers and torch, about
+#                               3.5 GB with torch's CUDA libraries), to regenerate the goldens
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,21 +20,30 @@ for arg in "$@"; do
   esac
 done
 
+# GoogleTest and Google Benchmark are configured with the release preset (the test and bench
+# targets exist in it), so the first command installs them too; they are headers and small
+# libraries, and building them waits for scripts/test.sh.
 packages=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libpcre2-dev libicu-dev
           libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin libcli11-dev
           libedit-dev libcpp-httplib-dev)
-# clang and libFuzzer (libclang-rt-14-dev) build the fuzz targets (scripts/fuzz.sh).
-[ "$want_tests" = 1 ] && packages+=(nodejs npm clang-format clang libclang-rt-14-dev)
-[ "$want_dev" = 1 ] && packages+=(python3-torch python3-numpy libopenblas0-pthread)
+# clang and libFuzzer (libclang-rt-14-dev) build the fuzz targets (scripts/fuzz.sh); python3-venv
+# makes .venv/ where the machine's python3 is Debian's.
+[ "$want_tests" = 1 ] && packages+=(nodejs npm clang-format clang libclang-rt-14-dev python3-venv)
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# Node and npm may come from outside Debian on some images; accept any working ones.
-if [ "$want_tests" = 1 ] && command -v node >/dev/null && command -v npm >/dev/null; then
+# Node, npm and Python may come from outside Debian on some images; accept any working ones.
+if [ "$want_tests" = 1 ]; then
   filtered=()
-  for p in "${missing[@]}"; do [ "$p" = nodejs ] || [ "$p" = npm ] || filtered+=("$p"); done
+  for p in "${missing[@]}"; do
+    case "$p" in
+      nodejs | npm) command -v node >/dev/null && command -v npm >/dev/null && continue ;;
+      python3-venv) python3 -c 'import venv, ensurepip' 2>/dev/null && continue ;;
+    esac
+    filtered+=("$p")
+  done
   missing=("${filtered[@]}")
 fi
 if [ ${#missing[@]} -gt 0 ]; then
@@ -43,7 +55,18 @@ fi
 
 if [ "$want_tests" = 1 ]; then
   (cd tools/npm && npm ci --no-audit --no-fund --loglevel=error)
+  # One virtual environment for the Python tools, every version pinned in pyproject.toml.
+  # pip 25.3 reads its dependency groups (--group, pip >= 25.1).
+  if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+  fi
+  if ! .venv/bin/pip --version 2>/dev/null | grep -q '^pip 25\.3 '; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check pip==25.3
+  fi
+  groups=(--group test)
+  [ "$want_dev" = 1 ] && groups+=(--group reference)
+  .venv/bin/pip install -q --disable-pip-version-check "${groups[@]}"
 fi
 
 cmake --preset release >/dev/null
-cmake --build --preset release
+cmake --build --preset release --target tformers_cli

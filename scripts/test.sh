@@ -4,19 +4,55 @@
 # runs, whose bad-input, invalid-UTF-8 and streaming tests do run there, and the packaging and
 # layering checks, which test the build rather than the code), then the concurrency tests under
 # ThreadSanitizer (only their binary is built there), and finally a short run of every fuzz
-# target (clang, ASan + UBSan) over its seed corpus plus a few thousand mutations.
+# target (clang, ASan + UBSan) over its seed corpus plus a few thousand mutations. Each stage's
+# time is printed at the end, also when a stage fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+stage_names=()
+stage_secs=()
+stage_start=$SECONDS
+current=""
+summary() {
+  local rc=$?
+  [ -n "$current" ] && { stage_names+=("$current (failed)"); stage_secs+=($((SECONDS - stage_start))); }
+  echo "== stage times"
+  for i in "${!stage_names[@]}"; do
+    printf '  %-34s %4d s\n' "${stage_names[$i]}" "${stage_secs[$i]}"
+  done
+  printf '  %-34s %4d s\n' total "$SECONDS"
+  exit "$rc"
+}
+trap summary EXIT
+stage() {  # stage NAME: closes the running stage and opens NAME
+  [ -n "$current" ] && { stage_names+=("$current"); stage_secs+=($((SECONDS - stage_start))); }
+  current=$1
+  stage_start=$SECONDS
+  echo "== $current"
+}
+
+stage "setup (apt, npm, .venv)"
 scripts/setup.sh --tests
+stage "clang-format"
 # Formatting is part of the suite: every C++ file as .clang-format says.
 git ls-files '*.cc' '*.h' | xargs clang-format --dry-run -Werror
 echo "clang-format: clean"
+stage "release build"
+cmake --build --preset release
+stage "release tests"
 ctest --preset release -j2
+stage "asan build"
 cmake --preset asan >/dev/null
 cmake --build --preset asan
+stage "asan tests"
 ctest --preset asan -j2 -LE 'tokenizer|packaging|layering'
 ctest --preset asan -j2 -L tokenizer -R 'BadInput|Invalid|Stream'
+stage "tsan build and tests"
 cmake --preset tsan >/dev/null
 cmake --build --preset tsan
 ctest --preset tsan
+stage "fuzz build and smoke"
 scripts/fuzz.sh --smoke 3000
+stage_names+=("$current")
+stage_secs+=($((SECONDS - stage_start)))
+current=""
