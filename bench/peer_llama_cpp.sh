@@ -9,7 +9,7 @@
 #
 # --weights picks the pairs: bf16 against bf16, tformers' --quantize int8 against llama.cpp's Q8_0
 # and --quantize int4 against Q4_0 (the same 32-value blocks with one f16 scale each; the GGUFs
-# are quantized with Debian's python3-numpy, scripts/setup.sh --dev, and skipped without it).
+# are quantized with numpy from .venv/, which scripts/setup.sh --tests makes, and skipped without it).
 # --load-modes times llama.cpp on the GGUF's mapping (mmap, its default) and on weights it reads
 # into memory of its own (none: the like of tformers' default load, a copy, which bench_model uses).
 # --prefill N (0 = skip) is the prompt length of both prefill timings; bench_model times it with
@@ -50,17 +50,17 @@ ckpt=$dir/tformers-bench-qwen3-0.6b
 if [ ! -d tools/peer/node_modules/node-llama-cpp ]; then
   (cd tools/peer && npm ci --omit=optional --ignore-scripts --no-audit --no-fund --loglevel=error)
 fi
-# Each GGUF is written again when the checkpoint is newer than it. Debian's python3 (not one
-# first on PATH, such as a pyenv one) is the one that has python3-numpy for Q8_0 and Q4_0.
+# Each GGUF is written again when the checkpoint is newer than it. The project's .venv/ has the
+# pinned numpy that Q8_0 and Q4_0 need.
 for w in ${weights//,/ }; do
   case "$w" in bf16) kind=bf16 quant= ;; int8) kind=q8_0 quant=--q8_0 ;; int4) kind=q4_0 quant=--q4_0 ;; esac
   gguf=$ckpt.$kind.gguf
-  if [ -n "$quant" ] && ! /usr/bin/python3 -c "import numpy" 2>/dev/null; then
-    echo "== llama.cpp $kind: skipped (needs python3-numpy: scripts/setup.sh --dev)"
+  if [ -n "$quant" ] && ! .venv/bin/python -c "import numpy" 2>/dev/null; then
+    echo "== llama.cpp $kind: skipped (needs numpy in .venv/: scripts/setup.sh --tests)"
     continue
   fi
   if [ ! -s "$gguf" ] || [ "$gguf" -ot "$ckpt/model.safetensors" ]; then
-    /usr/bin/python3 tools/peer/safetensors_to_gguf.py ${quant:+"$quant"} "$ckpt" "$gguf"
+    .venv/bin/python tools/peer/safetensors_to_gguf.py ${quant:+"$quant"} "$ckpt" "$gguf"
   fi
   for mode in ${load_modes//,/ }; do
     echo "== llama.cpp, $kind weights, load mode $mode"
