@@ -22,7 +22,8 @@ draws); a step where any stage keeps a different token set is fragile and fails 
 goldens only hold filtering decisions that a float32 implementation within the logits tolerance
 must reproduce. `self_test` pins the edge cases the C++ engine relies on, against the classes.
 
-Run: .venv/bin/python tools/reference/make_generation_goldens.py  (deterministic, ~1 minute)
+Run: .venv/bin/python tools/reference/make_generation_goldens.py
+(deterministic: a rerun writes byte-identical files; ~30 s on 2 cores)
 """
 
 import json
