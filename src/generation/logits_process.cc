@@ -77,9 +77,10 @@ void apply_bad_words(std::span<const int32_t> ids,
     if (seq.size() == 1 &&
         std::find(eos_token_id.begin(), eos_token_id.end(), seq[0]) != eos_token_id.end())
       continue;  // Transformers drops a bad word that is just an eos token
-    // SequenceBiasLogitsProcessor ignores a sequence longer than the context.
-    if (int64_t(seq.size()) > cur_len) continue;
+    // SequenceBiasLogitsProcessor (Transformers 5.x) skips a sequence only when its prefix is
+    // longer than the context: a prefix as long as the context is compared with all of it.
     const int64_t prefix_len = int64_t(seq.size()) - 1;
+    if (prefix_len > cur_len) continue;
     bool match = true;
     for (int64_t j = 0; j < prefix_len && match; ++j)
       match = int64_t(ids[cur_len - prefix_len + j]) == seq[j];

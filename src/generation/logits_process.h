@@ -31,8 +31,9 @@ void apply_repetition_penalty(std::span<const int32_t> ids, float penalty, std::
 void apply_no_repeat_ngram(std::span<const int32_t> ids, int64_t ngram_size,
                            std::span<float> scores);
 // NoBadWordsLogitsProcessor: a one-token sequence is always banned; a longer one bans its last
-// token when `ids` end with the rest of it. Sequences that are exactly one eos id are dropped
-// first, as Transformers does (`eos_token_id`).
+// token when `ids` end with the rest of it (a prefix longer than `ids` never matches; one as long
+// as `ids` matches when it equals them). Sequences that are exactly one eos id are dropped first,
+// as Transformers does (`eos_token_id`).
 void apply_bad_words(std::span<const int32_t> ids,
                      const std::vector<std::vector<int64_t>>& bad_words_ids,
                      std::span<const int64_t> eos_token_id, std::span<float> scores);

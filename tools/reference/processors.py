@@ -4,6 +4,10 @@ in the order GenerationMixin._get_logits_processor builds them (batch size 1, no
 scores: float32 [V] logits of the last position (generate() casts them to float32 first);
 input_ids: list of ints, the prompt followed by the tokens generated so far.
 Filtered entries become -inf (the warpers' default filter_value).
+
+make_beam_goldens.py applies this chain. make_generation_goldens.py takes its goldens from
+Transformers' own processor classes and checks that this chain ends with the same scores on
+every step of every case (check_processors_py), so the two cannot drift apart unnoticed.
 """
 
 import torch
