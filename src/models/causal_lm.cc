@@ -519,6 +519,8 @@ void CausalLM::save_pretrained(const std::string& dir) const {
                        {{"format", "pt"}});
   nlohmann::json config = m.arch_config->json;
   config["torch_dtype"] = std::string(dtype_name(m.dtype));
+  // Transformers 5 reads "dtype" first; keep the two consistent when the source had it.
+  if (config.contains("dtype")) config["dtype"] = config["torch_dtype"];
   if (m.quantize.empty())
     config.erase("quantization_config");
   else

@@ -53,8 +53,11 @@ void read_decoder_config(const io::Json& j, const std::string& where, DecoderCon
   c.max_position_embeddings = int_in(j, "max_position_embeddings", 1, kMaxPositions, where, 2048);
   c.rms_norm_eps = io::get_double_in_or(j, "rms_norm_eps", 1e-6, 1e-12, 1.0, where);
   c.tie_word_embeddings = io::get_or<bool>(j, "tie_word_embeddings", false, where);
+  // Transformers 5 writes "dtype" where earlier versions wrote "torch_dtype".
   if (auto d = io::get_optional<std::string>(j, "torch_dtype", where))
     c.torch_dtype = parse_dtype(*d);
+  else if (auto d5 = io::get_optional<std::string>(j, "dtype", where))
+    c.torch_dtype = parse_dtype(*d5);
   const std::string act = io::get_or<std::string>(j, "hidden_act", acts.front(), where);
   if (std::find(acts.begin(), acts.end(), act) == acts.end()) {
     std::string list;
@@ -94,8 +97,35 @@ std::vector<int64_t> read_layer_windows(const io::Json& j, const std::string& wh
   return windows;
 }
 
-RopeConfig read_rope(const io::Json& j, const std::string& where, int64_t head_dim, double theta,
-                     bool interleaved) {
+namespace {
+
+// Transformers 5 saves the RoPE settings as one object, rope_parameters {rope_theta,
+// partial_rotary_factor, rope_type, factor, ...}, instead of top-level rope_theta,
+// partial_rotary_factor and rope_scaling (which it no longer writes). Returns `j` in the older
+// layout, so that both read the same; rope_parameters wins when a config has both, as there.
+io::Json with_legacy_rope_fields(const io::Json& j, const std::string& where) {
+  auto it = j.find("rope_parameters");
+  if (it == j.end() || it->is_null()) return j;
+  const io::Json& p = *it;
+  if (!p.is_object()) throw FormatError(where + ": rope_parameters must be an object or null");
+  for (const char* per_layer : {"full_attention", "sliding_attention"})
+    if (p.contains(per_layer))
+      throw UnsupportedError(where + ": rope_parameters per layer type ('" + per_layer +
+                             "') is only read for Gemma 3; give one rope_parameters object");
+  io::Json out = j;
+  out.erase("rope_parameters");
+  for (const char* key : {"rope_theta", "partial_rotary_factor"})
+    if (p.contains(key)) out[key] = p[key];
+  // The scaling fields keep their names; rope_scaling's reader ignores rope_theta.
+  out["rope_scaling"] = p;
+  return out;
+}
+
+}  // namespace
+
+RopeConfig read_rope(const io::Json& config, const std::string& where, int64_t head_dim,
+                     double theta, bool interleaved) {
+  const io::Json j = with_legacy_rope_fields(config, where);
   RopeConfig r;
   r.interleaved = interleaved;
   theta = io::get_positive_finite_or(j, "rope_theta", theta, where);

@@ -4,7 +4,10 @@
 // rope_scaling. Four RMSNorms per layer (before and after attention and the MLP), each scaling by
 // (1 + w) in float32 as Gemma stores the weights as offsets; q_norm/k_norm on each head; scores
 // scaled by query_pre_attn_scalar^-1/2; a gelu-tanh MLP; the embedding times sqrt(hidden_size);
-// attention scores and final logits soft-capped when the config sets the caps.
+// final logits soft-capped when the config sets final_logit_softcapping (attention scores are
+// not, whatever attn_logit_softcapping says, as in Transformers). RoPE settings come from
+// rope_theta, rope_scaling and rope_local_base_freq, or from Transformers 5's rope_parameters
+// with one entry per layer type.
 #include <cmath>
 
 #include "models/layers.h"
@@ -32,10 +35,27 @@ class Gemma3ForCausalLM : public DecoderArchitecture<Gemma3Config> {
     c.act = parse_activation(
         io::get_or<std::string>(j, "hidden_activation", "gelu_pytorch_tanh", where), where);
     c.attention_bias = io::get_or<bool>(j, "attention_bias", false, where);
-    c.rope = read_rope(j, where, c.head_dim, 1e6, false);
-    const double local_base = io::get_or<double>(j, "rope_local_base_freq", 1e4, where);
-    c.local_rope = read_rope(io::Json{{"rope_theta", local_base}},
-                             where + " (rope_local_base_freq)", c.head_dim, 1e4, false);
+    auto per_type = j.find("rope_parameters");
+    if (per_type != j.end() && per_type->is_object() &&
+        (per_type->contains("full_attention") || per_type->contains("sliding_attention"))) {
+      // Transformers 5's layout: one rope_parameters object per layer type (a missing one
+      // falls back to the defaults, as Gemma3TextConfig does).
+      auto entry = [&](const char* type) {
+        return per_type->contains(type) ? per_type->at(type) : io::Json();
+      };
+      io::Json global = j;
+      global["rope_parameters"] = entry("full_attention");
+      c.rope =
+          read_rope(global, where + " (rope_parameters.full_attention)", c.head_dim, 1e6, false);
+      c.local_rope =
+          read_rope(io::Json{{"rope_parameters", entry("sliding_attention")}},
+                    where + " (rope_parameters.sliding_attention)", c.head_dim, 1e4, false);
+    } else {
+      c.rope = read_rope(j, where, c.head_dim, 1e6, false);
+      const double local_base = io::get_or<double>(j, "rope_local_base_freq", 1e4, where);
+      c.local_rope = read_rope(io::Json{{"rope_theta", local_base}},
+                               where + " (rope_local_base_freq)", c.head_dim, 1e4, false);
+    }
     auto number = [&](const char* key, double fallback, double lo) {
       const double v = io::get_or<double>(j, key, fallback, where);
       if (!std::isfinite(v) || v < lo || v > 1e9)
@@ -44,6 +64,9 @@ class Gemma3ForCausalLM : public DecoderArchitecture<Gemma3Config> {
       return float(v);
     };
     c.query_pre_attn_scalar = number("query_pre_attn_scalar", 256, 1e-6);
+    // Checked, but not applied: Transformers' Gemma3Attention (5.23.0) never passes
+    // attn_logit_softcapping to its attention function (Gemma 2's does), and the released
+    // Gemma 3 configs set it to null.
     c.attn_softcap = number("attn_logit_softcapping", 0, 0);
     c.final_softcap = number("final_logit_softcapping", 0, 0);
     const int64_t pattern = io::get_or<int64_t>(j, "sliding_window_pattern", 6, where);
@@ -71,7 +94,6 @@ class Gemma3ForCausalLM : public DecoderArchitecture<Gemma3Config> {
       blk.attn.qkv_bias = blk.attn.o_bias = c.attention_bias;
       blk.attn.qk_norm = RMSNorm{c.head_dim, float(c.rms_norm_eps), true};
       blk.attn.scale = float(1.0 / std::sqrt(double(c.query_pre_attn_scalar)));
-      blk.attn.softcap = c.attn_softcap;
       blk.attn.sliding_window = c.sliding_window[l];
       blk.attn.rotary = {c.sliding_window[l] ? c.local_rope : c.rope};
       blk.mlp.act = c.act;

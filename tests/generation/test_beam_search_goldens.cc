@@ -1,13 +1,15 @@
-// Beam search against the PyTorch reference (tools/reference/make_beam_goldens.py, Transformers'
-// _beam_search semantics): for every case, on the float32 tiny models, the returned sequences
-// must be identical and sequences_scores within 1e-4 relative (the logits agree to about 1e-6).
-// Batches of prompts of different lengths are included.
+// Beam search against Transformers' generate(num_beams=...) (goldens from
+// tools/reference/make_beam_goldens.py): for every case, on the float32 tiny models, the returned
+// sequences must be identical and sequences_scores within 1e-4 relative (the logits agree to about
+// 1e-6). Batches of prompts of different lengths are included.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "io/json.h"
 #include "tformers/error.h"
@@ -47,7 +49,14 @@ TEST_P(BeamSearchGoldens, SequencesAndScores) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, BeamSearchGoldens,
-                         ::testing::Values("tiny-llama", "tiny-qwen3"));
+                         ::testing::Values("tiny-llama", "tiny-qwen3", "hf-llama", "hf-qwen2",
+                                           "hf-qwen3", "hf-mistral", "hf-glm", "hf-glm4",
+                                           "hf-gemma3"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
 
 // Beam search does not stream, as in Transformers, and says so instead of ignoring on_token.
 TEST(BeamSearch, RefusesAStreamingCallbackAndBeamSampling) {

@@ -1,4 +1,4 @@
-// Loading the PyTorch goldens (tools/reference/make_goldens.py) and comparing logits with the
+// Loading the Transformers goldens (tools/reference/make_goldens.py) and comparing logits with the
 // metric the reference's README documents: per position max|a - b| / max|b| over the
 // vocabulary, worst position.
 #pragma once

@@ -1,5 +1,6 @@
-// Logits and greedy tokens of the tiny checkpoints against the independent PyTorch reference
-// (tools/reference), in float32 and bfloat16, single and sharded files, tied and untied.
+// Logits and greedy tokens of the tiny checkpoints against Transformers itself (goldens from
+// tools/reference/make_goldens.py), in float32 and bfloat16, single and sharded files, tied and
+// untied, hand-made and saved by Transformers.
 #include <gtest/gtest.h>
 
 #include "golden_util.h"
@@ -15,7 +16,7 @@ using testing::row_error;
 
 class Golden : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(Golden, Float32LogitsAndGreedyMatchReference) {
+TEST_P(Golden, Float32LogitsAndGreedyMatchTransformers) {
   const std::string name = GetParam();
   CausalLM lm = AutoModelForCausalLM::from_pretrained(model_dir(name),
                                                       {.dtype = float32, .device_map = "cpu"});
@@ -26,13 +27,15 @@ TEST_P(Golden, Float32LogitsAndGreedyMatchReference) {
     for (size_t t = 0; t < c.logits.size(); ++t)
       EXPECT_LT(row_error(logits.data<float>() + t * V, c.logits[t]), 1e-4)
           << name << " prompt of " << c.input_ids.size() << " tokens, position " << t;
-    auto out = lm.generate({c.input_ids}, {.max_new_tokens = int64_t(c.greedy.size())});
+    // The goldens' greedy runs never stop at eos (hf-qwen2's reaches it): an empty eos list.
+    auto out = lm.generate({c.input_ids}, {.max_new_tokens = int64_t(c.greedy.size()),
+                                           .eos_token_id = std::vector<int64_t>{}});
     std::vector<int32_t> generated(out[0].begin() + c.input_ids.size(), out[0].end());
     EXPECT_EQ(generated, c.greedy) << name << " prompt of " << c.input_ids.size() << " tokens";
   }
 }
 
-TEST_P(Golden, Bfloat16LogitsMatchReference) {
+TEST_P(Golden, Bfloat16LogitsMatchTransformers) {
   const std::string name = GetParam();
   CausalLM lm = AutoModelForCausalLM::from_pretrained(model_dir(name),
                                                       {.dtype = bfloat16, .device_map = "cpu"});
@@ -50,8 +53,10 @@ TEST_P(Golden, Bfloat16LogitsMatchReference) {
       EXPECT_LT(row_error(row, f32[i].logits[t]), 2e-2) << name << " position " << t;
       EXPECT_LT(row_error(row, bf16[i].logits[t]), 5e-2) << name << " position " << t;
     }
-    // Greedy tokens agree with the bf16 reference until the first near-tie.
-    auto out = lm.generate({bf16[i].input_ids}, {.max_new_tokens = int64_t(bf16[i].greedy.size())});
+    // Greedy tokens agree with the bf16 golden until the first near-tie.
+    auto out = lm.generate({bf16[i].input_ids}, {.max_new_tokens = int64_t(bf16[i].greedy.size()),
+                                                 .eos_token_id = std::vector<int64_t>{}});
+    ASSERT_EQ(out[0].size(), bf16[i].input_ids.size() + bf16[i].greedy.size()) << name;
     for (size_t k = 0; k < bf16[i].greedy.size(); ++k) {
       if (bf16[i].greedy_margins[k] < 0.25f) break;  // a near-tie: bf16 rounding may flip it
       EXPECT_EQ(out[0][bf16[i].input_ids.size() + k], bf16[i].greedy[k]) << name << " step " << k;
@@ -60,15 +65,25 @@ TEST_P(Golden, Bfloat16LogitsMatchReference) {
   }
 }
 
+std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string s = info.param;
+  std::replace(s.begin(), s.end(), '-', '_');
+  return s;
+}
+
+// The hand-made checkpoints (tools/reference/make_tiny_models.py, older config layout).
 INSTANTIATE_TEST_SUITE_P(TinyModels, Golden,
                          ::testing::Values("tiny-qwen3", "tiny-qwen3-sharded", "tiny-qwen2",
                                            "tiny-llama", "tiny-llama-sharded", "tiny-mistral",
                                            "tiny-glm4", "tiny-glm", "tiny-gemma3"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           std::replace(s.begin(), s.end(), '-', '_');
-                           return s;
-                         });
+                         param_name);
+
+// Checkpoints that Transformers 5 itself built and saved (tools/reference/make_hf_models.py):
+// its config layout (rope_parameters, dtype, layer_types) and its tensor names.
+INSTANTIATE_TEST_SUITE_P(HfModels, Golden,
+                         ::testing::Values("hf-llama", "hf-qwen2", "hf-qwen3", "hf-mistral",
+                                           "hf-glm", "hf-glm4", "hf-gemma3"),
+                         param_name);
 
 }  // namespace
 }  // namespace tformers

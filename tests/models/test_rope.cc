@@ -1,10 +1,13 @@
 // RoPE frequencies from config.json (src/models/config.cc read_rope) against the float32
-// reference of tools/reference/make_rope_goldens.py: default, partial, linear, llama3 and yarn.
+// reference of tools/reference/make_rope_goldens.py: default, partial, linear, llama3 and yarn,
+// in the older config layout and in Transformers 5's rope_parameters.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "models/layers.h"
 
@@ -27,6 +30,55 @@ TEST(Rope, FrequenciesAndAttentionFactorMatchTheReference) {
       EXPECT_NEAR(r.inv_freq[i], want[i], 4e-7 * std::fabs(want[i])) << "frequency " << i;
     EXPECT_NEAR(r.attention_factor, c["attention_factor"].get<double>(), 1e-6);
   }
+}
+
+// Transformers 5 writes the same settings as one rope_parameters object (rope_theta,
+// partial_rotary_factor and rope_scaling's fields): every golden case in that layout must give
+// exactly the frequencies of the older layout.
+TEST(Rope, RopeParametersLayoutReadsAsTheOlderOne) {
+  const auto path = std::filesystem::path(TFORMERS_TEST_DATA) / "goldens" / "rope.json";
+  const auto golden = nlohmann::json::parse(std::ifstream(path));
+  for (const auto& c : golden["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    const int64_t head_dim = c["head_dim"].get<int64_t>();
+    const nlohmann::json& old_layout = c["config"];
+    nlohmann::json params = nlohmann::json::object();
+    if (old_layout.contains("rope_scaling") && old_layout["rope_scaling"].is_object())
+      params = old_layout["rope_scaling"];
+    if (!params.contains("rope_type")) params["rope_type"] = params.value("type", "default");
+    nlohmann::json v5 = old_layout;
+    v5.erase("rope_scaling");
+    for (const char* key : {"rope_theta", "partial_rotary_factor"}) {
+      if (!v5.contains(key)) continue;
+      params[key] = v5[key];
+      v5.erase(key);
+    }
+    v5["rope_parameters"] = params;
+    models::RopeConfig a = models::read_rope(old_layout, "config.json", head_dim, 10000.0, false);
+    models::RopeConfig b = models::read_rope(v5, "config.json", head_dim, 10000.0, false);
+    EXPECT_EQ(a.inv_freq, b.inv_freq);
+    EXPECT_EQ(a.rotary_dim, b.rotary_dim);
+    EXPECT_EQ(a.attention_factor, b.attention_factor);
+  }
+}
+
+TEST(Rope, BadRopeParametersAreRefusedWithTheField) {
+  auto message = [](const nlohmann::json& j) {
+    try {
+      models::read_rope(j, "config.json", 32, 10000.0, false);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({{"rope_parameters", 5}}).find("rope_parameters must be an object"),
+            std::string::npos);
+  // One object per layer type is Gemma 3's layout, read by that architecture only.
+  const nlohmann::json per_type = {
+      {"rope_parameters", {{"full_attention", {{"rope_type", "default"}}}}}};
+  EXPECT_NE(message(per_type).find("per layer type"), std::string::npos);
+  EXPECT_NE(message({{"rope_parameters", {{"rope_type", "linear"}}}}).find("factor"),
+            std::string::npos);
 }
 
 }  // namespace

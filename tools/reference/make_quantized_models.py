@@ -2,8 +2,9 @@
 
 The checkpoints are packed as AutoAWQ and AutoGPTQ write them; the goldens come from unpacking
 those files again with the formats' dequantization formulas (written here from their
-definitions, not from the packer above them) and running the float32 reference (reference.py)
-on the result. Formats, for a linear weight W (N outputs, K inputs) quantized in groups of g
+definitions, not from the packer above them), saving the float32 result as a plain checkpoint
+in a temporary folder and running Transformers on it (AutoModelForCausalLM, eager attention,
+the float model's logits and greedy tokens, as make_goldens.py records them). Formats, for a linear weight W (N outputs, K inputs) quantized in groups of g
 consecutive inputs:
 
 AWQ, quant_method "awq", version "gemm" (AutoAWQ's WQLinear_GEMM), zero_point true:
@@ -28,21 +29,24 @@ Codes here are round-to-nearest per group (min/max asymmetric); how a real AWQ o
 chooses scales does not change the formats. lm_head and embeddings stay float16, as both tools
 leave them.
 
-Run: /usr/bin/python3 tools/reference/make_quantized_models.py (deterministic)
+Run: .venv/bin/python tools/reference/make_quantized_models.py (deterministic)
 """
 
 import json
 import os
 import sys
+import tempfile
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from make_goldens import MAX_NEW_TOKENS, PROMPTS, check_incremental, write_golden  # noqa: E402
+from make_goldens import (MAX_NEW_TOKENS, PROMPTS, check_versions, greedy_full,  # noqa: E402
+                          greedy_static, prompt_logits, setup_torch, write_golden)
 from make_tiny_models import full_config, make_weights  # noqa: E402
-from reference import Model, first_argmax, greedy  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 from safetensors_io import read_safetensors, write_safetensors  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -210,26 +214,41 @@ def dequantized_checkpoint(name):
     return config, weights
 
 
+def float_model(config, weights):
+    """Transformers' float32 model of the dequantized weights, loaded from a plain checkpoint."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(dict(config, torch_dtype="float32"), f)
+        save_file({k: v.contiguous() for k, v in weights.items()},
+                  os.path.join(tmp, "model.safetensors"), {"format": "pt"})
+        model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32,
+                                                     attn_implementation="eager")
+    return model.eval()
+
+
 def main():
-    torch.set_num_threads(2)
+    check_versions()
+    setup_torch()
     for name, (seed, overrides, qconfig) in MODELS.items():
         meant = write_model(name, seed, overrides, qconfig)
         config, weights = dequantized_checkpoint(name)
         # The file read back by the formulas gives exactly the weights the codes were made for.
         for key, w in meant.items():
             assert torch.equal(weights[key], w), (name, key)
-        model = Model(config, weights, torch.float32)
+        model = float_model(config, weights)
         cases = []
         for ids in PROMPTS:
-            assert check_incremental(model, ids) < 1e-5
-            logits = model.forward(ids).float()
-            tokens, margins = greedy(model, ids, MAX_NEW_TOKENS)
-            assert tokens[0] == first_argmax(logits[-1])
+            logits = prompt_logits(model, ids)
+            tokens, margins = greedy_full(model, ids, MAX_NEW_TOKENS)
+            assert tokens[0] == int(torch.argmax(logits[-1]))
+            # The KV-cache path of Transformers gives the same tokens.
+            assert greedy_static(model, ids, MAX_NEW_TOKENS) == tokens, name
             cases.append({"input_ids": ids, "greedy": tokens, "greedy_margins": margins,
                           "logits": logits.numpy().astype(np.float32)})
         header = {"model": name, "dtype": "float32", "checkpoint_dtype": "float16",
                   "quantization": qconfig["quant_method"], "max_new_tokens": MAX_NEW_TOKENS,
-                  "generator": "tools/reference/make_quantized_models.py"}
+                  "generator": "tools/reference/make_quantized_models.py (transformers "
+                               "5.23.0, torch 2.15.0)"}
         path = os.path.join(GOLDENS_DIR, f"{name}.float32.json")
         write_golden(path, header, cases)
         size = os.path.getsize(os.path.join(MODELS_DIR, name, "model.safetensors"))

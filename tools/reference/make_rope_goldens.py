@@ -3,7 +3,7 @@ config.json rope settings, computed in float32 torch as Transformers' rope initi
 functions define them (default, linear, llama3, yarn; partial_rotary_factor), written from
 their definitions here, independently of tformers' C++ (src/models/config.cc).
 
-Run: /usr/bin/python3 tools/reference/make_rope_goldens.py
+Run: .venv/bin/python tools/reference/make_rope_goldens.py
 """
 
 import json

@@ -2,7 +2,7 @@
 
 Each model is a Hugging Face model folder: config.json, generation_config.json and safetensors
 (single model.safetensors, or model-0000k-of-0000n.safetensors + model.safetensors.index.json).
-Run with Debian's Python (it has torch): /usr/bin/python3 tools/reference/make_tiny_models.py
+Run: .venv/bin/python tools/reference/make_tiny_models.py
 [NAME ...] (all models without names).
 """
 

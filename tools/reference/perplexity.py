@@ -1,4 +1,4 @@
-"""Perplexity goldens for `tformers perplexity`, from the reference model in float32.
+"""Perplexity goldens for `tformers perplexity`, from Transformers in float32.
 
 The windows are those of `tformers perplexity` (apps/perplexity.cc) and of the shipped model's
 held-out loss (tools/train/heldout_loss.py):
@@ -14,11 +14,14 @@ The text is encoded with tools/train/train_tokenizer.py's BpeTokenizer, which ch
 checks against the Rust `tokenizers` library, so this covers byte-level BPE tokenizers of that
 kind (the shipped model's).
 
+The model is AutoModelForCausalLM.from_pretrained(MODEL, dtype=float32,
+attn_implementation="eager") of Transformers 5.23.0 on CPU.
+
 Self-check: with ctx 256 on the shipped model's heldout.txt this is heldout.json's protocol, and
 the nll must equal its "loss" to 2e-6 (heldout_loss.py takes float32 cross-entropies, and
 heldout.json rounds to 6 decimals).
 
-Run: /usr/bin/python3 tools/reference/perplexity.py
+Run: .venv/bin/python tools/reference/perplexity.py
 (writes tests/data/goldens/perplexity.kjv-fortunes-tiny.float32.json; --ctx, --text, --model
 and --out for other cases, --out - to print only)
 """
@@ -39,7 +42,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
-import reference  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from make_goldens import check_versions, prompt_logits  # noqa: E402
 from train_tokenizer import BpeTokenizer  # noqa: E402
 
 DEFAULT_MODEL = "models/kjv-fortunes-tiny"
@@ -55,7 +60,7 @@ def perplexity(model, ids, ctx):
             window = ids[start:start + ctx]
             if len(window) < 2:
                 continue
-            logits = model.forward(window).float()
+            logits = prompt_logits(model, window)
             logp = torch.log_softmax(logits[:-1].double(), dim=-1)
             nll = -logp.gather(1, torch.tensor(window[1:])[:, None])[:, 0]
             total += float(nll.sum())
@@ -77,6 +82,7 @@ def main():
     ap.add_argument("--ctx", type=int, nargs="+", default=DEFAULT_CTX)
     ap.add_argument("--out", help="default: tests/data/goldens/perplexity.<model>.float32.json")
     args = ap.parse_args()
+    check_versions()
     torch.set_num_threads(1)
     model_dir = os.path.join(ROOT, args.model)
     text_path = os.path.join(ROOT, args.text) if args.text else os.path.join(model_dir,
@@ -84,15 +90,15 @@ def main():
     out = args.out or os.path.join(ROOT, "tests", "data", "goldens",
                                    f"perplexity.{os.path.basename(model_dir)}.float32.json")
 
-    config, weights = reference.load_checkpoint(model_dir)
-    model = reference.Model(config, weights, torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
     tok = BpeTokenizer(os.path.join(model_dir, "tokenizer.json"))
     with open(text_path, encoding="utf-8", newline="") as f:
         ids = tok.encode(f.read())
 
     cases = []
     for ctx in args.ctx:
-        assert 2 <= ctx <= config["max_position_embeddings"], ctx
+        assert 2 <= ctx <= model.config.max_position_embeddings, ctx
         case = perplexity(model, ids, ctx)
         print(json.dumps(case), flush=True)
         cases.append(case)
@@ -112,7 +118,7 @@ def main():
     if out == "-":
         return
     golden = {
-        "generator": "tools/reference/perplexity.py",
+        "generator": "tools/reference/perplexity.py (transformers 5.23.0, torch 2.15.0)",
         "model": args.model,
         "text": os.path.relpath(text_path, ROOT),
         "dtype": "float32",

@@ -1,0 +1,134 @@
+"""Writes tests/data/models/hf-<arch>/ with Transformers' own classes, and their goldens.
+
+Each model is built from Transformers' config class and <Arch>ForCausalLM, its weights drawn with
+torch.manual_seed, cast to its storage dtype and written by save_pretrained(safe_serialization=
+True): the config.json, generation_config.json and model.safetensors that Transformers 5.23.0
+itself produces (rope_parameters, dtype, layer_types, ...). Then make_goldens.py and
+make_beam_goldens.py record these checkpoints.
+
+Sizes follow the hand-made tiny models (vocab 512, hidden 64, intermediate 128, 2 layers, 4 query
+heads on 2 KV heads, head_dim 32 != 64 / 4), each with the features of its architecture:
+
+| model      | features                                                              | stored |
+|------------|-----------------------------------------------------------------------|--------|
+| hf-llama   | llama3 rope scaling (all three frequency regimes), q/k/v/o biases     | f32    |
+| hf-qwen2   | q/k/v biases, sliding window 8 on layer 1 (max_window_layers 1), tied | bf16   |
+| hf-qwen3   | q_norm / k_norm, tied                                                 | bf16   |
+| hf-mistral | sliding window 6 on every layer                                       | f32    |
+| hf-glm     | partial rotary 0.5 (interleaved), q/k/v biases, fused gate_up_proj    | f32    |
+| hf-glm4    | as GLM plus post-attention and post-MLP norms                         | bf16   |
+| hf-gemma3  | local (window 4, base 1e4) / global (1e6, linear x8) layers, final   | bf16   |
+|            | logit soft-capping 4, query_pre_attn_scalar 24, tied, 3 layers       |        |
+
+Weights: Transformers' initialisation (std 0.02) makes the logits nearly flat and greedy a
+sequence of near-ties, so every parameter is redrawn: normal with std 0.3 for embeddings and an
+untied lm_head (logits spread over a few units), 0.1 for projections and biases, norm weights
+1 + N(0, 0.1) (Gemma stores offsets from 1: N(0, 0.1)). With tied embeddings the residual stream
+starts at the token's own embedding and greedy would repeat the last token, so those models use
+std 0.4 for o_proj and down_proj.
+
+Run: .venv/bin/python tools/reference/make_hf_models.py [NAME ...] (all without names); twice
+gives byte-identical files.
+"""
+
+import os
+import shutil
+import sys
+
+import torch
+import transformers as T
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_beam_goldens  # noqa: E402
+import make_goldens  # noqa: E402
+
+MODELS_DIR = make_goldens.MODELS_DIR
+
+COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+              max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+# name -> (seed, config class, model class, config overrides, storage dtype)
+MODELS = {
+    "hf-llama": (2001, T.LlamaConfig, T.LlamaForCausalLM, dict(
+        attention_bias=True, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                             low_freq_factor=1.0, high_freq_factor=4.0,
+                             original_max_position_embeddings=64)), torch.float32),
+    "hf-qwen2": (2002, T.Qwen2Config, T.Qwen2ForCausalLM, dict(
+        tie_word_embeddings=True, use_sliding_window=True, sliding_window=8, max_window_layers=1,
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), torch.bfloat16),
+    "hf-qwen3": (2003, T.Qwen3Config, T.Qwen3ForCausalLM, dict(
+        tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), torch.bfloat16),
+    "hf-mistral": (2004, T.MistralConfig, T.MistralForCausalLM, dict(
+        tie_word_embeddings=False, sliding_window=6,
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), torch.float32),
+    "hf-glm": (2005, T.GlmConfig, T.GlmForCausalLM, dict(
+        tie_word_embeddings=False, attention_bias=True,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                             partial_rotary_factor=0.5)), torch.float32),
+    "hf-glm4": (2006, T.Glm4Config, T.Glm4ForCausalLM, dict(
+        tie_word_embeddings=False, attention_bias=True, rms_norm_eps=1e-5,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                             partial_rotary_factor=0.5)), torch.bfloat16),
+    "hf-gemma3": (2007, T.Gemma3TextConfig, T.Gemma3ForCausalLM, dict(
+        num_hidden_layers=3, tie_word_embeddings=True, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        query_pre_attn_scalar=24, final_logit_softcapping=4.0,
+        # Transformers' Gemma 3 attention does not apply attn_logit_softcapping (Gemma 2's
+        # does); null as in the released Gemma 3 configs.
+        attn_logit_softcapping=None,
+        rope_parameters={
+            "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1000000.0),
+            "sliding_attention": dict(rope_type="default", rope_theta=10000.0)}),
+        torch.bfloat16),
+}
+
+
+def redraw(model, seed, tied, gemma):
+    """Every parameter drawn again, in named_parameters order, from one seeded generator."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.copy_(torch.randn_like(p) * 0.1 + (0.0 if gemma else 1.0))
+            elif "embed_tokens" in name or "lm_head" in name:
+                p.copy_(torch.randn_like(p) * 0.3)
+            elif tied and ("o_proj" in name or "down_proj" in name) and name.endswith("weight"):
+                p.copy_(torch.randn_like(p) * 0.4)
+            else:
+                p.copy_(torch.randn_like(p) * 0.1)
+
+
+def build(name):
+    seed, config_cls, model_cls, overrides, storage = MODELS[name]
+    kwargs = dict(COMMON)
+    kwargs.update(overrides)
+    config = config_cls(**kwargs)
+    # Built in float32 and seeded, so the draw does not depend on the storage dtype.
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32).eval()
+    redraw(model, seed, config.tie_word_embeddings, name == "hf-gemma3")
+    model = model.to(storage)
+    model.generation_config = T.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    out = os.path.join(MODELS_DIR, name)
+    shutil.rmtree(out, ignore_errors=True)
+    model.save_pretrained(out, safe_serialization=True)
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    print(f"{name:11s} {model_cls.__name__:20s} {str(storage):15s} {size / 1024:6.1f} KiB "
+          f"-> {out}")
+
+
+def main(names):
+    make_goldens.check_versions()
+    make_goldens.setup_torch()
+    names = names or list(MODELS)
+    for name in names:
+        build(name)
+    make_goldens.main(names)
+    make_beam_goldens.main(names)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
