@@ -1,8 +1,8 @@
-"""Checks that train.py's module computes what tools/reference/reference.py computes.
+"""Checks that train.py's module computes what Transformers' Qwen3ForCausalLM computes.
 
 Builds a randomly initialised model with train.py's architecture, exports it as a Hugging Face
-folder, loads that with reference.Model in float32 and compares logits on a random sequence.
-Run: /usr/bin/python3 tools/train/check_model.py --model models/NAME
+folder, loads that with Transformers (AutoModelForCausalLM, eager attention) in float32 and compares logits on a random sequence.
+Run: .venv/bin/python tools/train/check_model.py --model models/NAME
 """
 
 import argparse
@@ -19,7 +19,7 @@ import torch  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import train  # noqa: E402
-import reference  # noqa: E402  (train put tools/reference on sys.path)
+from transformers import AutoModelForCausalLM  # noqa: E402
 from train_tokenizer import BpeTokenizer  # noqa: E402
 
 
@@ -43,11 +43,13 @@ def main():
         ours = model(ids)[0]
     with tempfile.TemporaryDirectory() as d:
         train.export(model, config, args.model, d, {})
-        cfg, weights = reference.load_checkpoint(d)
-        ref = reference.Model(cfg, weights, torch.float32).forward(ids[0].tolist())
+        hf = AutoModelForCausalLM.from_pretrained(
+            d, dtype=torch.float32, attn_implementation="eager").eval()
+        with torch.no_grad():
+            ref = hf(ids).logits[0]
     diff = float((ours - ref).abs().max())
     scale = float(ref.abs().max())
-    print(f"max |train - reference| = {diff:.3e} (logits up to {scale:.2f})")
+    print(f"max |train - transformers| = {diff:.3e} (logits up to {scale:.2f})")
     sys.exit(0 if diff <= 1e-4 * max(1.0, scale) else 1)
 
 

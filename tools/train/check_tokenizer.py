@@ -4,7 +4,7 @@ Encodes the held-out text (whole, and document by document), some training docum
 of edge cases (digits, contractions, whitespace runs, non-ASCII, special-token markup) with the
 Python encoder, then has check_tokenizer.js encode the same texts with the Rust library and compare
 ids and decoded text. Exit status 0 only when every case is identical.
-Run: /usr/bin/python3 tools/train/check_tokenizer.py --model models/NAME --corpus build/corpus
+Run: .venv/bin/python tools/train/check_tokenizer.py --model models/NAME --corpus build/corpus
 """
 
 import argparse

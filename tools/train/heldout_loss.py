@@ -1,4 +1,5 @@
-"""Held-out loss of a saved checkpoint, computed with tools/reference/reference.py.
+"""Held-out loss of a saved checkpoint, computed with Transformers (AutoModelForCausalLM, float32,
+eager attention).
 
 Protocol (what the C++ test repeats with tformers):
   1. ids = tokenizer.encode(text of --text) without added special tokens; the file is the
@@ -10,7 +11,7 @@ Protocol (what the C++ test repeats with tformers):
   4. loss = sum of -log softmax(logits)[target] over all predicted tokens / their number (nats),
      computed in float32 from the float32 checkpoint.
 Writes the figure to --json (loss, tokens, predicted tokens, window, text file).
-Run: /usr/bin/python3 tools/train/heldout_loss.py --model models/NAME
+Run: .venv/bin/python tools/train/heldout_loss.py --model models/NAME
 """
 
 import argparse
@@ -26,10 +27,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
-import reference  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 from train_tokenizer import BpeTokenizer  # noqa: E402
 
 
@@ -45,9 +44,9 @@ def main():
     text_path = args.text or os.path.join(args.model, "heldout.txt")
     json_path = args.json or os.path.join(args.model, "heldout.json")
 
-    config, weights = reference.load_checkpoint(args.model)
-    model = reference.Model(config, weights, torch.float32)
-    window = args.window or config["max_position_embeddings"]
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=torch.float32, attn_implementation="eager").eval()
+    window = args.window or model.config.max_position_embeddings
     tok = BpeTokenizer(os.path.join(args.model, "tokenizer.json"))
     with open(text_path, encoding="utf-8", newline="") as f:
         ids = tok.encode(f.read())
@@ -58,7 +57,7 @@ def main():
             chunk = ids[start:start + window]
             if len(chunk) < 2:
                 continue
-            logits = model.forward(chunk).float()
+            logits = model(torch.tensor([chunk])).logits[0].float()
             losses = F.cross_entropy(logits[:-1], torch.tensor(chunk[1:]), reduction="none")
             total += float(losses.double().sum())
             count += len(chunk) - 1

@@ -21,7 +21,7 @@ Outputs (in --out, default build/corpus):
   heldout.txt                  the held-out documents, each followed by <|endoftext|>
   train_sample.txt             every 50th training document, in the same format
   stats.json                   document and byte counts per source and split
-Run: /usr/bin/python3 tools/train/make_corpus.py --out build/corpus
+Run: .venv/bin/python tools/train/make_corpus.py --out build/corpus
 """
 
 import argparse

@@ -5,7 +5,8 @@ temperature, then top-k, then top-p (keep the smallest set of most likely tokens
 probability reaches top_p), then a multinomial draw; stops at any eos id or after --max-new.
 Prompts given with --chat are wrapped as one user turn plus the generation prompt, as the
 tokenizer_config.json chat template renders them.
-Run: /usr/bin/python3 tools/train/sample.py --model models/NAME "And the LORD said" --chat "Tell me a fortune."
+The model is Transformers' (AutoModelForCausalLM); the sampling loop is this file's.
+Run: .venv/bin/python tools/train/sample.py --model models/NAME "And the LORD said" --chat "Tell me a fortune."
 """
 
 import argparse
@@ -20,10 +21,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
-import reference  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 from train_tokenizer import BpeTokenizer  # noqa: E402
 
 
@@ -48,8 +47,8 @@ def main():
     ap.add_argument("prompts", nargs="*")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    config, weights = reference.load_checkpoint(args.model)
-    model = reference.Model(config, weights, torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=torch.float32, attn_implementation="eager").eval()
     tok = BpeTokenizer(os.path.join(args.model, "tokenizer.json"))
     with open(os.path.join(args.model, "generation_config.json")) as f:
         gc = json.load(f)
@@ -61,14 +60,16 @@ def main():
         ids = tok.encode(text)
         out = []
         with torch.no_grad():
-            cache = model.new_cache()
-            logits = model.forward(ids, cache)[-1]
+            step = model(torch.tensor([ids]), use_cache=True)
+            logits = step.logits[0, -1]
             for _ in range(args.max_new):
                 t = sample_next(logits, gc, gen)
                 if t in eos:
                     break
                 out.append(t)
-                logits = model.forward([t], cache)[-1]
+                step = model(torch.tensor([[t]]), past_key_values=step.past_key_values,
+                             use_cache=True)
+                logits = step.logits[0, -1]
         kind = "chat" if text != shown else "text"
         print(f"[{kind}] {shown!r} -> {tok.decode(out)!r}", flush=True)
 

@@ -1,11 +1,11 @@
 """Trains the default model: a small Qwen3ForCausalLM in float32 on CPU with Debian's PyTorch.
 
 The module computes what Transformers' modeling_qwen3.py computes (eager attention), in the
-conventions of tools/reference/reference.py: RMSNorm in float32 times weight; q_norm / k_norm
+conventions of Transformers' modeling_qwen3.py: RMSNorm in float32 times weight; q_norm / k_norm
 per head before rotate-half RoPE (inv_freq = theta^(-2i/d)); GQA by repeating KV heads; scores
 scaled by head_dim^-0.5 with an additive causal mask of finfo.min; softmax in float32; SiLU-gated
-MLP; the lm_head tied to embed_tokens. heldout_loss.py recomputes the loss of the saved
-checkpoint with reference.py itself, so any mismatch would show there.
+MLP; the lm_head tied to embed_tokens. check_model.py and heldout_loss.py load the saved
+checkpoint with Transformers itself, so any mismatch would show there.
 
 Data: each training document's ids followed by <|endoftext|>, concatenated in a fixed shuffled
 order into one stream; a batch is `batch` random windows of `context + 1` tokens.
@@ -15,7 +15,7 @@ Optimiser: AdamW (betas 0.9/0.95, weight decay on matrices), linear warmup then 
 run can be repeated with --steps).
 
 Run (see models/NAME/README.md for the exact command used):
-  nice -n 10 /usr/bin/python3 tools/train/train.py --corpus build/corpus \
+  nice -n 10 .venv/bin/python tools/train/train.py --corpus build/corpus \
       --model models/NAME --work build/train --minutes 60
 """
 

@@ -11,7 +11,7 @@ in string order), updating only the words that contain it.
 
 `BpeTokenizer` below is the encoder used by the training scripts; check_tokenizer.js compares its
 ids with the Rust `tokenizers` library's.
-Run: /usr/bin/python3 tools/train/train_tokenizer.py --corpus build/corpus --out models/NAME
+Run: .venv/bin/python tools/train/train_tokenizer.py --corpus build/corpus --out models/NAME
 """
 
 import argparse
