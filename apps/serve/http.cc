@@ -457,6 +457,8 @@ constexpr auto kLinger = std::chrono::seconds(2);
 constexpr size_t kMaxLingeringOver = 256;
 // How long a connection over max_connections waits for a place before its 503.
 constexpr auto kAdmitWait = std::chrono::milliseconds(200);
+// How long accepting stops when the process is out of descriptors.
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 // How often deadlines are looked at.
 constexpr auto kTick = std::chrono::milliseconds(50);
 
@@ -567,6 +569,10 @@ class Server::Loop {
       }
       admit_waiting();
       const Clock::time_point now = Clock::now();
+      if (accept_paused_until_ && now >= *accept_paused_until_) {
+        accept_paused_until_.reset();
+        watch(s_.listen_fd_);
+      }
       if (now - last_sweep >= kTick) {
         last_sweep = now;
         sweep(now);
@@ -584,7 +590,13 @@ class Server::Loop {
       const int fd = ::accept4(s_.listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        return;  // EAGAIN, or out of descriptors: the rest wait in the backlog
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // Out of descriptors or memory: the listener would stay readable and spin the loop;
+          // stop watching it for a moment, and the rest wait in the backlog.
+          ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s_.listen_fd_, nullptr);
+          accept_paused_until_ = Clock::now() + kAcceptPause;
+        }
+        return;
       }
       const int yes = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
@@ -835,9 +847,17 @@ class Server::Loop {
     bool ok = send_all(c->fd, response_head(res, keep_alive, chunked) + res.body, timeout);
     if (ok && res.stream) {
       SocketSink sink(c->fd, chunked, timeout);
-      while (res.stream(sink)) {
+      try {
+        while (res.stream(sink)) {
+        }
+        ok = !sink.failed() && (!chunked || send_all(c->fd, "0\r\n\r\n", timeout));
+      } catch (const std::exception& e) {
+        // The status line is sent: all that is left is to end the connection mid-body, which
+        // the client sees as a broken stream.
+        std::fprintf(stderr, "tformers: serve: %s: a stream failed: %s\n", request.id.c_str(),
+                     e.what());
+        ok = false;
       }
-      ok = !sink.failed() && (!chunked || send_all(c->fd, "0\r\n\r\n", timeout));
     }
     if (s_.handlers_.log) s_.handlers_.log(request, res);
     if (ok && keep_alive) {
@@ -874,6 +894,7 @@ class Server::Loop {
   std::thread thread_;
   std::unordered_map<int, std::unique_ptr<Connection>> conns_;  // the loop's own
   size_t lingering_over_ = 0;
+  std::optional<Clock::time_point> accept_paused_until_;
   std::deque<std::pair<int, Clock::time_point>> waiting_;  // accepted, not yet admitted
   uint64_t next_id_ = 0;
   std::mutex mu_;  // guards stopping_ and returned_

@@ -58,9 +58,11 @@ TEST(ServeLimits, SlowClientsDoNotHoldUpOthers) {
     slow.back()->send("POST /v1/completions HTTP/1.1\r\nHost: x\r\n");
   }
   std::atomic<bool> done{false};
+  // Each sends a byte every 200 ms until it has an answer.
   std::thread dribble([&] {
     while (!done) {
-      for (auto& s : slow) s->send("X");
+      for (auto& s : slow)
+        if (s->read_available().empty()) s->send("X");
       std::this_thread::sleep_for(200ms);
     }
   });
@@ -71,13 +73,18 @@ TEST(ServeLimits, SlowClientsDoNotHoldUpOthers) {
     EXPECT_LT(took, baseline + 5) << "a normal request took " << took << " s";
     std::this_thread::sleep_for(400ms);
   }
+  // A per-read timeout would keep them forever; the whole-request deadline ends each with a 408
+  // once --read-timeout has passed from its first byte, dribble as it may.
+  int timed_out = 0;
+  for (int i = 0; i < 100 && timed_out < kSlow; ++i) {
+    std::this_thread::sleep_for(100ms);
+    timed_out = 0;
+    for (auto& s : slow) timed_out += s->read_available().rfind("HTTP/1.1 408", 0) == 0;
+  }
   done = true;
   dribble.join();
-  // A per-read timeout would keep them forever; the whole-request deadline ends them with a 408.
-  std::this_thread::sleep_for(1s);
-  const std::string answer = slow.front()->read_until();
-  EXPECT_EQ(answer.rfind("HTTP/1.1 408", 0), 0u) << answer.substr(0, 200);
-  EXPECT_CONTAINS(answer, "--read-timeout");
+  EXPECT_EQ(timed_out, kSlow);
+  EXPECT_CONTAINS(slow.front()->read_until(), "--read-timeout");
   EXPECT_EQ(server.stop(), 0);
 }
 
@@ -108,7 +115,12 @@ TEST(ServeLimits, UnauthenticatedConnectionsHoldBoundedMemory) {
   std::printf("RSS %ld -> %ld KiB: %.1f KiB per connection\n", before, after, per_connection_kib);
   // 16 KiB of head each, twice that at worst for the buffer's growth, and the socket's state;
   // sanitizer builds add their redzones.
+#if defined(__SANITIZE_ADDRESS__)
+  // AddressSanitizer's redzones, shadow and quarantine come on top.
+  EXPECT_LT(per_connection_kib, 200);
+#else
   EXPECT_LT(per_connection_kib, 80);
+#endif
   // And a normal client still gets in.
   auto r = server.client().Get("/health");
   ASSERT_TRUE(r);
