@@ -12,9 +12,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
+#include <utility>
 
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "serve/http.h"
