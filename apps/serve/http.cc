@@ -369,7 +369,11 @@ std::string_view reason_phrase(int status) {
 namespace {
 
 // The status line and headers of a response (its body, when not streamed, follows).
-std::string response_head(const Response& res, bool keep_alive, bool chunked) {
+// `keep_alive_seconds` is sent as Keep-Alive's timeout hint, which clients such as Node's fetch
+// read to close an idle connection before the server does (the race in which a request is
+// sent on a connection the server is closing then never happens).
+std::string response_head(const Response& res, bool keep_alive, bool chunked,
+                          double keep_alive_seconds = 0) {
   std::string out = "HTTP/1.1 " + std::to_string(res.status) + " ";
   out += reason_phrase(res.status);
   out += "\r\n";
@@ -379,7 +383,13 @@ std::string response_head(const Response& res, bool keep_alive, bool chunked) {
     out += "Transfer-Encoding: chunked\r\n";
   else if (!res.stream)
     out += "Content-Length: " + std::to_string(res.body.size()) + "\r\n";
-  out += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
+  if (keep_alive) {
+    out += "Connection: keep-alive\r\n";
+    if (keep_alive_seconds >= 1)
+      out += "Keep-Alive: timeout=" + std::to_string(int64_t(keep_alive_seconds)) + "\r\n";
+  } else {
+    out += "Connection: close\r\n";
+  }
   return out + "\r\n";
 }
 
@@ -844,7 +854,9 @@ class Server::Loop {
       c->counted = false;
       s_.live_.fetch_sub(1);
     }
-    bool ok = send_all(c->fd, response_head(res, keep_alive, chunked) + res.body, timeout);
+    bool ok = send_all(
+        c->fd, response_head(res, keep_alive, chunked, s_.limits_.keep_alive_timeout) + res.body,
+        timeout);
     if (ok && res.stream) {
       SocketSink sink(c->fd, chunked, timeout);
       try {
