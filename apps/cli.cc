@@ -60,8 +60,9 @@ void add_serve_flags(CLI::App* s, ServeArgs& a) {
       ->check(CLI::Range(int64_t(1024), int64_t(1) << 30))
       ->capture_default_str();
   s->add_option("--max-connections", a.max_connections,
-                "Open connections served at once, one thread each (503 beyond)")
-      ->check(CLI::Range(int64_t(1), int64_t(1000)))
+                "Open connections at once (503 beyond); an idle or slow one holds a socket and "
+                "at most 16 KiB, not a thread")
+      ->check(CLI::Range(int64_t(1), int64_t(65536)))
       ->capture_default_str();
   s->add_option("--request-timeout", a.request_timeout,
                 "Seconds a completion may take from arrival to its last token; then it is "

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <random>
 
@@ -157,6 +158,13 @@ void refuse_unless_default(const Fields& f) {
       throw bad_field(penalty, "not supported (give 0, or repetition_penalty)");
   if (const Json* bias = f.get("logit_bias"); bias && !(bias->is_object() && bias->empty()))
     throw bad_field("logit_bias", "not supported");
+  // Constrained decoding (vLLM's fields and llama.cpp's grammar) is not implemented: output
+  // that ignored the constraint would look like success.
+  for (const char* constraint :
+       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+        "structured_outputs", "grammar", "json_schema"})
+    if (const Json* v = f.get(constraint); v && !v->is_null())
+      throw bad_field(constraint, "constrained decoding is not supported by tformers serve");
   if (const Json* format = f.get("response_format")) {
     const Json* type = format->is_object() ? Fields(*format).get("type") : nullptr;
     if (!type || *type != "text")
@@ -332,12 +340,56 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
   return r;
 }
 
+size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t max_model_len) {
+  // A token's string (byte-level BPE's "Ġthe", SentencePiece's "▁the" or "<0xE2>") is never
+  // shorter than the bytes it stands for.
+  size_t longest = 1;
+  for (size_t id = 0; id < tokenizer.vocab_size(); ++id)
+    if (const auto token = tokenizer.id_to_token(int32_t(id)))
+      longest = std::max(longest, token->size());
+  const size_t tokens = size_t(std::max<int64_t>(max_model_len, 1));
+  if (tokens > SIZE_MAX / 4 / longest) return SIZE_MAX;
+  return 4 * tokens * longest;
+}
+
+namespace {
+
+// Refuses a prompt by its size in bytes alone, so that one that cannot fit costs no template
+// rendering and no tokenizing.
+void check_prompt_bytes(size_t bytes, size_t limit, const char* field, int64_t max_model_len) {
+  if (bytes <= limit) return;
+  throw ApiError(400,
+                 std::string(field) + ": the prompt is " + std::to_string(bytes) +
+                     " bytes, more than a prompt of this model's maximum context length of " +
+                     std::to_string(max_model_len) + " tokens can hold (" + std::to_string(limit) +
+                     " bytes)",
+                 field, "context_length_exceeded");
+}
+
+// The bytes of text in chat messages: each content string, and each string in a content list.
+size_t message_bytes(const Json& messages) {
+  size_t bytes = 0;
+  const std::function<void(const Json&)> add = [&](const Json& v) {
+    if (v.is_string()) {
+      bytes += v.get_ref<const std::string&>().size();
+    } else if (v.is_array() || v.is_object()) {
+      for (const Json& item : v) add(item);
+    }
+  };
+  add(messages);
+  return bytes;
+}
+
+}  // namespace
+
 ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer,
-                                 int64_t max_model_len, int64_t vocab_size) {
+                                 int64_t max_model_len, int64_t vocab_size,
+                                 size_t max_prompt_bytes) {
   const bool chat = r.endpoint == Endpoint::kChatCompletions;
   const char* prompt_field = chat ? "messages" : "prompt";
   ServingRequest out;
   if (chat) {
+    check_prompt_bytes(message_bytes(r.messages), max_prompt_bytes, prompt_field, max_model_len);
     std::string text;
     try {
       text = tokenizer.apply_chat_template(r.messages, /*add_generation_prompt=*/true, r.tools,
@@ -347,6 +399,7 @@ ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer
                      std::string("the model's chat template failed on these messages: ") + e.what(),
                      prompt_field);
     }
+    check_prompt_bytes(text.size(), max_prompt_bytes, prompt_field, max_model_len);
     // The rendered template already holds its special tokens.
     out.prompt = tokenizer.encode(text, /*add_special_tokens=*/false);
   } else if (r.prompt_is_ids) {
@@ -359,6 +412,7 @@ ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer
                        prompt_field);
     out.prompt = r.prompt_ids;
   } else {
+    check_prompt_bytes(r.prompt.size(), max_prompt_bytes, prompt_field, max_model_len);
     out.prompt = tokenizer.encode(r.prompt);
   }
   const int64_t prompt_len = int64_t(out.prompt.size());

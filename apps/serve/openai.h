@@ -66,12 +66,20 @@ struct ApiRequest {
 // type or out of range, and for what tformers does not do (n > 1, penalties, echo, ...).
 ApiRequest parse_request(Endpoint endpoint, std::string_view body);
 
+// The most bytes a prompt of max_model_len tokens can hold, with room for normalizers that shrink
+// text (NFC composition takes up to 3 bytes into 1): 4 x max_model_len x the longest token's
+// bytes in this vocabulary. A longer prompt is refused before it is tokenized.
+size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t max_model_len);
+
 // The engine request: the chat template rendered and encoded (or the prompt encoded, or its ids
 // checked against the model's vocabulary), its length and max_tokens checked against
-// max_model_len (ApiError 400 "context_length_exceeded"). A completion with no max_tokens gets
-// 16, as OpenAI's; a chat completion gets whatever room the context has left.
+// max_model_len (ApiError 400 "context_length_exceeded"). A prompt (or the messages' text, and
+// then the rendered template) over max_prompt_bytes is refused by its size alone, before the
+// template is rendered or the text tokenized. A completion with no max_tokens gets 16, as
+// OpenAI's; a chat completion gets whatever room the context has left.
 ServingRequest to_engine_request(const ApiRequest& request, const Tokenizer& tokenizer,
-                                 int64_t max_model_len, int64_t vocab_size);
+                                 int64_t max_model_len, int64_t vocab_size,
+                                 size_t max_prompt_bytes = SIZE_MAX);
 
 // The text a client is sent: generated tokens detokenized incrementally (special tokens
 // skipped) and cut before the first stop string, as OpenAI does. Text that could still turn out

@@ -1,7 +1,5 @@
 #include "serve/server.h"
 
-#include <httplib.h>
-
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -14,11 +12,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
+#include <utility>
 
-#include <sys/socket.h>
 #include <unistd.h>
 
+#include "serve/http.h"
 #include "serve/metrics.h"
 #include "serve/openai.h"
 #include "tformers/error.h"
@@ -50,50 +48,6 @@ std::string number_text(double x) {
 // How often a request's thread wakes while it waits for tokens: to see whether a streaming
 // client is still there, and for the request timeout.
 constexpr auto kPoll = std::chrono::milliseconds(250);
-// Threads that answer 503 to connections over --max-connections, so that those get an answer
-// rather than waiting in a queue.
-constexpr size_t kSpareThreads = 2;
-
-// True on a thread serving a connection over --max-connections: its requests are refused.
-thread_local bool t_over_limit = false;
-
-// httplib's task queue: each connection runs on a thread of its own up to max_connections (a
-// thread is held for the whole keep-alive connection, and a streaming request holds it for its
-// whole generation). A connection beyond that is not queued behind them: it goes to a spare
-// thread, where every request it makes is answered 503.
-class ConnectionQueue : public httplib::TaskQueue {
- public:
-  explicit ConnectionQueue(size_t max_connections)
-      : max_(max_connections), workers_(max_connections), spare_(kSpareThreads) {}
-
-  // Called by the one accepting thread only, so busy_ never passes max_.
-  void enqueue(std::function<void()> fn) override {
-    if (busy_ < max_) {
-      ++busy_;
-      workers_.enqueue([this, fn = std::move(fn)] {
-        fn();
-        --busy_;
-      });
-    } else {
-      spare_.enqueue([fn = std::move(fn)] {
-        t_over_limit = true;
-        fn();
-        t_over_limit = false;
-      });
-    }
-  }
-
-  void shutdown() override {
-    workers_.shutdown();
-    spare_.shutdown();
-  }
-
- private:
-  const size_t max_;
-  std::atomic<size_t> busy_{0};
-  httplib::ThreadPool workers_, spare_;
-};
-
 // SIGTERM and SIGINT write a byte to this pipe, which the main thread waits on; a second signal
 // ends the process at once.
 int g_signal_pipe[2] = {-1, -1};
@@ -122,9 +76,11 @@ void wait_for_stop_signal() {
   }
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+http::Response error_response(const ApiError& e) {
+  http::Response res;
   res.status = e.status();
-  res.set_content(e.body(), "application/json");
+  res.body = e.body();
+  return res;
 }
 
 // The events of one request, queued by the engine's callback (on the scheduler thread) for the
@@ -163,9 +119,10 @@ class Completion {
 
   // The whole response, once finished without an error.
   Json response() const;
-  // Writes what has arrived as SSE chunks. False when the client has gone (the request is then
-  // cancelled); httplib calls it again until it calls sink.done().
-  bool stream(httplib::DataSink& sink);
+  // Writes what has arrived as SSE chunks. True while there is more to come; false once the
+  // stream has ended or the client has gone (the request is then cancelled).
+  bool stream(http::Sink& sink);
+  const Usage& usage() const { return usage_; }
 
  private:
   void cancel();
@@ -196,37 +153,22 @@ class Server {
         engine_(engine),
         tokenizer_(tokenizer),
         vocab_size_(vocab_size),
+        max_prompt_bytes_(max_prompt_bytes(tokenizer, engine.config().max_model_len)),
         api_key_(std::move(api_key)),
         model_name_(args.served_model_name.empty() ? args.model.model : args.served_model_name),
         created_(std::chrono::duration_cast<std::chrono::seconds>(
                      std::chrono::system_clock::now().time_since_epoch())
-                     .count()) {
-    configure();
-  }
+                     .count()),
+        http_(limits(args), handlers()) {}
   // A failure after the listener started (in the warm-up, say) still ends it, before the engine
   // it calls goes away.
-  ~Server() {
-    if (!listener_.joinable()) return;
-    http_.stop();
-    listener_.join();
-  }
+  ~Server() { http_.stop(); }
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
   // Binds the address (IoError when it cannot) and returns the port taken.
-  int bind() {
-    const int port = args_.port == 0
-                         ? http_.bind_to_any_port(args_.host)
-                         : (http_.bind_to_port(args_.host, args_.port) ? args_.port : -1);
-    if (port < 0)
-      throw IoError("serve: cannot listen on " + args_.host + ":" + std::to_string(args_.port) +
-                    ": " + std::strerror(errno) +
-                    " (another server on that port? choose one with --port, or 0 for any)");
-    return port;
-  }
-  void listen_in_background() {
-    listener_ = std::thread([this] { http_.listen_after_bind(); });
-  }
+  int bind() { return http_.bind(args_.host, args_.port); }
+  void listen_in_background() { http_.start(); }
   void set_ready() { ready_ = true; }
 
   // Stops admitting requests, lets the running ones finish for up to `grace` (then they are
@@ -240,18 +182,18 @@ class Server {
                              [&] { return in_flight_ == 0; });
     }
     http_.stop();
-    listener_.join();
   }
 
  private:
   friend class Completion;
 
-  void configure();
-  void authorize(const httplib::Request& req) const;
-  std::string read_body(const httplib::Request& req, httplib::Response& res,
-                        const httplib::ContentReader& reader) const;
-  void complete(Endpoint endpoint, const httplib::Request& req, httplib::Response& res,
-                const httplib::ContentReader& reader);
+  static http::Limits limits(const ServeArgs& args);
+  http::Handlers handlers();
+  void authorize(const http::RequestHead& head) const;
+  http::Response handle(const http::Request& req);
+  http::Response complete(Endpoint endpoint, const http::Request& req);
+  http::Response refused(int status, const std::string& message) const;
+  void log(const http::Request& req, const http::Response& res);
   void refuse_unless_ready() const {
     if (draining_) throw ApiError(503, "the server is shutting down", "", "shutting_down");
     if (!ready_)
@@ -271,11 +213,11 @@ class Server {
   ServingEngine& engine_;
   const Tokenizer& tokenizer_;
   const int64_t vocab_size_;
+  const size_t max_prompt_bytes_;
   const std::string api_key_, model_name_;
   const int64_t created_;
   Metrics metrics_;
-  httplib::Server http_;
-  std::thread listener_;
+  http::Server http_;
   std::atomic<bool> ready_{false}, draining_{false};
   std::mutex in_flight_mu_;
   std::condition_variable in_flight_cv_;
@@ -409,7 +351,7 @@ Json Completion::response() const {
   return response_json(head_, all_text_, finish_reason_, logprobs, usage_);
 }
 
-bool Completion::stream(httplib::DataSink& sink) {
+bool Completion::stream(http::Sink& sink) {
   std::string out;
   if (!started_stream_ && request_.endpoint == Endpoint::kChatCompletions)
     out += sse_event(chunk_json(head_, {.first = true, .usage_null = request_.include_usage}));
@@ -433,19 +375,17 @@ bool Completion::stream(httplib::DataSink& sink) {
     if (ended && request_.include_usage) out += sse_event(usage_chunk_json(head_, usage_));
     out += kSseDone;
   }
-  // httplib reads a write of nothing as the end of the content.
-  if (!out.empty() && !sink.write(out.data(), out.size())) {
+  if (!out.empty() && !sink.write(out)) {
     cancel();
     return false;
   }
-  if (finished_) sink.done();
-  return true;
+  return !finished_;
 }
 
 // The bearer token, compared in time that does not depend on where it differs.
-void Server::authorize(const httplib::Request& req) const {
+void Server::authorize(const http::RequestHead& head) const {
   if (api_key_.empty()) return;
-  const std::string given = req.get_header_value("Authorization");
+  const std::string given = head.header("authorization");
   const std::string want = "Bearer " + api_key_;
   unsigned char diff = given.size() != want.size();
   for (size_t i = 0; i < std::min(given.size(), want.size()); ++i) diff |= given[i] ^ want[i];
@@ -456,150 +396,145 @@ void Server::authorize(const httplib::Request& req) const {
                    "", "invalid_api_key");
 }
 
-std::string Server::read_body(const httplib::Request& req, httplib::Response& res,
-                              const httplib::ContentReader& reader) const {
-  std::string body;
-  bool too_large = false;
-  const size_t limit = size_t(args_.max_body_bytes);
-  // httplib refuses a Content-Length over the limit itself (status 413); a chunked body is
-  // counted here.
-  const bool read = reader([&](const char* data, size_t size) {
-    too_large = body.size() + size > limit;
-    if (!too_large) body.append(data, size);
-    return !too_large;
-  });
-  if (too_large || res.status == 413)
-    throw ApiError(413,
-                   "the request body is over the server's limit of " + std::to_string(limit) +
-                       " bytes (--max-body-bytes)",
-                   "", "request_too_large");
-  if (!read) throw ApiError(400, "the request body could not be read");
-  return body;
-}
-
-void Server::complete(Endpoint endpoint, const httplib::Request& req, httplib::Response& res,
-                      const httplib::ContentReader& reader) {
-  const std::string body = read_body(req, res, reader);
+http::Response Server::complete(Endpoint endpoint, const http::Request& req) {
   const Clock::time_point arrival = Clock::now();
-  authorize(req);
   refuse_unless_ready();
-  ApiRequest request = parse_request(endpoint, body);
+  ApiRequest request = parse_request(endpoint, req.body);
   if (request.model != model_name_)
     throw ApiError(404,
                    "model: '" + request.model + "' is not served here; this server serves '" +
                        model_name_ + "' (GET /v1/models)",
                    "model", "model_not_found");
-  ServingRequest engine_request =
-      to_engine_request(request, tokenizer_, engine_.config().max_model_len, vocab_size_);
+  ServingRequest engine_request = to_engine_request(
+      request, tokenizer_, engine_.config().max_model_len, vocab_size_, max_prompt_bytes_);
   const bool stream = request.stream;
   auto completion = std::make_shared<Completion>(*this, std::move(request), arrival);
   completion->submit(std::move(engine_request));
+  http::Response res;
+  res.tokens = [completion] {
+    return std::pair(completion->usage().prompt_tokens, completion->usage().completion_tokens);
+  };
   if (stream) {
-    res.set_header("Cache-Control", "no-cache");
-    // Exactly this type: httplib would compress any other text/ type, holding chunks back.
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [completion](size_t, httplib::DataSink& sink) { return completion->stream(sink); });
-    return;
+    res.content_type = "text/event-stream";
+    res.headers.emplace_back("Cache-Control", "no-cache");
+    res.stream = [completion](http::Sink& sink) { return completion->stream(sink); };
+    return res;
   }
   while (!completion->finished()) completion->advance(kPoll);
   if (completion->error()) throw *completion->error();
-  res.set_content(dump(completion->response()), "application/json");
+  res.body = dump(completion->response());
+  return res;
+}
+
+http::Response Server::handle(const http::Request& req) {
+  const std::string& method = req.head.method;
+  const std::string& path = req.head.path;
+  try {
+    if (method == "POST" && path == "/v1/chat/completions")
+      return complete(Endpoint::kChatCompletions, req);
+    if (method == "POST" && path == "/v1/completions") return complete(Endpoint::kCompletions, req);
+    http::Response res;
+    if (method == "GET" && path == "/v1/models") {
+      const Json model = {{"id", model_name_},
+                          {"object", "model"},
+                          {"created", created_},
+                          {"owned_by", "tformers"},
+                          {"max_model_len", engine_.config().max_model_len}};
+      res.body = dump({{"object", "list"}, {"data", Json::array({model})}});
+    } else if (method == "GET" && path == "/health") {
+      refuse_unless_ready();
+      res.body = dump({{"status", "ok"}});
+    } else if (method == "GET" && path == "/metrics") {
+      res.content_type = "text/plain; version=0.0.4";
+      res.body = metrics_.render(engine_.stats());
+    } else {
+      throw ApiError(404, "no route for " + method + " " + path);
+    }
+    return res;
+  } catch (const ApiError& e) {
+    return error_response(e);
+  } catch (const std::exception& e) {
+    return error_response(ApiError(500, std::string("internal error: ") + e.what()));
+  }
+}
+
+// What the HTTP layer answers by itself: a malformed request, one over a limit, or a connection
+// over --max-connections; each with OpenAI's error body, and the flag to change where one
+// applies.
+http::Response Server::refused(int status, const std::string& message) const {
+  if (status == 503) {
+    http::Response res =
+        error_response(ApiError(503,
+                                "the server has " + std::to_string(args_.max_connections) +
+                                    " connections open, its limit (--max-connections); retry later",
+                                "", "too_many_connections"));
+    res.headers.emplace_back("Retry-After", "1");
+    return res;
+  }
+  if (status == 413)
+    return error_response(ApiError(413,
+                                   "the request body is over the server's limit of " +
+                                       std::to_string(args_.max_body_bytes) +
+                                       " bytes (--max-body-bytes)",
+                                   "", "request_too_large"));
+  if (status == 408)
+    return error_response(ApiError(
+        408, message + " (--read-timeout): send the whole request at once", "", "request_timeout"));
+  return error_response(ApiError(status, message));
 }
 
 // The route a request counts under in /metrics; any other path is "other", so that clients
 // cannot add label values.
-std::string route_of(const httplib::Request& req) {
+std::string route_of(const std::string& path) {
   for (const char* route :
        {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
-    if (req.path == route) return route;
+    if (path == route) return route;
   return "other";
 }
 
-void Server::configure() {
-  const size_t max_connections = size_t(args_.max_connections);
-  http_.new_task_queue = [max_connections] { return new ConnectionQueue(max_connections); };
-  // SO_REUSEADDR, so that a restarted server can bind while the old one's connections linger,
-  // but not httplib's default SO_REUSEPORT: with it a second server on the same port would
-  // silently take half of the connections instead of failing.
-  http_.set_socket_options([](socket_t sock) {
-    const int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-  });
-  http_.set_payload_max_length(size_t(args_.max_body_bytes));
-  http_.set_read_timeout(seconds(args_.read_timeout));
-  http_.set_write_timeout(seconds(args_.write_timeout));
-  http_.set_keep_alive_timeout(time_t(args_.keep_alive_timeout));
+void Server::log(const http::Request& req, const http::Response& res) {
+  metrics_.count_request(route_of(req.head.path), res.status);
+  if (!args_.verbose) return;
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - req.arrival).count();
+  std::string tokens;
+  if (res.tokens) {
+    const auto [in, out] = res.tokens();
+    tokens = " tokens_in=" + std::to_string(in) + " tokens_out=" + std::to_string(out);
+  }
+  const std::string method = req.head.method.empty() ? "-" : req.head.method;
+  const std::string path = req.head.path.empty() ? "-" : req.head.path;
+  std::fprintf(stderr, "tformers: serve: %s %s %s %d %.1f ms%s\n",
+               req.id.empty() ? "-" : req.id.c_str(), method.c_str(), path.c_str(), res.status, ms,
+               tokens.c_str());
+}
 
-  http_.set_pre_routing_handler([this](const httplib::Request&, httplib::Response& res) {
-    if (!t_over_limit) return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, ApiError(503,
-                             "the server has " + std::to_string(args_.max_connections) +
-                                 " connections open, its limit (--max-connections); retry later",
-                             "", "too_many_connections"));
-    res.set_header("Retry-After", "1");
-    // The request's body may be unread: the connection cannot carry another request.
-    res.set_header("Connection", "close");
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res,
-                                            const httplib::ContentReader& reader) {
-    complete(Endpoint::kChatCompletions, req, res, reader);
-  });
-  http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
-                                       const httplib::ContentReader& reader) {
-    complete(Endpoint::kCompletions, req, res, reader);
-  });
-  http_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    authorize(req);
-    const Json model = {{"id", model_name_},
-                        {"object", "model"},
-                        {"created", created_},
-                        {"owned_by", "tformers"},
-                        {"max_model_len", engine_.config().max_model_len}};
-    res.set_content(dump({{"object", "list"}, {"data", Json::array({model})}}), "application/json");
-  });
-  http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    refuse_unless_ready();
-    res.set_content(dump({{"status", "ok"}}), "application/json");
-  });
-  http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.render(engine_.stats()), "text/plain; version=0.0.4");
-  });
+http::Limits Server::limits(const ServeArgs& args) {
+  http::Limits l;
+  l.max_body = args.max_body_bytes;
+  l.read_timeout = args.read_timeout;
+  l.write_timeout = args.write_timeout;
+  l.keep_alive_timeout = args.keep_alive_timeout;
+  l.max_connections = size_t(args.max_connections);
+  return l;
+}
 
-  http_.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        try {
-          std::rethrow_exception(ep);
-        } catch (const ApiError& e) {
-          send_error(res, e);
-        } catch (const std::exception& e) {
-          send_error(res, ApiError(500, std::string("internal error: ") + e.what()));
-        } catch (...) {
-          send_error(res, ApiError(500, "internal error"));
-        }
-      });
-  // Errors httplib answers itself (no route, a malformed request, a body over the limit) get
-  // OpenAI's error body too.
-  http_.set_error_handler(httplib::Server::HandlerWithResponse(
-      [this](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        std::string message = "HTTP error " + std::to_string(res.status);
-        if (res.status == 400) message = "malformed HTTP request";
-        if (res.status == 404) message = "no route for " + req.method + " " + req.path;
-        if (res.status == 413)
-          message = "the request body is over the server's limit of " +
-                    std::to_string(args_.max_body_bytes) + " bytes (--max-body-bytes)";
-        if (res.status == 414) message = "the request line is too long";
-        send_error(res, ApiError(res.status, message));
-        return httplib::Server::HandlerResponse::Handled;
-      }));
-  http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    metrics_.count_request(route_of(req), res.status);
-    if (args_.verbose)
-      std::fprintf(stderr, "tformers: serve: %s %s %d\n", req.method.c_str(), req.path.c_str(),
-                   res.status);
-  });
+http::Handlers Server::handlers() {
+  http::Handlers h;
+  // The key is checked on the head, so that a client without it cannot make the server read
+  // (and hold) a body. Health checks and scrapes need none.
+  h.on_head = [this](const http::RequestHead& head) -> std::optional<http::Response> {
+    if (head.path.rfind("/v1/", 0) != 0) return std::nullopt;
+    try {
+      authorize(head);
+    } catch (const ApiError& e) {
+      return error_response(e);
+    }
+    return std::nullopt;
+  };
+  h.handle = [this](const http::Request& req) { return handle(req); };
+  h.log = [this](const http::Request& req, const http::Response& res) { log(req, res); };
+  h.error = [this](int status, const std::string& message) { return refused(status, message); };
+  return h;
 }
 
 }  // namespace

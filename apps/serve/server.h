@@ -1,11 +1,12 @@
-// `tformers serve`: an OpenAI-compatible HTTP server (cpp-httplib) over ServingEngine.
+// `tformers serve`: an OpenAI-compatible HTTP server (serve/http.h) over ServingEngine.
 //
 //   POST /v1/chat/completions, POST /v1/completions   streamed (SSE) or not
 //   GET /v1/models, GET /health, GET /metrics
 //
-// Each connection has a thread; a request's thread submits it to the engine and waits for its
-// events, which the engine's callback queues. SIGTERM or SIGINT stops admitting requests, lets
-// the running ones finish for --shutdown-timeout seconds, stops the listener and exits 0.
+// The HTTP layer reads each request whole on its event loop and hands it to a worker thread,
+// which submits it to the engine and waits for its events, queued by the engine's callback.
+// SIGTERM or SIGINT stops admitting requests, lets the running ones finish for
+// --shutdown-timeout seconds, stops the listener and exits 0.
 #pragma once
 
 #include <functional>

@@ -196,6 +196,13 @@ class RawConnection {
     }
     return received_;
   }
+  // What has been read so far, after taking what has arrived without waiting.
+  const std::string& read_available() {
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT)) > 0;)
+      received_.append(buf, size_t(n));
+    return received_;
+  }
   void close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
