@@ -19,7 +19,7 @@ done
 
 packages=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libpcre2-dev libicu-dev
           libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin libcli11-dev
-          libedit-dev libcpp-httplib-dev)
+          libedit-dev libcpp-httplib-dev libssl-dev)
 # clang and libFuzzer (libclang-rt-14-dev) build the fuzz targets (scripts/fuzz.sh).
 [ "$want_tests" = 1 ] && packages+=(nodejs npm clang-format clang libclang-rt-14-dev)
 [ "$want_dev" = 1 ] && packages+=(python3-torch python3-numpy libopenblas0-pthread)
