@@ -298,9 +298,11 @@ void set_sigint(void (*handler)(int)) {
 }
 
 #ifdef TFORMERS_HAVE_LIBEDIT
+bool g_line_discarded = false;  // Ctrl-C ended the line being read
+
 // libedit reads the prompt's keys through this. Ctrl-C interrupts the read (on_sigint, installed
-// without SA_RESTART): the half-typed line is emptied and entered, which the chat loop skips,
-// so the session goes on at a fresh prompt, as a shell's does.
+// without SA_RESTART): the half-typed line is entered and then dropped (an empty line, which
+// the chat loop skips), so the session goes on at a fresh prompt, as a shell's does.
 int prompt_getc(FILE*) {
   for (;;) {
     unsigned char c = 0;
@@ -309,7 +311,8 @@ int prompt_getc(FILE*) {
     if (n < 0 && errno == EINTR) {
       if (!g_interrupted) continue;
       g_interrupted = 0;
-      rl_replace_line("", 0);
+      // Entered, so readline returns; read_line then drops what it returns.
+      g_line_discarded = true;
       return '\n';
     }
     return EOF;
@@ -330,12 +333,13 @@ bool read_line(std::string& line) {
   if (terminal) {
     rl_catch_signals = 0;  // our handler, not libedit's, sees SIGINT
     rl_getc_function = prompt_getc;
+    g_line_discarded = false;
     char* got = readline("> ");
     if (!got) {
       g_out.write("\n");
       return false;
     }
-    line = got;
+    line = g_line_discarded ? std::string() : std::string(got);
     std::free(got);
     if (!line.empty()) add_history(line.c_str());
     return true;

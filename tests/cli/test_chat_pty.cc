@@ -81,8 +81,22 @@ TEST(Cli, ChatTwoTurnsThroughAPseudoTerminal) {
 // status says so), so a session that failed to end fails the test instead of hanging it.
 int wait_exit(pid_t pid, int fd, std::string& out) {
   int status = 0;
+  // What the child wrote last may still sit in the terminal after it exits: read it all.
+  auto drain = [&] {
+    for (;;) {
+      pollfd pfd{fd, POLLIN, 0};
+      if (poll(&pfd, 1, 200) <= 0) return;
+      char buf[4096];
+      const ssize_t n = read(fd, buf, sizeof buf);
+      if (n <= 0) return;
+      out.append(buf, size_t(n));
+    }
+  };
   for (int i = 0; i < 600; ++i) {
-    if (waitpid(pid, &status, WNOHANG) == pid) return status;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      drain();
+      return status;
+    }
     pollfd pfd{fd, POLLIN, 0};
     if (poll(&pfd, 1, 100) > 0) {
       char buf[4096];
