@@ -24,6 +24,7 @@
 #include <thread>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -300,21 +301,27 @@ void set_sigint(void (*handler)(int)) {
 #ifdef TFORMERS_HAVE_LIBEDIT
 bool g_line_discarded = false;  // Ctrl-C ended the line being read
 
-// libedit reads the prompt's keys through this. Ctrl-C interrupts the read (on_sigint, installed
-// without SA_RESTART): the half-typed line is entered and then dropped (an empty line, which
+// libedit reads the prompt's keys through this. Ctrl-C (on_sigint sets g_interrupted): the
+// half-typed line is entered and then dropped (an empty line, which
 // the chat loop skips), so the session goes on at a fresh prompt, as a shell's does.
 int prompt_getc(FILE*) {
   for (;;) {
-    unsigned char c = 0;
-    const ssize_t n = ::read(STDIN_FILENO, &c, 1);
-    if (n == 1) return c;
-    if (n < 0 && errno == EINTR) {
-      if (!g_interrupted) continue;
+    if (g_interrupted) {
       g_interrupted = 0;
       // Entered, so readline returns; read_line then drops what it returns.
       g_line_discarded = true;
       return '\n';
     }
+    // Polled in short waits, not one blocking read: a Ctrl-C that lands while libedit is busy
+    // between two reads interrupts no read, and would otherwise wait for the next key.
+    pollfd pfd{STDIN_FILENO, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, 100);
+    if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
+    if (ready < 0) return EOF;
+    unsigned char c = 0;
+    const ssize_t n = ::read(STDIN_FILENO, &c, 1);
+    if (n == 1) return c;
+    if (n < 0 && errno == EINTR) continue;
     return EOF;
   }
 }
