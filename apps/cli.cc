@@ -1,7 +1,13 @@
 #include "cli.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -14,6 +20,57 @@
 
 namespace tformers::cli {
 namespace {
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+std::string range_text(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+// An integer flag in [lo, hi], checked on the text: CLI11 would clamp a number past int64 to
+// INT64_MAX without a word (--seed 99999999999999999999 became 9223372036854775807).
+CLI::Validator int_in(int64_t lo, int64_t hi) {
+  const std::string range =
+      "[" + std::to_string(lo) + ", " + (hi == kInt64Max ? "2^63-1" : std::to_string(hi)) + "]";
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        int64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (ec == std::errc::result_out_of_range)
+          return "'" + text + "' is outside the range " + range;
+        if (ec != std::errc() || ptr != end || text.empty())
+          return "'" + text + "' is not an integer; give one in " + range;
+        if (v < lo || v > hi) return "'" + text + "' is outside the range " + range;
+        return "";
+      },
+      "INT in " + range);
+}
+
+// A finite decimal flag in [lo, hi], or (lo, hi] when lo_open: CLI11's own ranges let nan
+// through (every comparison with it is false), and inf or 1e10 seconds overflowed the clocks.
+CLI::Validator number_in(double lo, double hi, bool lo_open = false) {
+  const std::string range =
+      std::string(lo_open ? "(" : "[") + range_text(lo) + ", " + range_text(hi) + "]";
+  return CLI::Validator(
+      [lo, hi, lo_open, range](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size())
+          return "'" + text + "' is not a number; give one in " + range;
+        if (!std::isfinite(v) || v < lo || v > hi || (lo_open && v == lo))
+          return "'" + text + "' is outside the range " + range;
+        return "";
+      },
+      "NUMBER in " + range);
+}
+
+// Timeouts become clock durations in nanoseconds; 1e8 s (over 3 years) is far below what an
+// int64 of nanoseconds holds (292 years), added to any time the steady clock can show.
+constexpr double kMaxTimeoutSeconds = 1e8;
 
 // The flags that say which model to load and how, with the same meaning in every command.
 void add_model_flags(CLI::App* sub, std::string& model, std::string& revision, std::string& dtype,
@@ -50,42 +107,90 @@ void add_serve_flags(CLI::App* s, ServeArgs& a) {
                 "Requests to /v1 must send Authorization: Bearer KEY (default: TFORMERS_API_KEY; "
                 "none: no key needed)");
   s->add_option("--max-num-seqs", a.max_num_seqs, "Sequences decoded together")
-      ->check(CLI::Range(int64_t(1), int64_t(1024)))
+      ->check(int_in(1, 1024))
       ->capture_default_str();
   s->add_option("--max-model-len", a.max_model_len,
                 "Prompt + completion tokens of one request (default: the model's positions, up "
                 "to 4096)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(int_in(0, kInt64Max));
   s->add_option("--max-body-bytes", a.max_body_bytes, "Largest request body (413 beyond)")
-      ->check(CLI::Range(int64_t(1024), int64_t(1) << 30))
+      ->check(int_in(1024, int64_t(1) << 30))
       ->capture_default_str();
   s->add_option("--max-connections", a.max_connections,
                 "Open connections at once (503 beyond); an idle or slow one holds a socket and "
                 "at most 16 KiB, not a thread")
-      ->check(CLI::Range(int64_t(1), int64_t(65536)))
+      ->check(int_in(1, 65536))
       ->capture_default_str();
   s->add_option("--request-timeout", a.request_timeout,
                 "Seconds a completion may take from arrival to its last token; then it is "
                 "cancelled (504, or an error event when streaming)")
-      ->check(CLI::PositiveNumber)
+      ->check(number_in(0, kMaxTimeoutSeconds, /*lo_open=*/true))
       ->capture_default_str();
   s->add_option("--read-timeout", a.read_timeout, "Seconds to wait for a client's bytes")
-      ->check(CLI::PositiveNumber)
+      ->check(number_in(0, kMaxTimeoutSeconds, /*lo_open=*/true))
       ->capture_default_str();
   s->add_option("--write-timeout", a.write_timeout,
                 "Seconds a write may wait for a client that does not read")
-      ->check(CLI::PositiveNumber)
+      ->check(number_in(0, kMaxTimeoutSeconds, /*lo_open=*/true))
       ->capture_default_str();
   s->add_option("--keep-alive-timeout", a.keep_alive_timeout,
                 "Seconds an idle connection stays open for its next request")
-      ->check(CLI::Range(1.0, 3600.0))
+      ->check(number_in(1.0, 3600.0))
       ->capture_default_str();
   s->add_option("--shutdown-timeout", a.shutdown_timeout,
                 "On SIGTERM or SIGINT, seconds running requests may take to finish before they "
                 "are aborted")
-      ->check(CLI::NonNegativeNumber)
+      ->check(number_in(0, kMaxTimeoutSeconds))
       ->capture_default_str();
   s->add_flag("--verbose,-v", a.verbose, "Log each request on stderr");
+}
+
+// Levenshtein distance: how many one-character edits turn a into b.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "unknown option --promt; did you mean --prompt?" for each argument `where` did not take.
+std::string unexpected_arguments_message(const CLI::App& where, const CLI::App& top) {
+  std::vector<std::string> flags;
+  for (const CLI::App* app : {&where, &top})
+    for (const CLI::Option* opt : app->get_options()) {
+      for (const std::string& name : opt->get_lnames()) flags.push_back("--" + name);
+      for (const std::string& name : opt->get_snames()) flags.push_back("-" + name);
+    }
+  std::string message;
+  std::vector<std::string> extras = where.remaining();
+  if (extras.empty()) extras = top.remaining();
+  for (const std::string& arg : extras) {
+    if (!message.empty()) message += "; ";
+    const std::string name = arg.substr(0, arg.find('='));
+    if (name.size() < 2 || name[0] != '-') {
+      message += "unexpected argument '" + arg + "'";
+      continue;
+    }
+    message += "unknown option " + name;
+    if (name.size() > 64) continue;  // no flag is that long; and the distance costs len^2
+    std::string best;
+    size_t best_distance = std::max<size_t>(2, name.size() / 3) + 1;
+    for (const std::string& flag : flags) {
+      const size_t d = edit_distance(name, flag);
+      if (d < best_distance) best = flag, best_distance = d;
+    }
+    if (!best.empty()) message += "; did you mean " + best + "?";
+  }
+  const std::string command = &where == &top ? "tformers" : "tformers " + where.get_name();
+  return message + " (" + command + " --help lists the options)";
 }
 
 }  // namespace
@@ -129,29 +234,40 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
     sub->add_option("--system", g.system, "System message");
     sub->add_option("--max-new-tokens,-n", g.max_new_tokens,
                     "Tokens to generate (generate: default from generation_config.json, else up "
-                    "to 20 in all; chat: 256 per reply)");
+                    "to 20 in all; chat, per reply: generation_config.json's max_new_tokens, "
+                    "else 256 or half of --ctx-size if less)")
+        ->check(int_in(1, kInt64Max));
     sub->add_flag("--do-sample", g.do_sample, "Sample instead of greedy decoding");
     sub->add_option("--temperature", g.temperature,
-                    "Sampling temperature (1: unchanged); 0 means greedy decoding");
-    sub->add_option("--top-k", g.top_k, "Sample from the K most likely tokens only (0: all)");
+                    "Sampling temperature (1: unchanged); 0 means greedy decoding")
+        ->check(number_in(0, std::numeric_limits<float>::max()));
+    sub->add_option("--top-k", g.top_k, "Sample from the K most likely tokens only (0: all)")
+        ->check(int_in(0, kInt64Max));
     sub->add_option("--top-p", g.top_p,
-                    "Sample from the smallest set of tokens whose probability reaches P (1: all)");
-    sub->add_option("--min-p", g.min_p, "Drop tokens less likely than P times the most likely one");
-    sub->add_option("--typical-p", g.typical_p, "Locally typical sampling mass (1: off)");
+                    "Sample from the smallest set of tokens whose probability reaches P (1: all)")
+        ->check(number_in(0, 1, /*lo_open=*/true));
+    sub->add_option("--min-p", g.min_p, "Drop tokens less likely than P times the most likely one")
+        ->check(number_in(0, 1));
+    sub->add_option("--typical-p", g.typical_p, "Locally typical sampling mass (1: off)")
+        ->check(number_in(0, 1, /*lo_open=*/true));
     sub->add_option("--repetition-penalty", g.repetition_penalty,
-                    "Divide the scores of tokens already seen by this (1: off)");
+                    "Divide the scores of tokens already seen by this (1: off)")
+        ->check(number_in(std::numeric_limits<float>::min(), std::numeric_limits<float>::max()));
     sub->add_option("--no-repeat-ngram-size", g.no_repeat_ngram_size,
-                    "Never repeat an n-gram of this size (0: off)");
+                    "Never repeat an n-gram of this size (0: off)")
+        ->check(int_in(0, kInt64Max));
     sub->add_option("--seed", g.seed,
                     "Sampling seed: the same seed gives the same text; -1 draws a fresh one "
-                    "(shown with --verbose)");
+                    "(shown with --verbose)")
+        ->check(int_in(-1, kInt64Max));
     sub->add_option("--stop", g.stop, "Stop when the text contains STR (repeatable)")
         ->allow_extra_args(false);
     sub->add_flag("--ignore-eos", g.ignore_eos,
                   "Keep generating past end-of-sequence tokens, up to --max-new-tokens");
     sub->add_option("--ctx-size,--max-cache-len,-c", g.ctx_size,
                     "KV cache positions (max_cache_len; chat: the whole conversation, default "
-                    "the model's positions up to 4096)");
+                    "the model's positions up to 4096)")
+        ->check(int_in(2, kInt64Max));
     sub->add_option("--device", g.device, "cpu, auto, tpu or cuda")->capture_default_str();
     sub->add_flag("--verbose,-v", g.verbose,
                   "Show the seed, compiles, cache hits, time to first token, tokens/s on stderr");
@@ -164,14 +280,17 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
   gen->add_flag("--chat", g.chat, "Wrap the prompt in the model's chat template");
   gen->add_flag("--json", g.json,
                 "Print one JSON object (ids, text, finish reason, timings) instead of streaming");
-  gen->add_option("--num-beams", g.num_beams, "Beam search with N beams (1: off)");
+  gen->add_option("--num-beams", g.num_beams, "Beam search with N beams (1: off)")
+      ->check(int_in(1, kInt64Max));
   gen->add_option("--length-penalty", g.length_penalty,
-                  "Beam search: scores are divided by length ** this (default 1)");
+                  "Beam search: scores are divided by length ** this (default 1)")
+      ->check(number_in(-std::numeric_limits<double>::max(), std::numeric_limits<double>::max()));
   gen->add_option("--early-stopping", g.early_stopping,
                   "Beam search: stop at num_beams finished (true), when no beam is likely to "
                   "improve (false, default) or when none can (never)")
       ->check(CLI::IsMember({"true", "false", "never"}));
-  gen->add_option("--tp", g.tp, "Split the model over N processes (run under tformers launch)");
+  gen->add_option("--tp", g.tp, "Split the model over N processes (run under tformers launch)")
+      ->check(int_in(0, 65536));
   gen->add_option("--tp-plan", g.tp_plan,
                   "Tensor-parallel overrides as a JSON object, e.g. "
                   "'{\"layers.*.self_attn.q_proj\": \"replicated_with_grad_allreduce\"}'");
@@ -200,6 +319,7 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
                    "Thread counts, comma-separated (default: TFORMERS_NUM_THREADS or all cores)")
       ->delimiter(',');
   bench->add_option("--repetitions,-r", b.repetitions, "Timed runs of each test, after a warm-up")
+      ->check(int_in(1, 1000000))
       ->capture_default_str();
   bench->add_option("--output,-o", b.output, "md: a markdown table; json: an array of results")
       ->check(CLI::IsMember({"md", "json"}))
@@ -209,7 +329,8 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
   ppl->add_option("--file,-f", p.file, "The text to score")->required();
   ppl->add_option("--ctx,-c", p.ctx,
                   "Tokens per window; the first of each is context only (default: " +
-                      std::to_string(kPerplexityCtx) + ", or the model's positions if fewer)");
+                      std::to_string(kPerplexityCtx) + ", or the model's positions if fewer)")
+      ->check(int_in(2, kInt64Max));
   ppl->add_flag("--json", p.json,
                 "Print one JSON object (perplexity, mean NLL, tokens, windows, time)");
 
@@ -250,23 +371,48 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
                                  " (tformers --help shows them)")
           << "\n"
           << std::flush;
-      cl.exit_code = 1;
+      cl.exit_code = kUsageExitCode;
       return cl;
     }
   }
+  const std::vector<CLI::App*> subs = {env,  launch, kernels, gen,   chat,
+                                       tokz, bench,  ppl,     serve, quant};
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ExtrasError& e) {
+    // CLI11 lists the extras in reverse order and guesses nothing; name each in the order given,
+    // with the closest flag of the command for one that looks like a mistyped flag.
+    CLI::App* where = &app;
+    for (CLI::App* sub : subs)
+      if (sub->parsed()) where = sub;
+    err << "error: " << escape_for_terminal(unexpected_arguments_message(*where, app)) << "\n"
+        << std::flush;
+    cl.exit_code = kUsageExitCode;
+    cl.threads = 0;
+    return cl;
   } catch (const CLI::ParseError& e) {
-    cl.exit_code = app.exit(e, out, err);
+    // --help and --version end with 0; every usage error with kUsageExitCode rather than
+    // CLI11's internal codes (106 for a missing flag, 109 for an extra argument, ...).
+    if (e.get_exit_code() == 0) {
+      cl.exit_code = app.exit(e, out, err);
+    } else {
+      err << "error: " << escape_for_terminal(e.what())
+          << "\nRun with --help for more information.\n"
+          << std::flush;
+      cl.exit_code = kUsageExitCode;
+    }
     cl.threads = 0;  // unchecked, and nothing runs
     return cl;
   }
-  if (threads != 0 && (threads < 1 || threads > kMaxThreads))
-    throw tformers::InvalidArgumentError(
-        "--threads " + std::to_string(threads) + " is out of range: give 1 to " +
-        std::to_string(kMaxThreads) + " (this machine has " +
-        std::to_string(std::thread::hardware_concurrency()) + " cores)");
-  for (const CLI::App* sub : {env, launch, kernels, gen, chat, tokz, bench, ppl, serve, quant})
+  if (threads != 0 && (threads < 1 || threads > kMaxThreads)) {
+    err << "error: --threads " << threads << " is out of range: give 1 to " << kMaxThreads
+        << " (this machine has " << std::thread::hardware_concurrency() << " cores)\n"
+        << std::flush;
+    cl.exit_code = kUsageExitCode;
+    cl.threads = 0;
+    return cl;
+  }
+  for (const CLI::App* sub : subs)
     if (sub->parsed()) cl.command = sub->get_name();
   if (kernels->parsed()) cl.kernels = kernels->remaining();
   return cl;

@@ -18,6 +18,10 @@ namespace tformers::cli {
 
 constexpr int64_t kMaxThreads = 1024;
 
+// Exit statuses: 0 success, 1 a runtime failure (a model that does not load, a failed
+// generation), 2 a usage error (a flag unknown, missing or out of its range), as in sh and grep.
+constexpr int kUsageExitCode = 2;
+
 // Options shared by the commands that load a model.
 struct GenerateArgs {
   std::string model, revision = "main", prompt, prompt_file, prompt_ids, system, dtype,
@@ -104,9 +108,10 @@ struct CommandLine {
 };
 
 // Reads `tformers ARGS...` (argv[0] is the program). Help and version text go to `out`, usage
-// errors to `err` (as CLI11 writes them, and "error: unknown subcommand ..." for a first argument
-// that names none). A value out of range (--threads) throws InvalidArgumentError. `launch` is
-// run by main() before this, which only knows it as a subcommand.
+// errors to `err` (as CLI11 writes them; "error: unknown subcommand ..." for a first argument
+// that names none; "error: unknown option --promt; did you mean --prompt?" for a flag the
+// command lacks; a value out of its range names the range), and then exit_code is
+// kUsageExitCode. `launch` is run by main() before this, which only knows it as a subcommand.
 CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& out,
                                std::ostream& err);
 

@@ -24,7 +24,10 @@
 #include <thread>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #ifdef TFORMERS_HAVE_LIBEDIT
 #include <editline/readline.h>
@@ -35,6 +38,7 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "distributed/launcher.h"
+#include "distributed/process_group.h"
 #include "errors.h"
 #include "eval.h"
 #include "io/file.h"
@@ -99,6 +103,11 @@ constexpr uint64_t kMaxPromptFileBytes = uint64_t(64) << 20;
 // Under tformers launch every rank runs the same command; only rank 0 prints, and its stderr is
 // the only one unless --verbose-all-ranks.
 void quiet_other_ranks(const GenerateArgs& a) {
+  if (!tformers::distributed::launched_by_mpi()) return;
+  // Why the distributed layer ends the job (a stopped rank: a collective got no answer) must
+  // reach the user: on rank 0 past the HeldStderr in force (released first), on the others
+  // past the /dev/null below.
+  tformers::distributed::set_fatal_output(::dup(2), &HeldStderr::release_active);
   if (tformers::distributed::is_main_process()) return;
   if (!std::freopen("/dev/null", "w", stdout)) return;
   if (a.verbose_all_ranks || std::getenv(kVerboseAllRanksEnv)) return;
@@ -280,25 +289,6 @@ int cmd_generate(const GenerateArgs& a) {
   return 0;
 }
 
-// One line of chat input with the prompt shown; false at end of input. On a terminal with
-// libedit, the line can be edited and earlier lines recalled.
-bool read_line(std::string& line) {
-#ifdef TFORMERS_HAVE_LIBEDIT
-  if (isatty(STDIN_FILENO)) {
-    char* got = readline("> ");
-    if (!got) return false;
-    line = got;
-    std::free(got);
-    if (!line.empty()) add_history(line.c_str());
-    return true;
-  }
-#endif
-  g_out.write("> ");
-  if (!std::getline(std::cin, line)) return false;
-  g_out.line_entered();
-  return true;
-}
-
 void on_sigint(int) { g_interrupted = 1; }
 
 void set_sigint(void (*handler)(int)) {
@@ -308,20 +298,94 @@ void set_sigint(void (*handler)(int)) {
   sigaction(SIGINT, &sa, nullptr);  // no SA_RESTART: a read in progress returns
 }
 
+#ifdef TFORMERS_HAVE_LIBEDIT
+bool g_line_discarded = false;  // Ctrl-C ended the line being read
+
+// libedit reads the prompt's keys through this. Ctrl-C (on_sigint sets g_interrupted): the
+// half-typed line is entered and then dropped (an empty line, which
+// the chat loop skips), so the session goes on at a fresh prompt, as a shell's does.
+int prompt_getc(FILE*) {
+  for (;;) {
+    if (g_interrupted) {
+      g_interrupted = 0;
+      // Entered, so readline returns; read_line then drops what it returns.
+      g_line_discarded = true;
+      return '\n';
+    }
+    // Polled in short waits, not one blocking read: a Ctrl-C that lands while libedit is busy
+    // between two reads interrupts no read, and would otherwise wait for the next key.
+    pollfd pfd{STDIN_FILENO, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, 100);
+    if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
+    if (ready < 0) return EOF;
+    unsigned char c = 0;
+    const ssize_t n = ::read(STDIN_FILENO, &c, 1);
+    if (n == 1) return c;
+    if (n < 0 && errno == EINTR) continue;
+    return EOF;
+  }
+}
+#endif
+
+// One line of chat input with the prompt shown; false at end of input (Ctrl-D), after ending
+// the prompt's line so that the shell's prompt starts on its own. On a terminal, Ctrl-C
+// discards the line being typed and gives an empty one; with libedit, the line can be edited
+// and earlier lines recalled.
+bool read_line(std::string& line) {
+  const bool terminal = isatty(STDIN_FILENO);
+  g_interrupted = 0;
+  // Off a terminal there is no line being typed: Ctrl-C (SIGINT) ends the program as usual.
+  set_sigint(terminal ? on_sigint : SIG_DFL);
+#ifdef TFORMERS_HAVE_LIBEDIT
+  if (terminal) {
+    rl_catch_signals = 0;  // our handler, not libedit's, sees SIGINT
+    rl_getc_function = prompt_getc;
+    g_line_discarded = false;
+    char* got = readline("> ");
+    if (!got) {
+      g_out.write("\n");
+      return false;
+    }
+    line = g_line_discarded ? std::string() : std::string(got);
+    std::free(got);
+    if (!line.empty()) add_history(line.c_str());
+    return true;
+  }
+#endif
+  g_out.write("> ");
+  if (!std::getline(std::cin, line)) {
+    if (!terminal || !g_interrupted) return false;
+    // The terminal dropped the typed line itself (canonical mode flushes input on SIGINT).
+    std::cin.clear();
+    std::clearerr(stdin);
+    g_out.write("\n");
+    line.clear();
+    return true;
+  }
+  g_out.line_entered();
+  return true;
+}
+
 // An interactive multi-turn chat. Each turn renders the conversation through the chat template
 // and streams the reply. The session has one static cache of --ctx-size positions, so every turn
 // reuses the compiled decode step, and prefill steps are shared by all prompts of a length
 // bucket; old turns are dropped (the system message kept) when the history outgrows it. Turn i
 // samples with the session seed + i: reproducible from one seed, without repeating replies.
-// Commands: /reset clears the history, /exit (or end of input, or Ctrl-C at the prompt) quits;
-// Ctrl-C during a reply stops it.
+// Commands (kChatHelp): /help, /reset clears the history, /exit or /quit (or end of input)
+// quits; Ctrl-C during a reply stops it, at the prompt it discards the line being typed.
+const char* const kChatHelp =
+    "tformers: chat: commands: /help shows this; /reset clears the history (the system message "
+    "is kept); /exit or /quit ends the session, as Ctrl-D does. Ctrl-C stops a reply, and at "
+    "the prompt discards the line being typed. Any other line is a message.\n";
+
 int cmd_chat(const GenerateArgs& a) {
   check_args(a);
   quiet_other_ranks(a);
   tformers::Tokenizer tok = tformers::AutoTokenizer::from_pretrained(a.model, a.revision);
   if (tok.chat_template().empty())
     throw tformers::InvalidArgumentError("chat: " + a.model +
-                                         " has no chat_template in tokenizer_config.json; use "
+                                         " has no chat template (neither chat_template.jinja "
+                                         "nor a chat_template in tokenizer_config.json); use "
                                          "`tformers generate` for plain text");
   tformers::CausalLM lm = load_model(a);
   const int64_t positions = lm.config().max_position_embeddings;
@@ -331,7 +395,8 @@ int cmd_chat(const GenerateArgs& a) {
                                          " is more than the model's " + std::to_string(positions) +
                                          " positions; give at most " + std::to_string(positions));
   tformers::GenerationConfig gc = generation_config(a);
-  // Without a limit a reply could fill the whole context; 256 tokens is a long answer.
+  // Without a limit a reply could fill the whole context; 256 tokens is a long answer. The
+  // --max-new-tokens help states this rule.
   if (!gc.max_new_tokens)
     gc.max_new_tokens =
         lm.generation_config().max_new_tokens.value_or(std::min<int64_t>(256, ctx / 2));
@@ -362,8 +427,11 @@ int cmd_chat(const GenerateArgs& a) {
   const size_t first_turn = a.system.empty() ? 0 : 1;
   std::string line;
   for (uint64_t turn = 0;; ++turn) {
-    set_sigint(SIG_DFL);  // Ctrl-C at the prompt quits
-    if (!read_line(line) || line == "/exit") break;
+    if (!read_line(line) || line == "/exit" || line == "/quit") break;
+    if (line == "/help") {
+      std::fputs(kChatHelp, stderr);
+      continue;
+    }
     if (line == "/reset") {
       reset();
       std::fprintf(stderr, "tformers: chat: history cleared%s\n",

@@ -63,11 +63,13 @@ class HeldStderr {
   HeldStderr() : held_(std::tmpfile()), real_(held_ ? ::dup(2) : -1) {
     std::fflush(stderr);
     if (real_ >= 0) ::dup2(::fileno(held_), 2);
+    if (real_ >= 0) active() = this;
   }
   HeldStderr(const HeldStderr&) = delete;
   HeldStderr& operator=(const HeldStderr&) = delete;
   ~HeldStderr() {
     if (real_ < 0) return;
+    if (active() == this) active() = nullptr;
     release();
     ::dup2(real_, 2);
     ::close(real_);
@@ -98,7 +100,19 @@ class HeldStderr {
     ::lseek(fd, 0, SEEK_SET);
   }
 
+  // Releases the lines held by the HeldStderr alive now, if any: for a path that ends the
+  // process without unwinding (MPI_Abort after a collective got no answer), so that what was
+  // held is not lost with it.
+  static void release_active() {
+    if (HeldStderr* h = active()) h->release();
+  }
+
  private:
+  static HeldStderr*& active() {
+    static HeldStderr* current = nullptr;
+    return current;
+  }
+
   std::FILE* held_;
   int real_;
 };

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_help.h"
 #include "core/memory.h"
 #include "core/stream_read.h"
 #include "core/thread_pool.h"
@@ -106,7 +107,17 @@ void fill_bf16(uint16_t* p, size_t n, uint64_t seed) {
 
 }  // namespace
 
+const char* const kUsage =
+    R"(usage: bench_ab OLD.so NEW.so attention [--threads N] [--rounds R] [--used L] [--queries T]
+                                 [--heads HQ] [--layers NL]
+       bench_ab OLD.so NEW.so linear-bf16|linear-int8|linear-int4 [--threads N] [--rounds R]
+                                 [--lm-head 1] [--layers NL]
+Two builds of libtformers.so called alternately, round by round; prints each build's median
+time and GB/s, and the median ratio old / new (> 1: the new build is faster).
+)";
+
 int main(int argc, char** argv) {
+  if (tformers::bench::answered_help(argc, argv, kUsage)) return 0;
   if (argc < 4)
     die("usage: bench_ab OLD.so NEW.so attention|linear-bf16|linear-int8|linear-int4 [options]");
   const std::string mode = argv[3];

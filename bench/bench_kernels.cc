@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "backends/cpu/kernels.h"
+#include "bench_help.h"
 #include "core/cpu_features.h"
 #include "core/stream_read.h"
 #include "core/thread_pool.h"
@@ -81,7 +82,14 @@ double read_bandwidth(const std::vector<const void*>& pieces, int64_t bytes, int
 
 }  // namespace
 
+const char* const kUsage =
+    R"(usage: bench_kernels [--target scalar|avx2|avx512|avx512bf16] [--gib N]
+Linear, attention and quantization kernels against this machine's streaming-read bandwidth and
+FMA peak, measured in the same run, with 1 and 2 threads.
+)";
+
 int main(int argc, char** argv) {
+  if (tformers::bench::answered_help(argc, argv, kUsage)) return 0;
   double gib = 1.0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

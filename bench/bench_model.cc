@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_help.h"
 #include "core/cpu_features.h"
 #include "core/stream_read.h"
 #include "core/thread_pool.h"
@@ -343,7 +344,15 @@ std::vector<std::string> split(const std::string& v) {
 
 }  // namespace
 
+const char* const kUsage =
+    R"(usage: bench_model [--threads 1,2] [--decode 16] [--ttft 128] [--prefill 512] [--context 16]
+                   [--models qwen3,llama] [--dir /tmp] [--weights bf16,int8,int4]
+Decode, prefill and time to first token of Qwen3-0.6B- and Llama-3.2-1B-shaped models with
+random weights, against the memory roofline and the matmul peak measured in the same run.
+)";
+
 int main(int argc, char** argv) {
+  if (tformers::bench::answered_help(argc, argv, kUsage)) return 0;
   Options o;
   std::vector<std::string> models = {"qwen3", "llama"}, weights = {"bf16", "int8", "int4"};
   std::string dir = "/tmp";

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_help.h"
 #include "core/thread_pool.h"
 #include "model_shapes.h"
 #include "tformers/model.h"
@@ -102,7 +103,15 @@ Run run_clients(ServingEngine& engine, int clients, int requests, int prompt, in
 
 }  // namespace
 
+const char* const kUsage =
+    R"(usage: bench_serve [--model DIR | --shape qwen3-0.6b] [--concurrency 1,4,16,32] [--requests 2]
+                   [--prompt 64] [--tokens 32] [--threads N] [--dir /tmp] [--quantize int8]
+The serving engine's output tokens/s and TTFT/TPOT percentiles at several concurrencies, with
+closed-loop clients, without HTTP. --requests is per client.
+)";
+
 int main(int argc, char** argv) {
+  if (tformers::bench::answered_help(argc, argv, kUsage)) return 0;
   std::string model_dir, shape = "qwen3-0.6b", dir = "/tmp", quantize;
   std::vector<int> concurrency = {1, 4, 16, 32};
   int requests = 2, prompt = 64, tokens = 32, threads = 0;

@@ -7,11 +7,17 @@
 //       [--concurrency 1,4,16,32] [--duration 20] [--max-tokens 64] [--prompt-words 50]
 import { client, parseFlags } from '../tools/serve/client.mjs';
 
+const usage = 'usage: bench_serve_http.mjs --base-url URL --model NAME [--concurrency 1,4,16,32] ' +
+  '[--duration 20] [--max-tokens 64] [--prompt-words 50] [--api-key KEY]';
+// --help answers before anything runs, as every bench program does.
+if (process.argv.slice(2).some((a) => a === '-h' || a === '--help')) {
+  console.log(usage);
+  process.exit(0);
+}
 const flags = parseFlags(
   { base_url: 'http://127.0.0.1:8080/v1', model: '', api_key: 'none', concurrency: '1,4,16,32',
     duration: 20, max_tokens: 64, prompt_words: 50 },
-  'usage: bench_serve_http.mjs --base-url URL --model NAME [--concurrency 1,4,16,32] ' +
-  '[--duration 20] [--max-tokens 64] [--prompt-words 50] [--api-key KEY]');
+  usage);
 const openai = client(flags);
 const words = 'and the lord said unto moses go up with thy people into the land'.split(' ');
 

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_help.h"
 #include "distributed/process_group.h"
 #include "io/safetensors.h"
 #include "models/causal_lm_impl.h"
@@ -153,7 +154,15 @@ int worker(const std::string& dir, int decode_steps, bool tp, const std::string&
 
 }  // namespace
 
+const char* const kUsage =
+    R"(usage: bench_tp [--threads 1,4] [--decode 32] [--dir /tmp/tformers-bench-qwen3-0.6b]
+                [--quantize int8|int4]
+Tensor-parallel decode on the Qwen3-0.6B shape: tokens/s for tp=1 and tp=2 (under mpirun) on
+the same cores, and the checkpoint bytes each rank reads.
+)";
+
 int main(int argc, char** argv) {
+  if (tformers::bench::answered_help(argc, argv, kUsage)) return 0;
   std::string dir = "/tmp/tformers-bench-qwen3-0.6b";
   int decode_steps = 32;
   bool as_worker = false, tp = false;

@@ -29,6 +29,7 @@ while [ $# -gt 0 ]; do
     --dir) dir=$2; shift 2 ;;
     --weights) weights=$2; shift 2 ;;
     --load-modes) load_modes=$2; shift 2 ;;
+    -h|--help) echo "$usage"; exit 0 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done

@@ -25,7 +25,7 @@ done
 # libraries, and building them waits for scripts/test.sh.
 packages=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libpcre2-dev libicu-dev
           libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin libcli11-dev
-          libedit-dev libcpp-httplib-dev)
+          libedit-dev libcpp-httplib-dev libssl-dev)
 # clang and libFuzzer (libclang-rt-14-dev) build the fuzz targets (scripts/fuzz.sh); python3-venv
 # makes .venv/ where the machine's python3 is Debian's.
 [ "$want_tests" = 1 ] && packages+=(nodejs npm clang-format clang libclang-rt-14-dev python3-venv)

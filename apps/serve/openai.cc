@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <random>
 
@@ -182,6 +183,13 @@ void parse_sampling(const Fields& f, ApiRequest& r) {
   const std::optional<double> temperature = f.number("temperature", 0, 2);
   const std::optional<double> top_p = f.number("top_p", 0, 1);
   if (top_p && *top_p == 0) throw bad_field("top_p", "must be above 0");
+  // The engine scales float32 scores: a factor below float's smallest normal value would become
+  // 0 there, so it is refused here with the range rather than failing inside the engine.
+  const double kSmallest = double(std::numeric_limits<float>::min());
+  if (temperature && *temperature > 0 && *temperature < kSmallest)
+    throw bad_field("temperature", shown(*f.get("temperature")) +
+                                       " is out of range; give 0 (greedy) or " +
+                                       number_text(kSmallest) + " to 2");
   if (temperature == 0.0) {
     c.do_sample = false;
   } else if (temperature || top_p) {
@@ -192,7 +200,9 @@ void parse_sampling(const Fields& f, ApiRequest& r) {
   if (auto top_k = f.integer("top_k", -1, INT32_MAX)) c.top_k = std::max<int64_t>(*top_k, 0);
   c.min_p = f.number("min_p", 0, 1);
   if (auto penalty = f.number("repetition_penalty", 0, 2)) {
-    if (*penalty == 0) throw bad_field("repetition_penalty", "must be above 0");
+    if (*penalty < kSmallest)
+      throw bad_field("repetition_penalty", "must be at least " + number_text(kSmallest) +
+                                                " (give " + number_text(kSmallest) + " to 2)");
     c.repetition_penalty = penalty;
   }
   if (auto seed = f.integer("seed", INT64_MIN, INT64_MAX)) c.seed = uint64_t(*seed);

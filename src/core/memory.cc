@@ -1,5 +1,8 @@
 #include "core/memory.h"
 
+#include <exception>
+#include <mutex>
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -67,6 +70,37 @@ Tensor resident_copy(const Tensor& t, ThreadPool& pool) {
       1);
   void* data = mem.get();
   return Tensor::borrow(t.shape(), t.dtype(), data, std::move(mem));
+}
+
+Tensor resident_read(const Shape& shape, DType dtype, const ByteReader& read, ThreadPool& pool) {
+  const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  if (bytes < kHugePage) {
+    Tensor small = Tensor::zeros(shape, dtype);
+    read(0, small.raw(), bytes);
+    return small;
+  }
+  std::shared_ptr<void> mem = allocate_pages(bytes);
+  char* dst = static_cast<char*>(mem.get());
+  // The pool runs plain functions: an exception is carried out of the workers by hand.
+  std::mutex failed_mutex;
+  std::exception_ptr failed;
+  const int64_t chunks = int64_t((bytes + kHugePage - 1) / kHugePage);
+  pool.parallel_for(
+      chunks,
+      [&](int64_t begin, int64_t end, int) {
+        const size_t lo = size_t(begin) * kHugePage;
+        const size_t hi = std::min(bytes, size_t(end) * kHugePage);
+        try {
+          read(lo, dst + lo, hi - lo);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(failed_mutex);
+          if (!failed) failed = std::current_exception();
+        }
+      },
+      1);
+  if (failed) std::rethrow_exception(failed);
+  void* data = mem.get();
+  return Tensor::borrow(shape, dtype, data, std::move(mem));
 }
 
 }  // namespace tformers

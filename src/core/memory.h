@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 
 #include "core/thread_pool.h"
@@ -33,5 +34,12 @@ Tensor resident_zeros(const Shape& shape, DType dtype);
 // A copy of `t` in its own memory: from allocate_pages, copied in parallel over `pool`, from
 // kHugePage bytes up; below that (norms, biases), from malloc.
 Tensor resident_copy(const Tensor& t, ThreadPool& pool);
+
+// Reads `n` bytes at `offset` of a tensor's bytes into `dst`; throws on failure.
+using ByteReader = std::function<void(size_t offset, void* dst, size_t n)>;
+
+// As resident_copy, for a tensor of `shape` and `dtype` whose bytes come from `read` (a file,
+// with pread) instead of memory; the first exception a chunk's read throws is rethrown here.
+Tensor resident_read(const Shape& shape, DType dtype, const ByteReader& read, ThreadPool& pool);
 
 }  // namespace tformers

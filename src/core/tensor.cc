@@ -1,5 +1,6 @@
 #include "tformers/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -27,6 +28,16 @@ Tensor Tensor::zeros(Shape shape, DType dtype) {
   for (int64_t d : shape)
     if (d < 0)
       throw InvalidArgumentError("Tensor: negative dimension in shape " + shape_str(shape));
+  // The byte count is checked before it is computed: a product that wraps would allocate a
+  // small buffer that every later write runs past. 2^62 bytes is more than any machine has.
+  const uint64_t max_elems = (uint64_t(1) << 62) / std::max<uint64_t>(1, dtype_size(dtype));
+  uint64_t elems = 1;
+  for (int64_t d : shape) {
+    if (d != 0 && elems > max_elems / uint64_t(d))
+      throw InvalidArgumentError("Tensor: shape " + shape_str(shape) +
+                                 " is too large to allocate (more than 2^62 bytes)");
+    elems *= uint64_t(d);
+  }
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;

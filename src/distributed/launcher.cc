@@ -2,11 +2,13 @@
 
 #include "distributed/process_group.h"
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -69,6 +71,21 @@ std::string list_entry(const std::string& list, long index) {
   std::_Exit(127);
 }
 
+}  // namespace
+
+void end_with_parent() {
+  // The parent is the process that started this rank (mpirun, or its daemon on another node).
+  // When it is killed, its ranks would run on as orphans, holding memory and chips, with no
+  // one to collect their output: SIGTERM ends them instead (serve drains, generate exits). The
+  // setting survives exec, so it covers the user's command.
+  const pid_t parent = getppid();
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  // The parent may have died before the call: then this process was already reparented.
+  if (getppid() != parent) raise(SIGTERM);
+}
+
+namespace {
+
 // Inside mpirun: this rank's environment, then the user's command in place of this process.
 int rank_step(int argc, char** argv) {
   int sep = 1;
@@ -97,6 +114,7 @@ int rank_step(int argc, char** argv) {
   long cores = long(std::thread::hardware_concurrency());
   std::string threads = std::to_string(std::max(1L, cores / nlocal));
   setenv("TFORMERS_NUM_THREADS", threads.c_str(), 0);
+  end_with_parent();
   exec_or_die(std::vector<std::string>(argv + sep + 1, argv + argc));
 }
 

@@ -19,4 +19,9 @@ bool is_launcher_command(const char* arg);
 // (sets the rank's environment and execs CMD). Returns an exit code only on failure.
 int launcher_main(int argc, char** argv);
 
+// Asks the kernel to send this process SIGTERM when its parent dies (PR_SET_PDEATHSIG, kept
+// across exec), and raises it at once when the parent is already gone. Each rank calls it
+// before running the user's command, so a killed mpirun does not leave its ranks running.
+void end_with_parent();
+
 }  // namespace tformers::distributed

@@ -4,9 +4,13 @@
 #include <mpi.h>
 #endif
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +25,9 @@
 namespace tformers::distributed {
 
 namespace {
+
+std::atomic<int> g_fatal_fd{2};
+std::atomic<void (*)()> g_before_abort{nullptr};
 
 std::mutex& registry_mutex() {
   static std::mutex mu;
@@ -91,12 +98,11 @@ void wait_or_abort(MPI_Request& req, const char* what, int rank) {
     if (polls < 10000) continue;
     const double waited = std::chrono::duration<double>(Clock::now() - start).count();
     if (waited > timeout) {
-      std::fprintf(stderr,
-                   "tformers: rank %d: collective %s got no answer from the other ranks in %.3g "
-                   "s: a rank has stopped or hung. Ending the job. (The timeout is "
-                   "DistributedConfig::timeout, TFORMERS_TP_TIMEOUT or launch --tp-timeout.)\n",
-                   rank, what, timeout);
-      std::fflush(nullptr);
+      write_fatal_line(
+          "tformers: rank %d: collective %s got no answer from the other ranks in %.3g s: a rank "
+          "has stopped or hung. Ending the job. (The timeout is DistributedConfig::timeout, "
+          "TFORMERS_TP_TIMEOUT or launch --tp-timeout.)\n",
+          rank, what, timeout);
       MPI_Abort(MPI_COMM_WORLD, 1);
       std::_Exit(1);
     }
@@ -180,9 +186,9 @@ void finalize_at_exit() {
     try {
       std::rethrow_exception(e);
     } catch (const std::exception& x) {
-      std::fprintf(stderr, "tformers: rank %d: uncaught exception: %s\n", world_rank(), x.what());
+      write_fatal_line("tformers: rank %d: uncaught exception: %s\n", world_rank(), x.what());
     } catch (...) {
-      std::fprintf(stderr, "tformers: rank %d: uncaught exception\n", world_rank());
+      write_fatal_line("tformers: rank %d: uncaught exception\n", world_rank());
     }
   }
   std::fflush(nullptr);
@@ -193,6 +199,27 @@ void finalize_at_exit() {
 #endif
 
 }  // namespace
+
+void set_fatal_output(int fd, void (*before_abort)()) {
+  g_fatal_fd = fd;
+  g_before_abort = before_abort;
+}
+
+void write_fatal_line(const char* format, ...) {
+  std::fflush(nullptr);
+  if (void (*hook)() = g_before_abort.load()) hook();
+  char line[1024];
+  va_list args;
+  va_start(args, format);
+  const int n = std::vsnprintf(line, sizeof line, format, args);
+  va_end(args);
+  const size_t len = n < 0 ? 0 : std::min(size_t(n), sizeof line - 1);
+  for (size_t done = 0; done < len;) {
+    const ssize_t k = ::write(g_fatal_fd.load(), line + done, len - done);
+    if (k <= 0) break;
+    done += size_t(k);
+  }
+}
 
 const char* missing_mpi() {
 #if TFORMERS_WITH_MPI

@@ -58,4 +58,14 @@ double collective_timeout();
 // DistributedConfig::timeout, applied to every group of the process.
 void set_collective_timeout(double seconds);
 
+// Where this layer writes the line that says why it ends the job (a collective that got no
+// answer, an uncaught exception) before MPI_Abort: descriptor `fd` (default 2), after calling
+// `before_abort` (may be null). A program that silences a rank's stderr, or holds it back while
+// text streams, points `fd` at the real stderr and passes what releases the held lines, so that
+// the reason reaches the user rather than a file that MPI_Abort leaves unread.
+void set_fatal_output(int fd, void (*before_abort)());
+
+// Writes one such line (formatted as printf) as set_fatal_output says; for the abort paths.
+void write_fatal_line(const char* format, ...) __attribute__((format(printf, 1, 2)));
+
 }  // namespace tformers::distributed

@@ -15,6 +15,15 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 int64_t size_of(std::span<float> s) { return int64_t(s.size()); }
 
+// A finite score scaled by a valid factor (resolve() keeps temperature and repetition_penalty
+// within float's normal range) can still overflow, e.g. 100 / 1e-37. It saturates at the largest
+// float instead: the order of the scores is kept and softmax stays defined, where an inf would
+// make it nan. A score that was -inf (filtered) stays -inf.
+float saturate(float before, float after) {
+  if (!std::isfinite(before) || std::isfinite(after)) return after;
+  return after > 0 ? std::numeric_limits<float>::max() : std::numeric_limits<float>::lowest();
+}
+
 void check_id(int64_t id, std::span<float> scores, const char* what) {
   TF_CHECK(id >= 0 && id < size_of(scores), what, " id ", id, " outside the vocabulary [0, ",
            scores.size(), ")");
@@ -48,7 +57,7 @@ void apply_repetition_penalty(std::span<const int32_t> ids, float penalty,
   for (int32_t id : distinct) {
     check_id(id, scores, "repetition_penalty: input");
     float& s = scores[id];
-    s = s < 0 ? s * penalty : s / penalty;
+    s = saturate(s, s < 0 ? s * penalty : s / penalty);
   }
 }
 
@@ -108,7 +117,7 @@ void apply_suppress_tokens(std::span<const int64_t> suppress_tokens, std::span<f
 
 void apply_temperature(float temperature, std::span<float> scores) {
   TF_CHECK(temperature > 0, "temperature ", temperature);
-  for (float& s : scores) s = s / temperature;
+  for (float& s : scores) s = saturate(s, s / temperature);
 }
 
 void apply_top_k(int64_t top_k, std::span<float> scores, int64_t min_tokens_to_keep) {

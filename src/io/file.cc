@@ -108,7 +108,7 @@ bool is_under(const std::filesystem::path& p, const std::filesystem::path& root)
 }  // namespace
 
 std::string resolve_inside(const std::string& root, const std::string& name,
-                           const std::string& where) {
+                           const std::string& where, bool file_may_link_out) {
   namespace fs = std::filesystem;
   fs::path rel(name);
   bool bad = name.empty() || rel.is_absolute() || name.find('\0') != std::string::npos;
@@ -119,7 +119,8 @@ std::string resolve_inside(const std::string& root, const std::string& name,
         str_cat(where, ": \"", name, "\" is not a file name inside the folder ", root));
   fs::path joined = fs::path(root) / rel;
   std::error_code ec;
-  fs::path target = fs::canonical(joined, ec);
+  // The checked path: the file, or under file_may_link_out the folder that holds it.
+  fs::path target = fs::canonical(file_may_link_out ? joined.parent_path() : joined, ec);
   if (ec) return joined.string();  // missing: the caller says so in its own words
   fs::path base = fs::canonical(root, ec);
   if (ec) return joined.string();
@@ -131,7 +132,8 @@ std::string resolve_inside(const std::string& root, const std::string& name,
     fs::path blobs = fs::canonical(base.parent_path().parent_path() / "blobs", ec);
     if (!ec && is_under(target, blobs)) return joined.string();
   }
-  throw FormatError(str_cat(where, ": \"", name, "\" resolves to ", target.string(),
+  const fs::path shown = fs::weakly_canonical(joined, ec);
+  throw FormatError(str_cat(where, ": \"", name, "\" resolves to ", (ec ? target : shown).string(),
                             " through a symbolic link, outside the folder ", base.string(),
                             "; refusing to read it"));
 }

@@ -52,7 +52,12 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes, std::
 // ".." part, or resolves elsewhere (through a symlinked folder or file). A path that does not
 // Returns the joined path (unresolved, so messages show the name the user knows); a path that
 // does not exist is returned too, for the caller's own "missing" message.
+//
+// With `file_may_link_out`, only the folders on the way must stay inside `root`: the file itself
+// may be a symbolic link anywhere (weights kept on another disk, linked into the model folder by
+// its owner). The name still cannot climb out (no "..", not absolute), and RegularFile still
+// refuses what the link leads to unless it is a regular file.
 std::string resolve_inside(const std::string& root, const std::string& name,
-                           const std::string& where);
+                           const std::string& where, bool file_may_link_out = false);
 
 }  // namespace tformers::io

@@ -3,6 +3,7 @@
 // (GenerationConfig.validate, _prepare_generated_length and the processors' constructors).
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 
 #include "io/json.h"
@@ -130,6 +131,16 @@ void warn_unimplemented(const Json& j, const std::string& where) {
 template <typename T>
 void take(std::optional<T>& field, const std::optional<T>& over) {
   if (over) field = over;
+}
+
+// The processors scale float32 scores, so a factor must survive the conversion to float: a
+// double below FLT_MIN would become 0 (or a denormal that flush-to-zero turns into 0) and one
+// above FLT_MAX infinity, and either would turn every score into inf or nan.
+constexpr const char* kFloatRange = "[1.17549e-38, 3.40282e+38]";
+
+bool in_float_range(double v) {
+  return v >= double(std::numeric_limits<float>::min()) &&
+         v <= double(std::numeric_limits<float>::max());
 }
 
 [[noreturn]] void invalid(const std::string& msg) {
@@ -299,9 +310,10 @@ ResolvedGenerationConfig resolve(const GenerationConfig& c, int64_t prompt_len, 
   // Sampling-only fields are ignored without do_sample, as Transformers does (it warns).
   if (r.do_sample) {
     r.temperature = c.temperature.value_or(1.0);
-    if (!(r.temperature > 0) || !std::isfinite(r.temperature))
-      invalid(str_cat("temperature must be a strictly positive float when do_sample is true, got ",
-                      r.temperature, "; for greedy decoding set do_sample=false"));
+    if (!in_float_range(r.temperature))
+      invalid(str_cat("temperature must be a strictly positive float in ", kFloatRange,
+                      " when do_sample is true, got ", r.temperature,
+                      "; for greedy decoding set do_sample=false"));
     r.top_k = c.top_k.value_or(50);
     if (r.top_k < 0)
       invalid(str_cat("top_k must be a non-negative integer (0 disables it), got ", r.top_k));
@@ -317,11 +329,9 @@ ResolvedGenerationConfig resolve(const GenerationConfig& c, int64_t prompt_len, 
   }
 
   r.repetition_penalty = c.repetition_penalty.value_or(1.0);
-  if (!(r.repetition_penalty > 0) || !std::isfinite(r.repetition_penalty))
-    invalid(
-        str_cat("repetition_penalty must be a strictly positive float (1.0 means no penalty), "
-                "got ",
-                r.repetition_penalty));
+  if (!in_float_range(r.repetition_penalty))
+    invalid(str_cat("repetition_penalty must be a strictly positive float in ", kFloatRange,
+                    " (1.0 means no penalty), got ", r.repetition_penalty));
   r.no_repeat_ngram_size = c.no_repeat_ngram_size.value_or(0);
   if (r.no_repeat_ngram_size < 0)
     invalid(
@@ -364,6 +374,12 @@ ResolvedGenerationConfig resolve(const GenerationConfig& c, int64_t prompt_len, 
     invalid(str_cat("max_cache_len = ", r.max_cache_len, " cannot hold the prompt (", prompt_len,
                     " tokens) plus max_new_tokens (", r.max_new_tokens, "); raise it to at least ",
                     total, " or leave it unset"));
+  // No position past max_positions is ever written (the length check above), so a larger cache
+  // only costs memory; refusing it also keeps every size computed from it far from overflow.
+  if (r.max_cache_len > max_positions)
+    invalid(str_cat("max_cache_len = ", r.max_cache_len, " is more than the model's ",
+                    max_positions, " positions (max_position_embeddings); give ", total, " to ",
+                    max_positions, " or leave it unset"));
   r.disable_compile = c.disable_compile.value_or(false);
   return r;
 }

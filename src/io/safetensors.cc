@@ -6,10 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
@@ -35,14 +38,92 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr uint64_t kMaxSafetensorsBytes = uint64_t(1) << 42;  // 4 TiB
 constexpr const char* kSupportedDtypes = "F32, BF16, F16, I32, I64, I8, U8";
 
+// The SIGBUS guard. Reading a page of a file mapping past the file's current end raises SIGBUS,
+// which would kill the process without a word when a checkpoint shrinks while it loads (in
+// either load mode: "copy" copies out of the mapping too) or while it is served under "mmap".
+// The handler finds the mapping the faulting address belongs to, maps zero pages over the rest
+// of it (so the faulting read, retried, reads zeros), marks it truncated and returns; the load
+// and every generation step then call check_mapped_files(), which turns the mark into an IoError
+// naming the file. Slots are fixed and lock-free: the handler may run in any thread, at any
+// moment, and must not allocate or lock.
+struct GuardSlot {
+  std::atomic<uintptr_t> begin{0}, end{0};  // [begin, end) page-rounded; 0: free
+  std::atomic<int> truncated{0};
+  char path[512] = {};
+};
+constexpr size_t kGuardSlots = 4096;
+GuardSlot g_guard[kGuardSlots];
+std::atomic<int> g_any_truncated{0};
+struct sigaction g_previous_sigbus;
+
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  for (GuardSlot& slot : g_guard) {
+    const uintptr_t begin = slot.begin.load(std::memory_order_acquire);
+    const uintptr_t end = slot.end.load(std::memory_order_acquire);
+    if (begin == 0 || addr < begin || addr >= end) continue;
+    const uintptr_t from = addr / page * page;
+    // MAP_FIXED replaces the file's pages from the fault on: nothing past it can fault again.
+    void* p = mmap(reinterpret_cast<void*>(from), end - from, PROT_READ,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (p == MAP_FAILED) break;
+    slot.truncated.store(1, std::memory_order_release);
+    g_any_truncated.store(1, std::memory_order_release);
+    return;
+  }
+  // Not a checkpoint's page: what would have happened without the guard.
+  if (g_previous_sigbus.sa_flags & SA_SIGINFO) {
+    if (g_previous_sigbus.sa_sigaction) return g_previous_sigbus.sa_sigaction(sig, info, context);
+  } else if (g_previous_sigbus.sa_handler != SIG_DFL && g_previous_sigbus.sa_handler != SIG_IGN) {
+    return g_previous_sigbus.sa_handler(sig);
+  }
+  signal(SIGBUS, SIG_DFL);  // returning re-runs the access, which now ends the process
+}
+
+void install_sigbus_guard() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa = {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &g_previous_sigbus);
+  });
+}
+
+// The slot guarding [base, base + size), or nullptr when every slot is taken (then that file is
+// unguarded, as before).
+GuardSlot* guard(const uint8_t* base, size_t size, const std::string& path) {
+  install_sigbus_guard();
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(base);
+  for (GuardSlot& slot : g_guard) {
+    uintptr_t expected = 0;
+    // Claimed with a placeholder end first, so the handler never matches a half-written slot.
+    if (!slot.end.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) continue;
+    std::snprintf(slot.path, sizeof slot.path, "%s", path.c_str());
+    slot.truncated.store(0, std::memory_order_relaxed);
+    slot.begin.store(begin, std::memory_order_release);
+    slot.end.store((begin + size + page - 1) / page * page, std::memory_order_release);
+    return &slot;
+  }
+  return nullptr;
+}
+
 // Read-only private mapping of a whole file. Tensors returned by get() hold a shared_ptr to it.
 struct Mapping {
   const uint8_t* base = nullptr;
   size_t size = 0;
+  GuardSlot* slot = nullptr;
   Mapping() = default;
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   ~Mapping() {
+    if (slot) {
+      slot->begin.store(0, std::memory_order_release);
+      slot->end.store(0, std::memory_order_release);
+    }
     if (base) munmap(const_cast<uint8_t*>(base), size);
   }
 };
@@ -336,6 +417,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   if (p == MAP_FAILED) throw Error(str_cat(path, ": mmap failed: ", std::strerror(err)));
   mapping->base = static_cast<const uint8_t*>(p);
   mapping->size = size;
+  mapping->slot = guard(mapping->base, size, path);
 
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | mapping->base[i];
@@ -358,6 +440,24 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
                impl.metadata);
   for (size_t i = 0; i < impl.tensors.size(); ++i) impl.by_name[impl.tensors[i].name] = i;
   return f;
+}
+
+void check_mapped_files() {
+  if (!g_any_truncated.load(std::memory_order_acquire)) return;
+  for (const GuardSlot& slot : g_guard) {
+    if (!slot.truncated.load(std::memory_order_acquire) ||
+        slot.begin.load(std::memory_order_acquire) == 0)
+      continue;
+    const std::string path = slot.path;
+    std::error_code ec;
+    const uintmax_t now = fs::file_size(path, ec);
+    throw IoError(str_cat(
+        path, ": the file shrank while tformers was reading it",
+        ec ? std::string() : str_cat(" (it is ", now, " bytes now, less than its header says)"),
+        "; the weights past its end read as zeros, so the model cannot be trusted. Do not "
+        "truncate or rewrite a checkpoint while it is loaded or, under --load-mode mmap, "
+        "served; replace it by writing a new file and renaming it over the old one"));
+  }
 }
 
 const std::string& SafetensorsFile::path() const { return impl_->path; }
@@ -459,7 +559,9 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     if (!fs::is_directory(dir, ec))
       throw NotFoundError(str_cat("model folder '", dir, "' does not exist"));
 
-    std::string single = resolve_inside(dir, kSingleName, dir);
+    // Weight files may be links to another disk (the folder's owner put them there); the
+    // index's names still may not lead out of the folder through a linked subfolder.
+    std::string single = resolve_inside(dir, kSingleName, dir, /*file_may_link_out=*/true);
     std::string index = (fs::path(dir) / kIndexName).string();
     // Transformers prefers the single file when both exist; so do we.
     if (fs::exists(single, ec)) {
@@ -512,7 +614,8 @@ Checkpoint Checkpoint::open(const std::string& dir) {
     for (const auto& shard : shards) {
       // Checked once per shard, naming the first tensor that uses it.
       std::string p = resolve_inside(
-          dir, shard, str_cat(index, ": weight_map[\"", first_use[shard].first, "\"]"));
+          dir, shard, str_cat(index, ": weight_map[\"", first_use[shard].first, "\"]"),
+          /*file_may_link_out=*/true);
       if (!fs::exists(p, ec)) {
         const auto& [tensor, count] = first_use[shard];
         throw NotFoundError(str_cat(index, ": shard '", shard, "' (holding '", tensor, "'",

@@ -26,6 +26,12 @@
 
 namespace tformers::io {
 
+// IoError naming the file when a mapped safetensors file was found shorter than its mapping
+// (truncated while it was read: the pages past its new end were read as zeros instead of
+// ending the process with SIGBUS); nothing otherwise. One atomic load when no file shrank, so
+// loads and generation steps call it freely.
+void check_mapped_files();
+
 struct TensorInfo {
   std::string name;
   DType dtype;

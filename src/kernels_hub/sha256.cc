@@ -1,10 +1,10 @@
-// SHA-256 as specified in FIPS 180-4, section 6.2: 64-byte blocks, big-endian words, a 64-bit
-// bit-length suffix. Used to pin kernel packages, so it is written out here rather than taken
-// from a crypto library the project does not otherwise need.
+// SHA-256 through OpenSSL's EVP interface (libssl-dev on Debian), which picks the machine's
+// SHA extensions where they exist.
 #include "kernels_hub/sha256.h"
 
+#include <openssl/evp.h>
+
 #include <cstdio>
-#include <cstring>
 #include <vector>
 
 #include "io/file.h"
@@ -15,92 +15,31 @@ namespace tformers {
 
 namespace kernels_hub {
 
-namespace {
+struct Sha256::Context {
+  EVP_MD_CTX* md = nullptr;
+  ~Context() { EVP_MD_CTX_free(md); }
+};
 
-// First 32 bits of the fractional parts of the cube roots of the first 64 primes (FIPS 180-4
-// section 4.2.2).
-constexpr uint32_t kRound[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-
-inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
-
-}  // namespace
-
-Sha256::Sha256()
-    : state_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-             0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
-
-void Sha256::block(const uint8_t* p) {
-  uint32_t w[64];
-  for (int t = 0; t < 16; ++t)
-    w[t] = uint32_t(p[4 * t]) << 24 | uint32_t(p[4 * t + 1]) << 16 | uint32_t(p[4 * t + 2]) << 8 |
-           uint32_t(p[4 * t + 3]);
-  for (int t = 16; t < 64; ++t) {
-    uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
-    uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
-    w[t] = w[t - 16] + s0 + w[t - 7] + s1;
-  }
-  uint32_t a = state_[0], b = state_[1], c = state_[2], d = state_[3], e = state_[4], f = state_[5],
-           g = state_[6], h = state_[7];
-  for (int t = 0; t < 64; ++t) {
-    uint32_t t1 =
-        h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kRound[t] + w[t];
-    uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-    h = g;
-    g = f;
-    f = e;
-    e = d + t1;
-    d = c;
-    c = b;
-    b = a;
-    a = t1 + t2;
-  }
-  state_[0] += a;
-  state_[1] += b;
-  state_[2] += c;
-  state_[3] += d;
-  state_[4] += e;
-  state_[5] += f;
-  state_[6] += g;
-  state_[7] += h;
+Sha256::Sha256() : ctx_(std::make_unique<Context>()) {
+  ctx_->md = EVP_MD_CTX_new();
+  if (!ctx_->md || EVP_DigestInit_ex(ctx_->md, EVP_sha256(), nullptr) != 1)
+    throw Error("sha256: libcrypto could not start a SHA-256 digest (EVP_DigestInit_ex failed)");
 }
 
+Sha256::~Sha256() = default;
+
 void Sha256::update(const void* data, size_t size) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  length_ += size;
-  if (buffered_) {
-    size_t take = std::min(size, sizeof buffer_ - buffered_);
-    std::memcpy(buffer_ + buffered_, p, take);
-    buffered_ += take;
-    p += take;
-    size -= take;
-    if (buffered_ < sizeof buffer_) return;
-    block(buffer_);
-    buffered_ = 0;
-  }
-  for (; size >= 64; p += 64, size -= 64) block(p);
-  std::memcpy(buffer_, p, size);
-  buffered_ = size;
+  if (size && EVP_DigestUpdate(ctx_->md, data, size) != 1)
+    throw Error("sha256: libcrypto failed to hash " + std::to_string(size) + " bytes");
 }
 
 std::string Sha256::hex() {
-  // Padding: a 1 bit, zeros up to 56 mod 64 bytes, then the message length in bits, big-endian.
-  const uint64_t bits = length_ * 8;
-  const uint8_t one = 0x80, zero = 0;
-  update(&one, 1);
-  while (buffered_ != 56) update(&zero, 1);
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = uint8_t(bits >> (56 - 8 * i));
-  update(len, 8);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (EVP_DigestFinal_ex(ctx_->md, digest, &n) != 1 || n != 32)
+    throw Error("sha256: libcrypto failed to finish the digest");
   char out[65];
-  for (int i = 0; i < 8; ++i) std::snprintf(out + 8 * i, 9, "%08x", state_[i]);
+  for (unsigned int i = 0; i < n; ++i) std::snprintf(out + 2 * i, 3, "%02x", digest[i]);
   return std::string(out, 64);
 }
 

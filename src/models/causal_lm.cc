@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "backends/compile_cache.h"
 #include "backends/registry.h"
 #include "core/memory.h"
+#include "io/file.h"
 #include "io/hub.h"
 #include "io/json.h"
 #include "io/safetensors.h"
@@ -195,9 +197,19 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
 
   // Under "copy" a weight still in the checkpoint's mapping (used as stored, or this rank's rows
   // of it) is copied into anonymous huge-page memory; conversions already made their own.
+  // The bytes are read from the file with pread rather than copied out of the mapping: a file
+  // that shrank since it was opened is then an IoError naming it and the byte where it ended,
+  // instead of a SIGBUS.
   auto resident = [&](const Tensor& t, const std::string& source) {
     if (opt.load_mode != "copy" || !in_mapping(t, source)) return t;
-    Tensor copy = resident_copy(t, ThreadPool::global());
+    const io::TensorInfo& info = ckpt.info(source);
+    const uint64_t at = info.offset + uint64_t(static_cast<const char*>(t.raw()) -
+                                               static_cast<const char*>(ckpt.get(source).raw()));
+    const io::RegularFile file(info.file, UINT64_MAX, "safetensors file");
+    Tensor copy = resident_read(
+        t.shape(), t.dtype(),
+        [&](size_t offset, void* dst, size_t n) { file.read_at(at + offset, dst, n); },
+        ThreadPool::global());
     release_pages(t);
     return copy;
   };
@@ -405,6 +417,8 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   if (std::filesystem::exists(gen_path))
     impl->generation_config = GenerationConfig::from_file(gen_path.string());
   for (int64_t b = 16; b <= c.max_position_embeddings; b *= 2) impl->prompt_buckets.push_back(b);
+  // A shard cut short during the load left zeros where its weights were.
+  io::check_mapped_files();
   return CausalLM(impl);
 }
 
@@ -452,6 +466,9 @@ void CausalLM::Impl::run(Step& s, const Tensor& ids, const Tensor& positions, co
   const Tensor* inputs[] = {&ids, &positions, &start, &mask};
   Tensor* outputs[] = {&logits};
   s.exe->run(s.params, s.states, inputs, outputs);
+  // Under "mmap" the weights are read from the checkpoint's pages at every step: a file cut
+  // short since is found here (see io::check_mapped_files), not by a SIGBUS.
+  io::check_mapped_files();
 }
 
 void CausalLM::Impl::run_paged(Step& s, const Tensor& ids, const Tensor& positions,
@@ -459,6 +476,9 @@ void CausalLM::Impl::run_paged(Step& s, const Tensor& ids, const Tensor& positio
   const Tensor* inputs[] = {&ids, &positions, &table};
   Tensor* outputs[] = {&logits};
   s.exe->run(s.params, s.states, inputs, outputs);
+  // Under "mmap" the weights are read from the checkpoint's pages at every step: a file cut
+  // short since is found here (see io::check_mapped_files), not by a SIGBUS.
+  io::check_mapped_files();
 }
 
 void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size) {

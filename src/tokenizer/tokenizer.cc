@@ -452,6 +452,9 @@ Tokenizer Tokenizer::from_json_string(std::string_view json_text, const std::str
   });
 }
 
+// A chat template is a few KB; this bounds what a stranger's file can make us read.
+constexpr uint64_t kMaxChatTemplateBytes = uint64_t(16) << 20;
+
 Tokenizer AutoTokenizer::from_pretrained(const std::string& id_or_path,
                                          const std::string& revision) {
   namespace fs = std::filesystem;
@@ -469,6 +472,13 @@ Tokenizer AutoTokenizer::from_pretrained(const std::string& id_or_path,
         std::string cfg = (fs::path(dir) / "tokenizer_config.json").string();
         if (fs::exists(cfg, ec))
           tokenizer_detail::apply_config(*tok.impl_, io::load_json_file(cfg), cfg);
+        // What newer Hub checkpoints ship, and Transformers 5 saves: the template as its own
+        // file, which takes priority over tokenizer_config.json's chat_template (as in
+        // PreTrainedTokenizerBase._from_pretrained).
+        std::string jinja = (fs::path(dir) / "chat_template.jinja").string();
+        if (fs::exists(jinja, ec))
+          tok.impl_->chat_template =
+              io::read_regular_file(jinja, kMaxChatTemplateBytes, "chat template file");
         return tok;
       });
 }

@@ -77,6 +77,38 @@ TEST(Cli, ChatTwoTurnsThroughAPseudoTerminal) {
   EXPECT_NE(out.find("tell me more\r\n" + crlf(second) + "\r\n> "), std::string::npos) << out;
 }
 
+// waitpid for up to 60 s, reading the terminal meanwhile; then the child is killed (and the
+// status says so), so a session that failed to end fails the test instead of hanging it.
+int wait_exit(pid_t pid, int fd, std::string& out) {
+  int status = 0;
+  // What the child wrote last may still sit in the terminal after it exits: read it all.
+  auto drain = [&] {
+    for (;;) {
+      pollfd pfd{fd, POLLIN, 0};
+      if (poll(&pfd, 1, 200) <= 0) return;
+      char buf[4096];
+      const ssize_t n = read(fd, buf, sizeof buf);
+      if (n <= 0) return;
+      out.append(buf, size_t(n));
+    }
+  };
+  for (int i = 0; i < 600; ++i) {
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      drain();
+      return status;
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    if (poll(&pfd, 1, 100) > 0) {
+      char buf[4096];
+      const ssize_t n = read(fd, buf, sizeof buf);
+      if (n > 0) out.append(buf, size_t(n));
+    }
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return status;
+}
+
 // Starts `tformers chat ARGS...` on a pseudo-terminal; returns its pid and the terminal.
 pid_t start_chat(int& fd, const std::vector<const char*>& args) {
   pid_t pid = forkpty(&fd, nullptr, nullptr, nullptr);
@@ -90,9 +122,30 @@ pid_t start_chat(int& fd, const std::vector<const char*>& args) {
   return pid;
 }
 
+// /help and /quit are commands: neither reaches the model (with --verbose every reply would log
+// "chat: prompt ..."); /help lists the commands.
+TEST(Cli, ChatHelpAndQuitAreCommandsNotMessages) {
+  const std::string model = std::string(TFORMERS_TEST_DATA) + "/models/tiny-qwen3";
+  int fd = -1;
+  pid_t pid = start_chat(fd, {"--model", model.c_str(), "-n", "2", "--dtype", "float32", "-v"});
+  ASSERT_GE(pid, 0);
+  std::string out;
+  ASSERT_TRUE(read_until(fd, out, "> ", 1)) << out;
+  ASSERT_EQ(write(fd, "/help\n", 6), 6);
+  ASSERT_TRUE(read_until(fd, out, "> ", 2)) << out;
+  ASSERT_EQ(write(fd, "/quit\n", 6), 6);
+  const int status = wait_exit(pid, fd, out);
+  close(fd);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("commands: /help shows this; /reset clears the history"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("chat: prompt"), std::string::npos) << out;
+}
+
 // Ctrl-C while a reply streams stops that reply and gives the prompt back; Ctrl-C at the
-// prompt ends the program.
-TEST(Cli, ChatCtrlCStopsAReplyThenQuitsAtThePrompt) {
+// prompt discards the half-typed line (the session goes on: it used to end); Ctrl-D ends the
+// session with the terminal on a new line.
+TEST(Cli, ChatCtrlCStopsAReplyAndClearsALineCtrlDQuits) {
   const std::string model = std::string(TFORMERS_SOURCE_DIR) + "/models/kjv-fortunes-tiny";
   int fd = -1;
   // 240 tokens take a few tenths of a second here or more, time enough to interrupt.
@@ -109,11 +162,18 @@ TEST(Cli, ChatCtrlCStopsAReplyThenQuitsAtThePrompt) {
   ASSERT_EQ(write(fd, "\x03", 1), 1);
   ASSERT_TRUE(read_until(fd, out, "reply stopped (Ctrl-C)", 1)) << out;
   ASSERT_TRUE(read_until(fd, out, "> ", 2)) << out;
+  ASSERT_EQ(write(fd, "half a li", 9), 9);
+  ASSERT_TRUE(read_until(fd, out, "half a li", 1)) << out;  // echoed: it is on the line
   ASSERT_EQ(write(fd, "\x03", 1), 1);
-  int status = 0;
-  waitpid(pid, &status, 0);
+  ASSERT_TRUE(read_until(fd, out, "> ", 3)) << out;
+  const size_t before_eof = out.size();
+  ASSERT_EQ(write(fd, "\x04", 1), 1);
+  const int status = wait_exit(pid, fd, out);
   close(fd);
-  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << out;
+  // Ctrl-D on an empty line ends the session; had the discarded text stayed on the line, it
+  // would have erased a character instead, and the session been killed above.
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("\n", before_eof), std::string::npos) << "Ctrl-D left the line open: " << out;
 }
 
 }  // namespace

@@ -151,7 +151,7 @@ TEST(Cli, HeldDiagnosticsComeOutWholeAndInOrder) {
 TEST(Cli, ArgumentErrorsComeBeforeAnyOutput) {
   for (const char* bad : {" -n 0", " --top-p 2 --do-sample", " --seed -2", " --ctx-size 1"}) {
     Streams r = run(kCli + " generate" + kKjv + " --prompt 'And the LORD said'" + bad);
-    EXPECT_EQ(r.status, 1) << bad;
+    EXPECT_EQ(r.status, 2) << bad;  // usage errors: each flag's range is checked at parse
     EXPECT_EQ(r.out, "") << bad;
     EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << bad << ": " << r.err;
   }
@@ -159,9 +159,15 @@ TEST(Cli, ArgumentErrorsComeBeforeAnyOutput) {
 
 TEST(Cli, ChatRejectsBadSettingsBeforeThePrompt) {
   Streams r = run(kCli + " chat" + kKjv + " --top-p 2", "hello\n");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("error: --top-p: '2' is outside the range (0, 1]"), std::string::npos)
+      << r.err;
+  // A setting only the model's config can judge is still refused before the prompt (status 1).
+  r = run(kCli + " chat" + kKjv + " --ctx-size 100000", "hello\n");
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(r.out, "");
-  EXPECT_NE(r.err.find("error: generate: top_p must be in (0, 1]"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("more than the model's 256 positions"), std::string::npos) << r.err;
 }
 
 TEST(Cli, ThreadsGoesAfterTheSubcommandAndIsRangeChecked) {
@@ -170,9 +176,36 @@ TEST(Cli, ThreadsGoesAfterTheSubcommandAndIsRangeChecked) {
   r = run(kCli + " --threads 1 generate" + kKjv + " --prompt And -n 3");
   EXPECT_EQ(r.status, 0) << r.err;
   r = run(kCli + " generate" + kKjv + " --prompt And -n 3 --threads 100000");
-  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--threads 100000 is out of range: give 1 to 1024"), std::string::npos)
       << r.err;
+}
+
+// 2^62 cache positions overflowed the cache mask's byte count: a 64-byte buffer, then a write
+// past it (SIGSEGV in left_pad). Now a clear error naming the model's positions.
+TEST(Cli, HugeCtxSizeIsAnErrorNotACrash) {
+  for (const char* size : {"4611686018427387904", "9223372036854775807", "257"}) {
+    Streams r = run(kCli + " generate" + kKjv + " --prompt 'And the' -n 4 --ctx-size " + size);
+    EXPECT_EQ(r.status, 1) << size << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string("max_cache_len = ") + size +
+                         " is more than the model's 256 positions"),
+              std::string::npos)
+        << r.err;
+  }
+}
+
+// Accepted once, then "internal error ... (this is a bug)" at the first token: the float the
+// processors scale by was 0.
+TEST(Cli, TinyTemperatureIsRefusedWithTheRange) {
+  Streams r =
+      run(kCli + " generate" + kKjv + " --prompt And -n 3 --do-sample --temperature 1e-300");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("temperature must be a strictly positive float in [1.17549e-38, "),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("this is a bug"), std::string::npos) << r.err;
+  r = run(kCli + " generate" + kKjv + " --prompt And -n 3 --do-sample --temperature 1e-37");
+  EXPECT_EQ(r.status, 0) << r.err;  // works: overflowing scores saturate
 }
 
 TEST(Cli, MaxNewTokensAtInt64MaxIsALengthError) {
@@ -251,7 +284,7 @@ TEST(Cli, HelpVersionAndSubcommands) {
   EXPECT_EQ(r.status, 0);
   EXPECT_EQ(r.out, "tformers " TFORMERS_VERSION "\n");
   r = run(kCli + " serve-everything");
-  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.status, 2);  // a usage error
   EXPECT_NE(r.err.find("unknown subcommand 'serve-everything'"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("generate, chat, tokenize"), std::string::npos) << r.err;
   r = run(kCli + " launch --help");

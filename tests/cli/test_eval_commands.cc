@@ -106,7 +106,7 @@ TEST(Bench, BadFlagsAreErrorsThatNameTheFlag) {
       {" -p -3", "-p/--n-prompt -3: give token counts >= 1"},
       {" -n 1,-2", "-n/--n-gen -2"},
       {" -t 0", "-t/--threads 0 is out of range: give 1 to 1024"},
-      {" -r 0", "-r/--repetitions 0: give at least 1"},
+      {" -r 0", "--repetitions: '0' is outside the range [1, 1000000]"},
       {" -p 300",
        "-p/--n-prompt 300 is more than the model's 256 positions "
        "(max_position_embeddings); give at most 256"},
@@ -215,7 +215,7 @@ TEST(Perplexity, BadInputIsAnErrorThatNamesTheFlagOrFile) {
   std::ofstream(dir + "/one.txt") << "A";
   const std::string text = " -f models/kjv-fortunes-tiny/heldout.txt";
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {kKjv + text + " --ctx 1", "--ctx 1: a window must hold at least 2 tokens"},
+      {kKjv + text + " --ctx 1", "--ctx: '1' is outside the range [2, 2^63-1]"},
       {kKjv + text + " --ctx 257",
        "--ctx 257 is more than the model's 256 positions (max_position_embeddings)"},
       {kKjv + " -f " + dir + "/missing.txt", "--file " + dir + "/missing.txt: no such file"},

@@ -98,6 +98,11 @@ TEST(Tensor, ConvertsAndReshapes) {
   EXPECT_EQ(t.reshape({3, 2}).dim(0), 3);
   EXPECT_THROW(t.reshape({4, 2}), InvalidArgumentError);
   EXPECT_THROW(Tensor::zeros({-1}, DType::f32), InvalidArgumentError);
+  // 2 x 2^62 int32 is 2^65 bytes: the product wrapped to 0 and a 64-byte buffer came back.
+  EXPECT_THROW(Tensor::zeros({2, int64_t(1) << 62}, DType::i32), InvalidArgumentError);
+  EXPECT_THROW(Tensor::zeros({int64_t(1) << 31, int64_t(1) << 31, 4}, DType::f32),
+               InvalidArgumentError);
+  EXPECT_EQ(Tensor::zeros({0, int64_t(1) << 62}, DType::f32).numel(), 0);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "tformers/error.h"
@@ -319,6 +320,44 @@ TEST(ResolveErrors, TemperatureNotPositiveWithSampling) {
     c.temperature = t;
     expect_invalid(c, {"temperature", "strictly positive", "do_sample=false"});
   }
+}
+
+// A double that float cannot hold once the processors scale float32 scores by it: 1e-300 became
+// 0 (and an internal error at the first token), 1e300 infinity (and nan scores). Both are now
+// refused here, naming the range; the extremes of the range are accepted.
+TEST(ResolveErrors, FactorsOutsideFloatAreRefusedWithTheRange) {
+  for (double v : {1e-300, 1e-39, 1e39, 1e300, std::numeric_limits<double>::quiet_NaN(),
+                   std::numeric_limits<double>::infinity()}) {
+    GenerationConfig c = sampling();
+    c.temperature = v;
+    expect_invalid(c, {"temperature", "[1.17549e-38, 3.40282e+38]"});
+    c = {};
+    c.repetition_penalty = v;
+    expect_invalid(c, {"repetition_penalty", "[1.17549e-38, 3.40282e+38]"});
+  }
+  for (double v :
+       {double(std::numeric_limits<float>::min()), double(std::numeric_limits<float>::max())}) {
+    GenerationConfig c = sampling();
+    c.temperature = v;
+    c.repetition_penalty = v;
+    const ResolvedGenerationConfig r = resolve(c, 4, kVocab, kPositions);
+    EXPECT_EQ(r.temperature, v);
+    EXPECT_EQ(r.repetition_penalty, v);
+  }
+}
+
+// A cache past the model's positions can never be filled, and 2^62 of them overflowed the size
+// of the cache mask (a write past its end, SIGSEGV, in left_pad).
+TEST(ResolveErrors, MaxCacheLenBeyondThePositionsIsRefused) {
+  GenerationConfig c;
+  c.max_new_tokens = 4;
+  for (int64_t len :
+       {int64_t(kPositions) + 1, int64_t(1) << 62, std::numeric_limits<int64_t>::max()}) {
+    c.max_cache_len = len;
+    expect_invalid(c, {"max_cache_len = " + std::to_string(len), "512 positions", "give 8 to 512"});
+  }
+  c.max_cache_len = kPositions;
+  EXPECT_EQ(resolve(c, 4, kVocab, kPositions).max_cache_len, kPositions);
 }
 
 TEST(ResolveErrors, OtherSamplingRanges) {

@@ -121,6 +121,23 @@ TEST(Temperature, Divides) {
   EXPECT_EQ(s, (std::vector<float>{2.0f, 4.0f, -8.0f, -kInf}));
 }
 
+// The smallest temperature resolve() accepts overflows ordinary scores; they saturate at the
+// largest float, keeping their order and leaving filtered tokens filtered.
+TEST(Temperature, OverflowSaturatesInsteadOfInf) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  std::vector<float> s = {100.0f, -100.0f, 0.0f, -kInf};
+  apply_temperature(std::numeric_limits<float>::min(), s);
+  EXPECT_EQ(s, (std::vector<float>{kMax, -kMax, 0.0f, -kInf}));
+  std::vector<float> r = {100.0f, -100.0f, 1.0f, -kInf};
+  std::vector<int32_t> ids = {0, 1, 3};
+  apply_repetition_penalty(ids, std::numeric_limits<float>::min(), r);
+  EXPECT_EQ(r,
+            (std::vector<float>{kMax, -100.0f * std::numeric_limits<float>::min(), 1.0f, -kInf}));
+  apply_repetition_penalty(ids, kMax, r);
+  EXPECT_EQ(r[0], 1.0f);
+  EXPECT_EQ(r[3], -kInf);
+}
+
 TEST(TopK, KeepsEveryTokenTiedWithTheKth) {
   std::vector<float> s = {1.0f, 3.0f, 2.0f, 2.0f, 0.0f};
   apply_top_k(2, s);

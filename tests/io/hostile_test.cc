@@ -57,11 +57,28 @@ TEST(HostileSafetensors, FifoAndDeviceAreRejectedWithoutBlocking) {
             fifo + ": is a FIFO, expected a regular safetensors file");
   TempDir dev;
   fs::create_symlink("/dev/zero", dev.file("model.safetensors"));
-  // /dev/zero lies outside the folder: the containment check fires before the type check.
-  EXPECT_HAS(error_of<FormatError>([&] { Checkpoint::open(dev.path().string()); }),
-             "resolves to /dev/zero through a symbolic link");
+  // A weight file may link out of its folder, but only to a regular file.
+  EXPECT_HAS(error_of<IoError>([&] { Checkpoint::open(dev.path().string()); }),
+             "is a character device");
   EXPECT_HAS(error_of<IoError>([&] { SafetensorsFile::open(dev.file("model.safetensors")); }),
              "is a character device");
+}
+
+// Weights kept on another disk and linked into the model folder by its owner were refused
+// ("resolves to ... outside the folder"). The files themselves may now link anywhere, single
+// file and shards alike; the index's names still cannot climb out (the tests below).
+TEST(HostileSafetensors, WeightFilesLinkedFromAnotherFolderLoad) {
+  TempDir other, model;
+  write_bytes(other.file("real.safetensors"), raw_safetensors("{}", ""));
+  fs::create_symlink(other.file("real.safetensors"), model.file("model.safetensors"));
+  EXPECT_TRUE(Checkpoint::open(model.path().string()).names().empty());
+  TempDir sharded;
+  fs::create_symlink(other.file("real.safetensors"), sharded.file("s1.safetensors"));
+  write_bytes(sharded.file("model.safetensors.index.json"),
+              R"({"weight_map": {"w": "s1.safetensors"}})");
+  // Followed: the shard is read (and lacks the index's tensor), rather than refused as a link.
+  EXPECT_HAS(error_of<FormatError>([&] { Checkpoint::open(sharded.path().string()); }),
+             "has no such tensor");
 }
 
 TEST(HostileSafetensors, ShardThroughASymlinkedFolderIsRefused) {

@@ -1,10 +1,12 @@
 // LoadOptions::load_mode: "copy" puts weights used as stored into their own huge-page-aligned
 // memory, "mmap" leaves them in the checkpoint's mapping; both compute the same logits.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -70,6 +72,40 @@ TEST(LoadMode, TiedHeadQuantizedFromTheCopyIsTheSame) {
     ASSERT_EQ(a.numel(), b.numel());
     for (int64_t i = 0; i < a.numel(); ++i)
       ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << quantize << " " << i;
+  }
+}
+
+// A shard cut short while the model loads (here: from the progress callback, after the first
+// weight) raised SIGBUS in both modes, with no message. Under "copy", which reads the weights
+// with pread, the load now fails with an IoError naming the shard and the byte where it ended;
+// under "mmap", where weights are read when used, the first step that reads the lost pages
+// does (the SIGBUS guard of io/safetensors.cc).
+TEST(LoadMode, AShardThatShrinksDuringTheLoadIsNamed) {
+  namespace fs = std::filesystem;
+  for (const std::string mode : {"copy", "mmap"}) {
+    const fs::path dir =
+        fs::temp_directory_path() / ("tformers-shrink-" + mode + "-" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::copy(model_dir("tiny-qwen3-sharded"), dir);
+    const std::string shard = (dir / "model-00002-of-00002.safetensors").string();
+    bool cut = false;
+    LoadOptions opt{.dtype = float32, .load_mode = mode};
+    opt.progress = [&](std::string_view, int64_t, int64_t) {
+      if (!cut) ASSERT_EQ(::truncate(shard.c_str(), 8192), 0);
+      cut = true;
+    };
+    std::string message;
+    try {
+      CausalLM lm = AutoModelForCausalLM::from_pretrained(dir.string(), opt);
+      prefill_logits(lm, {1, 17, 300, 45, 9});
+    } catch (const IoError& e) {
+      message = e.what();
+    }
+    EXPECT_TRUE(cut) << mode;
+    const std::string says = mode == "copy" ? ": file ended at byte "
+                                            : ": the file shrank while tformers was reading it";
+    EXPECT_NE(message.find(shard + says), std::string::npos) << mode << ": " << message;
+    fs::remove_all(dir);
   }
 }
 

@@ -87,6 +87,9 @@ TEST(OpenAiRequest, EveryBadFieldIsA400NamingIt) {
       {c, chat({{"top_k", -2}}), "top_k"},
       {c, chat({{"min_p", 2}}), "min_p"},
       {c, chat({{"repetition_penalty", 0}}), "repetition_penalty"},
+      // Accepted once, then 0 as a float and an internal error (HTTP 500) in the engine.
+      {c, chat({{"temperature", 1e-300}}), "temperature"},
+      {c, chat({{"repetition_penalty", 1e-300}}), "repetition_penalty"},
       {c, chat({{"seed", "1"}}), "seed"},
       {c, chat({{"seed", 1.5}}), "seed"},
       {c, chat({{"ignore_eos", 1}}), "ignore_eos"},

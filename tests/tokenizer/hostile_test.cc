@@ -54,6 +54,33 @@ class TempFolder {
   fs::path path_;
 };
 
+// chat_template.jinja beside tokenizer_config.json wins over the config's chat_template, as
+// Transformers 5 reads a folder (tokenization_utils_base.py: "If independent chat template
+// file(s) exist, they take priority over template entries in the tokenizer config"); it was
+// ignored, and `chat` said the model had no template.
+TEST(ChatTemplateFile, JinjaFileTakesPriorityOverTheConfig) {
+  TempFolder dir;
+  dir.file("tokenizer.json", tokenizer_json());
+  dir.file("tokenizer_config.json", R"({"chat_template": "from the config"})");
+  EXPECT_EQ(AutoTokenizer::from_pretrained(dir.str()).chat_template(), "from the config");
+  dir.file("chat_template.jinja", "{{ messages[0]['content'] }}\n");
+  const Tokenizer tok = AutoTokenizer::from_pretrained(dir.str());
+  EXPECT_EQ(tok.chat_template(), "{{ messages[0]['content'] }}\n");
+  nlohmann::ordered_json messages = {{{"role", "user"}, {"content", "hi"}}};
+  // Jinja2 (keep_trailing_newline=False, as Transformers renders) drops the file's last newline.
+  EXPECT_EQ(tok.apply_chat_template(messages, false), "hi");
+  // Without tokenizer_config.json the file is still read.
+  fs::remove(dir.path_ / "tokenizer_config.json");
+  EXPECT_EQ(AutoTokenizer::from_pretrained(dir.str()).chat_template(),
+            "{{ messages[0]['content'] }}\n");
+  // A FIFO there fails at once, naming it.
+  fs::remove(dir.path_ / "chat_template.jinja");
+  const std::string fifo = (dir.path_ / "chat_template.jinja").string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_CONTAINS(error_of<IoError>([&] { AutoTokenizer::from_pretrained(dir.str()); }),
+                  fifo + ": is a FIFO, expected a regular chat template file");
+}
+
 TEST(BadInputHostile, HugeVocabIdIsRejectedNotAllocated) {
   EXPECT_EQ(error_of<FormatError>([] {
               Tokenizer::from_json_string(tokenizer_json("null", "null", "1000000000"), "t.json");
