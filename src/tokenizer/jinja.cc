@@ -3,6 +3,7 @@
 #include "tokenizer/jinja.h"
 
 #include <algorithm>
+#include <charconv>
 
 #include "tformers/error.h"
 #include "tokenizer/jinja_internal.h"
@@ -99,8 +100,15 @@ Text preprocess(const std::string& source) {
     while (size_t n = js_space_at(b.s, j)) j += n;
     bool lstrip = false, rstrip = false;
     if (size_t len = generation_tag(b.s, j, lstrip, rstrip)) {
-      if (!lstrip)
+      if (!lstrip) {
         for (size_t k = i; k < j; ++k) c.push(b, k);
+      } else {
+        // {%- strips all the whitespace before the tag, also what an earlier tag left.
+        while (size_t n = space_before(c.s, c.s.size())) {
+          c.s.resize(c.s.size() - n);
+          c.at.resize(c.at.size() - n);
+        }
+      }
       size_t k = j + len, m = k;
       while (size_t n = js_space_at(b.s, m)) m += n;
       if (!rstrip)
@@ -623,10 +631,15 @@ class Parser {
     uint32_t at = peek().offset;
     auto first = primary_only ? primary() : expression();
     if (!is(Tok::kComma)) return first;
+    if (pos_ + 1 < t_.size() && t_[pos_ + 1].type == Tok::kCloseParen) {
+      ++pos_;  // (x,): the caller sees the comma before ')' and makes a tuple of one
+      return first;
+    }
     auto tuple = node(Kind::kTuple, at);
     tuple->args.push_back(std::move(first));
     while (is(Tok::kComma)) {
       ++pos_;
+      if (is(Tok::kCloseParen)) break;  // a trailing comma: (1, 2,)
       tuple->args.push_back(primary_only ? primary() : expression());
     }
     return tuple;
@@ -740,6 +753,8 @@ class Parser {
     auto operand = filter();
     while (is_ident("is")) {
       const Token& is_tok = t_[pos_++];
+      if (operand->kind == Kind::kTest)
+        error("TemplateSyntaxError: You cannot chain multiple tests with is", is_tok);
       bool negate = is_ident("not");
       if (negate) ++pos_;
       const Token& name = peek();
@@ -751,6 +766,16 @@ class Parser {
       n->x = std::move(operand);
       n->str = name.value;
       n->flag = negate;
+      // Jinja2: arguments in parentheses (`is divisibleby(3)`), or one bare operand
+      // (`is sameas false`, `is divisibleby 3`) unless a keyword follows.
+      if (is(Tok::kOpenParen)) {
+        arguments(n->args, false);
+      } else if (is(Tok::kNumber) || is(Tok::kString) || is(Tok::kOpenBracket) ||
+                 is(Tok::kOpenBrace) ||
+                 (is(Tok::kIdent) && !is_ident("else") && !is_ident("or") && !is_ident("and") &&
+                  !is_ident("if") && !is_ident("is") && !is_ident("in") && !is_ident("not"))) {
+        n->args.push_back(primary());
+      }
       operand = std::move(n);
     }
     return operand;
@@ -920,6 +945,18 @@ class Parser {
         bool is_float = tok.value.find('.') != std::string::npos;
         auto n = node(is_float ? Kind::kFloat : Kind::kInt, tok.offset);
         n->number = std::strtod(tok.value.c_str(), nullptr);
+        if (!is_float) {
+          // Python's integers are unbounded; this engine's are 64-bit, and says so.
+          const char* b = tok.value.data();
+          if (*b == '+') ++b;  // the lexer keeps a sign that follows an operator
+          auto r = std::from_chars(b, tok.value.data() + tok.value.size(), n->integer);
+          if (r.ec != std::errc())
+            error("integer literal " + tok.value +
+                      " is outside the 64-bit range the template engine supports (write it as a "
+                      "float, " +
+                      tok.value + ".0, if an approximation will do)",
+                  tok);
+        }
         return n;
       }
       case Tok::kString: {
@@ -934,7 +971,16 @@ class Parser {
         return n;
       }
       case Tok::kOpenParen: {
+        if (is(Tok::kCloseParen)) {  // () is the empty tuple
+          ++pos_;
+          return node(Kind::kTuple, tok.offset);
+        }
         auto e = sequence(false);
+        if (is(Tok::kCloseParen) && e->kind != Kind::kTuple && t_[pos_ - 1].type == Tok::kComma) {
+          auto one = node(Kind::kTuple, tok.offset);  // (x,) is a tuple of one
+          one->args.push_back(std::move(e));
+          e = std::move(one);
+        }
         expect(Tok::kCloseParen, "')'");
         return e;
       }
