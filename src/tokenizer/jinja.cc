@@ -401,6 +401,18 @@ std::vector<Token> tokenize(const Text& t) {
         ++i;
         num += "." + digits();
       }
+      // An exponent makes a float, as in Jinja2 (1e3 is 1000.0); the "." marks it a float.
+      if (last != Tok::kDot && i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+        size_t j = i + 1;
+        if (j < s.size() && (s[j] == '+' || s[j] == '-')) ++j;
+        if (j < s.size() && is_digit(s[j])) {
+          std::string exp = s.substr(i, j - i);
+          i = j;
+          exp += digits();
+          if (num.find('.') == std::string::npos) num += ".0";
+          num += exp;
+        }
+      }
       push(Tok::kNumber, std::move(num), b);
       continue;
     }
@@ -982,6 +994,7 @@ class Parser {
           e = std::move(one);
         }
         expect(Tok::kCloseParen, "')'");
+        if (e->kind == Kind::kBinary) e->flag = true;  // parenthesized: (a < b) < c is no chain
         return e;
       }
       case Tok::kOpenBracket: {

@@ -243,9 +243,10 @@ Value attribute_path(const Value& item, const std::string& path) {
 }
 
 const char* const kFilters =
-    "abs, capitalize, count, d, default, dictsort, first, float, indent, int, items, join, last, "
-    "length, list, lower, map, max, min, reject, rejectattr, replace, reverse, safe, select, "
-    "selectattr, sort, string, sum, title, tojson, trim, unique, upper, wordcount";
+    "abs, capitalize, count, d, default, dictsort, e, escape, first, float, forceescape, indent, "
+    "int, items, join, last, length, list, lower, map, max, min, reject, rejectattr, replace, "
+    "reverse, round, safe, select, selectattr, sort, string, sum, title, tojson, trim, unique, "
+    "upper, wordcount";
 const char* const kTests =
     "boolean, callable, defined, divisibleby, eq, equalto, even, false, float, ge, gt, in, "
     "integer, iterable, le, lower, lt, mapping, ne, none, number, odd, sameas, sequence, string, "
@@ -528,6 +529,11 @@ struct Interpreter {
       loop->set("first", Value::from_bool(i == 0));
       loop->set("last", Value::from_bool(i + 1 == items.size()));
       loop->set("length", Value::from_int(len));
+      loop->set("cycle", Value::from_function([i](std::vector<Value>& args, Interpreter&) {
+                  size_t np = positional_count(args);
+                  if (np == 0) fail("TypeError: no items for cycling given");
+                  return args[i % np];
+                }));
       loop->set("depth", Value::from_int(1));
       loop->set("depth0", Value::from_int(0));
       loop->set("previtem", i > 0 ? items[i - 1] : Value::undefined("there is no previous item"));
@@ -544,8 +550,8 @@ struct Interpreter {
       flow = Flow::kNone;
       if (f == Flow::kContinue) continue;
       if (f == Flow::kBreak) break;
-      none =
-          false;  // Jinja2 clears its else flag at the end of the body: continue and break skip it
+      // Jinja2 clears its else flag at the end of the body: continue and break skip it.
+      none = false;
     }
     if (none) out += block(n.alt, scope);
     return Value::from_string(std::move(out));
@@ -584,15 +590,16 @@ struct Interpreter {
     if (wants_kwargs) {
       scope.set("kwargs", Value::from_object(kwargs));
     } else if (!kwargs->items.empty()) {
-      fail("macro " + display + " takes no keyword argument '" + kwargs->items[0].first + "'");
+      fail("TypeError: macro " + display + " takes no keyword argument '" + kwargs->items[0].first +
+           "'");
     }
     if (wants_varargs) {
       Array rest;
       for (size_t i = macro.args.size(); i < args.size(); ++i) rest.push_back(args[i]);
       scope.set("varargs", Value::from_array(std::move(rest)));
     } else if (args.size() > macro.args.size()) {
-      fail("macro " + display + " takes not more than " + std::to_string(macro.args.size()) +
-           " argument(s)");
+      fail("TypeError: macro " + display + " takes not more than " +
+           std::to_string(macro.args.size()) + " argument(s)");
     }
     for (auto& [name, def] : pending) scope.set(name, eval(*def, scope));
   }
@@ -706,7 +713,22 @@ struct Interpreter {
   }
 
   [[noreturn]] static void fail_undefined(const Value& v) {
+    if (v.str.rfind("SecurityError: ", 0) == 0) fail(v.str);
     fail("UndefinedError: " + (v.str.empty() ? std::string("a value is undefined") : v.str));
+  }
+
+  // The immutable sandbox refuses the methods that modify a list or dict.
+  static bool mutating_method(const Value& obj, const std::string& name) {
+    static const char* const kList[] = {"append", "extend",  "insert", "pop",
+                                        "remove", "reverse", "sort",   "clear"};
+    static const char* const kDict[] = {"update", "pop", "popitem", "setdefault", "clear"};
+    if (obj.type == Type::kArray)
+      return std::any_of(std::begin(kList), std::end(kList),
+                         [&](const char* m) { return name == m; });
+    if (obj.is_object())
+      return std::any_of(std::begin(kDict), std::end(kDict),
+                         [&](const char* m) { return name == m; });
+    return false;
   }
 
   // Jinja2's names for objects in "has no attribute" messages.
@@ -727,6 +749,9 @@ struct Interpreter {
     }
     if (obj.is_container())
       if (const Value* v = obj.object->find(name)) return *v;
+    if (mutating_method(obj, name))
+      return Value::undefined("SecurityError: access to attribute '" + name + "' of '" +
+                              python_type(obj) + "' object is unsafe.");
     return Value::undefined("'" + object_name(obj) + "' has no attribute '" + name + "'");
   }
 
@@ -1141,11 +1166,21 @@ struct Interpreter {
     fail(std::string("TypeError: argument of type '") + python_type(hay) + "' is not iterable");
   }
 
+  static bool is_comparison(const std::string& op) {
+    return op == "==" || op == "!=" || op == "<" || op == ">" || op == "<=" || op == ">=" ||
+           op == "in" || op == "not in";
+  }
+
   Value eval_binary(const Node& n, Scope& s) {
     const std::string& op = n.str;
     Value l = eval(*n.x, s);
     if (op == "and") return l.truthy() ? eval(*n.y, s) : l;
     if (op == "or") return l.truthy() ? l : eval(*n.y, s);
+    // Python chains comparisons: a < b < c is (a < b) and (b < c), b evaluated again (pure).
+    if (is_comparison(op) && n.x->kind == Kind::kBinary && !n.x->flag && is_comparison(n.x->str)) {
+      if (!l.truthy()) return l;
+      l = eval(*n.x->y, s);
+    }
     Value r = eval(*n.y, s);
     if (op == "==") return Value::from_bool(equal(l, r));
     if (op == "!=") return Value::from_bool(!equal(l, r));
@@ -1575,6 +1610,64 @@ struct Interpreter {
         if (name == "min" ? c < 0 : c > 0) best = a[i];
       }
       return best;
+    }
+    if (name == "round") {
+      Value precision = arg(0, "precision"), method = arg(1, "method");
+      int64_t digits = precision.is_integral() ? precision.as_int() : 0;
+      std::string how = method.type == Type::kString ? method.str : "common";
+      if (how != "common" && how != "floor" && how != "ceil")
+        fail("FilterArgumentError: method must be common, ceil or floor");
+      if (!(v.is_number() || v.type == Type::kBool)) {
+        if (v.type == Type::kUndefined) fail_undefined(v);
+        fail(std::string("TypeError: type ") + python_type(v) + " doesn't define __round__ method");
+      }
+      double x = v.as_double();
+      if (!std::isfinite(x)) return Value::from_float(x);
+      digits = std::clamp<int64_t>(digits, -308, 308);
+      if (how == "common" && v.is_integral()) {  // round(int, n) stays an int
+        if (digits >= 0) return Value::from_int(v.as_int());
+        double scale = std::pow(10.0, double(-digits));
+        return Value::from_int(int64_t(std::nearbyint(x / scale) * scale));
+      }
+      if (how == "common") {
+        if (digits >= 0) {
+          // printf rounds the exact binary value half-to-even, as Python's round(x, n) does.
+          char buf[512];
+          std::snprintf(buf, sizeof buf, "%.*f", int(digits), x);
+          return Value::from_float(std::strtod(buf, nullptr));
+        }
+        double scale = std::pow(10.0, double(-digits));
+        return Value::from_float(std::nearbyint(x / scale) * scale);
+      }
+      double scale = std::pow(10.0, double(digits));
+      return Value::from_float((how == "floor" ? std::floor(x * scale) : std::ceil(x * scale)) /
+                               scale);
+    }
+    if (name == "escape" || name == "e" || name == "forceescape") {
+      std::string out;
+      for (char c : text_of(v)) {
+        switch (c) {
+          case '&':
+            out += "&amp;";
+            break;
+          case '<':
+            out += "&lt;";
+            break;
+          case '>':
+            out += "&gt;";
+            break;
+          case '"':
+            out += "&#34;";
+            break;
+          case '\'':
+            out += "&#39;";
+            break;
+          default:
+            out.push_back(c);
+        }
+      }
+      new_string(out.size());
+      return Value::from_string(std::move(out));
     }
     if (name == "wordcount") {
       std::string t = text_of(v);

@@ -172,7 +172,7 @@ enum class Kind {
   kSlice,     // x, y, z = start, stop, step (each may be null)
   kCall,      // x = callee, args
   kUnary,     // str = operator, x
-  kBinary,    // str = operator, x, y
+  kBinary,    // str = operator, x, y, flag = written in parentheses
   kFilter,    // x = operand, y = filter (identifier or call)
   kTest,      // x = operand, str = test name, flag = negated
   kSelect,    // x = value, y = condition (`a if b` without else)
