@@ -29,12 +29,7 @@ struct Text {
 };
 
 bool line_start(const std::string& s, size_t i) {
-  if (i == 0) return true;
-  char p = s[i - 1];
-  if (p == '\n' || p == '\r') return true;
-  // U+2028 and U+2029 end lines for JavaScript's multiline ^ as well.
-  return i >= 3 && s.compare(i - 3, 2, "\xE2\x80") == 0 &&
-         (s[i - 1] == '\xA8' || s[i - 1] == '\xA9');
+  return i == 0 || s[i - 1] == '\n';  // newlines are normalized to \n first
 }
 
 // Length of a {% generation %} / {% endgeneration %} tag at i (0 if none); reports its dashes.
@@ -55,24 +50,33 @@ size_t generation_tag(const std::string& s, size_t i, bool& lstrip, bool& rstrip
 }
 
 Text preprocess(const std::string& source) {
+  // Jinja2's lexer turns every \r\n and \r into \n (its newline_sequence).
   Text t;
-  t.s = source;
-  t.at.resize(source.size() + 1);
-  for (size_t i = 0; i <= source.size(); ++i) t.at[i] = uint32_t(i);
+  for (size_t i = 0; i < source.size(); ++i) {
+    if (source[i] == '\r') {
+      if (i + 1 < source.size() && source[i + 1] == '\n') continue;  // the \n follows
+      t.s.push_back('\n');
+    } else {
+      t.s.push_back(source[i]);
+    }
+    t.at.push_back(uint32_t(i));
+  }
+  t.at.push_back(uint32_t(source.size()));
   if (!t.s.empty() && t.s.back() == '\n') {  // a single trailing newline is dropped
     t.s.pop_back();
     t.at.erase(t.at.end() - 2);
   }
   auto finish = [](Text& u, const Text& from) { u.at.push_back(from.at.back()); };
 
-  // lstrip_blocks: spaces and tabs from a line start up to "{%", "{#" or "{-".
+  // lstrip_blocks: whitespace from a line start up to "{%" or "{#" (not "{{").
   Text a;
   for (size_t i = 0; i < t.s.size();) {
     if (line_start(t.s, i)) {
       size_t j = i;
-      while (j < t.s.size() && (t.s[j] == ' ' || t.s[j] == '\t')) ++j;
+      // Jinja2 strips any whitespace (\s) between the line start and the tag.
+      while (j < t.s.size() && t.s[j] != '\n' && space_at(t.s, j)) j += space_at(t.s, j);
       if (j > i && j + 1 < t.s.size() && t.s[j] == '{' &&
-          (t.s[j + 1] == '#' || t.s[j + 1] == '%' || t.s[j + 1] == '-')) {
+          (t.s[j + 1] == '#' || t.s[j + 1] == '%')) {
         i = j;
         continue;
       }
@@ -81,12 +85,12 @@ Text preprocess(const std::string& source) {
   }
   finish(a, t);
 
-  // trim_blocks: the first newline after "%}", "#}" (and "-}") goes.
+  // trim_blocks: the first newline after "%}" or "#}" goes.
   Text b;
   for (size_t i = 0; i < a.s.size(); ++i) {
     b.push(a, i);
-    if (a.s[i] == '}' && i > 0 && (a.s[i - 1] == '%' || a.s[i - 1] == '#' || a.s[i - 1] == '-') &&
-        i + 1 < a.s.size() && a.s[i + 1] == '\n') {
+    if (a.s[i] == '}' && i > 0 && (a.s[i - 1] == '%' || a.s[i - 1] == '#') && i + 1 < a.s.size() &&
+        a.s[i + 1] == '\n') {
       ++i;
     }
   }
