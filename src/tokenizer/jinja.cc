@@ -1,5 +1,5 @@
 // Chat-template engine: whitespace preprocessing, lexer, parser and the public Template class.
-// The grammar and its precedence follow @huggingface/jinja so that templates parse the same way.
+// The grammar and its precedence follow Jinja2's so that templates parse the same way.
 #include "tokenizer/jinja.h"
 
 #include <algorithm>
@@ -16,8 +16,8 @@ namespace {
 
 // ---------------------------------------------------------------------------------------------
 // Preprocessing: the environment options Transformers uses (trim_blocks, lstrip_blocks, no
-// trailing newline) and the {% generation %} tag are applied to the text before lexing, as
-// @huggingface/jinja does. Every byte keeps its offset in the original source for error reports.
+// trailing newline) and the {% generation %} tag are applied to the text before lexing, with the
+// effect Jinja2's lexer has. Every byte keeps its offset in the original source for error reports.
 struct Text {
   std::string s;
   std::vector<uint32_t> at;  // at[i] = offset in the source of s[i]; at[size] = source size
@@ -434,7 +434,7 @@ std::vector<Token> tokenize(const Text& t) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Parser: recursive descent with @huggingface/jinja's precedence, lowest first:
+// Parser: recursive descent with Jinja2's precedence, lowest first:
 // ternary, or, and, not, comparison/in, + - ~, * / // %, **, is, |filter, unary sign, call/member.
 class Parser {
  public:

@@ -185,8 +185,7 @@ TEST(JinjaRuntime, ObjectKeyOrderFollowsTheJsonType) {
 }
 
 TEST(JinjaRuntime, StripWithCharactersFollowsPython) {
-  // @huggingface/jinja ignores the argument (and strips all whitespace); Python strips exactly the
-  // given characters. Transformers runs Python, so that is what we do.
+  // Python strips exactly the given characters, and without an argument str.isspace whitespace.
   EXPECT_EQ(render("[{{ '\n\n  x  \n'.lstrip('\n') }}]"), "[  x  \n]");
   EXPECT_EQ(render("[{{ 'xxhixx'.strip('x') }}][{{ 'ab--'.rstrip('-') }}]"), "[hi][ab]");
   EXPECT_EQ(render("[{{ ' \t x \n'.strip() }}]"), "[x]");
