@@ -54,8 +54,34 @@ std::string Tokenizer::apply_chat_template(const nlohmann::ordered_json& message
     }
     ctx["additional_special_tokens"] = list;
   }
-  ctx["messages"] = messages;
-  if (!tools.is_null()) ctx["tools"] = tools;
+  // Transformers drops the None-valued keys of each message, then copies a message's reasoning
+  // (reasoning_content, thinking or reasoning, the first that is set) into `thinking` and
+  // `reasoning_content`, the names templates read.
+  nlohmann::ordered_json received = nlohmann::ordered_json::array();
+  for (const auto& m : messages) {
+    if (!m.is_object()) {
+      received.push_back(m);
+      continue;
+    }
+    nlohmann::ordered_json kept = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : m.items())
+      if (!value.is_null()) kept[key] = value;
+    const nlohmann::ordered_json* reasoning = nullptr;
+    for (const char* key : {"reasoning_content", "thinking", "reasoning"})
+      if (!reasoning && kept.contains(key)) reasoning = &kept[key];
+    if (reasoning) {
+      nlohmann::ordered_json aliased = {{"thinking", *reasoning}};
+      nlohmann::ordered_json value = *reasoning;
+      for (const auto& [key, v] : kept.items()) aliased[key] = v;
+      aliased["reasoning_content"] = value;
+      kept = std::move(aliased);
+    }
+    received.push_back(std::move(kept));
+  }
+  ctx["messages"] = std::move(received);
+  // tools and documents are always passed, None when absent (`tools is defined` is true).
+  ctx["tools"] = tools;
+  ctx["documents"] = nullptr;
   ctx["add_generation_prompt"] = add_generation_prompt;
   if (extra.is_object()) {
     for (const auto& [key, value] : extra.items()) ctx[key] = value;

@@ -1,8 +1,9 @@
 // Chat-template engine: whitespace preprocessing, lexer, parser and the public Template class.
-// The grammar and its precedence follow @huggingface/jinja so that templates parse the same way.
+// The grammar and its precedence follow Jinja2's so that templates parse the same way.
 #include "tokenizer/jinja.h"
 
 #include <algorithm>
+#include <charconv>
 
 #include "tformers/error.h"
 #include "tokenizer/jinja_internal.h"
@@ -15,8 +16,8 @@ namespace {
 
 // ---------------------------------------------------------------------------------------------
 // Preprocessing: the environment options Transformers uses (trim_blocks, lstrip_blocks, no
-// trailing newline) and the {% generation %} tag are applied to the text before lexing, as
-// @huggingface/jinja does. Every byte keeps its offset in the original source for error reports.
+// trailing newline) and the {% generation %} tag are applied to the text before lexing, with the
+// effect Jinja2's lexer has. Every byte keeps its offset in the original source for error reports.
 struct Text {
   std::string s;
   std::vector<uint32_t> at;  // at[i] = offset in the source of s[i]; at[size] = source size
@@ -28,12 +29,7 @@ struct Text {
 };
 
 bool line_start(const std::string& s, size_t i) {
-  if (i == 0) return true;
-  char p = s[i - 1];
-  if (p == '\n' || p == '\r') return true;
-  // U+2028 and U+2029 end lines for JavaScript's multiline ^ as well.
-  return i >= 3 && s.compare(i - 3, 2, "\xE2\x80") == 0 &&
-         (s[i - 1] == '\xA8' || s[i - 1] == '\xA9');
+  return i == 0 || s[i - 1] == '\n';  // newlines are normalized to \n first
 }
 
 // Length of a {% generation %} / {% endgeneration %} tag at i (0 if none); reports its dashes.
@@ -54,24 +50,33 @@ size_t generation_tag(const std::string& s, size_t i, bool& lstrip, bool& rstrip
 }
 
 Text preprocess(const std::string& source) {
+  // Jinja2's lexer turns every \r\n and \r into \n (its newline_sequence).
   Text t;
-  t.s = source;
-  t.at.resize(source.size() + 1);
-  for (size_t i = 0; i <= source.size(); ++i) t.at[i] = uint32_t(i);
+  for (size_t i = 0; i < source.size(); ++i) {
+    if (source[i] == '\r') {
+      if (i + 1 < source.size() && source[i + 1] == '\n') continue;  // the \n follows
+      t.s.push_back('\n');
+    } else {
+      t.s.push_back(source[i]);
+    }
+    t.at.push_back(uint32_t(i));
+  }
+  t.at.push_back(uint32_t(source.size()));
   if (!t.s.empty() && t.s.back() == '\n') {  // a single trailing newline is dropped
     t.s.pop_back();
     t.at.erase(t.at.end() - 2);
   }
   auto finish = [](Text& u, const Text& from) { u.at.push_back(from.at.back()); };
 
-  // lstrip_blocks: spaces and tabs from a line start up to "{%", "{#" or "{-".
+  // lstrip_blocks: whitespace from a line start up to "{%" or "{#" (not "{{").
   Text a;
   for (size_t i = 0; i < t.s.size();) {
     if (line_start(t.s, i)) {
       size_t j = i;
-      while (j < t.s.size() && (t.s[j] == ' ' || t.s[j] == '\t')) ++j;
+      // Jinja2 strips any whitespace (\s) between the line start and the tag.
+      while (j < t.s.size() && t.s[j] != '\n' && space_at(t.s, j)) j += space_at(t.s, j);
       if (j > i && j + 1 < t.s.size() && t.s[j] == '{' &&
-          (t.s[j + 1] == '#' || t.s[j + 1] == '%' || t.s[j + 1] == '-')) {
+          (t.s[j + 1] == '#' || t.s[j + 1] == '%')) {
         i = j;
         continue;
       }
@@ -80,12 +85,12 @@ Text preprocess(const std::string& source) {
   }
   finish(a, t);
 
-  // trim_blocks: the first newline after "%}", "#}" (and "-}") goes.
+  // trim_blocks: the first newline after "%}" or "#}" goes.
   Text b;
   for (size_t i = 0; i < a.s.size(); ++i) {
     b.push(a, i);
-    if (a.s[i] == '}' && i > 0 && (a.s[i - 1] == '%' || a.s[i - 1] == '#' || a.s[i - 1] == '-') &&
-        i + 1 < a.s.size() && a.s[i + 1] == '\n') {
+    if (a.s[i] == '}' && i > 0 && (a.s[i - 1] == '%' || a.s[i - 1] == '#') && i + 1 < a.s.size() &&
+        a.s[i + 1] == '\n') {
       ++i;
     }
   }
@@ -99,8 +104,15 @@ Text preprocess(const std::string& source) {
     while (size_t n = js_space_at(b.s, j)) j += n;
     bool lstrip = false, rstrip = false;
     if (size_t len = generation_tag(b.s, j, lstrip, rstrip)) {
-      if (!lstrip)
+      if (!lstrip) {
         for (size_t k = i; k < j; ++k) c.push(b, k);
+      } else {
+        // {%- strips all the whitespace before the tag, also what an earlier tag left.
+        while (size_t n = space_before(c.s, c.s.size())) {
+          c.s.resize(c.s.size() - n);
+          c.at.resize(c.at.size() - n);
+        }
+      }
       size_t k = j + len, m = k;
       while (size_t n = js_space_at(b.s, m)) m += n;
       if (!rstrip)
@@ -393,6 +405,18 @@ std::vector<Token> tokenize(const Text& t) {
         ++i;
         num += "." + digits();
       }
+      // An exponent makes a float, as in Jinja2 (1e3 is 1000.0); the "." marks it a float.
+      if (last != Tok::kDot && i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+        size_t j = i + 1;
+        if (j < s.size() && (s[j] == '+' || s[j] == '-')) ++j;
+        if (j < s.size() && is_digit(s[j])) {
+          std::string exp = s.substr(i, j - i);
+          i = j;
+          exp += digits();
+          if (num.find('.') == std::string::npos) num += ".0";
+          num += exp;
+        }
+      }
       push(Tok::kNumber, std::move(num), b);
       continue;
     }
@@ -410,7 +434,7 @@ std::vector<Token> tokenize(const Text& t) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Parser: recursive descent with @huggingface/jinja's precedence, lowest first:
+// Parser: recursive descent with Jinja2's precedence, lowest first:
 // ternary, or, and, not, comparison/in, + - ~, * / // %, **, is, |filter, unary sign, call/member.
 class Parser {
  public:
@@ -623,10 +647,15 @@ class Parser {
     uint32_t at = peek().offset;
     auto first = primary_only ? primary() : expression();
     if (!is(Tok::kComma)) return first;
+    if (pos_ + 1 < t_.size() && t_[pos_ + 1].type == Tok::kCloseParen) {
+      ++pos_;  // (x,): the caller sees the comma before ')' and makes a tuple of one
+      return first;
+    }
     auto tuple = node(Kind::kTuple, at);
     tuple->args.push_back(std::move(first));
     while (is(Tok::kComma)) {
       ++pos_;
+      if (is(Tok::kCloseParen)) break;  // a trailing comma: (1, 2,)
       tuple->args.push_back(primary_only ? primary() : expression());
     }
     return tuple;
@@ -740,6 +769,8 @@ class Parser {
     auto operand = filter();
     while (is_ident("is")) {
       const Token& is_tok = t_[pos_++];
+      if (operand->kind == Kind::kTest)
+        error("TemplateSyntaxError: You cannot chain multiple tests with is", is_tok);
       bool negate = is_ident("not");
       if (negate) ++pos_;
       const Token& name = peek();
@@ -751,6 +782,16 @@ class Parser {
       n->x = std::move(operand);
       n->str = name.value;
       n->flag = negate;
+      // Jinja2: arguments in parentheses (`is divisibleby(3)`), or one bare operand
+      // (`is sameas false`, `is divisibleby 3`) unless a keyword follows.
+      if (is(Tok::kOpenParen)) {
+        arguments(n->args, false);
+      } else if (is(Tok::kNumber) || is(Tok::kString) || is(Tok::kOpenBracket) ||
+                 is(Tok::kOpenBrace) ||
+                 (is(Tok::kIdent) && !is_ident("else") && !is_ident("or") && !is_ident("and") &&
+                  !is_ident("if") && !is_ident("is") && !is_ident("in") && !is_ident("not"))) {
+        n->args.push_back(primary());
+      }
       operand = std::move(n);
     }
     return operand;
@@ -920,6 +961,18 @@ class Parser {
         bool is_float = tok.value.find('.') != std::string::npos;
         auto n = node(is_float ? Kind::kFloat : Kind::kInt, tok.offset);
         n->number = std::strtod(tok.value.c_str(), nullptr);
+        if (!is_float) {
+          // Python's integers are unbounded; this engine's are 64-bit, and says so.
+          const char* b = tok.value.data();
+          if (*b == '+') ++b;  // the lexer keeps a sign that follows an operator
+          auto r = std::from_chars(b, tok.value.data() + tok.value.size(), n->integer);
+          if (r.ec != std::errc())
+            error("integer literal " + tok.value +
+                      " is outside the 64-bit range the template engine supports (write it as a "
+                      "float, " +
+                      tok.value + ".0, if an approximation will do)",
+                  tok);
+        }
         return n;
       }
       case Tok::kString: {
@@ -934,8 +987,18 @@ class Parser {
         return n;
       }
       case Tok::kOpenParen: {
+        if (is(Tok::kCloseParen)) {  // () is the empty tuple
+          ++pos_;
+          return node(Kind::kTuple, tok.offset);
+        }
         auto e = sequence(false);
+        if (is(Tok::kCloseParen) && e->kind != Kind::kTuple && t_[pos_ - 1].type == Tok::kComma) {
+          auto one = node(Kind::kTuple, tok.offset);  // (x,) is a tuple of one
+          one->args.push_back(std::move(e));
+          e = std::move(one);
+        }
         expect(Tok::kCloseParen, "')'");
+        if (e->kind == Kind::kBinary) e->flag = true;  // parenthesized: (a < b) < c is no chain
         return e;
       }
       case Tok::kOpenBracket: {

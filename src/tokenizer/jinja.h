@@ -1,12 +1,12 @@
 // A Jinja subset for Hugging Face chat templates (tokenizer_config.json "chat_template").
 //
-// The reference is @huggingface/jinja (the engine of Transformers.js): output is byte-identical to
-// it for the templates of the models we target, and its semantics are mirrored where it differs
-// from Python Jinja (booleans render as "true"/"false", none renders as nothing, attribute access
-// on an undefined value gives undefined instead of raising, `+` concatenates when either side is
-// a string). The environment is the one Transformers builds: trim_blocks and lstrip_blocks on,
-// the {% generation %} tag accepted and dropped, raise_exception() and strftime_now() defined.
-// See tests/chat_template/README.md for the supported subset.
+// The reference is Python Jinja2 as Transformers' apply_chat_template runs it: output is
+// byte-identical to it for the templates of the models we target, with Python's values (True,
+// None, repr of lists and dicts, exact integers, floor division, Jinja2's Undefined that raises
+// when an attribute of it is taken). The environment is the one Transformers builds: sandboxed,
+// trim_blocks and lstrip_blocks on, the {% generation %} tag, its tojson, raise_exception(),
+// strftime_now() and namespace(). Integers are 64-bit: beyond that is an error, not a float.
+// See tests/chat_template/README.md for the supported subset and the differences.
 #pragma once
 
 #include <ctime>

@@ -1,9 +1,13 @@
 // Interpreter of the chat-template engine: statements, expressions, filters, tests and the
-// methods of strings, arrays and objects, with @huggingface/jinja's semantics.
+// methods of strings, arrays and objects, with the semantics of Python Jinja2 in the sandboxed
+// environment Transformers' apply_chat_template builds.
 #include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <unordered_map>
+
+#include <unicode/uchar.h>
+#include <unicode/utf8.h>
 
 #include "tokenizer/jinja_internal.h"
 
@@ -40,32 +44,35 @@ size_t positional_count(const std::vector<Value>& args) {
 // Python's slice semantics on n items; returns the selected indices.
 std::vector<size_t> slice_indices(size_t n, const Value& start_v, const Value& stop_v,
                                   const Value& step_v) {
-  double len = double(n);
-  double step = step_v.type == Type::kUndefined ? 1 : step_v.number;
-  if (step == 0) fail("slice step cannot be zero");
-  bool has_start = start_v.type != Type::kUndefined, has_stop = stop_v.type != Type::kUndefined;
-  double start, stop;
+  auto given = [](const Value& v) { return v.type != Type::kUndefined && v.type != Type::kNull; };
+  int64_t len = int64_t(n);
+  int64_t step = given(step_v) ? step_v.as_int() : 1;
+  if (step == 0) fail("ValueError: slice step cannot be zero");
+  int64_t start, stop;
+  auto clamp = [&](int64_t i, int64_t lo, int64_t hi) {
+    if (i < 0) i = i < -len ? lo : len + i;
+    return std::clamp(i, lo, hi);
+  };
   if (step > 0) {
-    start = has_start ? start_v.number : 0;
-    stop = has_stop ? stop_v.number : len;
-    start = start < 0 ? std::max(len + start, 0.0) : std::min(start, len);
-    stop = stop < 0 ? std::max(len + stop, 0.0) : std::min(stop, len);
+    start = given(start_v) ? clamp(start_v.as_int(), 0, len) : 0;
+    stop = given(stop_v) ? clamp(stop_v.as_int(), 0, len) : len;
   } else {
-    start = has_start ? start_v.number : len - 1;
-    stop = has_stop ? stop_v.number : -1;
-    start = start < 0 ? std::max(len + start, -1.0) : std::min(start, len - 1);
-    stop = stop < -1 ? std::max(len + stop, -1.0) : std::min(stop, len - 1);
+    start = given(start_v) ? clamp(start_v.as_int(), -1, len - 1) : len - 1;
+    stop = given(stop_v) ? clamp(stop_v.as_int(), -1, len - 1) : -1;
   }
   std::vector<size_t> out;
-  for (double i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(size_t(i));
+  for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+    out.push_back(size_t(i));
+    if (step > 0 ? stop - i <= step : i - stop <= -step) break;  // i += step could overflow
+  }
   return out;
 }
 
 // String#replace with a global literal pattern, at most `count` times (Python's str.replace).
 std::string replace_all(const std::string& s, const std::string& from, const std::string& to,
-                        double count) {
+                        int64_t count) {
   if (count == 0) return s;
-  double remaining = count < 0 ? INFINITY : count;
+  int64_t remaining = count < 0 ? INT64_MAX : count;
   std::string out;
   if (from.empty()) {  // an empty pattern matches between every character and at both ends
     for (const std::string& cp : code_points(s)) {
@@ -88,50 +95,101 @@ std::string replace_all(const std::string& s, const std::string& from, const std
   return out;
 }
 
-// parseInt(s, 10) / parseFloat(s); NaN when nothing numeric starts the string.
-double parse_int(const std::string& str) {
-  std::string s = trim_start(str);
+// Python's int(str): optional whitespace and sign, decimal digits (single underscores between
+// them); false when the text is not an integer or does not fit in 64 bits.
+bool python_int(const std::string& str, int64_t& out) {
+  std::string t = trim(str);
   size_t i = 0;
   bool neg = false;
-  if (i < s.size() && (s[i] == '+' || s[i] == '-')) neg = s[i++] == '-';
-  size_t b = i;
-  double v = 0;
-  while (i < s.size() && s[i] >= '0' && s[i] <= '9') v = v * 10 + (s[i++] - '0');
-  if (i == b) return NAN;
-  return neg ? -v : v;
-}
-double parse_float(const std::string& str) {
-  std::string s = trim_start(str);
-  size_t i = 0;
-  if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
-  if (s.compare(i, 8, "Infinity") == 0) return s[0] == '-' ? -INFINITY : INFINITY;
-  size_t digits = 0;
-  while (i < s.size() && isdigit(uint8_t(s[i]))) ++i, ++digits;
-  if (i < s.size() && s[i] == '.') {
-    ++i;
-    while (i < s.size() && isdigit(uint8_t(s[i]))) ++i, ++digits;
+  if (i < t.size() && (t[i] == '+' || t[i] == '-')) neg = t[i++] == '-';
+  if (i == t.size()) return false;
+  uint64_t v = 0;
+  for (bool digit_before = false; i < t.size(); ++i) {
+    if (t[i] == '_' && digit_before && i + 1 < t.size() && isdigit(uint8_t(t[i + 1]))) continue;
+    if (!isdigit(uint8_t(t[i]))) return false;
+    digit_before = true;
+    if (v > (uint64_t(INT64_MAX) + 1 - (t[i] - '0')) / 10) return false;
+    v = v * 10 + uint64_t(t[i] - '0');
   }
-  if (!digits) return NAN;
-  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
-    size_t j = i + 1;
-    if (j < s.size() && (s[j] == '+' || s[j] == '-')) ++j;
-    if (j < s.size() && isdigit(uint8_t(s[j]))) {
-      while (j < s.size() && isdigit(uint8_t(s[j]))) ++j;
-      i = j;
-    }
-  }
-  return std::strtod(s.substr(0, i).c_str(), nullptr);
+  if (v > uint64_t(INT64_MAX) + (neg ? 1 : 0)) return false;
+  out = neg ? int64_t(0 - v) : int64_t(v);
+  return true;
 }
 
-// /\b\w/g uppercased: the first ASCII word character of each word; the rest stays.
-std::string title_case(const std::string& s) {
-  auto word = [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-  };
-  std::string out = s;
-  for (size_t i = 0; i < out.size(); ++i)
-    if (word(out[i]) && (i == 0 || !word(s[i - 1])) && out[i] >= 'a' && out[i] <= 'z') out[i] -= 32;
+// Python's float(str): whitespace, then a decimal or exponent number, inf/infinity or nan.
+bool python_float_parse(const std::string& str, double& out) {
+  std::string t = trim(str);
+  std::string clean;
+  for (size_t i = 0; i < t.size(); ++i) {
+    bool between =
+        i > 0 && isdigit(uint8_t(t[i - 1])) && i + 1 < t.size() && isdigit(uint8_t(t[i + 1]));
+    if (t[i] == '_' && between) continue;
+    clean.push_back(t[i]);
+  }
+  std::string lower = to_lower(clean);
+  size_t sign = !lower.empty() && (lower[0] == '+' || lower[0] == '-');
+  std::string body = lower.substr(sign);
+  if (body == "inf" || body == "infinity" || body == "nan") {
+    out = body == "nan" ? NAN : INFINITY;
+    if (lower[0] == '-') out = -out;
+    return true;
+  }
+  if (body.empty() || body.find_first_not_of("0123456789.e+-") != std::string::npos) return false;
+  char* end = nullptr;
+  out = std::strtod(clean.c_str(), &end);
+  return end == clean.c_str() + clean.size() && !(body[0] == 'e');
+}
+
+// Titlecase of the first code point of `cp` (ǆ becomes ǅ, as in Python).
+std::string title_char(const std::string& cp) {
+  std::string up = to_upper(cp);
+  if (code_points(up).size() != 1) return up;
+  UChar32 c = 0;
+  size_t i = 0;
+  U8_NEXT(reinterpret_cast<const uint8_t*>(cp.data()), i, int32_t(cp.size()), c);
+  std::string out;
+  append_utf8(out, uint32_t(u_totitle(c)));
   return out;
+}
+
+// Jinja2's title filter: words begin after runs of whitespace, '-', '(', '{', '[' or '<'; each
+// word's first character is titlecased and the rest lowercased.
+std::string title_filter(const std::string& s) {
+  std::string out;
+  bool word_start = true;
+  for (const std::string& cp : code_points(s)) {
+    bool sep = cp == "-" || cp == "(" || cp == "{" || cp == "[" || cp == "<" || space_at(cp, 0);
+    if (sep) {
+      out += cp;
+      word_start = true;
+    } else {
+      out += word_start ? title_char(cp) : to_lower(cp);
+      word_start = false;
+    }
+  }
+  return out;
+}
+
+// Python's str.title(): a cased letter after an uncased character is titlecased, others lowered.
+std::string title_method(const std::string& s) {
+  std::string out;
+  bool prev_cased = false;
+  for (const std::string& cp : code_points(s)) {
+    UChar32 c = 0;
+    size_t i = 0;
+    U8_NEXT(reinterpret_cast<const uint8_t*>(cp.data()), i, int32_t(cp.size()), c);
+    bool cased = u_hasBinaryProperty(c, UCHAR_CASED);
+    out += !cased ? cp : prev_cased ? to_lower(cp) : title_char(cp);
+    prev_cased = cased;
+  }
+  return out;
+}
+
+// Python's str.capitalize(): the first character titlecased, the rest lowercased.
+std::string capitalize(const std::string& s) {
+  if (s.empty()) return s;
+  std::string first = code_points(s).front();
+  return title_char(first) + to_lower(s.substr(first.size()));
 }
 
 // Python's str.strip(chars): removes any of the given characters from the ends.
@@ -151,23 +209,13 @@ std::string strip_chars(const std::string& s, const std::string& chars, bool lef
   return out;
 }
 
-int compare_values(const Value& a, const Value& b, bool case_sensitive) {
-  auto nullish = [](const Value& v) { return v.type == Type::kNull || v.type == Type::kUndefined; };
-  if (nullish(a) || nullish(b)) {
-    if (a.type == b.type) return 0;
-    fail(std::string("cannot compare ") + type_name(a.type) + " with " + type_name(b.type));
+// sorted()'s order; strings case-folded unless case_sensitive (Jinja2's ignore_case).
+int compare_values(const Value& a, const Value& b, bool case_sensitive, Sink* sink) {
+  if (!case_sensitive && a.type == Type::kString && b.type == Type::kString) {
+    return python_compare(Value::from_string(to_lower(a.str)), Value::from_string(to_lower(b.str)),
+                          "<", sink);
   }
-  auto numeric = [](const Value& v) { return v.is_number() || v.type == Type::kBool; };
-  auto num = [](const Value& v) { return v.type == Type::kBool ? double(v.boolean) : v.number; };
-  if (numeric(a) && numeric(b)) return num(a) < num(b) ? -1 : num(a) > num(b) ? 1 : 0;
-  if (a.type != b.type)
-    fail(std::string("cannot compare different types: ") + type_name(a.type) + " and " +
-         type_name(b.type));
-  if (a.type != Type::kString)
-    fail(std::string("cannot compare values of type ") + type_name(a.type));
-  std::string x = case_sensitive ? a.str : to_lower(a.str);
-  std::string y = case_sensitive ? b.str : to_lower(b.str);
-  return x < y ? -1 : x > y ? 1 : 0;
+  return python_compare(a, b, "<", sink);
 }
 
 // Follows a dotted path ("function.name", "items.0") through objects and arrays.
@@ -181,8 +229,10 @@ Value attribute_path(const Value& item, const std::string& path) {
       const Value* f = v.object->find(part);
       v = f ? *f : Value::undefined();
     } else if (v.is_array()) {
-      double idx = parse_int(part);
-      if (std::isnan(idx) || idx < 0 || idx >= double(v.array->size())) return Value::undefined();
+      int64_t idx = 0;  // Jinja2's attribute getter indexes with the integer parts
+      if (!python_int(part, idx)) return Value::undefined();
+      if (idx < 0) idx += int64_t(v.array->size());
+      if (idx < 0 || idx >= int64_t(v.array->size())) return Value::undefined();
       v = (*v.array)[size_t(idx)];
     } else {
       return Value::undefined();
@@ -193,17 +243,22 @@ Value attribute_path(const Value& item, const std::string& path) {
 }
 
 const char* const kFilters =
-    "abs, capitalize, default, dictsort, first, float, indent, int, items, join, last, length, "
-    "list, lower, map, rejectattr, replace, reverse, safe, selectattr, sort, string, title, "
-    "tojson, trim, unique, upper";
+    "abs, capitalize, count, d, default, dictsort, e, escape, first, float, forceescape, indent, "
+    "int, items, join, last, length, list, lower, map, max, min, reject, rejectattr, replace, "
+    "reverse, round, safe, select, selectattr, sort, string, sum, title, tojson, trim, unique, "
+    "upper, wordcount";
 const char* const kTests =
-    "boolean, callable, defined, eq, equalto, even, false, integer, iterable, lower, mapping, "
-    "none, number, odd, sequence, string, true, undefined, upper";
+    "boolean, callable, defined, divisibleby, eq, equalto, even, false, float, ge, gt, in, "
+    "integer, iterable, le, lower, lt, mapping, ne, none, number, odd, sameas, sequence, string, "
+    "true, undefined, upper";
 
-bool is_known_filter(const std::string& name) {
-  std::string list = std::string(", ") + kFilters + ",";
-  return list.find(", " + name + ",") != std::string::npos || name == "bool" || name == "keys" ||
-         name == "values" || name == "get";
+// Transformers' namespace() refuses underscore-prefixed attributes (sandbox escapes).
+void check_namespace_name(const std::string& name) {
+  if (!name.empty() && name[0] == '_')
+    fail(
+        "SecurityError: Chat templates cannot store underscore-prefixed attributes on a "
+        "namespace, but got '" +
+        name + "'. Please rename the attribute.");
 }
 
 }  // namespace
@@ -273,12 +328,13 @@ struct Interpreter {
     std::string out;
     for (const auto& st : body) {
       Value v = eval(*st, s);
-      if (v.type != Type::kNull && v.type != Type::kUndefined) {
+      // Statements give undefined; `{{ none }}` prints None, as str(None).
+      if (v.type != Type::kUndefined) {
         size_t before = out.size();
         if (v.type == Type::kString)
           out += v.str;
         else
-          out += render_value(v);
+          out += text_of(v);
         check_size(out.size());
         charge(out.size() - before);
       }
@@ -292,7 +348,7 @@ struct Interpreter {
       case Kind::kText:
         return Value::from_string(n.str);
       case Kind::kComment:
-        return Value::null();
+        return Value::undefined();
       case Kind::kSet:
         return eval_set(n, s);
       case Kind::kIf:
@@ -305,16 +361,16 @@ struct Interpreter {
         return eval_call_block(n, s);
       case Kind::kBreak:
         flow = Flow::kBreak;
-        return Value::null();
+        return Value::undefined();
       case Kind::kContinue:
         flow = Flow::kContinue;
-        return Value::null();
+        return Value::undefined();
       case Kind::kFilterBlock: {
         Value body = Value::from_string(block(n.body, s));
         return apply_filter(body, *n.x, s);
       }
       case Kind::kInt:
-        return Value::from_int(n.number);
+        return Value::from_int(n.integer);
       case Kind::kFloat:
         return Value::from_float(n.number);
       case Kind::kString:
@@ -339,7 +395,7 @@ struct Interpreter {
       }
       case Kind::kIdent: {
         const Value* v = s.lookup(n.str);
-        return v ? *v : Value::undefined();  // undefined renders as nothing
+        return v ? *v : Value::undefined("'" + n.str + "' is undefined");
       }
       case Kind::kMember:
         return eval_member(n, s);
@@ -352,7 +408,8 @@ struct Interpreter {
       case Kind::kFilter:
         return apply_filter(eval(*n.x, s), *n.y, s);
       case Kind::kTest: {
-        bool r = run_test(n.str, eval(*n.x, s), nullptr);
+        Value subject = eval(*n.x, s);
+        bool r = run_test(n.str, subject, eval_args(n.args, s));
         return Value::from_bool(n.flag ? !r : r);
       }
       case Kind::kSelect:
@@ -375,26 +432,48 @@ struct Interpreter {
     if (target.kind == Kind::kIdent) {
       s.set(target.str, std::move(rhs));
     } else if (target.kind == Kind::kTuple) {
-      if (!rhs.is_array()) fail(std::string("cannot unpack ") + type_name(rhs.type) + " in set");
-      if (rhs.array->size() != target.args.size())
-        fail(std::string("too ") + (target.args.size() > rhs.array->size() ? "few" : "many") +
-             " items to unpack in set");
+      Array parts = iteration_items(rhs, "unpacking in set");
+      if (parts.size() != target.args.size())
+        fail(std::string("ValueError: ") +
+             (target.args.size() > parts.size() ? "not enough" : "too many") +
+             " values to unpack (expected " + std::to_string(target.args.size()) + ", got " +
+             std::to_string(parts.size()) + ")");
       for (size_t i = 0; i < target.args.size(); ++i) {
         if (target.args[i]->kind != Kind::kIdent) fail("can only unpack into names in set");
-        s.set(target.args[i]->str, (*rhs.array)[i]);
+        s.set(target.args[i]->str, parts[i]);
       }
     } else if (target.kind == Kind::kMember) {
       Value obj = eval(*target.x, s);
       if (obj.type != Type::kNamespace)
-        fail("cannot assign an attribute of " + std::string(type_name(obj.type)) +
-             "; only namespace() objects can be assigned to");
+        fail("TemplateRuntimeError: cannot assign attribute on non-namespace object (" +
+             std::string(python_type(obj)) + "); only namespace() objects can be assigned to");
       if (target.flag || target.y->kind != Kind::kIdent)
         fail("namespace attributes are assigned by name (ns.name = ...)");
+      check_namespace_name(target.y->str);
       obj.object->set(target.y->str, std::move(rhs));
     } else {
       fail("invalid target of set");
     }
-    return Value::null();
+    return Value::undefined();
+  }
+
+  // What `for` iterates: a list's items, a dict's keys, a string's characters; nothing for an
+  // undefined value (Jinja2's Undefined iterates as empty).
+  Array iteration_items(const Value& v, const char* what) {
+    if (v.is_array()) return *v.array;
+    Array out;
+    if (v.is_container()) {
+      charge_items(v.object->items.size());
+      for (const auto& kv : v.object->items) out.push_back(Value::from_string(kv.first));
+    } else if (v.type == Type::kString) {
+      std::vector<std::string> cps = code_points(v.str);
+      charge_items(cps.size());
+      for (std::string& cp : cps) out.push_back(Value::from_string(std::move(cp)));
+    } else if (v.type != Type::kUndefined) {
+      fail(std::string("TypeError: '") + python_type(v) + "' object is not iterable (" + what +
+           ")");
+    }
+    return out;
   }
 
   Value eval_for(const Node& n, Scope& outer) {
@@ -407,33 +486,27 @@ struct Interpreter {
     } else {
       iterable = eval(*n.y, scope);
     }
-    if (iterable.is_object()) {
-      Array keys;
-      for (const auto& kv : iterable.object->items) keys.push_back(Value::from_string(kv.first));
-      iterable = Value::from_array(std::move(keys));
-    }
-    if (!iterable.is_array())
-      fail(std::string("for loop over ") + type_name(iterable.type) +
-           ": expected an array or an object");
+    Array all = iteration_items(iterable, "for loop");
     const Node& var = *n.x;
     auto bind = [&](Scope& sc, const Value& item) {
       if (var.kind == Kind::kIdent) {
         sc.set(var.str, item);
         return;
       }
-      if (!item.is_array())
-        fail(std::string("cannot unpack ") + type_name(item.type) + " in for loop");
-      if (item.array->size() != var.args.size())
-        fail(std::string("too ") + (var.args.size() > item.array->size() ? "few" : "many") +
-             " items to unpack in for loop");
+      Array parts = iteration_items(item, "unpacking in a for loop");
+      if (parts.size() != var.args.size())
+        fail(std::string("ValueError: ") +
+             (var.args.size() > parts.size() ? "not enough" : "too many") +
+             " values to unpack (expected " + std::to_string(var.args.size()) + ", got " +
+             std::to_string(parts.size()) + ")");
       for (size_t j = 0; j < var.args.size(); ++j) {
         if (var.args[j]->kind != Kind::kIdent) fail("can only unpack into names in for loop");
-        sc.set(var.args[j]->str, (*item.array)[j]);
+        sc.set(var.args[j]->str, parts[j]);
       }
     };
-    charge_items(iterable.array->size());
+    charge_items(all.size());
     std::vector<Value> items;
-    for (const Value& item : *iterable.array) {
+    for (const Value& item : all) {
       if (test) {
         Scope probe{&scope, {}};
         bind(probe, item);
@@ -448,24 +521,36 @@ struct Interpreter {
         fail("template runs more than " + std::to_string(limits.max_loop_iterations) +
              " loop iterations");
       auto loop = std::make_shared<Object>();
-      double len = double(items.size());
-      loop->set("index", Value::from_int(double(i + 1)));
-      loop->set("index0", Value::from_int(double(i)));
-      loop->set("revindex", Value::from_int(len - double(i)));
-      loop->set("revindex0", Value::from_int(len - double(i) - 1));
+      int64_t len = int64_t(items.size()), k = int64_t(i);
+      loop->set("index", Value::from_int(k + 1));
+      loop->set("index0", Value::from_int(k));
+      loop->set("revindex", Value::from_int(len - k));
+      loop->set("revindex0", Value::from_int(len - k - 1));
       loop->set("first", Value::from_bool(i == 0));
       loop->set("last", Value::from_bool(i + 1 == items.size()));
       loop->set("length", Value::from_int(len));
-      loop->set("previtem", i > 0 ? items[i - 1] : Value::undefined());
-      loop->set("nextitem", i + 1 < items.size() ? items[i + 1] : Value::undefined());
-      scope.set("loop", Value::from_object(std::move(loop)));
-      bind(scope, items[i]);
-      out += block(n.body, scope);
+      loop->set("cycle", Value::from_function([i](std::vector<Value>& args, Interpreter&) {
+                  size_t np = positional_count(args);
+                  if (np == 0) fail("TypeError: no items for cycling given");
+                  return args[i % np];
+                }));
+      loop->set("depth", Value::from_int(1));
+      loop->set("depth0", Value::from_int(0));
+      loop->set("previtem", i > 0 ? items[i - 1] : Value::undefined("there is no previous item"));
+      loop->set("nextitem",
+                i + 1 < items.size() ? items[i + 1] : Value::undefined("there is no next item"));
+      // Each iteration has its own scope: a `set` in the body lasts for that iteration only,
+      // as in Jinja2 (only namespaces carry values across iterations).
+      Scope iteration{&scope, {}};
+      iteration.set("loop", Value::from_object(std::move(loop)));
+      bind(iteration, items[i]);
+      out += block(n.body, iteration);
       check_size(out.size());
       Flow f = flow;
       flow = Flow::kNone;
-      if (f == Flow::kContinue) continue;  // like the reference, a continued pass is not counted
+      if (f == Flow::kContinue) continue;
       if (f == Flow::kBreak) break;
+      // Jinja2 clears its else flag at the end of the body: continue and break skip it.
       none = false;
     }
     if (none) out += block(n.alt, scope);
@@ -497,6 +582,7 @@ struct Interpreter {
         }
       }
       if (!have && p.kind == Kind::kKwArg) pending.emplace_back(p.str, p.x.get());
+      if (!have) v = Value::undefined("parameter '" + p.str + "' was not provided");
       scope.set(p.str, v);
     }
     bool wants_kwargs = uses_name(macro.body, "kwargs"),
@@ -504,15 +590,16 @@ struct Interpreter {
     if (wants_kwargs) {
       scope.set("kwargs", Value::from_object(kwargs));
     } else if (!kwargs->items.empty()) {
-      fail("macro " + display + " takes no keyword argument '" + kwargs->items[0].first + "'");
+      fail("TypeError: macro " + display + " takes no keyword argument '" + kwargs->items[0].first +
+           "'");
     }
     if (wants_varargs) {
       Array rest;
       for (size_t i = macro.args.size(); i < args.size(); ++i) rest.push_back(args[i]);
       scope.set("varargs", Value::from_array(std::move(rest)));
     } else if (args.size() > macro.args.size()) {
-      fail("macro " + display + " takes not more than " + std::to_string(macro.args.size()) +
-           " argument(s)");
+      fail("TypeError: macro " + display + " takes not more than " +
+           std::to_string(macro.args.size()) + " argument(s)");
     }
     for (auto& [name, def] : pending) scope.set(name, eval(*def, scope));
   }
@@ -540,7 +627,7 @@ struct Interpreter {
             in.bind_parameters("'" + macro->str + "'", *macro, args, scope);
             return Value::from_string(in.block(macro->body, scope));
           }));
-    return Value::null();
+    return Value::undefined();  // a statement prints nothing
   }
 
   Value eval_call_block(const Node& n, Scope& s) {
@@ -607,135 +694,175 @@ struct Interpreter {
     Value fn = eval(*n.x, s);
     if (fn.type != Type::kFunction) {
       std::string what = n.x->kind == Kind::kIdent ? "'" + n.x->str + "'" : "this value";
-      fail("cannot call " + what + ": it is " +
-           (fn.type == Type::kUndefined ? std::string("undefined")
-                                        : std::string("a ") + type_name(fn.type)) +
-           ", not a function");
+      if (fn.type == Type::kUndefined) fail_undefined(fn);
+      fail("TypeError: cannot call " + what + ": it is a '" + python_type(fn) +
+           "', not a function");
     }
     return invoke(fn, args, s);
   }
 
   Value eval_member(const Node& n, Scope& s) {
     Value obj = eval(*n.x, s);
-    Value prop;
+    if (obj.type == Type::kUndefined) fail_undefined(obj);  // Jinja2 raises, it does not chain
     if (n.flag) {
       if (n.y->kind == Kind::kSlice) return eval_slice(obj, *n.y, s);
-      prop = eval(*n.y, s);
-    } else if (n.y->kind == Kind::kInt) {
-      prop = Value::from_int(n.y->number);
-    } else {
-      prop = Value::from_string(n.y->str);
+      return item(obj, eval(*n.y, s));
     }
-    return member(obj, prop);
+    if (n.y->kind == Kind::kInt) return item(obj, Value::from_int(n.y->integer));
+    return attribute(obj, n.y->str);
   }
 
-  Value member(const Value& obj, const Value& prop) {
-    if (obj.is_container()) {
-      if (prop.type != Type::kString)
-        fail(std::string("cannot index an object with ") + type_name(prop.type) +
-             "; keys are strings");
-      if (const Value* v = obj.object->find(prop.str)) return *v;
-      if (obj.is_object()) return object_method(obj, prop.str);
-      return Value::undefined();
+  [[noreturn]] static void fail_undefined(const Value& v) {
+    if (v.str.rfind("SecurityError: ", 0) == 0) fail(v.str);
+    fail("UndefinedError: " + (v.str.empty() ? std::string("a value is undefined") : v.str));
+  }
+
+  // The immutable sandbox refuses the methods that modify a list or dict.
+  static bool mutating_method(const Value& obj, const std::string& name) {
+    static const char* const kList[] = {"append", "extend",  "insert", "pop",
+                                        "remove", "reverse", "sort",   "clear"};
+    static const char* const kDict[] = {"update", "pop", "popitem", "setdefault", "clear"};
+    if (obj.type == Type::kArray)
+      return std::any_of(std::begin(kList), std::end(kList),
+                         [&](const char* m) { return name == m; });
+    if (obj.is_object())
+      return std::any_of(std::begin(kDict), std::end(kDict),
+                         [&](const char* m) { return name == m; });
+    return false;
+  }
+
+  // Jinja2's names for objects in "has no attribute" messages.
+  static std::string object_name(const Value& v) {
+    if (v.type == Type::kNull) return "None";
+    return std::string(python_type(v)) + " object";
+  }
+
+  // obj.name: Jinja2 tries the Python attribute (the methods of str and dict), then the item.
+  Value attribute(const Value& obj, const std::string& name) {
+    if (obj.is_object()) {
+      Value method = object_method(obj, name);
+      if (method.type == Type::kFunction) return method;
     }
-    if (obj.is_array() || obj.type == Type::kString) {
-      if (prop.type == Type::kInt) {
-        // Array#at: negative indexes count from the end.
-        if (obj.is_array()) {
-          double n = double(obj.array->size()), i = prop.number < 0 ? n + prop.number : prop.number;
-          return i >= 0 && i < n ? (*obj.array)[size_t(i)] : Value::undefined();
-        }
+    if (obj.type == Type::kString) {
+      Value method = string_method(obj, name);
+      if (method.type == Type::kFunction) return method;
+    }
+    if (obj.is_container())
+      if (const Value* v = obj.object->find(name)) return *v;
+    if (mutating_method(obj, name))
+      return Value::undefined("SecurityError: access to attribute '" + name + "' of '" +
+                              python_type(obj) + "' object is unsafe.");
+    return Value::undefined("'" + object_name(obj) + "' has no attribute '" + name + "'");
+  }
+
+  // obj[key]: the item first, then (for a string key) the attribute.
+  Value item(const Value& obj, const Value& key) {
+    if (obj.is_container() && key.type == Type::kString) {
+      if (const Value* v = obj.object->find(key.str)) return *v;
+      return obj.type == Type::kNamespace
+                 ? Value::undefined("'" + object_name(obj) + "' has no attribute '" + key.str + "'")
+                 : attribute(obj, key.str);
+    }
+    if ((obj.is_array() || obj.type == Type::kString) && key.is_integral()) {
+      // Negative indexes count from the end, as in Python.
+      int64_t i = key.as_int();
+      if (obj.is_array()) {
+        int64_t n = int64_t(obj.array->size());
+        if (i < 0) i += n;
+        if (i >= 0 && i < n) return (*obj.array)[size_t(i)];
+      } else {
         std::vector<std::string> cps = code_points(obj.str);
-        double n = double(cps.size()), i = prop.number < 0 ? n + prop.number : prop.number;
-        return i >= 0 && i < n ? Value::from_string(cps[size_t(i)]) : Value::undefined();
+        int64_t n = int64_t(cps.size());
+        if (i < 0) i += n;
+        if (i >= 0 && i < n) return Value::from_string(cps[size_t(i)]);
       }
-      if (prop.type == Type::kString) {
-        if (prop.str == "length")
-          return Value::from_int(
-              double(obj.is_array() ? obj.array->size() : utf16_length(obj.str)));
-        return obj.is_array() ? Value::undefined() : string_method(obj, prop.str);
-      }
-      fail(std::string("cannot index ") + type_name(obj.type) + " with " + type_name(prop.type));
     }
-    if (prop.type != Type::kString)
-      fail(std::string("cannot index ") + type_name(obj.type) + " with " + type_name(prop.type));
-    return Value::undefined();  // attributes of undefined, none, numbers: undefined, no error
+    if (key.type == Type::kString) return attribute(obj, key.str);
+    Sink k = sink();
+    write_repr(k, key);
+    return Value::undefined("'" + object_name(obj) + "' has no element " + k.out);
   }
 
   Value eval_slice(const Value& obj, const Node& sl, Scope& s) {
-    if (!obj.is_array() && obj.type != Type::kString)
-      fail(std::string("cannot slice ") + type_name(obj.type) + "; only arrays and strings");
     Value parts[3];
     const Node* nodes[3] = {sl.x.get(), sl.y.get(), sl.z.get()};
     for (int k = 0; k < 3; ++k) {
       if (nodes[k]) parts[k] = eval(*nodes[k], s);
-      if (parts[k].type != Type::kInt && parts[k].type != Type::kUndefined)
-        fail("slice bounds must be integers");
+      if (!parts[k].is_integral() && parts[k].type != Type::kUndefined &&
+          parts[k].type != Type::kNull)
+        fail("TypeError: slice indices must be integers or None");
     }
     if (obj.is_array()) {
       charge_items(obj.array->size());
       Array out;
       for (size_t i : slice_indices(obj.array->size(), parts[0], parts[1], parts[2]))
         out.push_back((*obj.array)[i]);
-      return Value::from_array(std::move(out));
+      return Value::from_array(std::move(out), obj.type);
     }
+    if (obj.type != Type::kString)
+      fail(std::string("TypeError: '") + python_type(obj) + "' object is not subscriptable");
     std::vector<std::string> cps = code_points(obj.str);
     std::string out;
     for (size_t i : slice_indices(cps.size(), parts[0], parts[1], parts[2])) out += cps[i];
+    new_string(out.size());
     return Value::from_string(std::move(out));
   }
 
+  // A Sink bounded by what the render may still build, counting steps.
+  Sink sink() {
+    Sink k;
+    size_t left = allocated < limits.max_memory_bytes ? limits.max_memory_bytes - allocated : 0;
+    k.limit = std::min(limits.max_output_bytes, left);
+    k.steps = &steps;
+    k.max_steps = limits.max_steps;
+    k.max_depth = limits.max_depth;
+    return k;
+  }
+  std::string text_of(const Value& v) {  // str(v), charged
+    if (v.type == Type::kString) return v.str;
+    Sink k = sink();
+    write_str(k, v);
+    charge(k.out.size());
+    return std::move(k.out);
+  }
+  bool equal(const Value& a, const Value& b) {
+    Sink k = sink();
+    return python_equal(a, b, &k);
+  }
+
   // ---------------------------------------------------------------------------------------------
+  static Value pair(const std::string& k, const Value& v) {
+    return Value::from_array({Value::from_string(k), v}, Type::kTuple);
+  }
+
   Value object_method(const Value& obj, const std::string& name) {
-    auto items = [obj] {
-      Array a;
-      for (const auto& kv : obj.object->items)
-        a.push_back(Value::from_array({Value::from_string(kv.first), kv.second}));
-      return Value::from_array(std::move(a));
-    };
     if (name == "get")
       return Value::from_function([obj](std::vector<Value>& args, Interpreter&) {
-        if (args.empty() || args[0].type != Type::kString)
-          fail("get(key): the key must be a string");
-        if (const Value* v = obj.object->find(args[0].str)) return *v;
-        return args.size() > 1 ? args[1] : Value::null();
+        if (positional_count(args) == 0) fail("TypeError: get expected at least 1 argument, got 0");
+        if (args[0].type == Type::kString)
+          if (const Value* v = obj.object->find(args[0].str)) return *v;
+        return positional_count(args) > 1 ? args[1] : Value::null();
       });
     if (name == "items")
-      return Value::from_function([items](std::vector<Value>&, Interpreter&) { return items(); });
+      return Value::from_function([obj](std::vector<Value>&, Interpreter& in) {
+        in.charge_items(obj.object->items.size());
+        Array a;
+        for (const auto& kv : obj.object->items) a.push_back(pair(kv.first, kv.second));
+        return Value::from_array(std::move(a));
+      });
     if (name == "keys")
-      return Value::from_function([obj](std::vector<Value>&, Interpreter&) {
+      return Value::from_function([obj](std::vector<Value>&, Interpreter& in) {
+        in.charge_items(obj.object->items.size());
         Array a;
         for (const auto& kv : obj.object->items) a.push_back(Value::from_string(kv.first));
         return Value::from_array(std::move(a));
       });
     if (name == "values")
-      return Value::from_function([obj](std::vector<Value>&, Interpreter&) {
+      return Value::from_function([obj](std::vector<Value>&, Interpreter& in) {
+        in.charge_items(obj.object->items.size());
         Array a;
         for (const auto& kv : obj.object->items) a.push_back(kv.second);
         return Value::from_array(std::move(a));
-      });
-    if (name == "dictsort")
-      return Value::from_function([obj](std::vector<Value>& args, Interpreter&) {
-        size_t np = positional_count(args);
-        Value cs = np > 0 ? args[0] : kwargs_get(args, "case_sensitive");
-        Value by = np > 1 ? args[1] : kwargs_get(args, "by");
-        Value rev = np > 2 ? args[2] : kwargs_get(args, "reverse");
-        bool case_sensitive = cs.type == Type::kBool && cs.boolean;
-        bool by_value = by.type == Type::kString && by.str == "value";
-        if (by.type == Type::kString && by.str != "key" && by.str != "value")
-          fail("dictsort: by must be 'key' or 'value'");
-        bool reverse = rev.type == Type::kBool && rev.boolean;
-        std::vector<std::pair<Value, Value>> kv;
-        for (const auto& e : obj.object->items)
-          kv.emplace_back(Value::from_string(e.first), e.second);
-        std::stable_sort(kv.begin(), kv.end(), [&](const auto& a, const auto& b) {
-          int c = by_value ? compare_values(a.second, b.second, case_sensitive)
-                           : compare_values(a.first, b.first, case_sensitive);
-          return reverse ? c > 0 : c < 0;
-        });
-        Array out;
-        for (auto& e : kv) out.push_back(Value::from_array({e.first, e.second}));
-        return Value::from_array(std::move(out));
       });
     return Value::undefined();
   }
@@ -749,18 +876,13 @@ struct Interpreter {
       return fn([s](std::vector<Value>&, Interpreter&) { return Value::from_string(to_lower(s)); });
     if (name == "title")
       return fn(
-          [s](std::vector<Value>&, Interpreter&) { return Value::from_string(title_case(s)); });
+          [s](std::vector<Value>&, Interpreter&) { return Value::from_string(title_method(s)); });
     if (name == "capitalize")
-      return fn([s](std::vector<Value>&, Interpreter&) {
-        if (s.empty()) return Value::from_string("");
-        std::string first = code_points(s).front();
-        return Value::from_string(to_upper(first) + s.substr(first.size()));
-      });
+      return fn(
+          [s](std::vector<Value>&, Interpreter&) { return Value::from_string(capitalize(s)); });
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       bool left = name != "rstrip", right = name != "lstrip";
       return fn([s, left, right](std::vector<Value>& args, Interpreter&) {
-        // With characters, Python's semantics (the reference ignores the argument and strips
-        // whitespace); without, JavaScript's String#trim whitespace.
         if (positional_count(args) > 0 && args[0].type == Type::kString)
           return Value::from_string(strip_chars(s, args[0].str, left, right));
         return Value::from_string(left && right ? trim(s) : left ? trim_start(s) : trim_end(s));
@@ -769,78 +891,131 @@ struct Interpreter {
     if (name == "startswith" || name == "endswith") {
       bool start = name == "startswith";
       return fn([s, start, name](std::vector<Value>& args, Interpreter&) {
-        if (positional_count(args) == 0) fail(name + "() needs an argument");
+        if (positional_count(args) == 0)
+          fail("TypeError: " + name + "() takes at least 1 argument");
         auto match = [&](const std::string& p) {
           return p.size() <= s.size() && (start ? s.compare(0, p.size(), p) == 0
                                                 : s.compare(s.size() - p.size(), p.size(), p) == 0);
         };
         if (args[0].type == Type::kString) return Value::from_bool(match(args[0].str));
-        if (args[0].is_array()) {
+        if (args[0].type == Type::kTuple) {
           for (const Value& p : *args[0].array) {
-            if (p.type != Type::kString) fail(name + "(): tuple elements must be strings");
+            if (p.type != Type::kString)
+              fail("TypeError: tuple for " + name + " must only contain str");
             if (match(p.str)) return Value::from_bool(true);
           }
           return Value::from_bool(false);
         }
-        fail(name + "(): the argument must be a string or a tuple of strings");
+        fail("TypeError: " + name + " first arg must be str or a tuple of str, not " +
+             python_type(args[0]));
       });
     }
-    if (name == "split")
-      return fn([s](std::vector<Value>& args, Interpreter&) {
+    if (name == "split" || name == "rsplit")
+      return fn([s, name](std::vector<Value>& args, Interpreter& in) {
         size_t np = positional_count(args);
-        Value sep = np > 0 ? args[0] : Value::null();
-        Value maxsplit = np > 1 ? args[1] : Value::from_int(-1);
+        Value sep = np > 0 ? args[0] : kwargs_get(args, "sep");
+        Value maxsplit = np > 1 ? args[1] : kwargs_get(args, "maxsplit");
+        if (sep.type == Type::kUndefined) sep = Value::null();
+        if (maxsplit.type == Type::kUndefined) maxsplit = Value::from_int(-1);
         if (sep.type != Type::kString && sep.type != Type::kNull)
-          fail("split(): sep must be a string or none");
-        if (maxsplit.type != Type::kInt) fail("split(): maxsplit must be an integer");
-        double max = maxsplit.number;
-        Array out;
+          fail(std::string("TypeError: must be str or None, not ") + python_type(sep));
+        if (!maxsplit.is_integral()) fail("TypeError: maxsplit must be an integer");
+        int64_t max = maxsplit.as_int();
+        bool reverse = name == "rsplit";
+        std::vector<std::string> parts;
+        std::string text = s;
         if (sep.type == Type::kNull) {  // runs of whitespace separate, no empty strings
-          std::string text = trim_start(s);
+          text = reverse ? trim_end(s) : trim_start(s);
+          std::vector<std::string> cps = code_points(text);
+          if (reverse) std::reverse(cps.begin(), cps.end());
           size_t i = 0;
-          while (i < text.size()) {
-            size_t b = i;
-            while (i < text.size() && !js_space_at(text, i))
-              i += code_points(text.substr(i, 4)).front().size();
-            if (max != -1 && double(out.size()) >= max) {
-              out.push_back(Value::from_string(text.substr(b)));
+          while (i < cps.size()) {
+            std::string word;
+            if (max >= 0 && int64_t(parts.size()) >= max) {
+              for (; i < cps.size(); ++i) word += cps[i];
+              parts.push_back(word);
               break;
             }
-            out.push_back(Value::from_string(text.substr(b, i - b)));
-            while (size_t n = js_space_at(text, i)) i += n;
+            while (i < cps.size() && !space_at(cps[i], 0)) word += cps[i++];
+            parts.push_back(word);
+            while (i < cps.size() && space_at(cps[i], 0)) ++i;
+          }
+          if (reverse) {
+            for (std::string& p : parts) {
+              std::vector<std::string> c = code_points(p);
+              p.clear();
+              for (auto it = c.rbegin(); it != c.rend(); ++it) p += *it;
+            }
+            std::reverse(parts.begin(), parts.end());
           }
         } else {
-          if (sep.str.empty()) fail("split(): empty separator");
-          size_t b = 0;
-          while (true) {
-            if (max != -1 && double(out.size()) >= max) {
-              out.push_back(Value::from_string(s.substr(b)));
-              break;
+          if (sep.str.empty()) fail("ValueError: empty separator");
+          if (!reverse) {
+            size_t b = 0;
+            while (true) {
+              size_t e =
+                  max >= 0 && int64_t(parts.size()) >= max ? std::string::npos : s.find(sep.str, b);
+              if (e == std::string::npos) {
+                parts.push_back(s.substr(b));
+                break;
+              }
+              parts.push_back(s.substr(b, e - b));
+              b = e + sep.str.size();
             }
-            size_t e = s.find(sep.str, b);
-            if (e == std::string::npos) {
-              out.push_back(Value::from_string(s.substr(b)));
-              break;
+          } else {
+            size_t e = s.size();
+            while (true) {
+              size_t b = (max >= 0 && int64_t(parts.size()) >= max) || e < sep.str.size()
+                             ? std::string::npos
+                             : s.rfind(sep.str, e - sep.str.size());
+              if (b == std::string::npos) {
+                parts.push_back(s.substr(0, e));
+                break;
+              }
+              parts.push_back(s.substr(b + sep.str.size(), e - b - sep.str.size()));
+              e = b;
             }
-            out.push_back(Value::from_string(s.substr(b, e - b)));
-            b = e + sep.str.size();
+            std::reverse(parts.begin(), parts.end());
           }
         }
+        in.charge_items(parts.size());
+        Array out;
+        for (std::string& p : parts) out.push_back(Value::from_string(std::move(p)));
         return Value::from_array(std::move(out));
       });
     if (name == "replace")
       return fn([s](std::vector<Value>& args, Interpreter& in) {
         size_t np = positional_count(args);
-        if (np < 2) fail("replace() needs two arguments");
+        if (np < 2)
+          fail("TypeError: replace expected at least 2 arguments, got " + std::to_string(np));
         if (args[0].type != Type::kString || args[1].type != Type::kString)
-          fail("replace(): arguments must be strings");
-        Value count = np > 2 ? args[2] : kwargs_get(args, "count");
-        if (count.type != Type::kInt && count.type != Type::kNull && count.type != Type::kUndefined)
-          fail("replace(): count must be an integer or none");
-        std::string r =
-            replace_all(s, args[0].str, args[1].str, count.type == Type::kInt ? count.number : -1);
-        in.new_string(r.size());
-        return Value::from_string(std::move(r));
+          fail("TypeError: replace() arguments must be str");
+        if (np < args.size()) fail("TypeError: str.replace() takes no keyword arguments");
+        Value count = np > 2 ? args[2] : Value::undefined();
+        if (!count.is_integral() && count.type != Type::kUndefined)
+          fail("TypeError: replace() count must be an integer");
+        int64_t n = count.is_integral() ? count.as_int() : -1;
+        // Bound the result before building it: an empty pattern inserts between every character.
+        size_t hits = args[0].str.empty() ? code_point_count(s) + 1 : s.size() / args[0].str.size();
+        if (n >= 0) hits = std::min(hits, size_t(n));
+        in.new_string(s.size() + hits * args[1].str.size());
+        return Value::from_string(replace_all(s, args[0].str, args[1].str, n));
+      });
+    if (name == "join")
+      return fn([s](std::vector<Value>& args, Interpreter& in) {
+        if (positional_count(args) != 1) fail("TypeError: join() takes exactly one argument");
+        Array parts = in.iteration_items(args[0], "str.join");
+        std::string out;
+        for (size_t i = 0; i < parts.size(); ++i) {
+          if (parts[i].type != Type::kString)
+            fail("TypeError: sequence item " + std::to_string(i) + ": expected str instance, " +
+                 python_type(parts[i]) + " found");
+          if (i) out += s;
+          out += parts[i].str;
+          in.check_size(out.size());
+        }
+        in.charge(out.size());
+        return Value::from_string(std::move(out));
       });
     return Value::undefined();
   }
@@ -849,12 +1024,151 @@ struct Interpreter {
   Value eval_unary(const Node& n, Scope& s) {
     Value v = eval(*n.x, s);
     if (n.str == "not") return Value::from_bool(!v.truthy());
-    double sign = n.str == "-" ? -1 : 1;
-    if (v.is_number())
-      return v.type == Type::kFloat ? Value::from_float(sign * v.number)
-                                    : Value::from_int(sign * v.number);
-    if (v.type == Type::kBool) return Value::from_int(sign * double(v.boolean));
-    fail("unary " + n.str + " on " + type_name(v.type));
+    bool neg = n.str == "-";
+    if (v.type == Type::kFloat) return Value::from_float(neg ? -v.number : v.number);
+    if (v.is_integral()) {
+      if (neg && v.as_int() == INT64_MIN) overflow();
+      return Value::from_int(neg ? -v.as_int() : v.as_int());
+    }
+    if (v.type == Type::kUndefined) fail_undefined(v);
+    fail(std::string("TypeError: bad operand type for unary ") + n.str + ": '" + python_type(v) +
+         "'");
+  }
+
+  [[noreturn]] static void overflow() {
+    fail(
+        "OverflowError: integer result outside the 64-bit range the template engine supports "
+        "(Python's integers are unbounded; use floats for such magnitudes)");
+  }
+
+  static Value int_power(int64_t base, int64_t exp) {
+    int64_t result = 1;
+    while (exp > 0) {
+      if (exp & 1)
+        if (__builtin_mul_overflow(result, base, &result)) overflow();
+      exp >>= 1;
+      if (exp && __builtin_mul_overflow(base, base, &base)) overflow();
+    }
+    return Value::from_int(result);
+  }
+
+  // Python's arithmetic: exact integers (bool counts as int), floats, floor division and modulo
+  // taking the sign of the divisor, errors on division by zero.
+  Value arithmetic(const std::string& op, const Value& l, const Value& r) {
+    if (l.is_integral() && r.is_integral()) {
+      int64_t a = l.as_int(), b = r.as_int(), out = 0;
+      if (op == "+") {
+        if (__builtin_add_overflow(a, b, &out)) overflow();
+        return Value::from_int(out);
+      }
+      if (op == "-") {
+        if (__builtin_sub_overflow(a, b, &out)) overflow();
+        return Value::from_int(out);
+      }
+      if (op == "*") {
+        if (__builtin_mul_overflow(a, b, &out)) overflow();
+        return Value::from_int(out);
+      }
+      if (op == "/") {
+        if (b == 0) fail("ZeroDivisionError: division by zero");
+        return Value::from_float(double(a) / double(b));
+      }
+      if (op == "//" || op == "%") {
+        if (b == 0)
+          fail(op == "%" ? "ZeroDivisionError: integer modulo by zero"
+                         : "ZeroDivisionError: integer division or modulo by zero");
+        if (b == -1) {  // INT64_MIN / -1 overflows, and its remainder is undefined in C++
+          if (op == "%") return Value::from_int(0);
+          if (a == INT64_MIN) overflow();
+          return Value::from_int(-a);
+        }
+        int64_t q = a / b, m = a % b;
+        if (m != 0 && ((m < 0) != (b < 0))) --q, m += b;
+        return Value::from_int(op == "//" ? q : m);
+      }
+      if (op == "**") {
+        if (b >= 0) return int_power(a, b);
+        if (a == 0) fail("ZeroDivisionError: 0.0 cannot be raised to a negative power");
+        return Value::from_float(std::pow(double(a), double(b)));
+      }
+    }
+    double a = l.as_double(), b = r.as_double();
+    if (op == "+") return Value::from_float(a + b);
+    if (op == "-") return Value::from_float(a - b);
+    if (op == "*") return Value::from_float(a * b);
+    if (op == "/") {
+      if (b == 0) fail("ZeroDivisionError: float division by zero");
+      return Value::from_float(a / b);
+    }
+    if (op == "//" || op == "%") {
+      if (b == 0)
+        fail(std::string("ZeroDivisionError: float ") + (op == "%" ? "modulo" : "floor division") +
+             " by zero");
+      // CPython's float_divmod.
+      double mod = std::fmod(a, b), div = (a - mod) / b;
+      if (mod != 0) {
+        if ((b < 0) != (mod < 0)) mod += b, div -= 1;
+      } else {
+        mod = std::copysign(0.0, b);
+      }
+      double floordiv = 0;
+      if (div != 0) {
+        floordiv = std::floor(div);
+        if (div - floordiv > 0.5) floordiv += 1;
+      } else {
+        floordiv = std::copysign(0.0, a / b);
+      }
+      return Value::from_float(op == "%" ? mod : floordiv);
+    }
+    if (op == "**") {
+      if (a == 0 && b < 0) fail("ZeroDivisionError: 0.0 cannot be raised to a negative power");
+      if (a < 0 && b != std::trunc(b))
+        fail("ValueError: a negative number raised to a fractional power is complex");
+      double res = std::pow(a, b);
+      if (std::isinf(res) && std::isfinite(a) && std::isfinite(b))
+        fail("OverflowError: (34, 'Numerical result out of range')");
+      return Value::from_float(res);
+    }
+    fail("unknown operator " + op);
+  }
+
+  Value repeat(const Value& seq, const Value& times) {
+    int64_t n = std::max<int64_t>(times.as_int(), 0);
+    if (seq.type == Type::kString) {
+      if (n && seq.str.size() > limits.max_output_bytes / size_t(n)) check_size(SIZE_MAX);
+      new_string(seq.str.size() * size_t(n));
+      std::string out;
+      for (int64_t i = 0; i < n; ++i) out += seq.str;
+      return Value::from_string(std::move(out));
+    }
+    if (n && seq.array->size() > limits.max_loop_iterations / size_t(n))
+      fail("list repetition exceeds " + std::to_string(limits.max_loop_iterations) + " items");
+    charge_items(seq.array->size() * size_t(n));
+    Array out;
+    for (int64_t i = 0; i < n; ++i) out.insert(out.end(), seq.array->begin(), seq.array->end());
+    return Value::from_array(std::move(out), seq.type);
+  }
+
+  bool contains(const Value& needle, const Value& hay) {
+    if (hay.type == Type::kString) {
+      if (needle.type != Type::kString)
+        fail(std::string("TypeError: 'in <string>' requires string as left operand, not ") +
+             python_type(needle));
+      return hay.str.find(needle.str) != std::string::npos;
+    }
+    if (hay.is_array()) {
+      Sink k = sink();
+      return std::any_of(hay.array->begin(), hay.array->end(),
+                         [&](const Value& e) { return python_equal(e, needle, &k); });
+    }
+    if (hay.is_object()) return needle.type == Type::kString && hay.object->find(needle.str);
+    if (hay.type == Type::kUndefined) return false;  // it iterates as empty
+    fail(std::string("TypeError: argument of type '") + python_type(hay) + "' is not iterable");
+  }
+
+  static bool is_comparison(const std::string& op) {
+    return op == "==" || op == "!=" || op == "<" || op == ">" || op == "<=" || op == ">=" ||
+           op == "in" || op == "not in";
   }
 
   Value eval_binary(const Node& n, Scope& s) {
@@ -862,369 +1176,542 @@ struct Interpreter {
     Value l = eval(*n.x, s);
     if (op == "and") return l.truthy() ? eval(*n.y, s) : l;
     if (op == "or") return l.truthy() ? l : eval(*n.y, s);
-    Value r = eval(*n.y, s);
-    if (op == "==") return Value::from_bool(loose_equal(l, r));
-    if (op == "!=") return Value::from_bool(!loose_equal(l, r));
-    bool membership = op == "in" || op == "not in";
-    if (l.type == Type::kUndefined || r.type == Type::kUndefined) {
-      if (r.type == Type::kUndefined && membership) return Value::from_bool(op == "not in");
-      fail("cannot apply '" + op + "' to an undefined value (a missing variable or key?)");
+    // Python chains comparisons: a < b < c is (a < b) and (b < c), b evaluated again (pure).
+    if (is_comparison(op) && n.x->kind == Kind::kBinary && !n.x->flag && is_comparison(n.x->str)) {
+      if (!l.truthy()) return l;
+      l = eval(*n.x->y, s);
     }
-    if (l.type == Type::kNull || r.type == Type::kNull) fail("cannot apply '" + op + "' to none");
-    if (op == "~") {
-      std::string out = raw_string(l) + raw_string(r);
+    Value r = eval(*n.y, s);
+    if (op == "==") return Value::from_bool(equal(l, r));
+    if (op == "!=") return Value::from_bool(!equal(l, r));
+    if (op == "in") return Value::from_bool(contains(l, r));
+    if (op == "not in") return Value::from_bool(!contains(l, r));
+    if (op == "~") {  // str() of both; an undefined value is the empty string
+      std::string out = text_of(l);
+      out += text_of(r);
       new_string(out.size());
       return Value::from_string(std::move(out));
     }
-    auto numeric_like = [](const Value& v) { return v.is_number() || v.type == Type::kBool; };
-    auto num = [](const Value& v) { return v.type == Type::kBool ? double(v.boolean) : v.number; };
-    if (op == "**" && numeric_like(l) && numeric_like(r)) {
-      double a = num(l), b = num(r);
-      if (a == 0 && b < 0) fail("0.0 cannot be raised to a negative power");
-      double res = std::pow(a, b);
-      if (!std::isfinite(res)) fail("exponentiation result is not a finite real number");
-      bool is_float = l.type == Type::kFloat || r.type == Type::kFloat || b < 0;
-      return is_float ? Value::from_float(res) : Value::from_int(res);
+    if (l.type == Type::kUndefined) fail_undefined(l);
+    if (r.type == Type::kUndefined) fail_undefined(r);
+    if (op == "<" || op == ">" || op == "<=" || op == ">=") {
+      Sink k = sink();
+      int c = python_compare(l, r, op.c_str(), &k);
+      return Value::from_bool(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
     }
-    if (l.is_number() && r.is_number()) {
-      double a = l.number, b = r.number;
-      bool is_float = l.type == Type::kFloat || r.type == Type::kFloat;
-      auto make = [&](double v) { return is_float ? Value::from_float(v) : Value::from_int(v); };
-      if (op == "+") return make(a + b);
-      if (op == "-") return make(a - b);
-      if (op == "*") return make(a * b);
-      if (op == "/") return Value::from_float(a / b);
-      if (op == "//") return make(std::floor(a / b));
-      if (op == "%") return make(std::fmod(a, b));  // JavaScript %: the sign of the dividend
-      if (op == "<") return Value::from_bool(a < b);
-      if (op == ">") return Value::from_bool(a > b);
-      if (op == "<=") return Value::from_bool(a <= b);
-      if (op == ">=") return Value::from_bool(a >= b);
-    } else if (l.is_array() && r.is_array()) {
-      if (op == "+") {
+    auto numeric = [](const Value& v) { return v.is_number() || v.type == Type::kBool; };
+    if (numeric(l) && numeric(r)) return arithmetic(op, l, r);
+    if (op == "+") {
+      if (l.type == Type::kString && r.type == Type::kString) {
+        new_string(l.str.size() + r.str.size());
+        return Value::from_string(l.str + r.str);
+      }
+      if (l.is_array() && l.type == r.type) {
         if (l.array->size() + r.array->size() > limits.max_loop_iterations)
-          fail("array concatenation exceeds " + std::to_string(limits.max_loop_iterations) +
+          fail("list concatenation exceeds " + std::to_string(limits.max_loop_iterations) +
                " items");
         charge_items(l.array->size() + r.array->size());
         Array a = *l.array;
         a.insert(a.end(), r.array->begin(), r.array->end());
-        return Value::from_array(std::move(a));
-      }
-    } else if (r.is_array()) {
-      if (membership) {
-        bool found = std::any_of(r.array->begin(), r.array->end(),
-                                 [&](const Value& e) { return strict_equal(e, l); });
-        return Value::from_bool(op == "in" ? found : !found);
+        return Value::from_array(std::move(a), l.type);
       }
     }
-    if ((l.type == Type::kString || r.type == Type::kString) && op == "+") {
-      std::string out = raw_string(l) + raw_string(r);
-      new_string(out.size());
-      return Value::from_string(std::move(out));
+    if (op == "*") {
+      bool lseq = l.type == Type::kString || l.is_array(),
+           rseq = r.type == Type::kString || r.is_array();
+      if (lseq && r.is_integral()) return repeat(l, r);
+      if (rseq && l.is_integral()) return repeat(r, l);
     }
-    if (l.type == Type::kString && r.type == Type::kString && membership) {
-      bool found = r.str.find(l.str) != std::string::npos;
-      return Value::from_bool(op == "in" ? found : !found);
-    }
-    if (l.type == Type::kString && r.is_object() && membership) {
-      bool found = r.object->find(l.str) != nullptr;
-      return Value::from_bool(op == "in" ? found : !found);
-    }
-    fail("operator '" + op + "' is not supported between " + type_name(l.type) + " and " +
-         type_name(r.type));
+    fail("TypeError: unsupported operand type(s) for " + op + ": '" + python_type(l) + "' and '" +
+         python_type(r) + "'");
   }
 
   // ---------------------------------------------------------------------------------------------
-  bool run_test(const std::string& name, const Value& v, const Value* arg) {
+  bool run_test(const std::string& name, const Value& v, const std::vector<Value>& args) {
+    const Value* arg = args.empty() ? nullptr : &args[0];
     if (name == "boolean") return v.type == Type::kBool;
     if (name == "callable") return v.type == Type::kFunction;
     if (name == "odd" || name == "even") {
-      if (v.type != Type::kInt)
-        fail("test '" + name + "' needs an integer, got " + type_name(v.type));
-      bool odd = std::fmod(v.number, 2) != 0;
-      return name == "odd" ? odd : !odd;
+      if (!(v.is_number() || v.type == Type::kBool)) fail_type_for_test(name, v);
+      // value % 2 == 1 (odd) or == 0 (even): 1.5 is neither.
+      Value m = arithmetic("%", v, Value::from_int(2));
+      double r = m.type == Type::kInt ? double(m.integer) : m.number;
+      return name == "odd" ? r == 1 : r == 0;
+    }
+    if (name == "divisibleby") {
+      if (!arg) fail("TypeError: test 'divisibleby' needs an argument");
+      Value m = arithmetic("%", v, *arg);
+      return m.type == Type::kInt ? m.integer == 0 : m.number == 0;
     }
     if (name == "false") return v.type == Type::kBool && !v.boolean;
     if (name == "true") return v.type == Type::kBool && v.boolean;
     if (name == "none") return v.type == Type::kNull;
     if (name == "string") return v.type == Type::kString;
-    if (name == "number") return v.is_number();
+    if (name == "number") return v.is_number() || v.type == Type::kBool;  // bool is a Number
     if (name == "integer") return v.type == Type::kInt;
-    if (name == "iterable") return v.type == Type::kArray || v.type == Type::kString;
+    if (name == "float") return v.type == Type::kFloat;
+    if (name == "iterable")
+      return v.is_array() || v.is_container() || v.type == Type::kString ||
+             v.type == Type::kUndefined;
     if (name == "mapping") return v.is_object();
-    if (name == "sequence") return v.is_array() || v.is_object() || v.type == Type::kString;
-    if (name == "lower") return v.type == Type::kString && v.str == to_lower(v.str);
-    if (name == "upper") return v.type == Type::kString && v.str == to_upper(v.str);
+    if (name == "sequence")
+      return v.is_array() || v.is_object() || v.type == Type::kString || v.type == Type::kUndefined;
+    if (name == "lower" || name == "upper") {
+      // str.islower()/isupper(): some cased character, and none of the other case.
+      std::string t = text_of(v);
+      bool lower = to_lower(t) == t, upper = to_upper(t) == t;
+      return name == "lower" ? lower && !upper : upper && !lower;
+    }
     if (name == "defined") return v.type != Type::kUndefined;
     if (name == "undefined") return v.type == Type::kUndefined;
-    if (name == "equalto" || name == "eq") return arg && strict_equal(v, *arg);
-    fail("unknown test '" + name + "' (supported: " + kTests + ")");
+    if (name == "in") {
+      if (!arg) fail("TypeError: test 'in' needs an argument");
+      return contains(v, *arg);
+    }
+    if (name == "sameas") {
+      if (!arg) fail("TypeError: test 'sameas' needs an argument");
+      if (v.type != arg->type) return false;
+      if (v.is_array()) return v.array == arg->array;
+      if (v.is_container()) return v.object == arg->object;
+      return equal(v, *arg);  // None, True, small ints and interned strings are the same object
+    }
+    static const std::pair<const char*, const char*> kCompare[] = {
+        {"eq", "=="}, {"equalto", "=="},    {"==", "=="}, {"ne", "!="}, {"!=", "!="},
+        {"lt", "<"},  {"lessthan", "<"},    {"<", "<"},   {"le", "<="}, {"<=", "<="},
+        {"gt", ">"},  {"greaterthan", ">"}, {">", ">"},   {"ge", ">="}, {">=", ">="}};
+    for (const auto& [test, op] : kCompare) {
+      if (name != test) continue;
+      if (!arg) fail(std::string("TypeError: test '") + test + "' needs an argument");
+      std::string o = op;
+      if (o == "==") return equal(v, *arg);
+      if (o == "!=") return !equal(v, *arg);
+      Sink k = sink();
+      int c = python_compare(v, *arg, op, &k);
+      return o == "<" ? c < 0 : o == "<=" ? c <= 0 : o == ">" ? c > 0 : c >= 0;
+    }
+    fail("TemplateAssertionError: no test named '" + name + "' (supported: " + kTests + ")");
   }
 
-  [[noreturn]] void filter_type_error(const std::string& name, const Value& v) {
-    if (!is_known_filter(name)) fail("unknown filter '" + name + "' (supported: " + kFilters + ")");
-    fail("filter '" + name + "' cannot be applied to " + type_name(v.type));
+  [[noreturn]] void fail_type_for_test(const std::string& name, const Value& v) {
+    if (v.type == Type::kUndefined) fail_undefined(v);
+    fail(std::string("TypeError: test '") + name + "' on a '" + python_type(v) + "' value");
   }
 
+  // ---------------------------------------------------------------------------------------------
   Value apply_filter(const Value& v, const Node& f, Scope& s) {
-    if (f.kind == Kind::kIdent) return filter_plain(v, f.str);
-    const std::string& name = f.x->str;
+    if (f.kind == Kind::kIdent) {
+      std::vector<Value> none;
+      return filter(v, f.str, none);
+    }
     if (f.x->kind != Kind::kIdent) fail("a filter must be a name");
     std::vector<Value> args = eval_args(f.args, s);
+    return filter(v, f.x->str, args);
+  }
+
+  // Items of what a filter iterates (lists, dict keys, string characters, undefined as empty).
+  Array items_of(const Value& v, const std::string& filter_name) {
+    return iteration_items(v, ("filter '" + filter_name + "'").c_str());
+  }
+
+  // Jinja2's select/reject family: the item (or its attribute) passed to a test, or its truth.
+  Array select(const Array& items, bool keep, const Value* attribute,
+               const std::vector<Value>& args, size_t first_test_arg) {
+    Array out;
+    std::string test;
+    if (args.size() > first_test_arg) {
+      if (args[first_test_arg].type != Type::kString)
+        fail("TypeError: a test name must be a string");
+      test = args[first_test_arg].str;
+    }
+    std::vector<Value> test_args;
+    for (size_t i = first_test_arg + 1; i < args.size(); ++i) test_args.push_back(args[i]);
+    for (const Value& e : items) {
+      Value x = attribute ? attribute_path(e, attribute->str) : e;
+      bool r = test.empty() ? x.truthy() : run_test(test, x, test_args);
+      if (r == keep) out.push_back(e);
+    }
+    return out;
+  }
+
+  JsonOptions json_options(const std::vector<Value>& args) {
+    // Transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
     size_t np = positional_count(args);
     auto arg = [&](size_t i, const char* kw) { return np > i ? args[i] : kwargs_get(args, kw); };
+    JsonOptions opt;
+    Value ascii = arg(0, "ensure_ascii"), indent = arg(1, "indent"), seps = arg(2, "separators"),
+          sort = arg(3, "sort_keys");
+    opt.ensure_ascii = ascii.truthy();
+    opt.sort_keys = sort.truthy();
+    if (indent.is_integral()) {  // a negative indent still breaks lines, with no spaces
+      opt.indent = int(std::clamp<int64_t>(indent.as_int(), 0, 1 << 20));
+    } else if (indent.type == Type::kString) {
+      fail("tojson: a string indent is not supported; pass a number of spaces");
+    } else if (indent.type != Type::kUndefined && indent.type != Type::kNull) {
+      fail("TypeError: tojson: indent must be an integer or None");
+    }
+    if (seps.is_array()) {
+      if (seps.array->size() != 2 || (*seps.array)[0].type != Type::kString ||
+          (*seps.array)[1].type != Type::kString)
+        fail("tojson: separators must be a pair of strings (item separator, key separator)");
+      opt.has_separators = true;
+      opt.item_sep = (*seps.array)[0].str;
+      opt.key_sep = (*seps.array)[1].str;
+    } else if (seps.type != Type::kUndefined && seps.type != Type::kNull) {
+      fail("tojson: separators must be a pair of strings (item separator, key separator)");
+    }
+    return opt;
+  }
+
+  Value filter(const Value& v, const std::string& name, std::vector<Value>& args) {
+    size_t np = positional_count(args);
+    auto arg = [&](size_t i, const char* kw) { return np > i ? args[i] : kwargs_get(args, kw); };
+    auto text = [&](const Value& x) { return Value::from_string(text_of(x)); };
     if (name == "tojson") {
-      JsonOptions opt;
-      Value indent = kwargs_get(args, "indent"), ascii = kwargs_get(args, "ensure_ascii");
-      Value sort = kwargs_get(args, "sort_keys"), seps = kwargs_get(args, "separators");
-      if (indent.type == Type::kInt)
-        opt.indent = int(std::clamp(indent.number, 0.0, 64.0));
-      else if (indent.type != Type::kUndefined && indent.type != Type::kNull)
-        fail("tojson: indent must be an integer");
-      if (ascii.type == Type::kBool)
-        opt.ensure_ascii = ascii.boolean;
-      else if (ascii.type != Type::kUndefined)
-        fail("tojson: ensure_ascii must be a boolean");
-      if (sort.type == Type::kBool)
-        opt.sort_keys = sort.boolean;
-      else if (sort.type != Type::kUndefined)
-        fail("tojson: sort_keys must be a boolean");
-      if (seps.is_array()) {
-        if (seps.array->size() != 2 || (*seps.array)[0].type != Type::kString ||
-            (*seps.array)[1].type != Type::kString)
-          fail("tojson: separators must be a tuple of two strings");
-        opt.has_separators = true;
-        opt.item_sep = (*seps.array)[0].str;
-        opt.key_sep = (*seps.array)[1].str;
-      } else if (seps.type != Type::kUndefined && seps.type != Type::kNull) {
-        fail("tojson: separators must be a tuple of two strings");
+      Sink k = sink();
+      write_json(k, v, json_options(args));
+      charge(k.out.size());
+      return Value::from_string(std::move(k.out));
+    }
+    if (name == "safe" || name == "string") return text(v);
+    if (name == "default" || name == "d") {
+      Value def = arg(0, "default_value");
+      if (def.type == Type::kUndefined && np == 0) def = Value::from_string("");
+      bool boolean = arg(1, "boolean").truthy();
+      if (v.type == Type::kUndefined || (boolean && !v.truthy())) return def;
+      return v;
+    }
+    if (name == "length" || name == "count") {
+      if (v.type == Type::kString) return Value::from_int(int64_t(code_point_count(v.str)));
+      if (v.is_array()) return Value::from_int(int64_t(v.array->size()));
+      if (v.is_container()) return Value::from_int(int64_t(v.object->items.size()));
+      if (v.type == Type::kUndefined) return Value::from_int(0);
+      fail(std::string("TypeError: object of type '") + python_type(v) + "' has no len()");
+    }
+    if (name == "int") {
+      Value def = arg(0, "default");
+      if (def.type == Type::kUndefined) def = Value::from_int(0);
+      if (v.is_integral()) return Value::from_int(v.as_int());
+      if (v.type == Type::kUndefined) fail_undefined(v);
+      double d = 0;
+      if (v.type == Type::kString) {
+        int64_t i = 0;
+        if (python_int(v.str, i)) return Value::from_int(i);
+        if (!python_float_parse(v.str, d)) return def;
+      } else if (v.type == Type::kFloat) {
+        d = v.number;
+      } else {
+        return def;
       }
-      std::string out = to_json(v, opt, 0, true, limits.max_depth);
+      if (std::isnan(d) || std::isinf(d)) return def;
+      if (d >= 9223372036854775808.0 || d < -9223372036854775808.0) overflow();
+      return Value::from_int(int64_t(d));  // int() truncates toward zero
+    }
+    if (name == "float") {
+      Value def = arg(0, "default");
+      if (def.type == Type::kUndefined) def = Value::from_float(0);
+      if (v.is_number() || v.type == Type::kBool) return Value::from_float(v.as_double());
+      if (v.type == Type::kUndefined) fail_undefined(v);
+      double d = 0;
+      if (v.type == Type::kString && python_float_parse(v.str, d)) return Value::from_float(d);
+      return def;
+    }
+    if (name == "abs") {
+      if (v.type == Type::kFloat) return Value::from_float(std::fabs(v.number));
+      if (v.is_integral()) {
+        if (v.as_int() == INT64_MIN) overflow();
+        return Value::from_int(std::abs(v.as_int()));
+      }
+      if (v.type == Type::kUndefined) fail_undefined(v);
+      fail(std::string("TypeError: bad operand type for abs(): '") + python_type(v) + "'");
+    }
+    if (name == "upper") return Value::from_string(to_upper(text_of(v)));
+    if (name == "lower") return Value::from_string(to_lower(text_of(v)));
+    if (name == "capitalize") return Value::from_string(capitalize(text_of(v)));
+    if (name == "title") return Value::from_string(title_filter(text_of(v)));
+    if (name == "trim") {
+      std::string t = text_of(v);
+      Value chars = arg(0, "chars");
+      if (chars.type == Type::kString)
+        return Value::from_string(strip_chars(t, chars.str, true, true));
+      return Value::from_string(trim(t));
+    }
+    if (name == "replace") {  // do_replace(s, old, new, count=None): count may be a keyword
+      Value str = text(v);
+      std::vector<Value> positional(args.begin(), args.begin() + np);
+      Value count = arg(2, "count");
+      if (np < 3 && count.type != Type::kUndefined && count.type != Type::kNull)
+        positional.push_back(count);
+      Value fn = string_method(str, "replace");
+      return (*fn.function)(positional, *this);
+    }
+    if (name == "indent") {
+      Value width = arg(0, "width"), first = arg(1, "first"), blank = arg(2, "blank");
+      std::string pad;
+      if (width.type == Type::kString)
+        pad = width.str;
+      else if (width.is_integral())
+        pad = std::string(size_t(std::clamp<int64_t>(width.as_int(), 0, 1024)), ' ');
+      else if (width.type == Type::kUndefined)
+        pad = "    ";
+      else
+        fail("TypeError: indent: width must be an integer or a string");
+      std::string out = indent(text_of(v), pad, first.truthy(), blank.truthy());
       new_string(out.size());
       return Value::from_string(std::move(out));
     }
     if (name == "join") {
-      std::vector<std::string> parts;
-      if (v.type == Type::kString)
-        parts = code_points(v.str);
-      else if (v.is_array())
-        for (const Value& e : *v.array) parts.push_back(join_part(e));
-      else
-        filter_type_error(name, v);
-      Value sep = arg(0, "separator");
+      Value sep = arg(0, "d"), attr = arg(1, "attribute");
       if (sep.type == Type::kUndefined) sep = Value::from_string("");
-      if (sep.type != Type::kString) fail("join: the separator must be a string");
-      std::string out;
+      std::string d = text_of(sep), out;
+      Array parts = items_of(v, name);
       for (size_t i = 0; i < parts.size(); ++i) {
-        if (i) out += sep.str;
-        out += parts[i];
+        if (i) out += d;
+        out += text_of(attr.type == Type::kString ? attribute_path(parts[i], attr.str) : parts[i]);
         check_size(out.size());
       }
       charge(out.size());
       return Value::from_string(std::move(out));
     }
-    if (name == "int" || name == "float") {
-      bool is_int = name == "int";
-      Value def = arg(0, "default");
-      if (def.type == Type::kUndefined) def = is_int ? Value::from_int(0) : Value::from_float(0);
+    if (name == "first" || name == "last") {
+      Array a = items_of(v, name);
+      if (a.empty())
+        return Value::undefined(std::string("No ") + name + " item, sequence was empty.");
+      return name == "first" ? a.front() : a.back();
+    }
+    if (name == "list") {
+      Array a = items_of(v, name);
+      return Value::from_array(std::move(a));
+    }
+    if (name == "reverse") {
       if (v.type == Type::kString) {
-        double d = is_int ? parse_int(v.str) : parse_float(v.str);
-        if (std::isnan(d)) return def;
-        return is_int ? Value::from_int(d) : Value::from_float(d);
+        std::vector<std::string> cps = code_points(v.str);
+        std::string out;
+        for (auto it = cps.rbegin(); it != cps.rend(); ++it) out += *it;
+        return Value::from_string(std::move(out));
       }
-      if (v.is_number()) return v;
-      if (v.type == Type::kBool)
-        return is_int ? Value::from_int(v.boolean) : Value::from_float(v.boolean);
-      filter_type_error(name, v);
+      Array a = items_of(v, name);
+      return Value::from_array(Array(a.rbegin(), a.rend()));
     }
-    if (name == "default") {
-      Value def = np > 0 ? args[0] : Value::from_string("");
-      Value boolean = np > 1 ? args[1] : kwargs_get(args, "boolean");
-      if (boolean.type == Type::kUndefined) boolean = Value::from_bool(false);
-      if (boolean.type != Type::kBool) fail("default: the boolean flag must be a boolean");
-      if (v.type == Type::kUndefined || (boolean.boolean && !v.truthy())) return def;
-      return v;
+    if (name == "sort") {
+      bool reverse = arg(0, "reverse").truthy(), case_sensitive = arg(1, "case_sensitive").truthy();
+      Value attr = arg(2, "attribute");
+      Array out = items_of(v, name);
+      std::string path = attr.type == Type::kString ? attr.str
+                         : attr.is_integral()       ? std::to_string(attr.as_int())
+                                                    : "";
+      auto key = [&](const Value& e) { return path.empty() ? e : attribute_path(e, path); };
+      Sink k = sink();
+      std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
+        int c = compare_values(key(x), key(y), case_sensitive, &k);
+        return reverse ? c > 0 : c < 0;
+      });
+      return Value::from_array(std::move(out));
     }
-    if (v.is_array()) {
-      const Array& a = *v.array;
-      if (name == "sort") {
-        Value rev = arg(0, "reverse"), cs = arg(1, "case_sensitive"), attr = arg(2, "attribute");
-        bool reverse = rev.type == Type::kBool && rev.boolean,
-             case_sensitive = cs.type == Type::kBool && cs.boolean;
-        if (attr.type != Type::kUndefined && attr.type != Type::kNull &&
-            attr.type != Type::kString && attr.type != Type::kInt)
-          fail("sort: attribute must be a string or an integer");
-        std::string path = attr.type == Type::kString ? attr.str
-                           : attr.type == Type::kInt  ? js_number(attr.number)
-                                                      : "";
-        auto key = [&](const Value& e) { return path.empty() ? e : attribute_path(e, path); };
-        Array out = a;
-        std::stable_sort(out.begin(), out.end(), [&](const Value& x, const Value& y) {
-          int c = compare_values(key(x), key(y), case_sensitive);
-          return reverse ? c > 0 : c < 0;
-        });
-        return Value::from_array(std::move(out));
+    if (name == "dictsort") {
+      if (!v.is_object()) {
+        if (v.type == Type::kUndefined) fail_undefined(v);
+        fail("TypeError: dictsort: the value must be a dict");
       }
-      if (name == "selectattr" || name == "rejectattr") {
-        bool select = name == "selectattr";
-        for (const Value& e : a)
-          if (!e.is_container()) fail(name + " can only be applied to an array of objects");
-        for (const auto& an : f.args)
-          if (an->kind != Kind::kString)
-            fail("the arguments of " + name + " must be string literals");
-        if (np == 0) fail(name + " needs an attribute name");
-        Array out;
-        for (const Value& e : a) {
-          const Value* field = e.object->find(args[0].str);
-          bool r = false;
-          // The reference drops items whose attribute is missing before testing.
-          if (field)
-            r = np > 1 ? run_test(args[1].str, *field, np > 2 ? &args[2] : nullptr)
-                       : field->truthy();
-          if (r == select) out.push_back(e);
+      bool case_sensitive = arg(0, "case_sensitive").truthy();
+      Value by = arg(1, "by");
+      bool reverse = arg(2, "reverse").truthy();
+      bool by_value = by.type == Type::kString && by.str == "value";
+      if (by.type != Type::kUndefined &&
+          !(by.type == Type::kString && (by.str == "key" || by_value)))
+        fail("FilterArgumentError: You can only sort by either \"key\" or \"value\"");
+      Array out;
+      for (const auto& e : v.object->items) out.push_back(pair(e.first, e.second));
+      Sink k = sink();
+      std::stable_sort(out.begin(), out.end(), [&](const Value& a, const Value& b) {
+        size_t i = by_value ? 1 : 0;
+        int c = compare_values((*a.array)[i], (*b.array)[i], case_sensitive, &k);
+        return reverse ? c > 0 : c < 0;
+      });
+      return Value::from_array(std::move(out));
+    }
+    if (name == "items") {
+      if (v.type == Type::kUndefined) return Value::from_array({});
+      if (!v.is_object()) fail("TypeError: Can only get item pairs from a mapping.");
+      return (*object_method(v, "items").function)(args, *this);
+    }
+    if (name == "unique") {
+      bool case_sensitive = arg(0, "case_sensitive").truthy();
+      Value attr = arg(1, "attribute");
+      Array out, seen;
+      Sink k = sink();
+      for (const Value& e : items_of(v, name)) {
+        Value key = attr.type == Type::kString ? attribute_path(e, attr.str) : e;
+        if (!case_sensitive && key.type == Type::kString)
+          key = Value::from_string(to_lower(key.str));
+        if (std::none_of(seen.begin(), seen.end(),
+                         [&](const Value& o) { return python_equal(o, key, &k); })) {
+          seen.push_back(key);
+          out.push_back(e);
         }
-        return Value::from_array(std::move(out));
       }
-      if (name == "map") {
-        Value attr = kwargs_get(args, "attribute");
-        if (attr.type == Type::kUndefined) fail("map: only map(attribute=...) is supported");
-        if (attr.type != Type::kString) fail("map: attribute must be a string");
+      return Value::from_array(std::move(out));
+    }
+    if (name == "selectattr" || name == "rejectattr") {
+      if (np == 0) fail("TypeError: " + name + " needs an attribute name");
+      if (args[0].type != Type::kString) fail(name + ": the attribute name must be a string");
+      return Value::from_array(select(items_of(v, name), name == "selectattr", &args[0], args, 1));
+    }
+    if (name == "select" || name == "reject")
+      return Value::from_array(select(items_of(v, name), name == "select", nullptr, args, 0));
+    if (name == "map") {
+      Array items = items_of(v, name), out;
+      Value attr = kwargs_get(args, "attribute");
+      if (attr.type != Type::kUndefined) {
+        if (attr.type != Type::kString && !attr.is_integral())
+          fail("map: attribute must be a string");
+        std::string path = attr.type == Type::kString ? attr.str : std::to_string(attr.as_int());
         Value def = kwargs_get(args, "default");
-        Array out;
-        for (const Value& e : a) {
-          if (!e.is_container()) fail("map: items must be objects");
-          Value r = attribute_path(e, attr.str);
-          out.push_back(r.type == Type::kUndefined ? def : r);
+        for (const Value& e : items) {
+          Value r = attribute_path(e, path);
+          out.push_back(r.type == Type::kUndefined && def.type != Type::kUndefined ? def : r);
         }
         return Value::from_array(std::move(out));
       }
-      filter_type_error(name, v);
-    }
-    if (v.type == Type::kString) {
-      if (name == "indent") {
-        Value width = arg(0, "width"), first = arg(1, "first"), blank = arg(2, "blank");
-        if (width.type == Type::kUndefined) width = Value::from_int(4);
-        if (width.type != Type::kInt) fail("indent: width must be an integer");
-        return Value::from_string(indent(v.str, size_t(std::clamp(width.number, 0.0, 1024.0)),
-                                         first.truthy(), blank.truthy()));
+      if (np == 0 || args[0].type != Type::kString)
+        fail("map: pass a filter name (map('upper')) or attribute='name'");
+      std::vector<Value> rest(args.begin() + 1, args.end());
+      for (const Value& e : items) {
+        std::vector<Value> a = rest;
+        out.push_back(filter(e, args[0].str, a));
       }
-      if (name == "replace") {
-        Value fn = string_method(v, "replace");
-        return (*fn.function)(args, *this);
+      return Value::from_array(std::move(out));
+    }
+    if (name == "sum") {
+      Value attr = arg(0, "attribute"), total = arg(1, "start");
+      if (total.type == Type::kUndefined) total = Value::from_int(0);
+      for (const Value& e : items_of(v, name)) {
+        Value x = attr.type == Type::kString ? attribute_path(e, attr.str) : e;
+        bool numeric = (x.is_number() || x.type == Type::kBool) &&
+                       (total.is_number() || total.type == Type::kBool);
+        if (!numeric)
+          fail(std::string("TypeError: unsupported operand type(s) for +: '") + python_type(total) +
+               "' and '" + python_type(x) + "'");
+        total = arithmetic("+", total, x);
       }
-      filter_type_error(name, v);
+      return total;
     }
-    if (v.is_object()) {
-      Value method = object_method(v, name);
-      if (method.type == Type::kFunction) return (*method.function)(args, *this);
+    if (name == "min" || name == "max") {
+      bool case_sensitive = arg(0, "case_sensitive").truthy();
+      Value attr = arg(1, "attribute");
+      Array a = items_of(v, name);
+      if (a.empty()) return Value::undefined("No aggregated item, sequence was empty.");
+      Sink k = sink();
+      Value best = a[0];
+      for (size_t i = 1; i < a.size(); ++i) {
+        auto key = [&](const Value& e) {
+          return attr.type == Type::kString ? attribute_path(e, attr.str) : e;
+        };
+        int c = compare_values(key(a[i]), key(best), case_sensitive, &k);
+        if (name == "min" ? c < 0 : c > 0) best = a[i];
+      }
+      return best;
     }
-    filter_type_error(name, v);
-  }
-
-  static std::string join_part(const Value& e) {  // Array#join of the raw values
-    if (e.type == Type::kUndefined || e.type == Type::kNull) return "";
-    return raw_string(e);
-  }
-
-  static std::string indent(const std::string& s, size_t width, bool first, bool blank) {
-    std::string pad(width, ' '), out;
-    size_t b = 0;
-    for (size_t line = 0;; ++line) {
-      size_t e = s.find('\n', b);
-      std::string part = s.substr(b, e == std::string::npos ? std::string::npos : e - b);
-      if (!((!first && line == 0) || (!blank && part.empty()))) out += pad;
-      out += part;
-      if (e == std::string::npos) break;
-      out += '\n';
-      b = e + 1;
+    if (name == "round") {
+      Value precision = arg(0, "precision"), method = arg(1, "method");
+      int64_t digits = precision.is_integral() ? precision.as_int() : 0;
+      std::string how = method.type == Type::kString ? method.str : "common";
+      if (how != "common" && how != "floor" && how != "ceil")
+        fail("FilterArgumentError: method must be common, ceil or floor");
+      if (!(v.is_number() || v.type == Type::kBool)) {
+        if (v.type == Type::kUndefined) fail_undefined(v);
+        fail(std::string("TypeError: type ") + python_type(v) + " doesn't define __round__ method");
+      }
+      double x = v.as_double();
+      if (!std::isfinite(x)) return Value::from_float(x);
+      digits = std::clamp<int64_t>(digits, -308, 308);
+      if (how == "common" && v.is_integral()) {  // round(int, n) stays an int
+        if (digits >= 0) return Value::from_int(v.as_int());
+        double scale = std::pow(10.0, double(-digits));
+        return Value::from_int(int64_t(std::nearbyint(x / scale) * scale));
+      }
+      if (how == "common") {
+        if (digits >= 0) {
+          // printf rounds the exact binary value half-to-even, as Python's round(x, n) does.
+          char buf[512];
+          std::snprintf(buf, sizeof buf, "%.*f", int(digits), x);
+          return Value::from_float(std::strtod(buf, nullptr));
+        }
+        double scale = std::pow(10.0, double(-digits));
+        return Value::from_float(std::nearbyint(x / scale) * scale);
+      }
+      double scale = std::pow(10.0, double(digits));
+      return Value::from_float((how == "floor" ? std::floor(x * scale) : std::ceil(x * scale)) /
+                               scale);
     }
-    return out;
-  }
-
-  Value filter_plain(const Value& v, const std::string& name) {
-    if (name == "safe") return v;
-    if (name == "tojson") {
-      std::string out = to_json(v, {}, 0, true, limits.max_depth);
+    if (name == "escape" || name == "e" || name == "forceescape") {
+      std::string out;
+      for (char c : text_of(v)) {
+        switch (c) {
+          case '&':
+            out += "&amp;";
+            break;
+          case '<':
+            out += "&lt;";
+            break;
+          case '>':
+            out += "&gt;";
+            break;
+          case '"':
+            out += "&#34;";
+            break;
+          case '\'':
+            out += "&#39;";
+            break;
+          default:
+            out.push_back(c);
+        }
+      }
       new_string(out.size());
       return Value::from_string(std::move(out));
     }
-    if (v.is_array()) {
-      const Array& a = *v.array;
-      if (name == "list") return v;
-      if (name == "first") return a.empty() ? Value::undefined() : a.front();
-      if (name == "last") return a.empty() ? Value::undefined() : a.back();
-      if (name == "length") return Value::from_int(double(a.size()));
-      if (name == "reverse") return Value::from_array(Array(a.rbegin(), a.rend()));
-      if (name == "sort") {
-        Array out = a;
-        std::stable_sort(out.begin(), out.end(), [](const Value& x, const Value& y) {
-          return compare_values(x, y, false) < 0;
-        });
-        return Value::from_array(std::move(out));
+    if (name == "wordcount") {
+      std::string t = text_of(v);
+      int64_t words = 0;
+      bool in_word = false;
+      for (const std::string& cp : code_points(t)) {
+        bool w = cp.size() > 1 || std::isalnum(uint8_t(cp[0])) || cp[0] == '_';
+        if (w && !in_word) ++words;
+        in_word = w;
       }
-      if (name == "join") {
-        std::string out;
-        for (const Value& e : a) out += join_part(e);
-        return Value::from_string(std::move(out));
-      }
-      if (name == "string") return Value::from_string(to_json(v, {}, 0, false, limits.max_depth));
-      if (name == "unique") {
-        Array out;
-        for (const Value& e : a)
-          if (std::none_of(out.begin(), out.end(),
-                           [&](const Value& o) { return strict_equal(o, e); }))
-            out.push_back(e);
-        return Value::from_array(std::move(out));
-      }
-      filter_type_error(name, v);
+      return Value::from_int(words);
     }
-    if (v.type == Type::kString) {
-      if (name == "length") return Value::from_int(double(utf16_length(v.str)));
-      if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
-        std::vector<Value> none;
-        return (*string_method(v, name).function)(none, *this);
+    fail("TemplateAssertionError: no filter named '" + name + "' (supported: " + kFilters + ")");
+  }
+
+  // Jinja2's indent filter: every line after the first (and the first with first=True) gets the
+  // padding; blank lines only with blank=True. Lines end at \n, \r\n, \r and the other
+  // str.splitlines boundaries.
+  static std::string indent(const std::string& s, const std::string& pad, bool first, bool blank) {
+    std::vector<std::string> lines;
+    std::string line;
+    std::vector<std::string> cps = code_points(s);
+    for (size_t i = 0; i < cps.size(); ++i) {
+      const std::string& c = cps[i];
+      bool brk = c == "\n" || c == "\r" || c == "\x0b" || c == "\x0c" || c == "\x1c" ||
+                 c == "\x1d" || c == "\x1e" || c == "\xc2\x85" || c == "\xe2\x80\xa8" ||
+                 c == "\xe2\x80\xa9";
+      if (!brk) {
+        line += c;
+        continue;
       }
-      if (name == "trim") return Value::from_string(trim(v.str));
-      if (name == "indent") return Value::from_string(indent(v.str, 4, false, false));
-      if (name == "join" || name == "string") return v;
-      if (name == "int") {
-        double d = parse_int(v.str);
-        return Value::from_int(std::isnan(d) ? 0 : d);
-      }
-      if (name == "float") {
-        double d = parse_float(v.str);
-        return Value::from_float(std::isnan(d) ? 0 : d);
-      }
-      filter_type_error(name, v);
+      if (c == "\r" && i + 1 < cps.size() && cps[i + 1] == "\n") ++i;
+      lines.push_back(line);
+      line.clear();
     }
-    if (v.is_number()) {
-      if (name == "abs")
-        return v.type == Type::kInt ? Value::from_int(std::fabs(v.number))
-                                    : Value::from_float(std::fabs(v.number));
-      if (name == "int") return Value::from_int(std::floor(v.number));
-      if (name == "float") return Value::from_float(v.number);
-      if (name == "string") return Value::from_string(render_value(v));
-      filter_type_error(name, v);
+    lines.push_back(line);  // s + "\n" split: the text after the last break is a line
+    std::string out;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      if (i) out += '\n';
+      bool padded = i == 0 ? first : blank || !lines[i].empty();
+      if (padded) out += pad;
+      out += lines[i];
     }
-    if (v.is_object()) {
-      if (name == "items" || name == "length") {
-        if (name == "length") return Value::from_int(double(v.object->items.size()));
-      }
-      Value method = object_method(v, name);
-      if (method.type == Type::kFunction) {
-        std::vector<Value> none;
-        return (*method.function)(none, *this);
-      }
-      filter_type_error(name, v);
-    }
-    if (v.type == Type::kBool) {
-      if (name == "bool") return v;
-      if (name == "int") return Value::from_int(v.boolean);
-      if (name == "float") return Value::from_float(v.boolean);
-      if (name == "string") return Value::from_string(v.boolean ? "true" : "false");
-      filter_type_error(name, v);
-    }
-    filter_type_error(name, v);
+    return out;
   }
 };
 
@@ -1245,29 +1732,38 @@ std::string run_program(const Program& program, std::vector<std::pair<std::strin
                         const Limits& limits, const std::function<std::tm()>& now) {
   Interpreter in{limits, now};
   Scope root;
-  root.set("namespace", Value::from_function([](std::vector<Value>& args, Interpreter&) {
-             auto ns = std::make_shared<Object>();
-             size_t np = positional_count(args);
-             if (np > 1)
-               fail("namespace() takes at most 1 positional argument, got " + std::to_string(np));
-             if (np == 1) {
-               const Value& src = args[0];
-               if (src.is_object()) {
-                 for (const auto& kv : src.object->items) ns->set(kv.first, kv.second);
-               } else if (src.is_array()) {
-                 for (const Value& pair : *src.array) {
-                   if (!pair.is_array() || pair.array->size() != 2 ||
-                       (*pair.array)[0].type != Type::kString)
-                     fail("namespace() expects an object or [key, value] pairs");
-                   ns->set((*pair.array)[0].str, (*pair.array)[1]);
-                 }
-               } else {
-                 fail(std::string("namespace(): ") + type_name(src.type) + " is not iterable");
-               }
-             }
-             if (np < args.size())
-               for (const auto& kv : args.back().object->items) ns->set(kv.first, kv.second);
+  // dict(*args, **kwargs), which Transformers' namespace() and dict() both build from.
+  auto make_dict = [](std::vector<Value>& args, const char* what) {
+    auto d = std::make_shared<Object>();
+    size_t np = positional_count(args);
+    if (np > 1)
+      fail(std::string("TypeError: ") + what + " expected at most 1 argument, got " +
+           std::to_string(np));
+    if (np == 1) {
+      const Value& src = args[0];
+      if (src.is_container()) {
+        for (const auto& kv : src.object->items) d->set(kv.first, kv.second);
+      } else if (src.is_array()) {
+        for (const Value& pair : *src.array) {
+          if (!pair.is_array() || pair.array->size() != 2 || (*pair.array)[0].type != Type::kString)
+            fail(std::string("ValueError: ") + what + " expects a dict or (key, value) pairs");
+          d->set((*pair.array)[0].str, (*pair.array)[1]);
+        }
+      } else if (src.type != Type::kUndefined) {
+        fail(std::string("TypeError: '") + python_type(src) + "' object is not iterable");
+      }
+    }
+    if (np < args.size())
+      for (const auto& kv : args.back().object->items) d->set(kv.first, kv.second);
+    return d;
+  };
+  root.set("namespace", Value::from_function([make_dict](std::vector<Value>& args, Interpreter&) {
+             auto ns = make_dict(args, "namespace()");
+             for (const auto& kv : ns->items) check_namespace_name(kv.first);
              return Value::from_object(std::move(ns), Type::kNamespace);
+           }));
+  root.set("dict", Value::from_function([make_dict](std::vector<Value>& args, Interpreter&) {
+             return Value::from_object(make_dict(args, "dict()"));
            }));
   root.set("false", Value::from_bool(false));
   root.set("true", Value::from_bool(true));
@@ -1277,27 +1773,34 @@ std::string run_program(const Program& program, std::vector<std::pair<std::strin
   root.set("None", Value::null());
   root.set("raise_exception",
            Value::from_function([](std::vector<Value>& args, Interpreter&) -> Value {
-             JinjaError e{args.empty() ? std::string("undefined") : raw_string(args[0])};
+             JinjaError e{args.empty() ? std::string("") : python_str(args[0])};
              e.raised = true;
              throw e;
            }));
+  // The sandbox's range(): integers only, and at most 100000 items (its MAX_RANGE).
   root.set("range", Value::from_function([](std::vector<Value>& args, Interpreter& in) {
              size_t np = positional_count(args);
+             if (np < args.size()) fail("TypeError: range() takes no keyword arguments");
+             if (np == 0 || np > 3)
+               fail("TypeError: range expected 1 to 3 arguments, got " + std::to_string(np));
              for (size_t i = 0; i < np; ++i)
-               if (!args[i].is_number()) fail("range() arguments must be numbers");
-             if (np == 0) fail("range() needs at least one argument");
-             double start = np > 1 ? args[0].number : 0,
-                    stop = np > 1 ? args[1].number : args[0].number;
-             double step = np > 2 ? args[2].number : 1;
-             if (step == 0) fail("range() step must not be zero");
-             double count = std::max(0.0, std::ceil((stop - start) / step));
-             if (count > double(in.limits.max_loop_iterations))
-               fail("range() of " + js_number(count) + " items exceeds the limit of " +
-                    std::to_string(in.limits.max_loop_iterations));
+               if (!args[i].is_integral())
+                 fail(std::string("TypeError: '") + python_type(args[i]) +
+                      "' object cannot be interpreted as an integer");
+             int64_t start = np > 1 ? args[0].as_int() : 0,
+                     stop = np > 1 ? args[1].as_int() : args[0].as_int();
+             int64_t step = np > 2 ? args[2].as_int() : 1;
+             if (step == 0) fail("ValueError: range() arg 3 must not be zero");
+             // The count in floating point: stop - start can overflow int64.
+             double count = std::max(0.0, std::ceil((double(stop) - double(start)) / double(step)));
+             if (count > 100000)
+               fail(
+                   "OverflowError: Range too big. The sandbox blocks ranges larger than "
+                   "MAX_RANGE (100000).");
              in.charge_items(size_t(count));
              Array out;
-             for (double i = start; step > 0 ? i < stop : i > stop; i += step)
-               out.push_back(Value::from_int(i));
+             for (int64_t i = 0; i < int64_t(count); ++i)
+               out.push_back(Value::from_int(start + i * step));
              return Value::from_array(std::move(out));
            }));
   root.set("strftime_now", Value::from_function([](std::vector<Value>& args, Interpreter& in) {

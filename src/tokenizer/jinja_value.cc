@@ -1,6 +1,7 @@
-// Values of the chat-template engine and the JavaScript conversions @huggingface/jinja applies to
-// them (number formatting, JSON.stringify, loose equality, String#trim whitespace).
+// Values of the chat-template engine and the Python conversions Jinja2 applies to them (str(),
+// repr(), float formatting, Transformers' json.dumps tojson, ==, ordering, str.isspace).
 #include <unicode/locid.h>
+#include <unicode/uchar.h>
 #include <unicode/unistr.h>
 
 #include <algorithm>
@@ -13,33 +14,9 @@
 namespace tformers::jinja {
 
 const char* type_name(Type t) {
-  switch (t) {
-    case Type::kUndefined:
-      return "UndefinedValue";
-    case Type::kNull:
-      return "NullValue";
-    case Type::kBool:
-      return "BooleanValue";
-    case Type::kInt:
-      return "IntegerValue";
-    case Type::kFloat:
-      return "FloatValue";
-    case Type::kString:
-      return "StringValue";
-    case Type::kArray:
-      return "ArrayValue";
-    case Type::kTuple:
-      return "TupleValue";
-    case Type::kObject:
-      return "ObjectValue";
-    case Type::kKwargs:
-      return "KeywordArgumentsValue";
-    case Type::kNamespace:
-      return "NamespaceValue";
-    case Type::kFunction:
-      return "FunctionValue";
-  }
-  return "?";
+  Value v;
+  v.type = t;
+  return python_type(v);
 }
 
 const Value* Object::find(const std::string& key) const {
@@ -68,10 +45,15 @@ Value Value::from_bool(bool b) {
   v.boolean = b;
   return v;
 }
-Value Value::from_int(double x) {
+Value Value::undefined(std::string why) {
+  Value v;
+  v.str = std::move(why);
+  return v;
+}
+Value Value::from_int(int64_t x) {
   Value v;
   v.type = Type::kInt;
-  v.number = x;
+  v.integer = x;
   return v;
 }
 Value Value::from_float(double x) {
@@ -113,8 +95,9 @@ bool Value::truthy() const {
     case Type::kBool:
       return boolean;
     case Type::kInt:
+      return integer != 0;
     case Type::kFloat:
-      return number != 0 && !std::isnan(number);
+      return number != 0;  // NaN is true in Python
     case Type::kString:
       return !str.empty();
     case Type::kArray:
@@ -123,7 +106,7 @@ bool Value::truthy() const {
     case Type::kObject:
     case Type::kKwargs:
       return !object->items.empty();
-    case Type::kNamespace:  // a JavaScript Map object is always truthy
+    case Type::kNamespace:  // an object without __len__ or __bool__ is true
     case Type::kFunction:
       return true;
   }
@@ -139,14 +122,16 @@ Value value_from_json(const Json& j, int max_depth) {
     case nlohmann::json::value_t::boolean:
       return Value::from_bool(j.template get<bool>());
     case nlohmann::json::value_t::number_integer:
-      return Value::from_int(double(j.template get<int64_t>()));
-    case nlohmann::json::value_t::number_unsigned:
-      return Value::from_int(double(j.template get<uint64_t>()));
-    case nlohmann::json::value_t::number_float: {
-      // JSON.parse cannot tell 2.0 from 2: the JavaScript reference sees an integer.
-      double d = j.template get<double>();
-      return std::isfinite(d) && d == std::trunc(d) ? Value::from_int(d) : Value::from_float(d);
+      return Value::from_int(j.template get<int64_t>());
+    case nlohmann::json::value_t::number_unsigned: {
+      uint64_t u = j.template get<uint64_t>();
+      if (u > uint64_t(INT64_MAX))
+        fail("context integer " + std::to_string(u) +
+             " is outside the 64-bit range the template engine supports");
+      return Value::from_int(int64_t(u));
     }
+    case nlohmann::json::value_t::number_float:  // json.loads keeps 2.0 a float, as here
+      return Value::from_float(j.template get<double>());
     case nlohmann::json::value_t::string:
       return Value::from_string(j.template get<std::string>());
     case nlohmann::json::value_t::array: {
@@ -187,12 +172,23 @@ Node::~Node() {
   }
 }
 
-// Number#toString: the shortest digits that round-trip, in fixed notation for exponents in
-// [-7, 21) and in exponent notation outside.
-std::string js_number(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
-  if (v == 0) return "0";
+void Sink::grown() const {
+  fail("a value converts to more than " + std::to_string(limit) +
+       " bytes of text (the output or memory budget: max_output_bytes, max_memory_bytes)");
+}
+
+void Sink::step() {
+  if (steps && ++*steps > max_steps)
+    fail("template exceeds its step budget (max_steps) of " + std::to_string(max_steps) +
+         " evaluation steps");
+}
+
+// repr(float): the shortest digits that round-trip, in fixed notation when the decimal exponent
+// is in [-4, 16) (always with a fractional part: 2.0), in exponent notation outside (1e+16).
+std::string python_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  if (v == 0) return std::signbit(v) ? "-0.0" : "0.0";
   std::string sign = v < 0 ? "-" : "";
   char buf[64];
   auto r = std::to_chars(buf, buf + sizeof buf, std::fabs(v), std::chars_format::scientific);
@@ -200,276 +196,57 @@ std::string js_number(double v) {
   size_t e = sci.find('e');
   std::string digits = sci.substr(0, e);
   digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
-  int n = std::stoi(sci.substr(e + 1)) + 1;  // value = 0.digits × 10^n
+  int exp10 = std::stoi(sci.substr(e + 1));  // value = d.ddd × 10^exp10
   int k = int(digits.size());
   std::string out;
-  if (k <= n && n <= 21) {
-    out = digits + std::string(n - k, '0');
-  } else if (0 < n && n <= 21) {
-    out = digits.substr(0, n) + "." + digits.substr(n);
-  } else if (-6 < n && n <= 0) {
-    out = "0." + std::string(-n, '0') + digits;
-  } else {
+  if (exp10 >= 16 || exp10 < -4) {
     out = digits.substr(0, 1);
     if (k > 1) out += "." + digits.substr(1);
-    out += (n - 1 >= 0 ? "e+" : "e-") + std::to_string(std::abs(n - 1));
+    char ebuf[16];
+    std::snprintf(ebuf, sizeof ebuf, "e%c%02d", exp10 < 0 ? '-' : '+', std::abs(exp10));
+    out += ebuf;
+  } else if (exp10 < 0) {
+    out = "0." + std::string(-exp10 - 1, '0') + digits;
+  } else if (k <= exp10 + 1) {
+    out = digits + std::string(exp10 + 1 - k, '0') + ".0";
+  } else {
+    out = digits.substr(0, exp10 + 1) + "." + digits.substr(exp10 + 1);
   }
   return sign + out;
 }
 
-namespace {
-
-std::string float_string(double v) {  // FloatValue#toString: 2.0 stays "2.0"
-  if (v == 0 && std::signbit(v)) return "-0.0";
-  if (std::isfinite(v) && v == std::trunc(v) && std::fabs(v) < 1e21) {
-    char buf[400];
-    std::snprintf(buf, sizeof buf, "%.1f", v);
-    return buf;
-  }
-  return js_number(v);
-}
-
-// JSON.stringify of a string: escapes quotes, backslashes and control characters only.
-void json_quote(std::string& out, std::string_view s, bool ensure_ascii) {
-  static const char* kHex = "0123456789abcdef";
-  out.push_back('"');
-  for (size_t i = 0; i < s.size(); ++i) {
-    unsigned char c = s[i];
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        continue;
-      case '\\':
-        out += "\\\\";
-        continue;
-      case '\b':
-        out += "\\b";
-        continue;
-      case '\f':
-        out += "\\f";
-        continue;
-      case '\n':
-        out += "\\n";
-        continue;
-      case '\r':
-        out += "\\r";
-        continue;
-      case '\t':
-        out += "\\t";
-        continue;
-    }
-    if (c < 0x20) {
-      out += "\\u00";
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    } else if (ensure_ascii && c >= 0x7f) {
-      // Escape every UTF-16 unit from U+007F up, surrogate pairs as two escapes.
-      uint32_t cp = c;
-      size_t len = 1;
-      if (c >= 0xF0)
-        cp = c & 0x07, len = 4;
-      else if (c >= 0xE0)
-        cp = c & 0x0F, len = 3;
-      else if (c >= 0xC0)
-        cp = c & 0x1F, len = 2;
-      for (size_t k = 1; k < len && i + k < s.size(); ++k)
-        cp = (cp << 6) | (uint8_t(s[i + k]) & 0x3F);
-      i += len - 1;
-      auto unit = [&](uint32_t u) {
-        out += "\\u";
-        for (int shift = 12; shift >= 0; shift -= 4) out.push_back(kHex[(u >> shift) & 15]);
-      };
-      if (cp >= 0x10000) {
-        cp -= 0x10000;
-        unit(0xD800 + (cp >> 10));
-        unit(0xDC00 + (cp & 0x3FF));
-      } else {
-        unit(cp);
-      }
-    } else {
-      out.push_back(char(c));
-    }
-  }
-  out.push_back('"');
-}
-
-}  // namespace
-
-std::string to_json(const Value& v, const JsonOptions& opt, int depth, bool undefined_to_null,
-                    int max_depth) {
-  if (depth > max_depth)
-    fail("tojson: value nests deeper than " + std::to_string(max_depth) + " levels");
-  std::string item_sep = ", ", key_sep = ": ";
-  if (opt.has_separators) {
-    item_sep = opt.item_sep;
-    key_sep = opt.key_sep;
-  } else if (opt.indent) {
-    item_sep = ",";
-  }
+const char* python_type(const Value& v) {
   switch (v.type) {
-    case Type::kNull:
-      return "null";
     case Type::kUndefined:
-      return undefined_to_null ? "null" : "undefined";
+      return "Undefined";
+    case Type::kNull:
+      return "NoneType";
+    case Type::kBool:
+      return "bool";
     case Type::kInt:
+      return "int";
     case Type::kFloat:
-      return std::isfinite(v.number) ? js_number(v.number) : "null";
-    case Type::kBool:
-      return v.boolean ? "true" : "false";
-    case Type::kString: {
-      std::string out;
-      json_quote(out, v.str, opt.ensure_ascii);
-      return out;
-    }
-    case Type::kTuple:  // as in the reference (Python would print a tuple, JSON has none)
-      fail("cannot convert a tuple to JSON");
-    case Type::kArray:
-    case Type::kObject:
-    case Type::kKwargs:
-    case Type::kNamespace: {
-      std::string indent(std::max(opt.indent, 0), ' ');
-      std::string base = "\n";
-      for (int d = 0; d < depth; ++d) base += indent;
-      std::string child = base + indent;
-      std::string out;
-      if (v.is_array()) {
-        const Array& a = *v.array;
-        if (opt.indent && !a.empty()) {
-          out = "[" + child;
-          for (size_t i = 0; i < a.size(); ++i) {
-            if (i) out += item_sep + child;
-            out += to_json(a[i], opt, depth + 1, undefined_to_null, max_depth);
-          }
-          return out + base + "]";
-        }
-        out = "[";
-        for (size_t i = 0; i < a.size(); ++i) {
-          if (i) out += item_sep;
-          out += to_json(a[i], opt, depth + 1, undefined_to_null, max_depth);
-        }
-        return out + "]";
-      }
-      std::vector<const std::pair<std::string, Value>*> entries;
-      for (const auto& kv : v.object->items) entries.push_back(&kv);
-      if (opt.sort_keys)
-        std::stable_sort(entries.begin(), entries.end(),
-                         [](auto* a, auto* b) { return a->first < b->first; });
-      out = "{";
-      for (size_t i = 0; i < entries.size(); ++i) {
-        if (i) out += item_sep;
-        if (opt.indent) out += child;
-        json_quote(out, entries[i]->first, opt.ensure_ascii);
-        out += key_sep;
-        out += to_json(entries[i]->second, opt, depth + 1, undefined_to_null, max_depth);
-      }
-      if (opt.indent && !entries.empty()) out += base;
-      return out + "}";
-    }
-    case Type::kFunction:
-      fail("tojson: cannot convert a function to JSON");
-  }
-  return "";
-}
-
-std::string render_value(const Value& v) {
-  switch (v.type) {
-    case Type::kFloat:
-      return float_string(v.number);
-    case Type::kArray:
-    case Type::kTuple:
-    case Type::kObject:
-    case Type::kKwargs:
-    case Type::kNamespace:
-      return to_json(v, {}, 0, false, 1000);
-    default:
-      return raw_string(v);
-  }
-}
-
-std::string raw_string(const Value& v) {
-  switch (v.type) {
-    case Type::kUndefined:
-      return "undefined";
-    case Type::kNull:
-      return "null";
-    case Type::kBool:
-      return v.boolean ? "true" : "false";
-    case Type::kInt:
-    case Type::kFloat:
-      return js_number(v.number);
+      return "float";
     case Type::kString:
-      return v.str;
+      return "str";
     case Type::kArray:
-    case Type::kTuple: {  // Array#toString joins the elements' own strings with ","
-      std::string out;
-      for (size_t i = 0; i < v.array->size(); ++i) {
-        if (i) out += ",";
-        const Value& e = (*v.array)[i];
-        if (e.type != Type::kUndefined && e.type != Type::kNull) out += render_value(e);
-      }
-      return out;
-    }
+      return "list";
+    case Type::kTuple:
+      return "tuple";
     case Type::kObject:
     case Type::kKwargs:
+      return "dict";
     case Type::kNamespace:
-      return "[object Map]";
+      return "Namespace";
     case Type::kFunction:
-      return "[function]";
+      return "function";
   }
-  return "";
+  return "?";
 }
 
 namespace {
-double js_to_number(const Value& v) {  // ToNumber for the primitive cases of ==
-  if (v.type == Type::kBool) return v.boolean ? 1 : 0;
-  if (v.is_number()) return v.number;
-  if (v.type == Type::kString) {
-    std::string s = trim(v.str);
-    if (s.empty()) return 0;
-    char* end = nullptr;
-    double d = std::strtod(s.c_str(), &end);
-    return end == s.c_str() + s.size() ? d : NAN;
-  }
-  return NAN;
-}
-}  // namespace
 
-bool strict_equal(const Value& a, const Value& b) {
-  if (a.is_number() && b.is_number()) return a.number == b.number;
-  if (a.type != b.type) return false;
-  switch (a.type) {
-    case Type::kUndefined:
-    case Type::kNull:
-      return true;
-    case Type::kBool:
-      return a.boolean == b.boolean;
-    case Type::kString:
-      return a.str == b.str;
-    case Type::kArray:
-    case Type::kTuple:
-      return a.array == b.array;
-    case Type::kFunction:
-      return a.function == b.function;
-    default:
-      return a.object == b.object;
-  }
-}
-
-bool loose_equal(const Value& a, const Value& b) {
-  auto nullish = [](const Value& v) { return v.type == Type::kUndefined || v.type == Type::kNull; };
-  if (nullish(a) || nullish(b)) return nullish(a) && nullish(b);
-  auto primitive = [](const Value& v) {
-    return v.type == Type::kBool || v.is_number() || v.type == Type::kString;
-  };
-  if (a.type == Type::kString && b.type == Type::kString) return a.str == b.str;
-  if (primitive(a) && primitive(b)) return js_to_number(a) == js_to_number(b);
-  if (primitive(a) != primitive(b)) return false;  // object vs primitive: not mirrored (rare)
-  return strict_equal(a, b);
-}
-
-// ---------------------------------------------------------------------------------------------
-namespace {
-uint32_t decode(std::string_view s, size_t i, size_t& len) {
+uint32_t decode_at(std::string_view s, size_t i, size_t& len) {
   unsigned char c = s[i];
   len = 1;
   if (c < 0x80) return c;
@@ -489,37 +266,365 @@ uint32_t decode(std::string_view s, size_t i, size_t& len) {
   for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (uint8_t(s[i + k]) & 0x3F);
   return cp;
 }
+
+// Whether repr() shows the code point as is: Python's str.isprintable (not a control, format,
+// surrogate, private-use, unassigned or separator character other than the space).
+bool printable(uint32_t cp) {
+  if (cp == ' ') return true;
+  if (cp < 0x20 || cp == 0x7F) return false;
+  if (cp < 0x7F) return true;
+  switch (u_charType(UChar32(cp))) {
+    case U_CONTROL_CHAR:
+    case U_FORMAT_CHAR:
+    case U_SURROGATE:
+    case U_PRIVATE_USE_CHAR:
+    case U_UNASSIGNED:
+    case U_SPACE_SEPARATOR:
+    case U_LINE_SEPARATOR:
+    case U_PARAGRAPH_SEPARATOR:
+      return false;
+    default:
+      return true;
+  }
+}
+
+// repr(str): single quotes unless the text holds a single quote and no double quote.
+void repr_string(Sink& sink, std::string_view s) {
+  bool squote = s.find('\'') != std::string_view::npos;
+  char q = squote && s.find('"') == std::string_view::npos ? '"' : '\'';
+  sink.push(q);
+  static const char* kHex = "0123456789abcdef";
+  for (size_t i = 0; i < s.size();) {
+    size_t len;
+    uint32_t cp = decode_at(s, i, len);
+    if (cp == uint32_t(q) || cp == '\\') {
+      sink.push('\\');
+      sink.push(char(cp));
+    } else if (cp == '\n') {
+      sink.append("\\n");
+    } else if (cp == '\r') {
+      sink.append("\\r");
+    } else if (cp == '\t') {
+      sink.append("\\t");
+    } else if (printable(cp)) {
+      sink.append(s.substr(i, len));
+    } else {
+      int digits = cp < 0x100 ? 2 : cp < 0x10000 ? 4 : 8;
+      sink.append(digits == 2 ? "\\x" : digits == 4 ? "\\u" : "\\U");
+      for (int shift = (digits - 1) * 4; shift >= 0; shift -= 4)
+        sink.push(kHex[(cp >> shift) & 15]);
+    }
+    i += len;
+  }
+  sink.push(q);
+}
+
+// json.dumps of a string: with ensure_ascii=False only quotes, backslashes and control characters
+// are escaped; with ensure_ascii=True everything outside space..~ (surrogate pairs above U+FFFF).
+void json_quote(Sink& sink, std::string_view s, bool ensure_ascii) {
+  static const char* kHex = "0123456789abcdef";
+  sink.push('"');
+  auto unit = [&](uint32_t u) {
+    sink.append("\\u");
+    for (int shift = 12; shift >= 0; shift -= 4) sink.push(kHex[(u >> shift) & 15]);
+  };
+  for (size_t i = 0; i < s.size();) {
+    size_t len;
+    uint32_t cp = decode_at(s, i, len);
+    switch (cp) {
+      case '"':
+        sink.append("\\\"");
+        break;
+      case '\\':
+        sink.append("\\\\");
+        break;
+      case '\b':
+        sink.append("\\b");
+        break;
+      case '\f':
+        sink.append("\\f");
+        break;
+      case '\n':
+        sink.append("\\n");
+        break;
+      case '\r':
+        sink.append("\\r");
+        break;
+      case '\t':
+        sink.append("\\t");
+        break;
+      default:
+        if (cp < 0x20 || (ensure_ascii && cp > 0x7E)) {
+          if (cp >= 0x10000) {
+            unit(0xD800 + ((cp - 0x10000) >> 10));
+            unit(0xDC00 + ((cp - 0x10000) & 0x3FF));
+          } else {
+            unit(cp);
+          }
+        } else {
+          sink.append(s.substr(i, len));
+        }
+    }
+    i += len;
+  }
+  sink.push('"');
+}
+
+void check_depth(const Sink& sink, int depth) {
+  if (depth > sink.max_depth)
+    fail("a value nests deeper than " + std::to_string(sink.max_depth) + " levels");
+}
+
+}  // namespace
+
+void write_repr(Sink& sink, const Value& v, int depth) {
+  sink.step();
+  check_depth(sink, depth);
+  switch (v.type) {
+    case Type::kString:
+      return repr_string(sink, v.str);
+    case Type::kUndefined:
+      return sink.append("Undefined");
+    case Type::kArray:
+    case Type::kTuple: {
+      bool tuple = v.type == Type::kTuple;
+      sink.push(tuple ? '(' : '[');
+      for (size_t i = 0; i < v.array->size(); ++i) {
+        if (i) sink.append(", ");
+        write_repr(sink, (*v.array)[i], depth + 1);
+      }
+      if (tuple && v.array->size() == 1) sink.push(',');
+      return sink.push(tuple ? ')' : ']');
+    }
+    case Type::kObject:
+    case Type::kKwargs:
+    case Type::kNamespace: {
+      if (v.type == Type::kNamespace) sink.append("<Namespace ");
+      sink.push('{');
+      bool first = true;
+      for (const auto& [key, value] : v.object->items) {
+        if (!first) sink.append(", ");
+        first = false;
+        repr_string(sink, key);
+        sink.append(": ");
+        write_repr(sink, value, depth + 1);
+      }
+      sink.push('}');
+      if (v.type == Type::kNamespace) sink.push('>');
+      return;
+    }
+    default:
+      return write_str(sink, v);
+  }
+}
+
+void write_str(Sink& sink, const Value& v) {
+  switch (v.type) {
+    case Type::kUndefined:
+      return;  // str(Undefined) is empty
+    case Type::kNull:
+      return sink.append("None");
+    case Type::kBool:
+      return sink.append(v.boolean ? "True" : "False");
+    case Type::kInt:
+      return sink.append(std::to_string(v.integer));
+    case Type::kFloat:
+      return sink.append(python_float(v.number));
+    case Type::kString:
+      return sink.append(v.str);
+    case Type::kFunction:
+      return sink.append("<function>");
+    default:
+      return write_repr(sink, v);
+  }
+}
+
+std::string python_str(const Value& v) {
+  if (v.type == Type::kString) return v.str;
+  Sink sink;
+  write_str(sink, v);
+  return std::move(sink.out);
+}
+
+void write_json(Sink& sink, const Value& v, const JsonOptions& opt, int depth) {
+  sink.step();
+  check_depth(sink, depth);
+  // json.dumps: ", " and ": " on one line; with an indent, "," ends the line instead.
+  std::string_view item_sep = opt.indent >= 0 ? "," : ", ", key_sep = ": ";
+  if (opt.has_separators) item_sep = opt.item_sep, key_sep = opt.key_sep;
+  auto newline = [&](int level) {
+    sink.push('\n');
+    for (int i = 0; i < level * opt.indent; ++i) sink.push(' ');
+  };
+  switch (v.type) {
+    case Type::kNull:
+      return sink.append("null");
+    case Type::kBool:
+      return sink.append(v.boolean ? "true" : "false");
+    case Type::kInt:
+      return sink.append(std::to_string(v.integer));
+    case Type::kFloat:  // float.__repr__, and allow_nan's NaN, Infinity, -Infinity
+      if (std::isnan(v.number)) return sink.append("NaN");
+      if (std::isinf(v.number)) return sink.append(v.number > 0 ? "Infinity" : "-Infinity");
+      return sink.append(python_float(v.number));
+    case Type::kString:
+      return json_quote(sink, v.str, opt.ensure_ascii);
+    case Type::kArray:
+    case Type::kTuple: {  // a tuple is a JSON array too
+      const Array& a = *v.array;
+      sink.push('[');
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (i) sink.append(item_sep);
+        if (opt.indent >= 0) newline(depth + 1);
+        write_json(sink, a[i], opt, depth + 1);
+      }
+      if (opt.indent >= 0 && !a.empty()) newline(depth);
+      return sink.push(']');
+    }
+    case Type::kObject:
+    case Type::kKwargs: {
+      std::vector<const std::pair<std::string, Value>*> entries;
+      for (const auto& kv : v.object->items) entries.push_back(&kv);
+      if (opt.sort_keys)  // UTF-8 byte order is code point order, as Python sorts str
+        std::sort(entries.begin(), entries.end(),
+                  [](auto* a, auto* b) { return a->first < b->first; });
+      sink.push('{');
+      for (size_t i = 0; i < entries.size(); ++i) {
+        if (i) sink.append(item_sep);
+        if (opt.indent >= 0) newline(depth + 1);
+        json_quote(sink, entries[i]->first, opt.ensure_ascii);
+        sink.append(key_sep);
+        write_json(sink, entries[i]->second, opt, depth + 1);
+      }
+      if (opt.indent >= 0 && !entries.empty()) newline(depth);
+      return sink.push('}');
+    }
+    default:
+      fail(std::string("TypeError: tojson: Object of type ") + python_type(v) +
+           " is not JSON serializable");
+  }
+}
+
+bool python_equal(const Value& a, const Value& b, Sink* sink) {
+  if (sink) sink->step();
+  bool an = a.is_number() || a.type == Type::kBool, bn = b.is_number() || b.type == Type::kBool;
+  if (an && bn) {
+    if (a.is_integral() && b.is_integral()) return a.as_int() == b.as_int();
+    // An int and a float compare exactly (2**53 + 1 != 2.0**53), as in Python.
+    if (a.type == Type::kFloat && b.type == Type::kFloat) return a.number == b.number;
+    const Value& f = a.type == Type::kFloat ? a : b;
+    const Value& i = a.type == Type::kFloat ? b : a;
+    if (!std::isfinite(f.number) || f.number != std::trunc(f.number)) return false;
+    if (f.number < -9.3e18 || f.number > 9.3e18) return false;
+    return f.number >= -9223372036854775808.0 && f.number < 9223372036854775808.0 &&
+           int64_t(f.number) == i.as_int();
+  }
+  if (a.type != b.type) {
+    bool dicts = a.is_object() && b.is_object();
+    if (!dicts) return false;
+  }
+  switch (a.type) {
+    case Type::kUndefined:
+    case Type::kNull:
+      return true;
+    case Type::kString:
+      return a.str == b.str;
+    case Type::kArray:
+    case Type::kTuple: {
+      if (a.array == b.array) return true;
+      if (a.array->size() != b.array->size()) return false;
+      for (size_t i = 0; i < a.array->size(); ++i)
+        if (!python_equal((*a.array)[i], (*b.array)[i], sink)) return false;
+      return true;
+    }
+    case Type::kObject:
+    case Type::kKwargs: {
+      if (a.object == b.object) return true;
+      if (a.object->items.size() != b.object->items.size()) return false;
+      for (const auto& [key, value] : a.object->items) {
+        const Value* other = b.object->find(key);
+        if (!other || !python_equal(value, *other, sink)) return false;
+      }
+      return true;
+    }
+    case Type::kFunction:
+      return a.function == b.function;
+    default:
+      return a.object == b.object;
+  }
+}
+
+int python_compare(const Value& a, const Value& b, const char* op, Sink* sink) {
+  if (sink) sink->step();
+  bool an = a.is_number() || a.type == Type::kBool, bn = b.is_number() || b.type == Type::kBool;
+  if (an && bn) {
+    if (a.is_integral() && b.is_integral())
+      return a.as_int() < b.as_int() ? -1 : a.as_int() > b.as_int() ? 1 : 0;
+    double x = a.as_double(), y = b.as_double();
+    return x < y ? -1 : x > y ? 1 : 0;
+  }
+  if (a.type == Type::kString && b.type == Type::kString)
+    return a.str.compare(b.str) < 0 ? -1 : a.str == b.str ? 0 : 1;
+  if (a.type == b.type && a.is_array()) {  // lexicographic, as Python compares sequences
+    size_t n = std::min(a.array->size(), b.array->size());
+    for (size_t i = 0; i < n; ++i) {
+      const Value& x = (*a.array)[i];
+      const Value& y = (*b.array)[i];
+      if (!python_equal(x, y, sink)) return python_compare(x, y, op, sink);
+    }
+    return a.array->size() < b.array->size() ? -1 : a.array->size() > b.array->size() ? 1 : 0;
+  }
+  for (const Value* u : {&a, &b})
+    if (u->type == Type::kUndefined)
+      fail("UndefinedError: " + (u->str.empty() ? std::string("a value is undefined") : u->str));
+  fail(std::string("TypeError: '") + op + "' not supported between instances of '" +
+       python_type(a) + "' and '" + python_type(b) + "'");
+}
+
+// ---------------------------------------------------------------------------------------------
+namespace {
 bool js_space(uint32_t cp) {
   return cp == 0x09 || cp == 0x0A || cp == 0x0B || cp == 0x0C || cp == 0x0D || cp == 0x20 ||
          cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
          cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000 || cp == 0xFEFF;
+}
+// str.isspace: JavaScript's set less U+FEFF, plus the separators \x1c-\x1f and U+0085.
+bool py_space(uint32_t cp) {
+  return (cp >= 0x1C && cp <= 0x1F) || cp == 0x85 || (cp != 0xFEFF && js_space(cp));
 }
 }  // namespace
 
 size_t js_space_at(std::string_view s, size_t i) {
   if (i >= s.size()) return 0;
   size_t len;
-  uint32_t cp = decode(s, i, len);
+  uint32_t cp = decode_at(s, i, len);
   return js_space(cp) ? len : 0;
 }
 
-size_t js_space_before(std::string_view s, size_t end) {
+size_t space_at(std::string_view s, size_t i) {
+  if (i >= s.size()) return 0;
+  size_t len;
+  uint32_t cp = decode_at(s, i, len);
+  return py_space(cp) ? len : 0;
+}
+
+size_t space_before(std::string_view s, size_t end) {
   if (end == 0) return 0;
   size_t b = end - 1;
   while (b > 0 && end - b < 4 && (uint8_t(s[b]) & 0xC0) == 0x80) --b;
   size_t len;
-  uint32_t cp = decode(s, b, len);
-  return b + len == end && js_space(cp) ? len : 0;
+  uint32_t cp = decode_at(s, b, len);
+  return b + len == end && py_space(cp) ? len : 0;
 }
 
 std::string trim_start(std::string_view s) {
   size_t i = 0;
-  while (size_t n = js_space_at(s, i)) i += n;
+  while (size_t n = space_at(s, i)) i += n;
   return std::string(s.substr(i));
 }
 std::string trim_end(std::string_view s) {
   size_t e = s.size();
-  while (size_t n = js_space_before(s, e)) e -= n;
+  while (size_t n = space_before(s, e)) e -= n;
   return std::string(s.substr(0, e));
 }
 std::string trim(std::string_view s) { return trim_start(trim_end(s)); }
@@ -528,19 +633,19 @@ std::vector<std::string> code_points(std::string_view s) {
   std::vector<std::string> out;
   for (size_t i = 0; i < s.size();) {
     size_t len;
-    decode(s, i, len);
+    decode_at(s, i, len);
     out.emplace_back(s.substr(i, len));
     i += len;
   }
   return out;
 }
 
-size_t utf16_length(std::string_view s) {
+size_t code_point_count(std::string_view s) {
   size_t n = 0;
   for (size_t i = 0; i < s.size();) {
     size_t len;
-    uint32_t cp = decode(s, i, len);
-    n += cp >= 0x10000 ? 2 : 1;
+    decode_at(s, i, len);
+    ++n;
     i += len;
   }
   return n;
