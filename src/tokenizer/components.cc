@@ -7,6 +7,8 @@
 #include <unicode/unistr.h>
 
 #include <algorithm>
+#include <iterator>
+#include <utility>
 
 #include "tformers/error.h"
 #include "tokenizer/unicode.h"
@@ -95,12 +97,43 @@ std::unique_ptr<Seq> make_sequence(const Json& j, const char* key, const std::st
 
 namespace {
 
+// PCRE2 10.42's property tables are Unicode 14; the Rust library's Oniguruma knows the characters
+// added since (Unicode 15 and 16: Kawi, Garay, CJK extensions H and I, ...), which PCRE2 takes for
+// unassigned. These are, per general category, the ranges to add to \p{X} for the two to agree
+// (generated from the reference itself by tools/tokenizer/make_unicode_newer.py).
+struct NewerCategory {
+  const char* name;
+  const char* ranges;
+};
+constexpr NewerCategory kNewerCategories[] = {
+#include "tokenizer/unicode_newer.inc"
+};
+
+// The extra class ranges for \p{name}; empty when there are none or the name is not a category.
+std::string_view newer_ranges(std::string_view name) {
+  for (const auto& c : kNewerCategories)
+    if (name == c.name) return c.ranges;
+  return {};
+}
+
+// \p{name} and its newer characters, for inside a character class.
+std::string property_body(const char* name) {
+  return detail::str_cat("\\p{", name, "}", newer_ranges(name));
+}
+
 // Oniguruma's \s (and the Rust library's char::is_whitespace) is the White_Space property:
 // \t-\r, space, U+0085 and the Z categories. PCRE2's UCP \s differs on U+0085, so spell it out.
-const char* kSpaceClassBody = "\\t-\\r\\x{85}\\p{Z}";
+const std::string& space_class_body() {
+  static const std::string body = "\\t-\\r\\x{85}" + property_body("Z");
+  return body;
+}
 // Oniguruma's Unicode \w is Letter | Mark | Number | Connector_Punctuation; PCRE2 10.42's UCP \w
 // lacks the marks (so a combining mark after NFKD would split a word).
-const char* kWordClassBody = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
+const std::string& word_class_body() {
+  static const std::string body =
+      property_body("L") + property_body("M") + property_body("N") + property_body("Pc");
+  return body;
+}
 
 std::string rewrite_pattern(const std::string& p) {
   std::string out;
@@ -110,24 +143,39 @@ std::string rewrite_pattern(const std::string& p) {
     if (c == '\\' && i + 1 < p.size()) {
       char n = p[i + 1];
       if (n == 's') {
-        out += in_class ? std::string(kSpaceClassBody) : std::string("[") + kSpaceClassBody + "]";
+        out += in_class ? space_class_body() : "[" + space_class_body() + "]";
         ++i;
         continue;
       }
       if (n == 'w') {
-        out += in_class ? std::string(kWordClassBody) : std::string("[") + kWordClassBody + "]";
+        out += in_class ? word_class_body() : "[" + word_class_body() + "]";
         ++i;
         continue;
       }
       if (n == 'W' && !in_class) {
-        out += std::string("[^") + kWordClassBody + "]";
+        out += "[^" + word_class_body() + "]";
         ++i;
         continue;
       }
       if (n == 'S' && !in_class) {
-        out += std::string("[^") + kSpaceClassBody + "]";
+        out += "[^" + space_class_body() + "]";
         ++i;
         continue;
+      }
+      size_t close = (n == 'p' || n == 'P') && i + 2 < p.size() && p[i + 2] == '{'
+                         ? p.find('}', i + 3)
+                         : std::string::npos;
+      if (close != std::string::npos) {
+        std::string name = p.substr(i + 3, close - i - 3);
+        std::string_view extra = newer_ranges(name);
+        // \P{X} inside a class stays as written: a PCRE2 10.42 class cannot subtract the newer
+        // characters from its complement.
+        if (!extra.empty() && (n == 'p' || !in_class)) {
+          std::string body = detail::str_cat("\\p{", name, "}", extra);
+          out += in_class ? body : (n == 'p' ? "[" : "[^") + body + "]";
+          i = close;
+          continue;
+        }
       }
       out += c;
       out += n;
@@ -436,6 +484,21 @@ class UnicodeNormalizer : public Normalizer {
   const icu::Normalizer2* norm_ = nullptr;
 };
 
+// Lowercase mappings ICU 72 (Unicode 15) lacks for characters the Rust library's char::to_lowercase
+// knows (Unicode 16 and later), generated from the reference by
+// tools/tokenizer/make_unicode_newer.py.
+constexpr std::pair<char32_t, char32_t> kNewerLowercase[] = {
+#include "tokenizer/unicode_newer_lower.inc"
+};
+
+char32_t to_lower(char32_t cp) {
+  const auto* end = std::end(kNewerLowercase);
+  const auto* it = std::lower_bound(std::begin(kNewerLowercase), end, cp,
+                                    [](const auto& m, char32_t c) { return m.first < c; });
+  if (it != end && it->first == cp) return it->second;
+  return static_cast<char32_t>(u_tolower(static_cast<UChar32>(cp)));
+}
+
 class LowercaseNormalizer : public Normalizer {
  public:
   void normalize(std::string& text, const GrowthBudget&) const override {
@@ -448,7 +511,7 @@ class LowercaseNormalizer : public Normalizer {
         out += "i\xCC\x87";
         continue;
       }
-      append_utf8(out, static_cast<char32_t>(u_tolower(static_cast<UChar32>(cp))));
+      append_utf8(out, to_lower(cp));
     }
     text.swap(out);
   }
@@ -713,12 +776,7 @@ class DigitsPreTokenizer : public PreTokenizer {
   void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start,
                     const GrowthBudget&) const override {
     // Rust's char::is_numeric: the Nd, Nl and No categories, not only ASCII digits.
-    auto is_digit = [](char32_t c) {
-      if (c < 0x80) return c >= '0' && c <= '9';
-      int8_t t = u_charType(static_cast<UChar32>(c));
-      return t == U_DECIMAL_DIGIT_NUMBER || t == U_LETTER_NUMBER || t == U_OTHER_NUMBER;
-    };
-    split_by_predicate(splits, is_digit,
+    split_by_predicate(splits, is_numeric,
                        individual ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
                        at_input_start);
   }
