@@ -4,8 +4,8 @@ JSON array of base64 strings (base64 because a few documents are deliberately in
 
 Kinds of text: English prose, C source, CJK, Arabic, other scripts and combining marks, emoji and
 ZWJ sequences, whitespace runs, long digit runs, special-token strings (whole and broken), rare,
-private-use and unassigned code points and controls, mixed documents, invalid UTF-8 and a few
-edge cases (the empty string, a lone space, ...).
+private-use and unassigned code points and controls, mixed documents, invalid UTF-8, a few
+edge cases (the empty string, a lone space, ...) and characters assigned after Unicode 14.
 
 Deterministic: a seeded PRNG (mulberry32) plus files read in sorted order from
 /usr/share/common-licenses and /usr/include (when absent, synthesized prose and code take their
@@ -358,6 +358,24 @@ for s in ["", " ", "  ", "\n", "a", "The French Bread Law states", " Hello", "He
           "I'm here, aren't you? WE'LL SEE'S",
           "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"]:
     add_text(s)
+
+
+# 12. Characters assigned after Unicode 14 (15 and 16), which PCRE2 10.42 takes for unassigned:
+# letters, digits, marks and symbols next to the contraction, space and digit rules.
+newer = [(0x11F00, 0x11F59), (0x1E4D0, 0x1E4F9), (0x31350, 0x323AF), (0x2EBF0, 0x2EE5D),
+         (0x10D40, 0x10D8F), (0x105C0, 0x105F3), (0x11BC0, 0x11BF9), (0x16100, 0x16139),
+         (0x16D40, 0x16D79), (0x1E5D0, 0x1E5FF), (0x11380, 0x113E2), (0x1CC00, 0x1CEB3),
+         (0x13460, 0x143FA), (0x1FA70, 0x1FAFF), (0x0897, 0x0897), (0x1C89, 0x1C8A),
+         (0xA7CB, 0xA7DC)]
+
+
+def gen_newer():
+    if rng.rand() < 0.6:
+        return rand_range(*pick(newer))
+    return pick([" ", "'s", "'ll", "1", "42", "a", "The", "  ", "\n", ".", "-"])
+
+
+synth(gen_newer, 20, 1200)
 
 total = sum(map(len, docs))
 if total < 1 << 20:
