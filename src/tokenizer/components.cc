@@ -116,26 +116,79 @@ std::string_view newer_ranges(std::string_view name) {
   return {};
 }
 
-// \p{name} and its newer characters, for inside a character class.
-std::string property_body(const char* name) {
-  return detail::str_cat("\\p{", name, "}", newer_ranges(name));
+// \p{name} and, when `newer`, its newer characters, for inside a character class.
+std::string property_body(const char* name, bool newer) {
+  return detail::str_cat("\\p{", name, "}", newer ? newer_ranges(name) : std::string_view());
+}
+
+// All the newer characters as sorted, merged ranges, parsed once from the class text.
+const std::vector<std::pair<char32_t, char32_t>>& newer_code_points() {
+  static const auto ranges = [] {
+    std::vector<std::pair<char32_t, char32_t>> r;
+    for (const auto& c : kNewerCategories) {
+      if (std::string_view(c.name).size() != 1) continue;  // the major classes hold them all
+      std::string_view s = c.ranges;
+      auto hex = [&s](size_t& i) {  // reads "\x{HEX}" at s[i]
+        size_t close = s.find('}', i);
+        auto v = static_cast<char32_t>(
+            std::stoul(std::string(s.substr(i + 3, close - i - 3)), nullptr, 16));
+        i = close + 1;
+        return v;
+      };
+      for (size_t i = 0; i < s.size();) {
+        char32_t lo = hex(i), hi = lo;
+        if (i < s.size() && s[i] == '-') {
+          ++i;
+          hi = hex(i);
+        }
+        r.emplace_back(lo, hi);
+      }
+    }
+    std::sort(r.begin(), r.end());
+    std::vector<std::pair<char32_t, char32_t>> merged;
+    for (const auto& x : r) {
+      if (!merged.empty() && x.first <= merged.back().second + 1) {
+        merged.back().second = std::max(merged.back().second, x.second);
+      } else {
+        merged.push_back(x);
+      }
+    }
+    return merged;
+  }();
+  return ranges;
+}
+
+// True when text (valid UTF-8) holds a character that PCRE2 10.42 takes for unassigned but the
+// reference does not. All of them are at U+0897 or above, so 1- and 2-byte sequences are skipped.
+bool has_newer_code_point(std::string_view text) {
+  const auto& ranges = newer_code_points();
+  for (size_t i = 0; i < text.size();) {
+    auto b = static_cast<unsigned char>(text[i]);
+    if (b < 0xE0) {
+      i += utf8_length(b);
+      continue;
+    }
+    char32_t cp = next_code_point(text, i);
+    auto it = std::upper_bound(ranges.begin(), ranges.end(), cp,
+                               [](char32_t c, const auto& r) { return c < r.first; });
+    if (it != ranges.begin() && cp <= std::prev(it)->second) return true;
+  }
+  return false;
 }
 
 // Oniguruma's \s (and the Rust library's char::is_whitespace) is the White_Space property:
 // \t-\r, space, U+0085 and the Z categories. PCRE2's UCP \s differs on U+0085, so spell it out.
-const std::string& space_class_body() {
-  static const std::string body = "\\t-\\r\\x{85}" + property_body("Z");
-  return body;
-}
+std::string space_class_body(bool newer) { return "\\t-\\r\\x{85}" + property_body("Z", newer); }
 // Oniguruma's Unicode \w is Letter | Mark | Number | Connector_Punctuation; PCRE2 10.42's UCP \w
 // lacks the marks (so a combining mark after NFKD would split a word).
-const std::string& word_class_body() {
-  static const std::string body =
-      property_body("L") + property_body("M") + property_body("N") + property_body("Pc");
-  return body;
+std::string word_class_body(bool newer) {
+  return property_body("L", newer) + property_body("M", newer) + property_body("N", newer) +
+         property_body("Pc", newer);
 }
 
-std::string rewrite_pattern(const std::string& p) {
+// The pattern in PCRE2's syntax with Oniguruma's meaning; `newer` adds the characters newer than
+// PCRE2's Unicode tables to the property classes.
+std::string rewrite_pattern(const std::string& p, bool newer) {
   std::string out;
   bool in_class = false;
   for (size_t i = 0; i < p.size(); ++i) {
@@ -143,22 +196,22 @@ std::string rewrite_pattern(const std::string& p) {
     if (c == '\\' && i + 1 < p.size()) {
       char n = p[i + 1];
       if (n == 's') {
-        out += in_class ? space_class_body() : "[" + space_class_body() + "]";
+        out += in_class ? space_class_body(newer) : "[" + space_class_body(newer) + "]";
         ++i;
         continue;
       }
       if (n == 'w') {
-        out += in_class ? word_class_body() : "[" + word_class_body() + "]";
+        out += in_class ? word_class_body(newer) : "[" + word_class_body(newer) + "]";
         ++i;
         continue;
       }
       if (n == 'W' && !in_class) {
-        out += "[^" + word_class_body() + "]";
+        out += "[^" + word_class_body(newer) + "]";
         ++i;
         continue;
       }
       if (n == 'S' && !in_class) {
-        out += "[^" + space_class_body() + "]";
+        out += "[^" + space_class_body(newer) + "]";
         ++i;
         continue;
       }
@@ -167,7 +220,7 @@ std::string rewrite_pattern(const std::string& p) {
                          : std::string::npos;
       if (close != std::string::npos) {
         std::string name = p.substr(i + 3, close - i - 3);
-        std::string_view extra = newer_ranges(name);
+        std::string_view extra = newer ? newer_ranges(name) : std::string_view();
         // \P{X} inside a class stays as written: a PCRE2 10.42 class cannot subtract the newer
         // characters from its complement.
         if (!extra.empty() && (n == 'p' || !in_class)) {
@@ -226,8 +279,10 @@ MatchScratch& scratch() {
 
 }  // namespace
 
-Regex::Regex(const std::string& pattern, const std::string& where) {
-  std::string p = rewrite_pattern(pattern);
+namespace {
+
+pcre2_code* compile_regex(const std::string& pattern, const std::string& p,
+                          const std::string& where) {
   int err = 0;
   PCRE2_SIZE off = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(),
@@ -239,14 +294,34 @@ Regex::Regex(const std::string& pattern, const std::string& where) {
                                       "\": ", reinterpret_cast<const char*>(msg)));
   }
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter on failure
-  code_ = code;
+  return code;
 }
 
-Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
+}  // namespace
+
+Regex::Regex(const std::string& pattern, const std::string& where) {
+  std::string plain = rewrite_pattern(pattern, false);
+  code_ = compile_regex(pattern, plain, where);
+  std::string newer = rewrite_pattern(pattern, true);
+  if (newer != plain) {
+    try {
+      newer_code_ = compile_regex(pattern, newer, where);
+    } catch (...) {
+      pcre2_code_free(static_cast<pcre2_code*>(code_));
+      throw;
+    }
+  }
+}
+
+Regex::~Regex() {
+  pcre2_code_free(static_cast<pcre2_code*>(newer_code_));
+  pcre2_code_free(static_cast<pcre2_code*>(code_));
+}
 
 void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const {
   out.clear();
-  auto* code = static_cast<pcre2_code*>(code_);
+  auto* code =
+      static_cast<pcre2_code*>(newer_code_ && has_newer_code_point(text) ? newer_code_ : code_);
   MatchScratch& s = scratch();
   size_t pos = 0;
   auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
