@@ -7,6 +7,8 @@
 #include <unicode/unistr.h>
 
 #include <algorithm>
+#include <iterator>
+#include <utility>
 
 #include "tformers/error.h"
 #include "tokenizer/unicode.h"
@@ -95,14 +97,98 @@ std::unique_ptr<Seq> make_sequence(const Json& j, const char* key, const std::st
 
 namespace {
 
+// PCRE2 10.42's property tables are Unicode 14; the Rust library's Oniguruma knows the characters
+// added since (Unicode 15 and 16: Kawi, Garay, CJK extensions H and I, ...), which PCRE2 takes for
+// unassigned. These are, per general category, the ranges to add to \p{X} for the two to agree
+// (generated from the reference itself by tools/tokenizer/make_unicode_newer.py).
+struct NewerCategory {
+  const char* name;
+  const char* ranges;
+};
+constexpr NewerCategory kNewerCategories[] = {
+#include "tokenizer/unicode_newer.inc"
+};
+
+// The extra class ranges for \p{name}; empty when there are none or the name is not a category.
+std::string_view newer_ranges(std::string_view name) {
+  for (const auto& c : kNewerCategories)
+    if (name == c.name) return c.ranges;
+  return {};
+}
+
+// \p{name} and, when `newer`, its newer characters, for inside a character class.
+std::string property_body(const char* name, bool newer) {
+  return detail::str_cat("\\p{", name, "}", newer ? newer_ranges(name) : std::string_view());
+}
+
+// All the newer characters as sorted, merged ranges, parsed once from the class text.
+const std::vector<std::pair<char32_t, char32_t>>& newer_code_points() {
+  static const auto ranges = [] {
+    std::vector<std::pair<char32_t, char32_t>> r;
+    for (const auto& c : kNewerCategories) {
+      if (std::string_view(c.name).size() != 1) continue;  // the major classes hold them all
+      std::string_view s = c.ranges;
+      auto hex = [&s](size_t& i) {  // reads "\x{HEX}" at s[i]
+        size_t close = s.find('}', i);
+        auto v = static_cast<char32_t>(
+            std::stoul(std::string(s.substr(i + 3, close - i - 3)), nullptr, 16));
+        i = close + 1;
+        return v;
+      };
+      for (size_t i = 0; i < s.size();) {
+        char32_t lo = hex(i), hi = lo;
+        if (i < s.size() && s[i] == '-') {
+          ++i;
+          hi = hex(i);
+        }
+        r.emplace_back(lo, hi);
+      }
+    }
+    std::sort(r.begin(), r.end());
+    std::vector<std::pair<char32_t, char32_t>> merged;
+    for (const auto& x : r) {
+      if (!merged.empty() && x.first <= merged.back().second + 1) {
+        merged.back().second = std::max(merged.back().second, x.second);
+      } else {
+        merged.push_back(x);
+      }
+    }
+    return merged;
+  }();
+  return ranges;
+}
+
+// True when text (valid UTF-8) holds a character that PCRE2 10.42 takes for unassigned but the
+// reference does not. All of them are at U+0897 or above, so 1- and 2-byte sequences are skipped.
+bool has_newer_code_point(std::string_view text) {
+  const auto& ranges = newer_code_points();
+  for (size_t i = 0; i < text.size();) {
+    auto b = static_cast<unsigned char>(text[i]);
+    if (b < 0xE0) {
+      i += utf8_length(b);
+      continue;
+    }
+    char32_t cp = next_code_point(text, i);
+    auto it = std::upper_bound(ranges.begin(), ranges.end(), cp,
+                               [](char32_t c, const auto& r) { return c < r.first; });
+    if (it != ranges.begin() && cp <= std::prev(it)->second) return true;
+  }
+  return false;
+}
+
 // Oniguruma's \s (and the Rust library's char::is_whitespace) is the White_Space property:
 // \t-\r, space, U+0085 and the Z categories. PCRE2's UCP \s differs on U+0085, so spell it out.
-const char* kSpaceClassBody = "\\t-\\r\\x{85}\\p{Z}";
+std::string space_class_body(bool newer) { return "\\t-\\r\\x{85}" + property_body("Z", newer); }
 // Oniguruma's Unicode \w is Letter | Mark | Number | Connector_Punctuation; PCRE2 10.42's UCP \w
 // lacks the marks (so a combining mark after NFKD would split a word).
-const char* kWordClassBody = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
+std::string word_class_body(bool newer) {
+  return property_body("L", newer) + property_body("M", newer) + property_body("N", newer) +
+         property_body("Pc", newer);
+}
 
-std::string rewrite_pattern(const std::string& p) {
+// The pattern in PCRE2's syntax with Oniguruma's meaning; `newer` adds the characters newer than
+// PCRE2's Unicode tables to the property classes.
+std::string rewrite_pattern(const std::string& p, bool newer) {
   std::string out;
   bool in_class = false;
   for (size_t i = 0; i < p.size(); ++i) {
@@ -110,24 +196,39 @@ std::string rewrite_pattern(const std::string& p) {
     if (c == '\\' && i + 1 < p.size()) {
       char n = p[i + 1];
       if (n == 's') {
-        out += in_class ? std::string(kSpaceClassBody) : std::string("[") + kSpaceClassBody + "]";
+        out += in_class ? space_class_body(newer) : "[" + space_class_body(newer) + "]";
         ++i;
         continue;
       }
       if (n == 'w') {
-        out += in_class ? std::string(kWordClassBody) : std::string("[") + kWordClassBody + "]";
+        out += in_class ? word_class_body(newer) : "[" + word_class_body(newer) + "]";
         ++i;
         continue;
       }
       if (n == 'W' && !in_class) {
-        out += std::string("[^") + kWordClassBody + "]";
+        out += "[^" + word_class_body(newer) + "]";
         ++i;
         continue;
       }
       if (n == 'S' && !in_class) {
-        out += std::string("[^") + kSpaceClassBody + "]";
+        out += "[^" + space_class_body(newer) + "]";
         ++i;
         continue;
+      }
+      size_t close = (n == 'p' || n == 'P') && i + 2 < p.size() && p[i + 2] == '{'
+                         ? p.find('}', i + 3)
+                         : std::string::npos;
+      if (close != std::string::npos) {
+        std::string name = p.substr(i + 3, close - i - 3);
+        std::string_view extra = newer ? newer_ranges(name) : std::string_view();
+        // \P{X} inside a class stays as written: a PCRE2 10.42 class cannot subtract the newer
+        // characters from its complement.
+        if (!extra.empty() && (n == 'p' || !in_class)) {
+          std::string body = detail::str_cat("\\p{", name, "}", extra);
+          out += in_class ? body : (n == 'p' ? "[" : "[^") + body + "]";
+          i = close;
+          continue;
+        }
       }
       out += c;
       out += n;
@@ -178,8 +279,10 @@ MatchScratch& scratch() {
 
 }  // namespace
 
-Regex::Regex(const std::string& pattern, const std::string& where) {
-  std::string p = rewrite_pattern(pattern);
+namespace {
+
+pcre2_code* compile_regex(const std::string& pattern, const std::string& p,
+                          const std::string& where) {
   int err = 0;
   PCRE2_SIZE off = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(),
@@ -191,14 +294,34 @@ Regex::Regex(const std::string& pattern, const std::string& where) {
                                       "\": ", reinterpret_cast<const char*>(msg)));
   }
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter on failure
-  code_ = code;
+  return code;
 }
 
-Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
+}  // namespace
+
+Regex::Regex(const std::string& pattern, const std::string& where) {
+  std::string plain = rewrite_pattern(pattern, false);
+  code_ = compile_regex(pattern, plain, where);
+  std::string newer = rewrite_pattern(pattern, true);
+  if (newer != plain) {
+    try {
+      newer_code_ = compile_regex(pattern, newer, where);
+    } catch (...) {
+      pcre2_code_free(static_cast<pcre2_code*>(code_));
+      throw;
+    }
+  }
+}
+
+Regex::~Regex() {
+  pcre2_code_free(static_cast<pcre2_code*>(newer_code_));
+  pcre2_code_free(static_cast<pcre2_code*>(code_));
+}
 
 void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const {
   out.clear();
-  auto* code = static_cast<pcre2_code*>(code_);
+  auto* code =
+      static_cast<pcre2_code*>(newer_code_ && has_newer_code_point(text) ? newer_code_ : code_);
   MatchScratch& s = scratch();
   size_t pos = 0;
   auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
@@ -436,6 +559,21 @@ class UnicodeNormalizer : public Normalizer {
   const icu::Normalizer2* norm_ = nullptr;
 };
 
+// Lowercase mappings ICU 72 (Unicode 15) lacks for characters the Rust library's char::to_lowercase
+// knows (Unicode 16 and later), generated from the reference by
+// tools/tokenizer/make_unicode_newer.py.
+constexpr std::pair<char32_t, char32_t> kNewerLowercase[] = {
+#include "tokenizer/unicode_newer_lower.inc"
+};
+
+char32_t to_lower(char32_t cp) {
+  const auto* end = std::end(kNewerLowercase);
+  const auto* it = std::lower_bound(std::begin(kNewerLowercase), end, cp,
+                                    [](const auto& m, char32_t c) { return m.first < c; });
+  if (it != end && it->first == cp) return it->second;
+  return static_cast<char32_t>(u_tolower(static_cast<UChar32>(cp)));
+}
+
 class LowercaseNormalizer : public Normalizer {
  public:
   void normalize(std::string& text, const GrowthBudget&) const override {
@@ -448,7 +586,7 @@ class LowercaseNormalizer : public Normalizer {
         out += "i\xCC\x87";
         continue;
       }
-      append_utf8(out, static_cast<char32_t>(u_tolower(static_cast<UChar32>(cp))));
+      append_utf8(out, to_lower(cp));
     }
     text.swap(out);
   }
@@ -713,12 +851,7 @@ class DigitsPreTokenizer : public PreTokenizer {
   void pre_tokenize(std::vector<std::string>& splits, bool& at_input_start,
                     const GrowthBudget&) const override {
     // Rust's char::is_numeric: the Nd, Nl and No categories, not only ASCII digits.
-    auto is_digit = [](char32_t c) {
-      if (c < 0x80) return c >= '0' && c <= '9';
-      int8_t t = u_charType(static_cast<UChar32>(c));
-      return t == U_DECIMAL_DIGIT_NUMBER || t == U_LETTER_NUMBER || t == U_OTHER_NUMBER;
-    };
-    split_by_predicate(splits, is_digit,
+    split_by_predicate(splits, is_numeric,
                        individual ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
                        at_input_start);
   }

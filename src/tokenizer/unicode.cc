@@ -1,5 +1,7 @@
 #include "tokenizer/unicode.h"
 
+#include <algorithm>
+
 #include <unicode/uchar.h>
 
 namespace tformers::tokenizer_detail {
@@ -146,15 +148,42 @@ bool is_alphanumeric(char32_t cp) {
   return t == U_DECIMAL_DIGIT_NUMBER || t == U_LETTER_NUMBER || t == U_OTHER_NUMBER;
 }
 
+namespace {
+
+struct CodePointRange {
+  char32_t first, last;
+};
+
+// The reference's own tables (tools/tokenizer/make_unicode_newer.py): its Digits pre-tokenizer
+// uses Rust's char::is_numeric, newer than ICU 72's Unicode 15, and its Punctuation
+// pre-tokenizer the unicode_categories crate, older than it; ICU agrees with neither everywhere.
+constexpr CodePointRange kNumeric[] = {
+#include "tokenizer/unicode_numeric.inc"
+};
+constexpr CodePointRange kPunctuation[] = {
+#include "tokenizer/unicode_punctuation.inc"
+};
+
+template <size_t N>
+bool in_ranges(const CodePointRange (&table)[N], char32_t cp) {
+  const CodePointRange* it = std::upper_bound(
+      table, table + N, cp, [](char32_t c, const CodePointRange& r) { return c < r.first; });
+  return it != table && cp <= (it - 1)->last;
+}
+
+}  // namespace
+
+bool is_numeric(char32_t cp) {
+  if (cp < 0x80) return cp >= '0' && cp <= '9';
+  return in_ranges(kNumeric, cp);
+}
+
 bool is_punctuation(char32_t cp) {
   if (cp < 0x80) {
     return (cp >= 33 && cp <= 47) || (cp >= 58 && cp <= 64) || (cp >= 91 && cp <= 96) ||
            (cp >= 123 && cp <= 126);
   }
-  int8_t t = u_charType(static_cast<UChar32>(cp));
-  return t == U_CONNECTOR_PUNCTUATION || t == U_DASH_PUNCTUATION || t == U_START_PUNCTUATION ||
-         t == U_END_PUNCTUATION || t == U_INITIAL_PUNCTUATION || t == U_FINAL_PUNCTUATION ||
-         t == U_OTHER_PUNCTUATION;
+  return in_ranges(kPunctuation, cp);
 }
 
 }  // namespace tformers::tokenizer_detail

@@ -60,8 +60,11 @@ int unicode_to_byte(char32_t cp);
 
 // Rust's char::is_whitespace (the White_Space property).
 bool is_whitespace(char32_t cp);
-// Rust's char::is_alphanumeric (Alphabetic or Numeric) and the Unicode punctuation categories.
+// Rust's char::is_alphanumeric (Alphabetic or Numeric).
 bool is_alphanumeric(char32_t cp);
+// What the Rust library's Digits pre-tokenizer takes for a digit (char::is_numeric: Nd, Nl, No)
+// and its Punctuation pre-tokenizer for punctuation, from tables generated with the reference.
+bool is_numeric(char32_t cp);
 bool is_punctuation(char32_t cp);
 
 }  // namespace tformers::tokenizer_detail

@@ -1,5 +1,7 @@
-// Token ids and decoded text identical to Hugging Face tokenizers (the Rust library) on the
-// generated >= 1 MB corpus, for the five reference tokenizers. Stops at the first mismatch.
+// Token ids and decoded text identical to Hugging Face tokenizers (the Rust library, through its
+// official Python package: tools/tokenizer/reference.py) on the generated >= 1 MB corpus
+// (tools/tokenizer/make_corpus.py), for the five reference tokenizers and three tokenizer.json
+// variants. Stops at the first mismatch.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -72,7 +74,7 @@ TEST_P(Parity, EncodeAndDecodeMatchRustTokenizers) {
 
   auto corpus = nlohmann::json::parse(testing::slurp(dir + "/corpus.json"));
   auto ref = nlohmann::json::parse(testing::slurp(dir + "/" + name + ".json"));
-  // The Rust library's view: tokenizer.json alone, as reference.js loads it.
+  // The library's view: tokenizer.json alone, as reference.py loads it.
   bool variant = name.find('-') != std::string::npos;
   Tokenizer tok = Tokenizer::from_file(variant ? dir + "/" + name + ".tokenizer.json"
                                                : testing::tokenizer_dir(name) + "/tokenizer.json");
@@ -114,7 +116,7 @@ TEST_P(Parity, EncodeAndDecodeMatchRustTokenizers) {
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, Parity,
                          ::testing::Values("qwen3", "llama3", "llama2", "gemma3", "deepseek_v3",
-                                           // tokenizer.json variants (tools/tokenizer/reference.js)
+                                           // tokenizer.json variants (tools/tokenizer/reference.py)
                                            "qwen3-components", "qwen3-whitespace",
                                            "llama2-metaspace"));
 

@@ -14,14 +14,15 @@ namespace {
 
 using testing::decode_opts;
 
-#define REQUIRE_REFERENCES(name)                              \
-  do {                                                        \
-    std::string missing_ = testing::missing_references(name); \
-    ASSERT_TRUE(missing_.empty()) << missing_;                \
+// The tokenizer files are enough for most tests; the batch test also runs the Python reference.
+#define REQUIRE_TOKENIZER_FILES(name)                              \
+  do {                                                             \
+    std::string missing_ = testing::missing_tokenizer_files(name); \
+    ASSERT_TRUE(missing_.empty()) << missing_;                     \
   } while (0)
 
 TEST(Tokenizer, FrenchBreadLawQwen3) {
-  REQUIRE_REFERENCES("qwen3");
+  REQUIRE_TOKENIZER_FILES("qwen3");
   // Ids from Hugging Face tokenizers for Qwen/Qwen3-0.6B (the project's reference prompt).
   auto tok = AutoTokenizer::from_pretrained(testing::tokenizer_dir("qwen3"));
   std::vector<int32_t> want = {785, 8585, 49041, 7506, 5302};
@@ -32,7 +33,7 @@ TEST(Tokenizer, FrenchBreadLawQwen3) {
 }
 
 TEST(Tokenizer, ConfigAttributes) {
-  REQUIRE_REFERENCES("gemma3");
+  REQUIRE_TOKENIZER_FILES("gemma3");
   auto qwen = AutoTokenizer::from_pretrained(testing::tokenizer_dir("qwen3"));
   EXPECT_EQ(qwen.eos_token(), "<|im_end|>");
   EXPECT_EQ(qwen.eos_token_id(), 151645);
@@ -52,7 +53,7 @@ TEST(Tokenizer, ConfigAttributes) {
 }
 
 TEST(Tokenizer, LlamaTokenizerFastAddsBosLikeTransformers) {
-  REQUIRE_REFERENCES("deepseek_v3");
+  REQUIRE_TOKENIZER_FILES("deepseek_v3");
   // tokenizer.json of DeepSeek-V3 has only a ByteLevel post-processor, but its config says
   // LlamaTokenizerFast with add_bos_token: Transformers rebuilds the template and prepends BOS.
   std::string dir = testing::tokenizer_dir("deepseek_v3");
@@ -84,7 +85,7 @@ TEST(Tokenizer, InvalidUtf8IsReplacedLikeTextDecoder) {
       repair_utf8("\xF4\x90\x80\x80"),
       std::string(12, '\0').replace(0, 12, "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"));
   EXPECT_EQ(repair_utf8("ok \xF0\x9F\x98\x80"), "ok \xF0\x9F\x98\x80");
-  REQUIRE_REFERENCES("qwen3");
+  REQUIRE_TOKENIZER_FILES("qwen3");
   for (const char* name : {"qwen3", "llama2", "gemma3"}) {
     auto tok = Tokenizer::from_file(testing::tokenizer_dir(name) + "/tokenizer.json");
     EXPECT_EQ(tok.encode("caf\xC3 au lait\xFF", false),
@@ -94,7 +95,7 @@ TEST(Tokenizer, InvalidUtf8IsReplacedLikeTextDecoder) {
 }
 
 TEST(Tokenizer, StreamingNeverSplitsCharacters) {
-  REQUIRE_REFERENCES("llama2");
+  REQUIRE_TOKENIZER_FILES("llama2");
   const std::string text =
       "Hello 世界! 👨‍👩‍👧‍👦 emoji, العربية, <|im_end|> <s> done. "
       "\xF0\x9F\x8D\x9E "
@@ -118,12 +119,13 @@ TEST(Tokenizer, StreamingNeverSplitsCharacters) {
 }
 
 TEST(Tokenizer, BatchPaddingAndTruncationMatchRust) {
-  REQUIRE_REFERENCES("gemma3");
+  std::string missing = testing::missing_references("gemma3");
+  ASSERT_TRUE(missing.empty()) << missing;
   std::string out_path = (std::filesystem::temp_directory_path() /
                           ("tformers-batch-ref-" + std::to_string(getpid()) + ".json"))
                              .string();
-  std::string cmd = std::string("node '") + TFORMERS_SOURCE_DIR +
-                    "/tools/tokenizer/reference_batch.js' '" + testing::npm_dir() + "' > '" +
+  std::string cmd = "'" + testing::python() + "' '" + TFORMERS_SOURCE_DIR +
+                    "/tools/tokenizer/reference_batch.py' '" + testing::npm_dir() + "' > '" +
                     out_path + "'";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   auto ref = nlohmann::json::parse(testing::slurp(out_path));
@@ -138,23 +140,24 @@ TEST(Tokenizer, BatchPaddingAndTruncationMatchRust) {
     const Tokenizer& tok = tokenizers.at(name);
     CallOptions opt;
     opt.add_special_tokens = c["add_special_tokens"];
+    // Option names as Python tokenizers' enable_padding / enable_truncation take them.
     const auto& o = c["options"];
     if (o.contains("padding")) {
       const auto& p = o["padding"];
       opt.padding_side = p["direction"];
-      if (p.contains("maxLength")) {
+      if (p.contains("length")) {
         opt.padding = PaddingStrategy::kMaxLength;
-        opt.max_length = p["maxLength"].get<int64_t>();
+        opt.max_length = p["length"].get<int64_t>();
       } else {
         opt.padding = PaddingStrategy::kLongest;
       }
-      if (p.contains("padToMultipleOf"))
-        opt.pad_to_multiple_of = p["padToMultipleOf"].get<int64_t>();
+      if (p.contains("pad_to_multiple_of"))
+        opt.pad_to_multiple_of = p["pad_to_multiple_of"].get<int64_t>();
     }
     if (o.contains("truncation")) {
       opt.truncation = true;
-      opt.max_length = o["truncation"]["maxLength"].get<int64_t>();
-      if (o["truncation"].contains("direction")) opt.truncation_side = o["truncation"]["direction"];
+      opt.max_length = o["truncation"]["max_length"].get<int64_t>();
+      opt.truncation_side = o["truncation"]["direction"];
     }
     auto got = tok(c["texts"].get<std::vector<std::string>>(), opt);
     std::string where = c["tokenizer"].get<std::string>() + "/" + c["case"].get<std::string>();
@@ -165,7 +168,7 @@ TEST(Tokenizer, BatchPaddingAndTruncationMatchRust) {
 }
 
 TEST(Tokenizer, BatchErrors) {
-  REQUIRE_REFERENCES("llama2");
+  REQUIRE_TOKENIZER_FILES("llama2");
   auto llama2 = AutoTokenizer::from_pretrained(testing::tokenizer_dir("llama2"));
   CallOptions longest, truncate_1, bad_side;
   longest.padding = PaddingStrategy::kLongest;
@@ -183,7 +186,7 @@ TEST(Tokenizer, BatchErrors) {
 }
 
 TEST(Tokenizer, DecodeOptions) {
-  REQUIRE_REFERENCES("llama3");
+  REQUIRE_TOKENIZER_FILES("llama3");
   // Llama 3's config sets clean_up_tokenization_spaces: Transformers' decode applies it.
   auto tok = AutoTokenizer::from_pretrained(testing::tokenizer_dir("llama3"));
   auto ids = tok.encode("Hello , world . It 's", false);

@@ -208,6 +208,18 @@ for (let d = 0; d < 30; d++) {
 for (const s of ['', ' ', '  ', '\n', 'a', 'The French Bread Law states', ' Hello', 'Hello world',
   "I'm here, aren't you? WE'LL SEE'S", '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n']) addText(s);
 
+// 12. Characters assigned after Unicode 14 (15 and 16), which PCRE2 10.42 takes for unassigned:
+// letters, digits, marks and symbols next to the contraction, space and digit rules.
+const newer = [[0x11F00, 0x11F59], [0x1E4D0, 0x1E4F9], [0x31350, 0x323AF], [0x2EBF0, 0x2EE5D],
+  [0x10D40, 0x10D8F], [0x105C0, 0x105F3], [0x11BC0, 0x11BF9], [0x16100, 0x16139],
+  [0x16D40, 0x16D79], [0x1E5D0, 0x1E5FF], [0x11380, 0x113E2], [0x1CC00, 0x1CEB3],
+  [0x13460, 0x143FA], [0x1FA70, 0x1FAFF], [0x0897, 0x0897], [0x1C89, 0x1C8A], [0xA7CB, 0xA7DC]];
+synth(() => {
+  const r = rand();
+  if (r < 0.6) { const [lo, hi] = pick(newer); return randRange(lo, hi); }
+  return pick([' ', "'s", "'ll", '1', '42', 'a', 'The', '  ', '\n', '.', '-']);
+}, 20, 1200);
+
 const total = docs.reduce((a, b) => a + b.length, 0);
 if (total < 1 << 20) { console.error(`corpus too small: ${total} bytes`); process.exit(1); }
 fs.writeFileSync(process.argv[2], JSON.stringify(docs.map((b) => b.toString('base64'))));
