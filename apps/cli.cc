@@ -431,9 +431,9 @@ std::vector<int32_t> parse_ids(const std::string& s) {
       used = 0;
     }
     if (used == 0 || used != item.size() || v < 0 || v > INT32_MAX)
-      throw tformers::InvalidArgumentError("--prompt-ids: '" + item +
-                                           "' is not a token id (use comma-separated integers, "
-                                           "e.g. 72,101,108)");
+      throw UsageError("--prompt-ids: '" + item +
+                       "' is not a token id (use comma-separated integers, "
+                       "e.g. 72,101,108)");
     ids.push_back(int32_t(v));
   }
   return ids;
@@ -444,16 +444,16 @@ std::map<std::string, std::string> parse_tp_plan(const std::string& text) {
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    throw tformers::InvalidArgumentError("--tp-plan: not valid JSON: " + std::string(e.what()));
+    throw UsageError("--tp-plan: not valid JSON: " + std::string(e.what()));
   }
   if (!j.is_object())
-    throw tformers::InvalidArgumentError(
-        "--tp-plan must be a JSON object {\"module pattern\": \"style\", ...}, got " + j.dump());
+    throw UsageError("--tp-plan must be a JSON object {\"module pattern\": \"style\", ...}, got " +
+                     j.dump());
   std::map<std::string, std::string> plan;
   for (const auto& [key, style] : j.items()) {
     if (!style.is_string())
-      throw tformers::InvalidArgumentError("--tp-plan: the style of \"" + key +
-                                           "\" must be a string, got " + style.dump());
+      throw UsageError("--tp-plan: the style of \"" + key + "\" must be a string, got " +
+                       style.dump());
     plan[key] = style.get<std::string>();
   }
   return plan;
@@ -461,45 +461,41 @@ std::map<std::string, std::string> parse_tp_plan(const std::string& text) {
 
 void check_args(const GenerateArgs& a) {
   if (a.seed && *a.seed < -1)
-    throw tformers::InvalidArgumentError("--seed " + std::to_string(*a.seed) +
-                                         ": give a seed >= 0, or -1 for a fresh random one");
+    throw UsageError("--seed " + std::to_string(*a.seed) +
+                     ": give a seed >= 0, or -1 for a fresh random one");
   if (a.ctx_size && *a.ctx_size < 2)
-    throw tformers::InvalidArgumentError("--ctx-size " + std::to_string(*a.ctx_size) +
-                                         ": the context must hold at least 2 tokens");
+    throw UsageError("--ctx-size " + std::to_string(*a.ctx_size) +
+                     ": the context must hold at least 2 tokens");
   for (const std::string& s : a.stop)
-    if (s.empty()) throw tformers::InvalidArgumentError("--stop: give a non-empty string");
+    if (s.empty()) throw UsageError("--stop: give a non-empty string");
 }
 
 void check_bench_args(const BenchArgs& a) {
   auto check_lengths = [](const std::vector<int64_t>& values, const char* flag) {
     for (int64_t v : values)
       if (v < 0)
-        throw tformers::InvalidArgumentError(std::string("bench: ") + flag + " " +
-                                             std::to_string(v) +
-                                             ": give token counts >= 1 (0 skips the test)");
+        throw UsageError(std::string("bench: ") + flag + " " + std::to_string(v) +
+                         ": give token counts >= 1 (0 skips the test)");
   };
   check_lengths(a.prompt, "-p/--n-prompt");
   check_lengths(a.gen, "-n/--n-gen");
   bool any = false;
   for (int64_t v : a.prompt) any = any || v > 0;
   for (int64_t v : a.gen) any = any || v > 0;
-  if (!any)
-    throw tformers::InvalidArgumentError(
-        "bench: nothing to run: every -p/--n-prompt and -n/--n-gen is 0");
+  if (!any) throw UsageError("bench: nothing to run: every -p/--n-prompt and -n/--n-gen is 0");
   for (int64_t t : a.threads)
     if (t < 1 || t > kMaxThreads)
-      throw tformers::InvalidArgumentError("bench: -t/--threads " + std::to_string(t) +
-                                           " is out of range: give 1 to " +
-                                           std::to_string(kMaxThreads));
+      throw UsageError("bench: -t/--threads " + std::to_string(t) + " is out of range: give 1 to " +
+                       std::to_string(kMaxThreads));
   if (a.repetitions < 1)
-    throw tformers::InvalidArgumentError("bench: -r/--repetitions " +
-                                         std::to_string(a.repetitions) + ": give at least 1");
+    throw UsageError("bench: -r/--repetitions " + std::to_string(a.repetitions) +
+                     ": give at least 1");
 }
 
 void check_perplexity_args(const PerplexityArgs& a) {
   if (a.ctx && *a.ctx < 2)
-    throw tformers::InvalidArgumentError("perplexity: --ctx " + std::to_string(*a.ctx) +
-                                         ": a window must hold at least 2 tokens");
+    throw UsageError("perplexity: --ctx " + std::to_string(*a.ctx) +
+                     ": a window must hold at least 2 tokens");
 }
 
 uint64_t random_seed() {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tformers/error.h"
 #include "tformers/generation.h"
 
 namespace tformers::cli {
@@ -21,6 +22,12 @@ constexpr int64_t kMaxThreads = 1024;
 // Exit statuses: 0 success, 1 a runtime failure (a model that does not load, a failed
 // generation), 2 a usage error (a flag unknown, missing or out of its range), as in sh and grep.
 constexpr int kUsageExitCode = 2;
+
+// A usage error found after parsing (flags that exclude each other, a malformed list or JSON
+// value): main() reports it as any error, with kUsageExitCode.
+struct UsageError : tformers::InvalidArgumentError {
+  using tformers::InvalidArgumentError::InvalidArgumentError;
+};
 
 // Options shared by the commands that load a model.
 struct GenerateArgs {

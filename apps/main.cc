@@ -171,7 +171,7 @@ double seconds(Clock::time_point from, Clock::time_point to) {
 int cmd_generate(const GenerateArgs& a) {
   check_args(a);
   if (int(!a.prompt.empty()) + int(!a.prompt_file.empty()) + int(!a.prompt_ids.empty()) != 1)
-    throw tformers::InvalidArgumentError(
+    throw tformers::cli::UsageError(
         "generate: give exactly one of --prompt, --file and --prompt-ids");
   quiet_other_ranks(a);
   const std::string prompt =
@@ -564,12 +564,12 @@ int take_verbose_all_ranks(int argc, char** argv) {
   return argc;
 }
 
-int fail(const std::string& message) {
+int fail(const std::string& message, int code = 1) {
   g_out.end_line();
   const std::string line = "error: " + escape_for_terminal(message) + "\n";
   // A failed write has nowhere left to be reported.
   [[maybe_unused]] const ssize_t written = ::write(g_error_fd, line.data(), line.size());
-  return 1;
+  return code;
 }
 
 int run(int argc, char** argv) {
@@ -606,10 +606,12 @@ int main(int argc, char** argv) {
     if (std::string_view(argv[1]) == "launch") argc = take_verbose_all_ranks(argc, argv);
     return tformers::distributed::launcher_main(argc - 1, argv + 1);
   }
-  // Every failure is one line on stderr and exit status 1; under mpirun, fail() of the
-  // distributed layer also ends the other ranks, so none waits for this one.
+  // Every failure is one line on stderr and exit status 1 (2 for a usage error); under mpirun,
+  // fail() of the distributed layer also ends the other ranks, so none waits for this one.
   try {
     return run(argc, argv);
+  } catch (const tformers::cli::UsageError& e) {
+    return tformers::distributed::fail(fail(e.what(), tformers::cli::kUsageExitCode));
   } catch (...) {
     return tformers::distributed::fail(fail(tformers::cli::current_error_message()));
   }

@@ -157,6 +157,21 @@ TEST(Cli, ArgumentErrorsComeBeforeAnyOutput) {
   }
 }
 
+// Usage errors found after parsing exit 2 as the parser's do, each with its own message.
+TEST(Cli, UsageErrorsAfterParsingExitTwo) {
+  const std::pair<const char*, const char*> cases[] = {
+      {" --prompt And --prompt-ids 1,2", "give exactly one of --prompt, --file and --prompt-ids"},
+      {" --prompt-ids 1,x", "--prompt-ids: 'x' is not a token id"},
+      {" --prompt And --tp-plan '{'", "--tp-plan: not valid JSON"},
+      {" --prompt And --tp-plan '[1]'", "--tp-plan must be a JSON object"}};
+  for (const auto& [flags, message] : cases) {
+    Streams r = run(kCli + " generate" + kKjv + flags);
+    EXPECT_EQ(r.status, 2) << flags << ": " << r.err;
+    EXPECT_EQ(r.out, "") << flags;
+    EXPECT_NE(r.err.find(message), std::string::npos) << flags << ": " << r.err;
+  }
+}
+
 TEST(Cli, ChatRejectsBadSettingsBeforeThePrompt) {
   Streams r = run(kCli + " chat" + kKjv + " --top-p 2", "hello\n");
   EXPECT_EQ(r.status, 2);
@@ -472,7 +487,7 @@ TEST(Cli, BadInputIsAClearErrorAndNonZeroExit) {
   EXPECT_NE(r.out.find("error: "), std::string::npos) << r.out;
   r = sh(std::string(TFORMERS_CLI) +
          " generate --model tests/data/models/tiny-qwen3 --prompt-ids 1,x,3");
-  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.status, 2);  // a usage error
   EXPECT_NE(r.out.find("'x' is not a token id"), std::string::npos) << r.out;
   r = sh(std::string(TFORMERS_CLI) +
          " generate --model tests/data/models/tiny-qwen3 --prompt-ids 1 --device tpu");
