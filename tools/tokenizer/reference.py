@@ -139,19 +139,17 @@ def reference(npm_dir, docs, out_dir, name):
     out = {"tokenizer": path, "ids": [None] * n, "decoded": [None] * n,
            "ids_special": [None] * ns, "decoded_skip": [None] * ns}
     # encode_batch runs the same per-sequence pipeline as encode, on all cores.
-    encs = tok.encode_batch([docs[i] for i in used], add_special_tokens=False)
-    ids = [e.ids for e in encs]
-    decoded = tok.decode_batch(ids, skip_special_tokens=False)
-    for k, i in enumerate(used):
-        out["ids"][i] = ids[k]
-        out["decoded"][i] = decoded[k]
-    used_s = [i for i in used if i < ns]
-    encs = tok.encode_batch([docs[i] for i in used_s], add_special_tokens=True)
-    ids = [e.ids for e in encs]
-    decoded = tok.decode_batch(ids, skip_special_tokens=True)
-    for k, i in enumerate(used_s):
-        out["ids_special"][i] = ids[k]
-        out["decoded_skip"][i] = decoded[k]
+    # Without special tokens for every document; with them (and decoded skipping them) for the
+    # first SPECIAL_DOCS.
+    for ids_key, text_key, special, which in (
+            ("ids", "decoded", False, used), ("ids_special", "decoded_skip", True,
+                                              [i for i in used if i < ns])):
+        encs = tok.encode_batch([docs[i] for i in which], add_special_tokens=special)
+        ids = [e.ids for e in encs]
+        decoded = tok.decode_batch(ids, skip_special_tokens=special)
+        for k, i in enumerate(which):
+            out[ids_key][i] = ids[k]
+            out[text_key][i] = decoded[k]
     write_atomically(os.path.join(out_dir, name + ".json"),
                      json.dumps(out, ensure_ascii=False, separators=(",", ":")))
     print("reference: %s: %d documents" % (name, len(used)), file=sys.stderr)
