@@ -20,9 +20,10 @@ for arg in "$@"; do
   esac
 done
 
-# GoogleTest and Google Benchmark are configured with the release preset (the test and bench
-# targets exist in it), so the first command installs them too; they are headers and small
-# libraries, and building them waits for scripts/test.sh.
+# GoogleTest, Google Benchmark and cpp-httplib (the HTTP client of the server's tests) are
+# configured with the release preset (the test and bench targets exist in it), so the first
+# command installs them too; they are headers and small libraries, and building what uses them
+# waits for scripts/test.sh.
 packages=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libpcre2-dev libicu-dev
           libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin libcli11-dev
           libedit-dev libcpp-httplib-dev libssl-dev)
