@@ -168,7 +168,7 @@ TEST(Cli, ChatCtrlCStopsAReplyAndClearsALine) {
   // The prompt is drawn a moment before libedit reads keys in raw mode again; keys typed in
   // between can be lost in the switch (seen on a loaded host under ASan), as a person never
   // types them.
-  usleep(500 * 1000);
+  usleep(1000 * 1000);
   ASSERT_EQ(write(fd, "/quit\n", 6), 6);
   const int status = wait_exit(pid, fd, out);
   close(fd);
