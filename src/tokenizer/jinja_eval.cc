@@ -432,16 +432,7 @@ struct Interpreter {
     if (target.kind == Kind::kIdent) {
       s.set(target.str, std::move(rhs));
     } else if (target.kind == Kind::kTuple) {
-      Array parts = iteration_items(rhs, "unpacking in set");
-      if (parts.size() != target.args.size())
-        fail(std::string("ValueError: ") +
-             (target.args.size() > parts.size() ? "not enough" : "too many") +
-             " values to unpack (expected " + std::to_string(target.args.size()) + ", got " +
-             std::to_string(parts.size()) + ")");
-      for (size_t i = 0; i < target.args.size(); ++i) {
-        if (target.args[i]->kind != Kind::kIdent) fail("can only unpack into names in set");
-        s.set(target.args[i]->str, parts[i]);
-      }
+      unpack_into(s, target, rhs, "unpacking in set", "set");
     } else if (target.kind == Kind::kMember) {
       Value obj = eval(*target.x, s);
       if (obj.type != Type::kNamespace)
@@ -459,6 +450,23 @@ struct Interpreter {
 
   // What `for` iterates: a list's items, a dict's keys, a string's characters; nothing for an
   // undefined value (Jinja2's Undefined iterates as empty).
+  // Binds a tuple target `a, b` of set or for to the items of v, as Python unpacks: the counts
+  // must agree. `what` names the iteration in errors, `where` the statement.
+  void unpack_into(Scope& sc, const Node& target, const Value& v, const char* what,
+                   const char* where) {
+    Array parts = iteration_items(v, what);
+    if (parts.size() != target.args.size())
+      fail(std::string("ValueError: ") +
+           (target.args.size() > parts.size() ? "not enough" : "too many") +
+           " values to unpack (expected " + std::to_string(target.args.size()) + ", got " +
+           std::to_string(parts.size()) + ")");
+    for (size_t i = 0; i < target.args.size(); ++i) {
+      if (target.args[i]->kind != Kind::kIdent)
+        fail(std::string("can only unpack into names in ") + where);
+      sc.set(target.args[i]->str, parts[i]);
+    }
+  }
+
   Array iteration_items(const Value& v, const char* what) {
     if (v.is_array()) return *v.array;
     Array out;
@@ -493,16 +501,7 @@ struct Interpreter {
         sc.set(var.str, item);
         return;
       }
-      Array parts = iteration_items(item, "unpacking in a for loop");
-      if (parts.size() != var.args.size())
-        fail(std::string("ValueError: ") +
-             (var.args.size() > parts.size() ? "not enough" : "too many") +
-             " values to unpack (expected " + std::to_string(var.args.size()) + ", got " +
-             std::to_string(parts.size()) + ")");
-      for (size_t j = 0; j < var.args.size(); ++j) {
-        if (var.args[j]->kind != Kind::kIdent) fail("can only unpack into names in for loop");
-        sc.set(var.args[j]->str, parts[j]);
-      }
+      unpack_into(sc, var, item, "unpacking in a for loop", "for loop");
     };
     charge_items(all.size());
     std::vector<Value> items;
