@@ -135,6 +135,16 @@ TEST(JinjaRuntime, PythonArithmetic) {
   EXPECT_CONTAINS(error_of("line\n  {{ x / 0 }}", {{"x", 3}}), "chat template line 2");
 }
 
+// Tuple targets unpack as Python does, in set and in for alike: the counts must agree.
+TEST(JinjaRuntime, TupleUnpackingInSetAndFor) {
+  EXPECT_EQ(render("{% set a, b = [1, 2] %}{{ b }}{{ a }}"), "21");
+  EXPECT_EQ(render("{% for k, v in [[1, 2], [3, 4]] %}{{ k + v }} {% endfor %}"), "3 7 ");
+  EXPECT_CONTAINS(error_of("{% set a, b = [1, 2, 3] %}"),
+                  "ValueError: too many values to unpack (expected 2, got 3)");
+  EXPECT_CONTAINS(error_of("{% for a, b, c in [[1, 2]] %}{% endfor %}"),
+                  "ValueError: not enough values to unpack (expected 3, got 2)");
+}
+
 TEST(JinjaRuntime, IntegersBeyond64BitsAreErrorsNotFloats) {
   // Python's integers are unbounded; the engine's are exact in 64 bits and refuse to go further
   // rather than silently losing digits.
