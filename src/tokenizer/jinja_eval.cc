@@ -456,10 +456,13 @@ struct Interpreter {
                    const char* where) {
     Array parts = iteration_items(v, what);
     if (parts.size() != target.args.size())
+      // Python 3.11's words: the count found only when it is short.
       fail(std::string("ValueError: ") +
-           (target.args.size() > parts.size() ? "not enough" : "too many") +
-           " values to unpack (expected " + std::to_string(target.args.size()) + ", got " +
-           std::to_string(parts.size()) + ")");
+           (target.args.size() > parts.size()
+                ? "not enough values to unpack (expected " + std::to_string(target.args.size()) +
+                      ", got " + std::to_string(parts.size()) + ")"
+                : "too many values to unpack (expected " + std::to_string(target.args.size()) +
+                      ")"));
     for (size_t i = 0; i < target.args.size(); ++i) {
       if (target.args[i]->kind != Kind::kIdent)
         fail(std::string("can only unpack into names in ") + where);
