@@ -8,11 +8,12 @@
 // step's cost predictable, which a fixed shape plan wants. Prefix sharing is not done.
 //
 // Shapes: prefill runs one sequence at a time, its prompt left-padded to a bucket; decode runs
-// every running sequence in one step, the batch padded to a bucket. Decode buckets start at 4
-// rows: the CPU backend multiplies fewer than 4 rows with its GEMV and 4 or more with its GEMM,
-// whose sums are ordered differently, and a request's tokens must not depend on how many others
-// share its step. Prefill (16 or more positions) goes through the GEMM as well. Every row's
-// numbers therefore go through the same kernels in the same order whatever the batch.
+// every running sequence in one step, the batch padded to a bucket. Decode buckets start at the
+// backend's batch_invariant_rows(): a request's tokens must not depend on how many others share
+// its step, and kernels may pick their paths by row count (the CPU backend's x86 targets
+// multiply fewer than 4 rows with a GEMV and 4 or more with a GEMM, whose sums are ordered
+// differently). Every row's numbers therefore go through the same kernels in the same order
+// whatever the batch.
 #include "tformers/serving.h"
 
 #include <algorithm>
@@ -43,7 +44,6 @@ int64_t bucket_for(const std::vector<int64_t>& buckets, int64_t n) {
   return *std::lower_bound(buckets.begin(), buckets.end(), n);
 }
 
-constexpr int64_t kMinDecodeRows = 4;  // see the file comment
 constexpr int64_t kMaxTopLogprobs = 20;
 
 // log_softmax of the raw logits: the chosen token's and the k most likely ones.
@@ -177,8 +177,9 @@ void ServingEngine::Impl::configure() {
         "prefill_buckets must lie in [1, max_model_len]");
   if (cfg.prefill_buckets.back() < cfg.max_model_len)
     cfg.prefill_buckets.push_back(cfg.max_model_len);
-  for (int64_t b = kMinDecodeRows; b < cfg.max_num_seqs; b *= 2) decode_buckets.push_back(b);
-  decode_buckets.push_back(std::max(kMinDecodeRows, cfg.max_num_seqs));
+  const int64_t min_rows = std::max<int64_t>(1, m.backend->batch_invariant_rows());
+  for (int64_t b = min_rows; b < cfg.max_num_seqs; b *= 2) decode_buckets.push_back(b);
+  decode_buckets.push_back(std::max(min_rows, cfg.max_num_seqs));
 
   m.allocate_pool(cfg.num_blocks, cfg.block_size);
   free_blocks.resize(size_t(cfg.num_blocks));

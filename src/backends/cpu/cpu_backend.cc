@@ -668,6 +668,7 @@ class CpuBackend : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device{"cpu", 0}; }
+  int64_t batch_invariant_rows() const override { return cpu::batch_invariant_rows(); }
   bool supports(const graph::Node& n) const override {
     return n.op != Op::kCustomCall || (n.custom && n.custom->backend == "cpu");
   }

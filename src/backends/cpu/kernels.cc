@@ -169,10 +169,12 @@ void* thread_scratch(Scratch slot, size_t bytes) {
 
 const KernelTable& scalar_kernels() {
   static const KernelTable t =
-      make_table<ScalarOps>(&linear_scalar, &linear_int8_scalar, &quantize_int8_scalar,
-                            &linear_int4_scalar, &quantize_int4_scalar);
+      make_table<ScalarOps>(/*batch_invariant_rows=*/1, &linear_scalar, &linear_int8_scalar,
+                            &quantize_int8_scalar, &linear_int4_scalar, &quantize_int4_scalar);
   return t;
 }
+
+int64_t batch_invariant_rows() { return table().batch_invariant_rows; }
 
 void linear(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
             int64_t N, int64_t K, ThreadPool& pool) {

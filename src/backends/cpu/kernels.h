@@ -14,6 +14,11 @@
 
 namespace tformers::cpu {
 
+// The fewest rows from which the active target's linear kernels (every weight type) take one
+// path: below it the x86 targets use their GEMV, whose sums are ordered differently from the
+// GEMM's, so a row's result can depend on how many rows share the call.
+int64_t batch_invariant_rows();
+
 // y (M,N) = x (M,K) @ w (N,K)^T [+ bias (N), f32 or wt]. w is in checkpoint (PyTorch Linear)
 // layout, dtype wt in {f32, bf16}.
 void linear(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,

@@ -52,6 +52,9 @@ struct KernelTable {
                     const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
                     int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
                     float softcap, const int32_t* pos, ThreadPool& pool);
+  // The fewest rows (M) from which `linear` and its quantized forms take one path, so that a
+  // row's result no longer depends on how many rows share the call (batch_invariant_rows()).
+  int64_t batch_invariant_rows;
 };
 
 // paged_attention (kernels.h) through a given target's attention kernel (the op tests run every
@@ -855,7 +858,7 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
 // Builds a table from a target's linear kernels (and attention, where it has its own) and its
 // vector primitives.
 template <class Ops>
-KernelTable make_table(decltype(KernelTable::linear) linear,
+KernelTable make_table(int64_t batch_invariant_rows, decltype(KernelTable::linear) linear,
                        decltype(KernelTable::linear_int8) linear_int8,
                        decltype(KernelTable::quantize_int8) quantize_int8,
                        decltype(KernelTable::linear_int4) linear_int4,
@@ -875,7 +878,8 @@ KernelTable make_table(decltype(KernelTable::linear) linear,
                      &softcap_impl<Ops>,
                      &add_impl<Ops>,
                      &cache_write_impl<Ops>,
-                     attention};
+                     attention,
+                     batch_invariant_rows};
 }
 
 }  // namespace

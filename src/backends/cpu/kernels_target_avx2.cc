@@ -346,8 +346,8 @@ void quantize_int4_avx2(const void* w, DType wt, uint8_t* tiles, uint16_t* scale
 
 const KernelTable& avx2_kernels() {
   static const KernelTable t =
-      make_table<Avx2Ops>(&linear_avx2, &linear_int8_avx2, &quantize_int8_avx2, &linear_int4_avx2,
-                          &quantize_int4_avx2, &attention_x86<Avx2Vec, Avx2Ops>);
+      make_table<Avx2Ops>(kGemmMinRows, &linear_avx2, &linear_int8_avx2, &quantize_int8_avx2,
+                          &linear_int4_avx2, &quantize_int4_avx2, &attention_x86<Avx2Vec, Avx2Ops>);
   return t;
 }
 

@@ -696,7 +696,7 @@ const KernelTable& avx512_kernels() {
   using AttentionGemms = F32AttentionGemms;
 #endif
   static const KernelTable t = make_table<Avx512Ops>(
-      &linear_avx512, &linear_int8_avx512, &quantize_int8_avx2, &linear_int4_avx512,
+      kGemmMinRows, &linear_avx512, &linear_int8_avx512, &quantize_int8_avx2, &linear_int4_avx512,
       &quantize_int4_avx2, &attention_x86<Avx512Vec, Avx512Ops, AttentionGemms>);
   return t;
 }
