@@ -52,8 +52,11 @@ struct GenerationConfig {
   std::optional<uint64_t> seed;
   // Cache and compilation.
   std::optional<std::string> cache_implementation;  // "static" (the only one on the CPU)
-  std::optional<int64_t> max_cache_len;             // default: max_length
-  std::optional<bool> disable_compile;              // run without the compile cache
+  // Static cache length. Default: the padded prompt plus max_new_tokens, rounded up to the next
+  // power of two from 16 (as prompts are), so that different max_new_tokens share one compiled
+  // prefill and decode step; at most twice the KV memory of the exact length.
+  std::optional<int64_t> max_cache_len;
+  std::optional<bool> disable_compile;  // run without the compile cache
 
   // Reads generation_config.json; unknown fields are ignored as in Transformers, fields of the
   // wrong type are a FormatError naming the field. A Transformers field that tformers does not

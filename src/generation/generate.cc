@@ -90,9 +90,12 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
         "token, but the model has neither pad_token_id nor eos_token_id; set pad_token_id in the "
         "generation config");
 
-  // Prompt length padded to its bucket, unless the cache cannot hold the padding.
+  // Prompt length padded to its bucket, unless the cache cannot hold the padding. The cache
+  // length is rounded up to a bucket as well, so that calls with different max_new_tokens share
+  // their compiled steps (on an accelerator a compile costs seconds). The unused slots cost
+  // memory only: attention reads the slots written so far.
   int64_t P = bucketed(m.prompt_buckets, longest);
-  int64_t S = merged.max_cache_len ? rc.max_cache_len : P + new_tokens;
+  int64_t S = merged.max_cache_len ? rc.max_cache_len : bucketed(m.prompt_buckets, P + new_tokens);
   // A bucket that overflows the cache falls back to the longest prompt the cache allows: still
   // one shape for every such prompt.
   if (P + new_tokens > S) P = std::max(longest, S - new_tokens);

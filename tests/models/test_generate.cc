@@ -89,6 +89,28 @@ TEST(Generate, PromptBucketsBoundCompiles) {
   EXPECT_EQ(lm.compile_stats().compiles, buckets.size() + 1);
 }
 
+// The cache length is a bucket too: three calls with different max_new_tokens under one bucket
+// (a 16-position prompt bucket plus 5, 9 or 14 tokens: a 32-slot cache) compile one prefill and
+// one decode step between them, and each gives the tokens of a cache of its exact length.
+TEST(Generate, MaxNewTokensUnderOneCacheBucketCompileOnce) {
+  backends::CompileCache::global().clear();
+  CausalLM lm = load();
+  const std::vector<int32_t> prompt = {5, 77, 300};
+  std::vector<std::vector<int32_t>> got;
+  for (int64_t n : {5, 9, 14}) {
+    GenerationConfig gc{.max_new_tokens = n};
+    gc.eos_token_id = std::vector<int64_t>{};
+    got.push_back(lm.generate({prompt}, gc)[0]);
+  }
+  EXPECT_EQ(lm.compile_stats().compiles, 2u);
+  size_t i = 0;
+  for (int64_t n : {5, 9, 14}) {
+    GenerationConfig gc{.max_new_tokens = n, .max_cache_len = 16 + n};
+    gc.eos_token_id = std::vector<int64_t>{};
+    EXPECT_EQ(lm.generate({prompt}, gc)[0], got[i++]) << "max_new_tokens " << n;
+  }
+}
+
 TEST(Generate, DisableCompileGivesTheSameTokensWithoutCaching) {
   CausalLM lm = load();
   GenerationConfig gc{.max_new_tokens = 6};
