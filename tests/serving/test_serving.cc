@@ -300,7 +300,9 @@ TEST(Serving, BadRequestsAndConfigs) {
 }
 
 // shutdown() lets running requests finish within the grace period, aborts what is left, and
-// refuses new requests.
+// refuses new requests. The long request's callback takes 50 ms a token, so its 250 tokens need
+// over 12 s whatever the build, while the short one's 3 fit the 5 s grace even under sanitizers
+// on a loaded host (a 100 ms grace did not, once).
 TEST(Serving, ShutdownFinishesOrAborts) {
   CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
   ServingEngine engine(model, {.max_num_seqs = 2, .max_model_len = 256});
@@ -308,8 +310,11 @@ TEST(Serving, ShutdownFinishesOrAborts) {
   engine.start();
   Collector short_one, long_one;
   engine.submit(greedy({1, 2}, 3), short_one.callback());
-  engine.submit(greedy({1, 2}, 250), long_one.callback());
-  engine.shutdown(std::chrono::milliseconds(100));
+  engine.submit(greedy({1, 2}, 250), [slow = long_one.callback()](const ServingEvent& e) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    slow(e);
+  });
+  engine.shutdown(std::chrono::seconds(5));
   EXPECT_EQ(short_one.wait(), "length");
   EXPECT_EQ(long_one.wait(), "abort");
   EXPECT_FALSE(engine.accepting());
