@@ -262,7 +262,8 @@ TEST(Ops, LinearInt4) {
 // The serving engine pads decode batches to at least the table's batch_invariant_rows (4 on x86:
 // the GEMM path) and needs each row's result to be the same whatever the other rows are: rows of
 // x repeated in calls of that many to 13 rows give bit-identical outputs, for float, int8 and
-// int4 weights, on every target and pool.
+// int4 weights, on every target and pool. The count is also the fewest: one row fewer, the int4
+// weights take the GEMV, which rounds x to int8 per block, and the rows differ.
 TEST(Ops, GemmRowsIndependentOfM) {
   std::mt19937 rng(555);
   const int64_t N = 72, K = 300;
@@ -286,9 +287,16 @@ TEST(Ops, GemmRowsIndependentOfM) {
                                 pool);
           return y;
         };
+        const int64_t rows = kernels.batch_invariant_rows;
+        ASSERT_TRUE(rows >= 1 && rows < 13) << what << ": batch_invariant_rows " << rows;
+        if (rows > 1) {
+          const std::vector<float> all = run(2, 13), fewer = run(2, rows - 1);
+          EXPECT_FALSE(std::equal(fewer.begin(), fewer.end(), all.begin()))
+              << what << ": int4 rows agree below batch_invariant_rows " << rows;
+        }
         for (int kind : {0, 1, 2}) {
           const std::vector<float> all = run(kind, 13);
-          for (int64_t M = kernels.batch_invariant_rows; M < 13; ++M) {
+          for (int64_t M = rows; M < 13; ++M) {
             const std::vector<float> part = run(kind, M);
             EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin()))
                 << what << " weights " << kind << " M=" << M;
