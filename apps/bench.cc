@@ -3,7 +3,7 @@
 // the mean and sample standard deviation of their tokens/s.
 //
 // Token generation is judged against the memory roofline: decoding one token reads every weight
-// it multiplies once (CausalLM::Impl::decode_weight_spans), so it can go no faster than the
+// it multiplies once (models::ModelRunner::decode_weight_spans), so it can go no faster than the
 // memory streams those bytes. The roofline is the streaming-read bandwidth of anonymous memory
 // with the same number of threads (core/stream_read.h), measured just before the generation
 // tests of that thread count, divided by those bytes. Attention's K and V reads are left out:
@@ -21,7 +21,7 @@
 #include "core/stream_read.h"
 #include "core/thread_pool.h"
 #include "eval.h"
-#include "models/causal_lm_impl.h"
+#include "models/model_runner.h"
 #include "tformers/error.h"
 
 namespace tformers::cli {
@@ -118,7 +118,7 @@ int run_bench(const BenchArgs& a) {
   CausalLM lm = load_with_progress(a.model, "cpu");
   check_positions(a, lm.config().max_position_embeddings);
   int64_t weight_bytes = 0;
-  for (const auto& span : lm.impl().decode_weight_spans()) weight_bytes += span.bytes;
+  for (const auto& span : models::ModelRunner(lm).decode_weight_spans()) weight_bytes += span.bytes;
   const std::vector<int64_t> threads =
       a.threads.empty() ? std::vector<int64_t>{ThreadPool::global().num_threads()} : a.threads;
   const std::string name = model_name(a.model.model), dtype(dtype_name(lm.dtype())),

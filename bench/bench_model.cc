@@ -52,7 +52,7 @@
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
 #include "model_shapes.h"
-#include "models/causal_lm_impl.h"
+#include "models/model_runner.h"
 #include "peak.h"
 #include "tformers/model.h"
 
@@ -174,7 +174,8 @@ void run_model(const std::string& dir, const std::string& quantize, const Machin
       dir, {.dtype = bfloat16, .device_map = "cpu", .quantize = quantize});
   const double load_s = seconds_since(t);
   const Sizes c = shape_of(lm.config());
-  const auto spans = lm.impl().decode_weight_spans();
+  const models::ModelRunner runner(lm);
+  const auto spans = runner.decode_weight_spans();
   double weight_bytes = 0;
   for (const auto& span : spans) weight_bytes += double(span.bytes);
   const int64_t prompt = o.context, cache_len = std::max<int64_t>(512, prompt + o.decode + 8);
@@ -183,8 +184,7 @@ void run_model(const std::string& dir, const std::string& quantize, const Machin
   // Every executable compiled stays alive in the compile cache, arena included: all count.
   std::map<const backends::Executable*, double> arenas_seen;
   auto collect = [&] {
-    for (const auto& [shape, step] : lm.impl().steps)
-      arenas_seen[step.exe.get()] = double(step.exe->arena_bytes());
+    for (const auto& [exe, bytes] : runner.step_arena_bytes()) arenas_seen[exe] = double(bytes);
   };
   for (int n : o.threads) {
     ThreadPool::set_global_threads(n);
@@ -236,13 +236,8 @@ void run_model(const std::string& dir, const std::string& quantize, const Machin
   }
   // Memory: what the model holds against what the process peaked at. The KV cache is the one
   // alive now (the largest of the run when --prefill exceeds 512).
-  std::set<const backends::Buffer*> seen;
-  double weights = 0, cache = 0, arenas = 0;
-  for (const auto& [name, buf] : lm.impl().weights)
-    if (seen.insert(buf.get()).second)
-      weights += double(shape_numel(buf->type().shape)) * double(dtype_size(buf->type().dtype));
-  for (const auto& [name, buf] : lm.impl().cache)
-    cache += double(shape_numel(buf->type().shape)) * double(dtype_size(buf->type().dtype));
+  const double weights = double(runner.weight_bytes()), cache = double(runner.state_bytes());
+  double arenas = 0;
   collect();
   for (const auto& [exe, bytes] : arenas_seen) arenas += bytes;
   rusage ru{};

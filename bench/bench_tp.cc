@@ -21,12 +21,13 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench_help.h"
 #include "distributed/process_group.h"
 #include "io/safetensors.h"
-#include "models/causal_lm_impl.h"
+#include "models/model_runner.h"
 #include "tformers/distributed.h"
 #include "tformers/model.h"
 
@@ -122,11 +123,9 @@ int worker(const std::string& dir, int decode_steps, bool tp, const std::string&
     lm.forward(s);
   }
   const double tok_s = decode_steps / seconds_since(t);
-  const auto& impl = lm.impl();
   uint64_t read = 0, full = 0;
-  if (impl.tp) {
-    read = impl.tp->bytes_read();
-    full = impl.tp->bytes_full();
+  if (auto bytes = models::ModelRunner(lm).tp_checkpoint_bytes()) {
+    std::tie(read, full) = *bytes;
   } else {
     full = read = io::Checkpoint::open(dir).total_bytes();
   }
@@ -138,7 +137,8 @@ int worker(const std::string& dir, int decode_steps, bool tp, const std::string&
   std::fflush(stdout);
   if (tp && size > 1) {
     // The collective a decode step makes 2 per layer: all_reduce of one hidden vector.
-    distributed::ProcessGroup& g = impl.tp->group();
+    // The model is split over every rank of the job: its group spans the world.
+    distributed::ProcessGroup& g = *distributed::world();
     std::vector<float> x(size_t(lm.config().hidden_size), 1.0f), y(x.size());
     for (int i = 0; i < 100; ++i) g.all_reduce_sum(x.data(), y.data(), int64_t(x.size()));
     t = Clock::now();

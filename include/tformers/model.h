@@ -25,6 +25,9 @@
 namespace tformers {
 
 class Tokenizer;
+namespace models {
+struct CausalLMAccess;
+}
 
 struct LoadOptions {
   // Weight dtype; unset means the checkpoint's config.json "torch_dtype" (as dtype="auto" in
@@ -128,12 +131,13 @@ class CausalLM {
   uint64_t host_to_device_bytes() const;
   uint64_t device_to_host_bytes() const;
 
+  // The engine's state behind the handle (src/models/causal_lm_impl.h); a copy of a CausalLM
+  // shares it.
   struct Impl;
-  explicit CausalLM(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-  Impl& impl() { return *impl_; }
-  const Impl& impl() const { return *impl_; }
 
  private:
+  friend struct models::CausalLMAccess;
+  explicit CausalLM(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
 };
 

@@ -7,7 +7,7 @@
 
 #include "generation/logits_process.h"
 #include "generation/padding.h"
-#include "models/causal_lm_impl.h"
+#include "models/model_runner.h"
 #include "tformers/error.h"
 
 namespace tformers::generation {
@@ -45,11 +45,10 @@ void log_softmax(std::span<float> x) {
 
 }  // namespace
 
-GenerateOutput beam_search(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
+GenerateOutput beam_search(models::ModelRunner& m, const std::vector<std::vector<int32_t>>& prompts,
                            const ResolvedGenerationConfig& rc, int64_t cache_len,
                            const std::function<int64_t(int64_t)>& padded_len) {
-  CausalLM::Impl& m = model.impl();
-  const int64_t V = m.arch_config->vocab_size, K = rc.num_beams, N = rc.max_new_tokens;
+  const int64_t V = m.vocab_size(), K = rc.num_beams, N = rc.max_new_tokens;
   const int64_t B = int64_t(prompts.size()), rows = B * K;
   // Enough continuations that num_beams of them are still running even if all others hit eos.
   const int64_t keep = std::max<int64_t>(2, 1 + int64_t(rc.eos_token_id.size())) * K;
@@ -64,7 +63,7 @@ GenerateOutput beam_search(CausalLM& model, const std::vector<std::vector<int32_
   for (const auto& p : prompts) longest = std::max(longest, int64_t(p.size()));
 
   LogitsProcessorList processors(rc, V);
-  model.reset_cache(rows, cache_len);
+  m.reset_cache(rows, cache_len);
   // Only the first beam is live at the start: the others would repeat its continuations.
   std::vector<std::vector<Hypothesis>> running(static_cast<size_t>(B),
                                                std::vector<Hypothesis>(static_cast<size_t>(K)));
@@ -91,8 +90,9 @@ GenerateOutput beam_search(CausalLM& model, const std::vector<std::vector<int32_
       }
     const int64_t P = padded_len(longest + t);
     LeftPadded batch = left_pad(spans, P, cache_len, int32_t(rc.pad_token_id.value_or(0)));
-    m.run(m.step({rows, P, cache_len, 1}, rc.disable_compile), batch.input_ids, batch.position_ids,
-          batch.attention_mask, 0, logits);
+    m.set_attention_mask(batch.attention_mask);
+    m.run_static(m.prepare_static(P, 1, rc.disable_compile), batch.input_ids, batch.position_ids, 0,
+                 logits);
     float* all = logits.data<float>();
     for (int64_t r = 0; r < rows; ++r) {
       std::span<float> row(all + r * V, size_t(V));

@@ -11,8 +11,8 @@
 #include <functional>
 #include <vector>
 
+#include "models/model_runner.h"
 #include "tformers/generation.h"
-#include "tformers/model.h"
 
 namespace tformers::generation {
 
@@ -23,7 +23,8 @@ namespace tformers::generation {
 // Returns num_return_sequences hypotheses per prompt, best first, each its prompt followed by the
 // same number of tokens (Transformers' length: the longest returned hypothesis), shorter ones
 // filled as Transformers fills them.
-GenerateOutput beam_search(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
+GenerateOutput beam_search(models::ModelRunner& model,
+                           const std::vector<std::vector<int32_t>>& prompts,
                            const ResolvedGenerationConfig& config, int64_t cache_len,
                            const std::function<int64_t(int64_t)>& padded_len);
 

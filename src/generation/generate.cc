@@ -11,7 +11,7 @@
 #include "generation/padding.h"
 #include "generation/sampling.h"
 #include "generation/stop_strings.h"
-#include "models/causal_lm_impl.h"
+#include "models/model_runner.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/tokenizer.h"
@@ -37,8 +37,8 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
 GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
                         const GenerationConfig& call, const TokenCallback& on_token,
                         const Tokenizer* tokenizer) {
-  CausalLM::Impl& m = model.impl();
-  const int64_t V = m.arch_config->vocab_size;
+  models::ModelRunner m(model);
+  const int64_t V = m.vocab_size();
   if (prompts.empty()) throw InvalidArgumentError("generate: input_ids has no rows");
   int64_t longest = 0;
   for (size_t r = 0; r < prompts.size(); ++r) {
@@ -52,11 +52,11 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
                                    std::to_string(V) + ")");
     longest = std::max(longest, int64_t(prompts[r].size()));
   }
-  const GenerationConfig merged = m.generation_config.merged_with(call);
-  ResolvedGenerationConfig rc = resolve(merged, longest, V, m.arch_config->max_position_embeddings);
+  const GenerationConfig merged = m.generation_config().merged_with(call);
+  ResolvedGenerationConfig rc = resolve(merged, longest, V, m.config().max_position_embeddings);
   // Tensor-parallel ranks sample with rank 0's seed, so an unset seed (drawn per process) still
   // gives every rank the same tokens.
-  if (m.tp) rc.seed = distributed::agree_seed(rc.seed);
+  if (m.tensor_parallel()) rc.seed = distributed::agree_seed(rc.seed);
   if (rc.num_beams > 1) {
     if (on_token)
       throw InvalidArgumentError(
@@ -67,10 +67,11 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
       throw UnsupportedError(
           "generate: stop_strings with beam search (num_beams > 1) are not implemented; use "
           "eos_token_id, or num_beams=1");
-    int64_t S = merged.max_cache_len ? rc.max_cache_len
-                                     : bucketed(m.prompt_buckets, longest + rc.max_new_tokens - 1);
-    return generation::beam_search(model, prompts, rc, S, [&](int64_t len) {
-      return std::min(bucketed(m.prompt_buckets, len), S);
+    int64_t S = merged.max_cache_len
+                    ? rc.max_cache_len
+                    : bucketed(m.prompt_buckets(), longest + rc.max_new_tokens - 1);
+    return generation::beam_search(m, prompts, rc, S, [&](int64_t len) {
+      return std::min(bucketed(m.prompt_buckets(), len), S);
     });
   }
 
@@ -94,8 +95,9 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   // length is rounded up to a bucket as well, so that calls with different max_new_tokens share
   // their compiled steps (on an accelerator a compile costs seconds). The unused slots cost
   // memory only: attention reads the slots written so far.
-  int64_t P = bucketed(m.prompt_buckets, longest);
-  int64_t S = merged.max_cache_len ? rc.max_cache_len : bucketed(m.prompt_buckets, P + new_tokens);
+  int64_t P = bucketed(m.prompt_buckets(), longest);
+  int64_t S =
+      merged.max_cache_len ? rc.max_cache_len : bucketed(m.prompt_buckets(), P + new_tokens);
   // A bucket that overflows the cache falls back to the longest prompt the cache allows: still
   // one shape for every such prompt.
   if (P + new_tokens > S) P = std::max(longest, S - new_tokens);
@@ -105,7 +107,7 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
                                std::to_string(longest + new_tokens) +
                                " cache positions, but max_cache_len is " + std::to_string(S) +
                                "; raise max_cache_len or lower max_new_tokens");
-  model.reset_cache(B, S);
+  m.reset_cache(B, S);
 
   // Host state: left-padded ids, the key mask over cache slots, per-row positions.
   std::vector<std::span<const int32_t>> row_spans;
@@ -115,7 +117,8 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
     row_pos.push_back(int32_t(r->size()));
   }
   generation::LeftPadded batch = generation::left_pad(row_spans, P, S, int32_t(pad.value_or(0)));
-  Tensor &ids = batch.input_ids, &pos = batch.position_ids, &mask = batch.attention_mask;
+  const Tensor &ids = batch.input_ids, &pos = batch.position_ids;
+  m.set_attention_mask(batch.attention_mask);
 
   if (!rc.stop_strings.empty() && !tokenizer)
     throw InvalidArgumentError(
@@ -164,19 +167,19 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   };
 
   const bool uncached = rc.disable_compile;
-  m.run(m.step({B, P, S, 1}, uncached), ids, pos, mask, 0, logits);
+  m.run_static(m.prepare_static(P, 1, uncached), ids, pos, 0, logits);
   if (choose() || new_tokens == 1) return out;
 
   Tensor step_ids = Tensor::zeros({B, 1}, DType::i32), step_pos = Tensor::zeros({B, 1}, DType::i32);
   // One decode executable for every step; with disable_compile, a fresh compile each step.
-  CausalLM::Impl::Step* decode = uncached ? nullptr : &m.step({B, 1, S, 1});
+  models::ModelRunner::Step* decode = uncached ? nullptr : &m.prepare_static(1, 1);
   for (int64_t i = 1; i < new_tokens; ++i) {
     for (int64_t b = 0; b < B; ++b) {
       step_ids.data<int32_t>()[b] = seqs[b].back();
       step_pos.data<int32_t>()[b] = row_pos[b]++;
     }
     const int64_t slot = P + i - 1;  // cache slot of the token chosen last
-    m.run(decode ? *decode : m.step({B, 1, S, 1}, true), step_ids, step_pos, mask, slot, logits);
+    m.run_static(decode ? *decode : m.prepare_static(1, 1, true), step_ids, step_pos, slot, logits);
     if (choose()) break;
   }
   // Finished rows were filled with pad at every later step, so all rows have equal length.

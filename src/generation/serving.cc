@@ -29,7 +29,7 @@
 #include "generation/logits_process.h"
 #include "generation/sampling.h"
 #include "generation/stop_strings.h"
-#include "models/causal_lm_impl.h"
+#include "models/model_runner.h"
 #include "tformers/error.h"
 #include "tformers/tokenizer.h"
 
@@ -81,7 +81,7 @@ struct ServingEngine::Impl {
   };
 
   CausalLM& model;
-  CausalLM::Impl& m;
+  models::ModelRunner m;
   ServingConfig cfg;
   const Tokenizer* tokenizer;
   int64_t table_blocks = 0;
@@ -108,18 +108,9 @@ struct ServingEngine::Impl {
   double warm_up_seconds = 0;
 
   Impl(CausalLM& model, ServingConfig c, const Tokenizer* tok)
-      : model(model), m(model.impl()), cfg(std::move(c)), tokenizer(tok) {}
+      : model(model), m(model), cfg(std::move(c)), tokenizer(tok) {}
 
   void configure();
-  models::StepShape shape(int64_t batch, int64_t tokens) const {
-    return {.batch = batch,
-            .new_tokens = tokens,
-            .cache_len = 0,
-            .logits_to_keep = 1,
-            .kv_blocks = cfg.num_blocks,
-            .block_size = cfg.block_size,
-            .table_blocks = table_blocks};
-  }
   std::unique_ptr<Sequence> make_sequence(ServingRequest r, ServingCallback cb) const;
   void loop();
   void step();
@@ -132,16 +123,20 @@ struct ServingEngine::Impl {
   bool choose(Sequence& s, std::span<float> logits);
   void finish(Sequence& s, const std::string& reason, const std::string& error = {});
   void release(Sequence& s);
-  void table_row(const Sequence& s, int32_t* row) const;
-  void note_compiles() { compiles = m.stats.compiles; }
+  // The sequence's tokens from `from` as one chunk of a paged step.
+  static models::SequenceChunk chunk(const Sequence& s, int64_t from) {
+    return {
+        .tokens = std::span(s.tokens).subspan(size_t(from)), .position = from, .blocks = s.blocks};
+  }
+  void note_compiles() { compiles = m.compiles(); }
 };
 
 void ServingEngine::Impl::configure() {
-  if (m.tp)
+  if (m.tensor_parallel())
     throw UnsupportedError(
         "ServingEngine: tensor-parallel models cannot be served yet; load the model in one "
         "process (no tp_size)");
-  const int64_t max_pos = m.arch_config->max_position_embeddings;
+  const int64_t max_pos = m.config().max_position_embeddings;
   if (cfg.max_model_len == 0) cfg.max_model_len = std::min<int64_t>(max_pos, 4096);
   auto check = [](bool ok, const std::string& what) {
     if (!ok) throw InvalidArgumentError("ServingEngine: " + what);
@@ -177,11 +172,11 @@ void ServingEngine::Impl::configure() {
         "prefill_buckets must lie in [1, max_model_len]");
   if (cfg.prefill_buckets.back() < cfg.max_model_len)
     cfg.prefill_buckets.push_back(cfg.max_model_len);
-  const int64_t min_rows = std::max<int64_t>(1, m.backend->batch_invariant_rows());
+  const int64_t min_rows = std::max<int64_t>(1, m.batch_invariant_rows());
   for (int64_t b = min_rows; b < cfg.max_num_seqs; b *= 2) decode_buckets.push_back(b);
   decode_buckets.push_back(std::max(min_rows, cfg.max_num_seqs));
 
-  m.allocate_pool(cfg.num_blocks, cfg.block_size);
+  m.allocate_pool(cfg.num_blocks, cfg.block_size, table_blocks);
   free_blocks.resize(size_t(cfg.num_blocks));
   // Popped from the back: low block numbers first.
   for (int64_t i = 0; i < cfg.num_blocks; ++i)
@@ -190,7 +185,7 @@ void ServingEngine::Impl::configure() {
 
 std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequence(
     ServingRequest r, ServingCallback cb) const {
-  const int64_t V = m.arch_config->vocab_size, P = int64_t(r.prompt.size());
+  const int64_t V = m.vocab_size(), P = int64_t(r.prompt.size());
   auto bad = [](const std::string& what) { throw InvalidArgumentError(what); };
   if (P == 0) bad("prompt is empty; give at least one token");
   for (size_t i = 0; i < r.prompt.size(); ++i)
@@ -206,7 +201,7 @@ std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequenc
   // Unset length: up to max_model_len, as an OpenAI server without max_tokens.
   if (!call.max_new_tokens && !call.max_length) call.max_new_tokens = cfg.max_model_len - P;
   auto s = std::make_unique<Sequence>();
-  s->rc = resolve(m.generation_config.merged_with(call), P, V, cfg.max_model_len);
+  s->rc = resolve(m.generation_config().merged_with(call), P, V, cfg.max_model_len);
   if (s->rc.num_beams != 1 || s->rc.num_return_sequences != 1)
     bad("num_beams and num_return_sequences must be 1 when serving");
   if (P + s->rc.max_new_tokens > cfg.max_model_len)
@@ -225,11 +220,6 @@ std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequenc
   s->sampler.emplace(s->rc.seed);
   if (!s->rc.stop_strings.empty()) s->stops.emplace(*tokenizer, s->rc.stop_strings);
   return s;
-}
-
-void ServingEngine::Impl::table_row(const Sequence& s, int32_t* row) const {
-  std::fill(row, row + table_blocks, 0);
-  std::copy(s.blocks.begin(), s.blocks.end(), row);
 }
 
 void ServingEngine::Impl::release(Sequence& s) {
@@ -280,19 +270,11 @@ ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s) {
     free_blocks.pop_back();
   }
   blocks_used += need;
-  // Left-padded to the bucket: padding positions are -1 (no cache write, no keys), so the last
-  // position is the prompt's last token.
+  // Left-padded to the bucket, so the last position is the prompt's last token.
   const int64_t P = s.prompt_len, T = bucket_for(cfg.prefill_buckets, P);
-  Tensor ids = Tensor::zeros({1, T}, DType::i32), pos = Tensor::zeros({1, T}, DType::i32);
-  Tensor table = Tensor::zeros({1, table_blocks}, DType::i32);
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t i = t - (T - P);
-    ids.data<int32_t>()[t] = i < 0 ? 0 : s.tokens[size_t(i)];
-    pos.data<int32_t>()[t] = int32_t(i < 0 ? -1 : i);
-  }
-  table_row(s, table.data<int32_t>());
-  Tensor logits = Tensor::zeros({1, 1, m.arch_config->vocab_size}, DType::f32);
-  m.run_paged(m.step(shape(1, T)), ids, pos, table, logits);
+  Tensor logits = Tensor::zeros({1, 1, m.vocab_size()}, DType::f32);
+  const models::SequenceChunk prompt = chunk(s, 0);
+  m.run_paged(m.prepare_paged(1, T), {&prompt, 1}, logits);
   note_compiles();
   ++steps;
   prompt_tokens += uint64_t(P);
@@ -303,18 +285,11 @@ ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s) {
 
 void ServingEngine::Impl::decode() {
   const int64_t n = int64_t(running.size()), B = bucket_for(decode_buckets, n);
-  const int64_t V = m.arch_config->vocab_size;
-  Tensor ids = Tensor::zeros({B, 1}, DType::i32), pos = Tensor::zeros({B, 1}, DType::i32);
-  Tensor table = Tensor::zeros({B, table_blocks}, DType::i32);
-  std::fill_n(pos.data<int32_t>(), B, -1);  // padding rows
-  for (int64_t b = 0; b < n; ++b) {
-    const Sequence& s = *running[size_t(b)];
-    ids.data<int32_t>()[b] = s.tokens.back();
-    pos.data<int32_t>()[b] = int32_t(s.tokens.size() - 1);
-    table_row(s, table.data<int32_t>() + b * table_blocks);
-  }
+  const int64_t V = m.vocab_size();
+  std::vector<models::SequenceChunk> last;  // each sequence's newest token
+  for (const auto& s : running) last.push_back(chunk(*s, int64_t(s->tokens.size()) - 1));
   Tensor logits = Tensor::zeros({B, 1, V}, DType::f32);
-  m.run_paged(m.step(shape(B, 1)), ids, pos, table, logits);
+  m.run_paged(m.prepare_paged(B, 1), last, logits);
   note_compiles();
   ++steps;
   computed_tokens += uint64_t(B);
@@ -417,12 +392,8 @@ double ServingEngine::warm_up() {
   // Each shape is compiled and run once on padding only (no cache writes, no keys), so that its
   // executable's working memory exists before the first request too.
   auto run_empty = [&](int64_t batch, int64_t tokens) {
-    Tensor ids = Tensor::zeros({batch, tokens}, DType::i32);
-    Tensor pos = Tensor::zeros({batch, tokens}, DType::i32);
-    std::fill_n(pos.data<int32_t>(), pos.numel(), -1);
-    Tensor table = Tensor::zeros({batch, e.table_blocks}, DType::i32);
-    Tensor logits = Tensor::zeros({batch, 1, e.m.arch_config->vocab_size}, DType::f32);
-    e.m.run_paged(e.m.step(e.shape(batch, tokens)), ids, pos, table, logits);
+    Tensor logits = Tensor::zeros({batch, 1, e.m.vocab_size()}, DType::f32);
+    e.m.run_paged(e.m.prepare_paged(batch, tokens), {}, logits);
   };
   for (int64_t t : e.cfg.prefill_buckets) run_empty(1, t);
   for (int64_t b : e.decode_buckets) run_empty(b, 1);

@@ -106,8 +106,8 @@ class Architecture {
                                           const distributed::TpModel* tp) const = 0;
   // Checkpoint tensors that are known and deliberately not used (e.g. cached RoPE tables).
   virtual bool ignorable(const std::string& name) const { return false; }
-  // Builds the forward pass: inputs input_ids, position_ids (B,T), cache_position (),
-  // attention_mask (B,S); states past_key_values.{i}.{key,value}; output logits
+  // Builds the forward pass: inputs input_ids, position_ids (B,T), cache_position (); states
+  // attention_mask (B,S) and past_key_values.{i}.{key,value}; output logits
   // (B, keep, V). With a paged shape the inputs are input_ids, position_ids (negative for
   // padding) and block_table (B, table_blocks), and the states kv_pool.{i}.{key,value}
   // (kv_blocks, Hkv, block_size, D). cache_dtype is the KV cache element type.

@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "models/causal_lm_impl.h"
 #include "models/int4_import.h"
+#include "models/model_runner.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
 
@@ -419,7 +420,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   for (int64_t b = 16; b <= c.max_position_embeddings; b *= 2) impl->prompt_buckets.push_back(b);
   // A shard cut short during the load left zeros where its weights were.
   io::check_mapped_files();
-  return CausalLM(impl);
+  return models::CausalLMAccess::wrap(impl);
 }
 
 graph::Graph CausalLM::Impl::build_graph(const models::StepShape& shape) const {
@@ -437,7 +438,7 @@ CausalLM::Impl::Step& CausalLM::Impl::step(const models::StepShape& shape, bool 
     return it->second;
   }
   graph::Graph g = build_graph(shape);
-  Step s;
+  Step s{.shape = shape};
   if (uncached) {
     s.exe = backend->compile(g);
   } else {
@@ -454,34 +455,24 @@ CausalLM::Impl::Step& CausalLM::Impl::step(const models::StepShape& shape, bool 
   for (int id : g.leaves(graph::Op::kParameter))
     s.params.push_back(weights.at(g.node(id).name).get());
   const auto& state_buffers = shape.paged() ? kv_pool : cache;
-  for (int id : g.leaves(graph::Op::kState))
-    s.states.push_back(state_buffers.at(g.node(id).name).get());
+  for (int id : g.leaves(graph::Op::kState)) s.states.push_back(&state_buffers.at(g.node(id).name));
   if (uncached) return scratch = std::move(s);
   return steps.emplace(shape, std::move(s)).first->second;
 }
 
-void CausalLM::Impl::run(Step& s, const Tensor& ids, const Tensor& positions, const Tensor& mask,
-                         int64_t cache_position, Tensor& logits) {
-  Tensor start = Tensor::from_vector<int32_t>({}, DType::i32, {int32_t(cache_position)});
-  const Tensor* inputs[] = {&ids, &positions, &start, &mask};
-  Tensor* outputs[] = {&logits};
-  s.exe->run(s.params, s.states, inputs, outputs);
+void CausalLM::Impl::run(Step& s, std::span<const Tensor* const> inputs,
+                         std::span<Tensor* const> outputs) {
+  std::vector<backends::Buffer*> states;
+  states.reserve(s.states.size());
+  for (const std::shared_ptr<backends::Buffer>* slot : s.states) states.push_back(slot->get());
+  s.exe->run(s.params, states, inputs, outputs);
   // Under "mmap" the weights are read from the checkpoint's pages at every step: a file cut
   // short since is found here (see io::check_mapped_files), not by a SIGBUS.
   io::check_mapped_files();
 }
 
-void CausalLM::Impl::run_paged(Step& s, const Tensor& ids, const Tensor& positions,
-                               const Tensor& table, Tensor& logits) {
-  const Tensor* inputs[] = {&ids, &positions, &table};
-  Tensor* outputs[] = {&logits};
-  s.exe->run(s.params, s.states, inputs, outputs);
-  // Under "mmap" the weights are read from the checkpoint's pages at every step: a file cut
-  // short since is found here (see io::check_mapped_files), not by a SIGBUS.
-  io::check_mapped_files();
-}
-
-void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size) {
+void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks) {
+  pool_table_blocks = table_blocks;
   if (blocks == pool_blocks && block_size == pool_block_size) return;
   kv_pool.clear();
   std::erase_if(steps, [](const auto& s) { return s.first.paged(); });  // bound to the old pools
@@ -576,21 +567,26 @@ void CausalLM::reset_cache(int64_t batch, int64_t max_cache_len) {
   if (batch <= 0 || max_cache_len <= 0)
     throw InvalidArgumentError("reset_cache: batch and max_cache_len must be positive, got " +
                                std::to_string(batch) + " and " + std::to_string(max_cache_len));
-  Impl& m = *impl_;
+  impl_->reset_cache(batch, max_cache_len);
+}
+
+void CausalLM::Impl::reset_cache(int64_t batch, int64_t max_cache_len) {
   // Same shape: reuse the buffers. Attention reads only slots below the used length and the
   // mask, so stale values from an earlier call are never seen and need no clearing.
-  if (batch == m.cache_batch && max_cache_len == m.cache_len) return;
-  m.cache.clear();
-  // Static steps' state bindings point at the old buffers.
-  std::erase_if(m.steps, [](const auto& s) { return !s.first.paged(); });
-  const std::vector<models::KvCacheSpec> layers = m.arch->states(*m.arch_config, m.tp.get());
+  if (batch == cache_batch && max_cache_len == cache_len) return;
+  cache.clear();
+  // Static steps' state bindings point at the old slots.
+  std::erase_if(steps, [](const auto& s) { return !s.first.paged(); });
+  const std::vector<models::KvCacheSpec> layers = arch->states(*arch_config, tp.get());
   for (size_t l = 0; l < layers.size(); ++l) {
-    graph::TensorType t{m.dtype, {batch, layers[l].kv_heads, max_cache_len, layers[l].head_dim}};
+    graph::TensorType t{dtype, {batch, layers[l].kv_heads, max_cache_len, layers[l].head_dim}};
     for (const char* kv : {".key", ".value"})
-      m.cache["past_key_values." + std::to_string(l) + kv] = m.backend->allocate(t);
+      cache["past_key_values." + std::to_string(l) + kv] = backend->allocate(t);
   }
-  m.cache_batch = batch;
-  m.cache_len = max_cache_len;
+  // Every key masked until a step's caller sets the mask (ModelRunner::set_attention_mask).
+  cache["attention_mask"] = backend->allocate({DType::i32, {batch, max_cache_len}});
+  cache_batch = batch;
+  cache_len = max_cache_len;
 }
 
 Tensor CausalLM::forward(const ForwardArgs& a) {
@@ -625,19 +621,20 @@ Tensor CausalLM::forward(const ForwardArgs& a) {
   }
   const int64_t keep = a.logits_to_keep == 0 ? T : a.logits_to_keep;
   Tensor logits = Tensor::zeros({B, keep, m.arch_config->vocab_size}, DType::f32);
-  Impl::Step& s = m.step({B, T, m.cache_len, keep == T ? 0 : keep});
-  m.run(s, ids, pos, mask, a.cache_position, logits);
+  models::ModelRunner runner(*this);
+  runner.set_attention_mask(mask);
+  runner.run_static(runner.prepare_static(T, keep), ids, pos, a.cache_position, logits);
   return logits;
 }
 
 namespace models {
 
 void set_layer_overrides(CausalLM& model, std::shared_ptr<const LayerOverrides> overrides) {
-  CausalLM::Impl& m = model.impl();
+  CausalLM::Impl& m = state_of(model);
   m.overrides = std::move(overrides);
   m.steps.clear();
 }
-bool is_verbose(const CausalLM& model) { return model.impl().verbose; }
+bool is_verbose(const CausalLM& model) { return state_of(model).verbose; }
 
 }  // namespace models
 

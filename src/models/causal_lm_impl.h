@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -15,10 +16,15 @@
 namespace tformers {
 
 struct CausalLM::Impl {
-  // A compiled step with its bindings resolved once, in the graph's leaf order.
+  // A compiled step with its bindings resolved once, in the graph's leaf order. States are bound
+  // to their slots in `cache` or `kv_pool`, not to the buffers in them, so a slot's buffer can
+  // be replaced (a new attention mask; a device that hands back donated state as a new buffer)
+  // without rebinding.
   struct Step {
+    models::StepShape shape;
     std::shared_ptr<backends::Executable> exe;
-    std::vector<backends::Buffer*> params, states;
+    std::vector<backends::Buffer*> params;
+    std::vector<const std::shared_ptr<backends::Buffer>*> states;
   };
 
   // config.json as the architecture read it; its PretrainedConfig part is what CausalLM::config
@@ -38,15 +44,20 @@ struct CausalLM::Impl {
   std::shared_ptr<distributed::TpModel> tp;
 
   // Static KV cache, laid out as the architecture's states() say:
-  // past_key_values.{i}.{key,value}, (B,Hkv,S,D) each.
+  // past_key_values.{i}.{key,value}, (B,Hkv,S,D) each; and attention_mask (B,S) int32, the key
+  // mask over cache slots, uploaded once per generation rather than at every step.
   int64_t cache_batch = 0, cache_len = 0;
   std::map<std::string, std::shared_ptr<backends::Buffer>> cache;
 
-  // Paged KV pools (ServingEngine): kv_pool.{i}.{key,value}, (blocks, Hkv, block_size, D) each.
-  int64_t pool_blocks = 0, pool_block_size = 0;
+  // Allocates the static cache for (batch, cache_len), or keeps it if the shape is the same.
+  void reset_cache(int64_t batch, int64_t cache_len);
+
+  // Paged KV pools (ServingEngine): kv_pool.{i}.{key,value}, (blocks, Hkv, block_size, D) each;
+  // block tables of pool_table_blocks entries per sequence.
+  int64_t pool_blocks = 0, pool_block_size = 0, pool_table_blocks = 0;
   std::map<std::string, std::shared_ptr<backends::Buffer>> kv_pool;
   // Allocates the pools (or keeps them if the sizes match); paged steps bind to them.
-  void allocate_pool(int64_t blocks, int64_t block_size);
+  void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks);
   // Bytes of keys and values one position takes over all layers, in the cache dtype.
   int64_t kv_bytes_per_position() const;
 
@@ -76,14 +87,26 @@ struct CausalLM::Impl {
   // With `uncached` (disable_compile) the graph is compiled afresh and kept only in `scratch`.
   Step& step(const models::StepShape& shape, bool uncached = false);
   Step scratch;
-  // Runs one step on the current cache with host inputs (B,T) ids and positions, the
-  // (B,S) mask and the cache slot of the first new token; fills logits (B,keep,V).
-  void run(Step& step, const Tensor& ids, const Tensor& positions, const Tensor& mask,
-           int64_t cache_position, Tensor& logits);
-  // Runs a paged step: ids and positions (B,T) (negative positions are padding), block table
-  // (B, table_blocks); fills logits (B,keep,V).
-  void run_paged(Step& step, const Tensor& ids, const Tensor& positions, const Tensor& table,
-                 Tensor& logits);
+  // Runs a step with these host inputs (the graph's kInput leaves in order) on its bound state;
+  // fills the host outputs.
+  void run(Step& step, std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs);
 };
+
+namespace models {
+
+// The way into a CausalLM handle's state for the layers below the public API (the model
+// runner, kernelize, their tests). Nothing in include/ reaches it.
+struct CausalLMAccess {
+  static CausalLM::Impl& state(CausalLM& model) { return *model.impl_; }
+  static const CausalLM::Impl& state(const CausalLM& model) { return *model.impl_; }
+  static CausalLM wrap(std::shared_ptr<CausalLM::Impl> impl) { return CausalLM(std::move(impl)); }
+};
+
+inline CausalLM::Impl& state_of(CausalLM& model) { return CausalLMAccess::state(model); }
+inline const CausalLM::Impl& state_of(const CausalLM& model) {
+  return CausalLMAccess::state(model);
+}
+
+}  // namespace models
 
 }  // namespace tformers

@@ -28,7 +28,8 @@ Ctx begin_step(GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype
     c.table = b.input("block_table", {DType::i32, {B, s.table_blocks}});
   } else {
     c.start = b.input("cache_position", {DType::i32, {}});
-    c.mask = b.input("attention_mask", {DType::i32, {B, S}});
+    // The key mask changes once per generation, not per step: device state, not an input.
+    c.mask = b.state("attention_mask", {DType::i32, {B, S}});
   }
   return c;
 }

@@ -68,7 +68,7 @@ double max_row_error(const std::vector<std::vector<float>>& a,
 
 // The graph the model compiles for a shape, and the targets of its custom calls.
 std::vector<std::string> custom_calls(CausalLM& lm, models::StepShape s) {
-  graph::Graph g = lm.impl().build_graph(s);
+  graph::Graph g = models::state_of(lm).build_graph(s);
   std::vector<std::string> out;
   for (const auto& n : g.nodes())
     if (n.op == graph::Op::kCustomCall) out.push_back(n.name + " " + n.custom->target);
@@ -292,7 +292,7 @@ TEST_F(Kernelize, UseHubKernelsZeroTurnsItOff) {
 // Graphs with different kernels hash differently, so the compile cache never mixes them.
 TEST_F(Kernelize, CustomCallIdentityIsPartOfTheGraphHash) {
   CausalLM lm = load();
-  auto hash = [&](CausalLM& m) { return m.impl().build_graph({1, 7, 15, 0}).hash(); };
+  auto hash = [&](CausalLM& m) { return models::state_of(m).build_graph({1, 7, 15, 0}).hash(); };
   uint64_t builtin = hash(lm);
   kernelize(lm, {{"RMSNorm", {{"cpu", repo(1)}}}}, opt_);
   uint64_t v1 = hash(lm);

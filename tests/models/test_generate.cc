@@ -135,10 +135,10 @@ TEST(Generate, OnlyWhatForwardConsumesCrossesPerStep) {
   gc.max_new_tokens = 12;
   lm.generate({{1, 2, 3}, {4, 5}}, gc);
   uint64_t in2 = lm.host_to_device_bytes(), out2 = lm.device_to_host_bytes();
-  // One more decode step costs exactly: ids and positions (B x int32 each), the cache slot
-  // (one int32) and the key mask (B x S int32) in; the last position's logits (B x V f32) out.
-  // The KV cache never crosses.
-  EXPECT_EQ((in2 - in1) - (in1 - in0), uint64_t(4 * (B + B + 1 + B * S)));
+  // One more decode step costs exactly: ids and positions (B x int32 each) and the cache slot
+  // (one int32) in; the last position's logits (B x V f32) out. The KV cache and the key mask
+  // never cross at a step.
+  EXPECT_EQ((in2 - in1) - (in1 - in0), uint64_t(4 * (B + B + 1)));
   EXPECT_EQ((out2 - out1) - (out1 - out0), uint64_t(4 * B * V));
 }
 

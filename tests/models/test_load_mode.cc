@@ -22,7 +22,7 @@ using testing::prefill_logits;
 
 // Whether a weight's bytes are outside every mapping of a .safetensors file (/proc/self/maps).
 bool own_memory(const CausalLM& lm, const std::string& name) {
-  const auto p = reinterpret_cast<uintptr_t>(lm.impl().weights.at(name)->host_data());
+  const auto p = reinterpret_cast<uintptr_t>(models::state_of(lm).weights.at(name)->host_data());
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line)) {
@@ -61,8 +61,8 @@ TEST(LoadMode, TiedHeadQuantizedFromTheCopyIsTheSame) {
         AutoModelForCausalLM::from_pretrained(dir, {.quantize = quantize, .load_mode = "mmap"});
     EXPECT_TRUE(own_memory(copy, "model.embed_tokens.weight")) << quantize;
     for (const std::string w : {"lm_head.weight", "lm_head.weight_scale"}) {
-      const backends::Buffer& a = *copy.impl().weights.at(w);
-      const backends::Buffer& b = *mapped.impl().weights.at(w);
+      const backends::Buffer& a = *models::state_of(copy).weights.at(w);
+      const backends::Buffer& b = *models::state_of(mapped).weights.at(w);
       ASSERT_EQ(a.type(), b.type()) << quantize << " " << w;
       const size_t bytes = size_t(shape_numel(a.type().shape)) * dtype_size(a.type().dtype);
       EXPECT_EQ(std::memcmp(a.host_data(), b.host_data(), bytes), 0) << quantize << " " << w;

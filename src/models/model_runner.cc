@@ -1,0 +1,107 @@
+#include "models/model_runner.h"
+
+#include <algorithm>
+#include <set>
+
+#include "tformers/error.h"
+
+namespace tformers::models {
+
+namespace {
+
+int64_t buffer_bytes(const backends::Buffer& b) {
+  return shape_numel(b.type().shape) * int64_t(dtype_size(b.type().dtype));
+}
+
+}  // namespace
+
+int64_t ModelRunner::weight_bytes() const {
+  std::set<const backends::Buffer*> seen;  // a tied weight is one buffer under two names
+  int64_t bytes = 0;
+  for (const auto& [name, buf] : m_.weights)
+    if (seen.insert(buf.get()).second) bytes += buffer_bytes(*buf);
+  return bytes;
+}
+
+int64_t ModelRunner::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto* states : {&m_.cache, &m_.kv_pool})
+    for (const auto& [name, buf] : *states) bytes += buffer_bytes(*buf);
+  return bytes;
+}
+
+std::map<const backends::Executable*, uint64_t> ModelRunner::step_arena_bytes() const {
+  std::map<const backends::Executable*, uint64_t> arenas;
+  for (const auto& [shape, step] : m_.steps) arenas[step.exe.get()] = step.exe->arena_bytes();
+  return arenas;
+}
+
+std::optional<std::pair<uint64_t, uint64_t>> ModelRunner::tp_checkpoint_bytes() const {
+  if (!m_.tp) return std::nullopt;
+  return std::pair{m_.tp->bytes_read(), m_.tp->bytes_full()};
+}
+
+void ModelRunner::set_attention_mask(const Tensor& mask) {
+  const Shape want{m_.cache_batch, m_.cache_len};
+  if (mask.dtype() != DType::i32 || mask.shape() != want)
+    throw InvalidArgumentError("attention_mask must be int32" + shape_str(want) +
+                               " (batch, max_cache_len), got " +
+                               std::string(dtype_name(mask.dtype())) + shape_str(mask.shape()));
+  m_.cache.at("attention_mask") = m_.backend->upload(mask);
+}
+
+ModelRunner::Step& ModelRunner::prepare_static(int64_t tokens, int64_t keep, bool uncached) {
+  return m_.step({m_.cache_batch, tokens, m_.cache_len, keep == tokens ? 0 : keep}, uncached);
+}
+
+void ModelRunner::run_static(Step& step, const Tensor& ids, const Tensor& positions, int64_t start,
+                             Tensor& logits) {
+  Tensor slot = Tensor::from_vector<int32_t>({}, DType::i32, {int32_t(start)});
+  const Tensor* inputs[] = {&ids, &positions, &slot};
+  Tensor* outputs[] = {&logits};
+  m_.run(step, inputs, outputs);
+}
+
+ModelRunner::Step& ModelRunner::prepare_paged(int64_t rows, int64_t tokens) {
+  return m_.step({.batch = rows,
+                  .new_tokens = tokens,
+                  .cache_len = 0,
+                  .logits_to_keep = 1,
+                  .kv_blocks = m_.pool_blocks,
+                  .block_size = m_.pool_block_size,
+                  .table_blocks = m_.pool_table_blocks});
+}
+
+void ModelRunner::run_paged(Step& step, std::span<const SequenceChunk> seqs, Tensor& logits) {
+  const int64_t rows = step.shape.batch, tokens = step.shape.new_tokens;
+  if (int64_t(seqs.size()) > rows)
+    throw InvalidArgumentError("run_paged: " + std::to_string(seqs.size()) +
+                               " sequences do not fit a step of " + std::to_string(rows) + " rows");
+  const int64_t MB = step.shape.table_blocks;
+  Tensor ids = Tensor::zeros({rows, tokens}, DType::i32);
+  Tensor pos = Tensor::zeros({rows, tokens}, DType::i32);
+  Tensor table = Tensor::zeros({rows, MB}, DType::i32);
+  std::fill_n(pos.data<int32_t>(), pos.numel(), -1);
+  for (size_t r = 0; r < seqs.size(); ++r) {
+    const SequenceChunk& c = seqs[r];
+    const int64_t n = int64_t(c.tokens.size());
+    if (n == 0 || n > tokens || int64_t(c.blocks.size()) > MB)
+      throw InvalidArgumentError(
+          "run_paged: sequence " + std::to_string(r) + " has " + std::to_string(n) +
+          " new tokens and " + std::to_string(c.blocks.size()) +
+          " blocks, but this step takes 1 to " + std::to_string(tokens) + " tokens and at most " +
+          std::to_string(MB) + " blocks per sequence");
+    int32_t* row_ids = ids.data<int32_t>() + int64_t(r) * tokens + (tokens - n);
+    int32_t* row_pos = pos.data<int32_t>() + int64_t(r) * tokens + (tokens - n);
+    for (int64_t t = 0; t < n; ++t) {
+      row_ids[t] = c.tokens[size_t(t)];
+      row_pos[t] = int32_t(c.position + t);
+    }
+    std::copy(c.blocks.begin(), c.blocks.end(), table.data<int32_t>() + int64_t(r) * MB);
+  }
+  const Tensor* inputs[] = {&ids, &pos, &table};
+  Tensor* outputs[] = {&logits};
+  m_.run(step, inputs, outputs);
+}
+
+}  // namespace tformers::models

@@ -1,0 +1,95 @@
+// The step API: what the loops that drive a model (generate, beam search, the serving engine,
+// benchmarks) use of it, and all they use. A runner prepares a step shape (compiling it once per
+// shape, or finding it in the compile cache), owns the model's state through the model (the
+// static KV cache and its key mask, or the paged KV pools, laid out as the architecture and the
+// backend say), runs a step from host inputs and hands back the logits. Per step only what the
+// forward pass consumes crosses to the device (ids, positions, the cache slot or the block
+// table) and only the kept logits come back; the caches and the static key mask stay there.
+//
+// Two kinds of state, as in Transformers and vLLM:
+//  - The static cache (Transformers' StaticCache): `batch` rows of `cache_len` slots. A step
+//    writes the T new tokens of every row at slots [start, start + T); rows of different lengths
+//    are left-padded and masked. generate() and beam search run on it.
+//  - The paged cache: pools of blocks shared by all sequences, each sequence owning a list of
+//    blocks. A step takes a ragged batch: any number of sequences, each with its own number of
+//    new tokens at its own position, so prefill chunks and decodes can share one step.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "models/causal_lm_impl.h"
+
+namespace tformers::models {
+
+// One sequence's part of a paged step.
+struct SequenceChunk {
+  std::span<const int32_t> tokens;  // the new tokens
+  int64_t position = 0;             // the position of tokens[0]
+  std::span<const int32_t> blocks;  // the pool blocks that hold positions [0, position + size)
+};
+
+class ModelRunner {
+ public:
+  explicit ModelRunner(CausalLM& model) : m_(state_of(model)) {}
+
+  const ArchConfig& config() const { return *m_.arch_config; }
+  int64_t vocab_size() const { return m_.arch_config->vocab_size; }
+  bool tensor_parallel() const { return m_.tp != nullptr; }
+  const GenerationConfig& generation_config() const { return m_.generation_config; }
+  const std::vector<int64_t>& prompt_buckets() const { return m_.prompt_buckets; }
+  // The fewest rows from which the backend's results per row do not depend on the batch.
+  int64_t batch_invariant_rows() const { return m_.backend->batch_invariant_rows(); }
+  int64_t kv_bytes_per_position() const { return m_.kv_bytes_per_position(); }
+  uint64_t compiles() const { return m_.stats.compiles; }
+  std::vector<CausalLM::Impl::WeightSpan> decode_weight_spans() const {
+    return m_.decode_weight_spans();
+  }
+  // Device memory, for benchmarks: the weight buffers (each once), the state (static cache,
+  // mask and paged pools), and the working memory of each compiled step now bound, by
+  // executable (an executable is shared by every model that compiled the same graph).
+  int64_t weight_bytes() const;
+  int64_t state_bytes() const;
+  std::map<const backends::Executable*, uint64_t> step_arena_bytes() const;
+  // Under tensor parallelism, the checkpoint bytes this rank read and the whole checkpoint's.
+  std::optional<std::pair<uint64_t, uint64_t>> tp_checkpoint_bytes() const;
+
+  // The static cache: allocated (or kept, if the shape is the same) for batch x cache_len, with
+  // every key masked until set_attention_mask.
+  void reset_cache(int64_t batch, int64_t cache_len) { m_.reset_cache(batch, cache_len); }
+  // The key mask over cache slots, int32 (batch, cache_len): 0 hides a slot from every query of
+  // its row. It stays on the device for every later step until set again.
+  void set_attention_mask(const Tensor& mask);
+  // A compiled step, found or compiled by prepare_static or prepare_paged and valid until the
+  // cache it runs on is reallocated.
+  using Step = CausalLM::Impl::Step;
+  // The step that runs `tokens` new tokens of every row of the static cache and keeps the
+  // logits of the last `keep` positions (0: all), as logits_to_keep. `uncached` compiles it
+  // afresh and keeps it only until the next uncached step (disable_compile).
+  Step& prepare_static(int64_t tokens, int64_t keep, bool uncached = false);
+  // Runs ids and positions, int32 (B,T) as the step's shape, with the first new token at cache
+  // slot `start`; fills logits f32 (B, keep, V).
+  void run_static(Step& step, const Tensor& ids, const Tensor& positions, int64_t start,
+                  Tensor& logits);
+
+  // The paged cache: `blocks` blocks of `block_size` positions in each layer's pool (kept if the
+  // sizes match); steps take block tables of `table_blocks` entries per sequence.
+  void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks) {
+    m_.allocate_pool(blocks, block_size, table_blocks);
+  }
+  // The step for ragged batches of up to `rows` sequences of up to `tokens` new tokens each.
+  Step& prepare_paged(int64_t rows, int64_t tokens);
+  // Runs one step over a ragged batch: sequence i is row i, its tokens right-aligned (left
+  // padding has position -1: no cache write, no keys); rows past seqs.size() are padding. Fills
+  // logits f32 (rows, 1, V) with each row's last token's logits. With no sequences the step runs
+  // on padding only, so that its working memory exists before the first real step.
+  void run_paged(Step& step, std::span<const SequenceChunk> seqs, Tensor& logits);
+
+ private:
+  CausalLM::Impl& m_;
+};
+
+}  // namespace tformers::models
