@@ -12,11 +12,17 @@
 //                                                              [--lm-head 1] [--layers NL]
 //       The decode linears (M = 1) of NL (28) Qwen3-0.6B layers, each weight its own buffer; with
 //       --lm-head 1, Qwen3-0.6B's lm_head (151936 x 1024) instead: many short rows.
+//   bench_ab OLD.so NEW.so decode|prefill --model DIR [--quantize int8|int4] [--threads N]
+//                                           [--rounds R] [--tokens T]
+//       A whole model through each build's public API (AutoModelForCausalLM, CausalLM::forward):
+//       T (16) single-token decode steps after a 16-token prompt, or one T (64)-token forward,
+//       per round. The checkpoint is read by both builds (bf16 weights, or quantized at load).
 //
 // Prints each build's median time and GB/s of cache or weights, the median of the per-round
 // ratios old / new (> 1: the new build is faster), the largest difference between the builds'
 // outputs of the last call (the last layer or weight), and a 4-stream read loop over the same
-// buffers on one thread. Copy a build's library
+// buffers on one thread (the model modes print the times, the ratio and the logits' largest
+// difference). Copy a build's library
 // aside (cp build/release/libtformers.so /tmp/old/) before changing it. The builds are reached
 // through their exported C++ symbols, so both must have the same signatures.
 #include <dlfcn.h>
@@ -31,6 +37,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +45,7 @@
 #include "core/memory.h"
 #include "core/stream_read.h"
 #include "core/thread_pool.h"
+#include "tformers/model.h"
 
 namespace {
 
@@ -86,6 +94,39 @@ struct Build {
   }
 };
 
+// One build's model: loaded, run and freed through that build's own exported functions.
+class BuildModel {
+ public:
+  BuildModel(const char* path, const std::string& model, const std::string& quantize, int threads) {
+    void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (!h) die(std::string("cannot load ") + path + ": " + dlerror());
+    auto sym = [&](const char* name) {
+      void* p = dlsym(h, name);
+      if (!p) die(std::string(path) + " has no symbol " + name);
+      return p;
+    };
+    using SetThreads = void (*)(int);
+    using Load = tformers::CausalLM (*)(const std::string&, const tformers::LoadOptions&);
+    reinterpret_cast<SetThreads>(sym("_ZN8tformers10ThreadPool18set_global_threadsEi"))(threads);
+    forward_ = reinterpret_cast<Forward>(sym("_ZN8tformers8CausalLM7forwardERKNS_11ForwardArgsE"));
+    reset_ = reinterpret_cast<Reset>(sym("_ZN8tformers8CausalLM11reset_cacheEll"));
+    // The member functions are called as functions taking `this` first (the Itanium ABI).
+    lm_.emplace(reinterpret_cast<Load>(
+        sym("_ZN8tformers20AutoModelForCausalLM15from_pretrainedERKNSt7__cxx1112basic_stringIcSt"
+            "11char_traitsIcESaIcEEERKNS_11LoadOptionsE"))(
+        model, {.dtype = tformers::bfloat16, .device_map = "cpu", .quantize = quantize}));
+  }
+  void reset_cache(int64_t batch, int64_t len) { reset_(&*lm_, batch, len); }
+  tformers::Tensor forward(const tformers::ForwardArgs& a) { return forward_(&*lm_, a); }
+
+ private:
+  using Forward = tformers::Tensor (*)(tformers::CausalLM*, const tformers::ForwardArgs&);
+  using Reset = void (*)(tformers::CausalLM*, int64_t, int64_t);
+  Forward forward_ = nullptr;
+  Reset reset_ = nullptr;
+  std::optional<tformers::CausalLM> lm_;
+};
+
 double seconds(const std::function<void()>& fn) {
   const auto t0 = std::chrono::steady_clock::now();
   fn();
@@ -112,12 +153,85 @@ const char* const kUsage =
                                  [--heads HQ] [--layers NL]
        bench_ab OLD.so NEW.so linear-bf16|linear-int8|linear-int4 [--threads N] [--rounds R]
                                  [--lm-head 1] [--layers NL]
+       bench_ab OLD.so NEW.so decode|prefill --model DIR [--quantize int8|int4] [--threads N]
+                                 [--rounds R] [--tokens T]
 Two builds of libtformers.so called alternately, round by round; prints each build's median
 time and GB/s, and the median ratio old / new (> 1: the new build is faster).
 )";
 
+// decode|prefill: each round times the same forward passes through the old, then the new build.
+int run_model_mode(int argc, char** argv) {
+  const std::string mode = argv[3];
+  std::string model, quantize;
+  int threads = 1, rounds = 7;
+  int64_t tokens = mode == "decode" ? 16 : 64;
+  for (int i = 4; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--model") {
+      model = v;
+    } else if (k == "--quantize") {
+      quantize = v;
+    } else if (k == "--threads" || k == "--rounds" || k == "--tokens") {
+      const int64_t n = std::atoll(v.c_str());
+      if (n <= 0) die("option " + k + " needs a positive number");
+      if (k == "--threads") threads = int(n);
+      if (k == "--rounds") rounds = int(n);
+      if (k == "--tokens") tokens = n;
+    } else {
+      die("unknown option " + k);
+    }
+  }
+  if ((argc - 4) % 2) die("options come in pairs: --name value");
+  if (model.empty()) die(mode + " needs --model DIR");
+  BuildModel a(argv[1], model, quantize, threads), b(argv[2], model, quantize, threads);
+  constexpr int64_t kPrompt = 16;
+  const int64_t cache_len = kPrompt + tokens + 1;
+  auto ids = [](int64_t n) {
+    tformers::Tensor t = tformers::Tensor::zeros({1, n}, tformers::DType::i32);
+    for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = int32_t(100 + 37 * i);
+    return t;
+  };
+  // One round: the prompt, then `tokens` decode steps (decode), or one forward of `tokens`.
+  auto round = [&](BuildModel& m, tformers::Tensor& logits) {
+    m.reset_cache(1, cache_len);
+    tformers::ForwardArgs p{.input_ids = ids(mode == "decode" ? kPrompt : tokens)};
+    if (mode == "prefill") return seconds([&] { logits = m.forward(p); });
+    m.forward(p);
+    tformers::ForwardArgs step{.input_ids = ids(1)};
+    return seconds([&] {
+      for (int64_t i = 0; i < tokens; ++i) {
+        step.cache_position = kPrompt + i;
+        logits = m.forward(step);
+      }
+    });
+  };
+  tformers::Tensor la, lb;
+  std::vector<double> ta, tb, ratio;
+  for (int r = 0; r < rounds + 1; ++r) {  // round 0 warms up (compiles, allocates)
+    const double t_a = round(a, la), t_b = round(b, lb);
+    if (r == 0) continue;
+    ta.push_back(t_a);
+    tb.push_back(t_b);
+    ratio.push_back(t_a / t_b);
+  }
+  double max_diff = 0;
+  for (int64_t i = 0; i < la.numel(); ++i)
+    max_diff = std::max(max_diff, double(std::fabs(la.data<float>()[i] - lb.data<float>()[i])));
+  const double per = mode == "decode" ? double(tokens) : 1.0;
+  std::printf(
+      "%s %s, %d thread%s: old %.2f ms, new %.2f ms per %s (%.2f / %.2f tok/s); old/new median "
+      "of %d rounds %.3f; max |old - new| logit %.2g\n",
+      mode.c_str(), quantize.empty() ? "bf16" : quantize.c_str(), threads, threads > 1 ? "s" : "",
+      median(ta) / per * 1e3, median(tb) / per * 1e3, mode == "decode" ? "token" : "forward",
+      per / median(ta) * (mode == "decode" ? 1 : tokens),
+      per / median(tb) * (mode == "decode" ? 1 : tokens), rounds, median(ratio), max_diff);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (tformers::bench::answered_help(argc, argv, kUsage)) return 0;
+  if (argc >= 4 && (std::string(argv[3]) == "decode" || std::string(argv[3]) == "prefill"))
+    return run_model_mode(argc, argv);
   if (argc < 4)
     die("usage: bench_ab OLD.so NEW.so attention|linear-bf16|linear-int8|linear-int4 [options]");
   const std::string mode = argv[3];
