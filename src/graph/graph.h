@@ -93,7 +93,6 @@ struct TensorType {
 struct CustomCall {
   std::string target;
   std::string backend;                // the backend that can run it ("cpu")
-  const void* fn = nullptr;           // the backend's entry point (a TfKernelFn on the CPU)
   std::shared_ptr<const void> owner;  // keeps the kernel library loaded while graphs name it
 };
 

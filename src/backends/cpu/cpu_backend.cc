@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "backends/cpu/kernels.h"
+#include "backends/kernel_registry.h"
 #include "core/memory.h"
 #include "distributed/process_group.h"
 #include "tformers/error.h"
@@ -187,6 +188,9 @@ class CpuExecutable : public Executable {
   std::vector<Slot> slots_;
   std::vector<int> param_ids_, state_ids_, input_ids_;
   int64_t arena_size_ = 0;
+  // Per node, the hub kernel a custom call resolved to at compile (empty for other ops); each
+  // holds its library loaded for as long as the executable lives.
+  std::vector<KernelEntry> kernels_;
 
   std::mutex mu_;
   std::vector<std::unique_ptr<RunContext>> idle_;  // finished runs' contexts, guarded by mu_
@@ -259,12 +263,20 @@ void CpuExecutable::plan() {
     arena_size_ = std::max(arena_size_, offset + b->size);
     placed.push_back(b);
   }
+  kernels_.resize(n);
   for (int i = 0; i < n; ++i) {
     const Node& nd = nodes[i];
-    if (nd.op == Op::kCustomCall)
-      TF_CHECK(
-          nd.attrs_as<graph::CustomCallAttrs>().kernel->backend == "cpu" && nd.inputs.size() <= 8,
-          "CPU backend cannot run custom call ", nd.name);
+    if (nd.op == Op::kCustomCall) {
+      const graph::CustomCall& k = *nd.attrs_as<graph::CustomCallAttrs>().kernel;
+      TF_CHECK(k.backend == "cpu" && nd.inputs.size() <= 8, "CPU backend cannot run custom call ",
+               nd.name);
+      kernels_[i] = find_kernel("cpu", k.target);
+      if (!kernels_[i].fn)
+        throw NotFoundError(detail::str_cat(
+            "CPU backend: custom call ", nd.name, " names hub kernel ", k.target,
+            ", which no loaded kernel package provides; load its package (kernelize or "
+            "get_kernel) before compiling the graph"));
+    }
     // The IR moves any dtype through these; the CPU's implementations move f32 (what every
     // activation is once legalised).
     const bool moves_f32 = nd.op == Op::kAllReduce || nd.op == Op::kAllGather ||
@@ -666,7 +678,7 @@ void CpuExecutable::custom_call(const RunContext& c, const Node& n, int id) cons
   call.host = &ThreadPool::global();
   call.error = error;
   call.error_size = sizeof error;
-  if (reinterpret_cast<TfKernelFn>(const_cast<void*>(a.kernel->fn))(&call) != 0) {
+  if (reinterpret_cast<TfKernelFn>(const_cast<void*>(kernels_[size_t(id)].fn))(&call) != 0) {
     error[sizeof error - 1] = 0;
     throw Error(detail::str_cat("hub kernel ", a.kernel->target, " failed at node ", n.name, ": ",
                                 error[0] ? error : "(no message)"));
