@@ -164,8 +164,8 @@ class CpuExecutable : public Executable {
   uint64_t arena_bytes() const override { return uint64_t(arena_size_); }
   uint64_t trim() override;
 
-  void run(std::span<Buffer* const> params, std::span<Buffer* const> states,
-           std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) override;
+  void execute(std::span<Buffer* const> params, std::span<Buffer* const> states,
+               std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) override;
 
  private:
   void plan();
@@ -174,16 +174,11 @@ class CpuExecutable : public Executable {
   void run_in(RunContext& c, std::span<const Tensor* const> inputs,
               std::span<Tensor* const> outputs) const;
   void* ptr(const RunContext& c, int id) const;
-  void check_runtime_values(const RunContext& c) const;
-  void check_block_table(const RunContext& c, const Node& n) const;
-  void execute(RunContext& c, const Node& n, int id) const;
+  void execute_node(RunContext& c, const Node& n, int id) const;
   void custom_call(const RunContext& c, const Node& n, int id) const;
 
   // The compiled plan, fixed by the constructor and only read after.
-  graph::Graph graph_;  // legalised: activations are f32
-  // The leaf and output types the caller's graph declared (inputs and outputs convert from and
-  // to them when its activation dtype is not f32).
-  std::vector<graph::TensorType> input_types_, output_types_;
+  graph::Graph graph_;       // legalised: activations are f32
   TransferCounters* stats_;  // the backend's counters
   std::vector<Slot> slots_;
   std::vector<int> param_ids_, state_ids_, input_ids_;
@@ -197,9 +192,7 @@ class CpuExecutable : public Executable {
 };
 
 CpuExecutable::CpuExecutable(const graph::Graph& g, TransferCounters* stats)
-    : graph_(legalise(g)), stats_(stats) {
-  for (int id : g.leaves(Op::kInput)) input_types_.push_back(g.node(id).type);
-  for (int id : g.outputs()) output_types_.push_back(g.node(id).type);
+    : Executable(g), graph_(legalise(g)), stats_(stats) {
   plan();
 }
 
@@ -339,79 +332,10 @@ void* CpuExecutable::ptr(const RunContext& c, int id) const {
   return nullptr;
 }
 
-// Values the graph cannot check statically, checked before anything is written.
-void CpuExecutable::check_runtime_values(const RunContext& c) const {
-  for (const Node& n : graph_.nodes()) {
-    if (n.op == Op::kEmbedding) {
-      const auto* ids = static_cast<const int32_t*>(ptr(c, n.inputs[1]));
-      int64_t vocab = n.attrs_as<graph::EmbeddingAttrs>().vocab;
-      int64_t count = shape_numel(graph_.node(n.inputs[1]).type.shape);
-      for (int64_t i = 0; i < count; ++i)
-        if (ids[i] < 0 || ids[i] >= vocab)
-          throw InvalidArgumentError(detail::str_cat("token id ", ids[i], " at index ", i,
-                                                     " is out of range: the vocabulary has ", vocab,
-                                                     " entries (ids 0..", vocab - 1, ")"));
-    } else if (n.op == Op::kCacheWrite) {
-      int32_t start = *static_cast<const int32_t*>(ptr(c, n.inputs[2]));
-      int64_t cache_len = n.type.shape[2], t = graph_.node(n.inputs[1]).type.shape[1];
-      if (start < 0 || start + t > cache_len)
-        throw InvalidArgumentError(detail::str_cat(
-            "cache position ", start, " with ", t, " new tokens does not fit the static cache of ",
-            cache_len, " positions: allocate a larger cache (max_cache_len)"));
-    } else if (n.op == Op::kPagedCacheWrite || n.op == Op::kPagedAttention) {
-      check_block_table(c, n);
-    }
-  }
-}
-
-// Every block a paged op reaches through its table (each row's blocks up to its largest
-// position) must be in the pool.
-void CpuExecutable::check_block_table(const RunContext& c, const Node& n) const {
-  const bool write = n.op == Op::kPagedCacheWrite;
-  const int table_in = write ? 2 : 3;
-  const Shape& ts = graph_.node(n.inputs[table_in]).type.shape;         // (B,MB)
-  const Shape& ps = graph_.node(n.inputs[table_in + 1]).type.shape;     // (B,T)
-  const Shape& pool = graph_.node(n.inputs[write ? 0 : 1]).type.shape;  // (NB,Hkv,BS,D)
-  const auto* table = static_cast<const int32_t*>(ptr(c, n.inputs[table_in]));
-  const auto* pos = static_cast<const int32_t*>(ptr(c, n.inputs[table_in + 1]));
-  for (int64_t b = 0; b < ps[0]; ++b) {
-    int64_t last = -1;
-    for (int64_t t = 0; t < ps[1]; ++t) last = std::max<int64_t>(last, pos[b * ps[1] + t]);
-    if (last < 0) continue;
-    if (last / pool[2] >= ts[1])
-      throw InvalidArgumentError(detail::str_cat(n.name, ": position ", last, " of row ", b,
-                                                 " is past its block table of ", ts[1],
-                                                 " blocks of ", pool[2], " positions"));
-    for (int64_t i = 0; i <= last / pool[2]; ++i)
-      if (table[b * ts[1] + i] < 0 || table[b * ts[1] + i] >= pool[0])
-        throw InvalidArgumentError(detail::str_cat(n.name, ": block table row ", b, " entry ", i,
-                                                   " is ", table[b * ts[1] + i],
-                                                   ", outside the pool of ", pool[0], " blocks"));
-  }
-}
-
-void CpuExecutable::run(std::span<Buffer* const> params, std::span<Buffer* const> states,
-                        std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) {
-  TF_CHECK(params.size() == param_ids_.size() && states.size() == state_ids_.size() &&
-               inputs.size() == input_ids_.size() && outputs.size() == graph_.outputs().size(),
-           "binding counts do not match the graph");
-  for (size_t k = 0; k < params.size(); ++k)
-    TF_CHECK(params[k]->type() == graph_.node(param_ids_[k]).type, "parameter ",
-             graph_.node(param_ids_[k]).name, " bound to ", params[k]->type().str());
-  for (size_t k = 0; k < states.size(); ++k)
-    TF_CHECK(states[k]->type() == graph_.node(state_ids_[k]).type, "state ",
-             graph_.node(state_ids_[k]).name);
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    const graph::TensorType& t = input_types_[k];
-    if (inputs[k]->dtype() != t.dtype || inputs[k]->shape() != t.shape)
-      throw InvalidArgumentError(
-          detail::str_cat("input '", graph_.node(input_ids_[k]).name, "' must be ", t.str(),
-                          ", got ", dtype_name(inputs[k]->dtype()), shape_str(inputs[k]->shape())));
-  }
-  for (size_t k = 0; k < outputs.size(); ++k)
-    TF_CHECK(outputs[k]->dtype() == output_types_[k].dtype &&
-                 outputs[k]->shape() == output_types_[k].shape,
-             "output ", k, " must be ", output_types_[k].str());
+// The bindings and step inputs have passed Executable::run's checks.
+void CpuExecutable::execute(std::span<Buffer* const> params, std::span<Buffer* const> states,
+                            std::span<const Tensor* const> inputs,
+                            std::span<Tensor* const> outputs) {
   std::unique_ptr<RunContext> c = checkout();
   c->params = params;
   c->states = states;
@@ -434,7 +358,6 @@ void CpuExecutable::run_in(RunContext& c, std::span<const Tensor* const> inputs,
       widen(inputs[k]->raw(), inputs[k]->dtype(), inputs[k]->numel(), static_cast<float*>(dst));
     stats_->host_to_device(inputs[k]->nbytes());
   }
-  check_runtime_values(c);
   const auto& nodes = graph_.nodes();
   if (OpProfile* prof = OpProfile::get()) {
     using Clock = std::chrono::steady_clock;
@@ -442,17 +365,17 @@ void CpuExecutable::run_in(RunContext& c, std::span<const Tensor* const> inputs,
       const Node& nd = nodes[i];
       if (nd.op == Op::kParameter || nd.op == Op::kState || nd.op == Op::kInput ||
           nd.op == Op::kReshape) {
-        execute(c, nd, i);
+        execute_node(c, nd, i);
         continue;
       }
       auto t0 = Clock::now();
-      execute(c, nd, i);
+      execute_node(c, nd, i);
       prof->add(nd.name == "lm_head" ? "lm_head" : graph::op_name(nd.op),
                 std::chrono::duration<double>(Clock::now() - t0).count());
     }
     prof->add_run();
   } else {
-    for (int i = 0; i < int(nodes.size()); ++i) execute(c, nodes[i], i);
+    for (int i = 0; i < int(nodes.size()); ++i) execute_node(c, nodes[i], i);
   }
   for (size_t k = 0; k < outputs.size(); ++k) {
     const void* src = ptr(c, graph_.outputs()[k]);
@@ -465,7 +388,7 @@ void CpuExecutable::run_in(RunContext& c, std::span<const Tensor* const> inputs,
   }
 }
 
-void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
+void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
   ThreadPool& pool = ThreadPool::global();
   auto in_type = [&](int k) -> const graph::TensorType& { return graph_.node(n.inputs[k]).type; };
   auto in = [&](int k) { return ptr(c, n.inputs[k]); };
