@@ -1,8 +1,178 @@
 #include "backends/backend.h"
 
+#include <algorithm>
+#include <variant>
+#include <vector>
+
 #include "tformers/error.h"
 
 namespace tformers::backends {
+
+namespace {
+
+using graph::Node;
+using graph::Op;
+
+struct Leaf {
+  std::string name;
+  graph::TensorType type;
+};
+
+// The step values that no static shape bounds, each read from a host input (by its index in
+// leaves(kInput)) before the backend runs.
+struct TokenIds {  // an embedding's ids within its vocabulary
+  size_t ids;
+  int64_t vocab;
+};
+struct CacheFit {  // a static cache write's start, with its new tokens, within the cache
+  size_t start;
+  int64_t new_tokens, cache_len;
+};
+struct BlockTable {  // the blocks a paged op reaches through its table, within the pool
+  std::string node;
+  size_t table, pos;
+  int64_t max_blocks, batch, tokens, num_blocks, block_size;
+};
+using ValueCheck = std::variant<TokenIds, CacheFit, BlockTable>;
+
+}  // namespace
+
+struct Executable::Checks {
+  std::vector<Leaf> params, states, inputs;
+  std::vector<graph::TensorType> outputs;
+  std::vector<ValueCheck> values;  // in node order
+};
+
+namespace {
+
+std::vector<Leaf> leaves(const graph::Graph& g, Op kind) {
+  std::vector<Leaf> out;
+  for (int id : g.leaves(kind)) out.push_back({g.node(id).name, g.node(id).type});
+  return out;
+}
+
+// The index in leaves(kInput) of the input operand `k` of `n` reads, through reshapes.
+size_t input_of(const graph::Graph& g, const Node& n, int k, const char* what) {
+  int id = n.inputs[size_t(k)];
+  while (g.node(id).op == Op::kReshape) id = g.node(id).inputs[0];
+  const std::vector<int> inputs = g.leaves(Op::kInput);
+  auto it = std::find(inputs.begin(), inputs.end(), id);
+  if (it == inputs.end())
+    throw UnsupportedError(
+        detail::str_cat(graph::op_name(n.op), " node '", n.name, "': its ", what, " come from a ",
+                        graph::op_name(g.node(id).op),
+                        " node; they must be a graph input, since runs check them "
+                        "on the host before a backend reads them"));
+  return size_t(it - inputs.begin());
+}
+
+ValueCheck block_table(const graph::Graph& g, const Node& n) {
+  const bool write = n.op == Op::kPagedCacheWrite;
+  const int table_in = write ? 2 : 3;
+  const Shape& ts = g.node(n.inputs[table_in]).type.shape;         // (B,MB)
+  const Shape& ps = g.node(n.inputs[table_in + 1]).type.shape;     // (B,T)
+  const Shape& pool = g.node(n.inputs[write ? 0 : 1]).type.shape;  // (NB,Hkv,BS,D)
+  return BlockTable{n.name,
+                    input_of(g, n, table_in, "block table entries"),
+                    input_of(g, n, table_in + 1, "positions"),
+                    ts[1],
+                    ps[0],
+                    ps[1],
+                    pool[0],
+                    pool[2]};
+}
+
+const int32_t* i32(std::span<const Tensor* const> inputs, size_t k) {
+  return static_cast<const int32_t*>(inputs[k]->raw());
+}
+
+void check_value(const TokenIds& c, std::span<const Tensor* const> inputs) {
+  const int32_t* ids = i32(inputs, c.ids);
+  const int64_t count = inputs[c.ids]->numel();
+  for (int64_t i = 0; i < count; ++i)
+    if (ids[i] < 0 || ids[i] >= c.vocab)
+      throw InvalidArgumentError(detail::str_cat("token id ", ids[i], " at index ", i,
+                                                 " is out of range: the vocabulary has ", c.vocab,
+                                                 " entries (ids 0..", c.vocab - 1, ")"));
+}
+
+void check_value(const CacheFit& c, std::span<const Tensor* const> inputs) {
+  const int32_t start = *i32(inputs, c.start);
+  if (start < 0 || start + c.new_tokens > c.cache_len)
+    throw InvalidArgumentError(
+        detail::str_cat("cache position ", start, " with ", c.new_tokens,
+                        " new tokens does not fit the static cache of ", c.cache_len,
+                        " positions: allocate a larger cache (max_cache_len)"));
+}
+
+// Every block a paged op reaches through its table (each row's blocks up to its largest
+// position) must be in the pool.
+void check_value(const BlockTable& c, std::span<const Tensor* const> inputs) {
+  const int32_t *table = i32(inputs, c.table), *pos = i32(inputs, c.pos);
+  for (int64_t b = 0; b < c.batch; ++b) {
+    int64_t last = -1;
+    for (int64_t t = 0; t < c.tokens; ++t) last = std::max<int64_t>(last, pos[b * c.tokens + t]);
+    if (last < 0) continue;
+    if (last / c.block_size >= c.max_blocks)
+      throw InvalidArgumentError(detail::str_cat(c.node, ": position ", last, " of row ", b,
+                                                 " is past its block table of ", c.max_blocks,
+                                                 " blocks of ", c.block_size, " positions"));
+    for (int64_t i = 0; i <= last / c.block_size; ++i)
+      if (table[b * c.max_blocks + i] < 0 || table[b * c.max_blocks + i] >= c.num_blocks)
+        throw InvalidArgumentError(detail::str_cat(
+            c.node, ": block table row ", b, " entry ", i, " is ", table[b * c.max_blocks + i],
+            ", outside the pool of ", c.num_blocks, " blocks"));
+  }
+}
+
+}  // namespace
+
+Executable::Executable(const graph::Graph& g) {
+  auto c = std::make_unique<Checks>();
+  c->params = leaves(g, Op::kParameter);
+  c->states = leaves(g, Op::kState);
+  c->inputs = leaves(g, Op::kInput);
+  for (int id : g.outputs()) c->outputs.push_back(g.node(id).type);
+  for (const Node& n : g.nodes()) {
+    if (n.op == Op::kEmbedding)
+      c->values.push_back(
+          TokenIds{input_of(g, n, 1, "ids"), n.attrs_as<graph::EmbeddingAttrs>().vocab});
+    else if (n.op == Op::kCacheWrite)
+      c->values.push_back(CacheFit{input_of(g, n, 2, "start positions"),
+                                   g.node(n.inputs[1]).type.shape[1], n.type.shape[2]});
+    else if (n.op == Op::kPagedCacheWrite || n.op == Op::kPagedAttention)
+      c->values.push_back(block_table(g, n));
+  }
+  checks_ = std::move(c);
+}
+
+Executable::~Executable() = default;
+
+void Executable::run(std::span<Buffer* const> params, std::span<Buffer* const> states,
+                     std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) {
+  const Checks& c = *checks_;
+  TF_CHECK(params.size() == c.params.size() && states.size() == c.states.size() &&
+               inputs.size() == c.inputs.size() && outputs.size() == c.outputs.size(),
+           "binding counts do not match the graph");
+  for (size_t k = 0; k < params.size(); ++k)
+    TF_CHECK(params[k]->type() == c.params[k].type, "parameter ", c.params[k].name, " bound to ",
+             params[k]->type().str());
+  for (size_t k = 0; k < states.size(); ++k)
+    TF_CHECK(states[k]->type() == c.states[k].type, "state ", c.states[k].name);
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const graph::TensorType& t = c.inputs[k].type;
+    if (inputs[k]->dtype() != t.dtype || inputs[k]->shape() != t.shape)
+      throw InvalidArgumentError(detail::str_cat("input '", c.inputs[k].name, "' must be ", t.str(),
+                                                 ", got ", dtype_name(inputs[k]->dtype()),
+                                                 shape_str(inputs[k]->shape())));
+  }
+  for (size_t k = 0; k < outputs.size(); ++k)
+    TF_CHECK(outputs[k]->dtype() == c.outputs[k].dtype && outputs[k]->shape() == c.outputs[k].shape,
+             "output ", k, " must be ", c.outputs[k].str());
+  for (const ValueCheck& v : c.values)
+    std::visit([&](const auto& check) { check_value(check, inputs); }, v);
+  execute(params, states, inputs, outputs);
+}
 
 PreparedWeight Backend::prepare_linear(const Tensor& w, const std::string& quantize) {
   if (!quantize.empty())

@@ -63,24 +63,42 @@ class Buffer {
 // A compiled graph. An executable is shared process-wide (CompileCache) by every model that
 // builds the same graph, so it holds only the immutable compiled plan; the memory one run needs
 // (intermediate values, scratch) is checked out per run.
+//
+// run() checks every binding and step input against the graph before the backend sees them, so
+// each backend gets the same checks and messages: a backend implements execute() for bindings
+// that have passed.
 class Executable {
  public:
-  virtual ~Executable() = default;
+  virtual ~Executable();
   // Runs the graph. params and states are device buffers in the order of the graph's
   // leaves(kParameter) and leaves(kState); states are updated in place. inputs are host tensors
   // in leaves(kInput) order, copied to the device; outputs are host tensors of the output types,
-  // filled from the device. Runtime values are validated (token ids in range, cache positions
-  // within the cache): a bad value is an InvalidArgumentError and leaves the state untouched.
+  // filled from the device. Input types and runtime values are validated first (token ids in
+  // range, cache positions within the cache, block-table entries within the pool): a bad one is
+  // an InvalidArgumentError and leaves the state untouched.
   // Thread-safe: concurrent runs of one executable each get their own scratch memory, but they
   // must not share state buffers (two runs writing one KV cache race) or output tensors;
   // parameters are only read and may be shared.
-  virtual void run(std::span<Buffer* const> params, std::span<Buffer* const> states,
-                   std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) = 0;
+  void run(std::span<Buffer* const> params, std::span<Buffer* const> states,
+           std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs);
   // Bytes of scratch memory planned for intermediate values, per concurrent run.
   virtual uint64_t arena_bytes() const = 0;
   // Frees the scratch memory of runs that have finished (a later run allocates it again);
   // returns the bytes freed. Runs in progress keep theirs.
   virtual uint64_t trim() = 0;
+
+ protected:
+  // Plans run()'s checks from the graph as the caller built it (before any legalisation).
+  // UnsupportedError when a value that must be checked on the host (token ids, cache
+  // positions, block tables, positions of paged ops) does not come from a graph input.
+  explicit Executable(const graph::Graph& graph);
+  // run() after its checks: the bindings match the graph and the step inputs are in range.
+  virtual void execute(std::span<Buffer* const> params, std::span<Buffer* const> states,
+                       std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) = 0;
+
+ private:
+  struct Checks;  // backend.cc
+  std::unique_ptr<const Checks> checks_;
 };
 
 // A linear weight as a backend keeps it for multiplication: the weight and, when quantized, its

@@ -1,8 +1,8 @@
 // Process groups: the ranks a tensor-parallel model is split over and the collectives between
 // them. The MPI implementation serves processes started by mpirun (one machine or several);
 // the single-process one serves everything else. Executables find their group by the id that
-// collective graph nodes carry (ints[0]), so a compiled graph never holds a pointer and two
-// groups never share an executable.
+// collective graph nodes carry (their attributes' group), so a compiled graph never holds a
+// pointer and two groups never share an executable.
 #pragma once
 
 #include <cstdint>

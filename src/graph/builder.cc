@@ -8,9 +8,9 @@
 namespace tformers::graph {
 
 Value GraphBuilder::add_node(Op op, std::vector<int> inputs, TensorType type, std::string name,
-                             std::vector<int64_t> ints, std::vector<float> floats) {
-  return graph_.add(Node{op, std::move(inputs), std::move(type), std::move(name), std::move(ints),
-                         std::move(floats), nullptr});
+                             Attrs attrs) {
+  return graph_.add(
+      Node{op, std::move(inputs), std::move(type), std::move(name), std::move(attrs)});
 }
 
 Value GraphBuilder::parameter(const std::string& name, TensorType type) {
@@ -28,7 +28,8 @@ Value GraphBuilder::embedding(Value table, Value ids, const std::string& name) {
   TF_CHECK(t.shape.size() == 2 && i.dtype == DType::i32, name, ": ", t.str(), " ", i.str());
   Shape out = i.shape;
   out.push_back(t.shape[1]);
-  return add_node(Op::kEmbedding, {table, ids}, {activation(), out}, name);
+  return add_node(Op::kEmbedding, {table, ids}, {activation(), out}, name,
+                  EmbeddingAttrs{0, t.shape[0]});
 }
 
 Value GraphBuilder::embedding_shard(Value table, Value ids, int64_t row_offset, int64_t vocab,
@@ -39,7 +40,8 @@ Value GraphBuilder::embedding_shard(Value table, Value ids, int64_t row_offset, 
            name, ": ", t.str(), " ", i.str(), " rows at ", row_offset, " of ", vocab);
   Shape out = i.shape;
   out.push_back(t.shape[1]);
-  return add_node(Op::kEmbedding, {table, ids}, {activation(), out}, name, {row_offset, vocab});
+  return add_node(Op::kEmbedding, {table, ids}, {activation(), out}, name,
+                  EmbeddingAttrs{row_offset, vocab});
 }
 
 Value GraphBuilder::linear(Value x, Value w, Value bias, const std::string& name) {
@@ -95,7 +97,7 @@ Value GraphBuilder::linear_int4(Value x, Value w, Value scale, Value zero, Value
   Shape out = xt.shape;
   out.back() = N;
   return add_node(Op::kLinearInt4, std::move(inputs), {activation(), out}, name,
-                  {zero >= 0 ? 1 : 0});
+                  LinearInt4Attrs{zero >= 0});
 }
 
 Value GraphBuilder::rms_norm(Value x, Value w, float eps, const std::string& name) {
@@ -106,8 +108,8 @@ Value GraphBuilder::rms_norm(Value x, Value w, float eps, RMSNormOptions o,
                              const std::string& name) {
   const TensorType &xt = type(x), &wt = type(w);
   TF_CHECK(wt.shape == Shape{xt.shape.back()}, name, ": x ", xt.str(), " w ", wt.str());
-  return add_node(Op::kRMSNorm, {x, w}, {activation(), xt.shape}, name, {int64_t(o.unit_offset)},
-                  {eps});
+  return add_node(Op::kRMSNorm, {x, w}, {activation(), xt.shape}, name,
+                  RMSNormAttrs{eps, o.unit_offset});
 }
 
 Value GraphBuilder::rope(Value x, Value pos, std::vector<float> inv_freq, const std::string& name) {
@@ -125,7 +127,7 @@ Value GraphBuilder::rope(Value x, Value pos, std::vector<float> inv_freq, RopeOp
            name, ": rotary_dim ", rotary_dim, " with ", inv_freq.size(), " frequencies, x ",
            xt.str());
   return add_node(Op::kRope, {x, pos}, {activation(), xt.shape}, name,
-                  {rotary_dim, int64_t(o.interleaved)}, std::move(inv_freq));
+                  RopeAttrs{std::move(inv_freq), rotary_dim, o.interleaved});
 }
 
 Value GraphBuilder::silu_mul(Value gate, Value up, const std::string& name) {
@@ -142,13 +144,13 @@ Value GraphBuilder::gelu_tanh_mul(Value gate, Value up, const std::string& name)
 Value GraphBuilder::scale(Value x, float factor, const std::string& name) {
   TF_CHECK(type(x).dtype == activation() && std::isfinite(factor), name, ": ", type(x).str(), " * ",
            factor);
-  return add_node(Op::kScale, {x}, type(x), name, {}, {factor});
+  return add_node(Op::kScale, {x}, type(x), name, ScaleAttrs{factor});
 }
 
 Value GraphBuilder::softcap(Value x, float cap, const std::string& name) {
   TF_CHECK(type(x).dtype == activation() && cap > 0.0f && std::isfinite(cap), name, ": ",
            type(x).str(), " cap ", cap);
-  return add_node(Op::kSoftcap, {x}, type(x), name, {}, {cap});
+  return add_node(Op::kSoftcap, {x}, type(x), name, SoftcapAttrs{cap});
 }
 
 Value GraphBuilder::add(Value a, Value b, const std::string& name) {
@@ -192,7 +194,7 @@ Value GraphBuilder::attention(Value q, Value k_cache, Value v_cache, Value start
     inputs.push_back(key_mask);
   }
   return add_node(Op::kAttention, std::move(inputs), {activation(), qt.shape}, name,
-                  {o.sliding_window}, {scale, o.softcap});
+                  AttentionAttrs{scale, o.softcap, o.sliding_window});
 }
 
 Value GraphBuilder::paged_cache_write(Value pool, Value update, Value table, Value pos,
@@ -221,26 +223,21 @@ Value GraphBuilder::paged_attention(Value q, Value k_pool, Value v_pool, Value t
   TF_CHECK(o.sliding_window >= 0 && o.softcap >= 0.0f && std::isfinite(o.softcap), name,
            ": sliding_window ", o.sliding_window, " softcap ", o.softcap);
   return add_node(Op::kPagedAttention, {q, k_pool, v_pool, table, pos}, {activation(), qt.shape},
-                  name, {o.sliding_window}, {scale, o.softcap});
+                  name, AttentionAttrs{scale, o.softcap, o.sliding_window});
 }
 
 Value GraphBuilder::take_last(Value x, int64_t n) {
   const TensorType& xt = type(x);
   TF_CHECK(xt.shape.size() == 3 && n >= 1 && n <= xt.shape[1], xt.str(), " last ", n);
-  return add_node(Op::kTakeLast, {x}, {xt.dtype, {xt.shape[0], n, xt.shape[2]}}, "", {n});
+  return add_node(Op::kTakeLast, {x}, {xt.dtype, {xt.shape[0], n, xt.shape[2]}}, "",
+                  TakeLastAttrs{n});
 }
 
 Value GraphBuilder::custom_call(std::shared_ptr<const CustomCall> call, std::vector<Value> inputs,
                                 TensorType out, std::vector<float> floats,
                                 const std::string& name) {
-  TF_CHECK(call && call->fn, name, ": custom call without a kernel");
-  return graph_.add(Node{Op::kCustomCall,
-                         std::move(inputs),
-                         std::move(out),
-                         name,
-                         {},
-                         std::move(floats),
-                         std::move(call)});
+  return add_node(Op::kCustomCall, std::move(inputs), std::move(out), name,
+                  CustomCallAttrs{std::move(call), std::move(floats)});
 }
 
 Value GraphBuilder::all_reduce(Value x, Value bias, int group, const std::string& name) {
@@ -251,7 +248,7 @@ Value GraphBuilder::all_reduce(Value x, Value bias, int group, const std::string
     TF_CHECK(type(bias).shape == Shape{xt.shape.back()}, name, ": bias ", type(bias).str());
     inputs.push_back(bias);
   }
-  return add_node(Op::kAllReduce, std::move(inputs), xt, name, {group});
+  return add_node(Op::kAllReduce, std::move(inputs), xt, name, AllReduceAttrs{group});
 }
 
 Value GraphBuilder::all_gather(Value x, std::vector<int64_t> counts, int group,
@@ -263,9 +260,8 @@ Value GraphBuilder::all_gather(Value x, std::vector<int64_t> counts, int group,
   Shape out = xt.shape;
   out.back() = 0;
   for (int64_t c : counts) out.back() += c;
-  std::vector<int64_t> ints = {group};
-  ints.insert(ints.end(), counts.begin(), counts.end());
-  return add_node(Op::kAllGather, {x}, {xt.dtype, out}, name, std::move(ints));
+  return add_node(Op::kAllGather, {x}, {xt.dtype, out}, name,
+                  AllGatherAttrs{group, std::move(counts)});
 }
 
 Value GraphBuilder::slice_last(Value x, int64_t begin, int64_t end, const std::string& name) {
@@ -274,7 +270,7 @@ Value GraphBuilder::slice_last(Value x, int64_t begin, int64_t end, const std::s
            xt.str(), " [", begin, ", ", end, ")");
   Shape out = xt.shape;
   out.back() = end - begin;
-  return add_node(Op::kSlice, {x}, {xt.dtype, out}, name, {begin, end});
+  return add_node(Op::kSlice, {x}, {xt.dtype, out}, name, SliceAttrs{begin, end});
 }
 
 }  // namespace tformers::graph

@@ -87,7 +87,7 @@ class GraphBuilder {
 
  private:
   Value add_node(Op op, std::vector<int> inputs, TensorType type, std::string name,
-                 std::vector<int64_t> ints = {}, std::vector<float> floats = {});
+                 Attrs attrs = {});
   Graph graph_;
 };
 

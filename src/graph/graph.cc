@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <sstream>
+#include <type_traits>
 
 #include "tformers/error.h"
 
@@ -76,8 +77,75 @@ std::vector<int> Graph::leaves(Op kind) const {
   return out;
 }
 
+namespace {
+
+// The position of attribute kind A in Attrs.
+template <class A, size_t I = 0>
+constexpr size_t attrs_index() {
+  if constexpr (std::is_same_v<A, std::variant_alternative_t<I, Attrs>>)
+    return I;
+  else
+    return attrs_index<A, I + 1>();
+}
+
+// The attribute kind each op carries, as its position in Attrs.
+size_t op_attrs_index(Op op) {
+  switch (op) {
+    case Op::kEmbedding:
+      return attrs_index<EmbeddingAttrs>();
+    case Op::kRMSNorm:
+      return attrs_index<RMSNormAttrs>();
+    case Op::kRope:
+      return attrs_index<RopeAttrs>();
+    case Op::kAttention:
+    case Op::kPagedAttention:
+      return attrs_index<AttentionAttrs>();
+    case Op::kTakeLast:
+      return attrs_index<TakeLastAttrs>();
+    case Op::kScale:
+      return attrs_index<ScaleAttrs>();
+    case Op::kSoftcap:
+      return attrs_index<SoftcapAttrs>();
+    case Op::kSlice:
+      return attrs_index<SliceAttrs>();
+    case Op::kAllReduce:
+      return attrs_index<AllReduceAttrs>();
+    case Op::kAllGather:
+      return attrs_index<AllGatherAttrs>();
+    case Op::kLinearInt4:
+      return attrs_index<LinearInt4Attrs>();
+    case Op::kCustomCall:
+      return attrs_index<CustomCallAttrs>();
+    default:
+      return attrs_index<std::monostate>();
+  }
+}
+
+const char* attrs_name(const Attrs& a) {
+  return std::visit(
+      [](const auto& v) -> const char* {
+        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::monostate>)
+          return "no attributes";
+        else
+          return v.kName;
+      },
+      a);
+}
+
+}  // namespace
+
+void Node::wrong_attrs(const char* wanted) const {
+  throw InternalError(
+      detail::str_cat(op_name(op), " node '", name, "' has ", attrs_name(attrs), ", not ", wanted));
+}
+
 int Graph::add(Node node) {
   for (int in : node.inputs) TF_CHECK(in >= 0 && in < int(nodes_.size()), "bad input id ", in);
+  TF_CHECK(node.attrs.index() == op_attrs_index(node.op), op_name(node.op), " node '", node.name,
+           "' has ", attrs_name(node.attrs), ", not the op's kind");
+  if (const auto* c = std::get_if<CustomCallAttrs>(&node.attrs))
+    TF_CHECK(c->kernel && !c->kernel->target.empty(), "custom call '", node.name,
+             "' names no kernel");
   nodes_.push_back(std::move(node));
   return int(nodes_.size()) - 1;
 }
@@ -104,6 +172,29 @@ struct Hasher {
     pod(v.size());
     if (!v.empty()) bytes(v.data(), v.size() * sizeof(T));
   }
+  void str(const std::string& s) {
+    pod(s.size());
+    bytes(s.data(), s.size());
+  }
+  // An attribute field: a scalar, a vector of scalars or a string.
+  template <typename T>
+  void field(const T& v) {
+    if constexpr (std::is_same_v<T, std::string>)
+      str(v);
+    else if constexpr (requires { v.data(); })
+      vec(v);
+    else
+      pod(v);
+  }
+  void attrs(const Attrs& a) {
+    pod(a.index());
+    std::visit(
+        [&](const auto& v) {
+          if constexpr (!std::is_same_v<std::decay_t<decltype(v)>, std::monostate>)
+            std::apply([&](const auto&... f) { (field(f), ...); }, v.fields());
+        },
+        a);
+  }
 };
 }  // namespace
 
@@ -116,14 +207,8 @@ uint64_t Graph::hash() const {
     h.vec(n.inputs);
     h.pod(n.type.dtype);
     h.vec(n.type.shape);
-    h.pod(n.name.size());
-    h.bytes(n.name.data(), n.name.size());
-    h.vec(n.ints);
-    h.vec(n.floats);
-    if (n.custom) {
-      h.pod(n.custom->target.size());
-      h.bytes(n.custom->target.data(), n.custom->target.size());
-    }
+    h.str(n.name);
+    h.attrs(n.attrs);
   }
   h.vec(outputs_);
   return h.h;
@@ -141,25 +226,29 @@ std::string attributes(const Node& n) {
   };
   switch (n.op) {
     case Op::kRMSNorm:
-      if (n.ints[0]) a.push_back("unit_offset");
+      if (n.attrs_as<RMSNormAttrs>().unit_offset) a.push_back("unit_offset");
       break;
-    case Op::kRope:
-      if (n.ints[0] != n.type.shape[3]) show("rotary_dim", n.ints[0]);
-      if (n.ints[1]) a.push_back("interleaved");
+    case Op::kRope: {
+      const auto& r = n.attrs_as<RopeAttrs>();
+      if (r.rotary_dim != n.type.shape[3]) show("rotary_dim", r.rotary_dim);
+      if (r.interleaved) a.push_back("interleaved");
       break;
+    }
     case Op::kAttention:
-    case Op::kPagedAttention:
-      if (n.ints[0]) show("sliding_window", n.ints[0]);
-      if (n.floats[1] != 0.0f) show("softcap", n.floats[1]);
+    case Op::kPagedAttention: {
+      const auto& at = n.attrs_as<AttentionAttrs>();
+      if (at.sliding_window) show("sliding_window", at.sliding_window);
+      if (at.softcap != 0.0f) show("softcap", at.softcap);
       break;
+    }
     case Op::kScale:
-      show("factor", n.floats[0]);
+      show("factor", n.attrs_as<ScaleAttrs>().factor);
       break;
     case Op::kSoftcap:
-      show("cap", n.floats[0]);
+      show("cap", n.attrs_as<SoftcapAttrs>().cap);
       break;
     case Op::kLinearInt4:
-      if (n.ints[0]) a.push_back("zero");
+      if (n.attrs_as<LinearInt4Attrs>().has_zero) a.push_back("zero");
       break;
     default:
       break;
@@ -176,7 +265,8 @@ std::string Graph::to_string() const {
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const Node& n = nodes_[i];
     os << "%" << i << " = " << op_name(n.op);
-    if (n.custom) os << "[" << n.custom->target << "]";
+    if (const auto* c = std::get_if<CustomCallAttrs>(&n.attrs))
+      os << "[" << c->kernel->target << "]";
     os << "(";
     for (size_t j = 0; j < n.inputs.size(); ++j) os << (j ? ", %" : "%") << n.inputs[j];
     os << ")" << attributes(n) << " -> " << n.type.str();

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <variant>
 #include <vector>
 
 #include "tformers/dtype.h"
@@ -24,38 +26,33 @@ enum class Op : uint8_t {
   kParameter,   // leaf: a weight, bound by name
   kState,       // leaf: device state updated in place (KV cache), bound by name
   kInput,       // leaf: a per-call tensor copied from the host
-  kEmbedding,   // (table (V,D), ids (...)) -> (..., D) act; ints = {row_offset, vocab} when the
-                // table holds rows [row_offset, row_offset + V) of a vocab-row table (zero
-                // rows for ids outside)
+  kEmbedding,   // (table (V,D), ids (...)) -> (..., D) act; EmbeddingAttrs
   kLinear,      // (x (..., K), w (N, K) [, bias (N)]) -> (..., N) act
-  kRMSNorm,     // (x (..., D), w (D)) -> (..., D) act; floats = {eps}, ints = {unit_offset}:
-                // 1 scales by (1 + w) (Gemma)
-  kRope,        // (x (B,T,H,D), pos (B,T)) -> (B,T,H,D); floats = inv_freq (rotary_dim/2),
-                // ints = {rotary_dim, interleaved}: the first rotary_dim features rotate, the
-                // rest pass; pairs (i, i + rotary_dim/2), or (2i, 2i+1) when interleaved (GLM)
+  kRMSNorm,     // (x (..., D), w (D)) -> (..., D) act; RMSNormAttrs
+  kRope,        // (x (B,T,H,D), pos (B,T)) -> (B,T,H,D); RopeAttrs
   kSiluMul,     // (gate, up) -> silu(gate) * up
   kAdd,         // (a, b) -> a + b
   kReshape,     // (x) -> same bytes, shape of the node
   kCacheWrite,  // (cache (B,Hkv,S,D), new (B,T,Hkv,D), start ()) -> cache, written in place
   kAttention,   // (q (B,T,Hq,D), k_cache, v_cache, start () [, key_mask (B,S)]) -> (B,T,Hq,D);
-                // floats = {scale, softcap}, ints = {sliding_window}; 0 for none (see
-                // GraphBuilder::attention)
-  kTakeLast,    // (x (B,T,D)) -> (B,n,D): the last n = ints[0] positions (any dtype)
-  kCustomCall,  // a hub kernel (Node::custom): inputs and floats as its layer's schema says
-  // Tensor parallelism. ints[0] is the process group id (distributed/process_group.h). The
-  // collectives and kSlice take any dtype; the output has the input's.
-  kAllReduce,   // (x (..., N) [, bias (N)]) -> sum over ranks [+ bias, added once after the sum]
+                // AttentionAttrs
+  kTakeLast,    // (x (B,T,D)) -> (B,n,D): the last TakeLastAttrs::n positions (any dtype)
+  kCustomCall,  // a hub kernel; CustomCallAttrs: inputs and floats as its layer's schema says
+  // Tensor parallelism over the process group of the attributes (distributed/process_group.h).
+  // The collectives and kSlice take any dtype; the output has the input's.
+  kAllReduce,   // (x (..., N) [, bias (N)]) -> sum over ranks [+ bias, added once after the sum];
+                // AllReduceAttrs
   kAllGather,   // (x (..., n_r)) -> (..., sum n): ranks' pieces concatenated along the last dim;
-                // ints = {group, n_0, n_1, ...}
-  kSlice,       // (x (..., K)) -> (..., end - begin): ints = {begin, end} along the last dim
+                // AllGatherAttrs
+  kSlice,       // (x (..., K)) -> (..., end - begin) along the last dim; SliceAttrs
   kLinearInt8,  // (x (..., K), w int8 (N, K), scale f32 (N, ceil(K / kInt8Block)) [, bias f32
                 // (N)]) -> (..., N) act: weight-only int8 with one scale per block of
                 // kInt8Block k values, w[n,k] ~ scale[n, k / kInt8Block] * q[n,k]
 
   // Gemma's activations and scalings.
   kGeluTanhMul,  // (gate, up) -> gelu_tanh(gate) * up (PyTorch's tanh approximation)
-  kScale,        // (x) -> x * factor; floats = {factor}
-  kSoftcap,      // (x) -> tanh(x / cap) * cap; floats = {cap}
+  kScale,        // (x) -> x * factor; ScaleAttrs
+  kSoftcap,      // (x) -> tanh(x / cap) * cap; SoftcapAttrs
 
   // Paged KV cache (continuous batching): a layer's keys or values for every sequence live in
   // one pool of blocks (num_blocks, Hkv, block_size, D); sequence b's position p is at offset
@@ -63,14 +60,14 @@ enum class Op : uint8_t {
   // position, negative for padding.
   kPagedCacheWrite,  // (pool, new (B,T,Hkv,D), table (B,MB), pos (B,T)) -> pool, in place
   kPagedAttention,   // (q (B,T,Hq,D), k_pool, v_pool, table (B,MB), pos (B,T)) -> (B,T,Hq,D):
-                     // query (b,t) sees its sequence's positions <= pos[b,t]; attributes as
-                     // kAttention; a padding query gives zeros
+                     // query (b,t) sees its sequence's positions <= pos[b,t]; AttentionAttrs;
+                     // a padding query gives zeros
 
   kLinearInt4,  // (x (..., K), w u8 (N / 8, nb, 128), scale f16 (N / 8, nb, 8) [, zero u8
                 // (N / 8, nb, 8)] [, bias f32 (N)]) -> (..., N) act, nb = ceil(K / kInt4Block):
                 // weight-only 4-bit codes in tiles of 8 rows by kInt4Block k values (the layout
                 // of backends/cpu/kernels.h), w[n,k] = scale[n, b] * (code[n,k] - zero[n, b])
-                // with zero 8 when absent; ints = {has_zero}
+                // with zero 8 when absent; LinearInt4Attrs
 };
 
 const char* op_name(Op op);
@@ -88,24 +85,111 @@ struct TensorType {
   std::string str() const;  // "bfloat16[2, 3]"
 };
 
-// The implementation of a kCustomCall node: a hub kernel loaded by kernels_hub/. The target
-// names it completely (repo, version, revision, variant, layer, library digest) and is part of
-// the graph hash, so graphs that call different kernels never share an executable.
+// The hub kernel a kCustomCall node calls, loaded by kernels_hub/. The graph names it and does
+// not point to it: the backend named here resolves the target to its entry point when it
+// compiles the graph (backends/kernel_registry.h). The target names the kernel completely
+// (repo, version, revision, variant, layer, library digest) and is part of the graph hash, so
+// graphs that call different kernels never share an executable.
 struct CustomCall {
   std::string target;
   std::string backend;                // the backend that can run it ("cpu")
-  const void* fn = nullptr;           // the backend's entry point (a TfKernelFn on the CPU)
-  std::shared_ptr<const void> owner;  // keeps the kernel library loaded
+  std::shared_ptr<const void> owner;  // keeps the kernel library loaded while graphs name it
 };
+
+// Each op's attributes, typed: a node holds its op's struct (Graph::add checks which), or
+// std::monostate when the op has none. fields() lists every field for the graph hash.
+struct EmbeddingAttrs {
+  static constexpr const char* kName = "EmbeddingAttrs";
+  // The table holds rows [row_offset, row_offset + V) of a vocab-row table (a vocabulary shard
+  // under tensor parallelism): ids outside give zero rows. {0, V} for a whole table.
+  int64_t row_offset = 0, vocab = 0;
+  auto fields() const { return std::tie(row_offset, vocab); }
+};
+struct RMSNormAttrs {
+  static constexpr const char* kName = "RMSNormAttrs";
+  float eps = 0.0f;
+  bool unit_offset = false;  // scale by (1 + w) (Gemma)
+  auto fields() const { return std::tie(eps, unit_offset); }
+};
+struct RopeAttrs {
+  static constexpr const char* kName = "RopeAttrs";
+  std::vector<float> inv_freq;  // rotary_dim / 2 frequencies
+  // The first rotary_dim features of a head rotate, the rest pass; pairs (i, i + rotary_dim/2),
+  // or (2i, 2i+1) when interleaved (GLM).
+  int64_t rotary_dim = 0;
+  bool interleaved = false;
+  auto fields() const { return std::tie(inv_freq, rotary_dim, interleaved); }
+};
+struct AttentionAttrs {  // kAttention and kPagedAttention (see GraphBuilder::attention)
+  static constexpr const char* kName = "AttentionAttrs";
+  float scale = 0.0f;
+  float softcap = 0.0f;        // 0: none
+  int64_t sliding_window = 0;  // 0: none
+  auto fields() const { return std::tie(scale, softcap, sliding_window); }
+};
+struct TakeLastAttrs {
+  static constexpr const char* kName = "TakeLastAttrs";
+  int64_t n = 0;
+  auto fields() const { return std::tie(n); }
+};
+struct ScaleAttrs {
+  static constexpr const char* kName = "ScaleAttrs";
+  float factor = 0.0f;
+  auto fields() const { return std::tie(factor); }
+};
+struct SoftcapAttrs {
+  static constexpr const char* kName = "SoftcapAttrs";
+  float cap = 0.0f;
+  auto fields() const { return std::tie(cap); }
+};
+struct SliceAttrs {
+  static constexpr const char* kName = "SliceAttrs";
+  int64_t begin = 0, end = 0;  // along the last dim
+  auto fields() const { return std::tie(begin, end); }
+};
+struct AllReduceAttrs {
+  static constexpr const char* kName = "AllReduceAttrs";
+  int group = 0;  // process group id
+  auto fields() const { return std::tie(group); }
+};
+struct AllGatherAttrs {
+  static constexpr const char* kName = "AllGatherAttrs";
+  int group = 0;
+  std::vector<int64_t> counts;  // each rank's piece of the last dim, in rank order
+  auto fields() const { return std::tie(group, counts); }
+};
+struct LinearInt4Attrs {
+  static constexpr const char* kName = "LinearInt4Attrs";
+  bool has_zero = false;  // the zero-point input is there
+  auto fields() const { return std::tie(has_zero); }
+};
+struct CustomCallAttrs {
+  static constexpr const char* kName = "CustomCallAttrs";
+  std::shared_ptr<const CustomCall> kernel;  // shared by the nodes of one kernelized layer
+  std::vector<float> floats;                 // the float attributes of the kernel's schema
+  auto fields() const { return std::tie(kernel->target, floats); }
+};
+
+using Attrs = std::variant<std::monostate, EmbeddingAttrs, RMSNormAttrs, RopeAttrs, AttentionAttrs,
+                           TakeLastAttrs, ScaleAttrs, SoftcapAttrs, SliceAttrs, AllReduceAttrs,
+                           AllGatherAttrs, LinearInt4Attrs, CustomCallAttrs>;
 
 struct Node {
   Op op;
   std::vector<int> inputs;
   TensorType type;
   std::string name;  // binding name for leaves; a debug name for the rest
-  std::vector<int64_t> ints;
-  std::vector<float> floats;
-  std::shared_ptr<const CustomCall> custom;  // kCustomCall only
+  Attrs attrs;
+
+  // The attributes as A; InternalError naming the node when it holds another kind.
+  template <class A>
+  const A& attrs_as() const {
+    if (const A* a = std::get_if<A>(&attrs)) return *a;
+    wrong_attrs(A::kName);
+  }
+
+ private:
+  [[noreturn]] void wrong_attrs(const char* wanted) const;
 };
 
 class Graph {
@@ -120,7 +204,8 @@ class Graph {
   // Leaves by kind, in creation order (the order bindings are given in).
   std::vector<int> leaves(Op kind) const;
 
-  int add(Node node);  // checks that inputs exist; returns the node id
+  // Checks that the inputs exist and that the attributes are the op's kind; returns the node id.
+  int add(Node node);
   void mark_output(int id);
 
   // A 64-bit hash of the activation dtype, structure, shapes, dtypes, names and attributes; two

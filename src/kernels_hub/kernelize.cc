@@ -142,11 +142,8 @@ std::vector<KernelizedLayer> kernelize(CausalLM& model, const KernelMapping& map
                         " cannot replace " + layer + ": its schema \"" + e->second.schema_text +
                         "\" does not match the layer: " + why);
     auto call = std::make_shared<graph::CustomCall>();
-    call->target = r.repo_id + "@v" + std::to_string(r.version) + "/" + kernel.revision() + "/" +
-                   kernel.variant() + ":" + pkg_layer + "#" +
-                   kernel.impl()->library_sha256.substr(0, 16);
+    call->target = kernel.impl()->target(pkg_layer);
     call->backend = device;
-    call->fn = reinterpret_cast<const void*>(e->second.fn);
     call->owner = kernel.impl();
     LayerKernels::Slot slot;
     slot.call = call;

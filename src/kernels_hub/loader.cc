@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backends/kernel_registry.h"
 #include "io/file.h"
 #include "io/json.h"
 #include "kernels_hub/package.h"
@@ -253,6 +254,11 @@ void bind_table(Kernel::Impl& impl, const Manifest& m, const std::string& where)
 
 }  // namespace
 
+std::string Kernel::Impl::target(const std::string& layer) const {
+  return repo_id + "@v" + std::to_string(version) + "/" + revision + "/" + variant + ":" + layer +
+         "#" + library_sha256.substr(0, 16);
+}
+
 Kernel::Impl::~Impl() {
   if (handle) {
     dlclose(handle);
@@ -432,6 +438,9 @@ Kernel get_kernel(const std::string& repo_id, int version, const KernelOptions& 
   impl->handle =
       load_library_bytes(library, repo_id + "@v" + std::to_string(version), where, impl->fd);
   bind_table(*impl, m, where);
+  for (const auto& [layer, e] : impl->entries)
+    backends::register_kernel(impl->backend, impl->target(layer),
+                              reinterpret_cast<const void*>(e.fn), impl);
   return Kernel(impl);
 }
 

@@ -69,7 +69,8 @@ std::string modes_str(uint32_t modes);  // "prefill, decode"
 namespace tformers {
 
 // A loaded variant. The library stays mapped until the last Kernel copy and the last graph
-// node that refers to it are gone.
+// node that refers to it are gone. Loading registers each of its kernels under target(layer)
+// for its backend (backends/kernel_registry.h), where backends find them when they compile.
 struct Kernel::Impl {
   struct Entry {
     std::string layer;
@@ -85,6 +86,10 @@ struct Kernel::Impl {
   std::map<std::string, Entry> entries;
   void* handle = nullptr;  // dlopen handle
   int fd = -1;             // the memory file it was loaded from
+  // The name graphs call `layer` of this variant by (graph::CustomCall::target): package,
+  // version, revision, variant, layer and the library's digest, so that graphs calling
+  // different builds never share an executable.
+  std::string target(const std::string& layer) const;
   ~Impl();
 };
 

@@ -1,12 +1,12 @@
 // The compile cache as an LRU bounded by arena bytes, on a backend whose executables declare the
-// arena size the test picks.
+// arena size the test picks (the first dimension of the graph's one input).
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <map>
 
 #include "backends/compile_cache.h"
 #include "graph/builder.h"
+#include "graph/fake_backend.h"
 #include "tformers/error.h"
 
 namespace tformers {
@@ -14,40 +14,8 @@ namespace {
 
 using backends::CompileCache;
 
-class FakeExecutable : public backends::Executable {
- public:
-  explicit FakeExecutable(uint64_t bytes) : bytes_(bytes) {}
-  void run(std::span<backends::Buffer* const>, std::span<backends::Buffer* const>,
-           std::span<const Tensor* const>, std::span<Tensor* const>) override {}
-  uint64_t arena_bytes() const override { return bytes_; }
-  uint64_t trim() override {
-    ++trims;
-    return 0;
-  }
-  std::atomic<int> trims{0};
-
- private:
-  uint64_t bytes_;
-};
-
-// Compiles a graph whose one input has `bytes` u8 elements into an executable of that many
-// arena bytes.
-class FakeBackend : public backends::Backend {
- public:
-  std::string name() const override { return "fake"; }
-  Device device() const override { return Device{"cpu", 0}; }
-  bool supports(const graph::Node&) const override { return true; }
-  int64_t batch_invariant_rows() const override { return 1; }
-  std::unique_ptr<backends::Executable> compile(const graph::Graph& g) override {
-    ++compiles;
-    return std::make_unique<FakeExecutable>(
-        uint64_t(g.node(g.leaves(graph::Op::kInput)[0]).type.shape[0]));
-  }
-  std::shared_ptr<backends::Buffer> upload(const Tensor&) override { return nullptr; }
-  std::shared_ptr<backends::Buffer> allocate(const graph::TensorType&) override { return nullptr; }
-  Tensor download(const backends::Buffer&) override { return {}; }
-  int compiles = 0;
-};
+using testing::FakeBackend;
+using testing::FakeExecutable;
 
 graph::Graph graph_of(int64_t bytes) {
   graph::GraphBuilder b;

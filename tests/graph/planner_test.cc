@@ -76,8 +76,8 @@ TEST(Executable, TrimFreesIdleArenasAndRunsAgainAfter) {
   for (float v : out.to_f32_vector()) EXPECT_EQ(v, 6.0f);
 }
 
-// A run that throws (a token id out of range) still gives its arena back for the next run.
-TEST(Executable, FailedRunReturnsItsArena) {
+// A run refused by its checks (a token id out of range) never takes an arena.
+TEST(Executable, RefusedRunTakesNoArena) {
   GraphBuilder b;
   Value table = b.parameter("table", {DType::f32, {4, 8}});
   b.output(b.embedding(table, b.input("ids", {DType::i32, {1, 2}})));
@@ -90,6 +90,21 @@ TEST(Executable, FailedRunReturnsItsArena) {
   const Tensor* inputs[] = {&ids};
   Tensor* outputs[] = {&out};
   EXPECT_THROW(exe->run(params, {}, inputs, outputs), InvalidArgumentError);
+  EXPECT_EQ(exe->trim(), 0u);
+}
+
+// A run that fails inside the executor (its collective names a process group that does not
+// exist) still gives its arena back for the next run.
+TEST(Executable, FailedRunReturnsItsArena) {
+  GraphBuilder b;
+  Value x = b.input("x", {DType::f32, {2, 8}});
+  b.output(b.all_gather(b.add(x, x), {8}, 1 << 20));
+  auto backend = backends::make_cpu_backend();
+  auto exe = backend->compile(b.finish());
+  Tensor tx = Tensor::zeros({2, 8}, DType::f32);
+  Tensor out = Tensor::zeros({2, 8}, DType::f32);
+  EXPECT_THROW(run(*exe, {&tx}, out), InternalError);
+  EXPECT_GT(exe->arena_bytes(), 0u);
   EXPECT_GE(exe->trim(), exe->arena_bytes());
 }
 

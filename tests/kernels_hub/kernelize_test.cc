@@ -71,7 +71,8 @@ std::vector<std::string> custom_calls(CausalLM& lm, models::StepShape s) {
   graph::Graph g = models::state_of(lm).build_graph(s);
   std::vector<std::string> out;
   for (const auto& n : g.nodes())
-    if (n.op == graph::Op::kCustomCall) out.push_back(n.name + " " + n.custom->target);
+    if (n.op == graph::Op::kCustomCall)
+      out.push_back(n.name + " " + n.attrs_as<graph::CustomCallAttrs>().kernel->target);
   return out;
 }
 

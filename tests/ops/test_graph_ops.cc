@@ -45,13 +45,17 @@ TEST(GraphOps, DefaultsKeepTheirAttributeLayouts) {
   const Value r = b.rope(x, pos, std::vector<float>(D / 2, 1.0f));
   const Value a = b.attention(x, kc, vc, start, -1, kScale);
   const graph::Graph g = b.finish();
-  // The hub kernels' contracts read floats[0] (eps, scale) and floats as inv_freq.
-  EXPECT_EQ(g.node(n).floats, std::vector<float>({kEps}));
-  EXPECT_EQ(g.node(n).ints, std::vector<int64_t>({0}));
-  EXPECT_EQ(g.node(r).floats.size(), size_t(D / 2));
-  EXPECT_EQ(g.node(r).ints, std::vector<int64_t>({D, 0}));
-  EXPECT_EQ(g.node(a).floats, std::vector<float>({kScale, 0.0f}));
-  EXPECT_EQ(g.node(a).ints, std::vector<int64_t>({0}));
+  const auto& norm = g.node(n).attrs_as<graph::RMSNormAttrs>();
+  EXPECT_EQ(norm.eps, kEps);
+  EXPECT_FALSE(norm.unit_offset);
+  const auto& rope = g.node(r).attrs_as<graph::RopeAttrs>();
+  EXPECT_EQ(rope.inv_freq.size(), size_t(D / 2));
+  EXPECT_EQ(rope.rotary_dim, D);  // the whole head
+  EXPECT_FALSE(rope.interleaved);
+  const auto& attn = g.node(a).attrs_as<graph::AttentionAttrs>();
+  EXPECT_EQ(attn.scale, kScale);
+  EXPECT_EQ(attn.softcap, 0.0f);
+  EXPECT_EQ(attn.sliding_window, 0);
   // Defaults print no attributes.
   EXPECT_EQ(g.to_string().find('{'), std::string::npos) << g.to_string();
 }

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "backends/cpu/kernels.h"
+#include "backends/kernel_registry.h"
 #include "core/memory.h"
 #include "distributed/process_group.h"
 #include "tformers/error.h"
@@ -124,9 +125,9 @@ graph::Graph legalise(const graph::Graph& g) {
         m.type.dtype = out.node(n.inputs[0]).type.dtype;
         break;
       case Op::kCustomCall:
-        throw UnsupportedError(detail::str_cat("CPU backend: hub kernel ", n.custom->target,
-                                               " in a ", dtype_name(act),
-                                               "-activation graph; use float32 activations"));
+        throw UnsupportedError(detail::str_cat(
+            "CPU backend: hub kernel ", n.attrs_as<graph::CustomCallAttrs>().kernel->target,
+            " in a ", dtype_name(act), "-activation graph; use float32 activations"));
       default:
         if (m.type.dtype == act) m.type.dtype = DType::f32;
     }
@@ -163,8 +164,8 @@ class CpuExecutable : public Executable {
   uint64_t arena_bytes() const override { return uint64_t(arena_size_); }
   uint64_t trim() override;
 
-  void run(std::span<Buffer* const> params, std::span<Buffer* const> states,
-           std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) override;
+  void execute(std::span<Buffer* const> params, std::span<Buffer* const> states,
+               std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) override;
 
  private:
   void plan();
@@ -173,29 +174,25 @@ class CpuExecutable : public Executable {
   void run_in(RunContext& c, std::span<const Tensor* const> inputs,
               std::span<Tensor* const> outputs) const;
   void* ptr(const RunContext& c, int id) const;
-  void check_runtime_values(const RunContext& c) const;
-  void check_block_table(const RunContext& c, const Node& n) const;
-  void execute(RunContext& c, const Node& n, int id) const;
+  void execute_node(RunContext& c, const Node& n, int id) const;
   void custom_call(const RunContext& c, const Node& n, int id) const;
 
   // The compiled plan, fixed by the constructor and only read after.
-  graph::Graph graph_;  // legalised: activations are f32
-  // The leaf and output types the caller's graph declared (inputs and outputs convert from and
-  // to them when its activation dtype is not f32).
-  std::vector<graph::TensorType> input_types_, output_types_;
+  graph::Graph graph_;       // legalised: activations are f32
   TransferCounters* stats_;  // the backend's counters
   std::vector<Slot> slots_;
   std::vector<int> param_ids_, state_ids_, input_ids_;
   int64_t arena_size_ = 0;
+  // Per node, the hub kernel a custom call resolved to at compile (empty for other ops); each
+  // holds its library loaded for as long as the executable lives.
+  std::vector<KernelEntry> kernels_;
 
   std::mutex mu_;
   std::vector<std::unique_ptr<RunContext>> idle_;  // finished runs' contexts, guarded by mu_
 };
 
 CpuExecutable::CpuExecutable(const graph::Graph& g, TransferCounters* stats)
-    : graph_(legalise(g)), stats_(stats) {
-  for (int id : g.leaves(Op::kInput)) input_types_.push_back(g.node(id).type);
-  for (int id : g.outputs()) output_types_.push_back(g.node(id).type);
+    : Executable(g), graph_(legalise(g)), stats_(stats) {
   plan();
 }
 
@@ -259,11 +256,20 @@ void CpuExecutable::plan() {
     arena_size_ = std::max(arena_size_, offset + b->size);
     placed.push_back(b);
   }
+  kernels_.resize(n);
   for (int i = 0; i < n; ++i) {
     const Node& nd = nodes[i];
-    if (nd.op == Op::kCustomCall)
-      TF_CHECK(nd.custom && nd.custom->backend == "cpu" && nd.inputs.size() <= 8,
-               "CPU backend cannot run custom call ", nd.name);
+    if (nd.op == Op::kCustomCall) {
+      const graph::CustomCall& k = *nd.attrs_as<graph::CustomCallAttrs>().kernel;
+      TF_CHECK(k.backend == "cpu" && nd.inputs.size() <= 8, "CPU backend cannot run custom call ",
+               nd.name);
+      kernels_[i] = find_kernel("cpu", k.target);
+      if (!kernels_[i].fn)
+        throw NotFoundError(detail::str_cat(
+            "CPU backend: custom call ", nd.name, " names hub kernel ", k.target,
+            ", which no loaded kernel package provides; load its package (kernelize or "
+            "get_kernel) before compiling the graph"));
+    }
     // The IR moves any dtype through these; the CPU's implementations move f32 (what every
     // activation is once legalised).
     const bool moves_f32 = nd.op == Op::kAllReduce || nd.op == Op::kAllGather ||
@@ -326,79 +332,10 @@ void* CpuExecutable::ptr(const RunContext& c, int id) const {
   return nullptr;
 }
 
-// Values the graph cannot check statically, checked before anything is written.
-void CpuExecutable::check_runtime_values(const RunContext& c) const {
-  for (const Node& n : graph_.nodes()) {
-    if (n.op == Op::kEmbedding) {
-      const auto* ids = static_cast<const int32_t*>(ptr(c, n.inputs[1]));
-      int64_t vocab = n.ints.size() == 2 ? n.ints[1] : graph_.node(n.inputs[0]).type.shape[0];
-      int64_t count = shape_numel(graph_.node(n.inputs[1]).type.shape);
-      for (int64_t i = 0; i < count; ++i)
-        if (ids[i] < 0 || ids[i] >= vocab)
-          throw InvalidArgumentError(detail::str_cat("token id ", ids[i], " at index ", i,
-                                                     " is out of range: the vocabulary has ", vocab,
-                                                     " entries (ids 0..", vocab - 1, ")"));
-    } else if (n.op == Op::kCacheWrite) {
-      int32_t start = *static_cast<const int32_t*>(ptr(c, n.inputs[2]));
-      int64_t cache_len = n.type.shape[2], t = graph_.node(n.inputs[1]).type.shape[1];
-      if (start < 0 || start + t > cache_len)
-        throw InvalidArgumentError(detail::str_cat(
-            "cache position ", start, " with ", t, " new tokens does not fit the static cache of ",
-            cache_len, " positions: allocate a larger cache (max_cache_len)"));
-    } else if (n.op == Op::kPagedCacheWrite || n.op == Op::kPagedAttention) {
-      check_block_table(c, n);
-    }
-  }
-}
-
-// Every block a paged op reaches through its table (each row's blocks up to its largest
-// position) must be in the pool.
-void CpuExecutable::check_block_table(const RunContext& c, const Node& n) const {
-  const bool write = n.op == Op::kPagedCacheWrite;
-  const int table_in = write ? 2 : 3;
-  const Shape& ts = graph_.node(n.inputs[table_in]).type.shape;         // (B,MB)
-  const Shape& ps = graph_.node(n.inputs[table_in + 1]).type.shape;     // (B,T)
-  const Shape& pool = graph_.node(n.inputs[write ? 0 : 1]).type.shape;  // (NB,Hkv,BS,D)
-  const auto* table = static_cast<const int32_t*>(ptr(c, n.inputs[table_in]));
-  const auto* pos = static_cast<const int32_t*>(ptr(c, n.inputs[table_in + 1]));
-  for (int64_t b = 0; b < ps[0]; ++b) {
-    int64_t last = -1;
-    for (int64_t t = 0; t < ps[1]; ++t) last = std::max<int64_t>(last, pos[b * ps[1] + t]);
-    if (last < 0) continue;
-    if (last / pool[2] >= ts[1])
-      throw InvalidArgumentError(detail::str_cat(n.name, ": position ", last, " of row ", b,
-                                                 " is past its block table of ", ts[1],
-                                                 " blocks of ", pool[2], " positions"));
-    for (int64_t i = 0; i <= last / pool[2]; ++i)
-      if (table[b * ts[1] + i] < 0 || table[b * ts[1] + i] >= pool[0])
-        throw InvalidArgumentError(detail::str_cat(n.name, ": block table row ", b, " entry ", i,
-                                                   " is ", table[b * ts[1] + i],
-                                                   ", outside the pool of ", pool[0], " blocks"));
-  }
-}
-
-void CpuExecutable::run(std::span<Buffer* const> params, std::span<Buffer* const> states,
-                        std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) {
-  TF_CHECK(params.size() == param_ids_.size() && states.size() == state_ids_.size() &&
-               inputs.size() == input_ids_.size() && outputs.size() == graph_.outputs().size(),
-           "binding counts do not match the graph");
-  for (size_t k = 0; k < params.size(); ++k)
-    TF_CHECK(params[k]->type() == graph_.node(param_ids_[k]).type, "parameter ",
-             graph_.node(param_ids_[k]).name, " bound to ", params[k]->type().str());
-  for (size_t k = 0; k < states.size(); ++k)
-    TF_CHECK(states[k]->type() == graph_.node(state_ids_[k]).type, "state ",
-             graph_.node(state_ids_[k]).name);
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    const graph::TensorType& t = input_types_[k];
-    if (inputs[k]->dtype() != t.dtype || inputs[k]->shape() != t.shape)
-      throw InvalidArgumentError(
-          detail::str_cat("input '", graph_.node(input_ids_[k]).name, "' must be ", t.str(),
-                          ", got ", dtype_name(inputs[k]->dtype()), shape_str(inputs[k]->shape())));
-  }
-  for (size_t k = 0; k < outputs.size(); ++k)
-    TF_CHECK(outputs[k]->dtype() == output_types_[k].dtype &&
-                 outputs[k]->shape() == output_types_[k].shape,
-             "output ", k, " must be ", output_types_[k].str());
+// The bindings and step inputs have passed Executable::run's checks.
+void CpuExecutable::execute(std::span<Buffer* const> params, std::span<Buffer* const> states,
+                            std::span<const Tensor* const> inputs,
+                            std::span<Tensor* const> outputs) {
   std::unique_ptr<RunContext> c = checkout();
   c->params = params;
   c->states = states;
@@ -421,7 +358,6 @@ void CpuExecutable::run_in(RunContext& c, std::span<const Tensor* const> inputs,
       widen(inputs[k]->raw(), inputs[k]->dtype(), inputs[k]->numel(), static_cast<float*>(dst));
     stats_->host_to_device(inputs[k]->nbytes());
   }
-  check_runtime_values(c);
   const auto& nodes = graph_.nodes();
   if (OpProfile* prof = OpProfile::get()) {
     using Clock = std::chrono::steady_clock;
@@ -429,17 +365,17 @@ void CpuExecutable::run_in(RunContext& c, std::span<const Tensor* const> inputs,
       const Node& nd = nodes[i];
       if (nd.op == Op::kParameter || nd.op == Op::kState || nd.op == Op::kInput ||
           nd.op == Op::kReshape) {
-        execute(c, nd, i);
+        execute_node(c, nd, i);
         continue;
       }
       auto t0 = Clock::now();
-      execute(c, nd, i);
+      execute_node(c, nd, i);
       prof->add(nd.name == "lm_head" ? "lm_head" : graph::op_name(nd.op),
                 std::chrono::duration<double>(Clock::now() - t0).count());
     }
     prof->add_run();
   } else {
-    for (int i = 0; i < int(nodes.size()); ++i) execute(c, nodes[i], i);
+    for (int i = 0; i < int(nodes.size()); ++i) execute_node(c, nodes[i], i);
   }
   for (size_t k = 0; k < outputs.size(); ++k) {
     const void* src = ptr(c, graph_.outputs()[k]);
@@ -452,7 +388,7 @@ void CpuExecutable::run_in(RunContext& c, std::span<const Tensor* const> inputs,
   }
 }
 
-void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
+void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
   ThreadPool& pool = ThreadPool::global();
   auto in_type = [&](int k) -> const graph::TensorType& { return graph_.node(n.inputs[k]).type; };
   auto in = [&](int k) { return ptr(c, n.inputs[k]); };
@@ -468,12 +404,13 @@ void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
     case Op::kEmbedding: {
       int64_t count = shape_numel(in_type(1).shape);
       const auto* ids = static_cast<const int32_t*>(in(1));
-      if (n.ints.empty()) {
-        cpu::embedding(in(0), in_type(0).dtype, ids, count, s.back(), out, pool);
+      const auto& a = n.attrs_as<graph::EmbeddingAttrs>();
+      const int64_t lo = a.row_offset, rows = in_type(0).shape[0], d = s.back();
+      if (lo == 0 && rows == a.vocab) {
+        cpu::embedding(in(0), in_type(0).dtype, ids, count, d, out, pool);
         return;
       }
       // A vocabulary shard: rows owned here are looked up, the rest are zero.
-      const int64_t lo = n.ints[0], rows = in_type(0).shape[0], d = s.back();
       for (int64_t i = 0; i < count; ++i) {
         const int32_t local = int32_t(ids[i] - lo);
         if (local >= 0 && local < rows)
@@ -499,22 +436,25 @@ void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
     }
     case Op::kLinearInt4: {
       const int64_t k = in_type(0).shape.back(), m = shape_numel(in_type(0).shape) / k;
-      const size_t bias_at = n.ints[0] ? 4 : 3;
+      const bool has_zero = n.attrs_as<graph::LinearInt4Attrs>().has_zero;
+      const size_t bias_at = has_zero ? 4 : 3;
       cpu::linear_int4(
           f32(0), static_cast<const uint8_t*>(in(1)), static_cast<const uint16_t*>(in(2)),
-          n.ints[0] ? static_cast<const uint8_t*>(in(3)) : nullptr,
+          has_zero ? static_cast<const uint8_t*>(in(3)) : nullptr,
           n.inputs.size() > bias_at ? f32(bias_at) : nullptr, out, m, s.back(), k, pool);
       return;
     }
     case Op::kRMSNorm: {
       int64_t d = s.back(), m = shape_numel(s) / d;
-      cpu::rms_norm(f32(0), in(1), in_type(1).dtype, out, m, d, n.floats[0], n.ints[0] != 0, pool);
+      const auto& a = n.attrs_as<graph::RMSNormAttrs>();
+      cpu::rms_norm(f32(0), in(1), in_type(1).dtype, out, m, d, a.eps, a.unit_offset, pool);
       return;
     }
     case Op::kRope: {
       if (out != f32(0)) std::memcpy(out, f32(0), shape_numel(s) * sizeof(float));
-      cpu::rope(out, static_cast<const int32_t*>(in(1)), n.floats.data(), s[0] * s[1], s[2], s[3],
-                n.ints[0], n.ints[1] != 0, pool);
+      const auto& a = n.attrs_as<graph::RopeAttrs>();
+      cpu::rope(out, static_cast<const int32_t*>(in(1)), a.inv_freq.data(), s[0] * s[1], s[2], s[3],
+                a.rotary_dim, a.interleaved, pool);
       return;
     }
     case Op::kSiluMul:
@@ -527,10 +467,10 @@ void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
       cpu::add(f32(0), f32(1), out, shape_numel(s), pool);
       return;
     case Op::kScale:
-      cpu::scale(f32(0), n.floats[0], out, shape_numel(s), pool);
+      cpu::scale(f32(0), n.attrs_as<graph::ScaleAttrs>().factor, out, shape_numel(s), pool);
       return;
     case Op::kSoftcap:
-      cpu::softcap(f32(0), n.floats[0], out, shape_numel(s), pool);
+      cpu::softcap(f32(0), n.attrs_as<graph::SoftcapAttrs>().cap, out, shape_numel(s), pool);
       return;
     case Op::kCacheWrite: {
       const Shape& u = in_type(1).shape;  // (B,T,Hkv,D)
@@ -542,8 +482,9 @@ void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
       const Shape& c = in_type(1).shape;  // (B,Hkv,S,D)
       int32_t start = *static_cast<const int32_t*>(in(3));
       const int32_t* mask = n.inputs.size() > 4 ? static_cast<const int32_t*>(in(4)) : nullptr;
+      const auto& a = n.attrs_as<graph::AttentionAttrs>();
       cpu::attention(f32(0), in(1), in(2), in_type(1).dtype, mask, out, s[0], s[1], s[2], c[1],
-                     c[2], s[3], start, n.floats[0], n.ints[0], n.floats[1], pool);
+                     c[2], s[3], start, a.scale, a.sliding_window, a.softcap, pool);
       return;
     }
     case Op::kPagedCacheWrite: {
@@ -555,10 +496,11 @@ void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
     }
     case Op::kPagedAttention: {
       const Shape& kp = in_type(1).shape;  // (NB,Hkv,BS,D)
+      const auto& a = n.attrs_as<graph::AttentionAttrs>();
       cpu::paged_attention(f32(0), in(1), in(2), in_type(1).dtype,
                            static_cast<const int32_t*>(in(3)), static_cast<const int32_t*>(in(4)),
-                           out, s[0], s[1], s[2], kp[1], kp[2], in_type(3).shape[1], s[3],
-                           n.floats[0], n.ints[0], n.floats[1], pool);
+                           out, s[0], s[1], s[2], kp[1], kp[2], in_type(3).shape[1], s[3], a.scale,
+                           a.sliding_window, a.softcap, pool);
       return;
     }
     case Op::kCustomCall:
@@ -566,7 +508,7 @@ void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
       return;
     case Op::kTakeLast: {
       const Shape& x = in_type(0).shape;  // (B,T,D)
-      int64_t keep = n.ints[0], d = x[2];
+      int64_t keep = n.attrs_as<graph::TakeLastAttrs>().n, d = x[2];
       for (int64_t b = 0; b < x[0]; ++b)
         std::memcpy(out + b * keep * d, f32(0) + (b * x[1] + x[1] - keep) * d,
                     keep * d * sizeof(float));
@@ -574,7 +516,8 @@ void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
     }
     case Op::kAllReduce: {
       const int64_t numel = shape_numel(s), d = s.back();
-      distributed::group(int(n.ints[0])).all_reduce_sum(f32(0), out, numel);
+      distributed::group(n.attrs_as<graph::AllReduceAttrs>().group)
+          .all_reduce_sum(f32(0), out, numel);
       if (n.inputs.size() > 1) {
         // The bias of a rowwise layer, added once after the sum (on every rank alike).
         const DType bt = in_type(1).dtype;
@@ -586,9 +529,10 @@ void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
       return;
     }
     case Op::kAllGather: {
-      distributed::ProcessGroup& g = distributed::group(int(n.ints[0]));
+      const auto& a = n.attrs_as<graph::AllGatherAttrs>();
+      distributed::ProcessGroup& g = distributed::group(a.group);
       const int64_t k = in_type(0).shape.back(), rows = shape_numel(s) / s.back();
-      std::vector<int64_t> counts(n.ints.begin() + 1, n.ints.end());
+      std::vector<int64_t> counts = a.counts;
       TF_CHECK(int(counts.size()) == g.size() && counts[size_t(g.rank())] == k,
                "all_gather counts do not match the process group");
       for (int64_t& c : counts) c *= rows;
@@ -602,7 +546,7 @@ void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
       int64_t col = 0;
       const float* src = c.gather_scratch.data();
       for (size_t r = 0; r < counts.size(); ++r) {
-        const int64_t w = n.ints[r + 1];
+        const int64_t w = a.counts[r];
         for (int64_t i = 0; i < rows; ++i)
           std::memcpy(out + i * s.back() + col, src + i * w, size_t(w) * sizeof(float));
         src += rows * w;
@@ -613,7 +557,8 @@ void CpuExecutable::execute(RunContext& c, const Node& n, int id) const {
     case Op::kSlice: {
       const int64_t k = in_type(0).shape.back(), w = s.back(), rows = shape_numel(s) / w;
       for (int64_t i = 0; i < rows; ++i)
-        std::memcpy(out + i * w, f32(0) + i * k + n.ints[0], size_t(w) * sizeof(float));
+        std::memcpy(out + i * w, f32(0) + i * k + n.attrs_as<graph::SliceAttrs>().begin,
+                    size_t(w) * sizeof(float));
       return;
     }
   }
@@ -649,17 +594,16 @@ void CpuExecutable::custom_call(const RunContext& c, const Node& n, int id) cons
   call.inputs = inputs;
   call.num_inputs = count;
   call.output = &output;
-  call.float_attrs = n.floats.data();
-  call.num_float_attrs = int32_t(n.floats.size());
-  call.int_attrs = n.ints.data();
-  call.num_int_attrs = int32_t(n.ints.size());
+  const auto& a = n.attrs_as<graph::CustomCallAttrs>();
+  call.float_attrs = a.floats.data();
+  call.num_float_attrs = int32_t(a.floats.size());
   call.parallel_for = &kernel_parallel_for;
   call.host = &ThreadPool::global();
   call.error = error;
   call.error_size = sizeof error;
-  if (reinterpret_cast<TfKernelFn>(const_cast<void*>(n.custom->fn))(&call) != 0) {
+  if (reinterpret_cast<TfKernelFn>(const_cast<void*>(kernels_[size_t(id)].fn))(&call) != 0) {
     error[sizeof error - 1] = 0;
-    throw Error(detail::str_cat("hub kernel ", n.custom->target, " failed at node ", n.name, ": ",
+    throw Error(detail::str_cat("hub kernel ", a.kernel->target, " failed at node ", n.name, ": ",
                                 error[0] ? error : "(no message)"));
   }
 }
@@ -670,7 +614,7 @@ class CpuBackend : public Backend {
   Device device() const override { return Device{"cpu", 0}; }
   int64_t batch_invariant_rows() const override { return cpu::batch_invariant_rows(); }
   bool supports(const graph::Node& n) const override {
-    return n.op != Op::kCustomCall || (n.custom && n.custom->backend == "cpu");
+    return n.op != Op::kCustomCall || n.attrs_as<graph::CustomCallAttrs>().kernel->backend == "cpu";
   }
   std::unique_ptr<Executable> compile(const graph::Graph& g) override {
     return std::make_unique<CpuExecutable>(g, &stats_);
