@@ -129,11 +129,8 @@ void take(std::optional<T>& field, const std::optional<T>& over) {
   if (over) field = over;
 }
 
-}  // namespace
-
-GenerationConfig GenerationConfig::from_file(const std::string& path) {
-  const Json j = io::load_json_file(path);
-  const std::string& w = path;
+// The fields of a generation config read from `j`; `w` names its source in errors.
+GenerationConfig read_config(const Json& j, const std::string& w) {
   GenerationConfig c;
   c.max_length = get_optional<int64_t>(j, "max_length", w);
   c.max_new_tokens = get_optional<int64_t>(j, "max_new_tokens", w);
@@ -167,6 +164,17 @@ GenerationConfig GenerationConfig::from_file(const std::string& path) {
   c.disable_compile = get_optional<bool>(j, "disable_compile", w);
   warn_unimplemented(j, w);
   return c;
+}
+
+}  // namespace
+
+GenerationConfig GenerationConfig::from_file(const std::string& path) {
+  return read_config(io::load_json_file(path), path);
+}
+
+GenerationConfig GenerationConfig::from_json_string(std::string_view json_text,
+                                                    const std::string& where) {
+  return read_config(io::parse_json(json_text, where), where);
 }
 
 GenerationConfig GenerationConfig::merged_with(const GenerationConfig& o) const {
