@@ -54,6 +54,12 @@ offline=(env PIP_NO_INDEX=1 PIP_FIND_LINKS="$PWD/build/wheelhouse" PIP_DISABLE_P
 "${offline[@]}" build/python-venv/bin/pip install -q . -Cbuild-dir=build/python \
   -Ccmake.define.TFORMERS_PYTHON_CORE="$PWD/build/release"
 build/python-venv/bin/python -m pytest -q tests/python
+# The parity tests need torch and Transformers, which only the reference group brings
+# (setup.sh --dev, 3.5 GB): where .venv/ has them they run there, over the same install.
+if .venv/bin/python -c 'import torch, transformers' 2>/dev/null; then
+  PYTHONPATH=$(build/python-venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+    .venv/bin/python -m pytest -q tests/python/test_parity.py
+fi
 stage "asan build"
 cmake --preset asan >/dev/null
 cmake --build --preset asan
