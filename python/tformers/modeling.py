@@ -4,7 +4,9 @@ generation and the forward pass are the C++ library's (include/tformers/model.h)
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 from typing import Any
 
 import numpy as np
@@ -67,6 +69,22 @@ class CausalLM:
         self._core = core
         self.name_or_path = name_or_path
         self.config = PretrainedConfig(json.loads(core.config_json))
+        # One KV cache per model: calls from several threads take turns (the engine runs without
+        # the GIL, so without this they would share the cache).
+        self._lock = threading.Lock()
+        self._owner = None
+
+    @contextlib.contextmanager
+    def _exclusive(self):
+        if self._owner == threading.get_ident():
+            raise RuntimeError("the model was called again from its own streamer; a model runs one call "
+                               "at a time (use a second model)")
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = None
 
     @property
     def device(self) -> str:
@@ -109,8 +127,9 @@ class CausalLM:
                 streamer.put(convert(np.array([token], dtype=np.int64), return_tensors))
 
         try:
-            rows = self._core.generate(prompts, config_json, on_token,
-                                       None if tokenizer is None else tokenizer._core)
+            with self._exclusive():
+                rows = self._core.generate(prompts, config_json, on_token,
+                                           None if tokenizer is None else tokenizer._core)
         finally:
             if streamer is not None:
                 streamer.end()
@@ -126,7 +145,9 @@ class CausalLM:
         return_tensors = "pt" if is_torch_tensor(input_ids) else "np"
         ids = as_id_array(input_ids, "input_ids")
         mask = None if attention_mask is None else as_id_array(attention_mask, "attention_mask")
-        return CausalLMOutput(convert(self._core.forward(ids, mask), return_tensors))
+        with self._exclusive():
+            logits = self._core.forward(ids, mask)
+        return CausalLMOutput(convert(logits, return_tensors))
 
     forward = __call__
 

@@ -114,6 +114,16 @@ def test_a_streamer_that_raises_stops_generate_with_its_exception(kjv_model, kjv
         kjv_model.generate(**kjv_tokenizer("And", return_tensors="np"), streamer=Fails(kjv_tokenizer), **GREEDY)
 
 
+def test_a_streamer_calling_its_own_model_is_an_error_not_a_deadlock(kjv_model, kjv_tokenizer):
+    class Reenters(TextStreamer):
+        def on_finalized_text(self, text, stream_end=False):
+            if not stream_end:
+                kjv_model.generate([[319]], max_new_tokens=1)
+
+    with pytest.raises(RuntimeError, match="its own streamer"):
+        kjv_model.generate([[319, 259]], streamer=Reenters(kjv_tokenizer), **GREEDY)
+
+
 def test_config_is_config_json_and_read_only(kjv_model):
     fields = json.loads((KJV / "config.json").read_text())
     assert kjv_model.config.hidden_size == fields["hidden_size"] == 256

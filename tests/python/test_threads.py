@@ -37,6 +37,22 @@ def test_two_threads_generate_on_two_models():
     assert all((r == a).all() for r, a in zip(results, alone))
 
 
+def test_threads_sharing_one_model_take_turns():
+    from tformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(MODELS / "tiny-qwen3", dtype="float32")
+    prompts = [PROMPT, [[7, 8, 9]], [[400, 3]]]
+    alone = [model.generate(p, **SETTINGS) for p in prompts]
+    results = {}
+    threads = [threading.Thread(target=lambda i=i: results.update({i: model.generate(prompts[i], **SETTINGS)}))
+               for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all((results[i] == alone[i]).all() for i in range(3))
+
+
 def test_python_runs_during_generate():
     from tformers import AutoModelForCausalLM
 
