@@ -95,6 +95,10 @@ Ids generate(tformers::CausalLM& model, const Ids& input_ids, const std::string&
   // Beam search chooses its tokens only at the end, and the library refuses a token callback
   // there (as Transformers refuses a streamer), so it runs uninterruptible.
   const bool beams = model.generation_config().merged_with(config).num_beams.value_or(1) > 1;
+  if (beams && !streamer.is_none())
+    throw tformers::InvalidArgumentError(
+        "generate(): a streamer cannot be used with beam search (num_beams > 1), whose tokens "
+        "are final only at the end, as in Transformers; drop the streamer or set num_beams=1");
   bool failed = false;
   const tformers::TokenCallback on_token = [&](int64_t row, int32_t id) {
     nb::gil_scoped_acquire locked;

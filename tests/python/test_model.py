@@ -104,6 +104,12 @@ def test_text_iterator_streamer_from_another_thread(kjv_model, kjv_tokenizer):
     assert text == kjv_tokenizer.decode(result["out"][0, 4:])
 
 
+def test_a_streamer_with_beam_search_is_refused(kjv_model, kjv_tokenizer):
+    with pytest.raises(ValueError, match="beam search"):
+        kjv_model.generate([[319, 259]], streamer=TextStreamer(kjv_tokenizer), do_sample=False, num_beams=2,
+                           max_new_tokens=4)
+
+
 def test_a_streamer_that_raises_stops_generate_with_its_exception(kjv_model, kjv_tokenizer):
     class Fails(TextStreamer):
         def on_finalized_text(self, text, stream_end=False):
