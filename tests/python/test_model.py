@@ -41,6 +41,15 @@ def test_generate_returns_the_inputs_followed_by_new_tokens(kjv_model, kjv_token
     assert (same == out).all()
 
 
+def test_cache_and_compile_settings_do_not_change_greedy_ids(kjv_model, kjv_tokenizer):
+    inputs = kjv_tokenizer("And the LORD said", return_tensors="np")
+    plain = kjv_model.generate(**inputs, **GREEDY)
+    for extra in (dict(cache_implementation="static"), dict(disable_compile=True), dict(max_cache_len=64)):
+        assert (kjv_model.generate(**inputs, **GREEDY, **extra) == plain).all(), extra
+    with pytest.raises(ValueError, match="cache_implementation"):
+        kjv_model.generate(**inputs, **GREEDY, cache_implementation="offloaded")
+
+
 def test_the_first_new_token_is_the_forward_passs_argmax(kjv_model, kjv_tokenizer):
     ids = kjv_tokenizer("And the LORD said unto", return_tensors="np")["input_ids"]
     logits = kjv_model(ids).logits
