@@ -165,6 +165,7 @@ def test_accelerator_and_distributed_queries():
         (dict(num_beams=0), ValueError, "num_beams"),
         (dict(early_stopping="sometimes"), ValueError, "early_stopping"),
         (dict(max_new_tokens=object()), TypeError, "object"),
+        (dict(max_new_token=5), ValueError, "'max_new_token' is not a generation setting"),
     ],
 )
 def test_bad_generation_arguments_raise_naming_the_field(kjv_model, kwargs, exc, message):
