@@ -114,21 +114,17 @@ class CausalLM:
         if mask is not None and mask.shape != ids.shape:
             raise ValueError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}: they must match")
         prompts = [_prompt(ids[b], None if mask is None else mask[b], b) for b in range(len(ids))]
-        fields = generation_config.to_dict() if generation_config is not None else {}
-        fields.update(kwargs)
-        config_json = json.dumps(fields, default=_json_default)
+        config = GenerationConfig(**(generation_config.to_dict() if generation_config is not None else {}))
+        config.update(**kwargs)
         on_token = None
         if streamer is not None:
-            if len(ids) > 1 or int(fields.get("num_return_sequences", 1)) > 1:
+            if len(ids) > 1 or int(config.to_dict().get("num_return_sequences", 1)) > 1:
                 raise ValueError("a streamer only supports batch size 1 (one prompt, one sequence)")
             streamer.put(convert(ids.astype(np.int64), return_tensors))
-
-            def on_token(row: int, token: int) -> None:
-                streamer.put(convert(np.array([token], dtype=np.int64), return_tensors))
-
+            on_token = lambda row, token: streamer.put(convert(np.array([token], dtype=np.int64), return_tensors))
         try:
             with self._exclusive():
-                rows = self._core.generate(prompts, config_json, on_token,
+                rows = self._core.generate(prompts, config.to_json_string(), on_token,
                                            None if tokenizer is None else tokenizer._core)
         finally:
             if streamer is not None:
@@ -166,12 +162,6 @@ def _prompt(row: np.ndarray, mask: np.ndarray | None, b: int) -> list[int]:
         raise ValueError(f"attention_mask row {b} is not left padding (zeros, then ones): decoder-only models "
                          "generate after the last token, so pad on the left (tokenizer.padding_side = \"left\")")
     return row[real[0]:].tolist()
-
-
-def _json_default(value):
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"generate(): a value of type {type(value).__name__} is not a number, string or list")
 
 
 class AutoModelForCausalLM:

@@ -1,6 +1,8 @@
 """AutoTokenizer: Transformers' call forms and return types over the C++ tokenizer. Ids are
 checked against Hugging Face `tokenizers` (the test group) where it is installed."""
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -39,11 +41,7 @@ def test_a_list_pads_on_the_tokenizers_side_and_masks_the_padding(kjv_tokenizer)
 
 
 def test_return_tensors_pt_without_torch_names_np():
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        pass
-    else:
+    if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed")
     from tformers import AutoTokenizer
 
