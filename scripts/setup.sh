@@ -4,7 +4,9 @@
 #                               `tformers` command of the release preset: what the main job needs
 #   scripts/setup.sh --tests    also the test tooling: clang, clang-format and libFuzzer's runtime
 #                               (apt), the npm references (tools/npm), and the `test` group of
-#                               pyproject.toml in .venv/ (tokenizers, Jinja2); no test is built here
+#                               pyproject.toml in .venv/ (tokenizers, Jinja2, pytest), and in
+#                               build/wheelhouse/ the wheels the Python package's test stage
+#                               installs offline; no test is built here
 #   scripts/setup.sh --dev      also the `reference` group in .venv/ (Transformers and torch, about
 #                               3.5 GB with torch's CUDA libraries), to regenerate the goldens
 set -euo pipefail
@@ -67,6 +69,13 @@ if [ "$want_tests" = 1 ]; then
   groups=(--group test)
   [ "$want_dev" = 1 ] && groups+=(--group reference)
   .venv/bin/pip install -q --disable-pip-version-check "${groups[@]}"
+  # The wheels the Python package's stage of scripts/test.sh installs offline into a fresh
+  # environment: pip, the package's build requirements and dependencies, and the test group.
+  build_requires=$(.venv/bin/python -c 'import tomllib
+print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
+  # shellcheck disable=SC2086  # one argument per requirement
+  .venv/bin/pip download -q --disable-pip-version-check -d build/wheelhouse pip==25.3 \
+    $build_requires --group test
 fi
 
 cmake --preset release >/dev/null

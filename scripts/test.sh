@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the whole test suite: every test on the release build, then again
+# Sets up, builds and runs the whole test suite: every test on the release build, the Python
+# package's tests in a fresh virtual environment, then every test again
 # under AddressSanitizer + UndefinedBehaviorSanitizer (all areas but the 1.7 MB tokenizer parity
 # runs, whose bad-input, invalid-UTF-8 and streaming tests do run there, and the packaging and
 # layering checks, which test the build rather than the code), then the concurrency tests under
@@ -41,6 +42,24 @@ stage "release build"
 cmake --build --preset release
 stage "release tests"
 ctest --preset release -j2
+stage "python package"
+# The Python package into a fresh virtual environment, offline from the wheels setup.sh fetched,
+# over the release build's library and command (TFORMERS_PYTHON_CORE) so the core is not
+# compiled a second time; then its pytest suite (tests/python/).
+rm -rf build/python-venv build/python
+python3 -m venv build/python-venv
+offline=(env PIP_NO_INDEX=1 PIP_FIND_LINKS="$PWD/build/wheelhouse" PIP_DISABLE_PIP_VERSION_CHECK=1)
+"${offline[@]}" build/python-venv/bin/python -m pip install -q pip==25.3
+"${offline[@]}" build/python-venv/bin/pip install -q --group test
+"${offline[@]}" build/python-venv/bin/pip install -q . -Cbuild-dir=build/python \
+  -Ccmake.define.TFORMERS_PYTHON_CORE="$PWD/build/release"
+build/python-venv/bin/python -m pytest -q tests/python
+# The parity tests need torch and Transformers, which only the reference group brings
+# (setup.sh --dev, 3.5 GB): where .venv/ has them they run there, over the same install.
+if .venv/bin/python -c 'import torch, transformers' 2>/dev/null; then
+  PYTHONPATH=$(build/python-venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+    .venv/bin/python -m pytest -q tests/python/test_parity.py
+fi
 stage "asan build"
 cmake --preset asan >/dev/null
 cmake --build --preset asan

@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tformers {
@@ -63,8 +64,13 @@ struct GenerationConfig {
   // implement (num_beam_groups, diversity_penalty, constraints, penalty_alpha, ...) set to
   // something other than its default gets a warning on stderr naming it.
   static GenerationConfig from_file(const std::string& path);
+  // Same from JSON text (the Python package passes generate()'s keyword arguments this way);
+  // `where` names the source in error messages. Unlike a file, a key that is no field of
+  // Transformers' GenerationConfig (a typo) is an InvalidArgumentError.
+  static GenerationConfig from_json_string(std::string_view json_text, const std::string& where);
   // This config with every field that `over` sets replaced by `over`'s value.
   GenerationConfig merged_with(const GenerationConfig& over) const;
+  bool operator==(const GenerationConfig&) const = default;
 };
 
 // A config with every default filled in and every value checked (InvalidArgumentError naming

@@ -1,5 +1,6 @@
 // GenerationConfig: reading generation_config.json and layering configs (merged_with).
 // Resolving them into one call's values is generation's (src/generation/resolve.cc).
+#include <algorithm>
 #include <cstdio>
 
 #include "io/json.h"
@@ -72,49 +73,50 @@ std::optional<EarlyStopping> get_early_stopping(const Json& j, const std::string
 
 // Transformers' GenerationConfig fields that tformers does not implement, with their defaults:
 // a config that sets one to anything else would generate differently there, so it is named.
+const std::pair<const char*, Json> kUnimplemented[] = {
+    {"num_beam_groups", 1},
+    {"diversity_penalty", 0.0},
+    {"penalty_alpha", nullptr},
+    {"dola_layers", nullptr},
+    {"epsilon_cutoff", 0.0},
+    {"eta_cutoff", 0.0},
+    {"top_h", nullptr},
+    {"encoder_repetition_penalty", 1.0},
+    {"encoder_no_repeat_ngram_size", 0},
+    {"force_words_ids", nullptr},
+    {"constraints", nullptr},
+    {"renormalize_logits", false},
+    {"forced_bos_token_id", nullptr},
+    {"forced_eos_token_id", nullptr},
+    {"remove_invalid_values", false},
+    {"exponential_decay_length_penalty", nullptr},
+    {"begin_suppress_tokens", nullptr},
+    {"forced_decoder_ids", nullptr},
+    {"sequence_bias", nullptr},
+    {"token_healing", false},
+    {"guidance_scale", nullptr},
+    {"low_memory", nullptr},
+    {"watermarking_config", nullptr},
+    {"max_time", nullptr},
+    {"assistant_model", nullptr},
+    {"num_assistant_tokens", 20},
+    {"num_assistant_tokens_schedule", "constant"},
+    {"assistant_confidence_threshold", 0.4},
+    {"prompt_lookup_num_tokens", nullptr},
+    {"max_matching_ngram_size", nullptr},
+    {"assistant_early_exit", nullptr},
+    {"assistant_lookbehind", 10},
+    {"target_lookbehind", 10},
+    {"output_attentions", false},
+    {"output_hidden_states", false},
+    {"output_scores", false},
+    {"output_logits", false},
+    {"return_dict_in_generate", false},
+};
+
 void warn_unimplemented(const Json& j, const std::string& where) {
-  static const std::pair<const char*, Json> kFields[] = {
-      {"num_beam_groups", 1},
-      {"diversity_penalty", 0.0},
-      {"penalty_alpha", nullptr},
-      {"dola_layers", nullptr},
-      {"epsilon_cutoff", 0.0},
-      {"eta_cutoff", 0.0},
-      {"top_h", nullptr},
-      {"encoder_repetition_penalty", 1.0},
-      {"encoder_no_repeat_ngram_size", 0},
-      {"force_words_ids", nullptr},
-      {"constraints", nullptr},
-      {"renormalize_logits", false},
-      {"forced_bos_token_id", nullptr},
-      {"forced_eos_token_id", nullptr},
-      {"remove_invalid_values", false},
-      {"exponential_decay_length_penalty", nullptr},
-      {"begin_suppress_tokens", nullptr},
-      {"forced_decoder_ids", nullptr},
-      {"sequence_bias", nullptr},
-      {"token_healing", false},
-      {"guidance_scale", nullptr},
-      {"low_memory", nullptr},
-      {"watermarking_config", nullptr},
-      {"max_time", nullptr},
-      {"assistant_model", nullptr},
-      {"num_assistant_tokens", 20},
-      {"num_assistant_tokens_schedule", "constant"},
-      {"assistant_confidence_threshold", 0.4},
-      {"prompt_lookup_num_tokens", nullptr},
-      {"max_matching_ngram_size", nullptr},
-      {"assistant_early_exit", nullptr},
-      {"assistant_lookbehind", 10},
-      {"target_lookbehind", 10},
-      {"output_attentions", false},
-      {"output_hidden_states", false},
-      {"output_scores", false},
-      {"output_logits", false},
-      {"return_dict_in_generate", false},
-  };
   if (!j.is_object()) return;
-  for (const auto& [name, fallback] : kFields) {
+  for (const auto& [name, fallback] : kUnimplemented) {
     auto it = j.find(name);
     if (it == j.end() || it->is_null() || *it == fallback) continue;
     std::fprintf(stderr,
@@ -129,11 +131,8 @@ void take(std::optional<T>& field, const std::optional<T>& over) {
   if (over) field = over;
 }
 
-}  // namespace
-
-GenerationConfig GenerationConfig::from_file(const std::string& path) {
-  const Json j = io::load_json_file(path);
-  const std::string& w = path;
+// The fields of a generation config read from `j`; `w` names its source in errors.
+GenerationConfig read_config(const Json& j, const std::string& w) {
   GenerationConfig c;
   c.max_length = get_optional<int64_t>(j, "max_length", w);
   c.max_new_tokens = get_optional<int64_t>(j, "max_new_tokens", w);
@@ -166,6 +165,36 @@ GenerationConfig GenerationConfig::from_file(const std::string& path) {
   c.max_cache_len = get_optional<int64_t>(j, "max_cache_len", w);
   c.disable_compile = get_optional<bool>(j, "disable_compile", w);
   warn_unimplemented(j, w);
+  return c;
+}
+
+}  // namespace
+
+GenerationConfig GenerationConfig::from_file(const std::string& path) {
+  return read_config(io::load_json_file(path), path);
+}
+
+GenerationConfig GenerationConfig::from_json_string(std::string_view json_text,
+                                                    const std::string& where) {
+  const Json j = io::parse_json(json_text, where);
+  GenerationConfig c = read_config(j, where);
+  // Keyword arguments, unlike a file, are typed by a person: one that is no field (a typo such as
+  // max_new_token) is refused, as Transformers' generate() refuses unused model_kwargs. A key is
+  // a field when reading it alone sets something; the unimplemented ones are named above, and
+  // these are Transformers' bookkeeping or make no difference here (the static cache is always
+  // used).
+  static const char* const kNoEffect[] = {"transformers_version", "_from_model_config",
+                                          "use_cache"};
+  for (const auto& [key, value] : j.items()) {
+    auto named = [&](const char* name) { return key == name; };
+    if (value.is_null() || std::ranges::any_of(kNoEffect, named) ||
+        std::ranges::any_of(kUnimplemented, [&](const auto& f) { return named(f.first); }))
+      continue;
+    if (read_config(Json::object({{key, value}}), where) == GenerationConfig{})
+      throw InvalidArgumentError(str_cat(where, ": '", key,
+                                         "' is not a generation setting (GenerationConfig's "
+                                         "fields are listed in docs/python.md)"));
+  }
   return c;
 }
 

@@ -120,6 +120,41 @@ TEST_F(ConfigFile, ReadsBeamSearchFields) {
                FormatError);
 }
 
+// JSON text (the Python package's generate() keyword arguments) reads as a file does, and errors
+// name the source given.
+TEST_F(ConfigFile, FromJsonStringReadsFieldsAndRefusesUnknownKeys) {
+  auto c = GenerationConfig::from_json_string(
+      R"({"max_new_tokens": 50, "do_sample": true, "eos_token_id": 2})", "generate() arguments");
+  EXPECT_EQ(c.max_new_tokens, 50);
+  EXPECT_EQ(c.do_sample, true);
+  EXPECT_EQ(c.eos_token_id, std::vector<int64_t>{2});
+  EXPECT_FALSE(c.temperature);
+  try {
+    GenerationConfig::from_json_string(R"({"max_new_tokens": "ten"})", "generate() arguments");
+    ADD_FAILURE() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("generate() arguments"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_new_tokens"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(GenerationConfig::from_json_string("{", "generate() arguments"), FormatError);
+  // A key that is no field is refused, naming it; Transformers' unimplemented fields and its
+  // bookkeeping are not.
+  try {
+    GenerationConfig::from_json_string(R"({"max_new_token": 5})", "generate() arguments");
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("'max_new_token' is not a generation setting"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(GenerationConfig::from_json_string(
+      R"({"transformers_version": "5.23.0", "use_cache": true, "output_scores": false,
+          "temperature": null})",
+      "generate() arguments"));
+  // A file keeps Transformers' leniency: unknown keys are ignored.
+  EXPECT_NO_THROW(GenerationConfig::from_file(write(R"({"max_new_token": 5})")));
+}
+
 // Transformers fields tformers does not implement are named on stderr when set to anything but
 // their default, never ignored silently.
 TEST_F(ConfigFile, UnimplementedFieldsAreNamedInAWarning) {

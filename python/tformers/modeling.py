@@ -1,0 +1,205 @@
+"""AutoModelForCausalLM and the model it returns, as in Transformers: from_pretrained,
+generate(**inputs, ...), model(input_ids).logits, model.config, model.device. Loading,
+generation and the forward pass are the C++ library's (include/tformers/model.h)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from ._tensors import as_id_array, convert, is_torch_tensor, torch_module
+from .distributed import DistributedConfig
+from .generation import BaseStreamer, GenerationConfig
+
+
+class PretrainedConfig:
+    """config.json as the model read it, read-only: every field as an attribute
+    (config.hidden_size, config.model_type, config.architectures), and to_dict()."""
+
+    def __init__(self, fields: dict[str, Any]):
+        object.__setattr__(self, "_fields", fields)
+
+    def __getattr__(self, name: str):
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise AttributeError(f"config.json has no field {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"model.config is read-only (the model was built from it): cannot set {name!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self._fields))
+
+    def __repr__(self) -> str:
+        return f"PretrainedConfig({json.dumps(self._fields, indent=2)})"
+
+
+class CausalLMOutput:
+    """What model(input_ids) returns: .logits (batch, sequence_length, vocab_size), float32."""
+
+    def __init__(self, logits):
+        self.logits = logits
+
+    def __getitem__(self, key):
+        return {"logits": self.logits}[key] if isinstance(key, str) else (self.logits,)[key]
+
+
+def _dtype_name(dtype) -> str | None:
+    """The dtype as the library names it: a string ("bfloat16", "auto") or a torch.dtype."""
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, str):
+        return dtype
+    torch = torch_module()
+    if torch is not None and isinstance(dtype, torch.dtype):
+        return str(dtype)  # "torch.bfloat16", which the library accepts
+    raise TypeError(f"dtype must be a string such as \"bfloat16\" or a torch.dtype, got {dtype!r}")
+
+
+class CausalLM:
+    """A causal language model. Make one with AutoModelForCausalLM.from_pretrained."""
+
+    def __init__(self, core: _core.CausalLM, name_or_path: str):
+        self._core = core
+        self.name_or_path = name_or_path
+        self.config = PretrainedConfig(json.loads(core.config_json))
+        # One KV cache per model: calls from several threads take turns (the engine runs without
+        # the GIL, so without this they would share the cache).
+        self._lock = threading.Lock()
+        self._owner = None
+
+    @contextlib.contextmanager
+    def _exclusive(self):
+        if self._owner == threading.get_ident():
+            raise RuntimeError("the model was called again from its own streamer; a model runs one call "
+                               "at a time (use a second model)")
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = None
+
+    @property
+    def device(self) -> str:
+        """The backend the model runs on ("cpu", "tpu", "cuda"); inputs stay on the host."""
+        return self._core.device
+
+    @property
+    def dtype(self):
+        """The weights' dtype: a torch.dtype when torch is installed, else its name."""
+        torch = torch_module()
+        return getattr(torch, self._core.dtype) if torch is not None else self._core.dtype
+
+    def generate(self, input_ids=None, attention_mask=None, generation_config: GenerationConfig | None = None,
+                 streamer: BaseStreamer | None = None, tokenizer=None, **kwargs):
+        """Generates from input_ids (batch, sequence_length), left-padded where attention_mask is 0,
+        with GenerationConfig's fields as keyword arguments over `generation_config` and the
+        model's generation_config.json. Returns (batch * num_return_sequences, length) int64 ids:
+        each row the given input row followed by its new tokens (rows that finish early are
+        filled with pad_token_id), a torch tensor when input_ids is one, else numpy.
+        `tokenizer` is needed for stop_strings. Ctrl-C raises KeyboardInterrupt at the next token
+        (beam search only ends at the end)."""
+        if input_ids is None:
+            raise ValueError("generate() needs input_ids (model.generate(**tokenizer(text, return_tensors=\"pt\")))")
+        return_tensors = "pt" if is_torch_tensor(input_ids) else "np"
+        ids = as_id_array(input_ids, "input_ids")
+        mask = None if attention_mask is None else as_id_array(attention_mask, "attention_mask")
+        if mask is not None and mask.shape != ids.shape:
+            raise ValueError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}: they must match")
+        prompts = [_prompt(ids[b], None if mask is None else mask[b], b) for b in range(len(ids))]
+        config = GenerationConfig(**(generation_config.to_dict() if generation_config is not None else {}))
+        config.update(**kwargs)
+        on_token = None
+        if streamer is not None:
+            if len(ids) > 1 or int(config.to_dict().get("num_return_sequences", 1)) > 1:
+                raise ValueError("a streamer only supports batch size 1 (one prompt, one sequence)")
+            streamer.put(convert(ids.astype(np.int64), return_tensors))
+            on_token = lambda row, token: streamer.put(convert(np.array([token], dtype=np.int64), return_tensors))
+        try:
+            with self._exclusive():
+                rows = self._core.generate(prompts, config.to_json_string(), on_token,
+                                           None if tokenizer is None else tokenizer._core)
+        finally:
+            if streamer is not None:
+                streamer.end()
+        repeat = len(rows) // len(prompts)
+        out = [np.concatenate([ids[i // repeat], row[len(prompts[i // repeat]):]]) for i, row in enumerate(rows)]
+        return convert(np.array(out, dtype=np.int64), return_tensors)
+
+    def __call__(self, input_ids, attention_mask=None, **kwargs) -> CausalLMOutput:
+        """One forward pass: .logits (batch, sequence_length, vocab_size) float32 for every
+        position, a torch tensor when input_ids is one."""
+        if kwargs:
+            raise TypeError(f"model() takes input_ids and attention_mask; not supported: {sorted(kwargs)}")
+        return_tensors = "pt" if is_torch_tensor(input_ids) else "np"
+        ids = as_id_array(input_ids, "input_ids")
+        mask = None if attention_mask is None else as_id_array(attention_mask, "attention_mask")
+        with self._exclusive():
+            logits = self._core.forward(ids, mask)
+        return CausalLMOutput(convert(logits, return_tensors))
+
+    forward = __call__
+
+    def __repr__(self) -> str:
+        return f"{self.config.architectures[0]}(name_or_path={self.name_or_path!r}, device={self.device!r})"
+
+
+def _prompt(row: np.ndarray, mask: np.ndarray | None, b: int) -> list[int]:
+    """Row b's tokens without its left padding."""
+    if mask is None:
+        return row.tolist()
+    real = np.flatnonzero(mask)
+    if len(real) == 0:
+        raise ValueError(f"attention_mask row {b} is all zeros: every prompt needs at least one token")
+    if real[-1] != len(row) - 1 or len(real) != real[-1] - real[0] + 1:
+        raise ValueError(f"attention_mask row {b} is not left padding (zeros, then ones): decoder-only models "
+                         "generate after the last token, so pad on the left (tokenizer.padding_side = \"left\")")
+    return row[real[0]:].tolist()
+
+
+class AutoModelForCausalLM:
+    """Transformers' AutoModelForCausalLM: the architecture comes from config.json."""
+
+    def __init__(self):
+        raise OSError("AutoModelForCausalLM is instantiated with AutoModelForCausalLM.from_pretrained(path)")
+
+    @staticmethod
+    def from_pretrained(pretrained_model_name_or_path, dtype=None, device_map: str | None = "auto",
+                        distributed_config: DistributedConfig | None = None, attn_implementation: str | None = None,
+                        revision: str = "main", quantize: str | None = None, load_mode: str = "copy",
+                        tp_plan: str | None = None, torch_dtype=None) -> CausalLM:
+        """Loads a model folder or a Hub id in the local cache. dtype: "auto" (config.json's),
+        "bfloat16", "float16", "float32" or a torch.dtype. device_map: "auto", "cpu", "tpu",
+        "cuda". distributed_config splits the model over the ranks of `tformers launch` (tp_plan
+        ="auto" does the same with the defaults). attn_implementation: None, "eager", "sdpa" or
+        "static" all run the library's one attention. quantize: None, "int8" or "int4".
+        torch_dtype is Transformers' older name for dtype."""
+        if torch_dtype is not None:
+            if dtype is not None:
+                raise ValueError("give dtype or torch_dtype (its older name), not both")
+            dtype = torch_dtype
+        if attn_implementation not in (None, "eager", "sdpa", "static"):
+            raise ValueError(f"attn_implementation={attn_implementation!r} is not available: tformers runs one "
+                             "attention (as \"sdpa\"); pass None, \"eager\" or \"sdpa\"")
+        if tp_plan not in (None, "auto"):
+            raise ValueError(f"tp_plan={tp_plan!r}: from_pretrained takes tp_plan=\"auto\"; give rules with "
+                             "distributed_config=DistributedConfig(tp_plan={...})")
+        if tp_plan == "auto" and distributed_config is None:
+            distributed_config = DistributedConfig()
+        if device_map is not None and not isinstance(device_map, str):
+            raise ValueError(f"device_map={device_map!r}: tformers places the whole model on one device; "
+                             "pass \"auto\", \"cpu\", \"tpu\" or \"cuda\"")
+        dc = distributed_config
+        path = str(pretrained_model_name_or_path)
+        core = _core.CausalLM.from_pretrained(
+            path, _dtype_name(dtype), device_map or "auto", revision, dc is not None,
+            None if dc is None else dc.tp_size, {} if dc is None else dict(dc.tp_plan),
+            None if dc is None else dc.timeout, quantize or "", load_mode)
+        return CausalLM(core, path)

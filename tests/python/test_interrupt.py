@@ -1,0 +1,37 @@
+"""Ctrl-C during generate() raises KeyboardInterrupt at the next token, not at the end."""
+
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import KJV, REPO
+
+SCRIPT = f"""
+import sys, time
+from tformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained({str(KJV)!r}, dtype="float32")
+model.generate([[319]], do_sample=False, max_new_tokens=2)
+print("generating", flush=True)
+start = time.monotonic()
+try:
+    # Long enough that finishing would take far longer than the test waits.
+    for _ in range(1000):
+        model.generate([[319, 259]], do_sample=True, max_new_tokens=250, min_new_tokens=250)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(0)
+print("finished", flush=True)
+"""
+
+
+def test_ctrl_c_raises_keyboard_interrupt_promptly():
+    p = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    assert p.stdout.readline() == "generating\n", p.stderr.read()
+    time.sleep(0.5)
+    sent = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    waited = time.monotonic() - sent
+    assert p.returncode == 0 and out == "interrupted\n", out + err
+    assert waited < 2.0, waited

