@@ -199,9 +199,8 @@ std::string_view element_type_name(ElementType type) {
 const Plugin& Plugin::load(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
-    throw NotFoundError(str_cat("PJRT plugin ", path,
-                                ": no such file; pass the path of the plugin's .so (for XLA's CPU "
-                                "plugin: pip install xla-cpu-pjrt==0.0.1)"));
+    throw NotFoundError(
+        str_cat("PJRT plugin ", path, ": no such file; pass the path of a PJRT plugin library"));
   const std::string key = std::filesystem::canonical(path).string();
   static std::mutex mu;
   static std::map<std::string, std::unique_ptr<Plugin>> loaded;
