@@ -37,7 +37,7 @@ const std::vector<PluginSource>& sources() {
        nullptr,
        "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so",
        {},
-       "pip install xla-cpu-pjrt==0.0.1 (scripts/setup.sh --tests puts it in .venv/)"},
+       "pip install xla-cpu-pjrt==0.0.1, which scripts/setup.sh --tests puts in .venv/"},
   };
   return s;
 }
