@@ -65,6 +65,14 @@ TEST_F(PjrtCpu, PluginReportsItsVersionsAndOneCpuDevice) {
   EXPECT_EQ(&Plugin::load(plugin.path()), &plugin);
 }
 
+TEST_F(PjrtCpu, ClientOptionsReachThePlugin) {
+  // cpu_device_count is the CPU plugin's own option (an int64).
+  Client two(client().plugin(), {{"cpu_device_count", int64_t(2)}});
+  ASSERT_EQ(two.devices().size(), 2u);
+  EXPECT_NE(two.devices()[0].id, two.devices()[1].id);
+  EXPECT_THROW(Client(client().plugin(), {{"cpu_device_count", std::string("two")}}), Error);
+}
+
 TEST_F(PjrtCpu, BuffersRoundTripWithTypeAndDims) {
   const std::vector<int32_t> host = {1, -2, 3, 2147483647, -2147483647 - 1, 0};
   Buffer b = client().buffer_from_host(host, ElementType::kS32, {2, 3});

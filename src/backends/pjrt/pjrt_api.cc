@@ -283,6 +283,11 @@ void Plugin::check(capi::PJRT_Error* error, std::string_view call) const {
       code, str_cat(call, " failed in PJRT plugin ", path_, " (", code_name(code), "): ", message));
 }
 
+void Plugin::plugin_threw(capi::Fn fn, const std::exception& e) const {
+  throw DeviceError(str_cat(capi::fn_name(fn), " threw an exception in PJRT plugin ", path_, ": ",
+                            e.what(), " (check the arguments passed to it, e.g. option types)"));
+}
+
 void Plugin::destroy_error(capi::PJRT_Error* error) const {
   if (!error) return;
   using Destroy = void (*)(capi::PJRT_Error_Destroy_Args*);

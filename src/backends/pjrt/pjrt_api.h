@@ -62,7 +62,14 @@ class Plugin {
   template <typename Args>
   capi::PJRT_Error* raw_call(capi::Fn fn, Args& args) const {
     using Function = capi::PJRT_Error* (*)(Args*);
-    return reinterpret_cast<Function>(function(fn))(&args);
+    const auto f = reinterpret_cast<Function>(function(fn));
+    try {
+      return f(&args);
+    } catch (const std::exception& e) {
+      // Seen from XLA's CPU plugin: a create option of the wrong type throws
+      // std::bad_variant_access through the C API instead of returning a PJRT_Error.
+      plugin_threw(fn, e);
+    }
   }
   // For destructors, which must not throw: a failure is printed to stderr and dropped.
   template <typename Args>
@@ -83,6 +90,7 @@ class Plugin {
   Plugin(std::string path, const capi::PJRT_Api* api);
   void* function(capi::Fn fn) const;
   void destroy_error(capi::PJRT_Error* error) const;
+  [[noreturn]] void plugin_threw(capi::Fn fn, const std::exception& e) const;
 
   std::string path_;
   const capi::PJRT_Api* api_;
