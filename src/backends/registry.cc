@@ -1,5 +1,6 @@
 #include "backends/registry.h"
 
+#include <array>
 #include <cstdio>
 #include <memory>
 
