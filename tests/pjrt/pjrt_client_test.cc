@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -284,6 +285,24 @@ TEST_F(PjrtCpu, WrongArgumentsAreErrors) {
                InvalidArgumentError);
   EXPECT_THROW(client().buffer_from_host(std::vector<int32_t>(8), ElementType::kBF16, {8}),
                InvalidArgumentError);
+}
+
+TEST_F(PjrtCpu, EnvCommandListsThePluginAndItsVersions) {
+  const Plugin& plugin = client().plugin();
+  std::string out;
+  {
+    // The test's environment (VIRTUAL_ENV) is the one the command searches.
+    FILE* p = ::popen((std::string(TFORMERS_CLI) + " env 2>&1").c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    ASSERT_EQ(::pclose(p), 0) << out;
+  }
+  const std::string want = "backend xla-cpu: " + probe_plugin("xla-cpu").path +
+                           " found, PJRT C API " + std::to_string(plugin.api_major()) + "." +
+                           std::to_string(plugin.api_minor()) + ", XLA " +
+                           std::to_string(plugin.xla_version()) + ", StableHLO ";
+  EXPECT_NE(out.find(want), std::string::npos) << out;
 }
 
 TEST(PjrtPlugin, MissingPathIsNamed) {
