@@ -3,18 +3,57 @@
 #include <dlfcn.h>
 #include <glob.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
+
+#include "tformers/error.h"
 
 namespace tformers::backends::pjrt {
 
 namespace {
 
-std::vector<std::string> candidates(const std::string& device, std::vector<std::string>& looked) {
+struct PluginSource {
+  const char* device;
+  const char* extra_env;          // a variable the plugin's own tooling uses, or null
+  const char* package_file;       // the library inside site-packages
+  std::vector<const char*> libs;  // system-wide install paths
+  const char* package;            // what installs it
+};
+
+const std::vector<PluginSource>& sources() {
+  static const std::vector<PluginSource> s = {
+      {"tpu",
+       "TPU_LIBRARY_PATH",
+       "libtpu/libtpu.so",
+       {"/usr/lib/libtpu.so", "/usr/local/lib/libtpu.so"},
+       "pip install libtpu"},
+      {"cuda",
+       nullptr,
+       "jax_plugins/xla_cuda*/xla_cuda_plugin.so",
+       {"/usr/local/lib/pjrt_c_api_gpu_plugin.so"},
+       "pip install jax-cuda13-plugin"},
+      {"xla-cpu",
+       nullptr,
+       "xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so",
+       {},
+       "pip install xla-cpu-pjrt==0.0.1, which scripts/setup.sh --tests puts in .venv/"},
+  };
+  return s;
+}
+
+const PluginSource& source_for(const std::string& device) {
+  for (const PluginSource& s : sources())
+    if (device == s.device) return s;
+  throw InvalidArgumentError("\"" + device +
+                             "\" is not a PJRT device: use \"tpu\", \"cuda\" or \"xla-cpu\"");
+}
+
+std::vector<std::string> candidates(const PluginSource& src, std::vector<std::string>& looked) {
   std::vector<std::string> out;
-  auto env = [&](const char* name) {
-    looked.push_back(std::string("$") + name);
-    if (const char* v = std::getenv(name); v && *v) out.push_back(v);
+  auto env = [&](const std::string& name) {
+    looked.push_back("$" + name);
+    if (const char* v = std::getenv(name.c_str()); v && *v) out.push_back(v);
   };
   auto pattern = [&](const std::string& p) {
     looked.push_back(p);
@@ -23,40 +62,53 @@ std::vector<std::string> candidates(const std::string& device, std::vector<std::
       for (size_t i = 0; i < g.gl_pathc; ++i) out.push_back(g.gl_pathv[i]);
     globfree(&g);
   };
-  if (device == "tpu") {
-    env("TFORMERS_PJRT_TPU");
-    env("TPU_LIBRARY_PATH");  // the variable libtpu's own tooling uses
-    pattern("/usr/lib/libtpu.so");
-    pattern("/usr/local/lib/libtpu.so");
-    pattern("/usr/local/lib/python3*/dist-packages/libtpu/libtpu.so");
-    pattern("/usr/lib/python3*/dist-packages/libtpu/libtpu.so");
-  } else {
-    env("TFORMERS_PJRT_CUDA");
-    pattern("/usr/local/lib/pjrt_c_api_gpu_plugin.so");
-    pattern("/usr/local/lib/python3*/dist-packages/jax_plugins/xla_cuda*/xla_cuda_plugin.so");
-  }
+  env(plugin_env_var(src.device));
+  if (src.extra_env) env(src.extra_env);
+  // Python environments: the active one, the project's .venv/ when run from its checkout, then
+  // the system's.
+  if (const char* venv = std::getenv("VIRTUAL_ENV"); venv && *venv)
+    pattern(std::string(venv) + "/lib/python3*/site-packages/" + src.package_file);
+  pattern(std::string(".venv/lib/python3*/site-packages/") + src.package_file);
+  pattern(std::string("/usr/local/lib/python3*/dist-packages/") + src.package_file);
+  pattern(std::string("/usr/lib/python3*/dist-packages/") + src.package_file);
+  for (const char* lib : src.libs) pattern(lib);
   return out;
 }
 
 }  // namespace
 
+const std::vector<std::string>& plugin_devices() {
+  static const std::vector<std::string> d = [] {
+    std::vector<std::string> out;
+    for (const PluginSource& s : sources()) out.push_back(s.device);
+    return out;
+  }();
+  return d;
+}
+
+std::string plugin_env_var(const std::string& device) {
+  std::string name = "TFORMERS_PJRT_PLUGIN_";
+  for (char c : device) name += c == '-' ? '_' : char(std::toupper(static_cast<unsigned char>(c)));
+  return name;
+}
+
 PluginProbe probe_plugin(const std::string& device) {
+  const PluginSource& src = source_for(device);
   PluginProbe probe;
   probe.device = device;
-  for (const std::string& path : candidates(device, probe.looked)) {
+  probe.package = src.package;
+  for (const std::string& path : candidates(src, probe.looked)) {
     if (!std::filesystem::exists(path)) continue;
     probe.path = path;
+    // Never dlclose'd: unloading a PJRT plugin is unsafe, and the client loads it again anyway.
     void* handle = ::dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL);
-    if (!handle) {
+    if (!handle)
       probe.problem = std::string("dlopen failed: ") + ::dlerror();
-    } else {
-      if (!::dlsym(handle, "GetPjrtApi"))
-        probe.problem = "the library does not export GetPjrtApi (not a PJRT plugin)";
-      else
-        // The plugin is real, but graphs cannot be lowered to StableHLO in this build yet.
-        probe.problem = "this build has no StableHLO lowering for PJRT yet";
-      ::dlclose(handle);
-    }
+    else if (!::dlsym(handle, "GetPjrtApi"))
+      probe.problem = "the library does not export GetPjrtApi (not a PJRT plugin)";
+    else
+      // The plugin is real, but graphs cannot be lowered to StableHLO in this build yet.
+      probe.problem = "this build has no StableHLO lowering for PJRT yet";
     return probe;
   }
   return probe;
