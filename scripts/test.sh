@@ -16,6 +16,7 @@ stage_start=$SECONDS
 current=""
 summary() {
   local rc=$?
+  [ -n "${reference_pid:-}" ] && kill "$reference_pid" 2>/dev/null
   [ -n "$current" ] && { stage_names+=("$current (failed)"); stage_secs+=($((SECONDS - stage_start))); }
   echo "== stage times"
   for i in "${!stage_names[@]}"; do
@@ -34,6 +35,22 @@ stage() {  # stage NAME: closes the running stage and opens NAME
 
 stage "setup (apt, npm, .venv)"
 scripts/setup.sh --tests
+# The Python package's parity tests need torch and Transformers: the `reference` group, 3.5 GB
+# with torch's CUDA wheels. Where .venv/ lacks it (setup.sh --dev adds it there), it goes into an
+# environment of its own in the background, a download beside the CPU-bound builds, and the
+# Python stage waits for it.
+reference_python=.venv/bin/python
+reference_pid=""
+if ! .venv/bin/python -c 'import torch, transformers' 2>/dev/null; then
+  reference_python=build/reference-venv/bin/python
+  mkdir -p build
+  ( { [ -x "$reference_python" ] || python3 -m venv build/reference-venv; } &&
+    "$reference_python" -m pip install -q --disable-pip-version-check pip==25.3 &&
+    "$reference_python" -m pip install -q --disable-pip-version-check --group test \
+      --group reference ) \
+    >build/reference-venv.log 2>&1 &
+  reference_pid=$!
+fi
 stage "clang-format"
 # Formatting is part of the suite: every C++ file as .clang-format says.
 git ls-files '*.cc' '*.h' | xargs clang-format --dry-run -Werror
@@ -54,12 +71,17 @@ offline=(env PIP_NO_INDEX=1 PIP_FIND_LINKS="$PWD/build/wheelhouse" PIP_DISABLE_P
 "${offline[@]}" build/python-venv/bin/pip install -q . -Cbuild-dir=build/python \
   -Ccmake.define.TFORMERS_PYTHON_CORE="$PWD/build/release"
 build/python-venv/bin/python -m pytest -q tests/python
-# The parity tests need torch and Transformers, which only the reference group brings
-# (setup.sh --dev, 3.5 GB): where .venv/ has them they run there, over the same install.
-if .venv/bin/python -c 'import torch, transformers' 2>/dev/null; then
-  PYTHONPATH=$(build/python-venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
-    .venv/bin/python -m pytest -q tests/python/test_parity.py
+# The parity tests against Transformers and torch, in the reference environment, over the same
+# install.
+if [ -n "$reference_pid" ] && ! wait "$reference_pid"; then
+  cat build/reference-venv.log
+  echo "test.sh: installing the reference group into build/reference-venv failed (above)" >&2
+  exit 1
 fi
+reference_pid=""
+"$reference_python" -c 'import torch, transformers, pytest'  # never skipped for want of them
+PYTHONPATH=$(build/python-venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+  "$reference_python" -m pytest -q tests/python/test_parity.py
 stage "asan build"
 cmake --preset asan >/dev/null
 cmake --build --preset asan
