@@ -133,6 +133,24 @@ double seconds(const std::function<void()>& fn) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Times `old_side` then `new_side` once per round, rounds + 1 times (round 0 warms up: compiles,
+// allocates) and keeps each build's times and the per-round ratios old / new.
+struct Alternated {
+  std::vector<double> old_s, new_s, ratio;
+};
+Alternated alternate(int rounds, const std::function<double()>& old_side,
+                     const std::function<double()>& new_side) {
+  Alternated t;
+  for (int r = 0; r < rounds + 1; ++r) {
+    const double t_old = old_side(), t_new = new_side();
+    if (r == 0) continue;
+    t.old_s.push_back(t_old);
+    t.new_s.push_back(t_new);
+    t.ratio.push_back(t_old / t_new);
+  }
+  return t;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -206,14 +224,9 @@ int run_model_mode(int argc, char** argv) {
     });
   };
   tformers::Tensor la, lb;
-  std::vector<double> ta, tb, ratio;
-  for (int r = 0; r < rounds + 1; ++r) {  // round 0 warms up (compiles, allocates)
-    const double t_a = round(a, la), t_b = round(b, lb);
-    if (r == 0) continue;
-    ta.push_back(t_a);
-    tb.push_back(t_b);
-    ratio.push_back(t_a / t_b);
-  }
+  const Alternated t = alternate(
+      rounds, [&] { return round(a, la); }, [&] { return round(b, lb); });
+  const std::vector<double>&ta = t.old_s, &tb = t.new_s, &ratio = t.ratio;
   double max_diff = 0;
   for (int64_t i = 0; i < la.numel(); ++i)
     max_diff = std::max(max_diff, double(std::fabs(la.data<float>()[i] - lb.data<float>()[i])));
@@ -341,19 +354,14 @@ int main(int argc, char** argv) {
   for (const auto& buf : buffers) bytes += buf.size();
 
   std::vector<float> out_a(out_size, 0.0f), out_b(out_size, 0.0f);
-  std::vector<double> ta, tb, ratio;
-  for (int r = 0; r < rounds + 1; ++r) {  // round 0 warms up
-    const double t_a = seconds([&] {
-      for (auto& c : calls) c(a, out_a.data());
+  auto run_all = [&](Build& bd, std::vector<float>& out) {
+    return seconds([&] {
+      for (auto& c : calls) c(bd, out.data());
     });
-    const double t_b = seconds([&] {
-      for (auto& c : calls) c(b, out_b.data());
-    });
-    if (r == 0) continue;
-    ta.push_back(t_a);
-    tb.push_back(t_b);
-    ratio.push_back(t_a / t_b);
-  }
+  };
+  const Alternated t = alternate(
+      rounds, [&] { return run_all(a, out_a); }, [&] { return run_all(b, out_b); });
+  const std::vector<double>&ta = t.old_s, &tb = t.new_s, &ratio = t.ratio;
   double max_diff = 0;
   for (size_t i = 0; i < out_a.size(); ++i)
     max_diff = std::max(max_diff, double(std::fabs(out_a[i] - out_b[i])));
