@@ -185,7 +185,10 @@ GenerationConfig GenerationConfig::from_json_string(std::string_view json_text,
   // used).
   static const char* const kNoEffect[] = {"transformers_version", "_from_model_config",
                                           "use_cache"};
-  for (const auto& [key, value] : j.items()) {
+  for (const auto& item : j.items()) {
+    // Named, not a structured binding: clang 14 (the fuzz build's) cannot capture one in a lambda.
+    const std::string& key = item.key();
+    const Json& value = item.value();
     auto named = [&](const char* name) { return key == name; };
     if (value.is_null() || std::ranges::any_of(kNoEffect, named) ||
         std::ranges::any_of(kUnimplemented, [&](const auto& f) { return named(f.first); }))
