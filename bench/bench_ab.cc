@@ -65,6 +65,25 @@ constexpr uint8_t kBf16 = 1;  // tformers::DType::bf16
   std::exit(2);
 }
 
+// A build's exported symbols by mangled name: its own copy of each (RTLD_DEEPBIND: its calls
+// resolve inside it first); a missing one ends the program naming it.
+class Symbols {
+ public:
+  explicit Symbols(const char* path) : path_(path) {
+    h_ = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (!h_) die(std::string("cannot load ") + path + ": " + dlerror());
+  }
+  void* operator()(const char* name) const {
+    void* p = dlsym(h_, name);
+    if (!p) die(path_ + " has no symbol " + name);
+    return p;
+  }
+
+ private:
+  std::string path_;
+  void* h_ = nullptr;
+};
+
 // One build: its own copy of every symbol (RTLD_DEEPBIND: its calls resolve inside it first) and
 // its own thread pool.
 struct Build {
@@ -75,13 +94,7 @@ struct Build {
   alignas(tformers::ThreadPool) unsigned char pool[sizeof(tformers::ThreadPool)];
 
   Build(const char* path, int threads) {
-    void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
-    if (!h) die(std::string("cannot load ") + path + ": " + dlerror());
-    auto sym = [&](const char* name) {
-      void* p = dlsym(h, name);
-      if (!p) die(std::string(path) + " has no symbol " + name);
-      return p;
-    };
+    const Symbols sym(path);
     attention = reinterpret_cast<AttentionFn>(
         sym("_ZN8tformers3cpu9attentionEPKfPKvS4_NS_5DTypeEPKiPflllllllfRNS_10ThreadPoolE"));
     linear = reinterpret_cast<LinearFn>(
@@ -98,13 +111,7 @@ struct Build {
 class BuildModel {
  public:
   BuildModel(const char* path, const std::string& model, const std::string& quantize, int threads) {
-    void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
-    if (!h) die(std::string("cannot load ") + path + ": " + dlerror());
-    auto sym = [&](const char* name) {
-      void* p = dlsym(h, name);
-      if (!p) die(std::string(path) + " has no symbol " + name);
-      return p;
-    };
+    const Symbols sym(path);
     using SetThreads = void (*)(int);
     using Load = tformers::CausalLM (*)(const std::string&, const tformers::LoadOptions&);
     reinterpret_cast<SetThreads>(sym("_ZN8tformers10ThreadPool18set_global_threadsEi"))(threads);

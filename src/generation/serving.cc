@@ -80,7 +80,6 @@ struct ServingEngine::Impl {
     std::vector<int32_t> blocks;  // reserved for the whole length
   };
 
-  CausalLM& model;
   models::ModelRunner m;
   ServingConfig cfg;
   const Tokenizer* tokenizer;
@@ -108,7 +107,7 @@ struct ServingEngine::Impl {
   double warm_up_seconds = 0;
 
   Impl(CausalLM& model, ServingConfig c, const Tokenizer* tok)
-      : model(model), m(model), cfg(std::move(c)), tokenizer(tok) {}
+      : m(model), cfg(std::move(c)), tokenizer(tok) {}
 
   void configure();
   std::unique_ptr<Sequence> make_sequence(ServingRequest r, ServingCallback cb) const;
