@@ -36,6 +36,9 @@
 namespace tformers {
 
 class CausalLM;
+namespace kernels_hub {
+struct KernelAccess;
+}
 
 struct KernelOptions {
   // Cache roots searched in order; empty: the environment (see above).
@@ -94,10 +97,10 @@ class Kernel {
   std::string describe() const;
 
   struct Impl;
-  explicit Kernel(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-  const std::shared_ptr<Impl>& impl() const { return impl_; }
 
  private:
+  friend struct kernels_hub::KernelAccess;
+  explicit Kernel(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
 };
 

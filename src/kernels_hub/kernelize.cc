@@ -132,8 +132,8 @@ std::vector<KernelizedLayer> kernelize(CausalLM& model, const KernelMapping& map
     }
     const Kernel& kernel = k->second;
     const std::string pkg_layer = r.layer_name.empty() ? layer : r.layer_name;
-    auto e = kernel.impl()->entries.find(pkg_layer);
-    if (e == kernel.impl()->entries.end())
+    auto e = kernels_hub::KernelAccess::impl(kernel)->entries.find(pkg_layer);
+    if (e == kernels_hub::KernelAccess::impl(kernel)->entries.end())
       throw InvalidArgumentError(
           "kernelize: " + layer + " is mapped to " + kernel.describe() + " layer '" + pkg_layer +
           "', which it does not have; it has: " + join(kernel.layers(), ", "));
@@ -142,9 +142,9 @@ std::vector<KernelizedLayer> kernelize(CausalLM& model, const KernelMapping& map
                         " cannot replace " + layer + ": its schema \"" + e->second.schema_text +
                         "\" does not match the layer: " + why);
     auto call = std::make_shared<graph::CustomCall>();
-    call->target = kernel.impl()->target(pkg_layer);
+    call->target = kernels_hub::KernelAccess::impl(kernel)->target(pkg_layer);
     call->backend = device;
-    call->owner = kernel.impl();
+    call->owner = kernels_hub::KernelAccess::impl(kernel);
     LayerKernels::Slot slot;
     slot.call = call;
     slot.modes = e->second.modes;

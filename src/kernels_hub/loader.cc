@@ -441,7 +441,7 @@ Kernel get_kernel(const std::string& repo_id, int version, const KernelOptions& 
   for (const auto& [layer, e] : impl->entries)
     backends::register_kernel(impl->backend, impl->target(layer),
                               reinterpret_cast<const void*>(e.fn), impl);
-  return Kernel(impl);
+  return kernels_hub::KernelAccess::wrap(impl);
 }
 
 const std::string& Kernel::repo_id() const { return impl_->repo_id; }

@@ -93,4 +93,14 @@ struct Kernel::Impl {
   ~Impl();
 };
 
+namespace kernels_hub {
+
+// The way into a Kernel handle for kernels_hub/ and its tests; nothing in include/ reaches it.
+struct KernelAccess {
+  static const std::shared_ptr<Kernel::Impl>& impl(const Kernel& kernel) { return kernel.impl_; }
+  static Kernel wrap(std::shared_ptr<Kernel::Impl> impl) { return Kernel(std::move(impl)); }
+};
+
+}  // namespace kernels_hub
+
 }  // namespace tformers

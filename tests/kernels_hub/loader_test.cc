@@ -62,7 +62,7 @@ double rms_norm_error(const Kernel& k) {
   float eps = 1e-6f;
   char err[256] = {0};
   TfKernelCall call = {in, 2, &out, &eps, 1, nullptr, 0, serial_for, nullptr, err, sizeof err};
-  EXPECT_EQ(k.impl()->entries.at("RMSNorm").fn(&call), 0) << err;
+  EXPECT_EQ(kernels_hub::KernelAccess::impl(k)->entries.at("RMSNorm").fn(&call), 0) << err;
   double e = 0;
   for (int64_t i = 0; i < M * D; ++i)
     e = std::max(e, double(std::fabs(y[i] - ref[i])) / (std::fabs(ref[i]) + 1e-3));
@@ -166,7 +166,8 @@ TEST_F(Loader, TwoVersionsLoadSideBySide) {
   EXPECT_TRUE(v2.has_layer("RotaryEmbedding"));
   EXPECT_TRUE(v2.has_layer("Attention"));
   // Separate copies of the code, both usable at once.
-  EXPECT_NE(v1.impl()->entries.at("RMSNorm").fn, v2.impl()->entries.at("RMSNorm").fn);
+  EXPECT_NE(kernels_hub::KernelAccess::impl(v1)->entries.at("RMSNorm").fn,
+            kernels_hub::KernelAccess::impl(v2)->entries.at("RMSNorm").fn);
   EXPECT_LT(rms_norm_error(v1), 1e-5);
   EXPECT_LT(rms_norm_error(v2), 1e-5);
   // The same version loaded twice is two independent loads too.

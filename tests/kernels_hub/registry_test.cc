@@ -57,11 +57,14 @@ TEST_F(Registry, LoadingRegistersEveryKernelWhileTheLibraryIsLoaded) {
   {
     Kernel k = get_kernel(kRepo, 1, opt_);
     for (const std::string& layer : k.layers()) {
-      backends::KernelEntry e = backends::find_kernel("cpu", k.impl()->target(layer));
-      EXPECT_EQ(e.fn, reinterpret_cast<const void*>(k.impl()->entries.at(layer).fn)) << layer;
-      EXPECT_EQ(e.owner, k.impl()) << layer;
+      backends::KernelEntry e =
+          backends::find_kernel("cpu", kernels_hub::KernelAccess::impl(k)->target(layer));
+      EXPECT_EQ(e.fn, reinterpret_cast<const void*>(
+                          kernels_hub::KernelAccess::impl(k)->entries.at(layer).fn))
+          << layer;
+      EXPECT_EQ(e.owner, kernels_hub::KernelAccess::impl(k)) << layer;
     }
-    target = k.impl()->target("RMSNorm");
+    target = kernels_hub::KernelAccess::impl(k)->target("RMSNorm");
     EXPECT_EQ(backends::find_kernel("tpu", target).fn, nullptr);  // registered for its backend
   }
   EXPECT_EQ(backends::find_kernel("cpu", target).fn, nullptr);  // the library is gone
@@ -72,8 +75,9 @@ TEST_F(Registry, LoadingRegistersEveryKernelWhileTheLibraryIsLoaded) {
 TEST_F(Registry, ExecutableResolvesTheNameAndKeepsTheLibrary) {
   std::optional<Kernel> k = get_kernel(kRepo, 1, opt_);
   auto backend = backends::make_cpu_backend();
-  auto exe = backend->compile(rms_norm_graph(named(k->impl()->target("RMSNorm"))));
-  const std::weak_ptr<Kernel::Impl> library = k->impl();
+  auto exe = backend->compile(
+      rms_norm_graph(named(kernels_hub::KernelAccess::impl(*k)->target("RMSNorm"))));
+  const std::weak_ptr<Kernel::Impl> library = kernels_hub::KernelAccess::impl(*k);
   k.reset();
   EXPECT_FALSE(library.expired());
 
