@@ -479,6 +479,7 @@ struct Server::Connection {
   int fd = -1;
   bool counted = true;  // counts in live_
   bool over = false;    // over the limit, being refused
+  bool served = false;  // has had an answer: idle now means kept alive between requests
   Phase phase = kIdle;
   std::string in;  // received, not yet taken by a request
   size_t scanned = 0;
@@ -631,6 +632,7 @@ class Server::Loop {
     const Clock::time_point now = Clock::now();
     while (!waiting_.empty()) {
       const auto [fd, since] = waiting_.front();
+      if (s_.live_.load() >= s_.limits_.max_connections) close_longest_idle();
       const bool room = s_.live_.load() < s_.limits_.max_connections;
       if (!room && now - since < kAdmitWait) return;
       waiting_.pop_front();
@@ -657,6 +659,20 @@ class Server::Loop {
       none.arrival = now;
       respond_and_close(ref, none, s_.handlers_.error(503, ""));
     }
+  }
+
+  // Makes a place for a new connection, as nginx reuses keep-alive connections: the kept-alive
+  // connection that has waited longest for its next request is closed (HTTP lets a server close
+  // an idle persistent connection at any time; clients open a new one). So the limit bounds the
+  // connections that are doing something, and idle keep-alive never refuses a client. Sockets
+  // that have sent nothing yet, and requests under way, are never closed for this.
+  void close_longest_idle() {
+    Connection* oldest = nullptr;
+    for (auto& [fd, c] : conns_)
+      if (c->counted && c->served && c->phase == Connection::kIdle && c->in.empty() &&
+          (!oldest || c->deadline < oldest->deadline))
+        oldest = c.get();
+    if (oldest) drop(oldest->fd);
   }
 
   // A client that closed an idle connection may not have been seen yet (its event waits in this
@@ -810,6 +826,7 @@ class Server::Loop {
     request.arrival = owned->first_byte;
     request.id = "req-" + std::to_string(++next_id_);
     owned->phase = Connection::kIdle;
+    owned->served = true;
     owned->chunked.reset();
     {
       std::lock_guard lock(work_mu_);

@@ -208,12 +208,32 @@ TEST(ServeLimits, TheConnectionLimitCountsLiveConnectionsExactly) {
   constexpr int kLimit = 8;
   ServeProcess server({"--max-connections", std::to_string(kLimit), "--keep-alive-timeout", "60"});
   {
-    // kLimit connections, each shown to be served (so each is counted) and kept open.
-    std::vector<std::unique_ptr<RawConnection>> open;
+    // kLimit connections, each served once and then kept alive, idle.
+    std::vector<std::unique_ptr<RawConnection>> idle;
     for (int i = 0; i < kLimit; ++i) {
-      open.push_back(std::make_unique<RawConnection>(server.port()));
-      open.back()->send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
-      EXPECT_CONTAINS(open.back()->read_until("{\"status\":\"ok\"}"), "HTTP/1.1 200");
+      idle.push_back(std::make_unique<RawConnection>(server.port()));
+      idle.back()->send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+      EXPECT_CONTAINS(idle.back()->read_until("{\"status\":\"ok\"}"), "HTTP/1.1 200");
+    }
+    // One more is served: the connection idle longest (the first) is closed to make room, and
+    // the others stay usable.
+    RawConnection extra(server.port());
+    extra.send(post_request("/v1/completions", completion_body()));
+    const std::string answer = extra.read_until("\"finish_reason\"");
+    EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer.substr(0, 300);
+    const std::string before = idle.front()->read_available();
+    const Clock::time_point t = Clock::now();
+    EXPECT_EQ(idle.front()->read_until(), before);  // the server closed it: end of stream
+    EXPECT_LT(seconds_since(t), 10.0);
+    idle.back()->send("GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_CONTAINS(idle.back()->read_until(kModel), kModel);
+  }
+  {
+    // kLimit connections in the middle of a request's head: busy, so none gives way.
+    std::vector<std::unique_ptr<RawConnection>> busy;
+    for (int i = 0; i < kLimit; ++i) {
+      busy.push_back(std::make_unique<RawConnection>(server.port()));
+      busy.back()->send("GET /health HTTP/1.1\r\n");
     }
     // One more is refused, the first time.
     {
@@ -224,7 +244,7 @@ TEST(ServeLimits, TheConnectionLimitCountsLiveConnectionsExactly) {
       EXPECT_CONTAINS(answer, "too_many_connections");
     }
     // One closes: its place is free for the next client at once, with no retry.
-    open.back()->close();
+    busy.back()->close();
     RawConnection next(server.port());
     next.send(post_request("/v1/completions", completion_body()));
     const std::string answer = next.read_until();
