@@ -341,6 +341,24 @@ bool read_line(std::string& line) {
     rl_catch_signals = 0;  // our handler, not libedit's, sees SIGINT
     rl_getc_function = prompt_getc;
     g_line_discarded = false;
+    // What was typed while the reply streamed waits in the terminal's canonical queue. A Ctrl-D
+    // there is an end-of-file mark, which libedit's raw mode would read as a NUL (and the
+    // session would not end), so a whole line or that mark is taken here, as a canonical read
+    // gives it: one line, or 0 bytes for the mark. Half a line is left for libedit to edit.
+    pollfd pending{STDIN_FILENO, POLLIN, 0};
+    if (::poll(&pending, 1, 0) == 1) {
+      char typed[4096];
+      const ssize_t n = ::read(STDIN_FILENO, typed, sizeof typed);
+      if (n <= 0) {
+        g_out.write("> \n");
+        return false;
+      }
+      line.assign(typed, size_t(n));
+      if (line.back() == '\n') line.pop_back();
+      g_out.write("> " + line + "\n");
+      if (!line.empty()) add_history(line.c_str());
+      return true;
+    }
     char* got = readline("> ");
     if (!got) {
       g_out.write("\n");

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -212,6 +213,32 @@ TEST(Cli, ChatCtrlDEndsOnANewLine) {
   close(fd);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
   EXPECT_NE(out.find("\n", before_eof), std::string::npos) << "Ctrl-D left the line open: " << out;
+}
+
+// Keys typed while a reply streams meet the canonical line discipline (libedit is not reading):
+// a Ctrl-D there ends the session once the reply is done, and a whole line is the next message.
+TEST(Cli, ChatTypeAheadDuringAReply) {
+  const std::string model = std::string(TFORMERS_SOURCE_DIR) + "/models/kjv-fortunes-tiny";
+  for (const char* typed : {"\x04", "/quit\n"}) {
+    int fd = -1;
+    pid_t pid =
+        start_chat(fd, {"--model", model.c_str(), "-n", "240", "--ignore-eos", "--seed", "1"});
+    ASSERT_GE(pid, 0);
+    std::string out;
+    ASSERT_TRUE(read_until(fd, out, "> ", 1)) << out;
+    ASSERT_TRUE(wait_raw(fd));
+    ASSERT_EQ(write(fd, "hello\n", 6), 6);
+    ASSERT_TRUE(read_until(fd, out, "hello\r\n", 1)) << out;
+    const int words = int(std::count(out.begin(), out.end(), ' '));
+    ASSERT_TRUE(read_until(fd, out, " ", words + 3)) << out;
+    termios t{};
+    ASSERT_EQ(tcgetattr(fd, &t), 0);
+    EXPECT_TRUE(t.c_lflag & ICANON) << "the reply streams with the terminal in canonical mode";
+    ASSERT_EQ(write(fd, typed, strlen(typed)), ssize_t(strlen(typed)));
+    const int status = wait_exit(pid, fd, out);
+    close(fd);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << typed << ": " << out;
+  }
 }
 
 }  // namespace
