@@ -9,6 +9,10 @@
 
 #include "tformers/error.h"
 
+// Values keep the dtypes the graph gives them (the activation dtype for computed values), so
+// what a device stores and moves between fused ops is that dtype. Within an op the math runs in
+// f32 (elementwise ops, norms, rope, softmax) and dots accumulate in f32, as the CPU backend
+// does; XLA fuses the converts into the surrounding ops.
 namespace tformers::backends::pjrt {
 
 namespace {
@@ -44,17 +48,19 @@ std::string join(const std::vector<int64_t>& v) {
   return out;
 }
 
+std::string tensor_type(const std::string& elem, const Shape& shape) {
+  std::string t = "tensor<";
+  for (int64_t d : shape) t += std::to_string(d) + "x";
+  return t + elem + ">";
+}
+
 // A value of the module being written: its SSA name and its type.
 struct Val {
   std::string ssa;
   std::string elem;  // "f32", "bf16", "i1", "ui8", ...
   Shape shape;
 
-  std::string type() const {
-    std::string t = "tensor<";
-    for (int64_t d : shape) t += std::to_string(d) + "x";
-    return t + elem + ">";
-  }
+  std::string type() const { return tensor_type(elem, shape); }
   int64_t rank() const { return int64_t(shape.size()); }
 };
 
@@ -89,23 +95,23 @@ class Emitter {
   Val splat(float value, const std::string& elem, const Shape& shape) {
     const std::string lit =
         is_float_elem(elem) ? float_literal(value, elem) : std::to_string(int64_t(value));
-    Val v{"", elem, shape};
-    return def(elem, shape, str_cat("stablehlo.constant dense<", lit, "> : ", v.type()));
+    return def(elem, shape,
+               str_cat("stablehlo.constant dense<", lit, "> : ", tensor_type(elem, shape)));
   }
   Val floats(const std::vector<float>& values) {  // a 1-d f32 constant
     std::string lit;
     for (size_t i = 0; i < values.size(); ++i)
       lit += (i ? ", " : "") + float_literal(values[i], "f32");
     const Shape shape = {int64_t(values.size())};
-    Val v{"", "f32", shape};
-    return def("f32", shape, str_cat("stablehlo.constant dense<[", lit, "]> : ", v.type()));
+    return def("f32", shape,
+               str_cat("stablehlo.constant dense<[", lit, "]> : ", tensor_type("f32", shape)));
   }
 
   Val convert(const Val& a, const std::string& elem) {
     if (a.elem == elem) return a;
-    Val v{"", elem, a.shape};
     return def(elem, a.shape,
-               str_cat("stablehlo.convert ", a.ssa, " : (", a.type(), ") -> ", v.type()));
+               str_cat("stablehlo.convert ", a.ssa, " : (", a.type(), ") -> ",
+                       tensor_type(elem, a.shape)));
   }
   Val unary(const char* op, const Val& a) {
     return def(a.elem, a.shape, str_cat("stablehlo.", op, " ", a.ssa, " : ", a.type()));
@@ -121,24 +127,22 @@ class Emitter {
   }
   Val broadcast(const Val& a, const Shape& shape, const std::vector<int64_t>& dims) {
     if (a.shape == shape) return a;
-    Val v{"", a.elem, shape};
     return def(a.elem, shape,
                str_cat("stablehlo.broadcast_in_dim ", a.ssa, ", dims = [", join(dims), "] : (",
-                       a.type(), ") -> ", v.type()));
+                       a.type(), ") -> ", tensor_type(a.elem, shape)));
   }
   Val reshape(const Val& a, const Shape& shape) {
     if (a.shape == shape) return a;
-    Val v{"", a.elem, shape};
     return def(a.elem, shape,
-               str_cat("stablehlo.reshape ", a.ssa, " : (", a.type(), ") -> ", v.type()));
+               str_cat("stablehlo.reshape ", a.ssa, " : (", a.type(), ") -> ",
+                       tensor_type(a.elem, shape)));
   }
   Val transpose(const Val& a, const std::vector<int64_t>& perm) {
     Shape shape;
     for (int64_t p : perm) shape.push_back(a.shape[size_t(p)]);
-    Val v{"", a.elem, shape};
     return def(a.elem, shape,
                str_cat("stablehlo.transpose ", a.ssa, ", dims = [", join(perm), "] : (", a.type(),
-                       ") -> ", v.type()));
+                       ") -> ", tensor_type(a.elem, shape)));
   }
   // a[begin:end] along dimension `dim`, every other dimension whole.
   Val slice(const Val& a, int64_t dim, int64_t begin, int64_t end) {
@@ -149,10 +153,9 @@ class Emitter {
       ranges += str_cat(d ? ", " : "", lo, ":", hi);
       shape[size_t(d)] = hi - lo;
     }
-    Val v{"", a.elem, shape};
-    return def(
-        a.elem, shape,
-        str_cat("stablehlo.slice ", a.ssa, " [", ranges, "] : (", a.type(), ") -> ", v.type()));
+    return def(a.elem, shape,
+               str_cat("stablehlo.slice ", a.ssa, " [", ranges, "] : (", a.type(), ") -> ",
+                       tensor_type(a.elem, shape)));
   }
   Val concatenate(const std::vector<Val>& parts, int64_t dim) {
     Shape shape = parts[0].shape;
@@ -163,23 +166,21 @@ class Emitter {
       operands += (operands.empty() ? "" : ", ") + p.ssa;
       types += (types.empty() ? "" : ", ") + p.type();
     }
-    Val v{"", parts[0].elem, shape};
-    return def(v.elem, shape,
+    return def(parts[0].elem, shape,
                str_cat("stablehlo.concatenate ", operands, ", dim = ", dim, " : (", types, ") -> ",
-                       v.type()));
+                       tensor_type(parts[0].elem, shape)));
   }
   Val iota(int64_t dim, const Shape& shape) {
-    Val v{"", "i32", shape};
-    return def("i32", shape, str_cat("stablehlo.iota dim = ", dim, " : ", v.type()));
+    return def("i32", shape,
+               str_cat("stablehlo.iota dim = ", dim, " : ", tensor_type("i32", shape)));
   }
   // a dir b elementwise ("LE", "GT", ...), as i1.
   Val compare(const char* dir, const Val& a, const Val& b) {
     TF_CHECK(a.type() == b.type(), "StableHLO lowering: compare of ", a.type(), " and ", b.type());
-    Val v{"", "i1", a.shape};
     return def("i1", a.shape,
                str_cat("stablehlo.compare ", dir, ", ", a.ssa, ", ", b.ssa, ", ",
                        is_float_elem(a.elem) ? "FLOAT" : "SIGNED", " : (", a.type(), ", ", b.type(),
-                       ") -> ", v.type()));
+                       ") -> ", tensor_type("i1", a.shape)));
   }
   Val select(const Val& pred, const Val& a, const Val& b) {
     return def(a.elem, a.shape,
@@ -192,15 +193,14 @@ class Emitter {
     Shape shape;
     for (int64_t d = 0; d < a.rank(); ++d)
       if (std::find(dims.begin(), dims.end(), d) == dims.end()) shape.push_back(a.shape[size_t(d)]);
-    Val v{"", a.elem, shape};
     return def(a.elem, shape,
                str_cat("stablehlo.reduce(", a.ssa, " init: ", zero.ssa, ") applies stablehlo.", op,
                        " across dimensions = [", join(dims), "] : (", a.type(), ", ", zero.type(),
-                       ") -> ", v.type()));
+                       ") -> ", tensor_type(a.elem, shape)));
   }
   // A dot_general accumulating in f32: batch dims, then a's free dims, then b's. Operands of
-  // different element types meet in the wider one (f32 when either is f32), which is exact. f32
-  // operands ask for HIGHEST precision: DEFAULT lets a TPU or GPU round them to bf16 or tf32,
+  // different element types (f32 activations, bf16 weights) both widen to f32, which is exact.
+  // f32 operands ask for HIGHEST precision: DEFAULT lets a TPU or GPU round them to bf16 or tf32,
   // where the CPU backend multiplies in full f32.
   Val dot(Val a, Val b, const std::vector<int64_t>& batch_a, const std::vector<int64_t>& batch_b,
           const std::vector<int64_t>& contract_a, const std::vector<int64_t>& contract_b) {
@@ -219,7 +219,6 @@ class Emitter {
     };
     free_dims(a, batch_a, contract_a);
     free_dims(b, batch_b, contract_b);
-    Val v{"", "f32", shape};
     const char* precision = a.elem == "f32" ? "HIGHEST" : "DEFAULT";
     std::string dims;
     if (!batch_a.empty())
@@ -228,7 +227,7 @@ class Emitter {
         "f32", shape,
         str_cat("stablehlo.dot_general ", a.ssa, ", ", b.ssa, ", ", dims, "contracting_dims = [",
                 join(contract_a), "] x [", join(contract_b), "], precision = [", precision, ", ",
-                precision, "] : (", a.type(), ", ", b.type(), ") -> ", v.type()));
+                precision, "] : (", a.type(), ", ", b.type(), ") -> ", tensor_type("f32", shape)));
   }
   // Rows of table (R, ...) at idx (n) (clamped into range, as XLA's gather does): (n, ...).
   Val gather_rows(const Val& table, const Val& idx) {
@@ -240,14 +239,14 @@ class Emitter {
       offset_dims.push_back(d);
       sizes.push_back(table.shape[size_t(d)]);
     }
-    Val v{"", table.elem, shape};
     return def(
         table.elem, shape,
         str_cat("\"stablehlo.gather\"(", table.ssa, ", ", at.ssa,
                 ") {dimension_numbers = #stablehlo.gather<offset_dims = [", join(offset_dims),
                 "], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = "
                 "1>, indices_are_sorted = false, slice_sizes = array<i64: ",
-                join(sizes), ">} : (", table.type(), ", ", at.type(), ") -> ", v.type()));
+                join(sizes), ">} : (", table.type(), ", ", at.type(), ") -> ",
+                tensor_type(table.elem, shape)));
   }
   Val dynamic_update_slice(const Val& operand, const Val& update, const std::vector<Val>& starts) {
     std::string operands = operand.ssa + ", " + update.ssa,
@@ -261,7 +260,9 @@ class Emitter {
                        operand.type()));
   }
   // operand (NB, H, BS, D) with update[i] (H, D) written at [block[i], :, offset[i], :] for each
-  // row i of at (n, 2) = (block, offset); rows whose block is out of range are skipped.
+  // row i of at (n, 2) = (block, offset). A row whose block is out of range is skipped: XLA drops
+  // scatter updates whose window falls outside the operand (StableHLO leaves it to the
+  // implementation), and the paged write relies on that for its padding tokens.
   Val scatter_rows(const Val& operand, const Val& at, const Val& update) {
     const std::string scalar = "tensor<" + operand.elem + ">";
     return def(
