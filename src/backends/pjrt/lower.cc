@@ -653,8 +653,8 @@ LoweredModule Lowering::run() {
   m.mlir = str_cat(
       "module @tformers attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} "
       "{\n  func.func public @main(",
-      args, ") -> (", ret_types, ") {\n", e_.body(), "    return ", ret, " : ", ret_types,
-      "\n  }\n}\n");
+      args, ") -> (", ret_types, ") {\n", e_.body(), "    return",
+      ret.empty() ? "" : " " + ret + " : " + ret_types, "\n  }\n}\n");
   return m;
 }
 
