@@ -92,9 +92,11 @@ class Emitter {
     return v;
   }
 
-  Val splat(float value, const std::string& elem, const Shape& shape) {
+  // A constant of any shape: `value` is a double so that integer constants (row offsets, block
+  // counts) stay exact.
+  Val splat(double value, const std::string& elem, const Shape& shape) {
     const std::string lit =
-        is_float_elem(elem) ? float_literal(value, elem) : std::to_string(int64_t(value));
+        is_float_elem(elem) ? float_literal(float(value), elem) : std::to_string(int64_t(value));
     return def(elem, shape,
                str_cat("stablehlo.constant dense<", lit, "> : ", tensor_type(elem, shape)));
   }
@@ -122,7 +124,7 @@ class Emitter {
                str_cat("stablehlo.", op, " ", a.ssa, ", ", b.ssa, " : ", a.type()));
   }
   // a op (scalar constant c), in a's type.
-  Val with_constant(const char* op, const Val& a, float c) {
+  Val with_constant(const char* op, const Val& a, double c) {
     return binary(op, a, splat(c, a.elem, a.shape));
   }
   Val broadcast(const Val& a, const Shape& shape, const std::vector<int64_t>& dims) {
@@ -188,7 +190,7 @@ class Emitter {
                        ", ", a.type()));
   }
   // Reduces `dims` of a with `op` ("add", "maximum") from `init`.
-  Val reduce(const Val& a, const char* op, float init, const std::vector<int64_t>& dims) {
+  Val reduce(const Val& a, const char* op, double init, const std::vector<int64_t>& dims) {
     const Val zero = splat(init, a.elem, {});
     Shape shape;
     for (int64_t d = 0; d < a.rank(); ++d)
@@ -331,9 +333,9 @@ Val Lowering::embedding(const Node& n) {
   const bool shard = a.row_offset != 0 || rows != a.vocab;
   if (!shard) return out(n, e_.reshape(e_.gather_rows(table, flat), n.type.shape));
   // A vocabulary shard: ids outside [row_offset, row_offset + rows) give zero rows.
-  const Val local = e_.with_constant("subtract", flat, float(a.row_offset));
+  const Val local = e_.with_constant("subtract", flat, double(a.row_offset));
   const Val ok = e_.binary("and", e_.compare("GE", local, e_.splat(0, "i32", {count})),
-                           e_.compare("LT", local, e_.splat(float(rows), "i32", {count})));
+                           e_.compare("LT", local, e_.splat(double(rows), "i32", {count})));
   const Val looked = e_.gather_rows(table, e_.select(ok, local, e_.splat(0, "i32", {count})));
   const Val zeros = e_.splat(0, table.elem, {count, d});
   const Val kept = e_.select(e_.broadcast(ok, {count, d}, {0}), looked, zeros);
@@ -370,7 +372,7 @@ Val Lowering::int4_weight(const Node& n) {
   const Val bytes = e_.reshape(tiles, parts);
   const Val low = e_.binary("and", bytes, e_.splat(15, "ui8", parts));
   const Val high = e_.binary("shift_right_logical", bytes, e_.splat(4, "ui8", parts));
-  // (G, nb, v, j, nibble, t) -> (G, j, nb, v, nibble, t): row 8 G + j, k = 32 b + 8 v + 4 h + t.
+  // (G, nb, v, j, nibble, t) -> (G, j, nb, v, nibble, t): row 8 g + j, k = 32 b + 8 v + 4 h + t.
   Val codes = e_.transpose(e_.concatenate({low, high}, 4), {0, 3, 1, 2, 4, 5});
   codes = e_.convert(e_.reshape(codes, {N, nb, graph::kInt4Block}), "f32");
   // Per-(row, block) values stored at [g, b, j] -> (N, nb).
@@ -458,13 +460,13 @@ Val Lowering::paged_cache_write(const Node& n) {
   const Shape bt = {B, T};
   const Val padding = e_.compare("LT", pos, e_.splat(0, "i32", bt));
   const Val p = e_.select(padding, e_.splat(0, "i32", bt), pos);
-  const Val slot = e_.with_constant("divide", p, float(BS));  // (B,T) index into the table row
+  const Val slot = e_.with_constant("divide", p, double(BS));  // (B,T) index into the table row
   // table[b, slot[b,t]] as a gather of the flattened table at b * MB + slot.
-  const Val row = e_.binary("multiply", e_.iota(0, bt), e_.splat(float(MB), "i32", bt));
+  const Val row = e_.binary("multiply", e_.iota(0, bt), e_.splat(double(MB), "i32", bt));
   const Val flat = e_.reshape(e_.binary("add", row, slot), {B * T});
   Val block = e_.reshape(e_.gather_rows(e_.reshape(table, {B * MB}), flat), bt);
-  block = e_.select(padding, e_.splat(float(NB), "i32", bt), block);
-  const Val offset = e_.with_constant("remainder", p, float(BS));
+  block = e_.select(padding, e_.splat(double(NB), "i32", bt), block);
+  const Val offset = e_.with_constant("remainder", p, double(BS));
   const Val at = e_.concatenate({e_.reshape(block, {B * T, 1}), e_.reshape(offset, {B * T, 1})}, 1);
   const Shape rows = {B * T, update.shape[2], update.shape[3]};
   return e_.scatter_rows(pool, at, e_.convert(e_.reshape(update, rows), pool.elem));
@@ -504,7 +506,7 @@ Val Lowering::attend(const Node& n, const Val& q, const Val& k, const Val& v, co
   Val ok = e_.compare("LE", j, qp);
   if (a.sliding_window > 0)
     ok = e_.binary("and", ok,
-                   e_.compare("GT", j, e_.with_constant("subtract", qp, float(a.sliding_window))));
+                   e_.compare("GT", j, e_.with_constant("subtract", qp, double(a.sliding_window))));
   if (key_valid) ok = e_.binary("and", ok, e_.broadcast(*key_valid, bts, {0, 2}));
   const Val seen = e_.broadcast(ok, s.shape, {0, 2, 4});
   // Unseen slots take the lowest finite score (not -inf, which would make max - max a NaN in a
