@@ -1,0 +1,526 @@
+// Op consistency of the StableHLO lowering: each op's graph run by the CPU backend and, lowered,
+// by XLA's CPU plugin, compared at the op tests' tolerances (tests/ops/ops_test_util.h); a
+// deliberately broken lowering that the comparison must catch; and the errors for the ops that
+// have no StableHLO form.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/pjrt/lower.h"
+#include "backends/pjrt/pjrt_api.h"
+#include "backends/pjrt/plugin_discovery.h"
+#include "core/cpu_features.h"
+#include "graph/builder.h"
+#include "ops/ops_test_util.h"
+#include "tformers/error.h"
+
+namespace tformers::backends::pjrt {
+namespace {
+
+using cpu::expect_close;
+using cpu::kUbf16;
+using cpu::nmse_tolerance;
+using graph::GraphBuilder;
+using graph::Value;
+
+ElementType element_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return ElementType::kF32;
+    case DType::bf16:
+      return ElementType::kBF16;
+    case DType::f16:
+      return ElementType::kF16;
+    case DType::i32:
+      return ElementType::kS32;
+    case DType::i64:
+      return ElementType::kS64;
+    case DType::i8:
+      return ElementType::kS8;
+    case DType::u8:
+      return ElementType::kU8;
+  }
+  throw InternalError("no PJRT element type");
+}
+
+Tensor copy_of(const Tensor& t) {
+  Tensor c = Tensor::zeros(t.shape(), t.dtype());
+  std::memcpy(c.raw(), t.raw(), t.nbytes());
+  return c;
+}
+
+// Random contents: floats uniform in [lo, hi) rounded to the dtype, integers in [lo, hi].
+Tensor random(std::mt19937& rng, Shape shape, DType dt, float lo = -1.0f, float hi = 1.0f) {
+  const size_t n = size_t(shape_numel(shape));
+  if (dt == DType::f32)
+    return Tensor::from_vector<float>(shape, dt, cpu::random_f32(rng, n, lo, hi));
+  if (dt == DType::bf16)
+    return Tensor::from_vector<uint16_t>(shape, dt, cpu::random_tensor(rng, n, dt, lo, hi).h);
+  Tensor t = Tensor::zeros(std::move(shape), dt);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::uniform_int_distribution<int> k{int(lo), int(hi)};
+  for (size_t i = 0; i < n; ++i) {
+    if (dt == DType::f16)
+      t.data<uint16_t>()[i] = f32_to_f16(u(rng));
+    else if (dt == DType::i8)
+      t.data<int8_t>()[i] = int8_t(k(rng));
+    else if (dt == DType::u8)
+      t.data<uint8_t>()[i] = uint8_t(k(rng));
+    else
+      throw InternalError("random: integer inputs are given explicitly");
+  }
+  return t;
+}
+
+Tensor ints(Shape shape, std::vector<int32_t> v) {
+  return Tensor::from_vector<int32_t>(std::move(shape), DType::i32, v);
+}
+
+// A graph with the host values of its leaves, in the order of leaves(kParameter), (kState),
+// (kInput).
+struct Case {
+  explicit Case(DType act) : b(act) {}
+  Value param(const std::string& name, Tensor t) {
+    params.push_back(t);
+    return b.parameter(name, {t.dtype(), t.shape()});
+  }
+  Value state(const std::string& name, Tensor t) {
+    states.push_back(t);
+    return b.state(name, {t.dtype(), t.shape()});
+  }
+  Value input(const std::string& name, Tensor t) {
+    inputs.push_back(t);
+    return b.input(name, {t.dtype(), t.shape()});
+  }
+  GraphBuilder b;
+  std::vector<Tensor> params, states, inputs;
+};
+
+struct Results {
+  std::vector<Tensor> outputs, states;
+};
+
+Results run_cpu(const graph::Graph& g, const Case& c) {
+  auto backend = make_cpu_backend();
+  auto exe = backend->compile(g);
+  std::vector<std::shared_ptr<backends::Buffer>> params, states;
+  std::vector<backends::Buffer*> p, s;
+  for (const Tensor& t : c.params) p.push_back(params.emplace_back(backend->upload(t)).get());
+  for (const Tensor& t : c.states)
+    s.push_back(states.emplace_back(backend->upload(copy_of(t))).get());
+  std::vector<const Tensor*> in;
+  for (const Tensor& t : c.inputs) in.push_back(&t);
+  Results r;
+  for (int o : g.outputs())
+    r.outputs.push_back(Tensor::zeros(g.node(o).type.shape, g.node(o).type.dtype));
+  std::vector<Tensor*> out;
+  for (Tensor& t : r.outputs) out.push_back(&t);
+  exe->run(p, s, in, out);
+  for (const auto& b : states) r.states.push_back(backend->download(*b));
+  return r;
+}
+
+Tensor to_tensor(const pjrt::Buffer& b, const graph::TensorType& type) {
+  EXPECT_EQ(b.element_type(), element_type(type.dtype));
+  EXPECT_EQ(b.dims(), type.shape);
+  const std::vector<std::byte> bytes = b.to_host();
+  Tensor t = Tensor::zeros(type.shape, type.dtype);
+  EXPECT_EQ(bytes.size(), t.nbytes());
+  std::memcpy(t.raw(), bytes.data(), std::min(bytes.size(), t.nbytes()));
+  return t;
+}
+
+Results run_xla(const Client& client, const std::string& mlir, const graph::Graph& g,
+                const Case& c) {
+  LoadedExecutable exe = client.compile(mlir);
+  std::vector<pjrt::Buffer> buffers;
+  for (const auto* list : {&c.params, &c.states, &c.inputs})
+    for (const Tensor& t : *list)
+      buffers.push_back(
+          client.buffer_from_host(t.raw(), t.nbytes(), element_type(t.dtype()), t.shape()));
+  std::vector<const pjrt::Buffer*> args;
+  for (const pjrt::Buffer& b : buffers) args.push_back(&b);
+  std::vector<pjrt::Buffer> out = exe.execute(args);
+  const size_t num_outputs = g.outputs().size();
+  EXPECT_EQ(out.size(), num_outputs + c.states.size());
+  Results r;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int id = i < num_outputs ? g.outputs()[i] : g.leaves(graph::Op::kState)[i - num_outputs];
+    (i < num_outputs ? r.outputs : r.states).push_back(to_tensor(out[i], g.node(id).type));
+  }
+  return r;
+}
+
+// One client for the suite (the plugin's start-up is paid once); skips when XLA's CPU plugin is
+// not installed, saying where it looked.
+class Lower : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    PluginProbe probe = probe_plugin("xla-cpu");
+    if (probe.path.empty()) {
+      skip_reason_ = "XLA's CPU PJRT plugin is not installed (" + probe.package + ")";
+      return;
+    }
+    client_ = new Client(Plugin::load(probe.path));
+  }
+  static void TearDownTestSuite() {
+    delete client_;
+    client_ = nullptr;
+  }
+  void SetUp() override {
+    if (!client_) GTEST_SKIP() << skip_reason_;
+  }
+
+  // Runs the case both ways and compares every output and every state's new value at
+  // `nmse_tol` (the measure and bound of tests/ops).
+  static void expect_consistent(Case& c, double nmse_tol) {
+    const graph::Graph g = c.b.finish();
+    const LoweredModule m = lower(g);
+    EXPECT_EQ(m.num_outputs, g.outputs().size());
+    EXPECT_EQ(m.num_states, c.states.size());
+    const Results want = run_cpu(g, c);
+    const Results got = run_xla(*client_, m.mlir, g, c);
+    ASSERT_EQ(got.outputs.size(), want.outputs.size());
+    ASSERT_EQ(got.states.size(), want.states.size());
+    for (size_t i = 0; i < want.outputs.size(); ++i)
+      expect_close(got.outputs[i].to_f32_vector(), want.outputs[i].to_f32_vector(), nmse_tol,
+                   "output " + std::to_string(i) + " of\n" + g.to_string());
+    for (size_t i = 0; i < want.states.size(); ++i)
+      expect_close(got.states[i].to_f32_vector(), want.states[i].to_f32_vector(), nmse_tol,
+                   "state " + std::to_string(i) + " of\n" + g.to_string());
+  }
+
+  static inline Client* client_ = nullptr;
+  static inline std::string skip_reason_;
+};
+
+// The same tests on float32 and bfloat16 activation graphs.
+class LowerOps : public Lower, public ::testing::WithParamInterface<DType> {
+ protected:
+  DType act() const { return GetParam(); }
+  bool bf16() const { return act() == DType::bf16; }
+  // The CPU backend keeps every intermediate value in f32 where the lowering rounds it to the
+  // activation dtype: each such rounding adds up to bf16's unit roundoff squared to the NMSE.
+  double tol(int64_t terms, int roundings = 0, bool cpu_rounds_x = false) const {
+    return nmse_tolerance(terms, bf16() || cpu_rounds_x) +
+           (bf16() ? roundings * kUbf16 * kUbf16 : 0.0);
+  }
+};
+
+// The CPU's own rounding of x in its linear kernels (backends/cpu/kernels.h; tests/ops allows
+// the same): the AVX-512 BF16 GEMM (M >= 4) rounds x to bf16 for bf16 and quantized weights.
+bool cpu_rounds_x_to_bf16(int64_t M, bool bf16_or_quantized) {
+  return cpu::active_target() == cpu::Target::kAVX512BF16 && M >= 4 && bf16_or_quantized;
+}
+// The int8 and int4 GEMVs (M < 4) round x to int8 per block on the SIMD targets; tests/ops
+// allows them 2^-14 more.
+double gemv_int8(int64_t M) { return M < 4 ? 0x1p-14 : 0.0; }
+
+TEST_P(LowerOps, Elementwise) {
+  std::mt19937 rng(1);
+  Case c(act());
+  const Value x = c.input("x", random(rng, {2, 3, 40}, act(), -3.0f, 3.0f));
+  const Value y = c.input("y", random(rng, {2, 3, 40}, act(), -3.0f, 3.0f));
+  c.b.output(c.b.add(x, y));
+  c.b.output(c.b.scale(x, 1.7f));
+  c.b.output(c.b.softcap(x, 0.8f));
+  c.b.output(c.b.silu_mul(x, y));
+  c.b.output(c.b.gelu_tanh_mul(x, y));
+  expect_consistent(c, tol(8));
+}
+
+TEST_P(LowerOps, ReshapeTakeLastAndSliceMoveValuesExactly) {
+  std::mt19937 rng(2);
+  Case c(act());
+  const Value x = c.input("x", random(rng, {2, 5, 12}, act()));
+  c.b.output(c.b.reshape(x, {10, 12}));
+  c.b.output(c.b.take_last(x, 1));
+  c.b.output(c.b.take_last(x, 3));
+  c.b.output(c.b.slice_last(x, 3, 9));
+  expect_consistent(c, 0.0);
+}
+
+TEST_P(LowerOps, EmbeddingWholeTableAndShard) {
+  std::mt19937 rng(3);
+  Case c(act());
+  const Value table = c.param("table", random(rng, {11, 6}, act()));
+  const Value shard = c.param("shard", random(rng, {5, 6}, act()));
+  const Value ids = c.input("ids", ints({2, 3}, {0, 10, 4, 8, 3, 9}));
+  c.b.output(c.b.embedding(table, ids));
+  // Rows [4, 9) of 11: ids 0, 10, 3 and 9 fall outside and give zero rows.
+  c.b.output(c.b.embedding_shard(shard, ids, 4, 11));
+  expect_consistent(c, 0.0);
+}
+
+TEST_P(LowerOps, LinearWithAndWithoutBias) {
+  constexpr int64_t K = 37, N = 9;  // odd K
+  for (const Shape& xs : {Shape{1, 1, K}, Shape{2, 3, K}}) {
+    for (DType wt : {DType::f32, DType::bf16}) {
+      for (bool bias : {false, true}) {
+        SCOPED_TRACE(shape_str(xs) + " " + std::string(dtype_name(wt)) + (bias ? " bias" : ""));
+        std::mt19937 rng(4);
+        Case c(act());
+        const Value x = c.input("x", random(rng, xs, act()));
+        const Value w = c.param("w", random(rng, {N, K}, wt));
+        const Value b = bias ? c.param("b", random(rng, {N}, wt)) : -1;
+        c.b.output(c.b.linear(x, w, b));
+        expect_consistent(c, tol(K, 0, cpu_rounds_x_to_bf16(xs[0] * xs[1], wt == DType::bf16)));
+      }
+    }
+  }
+}
+
+TEST_P(LowerOps, RMSNorm) {
+  for (bool unit_offset : {false, true}) {
+    SCOPED_TRACE(unit_offset ? "unit offset" : "plain");
+    std::mt19937 rng(5);
+    Case c(act());
+    const Value x = c.input("x", random(rng, {2, 3, 24}, act(), -2.0f, 2.0f));
+    const Value w = c.param("w", random(rng, {24}, act(), 0.5f, 1.5f));
+    c.b.output(c.b.rms_norm(x, w, 1e-5f, {.unit_offset = unit_offset}, "norm"));
+    expect_consistent(c, tol(24));
+  }
+}
+
+TEST_P(LowerOps, RopeWholePartialAndInterleaved) {
+  struct Variant {
+    int64_t rotary_dim;
+    bool interleaved;
+  };
+  for (Variant v : {Variant{0, false}, Variant{4, false}, Variant{8, true}, Variant{4, true}}) {
+    for (int64_t T : {1, 3}) {
+      SCOPED_TRACE("rotary_dim " + std::to_string(v.rotary_dim) +
+                   (v.interleaved ? " interleaved" : "") + " T " + std::to_string(T));
+      std::mt19937 rng(6);
+      Case c(act());
+      const Value x = c.input("x", random(rng, {2, T, 3, 8}, act()));
+      std::vector<int32_t> pos;
+      for (int64_t i = 0; i < 2 * T; ++i) pos.push_back(int32_t(7 * i + 3));
+      const Value p = c.input("pos", ints({2, T}, pos));
+      const int64_t rd = v.rotary_dim ? v.rotary_dim : 8;
+      std::vector<float> inv_freq;
+      for (int64_t i = 0; i < rd / 2; ++i)
+        inv_freq.push_back(std::pow(100.0f, -2.0f * float(i) / float(rd)));
+      c.b.output(c.b.rope(x, p, inv_freq,
+                          {.rotary_dim = v.rotary_dim, .interleaved = v.interleaved}, "rope"));
+      expect_consistent(c, tol(4));
+    }
+  }
+}
+
+// The cache dtype of an activation dtype's graph: the models keep bf16 caches for bf16 weights.
+TEST_P(LowerOps, CacheWriteAtAStart) {
+  for (int64_t T : {1, 3}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    std::mt19937 rng(7);
+    Case c(act());
+    const Value cache = c.state("cache", random(rng, {2, 2, 8, 4}, act()));
+    const Value update = c.input("new", random(rng, {2, T, 2, 4}, act()));
+    const Value start = c.input("start", ints({}, {5}));
+    c.b.cache_write(cache, update, start, "write");
+    expect_consistent(c, 0.0);
+  }
+}
+
+struct AttentionCase {
+  std::string what;
+  int64_t T, start, Hq, Hkv;
+  bool mask = false;
+  graph::AttentionOptions o = {};
+};
+
+const AttentionCase kAttentionCases[] = {
+    {"decode", 1, 5, 4, 2},
+    {"prefill at 0", 4, 0, 4, 4},
+    {"chunk at 3 with GQA", 4, 3, 6, 2},
+    {"key mask with zeros", 3, 4, 4, 2, true},
+    {"sliding window", 4, 5, 4, 2, false, {.sliding_window = 3}},
+    {"softcap", 2, 6, 4, 1, false, {.softcap = 0.8f}},
+    {"window, softcap and mask", 3, 6, 4, 2, true, {.sliding_window = 4, .softcap = 1.5f}},
+};
+
+// Writes T new keys and values at `start` into caches that already hold a history, then
+// attends: the step a decoder layer takes.
+TEST_P(LowerOps, CacheWriteThenAttention) {
+  constexpr int64_t B = 2, S = 12, D = 8;
+  for (const AttentionCase& a : kAttentionCases) {
+    SCOPED_TRACE(a.what);
+    std::mt19937 rng(8);
+    Case c(act());
+    const Value kc = c.state("k", random(rng, {B, a.Hkv, S, D}, act()));
+    const Value vc = c.state("v", random(rng, {B, a.Hkv, S, D}, act()));
+    const Value q = c.input("q", random(rng, {B, a.T, a.Hq, D}, act(), -2.0f, 2.0f));
+    const Value k = c.input("k_new", random(rng, {B, a.T, a.Hkv, D}, act(), -2.0f, 2.0f));
+    const Value v = c.input("v_new", random(rng, {B, a.T, a.Hkv, D}, act()));
+    const Value start = c.input("start", ints({}, {int32_t(a.start)}));
+    Value mask = -1;
+    if (a.mask) {
+      // Row 0 masks every other slot; row 1 masks every slot its first query sees, which
+      // must then give zeros.
+      std::vector<int32_t> m(size_t(B * S), 1);
+      for (int64_t j = 0; j < S; j += 2) m[size_t(j)] = 0;
+      for (int64_t j = 0; j <= a.start; ++j) m[size_t(S + j)] = 0;
+      mask = c.input("mask", ints({B, S}, m));
+    }
+    const Value kw = c.b.cache_write(kc, k, start), vw = c.b.cache_write(vc, v, start);
+    c.b.output(c.b.attention(q, kw, vw, start, mask, 0.35f, a.o, "attn"));
+    expect_consistent(c, tol(D + a.start + a.T + 8, 2));
+  }
+}
+
+// A ragged paged step: row 0 decodes at position 9 (its third block) behind two padding
+// slots, row 1 prefills positions 2..4 across a block boundary, row 2 is all padding. The
+// pools hold other sequences' values in the blocks nobody's table names.
+TEST_P(LowerOps, PagedWriteThenAttention) {
+  constexpr int64_t NB = 7, Hkv = 2, BS = 4, D = 8, B = 3, T = 3, MB = 3, Hq = 4;
+  for (const graph::AttentionOptions& o :
+       {graph::AttentionOptions{}, graph::AttentionOptions{.sliding_window = 3, .softcap = 0.9f}}) {
+    SCOPED_TRACE(o.sliding_window ? "window and softcap" : "plain");
+    std::mt19937 rng(9);
+    Case c(act());
+    const Value kp = c.state("k_pool", random(rng, {NB, Hkv, BS, D}, act()));
+    const Value vp = c.state("v_pool", random(rng, {NB, Hkv, BS, D}, act()));
+    const Value q = c.input("q", random(rng, {B, T, Hq, D}, act(), -2.0f, 2.0f));
+    const Value k = c.input("k_new", random(rng, {B, T, Hkv, D}, act(), -2.0f, 2.0f));
+    const Value v = c.input("v_new", random(rng, {B, T, Hkv, D}, act()));
+    const Value table = c.input("table", ints({B, MB}, {5, 1, 3, 0, 2, 4, 6, 6, 6}));
+    const Value pos = c.input("pos", ints({B, T}, {-1, -1, 9, 2, 3, 4, -1, -1, -1}));
+    const Value kw = c.b.paged_cache_write(kp, k, table, pos, "k_write");
+    const Value vw = c.b.paged_cache_write(vp, v, table, pos, "v_write");
+    c.b.output(c.b.paged_attention(q, kw, vw, table, pos, 0.35f, o, "attn"));
+    expect_consistent(c, tol(D + MB * BS + 8, 2));
+  }
+}
+
+TEST_P(LowerOps, LinearInt8OddKWithAndWithoutBias) {
+  constexpr int64_t K = 45, N = 10, nb = 2;
+  for (int64_t M : {1, 5}) {
+    for (bool bias : {false, true}) {
+      SCOPED_TRACE("M " + std::to_string(M) + (bias ? " bias" : ""));
+      std::mt19937 rng(10);
+      Case c(act());
+      const Value x = c.input("x", random(rng, {M, K}, act()));
+      const Value w = c.param("w", random(rng, {N, K}, DType::i8, -127, 127));
+      const Value s = c.param("scale", random(rng, {N, nb}, DType::f32, 0.001f, 0.02f));
+      const Value b = bias ? c.param("b", random(rng, {N}, DType::f32)) : -1;
+      c.b.output(c.b.linear_int8(x, w, s, b));
+      expect_consistent(c, tol(2 * K + 2, 1, cpu_rounds_x_to_bf16(M, true)) + gemv_int8(M));
+    }
+  }
+}
+
+TEST_P(LowerOps, LinearInt4OddKWithAndWithoutZeroAndBias) {
+  constexpr int64_t K = 45, N = 16, nb = 2, G = N / graph::kInt4Rows;
+  for (int64_t M : {1, 5}) {
+    for (bool zero : {false, true}) {
+      for (bool bias : {false, true}) {
+        SCOPED_TRACE("M " + std::to_string(M) + (zero ? " zero" : "") + (bias ? " bias" : ""));
+        std::mt19937 rng(11);
+        Case c(act());
+        const Value x = c.input("x", random(rng, {M, K}, act()));
+        const Value w = c.param("w", random(rng, {G, nb, 128}, DType::u8, 0, 255));
+        const Value s = c.param("scale", random(rng, {G, nb, 8}, DType::f16, 0.001f, 0.02f));
+        const Value z = zero ? c.param("zero", random(rng, {G, nb, 8}, DType::u8, 0, 15)) : -1;
+        const Value b = bias ? c.param("b", random(rng, {N}, DType::f32)) : -1;
+        c.b.output(c.b.linear_int4(x, w, s, z, b));
+        expect_consistent(c, tol(2 * K + 2, 1, cpu_rounds_x_to_bf16(M, true)) + gemv_int8(M));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Activations, LowerOps, ::testing::Values(DType::f32, DType::bf16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// The comparison is not blind: the same graph with one constant of its module changed (the
+// scale factor 1.5, 0x3FC00000 in f32, made 1.5 + 2^-10) runs and differs from the CPU.
+TEST_F(Lower, ComparisonCatchesAWrongConstant) {
+  std::mt19937 rng(12);
+  Case c(DType::f32);
+  c.b.output(c.b.scale(c.input("x", random(rng, {4, 16}, DType::f32)), 1.5f));
+  const graph::Graph g = c.b.finish();
+  LoweredModule m = lower(g);
+  const size_t at = m.mlir.find("0x3FC00000");
+  ASSERT_NE(at, std::string::npos) << m.mlir;
+  m.mlir.replace(at, 10, "0x3FC02000");
+  const std::vector<float> want = run_cpu(g, c).outputs[0].to_f32_vector();
+  const std::vector<float> got = run_xla(*client_, m.mlir, g, c).outputs[0].to_f32_vector();
+  const cpu::ErrorStats s = cpu::compare(got, want);
+  EXPECT_GT(s.nmse, nmse_tolerance(8)) << "a scale of 1.5 + 2^-10 passed for 1.5";
+}
+
+// @main's signature: parameters, states, inputs in binding order; outputs, then each state's
+// new value, each state donated to its own result.
+TEST(LowerModule, ArgumentsResultsAndDonation) {
+  GraphBuilder b(DType::bf16);
+  const Value w = b.parameter("w", {DType::bf16, {6, 4}});
+  const Value k = b.state("k", {DType::bf16, {1, 2, 8, 4}});
+  const Value v = b.state("v", {DType::bf16, {1, 2, 8, 4}});
+  const Value x = b.input("x", {DType::bf16, {1, 3, 4}});
+  const Value start = b.input("start", {DType::i32, {}});
+  const Value kn = b.input("k_new", {DType::bf16, {1, 3, 2, 4}});
+  b.cache_write(k, kn, start);
+  b.output(b.linear(x, w));
+  b.output(b.take_last(b.linear(x, w), 1));
+  (void)v;
+  const LoweredModule m = lower(b.finish());
+  EXPECT_EQ(m.num_outputs, 2u);
+  EXPECT_EQ(m.num_states, 2u);
+  const std::string sig =
+      "@main(%arg0: tensor<6x4xbf16>, %arg1: tensor<1x2x8x4xbf16> {tf.aliasing_output = 2 : i32}, "
+      "%arg2: tensor<1x2x8x4xbf16> {tf.aliasing_output = 3 : i32}, %arg3: tensor<1x3x4xbf16>, "
+      "%arg4: tensor<i32>, %arg5: tensor<1x3x2x4xbf16>) -> (tensor<1x3x6xbf16>, "
+      "tensor<1x1x6xbf16>, "
+      "tensor<1x2x8x4xbf16>, tensor<1x2x8x4xbf16>)";
+  EXPECT_NE(m.mlir.find(sig), std::string::npos) << m.mlir;
+}
+
+TEST(LowerModule, CustomCallsAndCollectivesNeedTheCpuBackend) {
+  const auto kernel =
+      std::make_shared<graph::CustomCall>(graph::CustomCall{"org/kernel@1:rms", "cpu", nullptr});
+  struct Refused {
+    std::string label;  // as the error names node %2
+    std::function<Value(GraphBuilder&, Value)> build;
+  };
+  const Refused refused[] = {
+      {"%2 custom_call  # layers.0.norm",
+       [&](GraphBuilder& b, Value x) {
+         return b.custom_call(kernel, {x}, b.type(x), {1e-6f}, "layers.0.norm");
+       }},
+      {"%2 all_reduce  # layers.0.down_proj",
+       [](GraphBuilder& b, Value x) { return b.all_reduce(x, -1, 0, "layers.0.down_proj"); }},
+      {"%2 all_gather  # lm_head",
+       [](GraphBuilder& b, Value x) {
+         return b.all_gather(x, {8, 8}, 0, "lm_head");
+       }},
+  };
+  for (const Refused& r : refused) {
+    GraphBuilder b;
+    const Value x = b.input("x", {DType::f32, {2, 8}});
+    const Value y = b.add(x, x);
+    const Value z = r.build(b, y);
+    b.output(b.scale(z, 2.0f));
+    const graph::Graph g = b.finish();
+    EXPECT_TRUE(can_lower(g.node(y)));
+    EXPECT_FALSE(can_lower(g.node(z))) << r.label;
+    try {
+      lower(g);
+      ADD_FAILURE() << r.label << " lowered";
+    } catch (const UnsupportedError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(r.label), std::string::npos) << what;
+      EXPECT_NE(what.find("needs the CPU backend"), std::string::npos) << what;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tformers::backends::pjrt
