@@ -95,7 +95,7 @@ void add_model_flags(CLI::App* sub, ModelFlags& m) {
 
 void add_serve_flags(CLI::App* s, ServeArgs& a) {
   add_model_flags(s, a.model);
-  s->add_option("--device", a.device, "cpu, auto, tpu or cuda")->capture_default_str();
+  s->add_option("--device", a.device, "cpu, auto, tpu, cuda or xla-cpu")->capture_default_str();
   s->add_option("--served-model-name", a.served_model_name,
                 "The name requests give as `model` (default: --model as given)");
   s->add_option("--host", a.host, "Address to listen on (0.0.0.0: every interface)")
@@ -268,7 +268,7 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
                     "KV cache positions (max_cache_len; chat: the whole conversation, default "
                     "the model's positions up to 4096)")
         ->check(int_in(2, kInt64Max));
-    sub->add_option("--device", g.device, "cpu, auto, tpu or cuda")->capture_default_str();
+    sub->add_option("--device", g.device, "cpu, auto, tpu, cuda or xla-cpu")->capture_default_str();
     sub->add_flag("--verbose,-v", g.verbose,
                   "Show the seed, compiles, cache hits, time to first token, tokens/s on stderr");
     sub->add_flag("--verbose-all-ranks", g.verbose_all_ranks,

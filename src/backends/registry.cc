@@ -1,11 +1,17 @@
 #include "backends/registry.h"
 
+#include <glob.h>
+
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/pjrt/pjrt_api.h"
+#include "backends/pjrt/pjrt_backend.h"
 #include "backends/pjrt/plugin_discovery.h"
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
@@ -29,16 +35,83 @@ std::string join(const std::vector<std::string>& v) {
   return out;
 }
 
-[[noreturn]] void no_device(const std::string& device) {
-  pjrt::PluginProbe p = pjrt::probe_plugin(device);
-  std::string msg = "device_map=\"" + device + "\": no usable " + device + " runtime. ";
+[[noreturn]] void no_device(const pjrt::PluginProbe& p) {
+  std::string msg = "device_map=\"" + p.device + "\": no usable " + p.device + " runtime. ";
   if (p.path.empty())
     msg += "No PJRT plugin was found; looked in " + join(p.looked) + ". Install it (" + p.package +
-           ") or set " + pjrt::plugin_env_var(device) +
+           ") or set " + pjrt::plugin_env_var(p.device) +
            " to the plugin library, or use device_map=\"cpu\".";
   else
     msg += "Found " + p.path + ", but " + p.problem + ". Use device_map=\"cpu\".";
   throw DeviceError(msg);
+}
+
+// Where the device files of accelerator `device` are looked for.
+const char* device_files(const std::string& device) {
+  return device == "tpu" ? "/dev/accel* or /dev/vfio/0" : "/dev/nvidia[0-9]*";
+}
+
+// Whether this machine has the hardware of PJRT device `device` (XLA's CPU runtime always). An
+// accelerator's plugin is initialized only then: libtpu on a host without TPUs waits on the
+// cloud metadata server before it fails.
+bool hardware_present(const std::string& device) {
+  if (device == "xla-cpu") return true;
+  const char* pattern = device == "tpu" ? "/dev/accel*" : "/dev/nvidia[0-9]*";
+  glob_t g{};
+  const bool found = ::glob(pattern, 0, nullptr, &g) == 0 && g.gl_pathc > 0;
+  globfree(&g);
+  return found || (device == "tpu" && std::filesystem::exists("/dev/vfio/0"));
+}
+
+// The backend of PJRT device `device`, made on first use (one per device name, as the compile
+// cache's keys need). They are never destroyed: their handles live inside the plugin, whose own
+// static objects may already be gone when this library's run at exit.
+Backend& pjrt_backend(const std::string& device) {
+  static std::mutex mu;
+  static auto* made = new std::map<std::string, std::unique_ptr<Backend>>;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = made->find(device); it != made->end()) return *it->second;
+  const pjrt::PluginProbe p = pjrt::probe_plugin(device);
+  if (p.path.empty() || !p.problem.empty()) no_device(p);
+  if (!hardware_present(device))
+    throw DeviceError("device_map=\"" + device + "\": found the PJRT plugin " + p.path +
+                      ", but this machine has no " + device + " device (looked for " +
+                      device_files(device) + "). Use device_map=\"cpu\".");
+  std::unique_ptr<Backend> backend;
+  try {
+    backend = make_pjrt_backend(device, p.path);
+  } catch (const Error& e) {
+    throw DeviceError("device_map=\"" + device + "\": the PJRT plugin " + p.path +
+                      " did not start: " + e.what() + ". Use device_map=\"cpu\".");
+  }
+  return *made->emplace(device, std::move(backend)).first->second;
+}
+
+// device_map="auto": the first accelerator, as Transformers prefers them, whose hardware is here
+// and whose plugin starts, else the CPU. Decided once per process; `why` says what was passed
+// over.
+struct AutoChoice {
+  Backend* backend = nullptr;
+  std::string why;
+};
+
+const AutoChoice& auto_choice() {
+  static const AutoChoice choice = [] {
+    AutoChoice c;
+    for (const char* device : {"tpu", "cuda"}) {
+      if (!hardware_present(device)) continue;
+      try {
+        c.backend = &pjrt_backend(device);
+        return c;
+      } catch (const Error& e) {
+        c.why += std::string(c.why.empty() ? "" : "; ") + e.what();
+      }
+    }
+    c.backend = &cpu_backend();
+    if (c.why.empty()) c.why = "no accelerator found";
+    return c;
+  }();
+  return choice;
 }
 
 // "PJRT C API 0.81, XLA 2, StableHLO 1.13.3 (minimum 0.9.0)", or why the plugin did not load.
@@ -63,13 +136,20 @@ Backend& backend_for(const std::string& device_map, bool verbose) {
   if (device_map == "cpu") return cpu_backend();
   if (device_map == "auto") {
     // Accelerators first, as Transformers does; unlike Transformers we say what we picked.
-    if (verbose)
-      std::fprintf(stderr, "tformers: device_map=\"auto\" picked cpu (%s); no accelerator found\n",
-                   std::string(cpu::target_name(cpu::active_target())).c_str());
-    return cpu_backend();
+    const AutoChoice& c = auto_choice();
+    if (verbose) {
+      if (c.backend == &cpu_backend())
+        std::fprintf(stderr, "tformers: device_map=\"auto\" picked cpu (%s); %s\n",
+                     std::string(cpu::target_name(cpu::active_target())).c_str(), c.why.c_str());
+      else
+        std::fprintf(stderr, "tformers: device_map=\"auto\" picked %s (%s)%s%s\n",
+                     c.backend->name().c_str(), c.backend->device().str().c_str(),
+                     c.why.empty() ? "" : "; passed over: ", c.why.c_str());
+    }
+    return *c.backend;
   }
   for (const std::string& pjrt_device : pjrt::plugin_devices())
-    if (device_map == pjrt_device) no_device(device_map);
+    if (device_map == pjrt_device) return pjrt_backend(device_map);
   throw InvalidArgumentError(
       "device_map=\"" + device_map +
       "\" is not a device: use \"cpu\", \"auto\", \"tpu\", \"cuda\" or \"xla-cpu\"");
@@ -79,9 +159,13 @@ Backend& backend_for(const std::string& device_map, bool verbose) {
 
 namespace accelerator {
 
-bool is_available() { return false; }  // no PJRT lowering yet: see describe_backends()
-int device_count() { return 0; }
-std::string current_accelerator() { return ""; }
+bool is_available() { return !current_accelerator().empty(); }
+// The devices tformers drives: a PJRT backend runs on one.
+int device_count() { return is_available() ? 1 : 0; }
+std::string current_accelerator() {
+  const backends::Backend* b = backends::auto_choice().backend;
+  return b->name() == "cpu" ? "" : b->name();
+}
 
 std::vector<std::string> describe_backends() {
   std::vector<std::string> out;
@@ -92,14 +176,20 @@ std::vector<std::string> describe_backends() {
     backends::pjrt::PluginProbe p = backends::pjrt::probe_plugin(dev);
     if (p.path.empty()) {
       out.push_back(dev + ": not found (looked in " + backends::join(p.looked) + ")");
-    } else if (dev == "xla-cpu") {
+      continue;
+    }
+    std::string line = dev + ": " + p.path + " found, ";
+    if (dev == "xla-cpu")
       // Only the CPU plugin is initialized here: libtpu and the CUDA plugin probe their hardware
       // (libtpu also the cloud metadata server) when initialized, too slow for `env`.
-      out.push_back(dev + ": " + p.path + " found, " + backends::describe_plugin(p.path) +
-                    "; unusable: " + p.problem);
-    } else {
-      out.push_back(dev + ": " + p.path + " found, unusable: " + p.problem);
-    }
+      line += backends::describe_plugin(p.path) + "; ";
+    if (!p.problem.empty())
+      line += "unusable: " + p.problem;
+    else if (backends::hardware_present(dev))
+      line += "device_map=\"" + dev + "\" runs on it";
+    else
+      line += "unused: no " + dev + " device on this machine";
+    out.push_back(line);
   }
   return out;
 }

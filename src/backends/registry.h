@@ -1,4 +1,5 @@
-// Backends by device name. "cpu" is always available; "tpu" and "cuda" need a PJRT plugin.
+// Backends by device name. "cpu" is always available; "tpu", "cuda" and "xla-cpu" (XLA's CPU
+// runtime) need a PJRT plugin.
 #pragma once
 
 #include <string>
@@ -7,8 +8,10 @@
 
 namespace tformers::backends {
 
-// The backend for a device_map value: "cpu", "auto" (best available; logged when verbose),
-// "tpu" or "cuda" (DeviceError naming what was looked for and where when absent).
+// The backend for a device_map value: "cpu", "auto" (a TPU, else a CUDA GPU, else the CPU: an
+// accelerator whose device is on the machine and whose plugin starts; logged when verbose),
+// "tpu", "cuda" or "xla-cpu" (a PJRT backend, one per name for the process; DeviceError naming
+// what was looked for and where when the plugin is absent or does not start).
 Backend& backend_for(const std::string& device_map, bool verbose);
 
 }  // namespace tformers::backends

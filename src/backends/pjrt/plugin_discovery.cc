@@ -106,12 +106,11 @@ PluginProbe probe_plugin(const std::string& device) {
       probe.problem = std::string("dlopen failed: ") + ::dlerror();
     else if (!::dlsym(handle, "GetPjrtApi"))
       probe.problem = "the library does not export GetPjrtApi (not a PJRT plugin)";
-    else
-      // The plugin is real, but graphs cannot be lowered to StableHLO in this build yet.
-      probe.problem = "this build has no StableHLO lowering for PJRT yet";
     return probe;
   }
   return probe;
 }
+
+void skip_tpu_metadata_query() { ::setenv("TPU_SKIP_MDS_QUERY", "1", /*overwrite=*/0); }
 
 }  // namespace tformers::backends::pjrt

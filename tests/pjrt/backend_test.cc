@@ -1,0 +1,234 @@
+// The PJRT backend (backends/pjrt/pjrt_backend.h) on XLA's CPU plugin: buffers and their transfer
+// counters, state donated and advanced across runs, the host checks before a run, weights
+// prepared for the quantized linears (against a host computation from their operands), and the
+// errors of graphs and bindings it cannot run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/kernels.h"
+#include "backends/pjrt/plugin_discovery.h"
+#include "backends/registry.h"
+#include "graph/builder.h"
+#include "tformers/error.h"
+
+namespace tformers::backends {
+namespace {
+
+using graph::GraphBuilder;
+using graph::TensorType;
+
+class PjrtBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const pjrt::PluginProbe probe = pjrt::probe_plugin("xla-cpu");
+    if (probe.path.empty())
+      GTEST_SKIP() << "XLA's CPU PJRT plugin is not installed (" << probe.package << ")";
+    backend_ = &backend_for("xla-cpu", false);
+  }
+  Backend& backend() { return *backend_; }
+  Backend* backend_ = nullptr;
+};
+
+template <class T>
+std::vector<T> values(const Tensor& t) {
+  return std::vector<T>(t.data<T>(), t.data<T>() + t.numel());
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+TEST_F(PjrtBackendTest, BuffersRoundTripAndEveryByteIsCounted) {
+  EXPECT_EQ(backend().name(), "xla-cpu");
+  const Tensor f = Tensor::from_vector<float>({2, 3}, DType::f32, {1.5f, -2, 3, 0, 1e30f, -1e-30f});
+  const Tensor i = Tensor::from_vector<int32_t>({4}, DType::i32, {7, -1, 2147483647, 0});
+  const Tensor h = Tensor::from_vector<uint16_t>({3}, DType::bf16, {0x3f80, 0xc000, 0x7f80});
+  const TransferStats before = backend().transfer_stats();
+  std::shared_ptr<Buffer> bf = backend().upload(f), bi = backend().upload(i),
+                          bh = backend().upload(h);
+  EXPECT_EQ(bf->type(), (TensorType{DType::f32, {2, 3}}));
+  EXPECT_EQ(bf->host_data(), nullptr);  // device memory
+  EXPECT_EQ(values<float>(backend().download(*bf)), values<float>(f));
+  EXPECT_EQ(values<int32_t>(backend().download(*bi)), values<int32_t>(i));
+  EXPECT_EQ(values<uint16_t>(backend().download(*bh)), values<uint16_t>(h));
+  std::shared_ptr<Buffer> z = backend().allocate({DType::bf16, {2, 5}});
+  EXPECT_EQ(values<uint16_t>(backend().download(*z)), std::vector<uint16_t>(10, 0));
+  const TransferStats after = backend().transfer_stats();
+  const uint64_t bytes = f.nbytes() + i.nbytes() + h.nbytes();
+  // allocate() uploads its zeros: 20 bytes, once.
+  EXPECT_EQ(after.host_to_device_bytes - before.host_to_device_bytes, bytes + 20);
+  EXPECT_EQ(after.host_to_device_copies - before.host_to_device_copies, 4u);
+  EXPECT_EQ(after.device_to_host_bytes - before.device_to_host_bytes, bytes + 20);
+  EXPECT_EQ(after.device_to_host_copies - before.device_to_host_copies, 4u);
+}
+
+// A cache (B=1, Hkv=1, S=4, D=2) written at `start` with one new token, and twice the new token
+// as the output.
+graph::Graph cache_graph() {
+  GraphBuilder b;
+  auto cache = b.state("cache", {DType::f32, {1, 1, 4, 2}});
+  auto x = b.input("x", {DType::f32, {1, 1, 1, 2}});
+  auto start = b.input("start", {DType::i32, {}});
+  b.cache_write(cache, x, start);
+  b.output(b.add(x, x));
+  return b.finish();
+}
+
+TEST_F(PjrtBackendTest, StateIsAdvancedInPlaceAndNeverCrosses) {
+  std::unique_ptr<Executable> exe = backend().compile(cache_graph());
+  std::shared_ptr<Buffer> cache = backend().allocate({DType::f32, {1, 1, 4, 2}});
+  Buffer* const states[] = {cache.get()};
+  Tensor out = Tensor::zeros({1, 1, 1, 2}, DType::f32);
+  Tensor* const outputs[] = {&out};
+  auto step = [&](float a, float b, int32_t at) {
+    const Tensor x = Tensor::from_vector<float>({1, 1, 1, 2}, DType::f32, {a, b});
+    const Tensor start = Tensor::from_vector<int32_t>({}, DType::i32, {at});
+    const Tensor* const inputs[] = {&x, &start};
+    exe->run({}, states, inputs, outputs);
+  };
+  const TransferStats before = backend().transfer_stats();
+  step(1, 2, 0);
+  EXPECT_EQ(values<float>(out), (std::vector<float>{2, 4}));
+  step(3, 4, 2);
+  EXPECT_EQ(values<float>(out), (std::vector<float>{6, 8}));
+  const TransferStats after = backend().transfer_stats();
+  // Per run: x (8 bytes) and start (4) up, the output (8) down; the cache stays on the device.
+  EXPECT_EQ(after.host_to_device_bytes - before.host_to_device_bytes, 2u * 12);
+  EXPECT_EQ(after.device_to_host_bytes - before.device_to_host_bytes, 2u * 8);
+  // The same Buffer object holds the cache after both writes.
+  EXPECT_EQ(values<float>(backend().download(*cache)),
+            (std::vector<float>{1, 2, 0, 0, 3, 4, 0, 0}));
+  // A start past the cache is refused before the plugin runs, and the cache keeps its contents.
+  EXPECT_THROW(step(5, 6, 4), InvalidArgumentError);
+  EXPECT_EQ(values<float>(backend().download(*cache)),
+            (std::vector<float>{1, 2, 0, 0, 3, 4, 0, 0}));
+}
+
+TEST_F(PjrtBackendTest, BuffersOfAnotherBackendAreRefused) {
+  std::unique_ptr<Executable> exe = backend().compile(cache_graph());
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  std::shared_ptr<Buffer> cache = cpu->allocate({DType::f32, {1, 1, 4, 2}});
+  Buffer* const states[] = {cache.get()};
+  const Tensor x = Tensor::zeros({1, 1, 1, 2}, DType::f32), start = Tensor::zeros({}, DType::i32);
+  const Tensor* const inputs[] = {&x, &start};
+  Tensor out = Tensor::zeros({1, 1, 1, 2}, DType::f32);
+  Tensor* const outputs[] = {&out};
+  try {
+    exe->run({}, states, inputs, outputs);
+    FAIL() << "a CPU buffer was run on PJRT";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("state 0 is a buffer of another backend"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(backend().download(*cache), InvalidArgumentError);
+}
+
+// y = x W^T for x (rows, K) on `b`, with `prepared` the weight's operands.
+std::vector<float> run_linear(Backend& b, const PreparedWeight& w, const std::vector<float>& x,
+                              int64_t rows, int64_t K, int64_t N) {
+  GraphBuilder g;
+  auto in = g.input("x", {DType::f32, {rows, K}});
+  auto weight = g.parameter("w", w.weight->type());
+  graph::Graph graph = [&] {
+    if (!w.scale) {
+      g.output(g.linear(in, weight));
+    } else if (w.weight->type().dtype == DType::i8) {
+      g.output(g.linear_int8(in, weight, g.parameter("s", w.scale->type())));
+    } else {
+      g.output(g.linear_int4(in, weight, g.parameter("s", w.scale->type())));
+    }
+    return g.finish();
+  }();
+  std::unique_ptr<Executable> exe = b.compile(graph);
+  std::vector<Buffer*> params = {w.weight.get()};
+  if (w.scale) params.push_back(w.scale.get());
+  const Tensor xt = Tensor::from_vector<float>({rows, K}, DType::f32, x);
+  const Tensor* const inputs[] = {&xt};
+  Tensor y = Tensor::zeros({rows, N}, DType::f32);
+  Tensor* const outputs[] = {&y};
+  exe->run(params, {}, inputs, outputs);
+  return values<float>(y);
+}
+
+// The weight (N,K) that prepared operands stand for, by graph.h's formulas for kLinear,
+// kLinearInt8 and kLinearInt4 (no zero points: 8), from the operands downloaded.
+std::vector<double> dequantized(Backend& b, const PreparedWeight& p, int64_t N, int64_t K) {
+  const Tensor w = b.download(*p.weight);
+  std::vector<double> out(size_t(N * K));
+  if (!p.scale) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = w.data<float>()[i];
+    return out;
+  }
+  const Tensor s = b.download(*p.scale);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      double& v = out[size_t(n * K + k)];
+      const int64_t blk = k / graph::kInt8Block;
+      if (w.dtype() == DType::i8) {
+        v = double(s.data<float>()[n * cpu::int8_blocks(K) + blk]) * w.data<int8_t>()[n * K + k];
+      } else {
+        const int64_t g = n / graph::kInt4Rows, j = n % graph::kInt4Rows;
+        const float scale =
+            f16_to_f32(s.data<uint16_t>()[(g * cpu::int4_blocks(K) + blk) * graph::kInt4Rows + j]);
+        v = double(scale) * (int(cpu::int4_code(w.data<uint8_t>(), K, n, k)) - 8);
+      }
+    }
+  return out;
+}
+
+TEST_F(PjrtBackendTest, QuantizedWeightsComputeWhatTheirOperandsSay) {
+  const int64_t N = 16, K = 96, rows = 3;
+  const std::vector<float> wv = random_floats(N * K, 1), x = random_floats(rows * K, 2);
+  const Tensor w = Tensor::from_vector<float>({N, K}, DType::f32, wv);
+  // For values within [-1, 1]: int8 rounds to steps of at most 1/127; int4 to steps of at most
+  // 1/8, and the block's largest value of the sign with 7 codes clamps by up to a whole step.
+  for (const auto& [q, bound] :
+       {std::pair<std::string, double>{"", 0}, {"int8", 0.5 / 127}, {"int4", 1.0 / 8}}) {
+    const PreparedWeight p = backend().prepare_linear(w, q);
+    const std::vector<double> wq = dequantized(backend(), p, N, K);
+    for (size_t i = 0; i < wq.size(); ++i)
+      ASSERT_LE(std::fabs(wq[i] - wv[i]), bound + 1e-6) << "'" << q << "' weight " << i;
+    const std::vector<float> got = run_linear(backend(), p, x, rows, K, N);
+    size_t bad = 0, first = 0;
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double want = 0;
+        for (int64_t k = 0; k < K; ++k)
+          want += double(x[size_t(m * K + k)]) * wq[size_t(n * K + k)];
+        const size_t i = size_t(m * N + n);
+        if (!(std::fabs(got[i] - want) <= 1e-5 * (1 + std::fabs(want))) && bad++ == 0) first = i;
+      }
+    EXPECT_EQ(bad, 0u) << "'" << q << "': " << bad << " of " << got.size()
+                       << " values differ from the host's, the first at " << first;
+  }
+  EXPECT_THROW(backend().prepare_linear(w, "int3"), UnsupportedError);
+}
+
+TEST_F(PjrtBackendTest, GraphsWithOpsItCannotLowerAreRefusedAtCompile) {
+  GraphBuilder g;
+  auto x = g.input("x", {DType::f32, {2, 4}});
+  auto sum = g.all_reduce(x, -1, 0, "tp_sum");
+  g.output(sum);
+  graph::Graph graph = g.finish();
+  EXPECT_FALSE(backend().supports(graph.node(sum)));
+  try {
+    backend().compile(graph);
+    FAIL() << "all_reduce compiled";
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("tp_sum"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tformers::backends

@@ -1,0 +1,214 @@
+// Generation on XLA's CPU plugin through device_map="xla-cpu": every tiny architecture against
+// Transformers' goldens and against the CPU backend (greedy tokens identical in float32, logits
+// within bf16's tolerance in bfloat16), seeded sampling, the bytes one step moves, and compiles
+// made once per shape.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "../models/golden_util.h"
+#include "backends/compile_cache.h"
+#include "backends/pjrt/plugin_discovery.h"
+#include "models/model_runner.h"
+#include "tformers/model.h"
+
+namespace tformers {
+namespace {
+
+using testing::load_goldens;
+using testing::model_dir;
+using testing::prefill_logits;
+using testing::row_error;
+
+bool plugin_absent(std::string* why) {
+  const backends::pjrt::PluginProbe probe = backends::pjrt::probe_plugin("xla-cpu");
+  *why = "XLA's CPU PJRT plugin is not installed (" + probe.package + ")";
+  return probe.path.empty();
+}
+
+#define SKIP_WITHOUT_PLUGIN()                     \
+  do {                                            \
+    std::string why;                              \
+    if (plugin_absent(&why)) GTEST_SKIP() << why; \
+  } while (0)
+
+CausalLM load(const std::string& name, DType dtype, const std::string& device) {
+  return AutoModelForCausalLM::from_pretrained(model_dir(name),
+                                               {.dtype = dtype, .device_map = device});
+}
+
+GenerationConfig greedy(int64_t n) {
+  GenerationConfig gc{.max_new_tokens = n, .pad_token_id = 0};
+  gc.eos_token_id = std::vector<int64_t>{};  // every row runs to the end
+  return gc;
+}
+
+// Two prompts of different lengths: one generate() call left-pads and masks the shorter one.
+const std::vector<std::vector<int32_t>> kPrompts = {{5, 77, 300},
+                                                    {1, 17, 300, 45, 9, 401, 23, 150, 8}};
+
+class XlaCpuModel : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_PLUGIN(); }
+};
+
+TEST_P(XlaCpuModel, Float32MatchesTransformersAndTheCpuBackend) {
+  const std::string name = GetParam();
+  CausalLM xla = load(name, float32, "xla-cpu"), cpu = load(name, float32, "cpu");
+  EXPECT_EQ(xla.device(), "xla-cpu");
+  const int64_t V = xla.config().vocab_size;
+  for (const auto& c : load_goldens(name, "float32")) {
+    const Tensor logits = prefill_logits(xla, c.input_ids);
+    ASSERT_EQ(logits.numel(), int64_t(c.logits.size()) * V);
+    for (size_t t = 0; t < c.logits.size(); ++t)
+      EXPECT_LT(row_error(logits.data<float>() + t * V, c.logits[t]), 1e-4)
+          << name << " prompt of " << c.input_ids.size() << " tokens, position " << t;
+    const auto out = xla.generate({c.input_ids}, greedy(int64_t(c.greedy.size())));
+    EXPECT_EQ(std::vector<int32_t>(out[0].begin() + c.input_ids.size(), out[0].end()), c.greedy)
+        << name << " prompt of " << c.input_ids.size() << " tokens";
+  }
+  EXPECT_EQ(xla.generate(kPrompts, greedy(12)), cpu.generate(kPrompts, greedy(12))) << name;
+}
+
+TEST_P(XlaCpuModel, Bfloat16LogitsAreWithinToleranceOfTransformersAndTheCpuBackend) {
+  const std::string name = GetParam();
+  CausalLM xla = load(name, bfloat16, "xla-cpu"), cpu = load(name, bfloat16, "cpu");
+  const int64_t V = xla.config().vocab_size;
+  for (const auto& c : load_goldens(name, "float32")) {
+    const Tensor got = prefill_logits(xla, c.input_ids), want = prefill_logits(cpu, c.input_ids);
+    for (size_t t = 0; t < c.logits.size(); ++t) {
+      const float* row = got.data<float>() + t * V;
+      // bf16 weights with f32 math, as tests/models/test_golden.cc bounds the CPU backend.
+      EXPECT_LT(row_error(row, c.logits[t]), 2e-2) << name << " position " << t;
+      const std::vector<float> cpu_row(want.data<float>() + t * V,
+                                       want.data<float>() + (t + 1) * V);
+      EXPECT_LT(row_error(row, cpu_row), 2e-2) << name << " position " << t;
+    }
+  }
+}
+
+std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string s = info.param;
+  std::replace(s.begin(), s.end(), '-', '_');
+  return s;
+}
+
+// Every architecture of tests/data, single and sharded checkpoint files.
+INSTANTIATE_TEST_SUITE_P(TinyModels, XlaCpuModel,
+                         ::testing::Values("tiny-qwen3", "tiny-qwen3-sharded", "tiny-qwen2",
+                                           "tiny-llama", "tiny-llama-sharded", "tiny-mistral",
+                                           "tiny-glm4", "tiny-glm", "tiny-gemma3"),
+                         param_name);
+
+class XlaCpuGenerate : public ::testing::Test {
+ protected:
+  void SetUp() override { SKIP_WITHOUT_PLUGIN(); }
+};
+
+TEST_F(XlaCpuGenerate, SeededSamplingIsReproducibleAndDrawsWhatTheCpuBackendDraws) {
+  CausalLM lm = load("tiny-qwen3", float32, "xla-cpu");
+  GenerationConfig gc{
+      .max_new_tokens = 16, .do_sample = true, .temperature = 1.5, .top_k = 0, .pad_token_id = 0};
+  gc.eos_token_id = std::vector<int64_t>{};
+  gc.seed = 1234;
+  const auto a = lm.generate(kPrompts, gc);
+  EXPECT_EQ(lm.generate(kPrompts, gc), a);
+  // Sampling runs on the host from the logits, which agree with the CPU backend's to ~1e-6.
+  EXPECT_EQ(load("tiny-qwen3", float32, "cpu").generate(kPrompts, gc), a);
+  gc.seed = 99;
+  EXPECT_NE(lm.generate(kPrompts, gc), a);
+}
+
+struct Moved {
+  uint64_t up = 0, down = 0;
+};
+template <class F>
+Moved moved(const CausalLM& lm, F f) {
+  const uint64_t up = lm.host_to_device_bytes(), down = lm.device_to_host_bytes();
+  f();
+  return {lm.host_to_device_bytes() - up, lm.device_to_host_bytes() - down};
+}
+
+TEST_F(XlaCpuGenerate, ADecodeStepMovesIdsPositionsAndSlotInAndLogitsOut) {
+  CausalLM lm = load("tiny-qwen3", float32, "xla-cpu");
+  models::ModelRunner m(lm);
+  const int64_t B = 3, S = 32, V = m.vocab_size();
+  m.reset_cache(B, S);
+  Tensor mask = Tensor::zeros({B, S}, DType::i32);
+  std::fill_n(mask.data<int32_t>(), mask.numel(), 1);
+  // The key mask goes up once, at set_attention_mask, not at each step.
+  EXPECT_EQ(moved(lm, [&] { m.set_attention_mask(mask); }).up, uint64_t(4 * B * S));
+  Tensor ids = Tensor::zeros({B, 1}, DType::i32), pos = Tensor::zeros({B, 1}, DType::i32);
+  Tensor logits = Tensor::zeros({B, 1, V}, DType::f32);
+  models::ModelRunner::Step& step = m.prepare_static(1, 1);
+  for (int64_t slot = 0; slot < 4; ++slot) {
+    const Moved d = moved(lm, [&] { m.run_static(step, ids, pos, slot, logits); });
+    // ids and positions (B int32 each) and the cache slot (one int32) up; B x V f32 down. The
+    // KV cache, donated to each run and handed back, never crosses.
+    EXPECT_EQ(d.up, uint64_t(4 * (B + B + 1))) << "slot " << slot;
+    EXPECT_EQ(d.down, uint64_t(4 * B * V)) << "slot " << slot;
+  }
+}
+
+TEST_F(XlaCpuGenerate, OnlyWhatForwardConsumesCrossesPerGeneratedToken) {
+  CausalLM lm = load("tiny-llama", float32, "xla-cpu");
+  const int64_t V = lm.config().vocab_size, B = 2;
+  GenerationConfig gc = greedy(10);
+  gc.max_cache_len = 64;
+  lm.generate(kPrompts, gc);  // compile first
+  const uint64_t in0 = lm.host_to_device_bytes(), out0 = lm.device_to_host_bytes();
+  gc.max_new_tokens = 11;
+  lm.generate(kPrompts, gc);
+  const uint64_t in1 = lm.host_to_device_bytes(), out1 = lm.device_to_host_bytes();
+  gc.max_new_tokens = 12;
+  lm.generate(kPrompts, gc);
+  const uint64_t in2 = lm.host_to_device_bytes(), out2 = lm.device_to_host_bytes();
+  // One more decode step: ids and positions (B int32 each) and the slot (one int32) in, the
+  // last position's logits (B x V f32) out.
+  EXPECT_EQ((in2 - in1) - (in1 - in0), uint64_t(4 * (B + B + 1)));
+  EXPECT_EQ((out2 - out1) - (out1 - out0), uint64_t(4 * B * V));
+}
+
+TEST_F(XlaCpuGenerate, TheSameShapesCompileOnce) {
+  backends::CompileCache::global().clear();
+  CausalLM lm = load("tiny-qwen3", float32, "xla-cpu");
+  const auto first = lm.generate(kPrompts, greedy(6));
+  // A prefill bucket and the decode step.
+  EXPECT_EQ(lm.compile_stats().compiles, 2u);
+  const uint64_t global = compile_stats().compiles;
+  EXPECT_EQ(lm.generate(kPrompts, greedy(6)), first);
+  EXPECT_EQ(lm.compile_stats().compiles, 2u);
+  // A second model of the same shapes finds both steps in the compile cache.
+  CausalLM again = load("tiny-qwen3", float32, "xla-cpu");
+  EXPECT_EQ(again.generate(kPrompts, greedy(6)), first);
+  EXPECT_EQ(again.compile_stats().compiles, 0u);
+  EXPECT_EQ(again.compile_stats().hits, 2u);
+  EXPECT_EQ(compile_stats().compiles, global);
+}
+
+TEST_F(XlaCpuGenerate, TheCommandLineGeneratesOnXlaCpu) {
+  auto run = [](const std::string& device) {
+    const std::string cmd = std::string(TFORMERS_CLI) + " generate -m " + model_dir("tiny-qwen3") +
+                            " --prompt-ids 5,77,300 -n 8 --device " + device + " --json 2>&1";
+    std::string out;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    EXPECT_NE(p, nullptr);
+    if (!p) return out;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    EXPECT_EQ(::pclose(p), 0) << out;
+    return out;
+  };
+  const std::string xla = run("xla-cpu"), cpu = run("cpu");
+  // The ids are the same; the timings in the JSON differ.
+  auto ids = [](const std::string& json) {
+    const size_t at = json.find("\"ids\"");
+    return at == std::string::npos ? std::string() : json.substr(at, json.find(']', at) - at);
+  };
+  ASSERT_FALSE(ids(cpu).empty()) << cpu;
+  EXPECT_EQ(ids(xla), ids(cpu)) << xla;
+}
+
+}  // namespace
+}  // namespace tformers
