@@ -354,6 +354,27 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
                     "default: the checkpoint's torch_dtype)");
   quant->add_option("out", q.out, "Folder to write; it must not exist or be empty")->required();
 
+  CompileArgs& c = cl.compile;
+  CLI::App* comp = app.add_subcommand(
+      "compile",
+      "Compile a model's prefill and decode steps for a TPU topology, without a TPU (libtpu), "
+      "and print the device memory each needs");
+  add_model_flags(comp, c.model.model, c.model.revision, c.model.dtype, c.model.quantize,
+                  c.model.load_mode);
+  comp->add_option("--device", c.device, "tpu: the device compiled for")->capture_default_str();
+  comp->add_option("--topology", c.topology,
+                   "The TPU slice, as libtpu names it: v5e:1x1, v5e:2x2, v4:2x2x1, v6e:1x1, ...")
+      ->required();
+  comp->add_option("--batch", c.batch, "Sequences per step")
+      ->check(int_in(1, 4096))
+      ->capture_default_str();
+  comp->add_option("--max-cache-len", c.cache_len,
+                   "KV cache positions (default: the model's positions, up to 4096)")
+      ->check(int_in(1, kInt64Max));
+  comp->add_option("--output,-o", c.output, "md: a markdown table; json: one object")
+      ->check(CLI::IsMember({"md", "json"}))
+      ->capture_default_str();
+
   CLI::App* kernels = app.add_subcommand("kernels", "Hub kernels: list | lock | verify (--help)");
   kernels->prefix_command()->set_help_flag();  // its own usage: tformers kernels --help
 
@@ -375,8 +396,8 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
       return cl;
     }
   }
-  const std::vector<CLI::App*> subs = {env,  launch, kernels, gen,   chat,
-                                       tokz, bench,  ppl,     serve, quant};
+  const std::vector<CLI::App*> subs = {env,   launch, kernels, gen,   chat, tokz,
+                                       bench, ppl,    serve,   quant, comp};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ExtrasError& e) {

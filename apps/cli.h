@@ -64,6 +64,14 @@ struct BenchArgs {
   std::string output = "md";
 };
 
+// compile: a model's steps compiled for a TPU topology without a TPU (apps/compile.h).
+struct CompileArgs {
+  ModelFlags model;
+  std::string device = "tpu", topology, output = "md";
+  int64_t batch = 1;
+  std::optional<int64_t> cache_len;  // default: the model's positions, up to 4096
+};
+
 // perplexity's window without --ctx: this, or the model's positions when it has fewer.
 constexpr int64_t kPerplexityCtx = 512;
 
@@ -98,10 +106,10 @@ struct QuantizeArgs {
 };
 
 struct CommandLine {
-  // The subcommand to run: env, kernels, generate, chat, tokenize, bench, perplexity, serve or
-  // quantize (or launch, which main() hands to the launcher before parsing). Empty when parsing
-  // ended the command: --help, --version or a usage error, already written to the streams given;
-  // the process then exits with exit_code.
+  // The subcommand to run: env, kernels, generate, chat, tokenize, bench, perplexity, serve,
+  // quantize or compile (or launch, which main() hands to the launcher before parsing). Empty when
+  // parsing ended the command: --help, --version or a usage error, already written to the streams
+  // given; the process then exits with exit_code.
   std::string command;
   int exit_code = 0;
   int64_t threads = 0;               // --threads, 1 to kMaxThreads; 0: the default
@@ -111,6 +119,7 @@ struct CommandLine {
   PerplexityArgs perplexity;         // perplexity
   ServeArgs serve;                   // serve
   QuantizeArgs quantize;             // quantize
+  CompileArgs compile;               // compile
   std::vector<std::string> kernels;  // kernels: the arguments after "kernels"
 };
 

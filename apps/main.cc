@@ -34,6 +34,7 @@
 #endif
 
 #include "cli.h"
+#include "compile.h"
 #include "core/cpu_features.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
@@ -609,6 +610,7 @@ int run(int argc, char** argv) {
       return tformers::cli::load_with_progress(a.model, a.device);
     });
   if (cl.command == "quantize") return tformers::cli::run_quantize(cl.quantize);
+  if (cl.command == "compile") return tformers::cli::run_compile(cl.compile);
   return 0;  // launch: main() runs it before parsing
 }
 

@@ -8,11 +8,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string_view>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/pjrt/pjrt_api.h"
 #include "backends/pjrt/pjrt_backend.h"
 #include "backends/pjrt/plugin_discovery.h"
+#include "backends/pjrt/topology_backend.h"
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
 #include "tformers/accelerator.h"
@@ -63,6 +65,9 @@ bool hardware_present(const std::string& device) {
   return found || (device == "tpu" && std::filesystem::exists("/dev/vfio/0"));
 }
 
+// device_map="tpu-topology:v5e:2x2": compile for that TPU topology, run nothing.
+constexpr std::string_view kTopologyPrefix = "tpu-topology:";
+
 // The backend of PJRT device `device`, made on first use (one per device name, as the compile
 // cache's keys need). They are never destroyed: their handles live inside the plugin, whose own
 // static objects may already be gone when this library's run at exit.
@@ -71,6 +76,14 @@ Backend& pjrt_backend(const std::string& device) {
   static auto* made = new std::map<std::string, std::unique_ptr<Backend>>;
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = made->find(device); it != made->end()) return *it->second;
+  if (device.starts_with(kTopologyPrefix)) {
+    const pjrt::PluginProbe p = pjrt::probe_plugin("tpu");
+    if (p.path.empty() || !p.problem.empty()) no_device(p);
+    pjrt::configure_libtpu_without_tpu();  // nothing of a real TPU is needed
+    auto backend = std::make_unique<TopologyBackend>(pjrt::Plugin::load(p.path),
+                                                     device.substr(kTopologyPrefix.size()));
+    return *made->emplace(device, std::move(backend)).first->second;
+  }
   const pjrt::PluginProbe p = pjrt::probe_plugin(device);
   if (p.path.empty() || !p.problem.empty()) no_device(p);
   if (!hardware_present(device))
@@ -150,9 +163,12 @@ Backend& backend_for(const std::string& device_map, bool verbose) {
   }
   for (const std::string& pjrt_device : pjrt::plugin_devices())
     if (device_map == pjrt_device) return pjrt_backend(device_map);
+  if (device_map.starts_with(kTopologyPrefix) && device_map.size() > kTopologyPrefix.size())
+    return pjrt_backend(device_map);
   throw InvalidArgumentError(
       "device_map=\"" + device_map +
-      "\" is not a device: use \"cpu\", \"auto\", \"tpu\", \"cuda\" or \"xla-cpu\"");
+      "\" is not a device: use \"cpu\", \"auto\", \"tpu\", \"cuda\" or \"xla-cpu\" (or "
+      "\"tpu-topology:NAME\" to compile for a TPU topology without running)");
 }
 
 }  // namespace backends

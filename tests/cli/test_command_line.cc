@@ -142,10 +142,11 @@ TEST(CommandLine, UnknownSubcommandIsNamedAndEscaped) {
   Parsed p = parse({"serve\x1b[2J-everything"});
   EXPECT_EQ(p.cl.command, "");
   EXPECT_EQ(p.cl.exit_code, kUsageExitCode);
-  EXPECT_EQ(p.err,
-            "error: unknown subcommand 'serve\\x1b[2J-everything'; the subcommands are env, "
-            "launch, generate, chat, tokenize, bench, perplexity, serve, quantize, kernels "
-            "(tformers --help shows them)\n");
+  EXPECT_EQ(
+      p.err,
+      "error: unknown subcommand 'serve\\x1b[2J-everything'; the subcommands are env, "
+      "launch, generate, chat, tokenize, bench, perplexity, serve, quantize, compile, kernels "
+      "(tformers --help shows them)\n");
 }
 
 TEST(CommandLine, ThreadsOutOfRangeIsAUsageError) {

@@ -6,9 +6,15 @@
 #include <cstdlib>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "backends/pjrt/pjrt_api.h"
 #include "backends/pjrt/plugin_discovery.h"
+#include "common/error_of.h"
+#include "common/run_command.h"
+#include "models/model_runner.h"
 #include "tformers/error.h"
+#include "tformers/model.h"
 
 namespace tformers::backends::pjrt {
 namespace {
@@ -21,7 +27,7 @@ class TpuTopology : public ::testing::Test {
       skip_reason_ = "libtpu is not installed (" + probe.package + ")";
       return;
     }
-    skip_tpu_metadata_query();
+    configure_libtpu_without_tpu();
     plugin_ = &Plugin::load(probe.path);
   }
   void SetUp() override {
@@ -104,6 +110,80 @@ TEST_F(TpuTopology, AProgramThatDoesNotParseIsAnErrorQuotingTheCompiler) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("PJRT_Compile failed"), std::string::npos) << e.what();
   }
+}
+
+// The repository's model (Qwen3: 4 layers, hidden 256, 4 heads and 2 KV heads of 64, MLP 512,
+// vocabulary 4096, tied embeddings, 256 positions, float32), whose sizes the tests below work
+// out from its config.json.
+constexpr const char* kModel = "models/kjv-fortunes-tiny";
+constexpr int64_t kLayers = 4, kHidden = 256, kKvWidth = 2 * 64, kInter = 512, kVocab = 4096;
+// Multiply-adds per token of the decoder's linears, and of the head.
+constexpr int64_t kLayerMacs =
+    kLayers * (2 * kHidden * kHidden + 2 * kHidden * kKvWidth + 3 * kHidden * kInter);
+constexpr int64_t kHeadMacs = kVocab * kHidden;
+
+TEST_F(TpuTopology, CompilesEveryStepOfAModelWithTheMemoryEachNeeds) {
+  const testing::Streams r = testing::run(
+      std::string("VIRTUAL_ENV=") + TFORMERS_SOURCE_DIR + "/.venv " + TFORMERS_CLI +
+      " compile -m " + kModel + " --device tpu --topology v5e:1x1 --max-cache-len 128 -o json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out["topology"], "v5e:1x1");
+  EXPECT_EQ(out["cache_len"], 128);
+  // The prompt buckets up to the cache, then the decode step.
+  std::vector<std::pair<std::string, int64_t>> steps;
+  for (const auto& s : out["steps"]) steps.emplace_back(s["step"], s["tokens"]);
+  const std::vector<std::pair<std::string, int64_t>> expected = {
+      {"prefill", 16}, {"prefill", 32}, {"prefill", 64}, {"prefill", 128}, {"decode", 1}};
+  EXPECT_EQ(steps, expected);
+  for (const auto& s : out["steps"]) {
+    SCOPED_TRACE(s.dump());
+    const int64_t tokens = s["tokens"];
+    // Donated: every layer's K and V cache, float32 (1, 2 heads, 128 positions, 64), and the
+    // key mask, int32 (1, 128); the weights are only read. (A cache of 64 positions would take
+    // as much: TPU layouts pad a dimension to 128.)
+    const int64_t state = 2 * kLayers * kKvWidth * 128 * 4 + 128 * 4;
+    EXPECT_EQ(s["alias_bytes"], state);
+    // Arguments: at least the float32 weights (embedding, norms and linears) and the state.
+    EXPECT_GE(s["argument_bytes"], 4 * (kHeadMacs + kLayerMacs) + state);
+    // The new state and the logits of the last position.
+    EXPECT_GE(s["output_bytes"], state + kVocab * 4);
+    // The linears' flops, with the head on one position only (logits_to_keep = 1); attention
+    // and the rest add less than half as much again at these sizes.
+    const double linear_flops = 2.0 * (tokens * kLayerMacs + kHeadMacs);
+    EXPECT_GE(s["cost"]["flops"], linear_flops);
+    EXPECT_LE(s["cost"]["flops"], 1.5 * linear_flops);
+  }
+}
+
+TEST_F(TpuTopology, AModelCompiledForATopologyRefusesToRun) {
+  LoadOptions opt;
+  opt.device_map = "tpu-topology:v5e:1x1";
+  opt.load_mode = "mmap";
+  CausalLM lm =
+      AutoModelForCausalLM::from_pretrained(std::string(TFORMERS_SOURCE_DIR) + "/" + kModel, opt);
+  models::ModelRunner runner(lm);
+  runner.reset_cache(1, 32);
+  models::ModelRunner::Step& step = runner.prepare_static(1, 1);
+  Tensor ids = Tensor::from_vector<int32_t>({1, 1}, DType::i32, {5});
+  Tensor pos = Tensor::from_vector<int32_t>({1, 1}, DType::i32, {0});
+  Tensor logits = Tensor::zeros({1, 1, kVocab}, DType::f32);
+  const std::string msg =
+      testing::error_of<UnsupportedError>([&] { runner.run_static(step, ids, pos, 0, logits); });
+  EXPECT_CONTAINS(msg, "compiles for a TPU topology and runs nothing");
+  EXPECT_CONTAINS(msg, "device_map=\"tpu\"");
+}
+
+TEST_F(TpuTopology, CompileNamesWhatItCannotDo) {
+  const testing::Streams bad_device = testing::run(std::string(TFORMERS_CLI) + " compile -m " +
+                                                   kModel + " --device cuda --topology v5e:1x1");
+  EXPECT_EQ(bad_device.status, 2);
+  EXPECT_CONTAINS(bad_device.err, "only tpu compiles for a topology");
+  const testing::Streams bad_topology =
+      testing::run(std::string("VIRTUAL_ENV=") + TFORMERS_SOURCE_DIR + "/.venv " + TFORMERS_CLI +
+                   " compile -m " + kModel + " --topology v9z:1x1");
+  EXPECT_EQ(bad_topology.status, 1);
+  EXPECT_CONTAINS(bad_topology.err, "v9z:1x1");
 }
 
 }  // namespace

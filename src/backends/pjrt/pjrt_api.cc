@@ -625,7 +625,9 @@ Topology::Topology(const Plugin& plugin, const std::string& name,
   a.topology_name_size = name.size();
   a.create_options = values.data();
   a.num_options = values.size();
-  plugin.call(capi::Fn::TopologyDescription_Create, a);
+  plugin.check(
+      plugin.raw_call(capi::Fn::TopologyDescription_Create, a),
+      str_cat(capi::fn_name(capi::Fn::TopologyDescription_Create), " for topology \"", name, "\""));
   handle_ = a.topology;
   auto p = capi::make<capi::PJRT_TopologyDescription_PlatformName_Args>();
   p.topology = handle_;

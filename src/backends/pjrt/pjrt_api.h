@@ -222,6 +222,7 @@ class Topology {
   Topology& operator=(const Topology&) = delete;
   ~Topology();
 
+  const Plugin& plugin() const { return *plugin_; }
   const std::string& name() const { return name_; }
   const std::string& platform_name() const { return platform_name_; }  // "tpu"
   // Compiles a StableHLO module (entry @main) for one device of the topology.

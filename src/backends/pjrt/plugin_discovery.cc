@@ -111,6 +111,11 @@ PluginProbe probe_plugin(const std::string& device) {
   return probe;
 }
 
-void skip_tpu_metadata_query() { ::setenv("TPU_SKIP_MDS_QUERY", "1", /*overwrite=*/0); }
+void configure_libtpu_without_tpu() {
+  ::setenv("TPU_SKIP_MDS_QUERY", "1", /*overwrite=*/0);
+  ::setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1", 0);
+  ::setenv("TPU_WORKER_HOSTNAMES", "localhost", 0);
+  ::setenv("TPU_ACCELERATOR_TYPE", "v5litepod-1", 0);
+}
 
 }  // namespace tformers::backends::pjrt

@@ -24,10 +24,14 @@ struct PluginProbe {
 
 PluginProbe probe_plugin(const std::string& device);
 
-// libtpu asks the cloud metadata server for its TPU's configuration when it starts, retrying
-// each key 30 times: minutes on a host that is not a TPU VM. Compiling for a topology needs none
-// of it, so before loading libtpu for that, this sets TPU_SKIP_MDS_QUERY=1 where the environment
-// does not set it already.
-void skip_tpu_metadata_query();
+// libtpu asks the cloud metadata server for the host's TPU configuration when it starts,
+// retrying each key 30 times: over 5 minutes on a host that is not a TPU VM. It also takes a
+// lock file, /tmp/libtpu_lockfile, so that one process owns the chips. Compiling for a topology
+// needs neither, so before loading libtpu for that, this sets TPU_SKIP_MDS_QUERY=1 and
+// ALLOW_MULTIPLE_LIBTPU_LOAD=1 (tests and `tformers compile` may load it in several processes at
+// once), and, to quiet the warnings about the host's own TPU (there is none),
+// TPU_WORKER_HOSTNAMES=localhost and TPU_ACCELERATOR_TYPE=v5litepod-1; each only where the
+// environment does not set it. What is compiled for comes from the topology's name, not these.
+void configure_libtpu_without_tpu();
 
 }  // namespace tformers::backends::pjrt
