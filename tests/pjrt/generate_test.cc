@@ -1,7 +1,8 @@
 // Generation on XLA's CPU plugin through device_map="xla-cpu": every tiny architecture against
 // Transformers' goldens and against the CPU backend (greedy tokens identical in float32, logits
-// within bf16's tolerance in bfloat16), seeded sampling, the bytes one step moves, and compiles
-// made once per shape.
+// within bf16's tolerance in bfloat16), int4 checkpoints and weights quantized at load, the paged
+// cache, seeded sampling, the bytes one step moves, compiles made once per shape, and the
+// command line.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "../models/golden_util.h"
 #include "backends/compile_cache.h"
 #include "backends/pjrt/plugin_discovery.h"
+#include "core/cpu_features.h"
 #include "models/model_runner.h"
 #include "tformers/model.h"
 
@@ -101,6 +103,28 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, XlaCpuModel,
                                            "tiny-glm4", "tiny-glm", "tiny-gemma3"),
                          param_name);
 
+// AWQ and GPTQ checkpoints: XLA multiplies the dequantized f32 weights, so the goldens computed
+// from those weights hold to float32's 1e-4 at every prompt length, greedy tokens included.
+class XlaCpuImported : public XlaCpuModel {};
+
+TEST_P(XlaCpuImported, Int4CheckpointsMatchTheirDequantizedGoldens) {
+  const std::string name = GetParam();
+  CausalLM lm = load(name, float32, "xla-cpu");
+  const int64_t V = lm.config().vocab_size;
+  for (const auto& c : load_goldens(name, "float32")) {
+    const Tensor logits = prefill_logits(lm, c.input_ids);
+    for (size_t t = 0; t < c.logits.size(); ++t)
+      EXPECT_LT(row_error(logits.data<float>() + t * V, c.logits[t]), 1e-4)
+          << name << " prompt of " << c.input_ids.size() << " tokens, position " << t;
+    const auto out = lm.generate({c.input_ids}, greedy(int64_t(c.greedy.size())));
+    EXPECT_EQ(std::vector<int32_t>(out[0].begin() + c.input_ids.size(), out[0].end()), c.greedy)
+        << name << " prompt of " << c.input_ids.size() << " tokens";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, XlaCpuImported,
+                         ::testing::Values("tiny-llama-awq", "tiny-qwen3-gptq"), param_name);
+
 class XlaCpuGenerate : public ::testing::Test {
  protected:
   void SetUp() override { SKIP_WITHOUT_PLUGIN(); }
@@ -168,6 +192,69 @@ TEST_F(XlaCpuGenerate, OnlyWhatForwardConsumesCrossesPerGeneratedToken) {
   // last position's logits (B x V f32) out.
   EXPECT_EQ((in2 - in1) - (in1 - in0), uint64_t(4 * (B + B + 1)));
   EXPECT_EQ((out2 - out1) - (out1 - out0), uint64_t(4 * B * V));
+}
+
+// Weights quantized at load: the CPU backend's scalar target, the reference its SIMD kernels are
+// tested against, multiplies the same dequantized weights by exact f32 activations, as XLA does.
+TEST_F(XlaCpuGenerate, QuantizedAtLoadMatchesTheCpuScalarReference) {
+  const cpu::Target saved = cpu::active_target();
+  cpu::set_active_target(cpu::Target::kScalar);
+  for (const std::string q : {"int8", "int4"}) {
+    const LoadOptions opt{.dtype = float32, .quantize = q};
+    LoadOptions on_xla = opt, on_cpu = opt;
+    on_xla.device_map = "xla-cpu";
+    on_cpu.device_map = "cpu";
+    CausalLM xla = AutoModelForCausalLM::from_pretrained(model_dir("tiny-qwen3"), on_xla);
+    CausalLM cpu = AutoModelForCausalLM::from_pretrained(model_dir("tiny-qwen3"), on_cpu);
+    const std::vector<int32_t> prompt = kPrompts[1];
+    const Tensor got = prefill_logits(xla, prompt), want = prefill_logits(cpu, prompt);
+    const int64_t V = xla.config().vocab_size;
+    for (size_t t = 0; t < prompt.size(); ++t)
+      EXPECT_LT(row_error(got.data<float>() + t * V,
+                          std::vector<float>(want.data<float>() + t * V,
+                                             want.data<float>() + (t + 1) * V)),
+                1e-4)
+          << q << " position " << t;
+    EXPECT_EQ(xla.generate(kPrompts, greedy(10)), cpu.generate(kPrompts, greedy(10))) << q;
+  }
+  cpu::set_active_target(saved);
+}
+
+// The paged cache of the serving engine: a step's transfers, and a ragged step mixing a decode
+// and a prefill row against each sequence alone and against the CPU backend.
+TEST_F(XlaCpuGenerate, PagedStepsMoveOnlyTablesAndMatchTheCpuBackend) {
+  CausalLM xla = load("tiny-qwen3", float32, "xla-cpu"), cpu = load("tiny-qwen3", float32, "cpu");
+  models::ModelRunner mx(xla), mc(cpu);
+  const int64_t V = mx.vocab_size(), rows = 4, table = 4;
+  const std::vector<int32_t> a = {5, 77, 300, 2, 41, 7}, b = {9, 8, 123};
+  const std::vector<int32_t> a_blocks = {0, 1}, b_blocks = {2};
+  const std::vector<int32_t> a_head(a.begin(), a.end() - 1);
+  const models::SequenceChunk head{.tokens = a_head, .position = 0, .blocks = a_blocks};
+  const models::SequenceChunk mixed[] = {
+      {.tokens = std::span(a).last(1), .position = int64_t(a.size()) - 1, .blocks = a_blocks},
+      {.tokens = b, .position = 0, .blocks = b_blocks}};
+  auto run = [&](models::ModelRunner& m) {
+    m.allocate_pool(16, 4, table);
+    Tensor one = Tensor::zeros({1, 1, V}, DType::f32),
+           logits = Tensor::zeros({rows, 1, V}, DType::f32);
+    m.run_paged(m.prepare_paged(1, 8), {&head, 1}, one);
+    m.run_paged(m.prepare_paged(rows, 4), mixed, logits);
+    return logits;
+  };
+  const Tensor got = run(mx), want = run(mc);
+  for (int64_t r = 0; r < 2; ++r)
+    EXPECT_LT(
+        row_error(got.data<float>() + r * V,
+                  std::vector<float>(want.data<float>() + r * V, want.data<float>() + (r + 1) * V)),
+        1e-4)
+        << "row " << r;
+  // A decode step of two sequences and two padding rows: ids and positions (rows int32 each) and
+  // the tables (rows x table int32) up, each row's logits down; the pools never cross.
+  models::ModelRunner::Step& step = mx.prepare_paged(rows, 1);
+  Tensor logits = Tensor::zeros({rows, 1, V}, DType::f32);
+  const Moved d = moved(xla, [&] { mx.run_paged(step, std::span(mixed).first(1), logits); });
+  EXPECT_EQ(d.up, uint64_t(4 * (rows + rows + rows * table)));
+  EXPECT_EQ(d.down, uint64_t(4 * rows * V));
 }
 
 TEST_F(XlaCpuGenerate, TheSameShapesCompileOnce) {
