@@ -3,8 +3,9 @@
 #   scripts/setup.sh            the C++ build dependencies (apt), then the library and the
 #                               `tformers` command of the release preset: what the main job needs
 #   scripts/setup.sh --tests    also the test tooling: clang, clang-format and libFuzzer's runtime
-#                               (apt), the npm references (tools/npm), and the `test` group of
-#                               pyproject.toml in .venv/ (tokenizers, Jinja2, pytest), and in
+#                               (apt), the npm references (tools/npm), and the `test` and
+#                               `plugins` groups of pyproject.toml in .venv/ (tokenizers, Jinja2,
+#                               pytest; XLA's CPU PJRT plugin and libtpu), and in
 #                               build/wheelhouse/ the wheels the Python package's test stage
 #                               installs offline; no test is built here
 #   scripts/setup.sh --dev      also the `reference` group in .venv/ (Transformers and torch, about
@@ -66,7 +67,7 @@ if [ "$want_tests" = 1 ]; then
   if ! .venv/bin/pip --version 2>/dev/null | grep -q '^pip 25\.3 '; then
     .venv/bin/python -m pip install -q --disable-pip-version-check pip==25.3
   fi
-  groups=(--group test)
+  groups=(--group test --group plugins)
   [ "$want_dev" = 1 ] && groups+=(--group reference)
   .venv/bin/pip install -q --disable-pip-version-check "${groups[@]}"
   # The wheels the Python package's stage of scripts/test.sh installs offline into a fresh

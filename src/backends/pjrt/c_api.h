@@ -19,6 +19,7 @@ struct PJRT_DeviceDescription;
 struct PJRT_Buffer;
 struct PJRT_Executable;
 struct PJRT_LoadedExecutable;
+struct PJRT_TopologyDescription;
 struct PJRT_Extension_Base;
 
 // The version this file's layouts follow.
@@ -45,33 +46,39 @@ inline constexpr size_t kApiFunctionsOffset = 40;
 static_assert(sizeof(PJRT_Api) == kApiFunctionsOffset);
 
 // Positions in the function table (the order of pjrt_c_api.h's PJRT_Api fields).
-#define TF_PJRT_FUNCTIONS(X)            \
-  X(Error_Destroy, 0)                   \
-  X(Error_Message, 1)                   \
-  X(Error_GetCode, 2)                   \
-  X(Plugin_Initialize, 3)               \
-  X(Plugin_Attributes, 4)               \
-  X(Event_Destroy, 5)                   \
-  X(Event_Await, 8)                     \
-  X(Client_Create, 10)                  \
-  X(Client_Destroy, 11)                 \
-  X(Client_PlatformName, 12)            \
-  X(Client_AddressableDevices, 16)      \
-  X(Client_Compile, 20)                 \
-  X(Client_BufferFromHostBuffer, 22)    \
-  X(DeviceDescription_Id, 23)           \
-  X(DeviceDescription_Kind, 26)         \
-  X(Device_GetDescription, 29)          \
-  X(Executable_Destroy, 40)             \
-  X(Executable_NumOutputs, 44)          \
-  X(LoadedExecutable_Destroy, 50)       \
-  X(LoadedExecutable_GetExecutable, 51) \
-  X(LoadedExecutable_Execute, 55)       \
-  X(Buffer_Destroy, 58)                 \
-  X(Buffer_ElementType, 59)             \
-  X(Buffer_Dimensions, 60)              \
-  X(Buffer_IsDeleted, 68)               \
-  X(Buffer_ToHostBuffer, 70)
+#define TF_PJRT_FUNCTIONS(X)              \
+  X(Error_Destroy, 0)                     \
+  X(Error_Message, 1)                     \
+  X(Error_GetCode, 2)                     \
+  X(Plugin_Initialize, 3)                 \
+  X(Plugin_Attributes, 4)                 \
+  X(Event_Destroy, 5)                     \
+  X(Event_Await, 8)                       \
+  X(Client_Create, 10)                    \
+  X(Client_Destroy, 11)                   \
+  X(Client_PlatformName, 12)              \
+  X(Client_AddressableDevices, 16)        \
+  X(Client_Compile, 20)                   \
+  X(Client_BufferFromHostBuffer, 22)      \
+  X(DeviceDescription_Id, 23)             \
+  X(DeviceDescription_Kind, 26)           \
+  X(Device_GetDescription, 29)            \
+  X(Executable_Destroy, 40)               \
+  X(Executable_NumOutputs, 44)            \
+  X(Executable_GetCostAnalysis, 46)       \
+  X(LoadedExecutable_Destroy, 50)         \
+  X(LoadedExecutable_GetExecutable, 51)   \
+  X(LoadedExecutable_Execute, 55)         \
+  X(Buffer_Destroy, 58)                   \
+  X(Buffer_ElementType, 59)               \
+  X(Buffer_Dimensions, 60)                \
+  X(Buffer_IsDeleted, 68)                 \
+  X(Buffer_ToHostBuffer, 70)              \
+  X(TopologyDescription_Create, 82)       \
+  X(TopologyDescription_Destroy, 83)      \
+  X(TopologyDescription_PlatformName, 84) \
+  X(Compile, 89)                          \
+  X(Executable_GetCompiledMemoryStats, 96)
 
 enum class Fn : int {
 #define TF_PJRT_ENUM(name, index) name = index,
@@ -347,6 +354,69 @@ struct PJRT_LoadedExecutable_Execute_Args {
   PJRT_Device* execute_device;
 };
 
+struct PJRT_Executable_GetCostAnalysis_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  size_t num_properties;
+  const PJRT_NamedValue* properties;  // owned by the executable
+};
+
+struct PJRT_Executable_GetCompiledMemoryStats_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  // Device memory (HBM on TPUs and GPUs).
+  int64_t generated_code_size_in_bytes;
+  int64_t argument_size_in_bytes;
+  int64_t output_size_in_bytes;
+  int64_t alias_size_in_bytes;  // of the arguments, reused by outputs (donation)
+  int64_t temp_size_in_bytes;
+  // Host memory.
+  int64_t host_generated_code_size_in_bytes;
+  int64_t host_argument_size_in_bytes;
+  int64_t host_output_size_in_bytes;
+  int64_t host_alias_size_in_bytes;
+  int64_t host_temp_size_in_bytes;
+  int64_t peak_memory_in_bytes;
+};
+
+struct PJRT_TopologyDescription_Create_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const char* topology_name;
+  size_t topology_name_size;
+  const PJRT_NamedValue* create_options;
+  size_t num_options;
+  PJRT_TopologyDescription* topology;
+};
+
+struct PJRT_TopologyDescription_Destroy_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_TopologyDescription* topology;
+};
+
+struct PJRT_TopologyDescription_PlatformName_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const PJRT_TopologyDescription* topology;
+  const char* platform_name;
+  size_t platform_name_size;
+};
+
+// Compilation for a topology, with no client: the executable is not loaded on any device.
+struct PJRT_Compile_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const PJRT_TopologyDescription* topology;
+  const PJRT_Program* program;
+  const char* compile_options;
+  size_t compile_options_size;
+  PJRT_Client* client;  // optional
+  PJRT_Executable* executable;
+};
+
 // The struct_size a plugin expects: the end of the last field, without tail padding (the
 // header's PJRT_DEFINE_STRUCT_TRAITS).
 template <typename Args>
@@ -384,6 +454,12 @@ TF_PJRT_LAST_FIELD(PJRT_Executable_Destroy_Args, executable);
 TF_PJRT_LAST_FIELD(PJRT_Executable_NumOutputs_Args, num_outputs);
 TF_PJRT_LAST_FIELD(PJRT_ExecuteOptions, incarnation_ids);
 TF_PJRT_LAST_FIELD(PJRT_LoadedExecutable_Execute_Args, execute_device);
+TF_PJRT_LAST_FIELD(PJRT_Executable_GetCostAnalysis_Args, properties);
+TF_PJRT_LAST_FIELD(PJRT_Executable_GetCompiledMemoryStats_Args, peak_memory_in_bytes);
+TF_PJRT_LAST_FIELD(PJRT_TopologyDescription_Create_Args, topology);
+TF_PJRT_LAST_FIELD(PJRT_TopologyDescription_Destroy_Args, topology);
+TF_PJRT_LAST_FIELD(PJRT_TopologyDescription_PlatformName_Args, platform_name_size);
+TF_PJRT_LAST_FIELD(PJRT_Compile_Args, executable);
 #undef TF_PJRT_LAST_FIELD
 
 // A zeroed argument struct with its struct_size set.

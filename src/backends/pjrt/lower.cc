@@ -9,6 +9,10 @@
 
 #include "tformers/error.h"
 
+// Values keep the dtypes the graph gives them (the activation dtype for computed values), so
+// what a device stores and moves between fused ops is that dtype. Within an op the math runs in
+// f32 (elementwise ops, norms, rope, softmax) and dots accumulate in f32, as the CPU backend
+// does; XLA fuses the converts into the surrounding ops.
 namespace tformers::backends::pjrt {
 
 namespace {
@@ -44,17 +48,19 @@ std::string join(const std::vector<int64_t>& v) {
   return out;
 }
 
+std::string tensor_type(const std::string& elem, const Shape& shape) {
+  std::string t = "tensor<";
+  for (int64_t d : shape) t += std::to_string(d) + "x";
+  return t + elem + ">";
+}
+
 // A value of the module being written: its SSA name and its type.
 struct Val {
   std::string ssa;
   std::string elem;  // "f32", "bf16", "i1", "ui8", ...
   Shape shape;
 
-  std::string type() const {
-    std::string t = "tensor<";
-    for (int64_t d : shape) t += std::to_string(d) + "x";
-    return t + elem + ">";
-  }
+  std::string type() const { return tensor_type(elem, shape); }
   int64_t rank() const { return int64_t(shape.size()); }
 };
 
@@ -86,26 +92,28 @@ class Emitter {
     return v;
   }
 
-  Val splat(float value, const std::string& elem, const Shape& shape) {
+  // A constant of any shape: `value` is a double so that integer constants (row offsets, block
+  // counts) stay exact.
+  Val splat(double value, const std::string& elem, const Shape& shape) {
     const std::string lit =
-        is_float_elem(elem) ? float_literal(value, elem) : std::to_string(int64_t(value));
-    Val v{"", elem, shape};
-    return def(elem, shape, str_cat("stablehlo.constant dense<", lit, "> : ", v.type()));
+        is_float_elem(elem) ? float_literal(float(value), elem) : std::to_string(int64_t(value));
+    return def(elem, shape,
+               str_cat("stablehlo.constant dense<", lit, "> : ", tensor_type(elem, shape)));
   }
   Val floats(const std::vector<float>& values) {  // a 1-d f32 constant
     std::string lit;
     for (size_t i = 0; i < values.size(); ++i)
       lit += (i ? ", " : "") + float_literal(values[i], "f32");
     const Shape shape = {int64_t(values.size())};
-    Val v{"", "f32", shape};
-    return def("f32", shape, str_cat("stablehlo.constant dense<[", lit, "]> : ", v.type()));
+    return def("f32", shape,
+               str_cat("stablehlo.constant dense<[", lit, "]> : ", tensor_type("f32", shape)));
   }
 
   Val convert(const Val& a, const std::string& elem) {
     if (a.elem == elem) return a;
-    Val v{"", elem, a.shape};
     return def(elem, a.shape,
-               str_cat("stablehlo.convert ", a.ssa, " : (", a.type(), ") -> ", v.type()));
+               str_cat("stablehlo.convert ", a.ssa, " : (", a.type(), ") -> ",
+                       tensor_type(elem, a.shape)));
   }
   Val unary(const char* op, const Val& a) {
     return def(a.elem, a.shape, str_cat("stablehlo.", op, " ", a.ssa, " : ", a.type()));
@@ -116,29 +124,27 @@ class Emitter {
                str_cat("stablehlo.", op, " ", a.ssa, ", ", b.ssa, " : ", a.type()));
   }
   // a op (scalar constant c), in a's type.
-  Val with_constant(const char* op, const Val& a, float c) {
+  Val with_constant(const char* op, const Val& a, double c) {
     return binary(op, a, splat(c, a.elem, a.shape));
   }
   Val broadcast(const Val& a, const Shape& shape, const std::vector<int64_t>& dims) {
     if (a.shape == shape) return a;
-    Val v{"", a.elem, shape};
     return def(a.elem, shape,
                str_cat("stablehlo.broadcast_in_dim ", a.ssa, ", dims = [", join(dims), "] : (",
-                       a.type(), ") -> ", v.type()));
+                       a.type(), ") -> ", tensor_type(a.elem, shape)));
   }
   Val reshape(const Val& a, const Shape& shape) {
     if (a.shape == shape) return a;
-    Val v{"", a.elem, shape};
     return def(a.elem, shape,
-               str_cat("stablehlo.reshape ", a.ssa, " : (", a.type(), ") -> ", v.type()));
+               str_cat("stablehlo.reshape ", a.ssa, " : (", a.type(), ") -> ",
+                       tensor_type(a.elem, shape)));
   }
   Val transpose(const Val& a, const std::vector<int64_t>& perm) {
     Shape shape;
     for (int64_t p : perm) shape.push_back(a.shape[size_t(p)]);
-    Val v{"", a.elem, shape};
     return def(a.elem, shape,
                str_cat("stablehlo.transpose ", a.ssa, ", dims = [", join(perm), "] : (", a.type(),
-                       ") -> ", v.type()));
+                       ") -> ", tensor_type(a.elem, shape)));
   }
   // a[begin:end] along dimension `dim`, every other dimension whole.
   Val slice(const Val& a, int64_t dim, int64_t begin, int64_t end) {
@@ -149,10 +155,9 @@ class Emitter {
       ranges += str_cat(d ? ", " : "", lo, ":", hi);
       shape[size_t(d)] = hi - lo;
     }
-    Val v{"", a.elem, shape};
-    return def(
-        a.elem, shape,
-        str_cat("stablehlo.slice ", a.ssa, " [", ranges, "] : (", a.type(), ") -> ", v.type()));
+    return def(a.elem, shape,
+               str_cat("stablehlo.slice ", a.ssa, " [", ranges, "] : (", a.type(), ") -> ",
+                       tensor_type(a.elem, shape)));
   }
   Val concatenate(const std::vector<Val>& parts, int64_t dim) {
     Shape shape = parts[0].shape;
@@ -163,23 +168,21 @@ class Emitter {
       operands += (operands.empty() ? "" : ", ") + p.ssa;
       types += (types.empty() ? "" : ", ") + p.type();
     }
-    Val v{"", parts[0].elem, shape};
-    return def(v.elem, shape,
+    return def(parts[0].elem, shape,
                str_cat("stablehlo.concatenate ", operands, ", dim = ", dim, " : (", types, ") -> ",
-                       v.type()));
+                       tensor_type(parts[0].elem, shape)));
   }
   Val iota(int64_t dim, const Shape& shape) {
-    Val v{"", "i32", shape};
-    return def("i32", shape, str_cat("stablehlo.iota dim = ", dim, " : ", v.type()));
+    return def("i32", shape,
+               str_cat("stablehlo.iota dim = ", dim, " : ", tensor_type("i32", shape)));
   }
   // a dir b elementwise ("LE", "GT", ...), as i1.
   Val compare(const char* dir, const Val& a, const Val& b) {
     TF_CHECK(a.type() == b.type(), "StableHLO lowering: compare of ", a.type(), " and ", b.type());
-    Val v{"", "i1", a.shape};
     return def("i1", a.shape,
                str_cat("stablehlo.compare ", dir, ", ", a.ssa, ", ", b.ssa, ", ",
                        is_float_elem(a.elem) ? "FLOAT" : "SIGNED", " : (", a.type(), ", ", b.type(),
-                       ") -> ", v.type()));
+                       ") -> ", tensor_type("i1", a.shape)));
   }
   Val select(const Val& pred, const Val& a, const Val& b) {
     return def(a.elem, a.shape,
@@ -187,20 +190,19 @@ class Emitter {
                        ", ", a.type()));
   }
   // Reduces `dims` of a with `op` ("add", "maximum") from `init`.
-  Val reduce(const Val& a, const char* op, float init, const std::vector<int64_t>& dims) {
+  Val reduce(const Val& a, const char* op, double init, const std::vector<int64_t>& dims) {
     const Val zero = splat(init, a.elem, {});
     Shape shape;
     for (int64_t d = 0; d < a.rank(); ++d)
       if (std::find(dims.begin(), dims.end(), d) == dims.end()) shape.push_back(a.shape[size_t(d)]);
-    Val v{"", a.elem, shape};
     return def(a.elem, shape,
                str_cat("stablehlo.reduce(", a.ssa, " init: ", zero.ssa, ") applies stablehlo.", op,
                        " across dimensions = [", join(dims), "] : (", a.type(), ", ", zero.type(),
-                       ") -> ", v.type()));
+                       ") -> ", tensor_type(a.elem, shape)));
   }
   // A dot_general accumulating in f32: batch dims, then a's free dims, then b's. Operands of
-  // different element types meet in the wider one (f32 when either is f32), which is exact. f32
-  // operands ask for HIGHEST precision: DEFAULT lets a TPU or GPU round them to bf16 or tf32,
+  // different element types (f32 activations, bf16 weights) both widen to f32, which is exact.
+  // f32 operands ask for HIGHEST precision: DEFAULT lets a TPU or GPU round them to bf16 or tf32,
   // where the CPU backend multiplies in full f32.
   Val dot(Val a, Val b, const std::vector<int64_t>& batch_a, const std::vector<int64_t>& batch_b,
           const std::vector<int64_t>& contract_a, const std::vector<int64_t>& contract_b) {
@@ -219,7 +221,6 @@ class Emitter {
     };
     free_dims(a, batch_a, contract_a);
     free_dims(b, batch_b, contract_b);
-    Val v{"", "f32", shape};
     const char* precision = a.elem == "f32" ? "HIGHEST" : "DEFAULT";
     std::string dims;
     if (!batch_a.empty())
@@ -228,7 +229,7 @@ class Emitter {
         "f32", shape,
         str_cat("stablehlo.dot_general ", a.ssa, ", ", b.ssa, ", ", dims, "contracting_dims = [",
                 join(contract_a), "] x [", join(contract_b), "], precision = [", precision, ", ",
-                precision, "] : (", a.type(), ", ", b.type(), ") -> ", v.type()));
+                precision, "] : (", a.type(), ", ", b.type(), ") -> ", tensor_type("f32", shape)));
   }
   // Rows of table (R, ...) at idx (n) (clamped into range, as XLA's gather does): (n, ...).
   Val gather_rows(const Val& table, const Val& idx) {
@@ -240,14 +241,14 @@ class Emitter {
       offset_dims.push_back(d);
       sizes.push_back(table.shape[size_t(d)]);
     }
-    Val v{"", table.elem, shape};
     return def(
         table.elem, shape,
         str_cat("\"stablehlo.gather\"(", table.ssa, ", ", at.ssa,
                 ") {dimension_numbers = #stablehlo.gather<offset_dims = [", join(offset_dims),
                 "], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = "
                 "1>, indices_are_sorted = false, slice_sizes = array<i64: ",
-                join(sizes), ">} : (", table.type(), ", ", at.type(), ") -> ", v.type()));
+                join(sizes), ">} : (", table.type(), ", ", at.type(), ") -> ",
+                tensor_type(table.elem, shape)));
   }
   Val dynamic_update_slice(const Val& operand, const Val& update, const std::vector<Val>& starts) {
     std::string operands = operand.ssa + ", " + update.ssa,
@@ -261,7 +262,9 @@ class Emitter {
                        operand.type()));
   }
   // operand (NB, H, BS, D) with update[i] (H, D) written at [block[i], :, offset[i], :] for each
-  // row i of at (n, 2) = (block, offset); rows whose block is out of range are skipped.
+  // row i of at (n, 2) = (block, offset). A row whose block is out of range is skipped: XLA drops
+  // scatter updates whose window falls outside the operand (StableHLO leaves it to the
+  // implementation), and the paged write relies on that for its padding tokens.
   Val scatter_rows(const Val& operand, const Val& at, const Val& update) {
     const std::string scalar = "tensor<" + operand.elem + ">";
     return def(
@@ -330,9 +333,9 @@ Val Lowering::embedding(const Node& n) {
   const bool shard = a.row_offset != 0 || rows != a.vocab;
   if (!shard) return out(n, e_.reshape(e_.gather_rows(table, flat), n.type.shape));
   // A vocabulary shard: ids outside [row_offset, row_offset + rows) give zero rows.
-  const Val local = e_.with_constant("subtract", flat, float(a.row_offset));
+  const Val local = e_.with_constant("subtract", flat, double(a.row_offset));
   const Val ok = e_.binary("and", e_.compare("GE", local, e_.splat(0, "i32", {count})),
-                           e_.compare("LT", local, e_.splat(float(rows), "i32", {count})));
+                           e_.compare("LT", local, e_.splat(double(rows), "i32", {count})));
   const Val looked = e_.gather_rows(table, e_.select(ok, local, e_.splat(0, "i32", {count})));
   const Val zeros = e_.splat(0, table.elem, {count, d});
   const Val kept = e_.select(e_.broadcast(ok, {count, d}, {0}), looked, zeros);
@@ -369,7 +372,7 @@ Val Lowering::int4_weight(const Node& n) {
   const Val bytes = e_.reshape(tiles, parts);
   const Val low = e_.binary("and", bytes, e_.splat(15, "ui8", parts));
   const Val high = e_.binary("shift_right_logical", bytes, e_.splat(4, "ui8", parts));
-  // (G, nb, v, j, nibble, t) -> (G, j, nb, v, nibble, t): row 8 G + j, k = 32 b + 8 v + 4 h + t.
+  // (G, nb, v, j, nibble, t) -> (G, j, nb, v, nibble, t): row 8 g + j, k = 32 b + 8 v + 4 h + t.
   Val codes = e_.transpose(e_.concatenate({low, high}, 4), {0, 3, 1, 2, 4, 5});
   codes = e_.convert(e_.reshape(codes, {N, nb, graph::kInt4Block}), "f32");
   // Per-(row, block) values stored at [g, b, j] -> (N, nb).
@@ -457,13 +460,13 @@ Val Lowering::paged_cache_write(const Node& n) {
   const Shape bt = {B, T};
   const Val padding = e_.compare("LT", pos, e_.splat(0, "i32", bt));
   const Val p = e_.select(padding, e_.splat(0, "i32", bt), pos);
-  const Val slot = e_.with_constant("divide", p, float(BS));  // (B,T) index into the table row
+  const Val slot = e_.with_constant("divide", p, double(BS));  // (B,T) index into the table row
   // table[b, slot[b,t]] as a gather of the flattened table at b * MB + slot.
-  const Val row = e_.binary("multiply", e_.iota(0, bt), e_.splat(float(MB), "i32", bt));
+  const Val row = e_.binary("multiply", e_.iota(0, bt), e_.splat(double(MB), "i32", bt));
   const Val flat = e_.reshape(e_.binary("add", row, slot), {B * T});
   Val block = e_.reshape(e_.gather_rows(e_.reshape(table, {B * MB}), flat), bt);
-  block = e_.select(padding, e_.splat(float(NB), "i32", bt), block);
-  const Val offset = e_.with_constant("remainder", p, float(BS));
+  block = e_.select(padding, e_.splat(double(NB), "i32", bt), block);
+  const Val offset = e_.with_constant("remainder", p, double(BS));
   const Val at = e_.concatenate({e_.reshape(block, {B * T, 1}), e_.reshape(offset, {B * T, 1})}, 1);
   const Shape rows = {B * T, update.shape[2], update.shape[3]};
   return e_.scatter_rows(pool, at, e_.convert(e_.reshape(update, rows), pool.elem));
@@ -503,7 +506,7 @@ Val Lowering::attend(const Node& n, const Val& q, const Val& k, const Val& v, co
   Val ok = e_.compare("LE", j, qp);
   if (a.sliding_window > 0)
     ok = e_.binary("and", ok,
-                   e_.compare("GT", j, e_.with_constant("subtract", qp, float(a.sliding_window))));
+                   e_.compare("GT", j, e_.with_constant("subtract", qp, double(a.sliding_window))));
   if (key_valid) ok = e_.binary("and", ok, e_.broadcast(*key_valid, bts, {0, 2}));
   const Val seen = e_.broadcast(ok, s.shape, {0, 2, 4});
   // Unseen slots take the lowest finite score (not -inf, which would make max - max a NaN in a
@@ -652,8 +655,8 @@ LoweredModule Lowering::run() {
   m.mlir = str_cat(
       "module @tformers attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} "
       "{\n  func.func public @main(",
-      args, ") -> (", ret_types, ") {\n", e_.body(), "    return ", ret, " : ", ret_types,
-      "\n  }\n}\n");
+      args, ") -> (", ret_types, ") {\n", e_.body(), "    return",
+      ret.empty() ? "" : " " + ret + " : " + ret_types, "\n  }\n}\n");
   return m;
 }
 

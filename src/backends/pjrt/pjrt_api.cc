@@ -63,6 +63,18 @@ const char* code_name(int code) {
 // 4 bytes long, holding varint fields 4 (0x20) and 5 (0x28), each 1.
 constexpr char kCompileOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
 
+// A StableHLO module in MLIR text as the program Compile reads.
+capi::PJRT_Program mlir_program(std::string_view mlir) {
+  auto program = capi::make<capi::PJRT_Program>();
+  // The plugin only reads the code when compiling; the field is non-const because other calls
+  // write serialized programs into it.
+  program.code = const_cast<char*>(mlir.data());
+  program.code_size = mlir.size();
+  program.format = "mlir";
+  program.format_size = 4;
+  return program;
+}
+
 // "f32[2,4]"
 std::string shape_string(ElementType type, const std::vector<int64_t>& dims) {
   std::string s(element_type_name(type));
@@ -131,6 +143,37 @@ std::optional<std::vector<ParameterType>> main_parameters(std::string_view mlir)
     }
     if (at < mlir.size() && mlir[at] == ',') ++at;
   }
+}
+
+// The options as PJRT_NamedValues, which point into `options`.
+std::vector<capi::PJRT_NamedValue> named_values(const std::vector<ClientOption>& options) {
+  std::vector<capi::PJRT_NamedValue> values;
+  for (const ClientOption& o : options) {
+    auto v = capi::make<capi::PJRT_NamedValue>();
+    v.name = o.name.data();
+    v.name_size = o.name.size();
+    v.value_size = 1;
+    if (const auto* s = std::get_if<std::string>(&o.value)) {
+      v.type = capi::PJRT_NamedValue_kString;
+      v.string_value = s->data();
+      v.value_size = s->size();
+    } else if (const auto* i = std::get_if<int64_t>(&o.value)) {
+      v.type = capi::PJRT_NamedValue_kInt64;
+      v.int64_value = *i;
+    } else if (const auto* l = std::get_if<std::vector<int64_t>>(&o.value)) {
+      v.type = capi::PJRT_NamedValue_kInt64List;
+      v.int64_array_value = l->data();
+      v.value_size = l->size();
+    } else if (const auto* f = std::get_if<float>(&o.value)) {
+      v.type = capi::PJRT_NamedValue_kFloat;
+      v.float_value = *f;
+    } else {
+      v.type = capi::PJRT_NamedValue_kBool;
+      v.bool_value = std::get<bool>(o.value);
+    }
+    values.push_back(v);
+  }
+  return values;
 }
 
 }  // namespace
@@ -311,32 +354,7 @@ void Plugin::await(capi::PJRT_Event* event, capi::Fn produced_by) const {
 // ---- Client ----
 
 Client::Client(const Plugin& plugin, const std::vector<ClientOption>& options) {
-  std::vector<capi::PJRT_NamedValue> values;
-  for (const ClientOption& o : options) {
-    auto v = capi::make<capi::PJRT_NamedValue>();
-    v.name = o.name.data();
-    v.name_size = o.name.size();
-    v.value_size = 1;
-    if (const auto* s = std::get_if<std::string>(&o.value)) {
-      v.type = capi::PJRT_NamedValue_kString;
-      v.string_value = s->data();
-      v.value_size = s->size();
-    } else if (const auto* i = std::get_if<int64_t>(&o.value)) {
-      v.type = capi::PJRT_NamedValue_kInt64;
-      v.int64_value = *i;
-    } else if (const auto* l = std::get_if<std::vector<int64_t>>(&o.value)) {
-      v.type = capi::PJRT_NamedValue_kInt64List;
-      v.int64_array_value = l->data();
-      v.value_size = l->size();
-    } else if (const auto* f = std::get_if<float>(&o.value)) {
-      v.type = capi::PJRT_NamedValue_kFloat;
-      v.float_value = *f;
-    } else {
-      v.type = capi::PJRT_NamedValue_kBool;
-      v.bool_value = std::get<bool>(o.value);
-    }
-    values.push_back(v);
-  }
+  const std::vector<capi::PJRT_NamedValue> values = named_values(options);
   auto create = capi::make<capi::PJRT_Client_Create_Args>();
   create.create_options = values.data();
   create.num_options = values.size();
@@ -418,13 +436,7 @@ Buffer Client::buffer_from_host(const void* data, size_t bytes, ElementType type
 }
 
 LoadedExecutable Client::compile(std::string_view mlir) const {
-  auto program = capi::make<capi::PJRT_Program>();
-  // The plugin only reads the code when compiling; the field is non-const because other calls
-  // write serialized programs into it.
-  program.code = const_cast<char*>(mlir.data());
-  program.code_size = mlir.size();
-  program.format = "mlir";
-  program.format_size = 4;
+  const capi::PJRT_Program program = mlir_program(mlir);
   auto a = capi::make<capi::PJRT_Client_Compile_Args>();
   a.client = shared_->client;
   a.program = &program;
@@ -600,6 +612,93 @@ std::vector<Buffer> LoadedExecutable::execute(const std::vector<const Buffer*>& 
   for (capi::PJRT_Buffer* b : outputs) results.push_back(Buffer(client_, b));
   plugin.await(done, capi::Fn::LoadedExecutable_Execute);
   return results;
+}
+
+// ---- Topology ----
+
+Topology::Topology(const Plugin& plugin, const std::string& name,
+                   const std::vector<ClientOption>& options)
+    : plugin_(&plugin), name_(name) {
+  const std::vector<capi::PJRT_NamedValue> values = named_values(options);
+  auto a = capi::make<capi::PJRT_TopologyDescription_Create_Args>();
+  a.topology_name = name.data();
+  a.topology_name_size = name.size();
+  a.create_options = values.data();
+  a.num_options = values.size();
+  plugin.call(capi::Fn::TopologyDescription_Create, a);
+  handle_ = a.topology;
+  auto p = capi::make<capi::PJRT_TopologyDescription_PlatformName_Args>();
+  p.topology = handle_;
+  if (capi::PJRT_Error* error = plugin.raw_call(capi::Fn::TopologyDescription_PlatformName, p)) {
+    destroy();  // the destructor does not run for an object whose constructor threw
+    plugin.check(error, capi::fn_name(capi::Fn::TopologyDescription_PlatformName));
+  }
+  platform_name_.assign(p.platform_name, p.platform_name_size);
+}
+
+Topology::Topology(Topology&& other) noexcept
+    : plugin_(other.plugin_),
+      handle_(std::exchange(other.handle_, nullptr)),
+      name_(std::move(other.name_)),
+      platform_name_(std::move(other.platform_name_)) {}
+
+Topology::~Topology() { destroy(); }
+
+void Topology::destroy() noexcept {
+  if (!handle_) return;
+  auto a = capi::make<capi::PJRT_TopologyDescription_Destroy_Args>();
+  a.topology = std::exchange(handle_, nullptr);
+  plugin_->release(capi::Fn::TopologyDescription_Destroy, a);
+}
+
+CompiledProgram Topology::compile(std::string_view mlir) const {
+  const capi::PJRT_Program program = mlir_program(mlir);
+  auto a = capi::make<capi::PJRT_Compile_Args>();
+  a.topology = handle_;
+  a.program = &program;
+  a.compile_options = kCompileOptions;
+  a.compile_options_size = sizeof(kCompileOptions);
+  plugin_->call(capi::Fn::Compile, a);
+  // The executable is only inspected: it lives until the end of this call.
+  struct Owner {
+    const Plugin& plugin;
+    capi::PJRT_Executable* executable;
+    ~Owner() {
+      auto d = capi::make<capi::PJRT_Executable_Destroy_Args>();
+      d.executable = executable;
+      plugin.release(capi::Fn::Executable_Destroy, d);
+    }
+  } owner{*plugin_, a.executable};
+
+  CompiledProgram out;
+  auto m = capi::make<capi::PJRT_Executable_GetCompiledMemoryStats_Args>();
+  m.executable = a.executable;
+  plugin_->call(capi::Fn::Executable_GetCompiledMemoryStats, m);
+  out.memory = {m.generated_code_size_in_bytes, m.argument_size_in_bytes, m.output_size_in_bytes,
+                m.alias_size_in_bytes,          m.temp_size_in_bytes,     m.peak_memory_in_bytes};
+
+  auto c = capi::make<capi::PJRT_Executable_GetCostAnalysis_Args>();
+  c.executable = a.executable;
+  // Cost analysis is optional in the API: a plugin without it still compiled the program.
+  if (capi::PJRT_Error* error = plugin_->raw_call(capi::Fn::Executable_GetCostAnalysis, c)) {
+    try {
+      plugin_->check(error, capi::fn_name(capi::Fn::Executable_GetCostAnalysis));
+    } catch (const UnsupportedError&) {
+      return out;
+    }
+  }
+  for (size_t i = 0; i < c.num_properties; ++i) {
+    const capi::PJRT_NamedValue& v = c.properties[i];
+    double value;
+    if (v.type == capi::PJRT_NamedValue_kFloat)
+      value = v.float_value;
+    else if (v.type == capi::PJRT_NamedValue_kInt64)
+      value = double(v.int64_value);
+    else
+      continue;
+    out.cost.emplace_back(std::string(v.name, v.name_size), value);
+  }
+  return out;
 }
 
 }  // namespace tformers::backends::pjrt

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -187,6 +188,52 @@ class LoadedExecutable {
   capi::PJRT_LoadedExecutable* handle_ = nullptr;
   size_t num_outputs_ = 0;
   std::optional<std::vector<ParameterType>> parameters_;  // of @main, when its text was read
+};
+
+// Device memory an executable needs, as its compiler planned it.
+struct CompiledMemoryStats {
+  int64_t generated_code_bytes = 0;
+  int64_t argument_bytes = 0;
+  int64_t output_bytes = 0;
+  int64_t alias_bytes = 0;  // of the arguments, reused by outputs: donated state
+  int64_t temp_bytes = 0;
+  int64_t peak_bytes = 0;
+};
+
+// A program compiled for a topology: what it will need of a device of that topology.
+struct CompiledProgram {
+  CompiledMemoryStats memory;
+  // The plugin's cost analysis ("flops", "bytes accessed", ...), as it names the properties;
+  // empty when it offers none.
+  std::vector<std::pair<std::string, double>> cost;
+};
+
+// Devices described by name rather than found: compiling for a topology needs no device, which
+// is how libtpu compiles for a TPU slice ("v5e:2x2") on any x86 host, as JAX's ahead-of-time
+// compilation does. Move-only.
+class Topology {
+ public:
+  // InvalidArgumentError (or the plugin's error) quoting the plugin when it does not know `name`.
+  Topology(const Plugin& plugin, const std::string& name,
+           const std::vector<ClientOption>& options = {});
+  Topology(Topology&& other) noexcept;
+  Topology& operator=(Topology&&) = delete;
+  Topology(const Topology&) = delete;
+  Topology& operator=(const Topology&) = delete;
+  ~Topology();
+
+  const std::string& name() const { return name_; }
+  const std::string& platform_name() const { return platform_name_; }  // "tpu"
+  // Compiles a StableHLO module (entry @main) for one device of the topology.
+  CompiledProgram compile(std::string_view mlir) const;
+
+ private:
+  void destroy() noexcept;
+
+  const Plugin* plugin_;
+  capi::PJRT_TopologyDescription* handle_ = nullptr;
+  std::string name_;
+  std::string platform_name_;
 };
 
 class Client {

@@ -111,4 +111,6 @@ PluginProbe probe_plugin(const std::string& device) {
   return probe;
 }
 
+void skip_tpu_metadata_query() { ::setenv("TPU_SKIP_MDS_QUERY", "1", /*overwrite=*/0); }
+
 }  // namespace tformers::backends::pjrt

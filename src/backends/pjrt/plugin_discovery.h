@@ -24,4 +24,10 @@ struct PluginProbe {
 
 PluginProbe probe_plugin(const std::string& device);
 
+// libtpu asks the cloud metadata server for its TPU's configuration when it starts, retrying
+// each key 30 times: minutes on a host that is not a TPU VM. Compiling for a topology needs none
+// of it, so before loading libtpu for that, this sets TPU_SKIP_MDS_QUERY=1 where the environment
+// does not set it already.
+void skip_tpu_metadata_query();
+
 }  // namespace tformers::backends::pjrt
