@@ -1,12 +1,15 @@
 // Generation on XLA's CPU plugin through device_map="xla-cpu": every tiny architecture against
 // Transformers' goldens and against the CPU backend (greedy tokens identical in float32, logits
 // within bf16's tolerance in bfloat16), int4 checkpoints and weights quantized at load, the paged
-// cache, seeded sampling, the bytes one step moves, compiles made once per shape, and the
-// command line.
+// cache and the serving engine, beam search, seeded sampling, the bytes one step moves, compiles
+// made once per shape, and the command line.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 
 #include "../models/golden_util.h"
 #include "backends/compile_cache.h"
@@ -14,6 +17,7 @@
 #include "core/cpu_features.h"
 #include "models/model_runner.h"
 #include "tformers/model.h"
+#include "tformers/serving.h"
 
 namespace tformers {
 namespace {
@@ -255,6 +259,52 @@ TEST_F(XlaCpuGenerate, PagedStepsMoveOnlyTablesAndMatchTheCpuBackend) {
   const Moved d = moved(xla, [&] { mx.run_paged(step, std::span(mixed).first(1), logits); });
   EXPECT_EQ(d.up, uint64_t(4 * (rows + rows + rows * table)));
   EXPECT_EQ(d.down, uint64_t(4 * rows * V));
+}
+
+TEST_F(XlaCpuGenerate, BeamSearchKeepsTheCpuBackendsBeams) {
+  CausalLM xla = load("tiny-llama", float32, "xla-cpu"), cpu = load("tiny-llama", float32, "cpu");
+  GenerationConfig gc = greedy(8);
+  gc.num_beams = 4;
+  EXPECT_EQ(xla.generate({kPrompts[1]}, gc), cpu.generate({kPrompts[1]}, gc));
+}
+
+// The serving engine's paged steps: requests decoded together give each the tokens generate()
+// gives it alone on the CPU backend, and after warm_up() nothing compiles.
+TEST_F(XlaCpuGenerate, TheServingEngineGivesGenerateTokens) {
+  CausalLM xla = load("tiny-qwen3", float32, "xla-cpu"), cpu = load("tiny-qwen3", float32, "cpu");
+  ServingEngine engine(xla, {.max_num_seqs = 4, .max_model_len = 64});
+  engine.warm_up();
+  engine.start();
+  struct Result {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<int32_t> tokens;
+    std::string reason;
+  };
+  const std::vector<std::vector<int32_t>> prompts = {kPrompts[0], kPrompts[1], {499, 3}};
+  std::vector<Result> results(prompts.size());
+  for (size_t r = 0; r < prompts.size(); ++r)
+    engine.submit({.prompt = prompts[r], .config = greedy(int64_t(6 + 2 * r))},
+                  [&res = results[r]](const ServingEvent& e) {
+                    std::lock_guard<std::mutex> lock(res.mu);
+                    if (e.token >= 0) res.tokens.push_back(e.token);
+                    if (!e.finish_reason.empty()) {
+                      res.reason = e.finish_reason;
+                      res.cv.notify_all();
+                    }
+                  });
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    Result& res = results[r];
+    std::unique_lock<std::mutex> lock(res.mu);
+    res.cv.wait_for(lock, std::chrono::seconds(120), [&] { return !res.reason.empty(); });
+    ASSERT_EQ(res.reason, "length") << "request " << r;
+    const auto alone = cpu.generate({prompts[r]}, greedy(int64_t(6 + 2 * r)));
+    EXPECT_EQ(res.tokens,
+              std::vector<int32_t>(alone[0].begin() + prompts[r].size(), alone[0].end()))
+        << "request " << r;
+  }
+  EXPECT_EQ(engine.stats().compiles_since_ready, 0u);
+  engine.shutdown(std::chrono::milliseconds(0));
 }
 
 TEST_F(XlaCpuGenerate, TheSameShapesCompileOnce) {
