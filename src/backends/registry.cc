@@ -48,7 +48,7 @@ std::string join(const std::vector<std::string>& v) {
 
 // Where the device files of accelerator `device` are looked for.
 const char* device_files(const std::string& device) {
-  return device == "tpu" ? "/dev/accel* or /dev/vfio/0" : "/dev/nvidia[0-9]*";
+  return device == "tpu" ? "/dev/accel* and /dev/vfio/0" : "/dev/nvidia[0-9]*";
 }
 
 // Whether this machine has the hardware of PJRT device `device` (XLA's CPU runtime always). An
@@ -75,7 +75,7 @@ Backend& pjrt_backend(const std::string& device) {
   if (p.path.empty() || !p.problem.empty()) no_device(p);
   if (!hardware_present(device))
     throw DeviceError("device_map=\"" + device + "\": found the PJRT plugin " + p.path +
-                      ", but this machine has no " + device + " device (looked for " +
+                      ", but this machine has no " + device + " device (looked in " +
                       device_files(device) + "). Use device_map=\"cpu\".");
   std::unique_ptr<Backend> backend;
   try {
