@@ -329,17 +329,21 @@ TEST_P(LowerOps, RopeWholePartialAndInterleaved) {
   }
 }
 
-// The cache dtype of an activation dtype's graph: the models keep bf16 caches for bf16 weights.
+// T tokens written at slot 5 of a cache that holds a history, in either cache dtype (a bf16
+// cache under f32 activations rounds the new values; one in f32 under bf16 widens them). The
+// written cache is also an output: one value is a result and a donated state's new value.
 TEST_P(LowerOps, CacheWriteAtAStart) {
-  for (int64_t T : {1, 3}) {
-    SCOPED_TRACE("T " + std::to_string(T));
-    std::mt19937 rng(7);
-    Case c(act());
-    const Value cache = c.state("cache", random(rng, {2, 2, 8, 4}, act()));
-    const Value update = c.input("new", random(rng, {2, T, 2, 4}, act()));
-    const Value start = c.input("start", ints({}, {5}));
-    c.b.cache_write(cache, update, start, "write");
-    expect_consistent(c, 0.0);
+  for (DType cache_dtype : {DType::f32, DType::bf16}) {
+    for (int64_t T : {1, 3}) {
+      SCOPED_TRACE(std::string(dtype_name(cache_dtype)) + " cache, T " + std::to_string(T));
+      std::mt19937 rng(7);
+      Case c(act());
+      const Value cache = c.state("cache", random(rng, {2, 2, 8, 4}, cache_dtype));
+      const Value update = c.input("new", random(rng, {2, T, 2, 4}, act()));
+      const Value start = c.input("start", ints({}, {5}));
+      c.b.output(c.b.cache_write(cache, update, start, "write"));
+      expect_consistent(c, 0.0);
+    }
   }
 }
 

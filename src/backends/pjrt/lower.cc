@@ -628,7 +628,9 @@ LoweredModule Lowering::run() {
         args += str_cat(" {tf.aliasing_output = ", outputs.size() + i, " : i32}");
     }
   }
-  // The latest value of each state: cache writes (through reshapes) replace it.
+  // The latest value of each state: cache writes (through reshapes) replace it. The CPU backend
+  // writes in place, the module returns new values; they agree because ops read a cache through
+  // the write that produced it (as GraphBuilder users build them), never the state leaf after it.
   std::vector<int> root(nodes.size()), latest(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
