@@ -194,8 +194,10 @@ std::vector<std::string> describe_backends() {
       line += backends::describe_plugin(p.path) + "; ";
     if (!p.problem.empty())
       line += "unusable: " + p.problem;
+    else if (dev == "xla-cpu")
+      line += "device_map=\"xla-cpu\" runs on it";
     else if (backends::hardware_present(dev))
-      line += "device_map=\"" + dev + "\" runs on it";
+      line += "a " + dev + " device is present; device_map=\"" + dev + "\" starts the plugin";
     else
       line += "unused: no " + dev + " device on this machine";
     out.push_back(line);

@@ -324,18 +324,22 @@ TEST_F(XlaCpuGenerate, TheSameShapesCompileOnce) {
   EXPECT_EQ(compile_stats().compiles, global);
 }
 
+// What `tformers ARGS` prints on stdout and stderr; a non-zero exit fails the test.
+std::string cli(const std::string& args) {
+  std::string out;
+  FILE* p = ::popen((std::string(TFORMERS_CLI) + " " + args + " 2>&1").c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  if (!p) return out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  EXPECT_EQ(::pclose(p), 0) << out;
+  return out;
+}
+
 TEST_F(XlaCpuGenerate, TheCommandLineGeneratesOnXlaCpu) {
   auto run = [](const std::string& device) {
-    const std::string cmd = std::string(TFORMERS_CLI) + " generate -m " + model_dir("tiny-qwen3") +
-                            " --prompt-ids 5,77,300 -n 8 --device " + device + " --json 2>&1";
-    std::string out;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    EXPECT_NE(p, nullptr);
-    if (!p) return out;
-    char buf[4096];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-    EXPECT_EQ(::pclose(p), 0) << out;
-    return out;
+    return cli("generate -m " + model_dir("tiny-qwen3") + " --prompt-ids 5,77,300 -n 8 --device " +
+               device + " --json");
   };
   const std::string xla = run("xla-cpu"), cpu = run("cpu");
   // The ids are the same; the timings in the JSON differ.
@@ -345,6 +349,9 @@ TEST_F(XlaCpuGenerate, TheCommandLineGeneratesOnXlaCpu) {
   };
   ASSERT_FALSE(ids(cpu).empty()) << cpu;
   EXPECT_EQ(ids(xla), ids(cpu)) << xla;
+  // `env` says the plugin runs graphs.
+  const std::string env = cli("env");
+  EXPECT_NE(env.find("; device_map=\"xla-cpu\" runs on it"), std::string::npos) << env;
 }
 
 }  // namespace
