@@ -48,9 +48,15 @@ std::string join(const std::vector<std::string>& v) {
   throw DeviceError(msg);
 }
 
-// Where the device files of accelerator `device` are looked for.
-const char* device_files(const std::string& device) {
-  return device == "tpu" ? "/dev/accel* or /dev/vfio/0" : "/dev/nvidia[0-9]*";
+// The device files of an accelerator: a glob pattern and, for TPUs, the VFIO device that newer
+// TPU hosts expose instead.
+struct DeviceFiles {
+  const char* pattern;
+  const char* also;
+};
+DeviceFiles device_files(const std::string& device) {
+  if (device == "tpu") return {"/dev/accel*", "/dev/vfio/0"};
+  return {"/dev/nvidia[0-9]*", nullptr};
 }
 
 // Whether this machine has the hardware of PJRT device `device` (XLA's CPU runtime always). An
@@ -58,11 +64,11 @@ const char* device_files(const std::string& device) {
 // cloud metadata server before it fails.
 bool hardware_present(const std::string& device) {
   if (device == "xla-cpu") return true;
-  const char* pattern = device == "tpu" ? "/dev/accel*" : "/dev/nvidia[0-9]*";
+  const DeviceFiles files = device_files(device);
   glob_t g{};
-  const bool found = ::glob(pattern, 0, nullptr, &g) == 0 && g.gl_pathc > 0;
+  const bool found = ::glob(files.pattern, 0, nullptr, &g) == 0 && g.gl_pathc > 0;
   globfree(&g);
-  return found || (device == "tpu" && std::filesystem::exists("/dev/vfio/0"));
+  return found || (files.also && std::filesystem::exists(files.also));
 }
 
 // device_map="tpu-topology:v5e:2x2": compile for that TPU topology, run nothing.
@@ -70,7 +76,7 @@ constexpr std::string_view kTopologyPrefix = "tpu-topology:";
 
 // The backend of PJRT device `device`, made on first use (one per device name, as the compile
 // cache's keys need). They are never destroyed: their handles live inside the plugin, whose own
-// static objects may already be gone when this library's run at exit.
+// static objects may already be destroyed when this library's are, at exit.
 Backend& pjrt_backend(const std::string& device) {
   static std::mutex mu;
   static auto* made = new std::map<std::string, std::unique_ptr<Backend>>;
@@ -86,10 +92,13 @@ Backend& pjrt_backend(const std::string& device) {
   }
   const pjrt::PluginProbe p = pjrt::probe_plugin(device);
   if (p.path.empty() || !p.problem.empty()) no_device(p);
-  if (!hardware_present(device))
+  if (!hardware_present(device)) {
+    const DeviceFiles files = device_files(device);
     throw DeviceError("device_map=\"" + device + "\": found the PJRT plugin " + p.path +
-                      ", but this machine has no " + device + " device (looked for " +
-                      device_files(device) + "). Use device_map=\"cpu\".");
+                      ", but this machine has no " + device + " device (looked in " +
+                      files.pattern + (files.also ? std::string(" and ") + files.also : "") +
+                      "). Use device_map=\"cpu\".");
+  }
   std::unique_ptr<Backend> backend;
   try {
     backend = make_pjrt_backend(device, p.path);
@@ -201,8 +210,10 @@ std::vector<std::string> describe_backends() {
       line += backends::describe_plugin(p.path) + "; ";
     if (!p.problem.empty())
       line += "unusable: " + p.problem;
+    else if (dev == "xla-cpu")
+      line += "device_map=\"xla-cpu\" runs on it";
     else if (backends::hardware_present(dev))
-      line += "device_map=\"" + dev + "\" runs on it";
+      line += "a " + dev + " device is present; device_map=\"" + dev + "\" starts the plugin";
     else
       line += "unused: no " + dev + " device on this machine";
     out.push_back(line);

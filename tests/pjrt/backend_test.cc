@@ -2,6 +2,7 @@
 // counters, state donated and advanced across runs, the host checks before a run, weights
 // prepared for the quantized linears (against a host computation from their operands), and the
 // errors of graphs and bindings it cannot run.
+#include <glob.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -227,6 +228,28 @@ TEST_F(PjrtBackendTest, GraphsWithOpsItCannotLowerAreRefusedAtCompile) {
     FAIL() << "all_reduce compiled";
   } catch (const UnsupportedError& e) {
     EXPECT_NE(std::string(e.what()).find("tp_sum"), std::string::npos) << e.what();
+  }
+}
+
+// On a machine without TPUs or GPUs (no device files), "auto" is the CPU, and asking for either
+// accelerator is a DeviceError that names the device, whether or not its plugin is installed.
+TEST(PjrtRegistry, AcceleratorsWithoutTheirDevicesAreClearErrors) {
+  for (const char* files : {"/dev/accel*", "/dev/nvidia[0-9]*", "/dev/vfio/0"}) {
+    glob_t g{};
+    const bool found = ::glob(files, 0, nullptr, &g) == 0;
+    globfree(&g);
+    if (found) GTEST_SKIP() << "this machine has accelerator device files (" << files << ")";
+  }
+  EXPECT_EQ(backend_for("auto", false).name(), "cpu");
+  for (const std::string device : {"tpu", "cuda"}) {
+    try {
+      backend_for(device, false);
+      FAIL() << device << " gave a backend";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find("device_map=\"" + device + "\""), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("looked in"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -1,17 +1,23 @@
 // Generation on XLA's CPU plugin through device_map="xla-cpu": every tiny architecture against
 // Transformers' goldens and against the CPU backend (greedy tokens identical in float32, logits
-// within bf16's tolerance in bfloat16), seeded sampling, the bytes one step moves, and compiles
-// made once per shape.
+// within bf16's tolerance in bfloat16), int4 checkpoints and weights quantized at load, the paged
+// cache and the serving engine, beam search, seeded sampling, the bytes one step moves, compiles
+// made once per shape, and the command line.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 
 #include "../models/golden_util.h"
 #include "backends/compile_cache.h"
 #include "backends/pjrt/plugin_discovery.h"
+#include "core/cpu_features.h"
 #include "models/model_runner.h"
 #include "tformers/model.h"
+#include "tformers/serving.h"
 
 namespace tformers {
 namespace {
@@ -101,6 +107,28 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, XlaCpuModel,
                                            "tiny-glm4", "tiny-glm", "tiny-gemma3"),
                          param_name);
 
+// AWQ and GPTQ checkpoints: XLA multiplies the dequantized f32 weights, so the goldens computed
+// from those weights hold to float32's 1e-4 at every prompt length, greedy tokens included.
+class XlaCpuImported : public XlaCpuModel {};
+
+TEST_P(XlaCpuImported, Int4CheckpointsMatchTheirDequantizedGoldens) {
+  const std::string name = GetParam();
+  CausalLM lm = load(name, float32, "xla-cpu");
+  const int64_t V = lm.config().vocab_size;
+  for (const auto& c : load_goldens(name, "float32")) {
+    const Tensor logits = prefill_logits(lm, c.input_ids);
+    for (size_t t = 0; t < c.logits.size(); ++t)
+      EXPECT_LT(row_error(logits.data<float>() + t * V, c.logits[t]), 1e-4)
+          << name << " prompt of " << c.input_ids.size() << " tokens, position " << t;
+    const auto out = lm.generate({c.input_ids}, greedy(int64_t(c.greedy.size())));
+    EXPECT_EQ(std::vector<int32_t>(out[0].begin() + c.input_ids.size(), out[0].end()), c.greedy)
+        << name << " prompt of " << c.input_ids.size() << " tokens";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, XlaCpuImported,
+                         ::testing::Values("tiny-llama-awq", "tiny-qwen3-gptq"), param_name);
+
 class XlaCpuGenerate : public ::testing::Test {
  protected:
   void SetUp() override { SKIP_WITHOUT_PLUGIN(); }
@@ -170,6 +198,115 @@ TEST_F(XlaCpuGenerate, OnlyWhatForwardConsumesCrossesPerGeneratedToken) {
   EXPECT_EQ((out2 - out1) - (out1 - out0), uint64_t(4 * B * V));
 }
 
+// Weights quantized at load: the CPU backend's scalar target, the reference its SIMD kernels are
+// tested against, multiplies the same dequantized weights by exact f32 activations, as XLA does.
+TEST_F(XlaCpuGenerate, QuantizedAtLoadMatchesTheCpuScalarReference) {
+  const cpu::Target saved = cpu::active_target();
+  cpu::set_active_target(cpu::Target::kScalar);
+  for (const std::string q : {"int8", "int4"}) {
+    const LoadOptions opt{.dtype = float32, .quantize = q};
+    LoadOptions on_xla = opt, on_cpu = opt;
+    on_xla.device_map = "xla-cpu";
+    on_cpu.device_map = "cpu";
+    CausalLM xla = AutoModelForCausalLM::from_pretrained(model_dir("tiny-qwen3"), on_xla);
+    CausalLM cpu = AutoModelForCausalLM::from_pretrained(model_dir("tiny-qwen3"), on_cpu);
+    const std::vector<int32_t> prompt = kPrompts[1];
+    const Tensor got = prefill_logits(xla, prompt), want = prefill_logits(cpu, prompt);
+    const int64_t V = xla.config().vocab_size;
+    for (size_t t = 0; t < prompt.size(); ++t)
+      EXPECT_LT(row_error(got.data<float>() + t * V,
+                          std::vector<float>(want.data<float>() + t * V,
+                                             want.data<float>() + (t + 1) * V)),
+                1e-4)
+          << q << " position " << t;
+    EXPECT_EQ(xla.generate(kPrompts, greedy(10)), cpu.generate(kPrompts, greedy(10))) << q;
+  }
+  cpu::set_active_target(saved);
+}
+
+// The paged cache of the serving engine: a step's transfers, and a ragged step mixing a decode
+// and a prefill row against each sequence alone and against the CPU backend.
+TEST_F(XlaCpuGenerate, PagedStepsMoveOnlyTablesAndMatchTheCpuBackend) {
+  CausalLM xla = load("tiny-qwen3", float32, "xla-cpu"), cpu = load("tiny-qwen3", float32, "cpu");
+  models::ModelRunner mx(xla), mc(cpu);
+  const int64_t V = mx.vocab_size(), rows = 4, table = 4;
+  const std::vector<int32_t> a = {5, 77, 300, 2, 41, 7}, b = {9, 8, 123};
+  const std::vector<int32_t> a_blocks = {0, 1}, b_blocks = {2};
+  const std::vector<int32_t> a_head(a.begin(), a.end() - 1);
+  const models::SequenceChunk head{.tokens = a_head, .position = 0, .blocks = a_blocks};
+  const models::SequenceChunk mixed[] = {
+      {.tokens = std::span(a).last(1), .position = int64_t(a.size()) - 1, .blocks = a_blocks},
+      {.tokens = b, .position = 0, .blocks = b_blocks}};
+  auto run = [&](models::ModelRunner& m) {
+    m.allocate_pool(16, 4, table);
+    Tensor one = Tensor::zeros({1, 1, V}, DType::f32),
+           logits = Tensor::zeros({rows, 1, V}, DType::f32);
+    m.run_paged(m.prepare_paged(1, 8), {&head, 1}, one);
+    m.run_paged(m.prepare_paged(rows, 4), mixed, logits);
+    return logits;
+  };
+  const Tensor got = run(mx), want = run(mc);
+  for (int64_t r = 0; r < 2; ++r)
+    EXPECT_LT(
+        row_error(got.data<float>() + r * V,
+                  std::vector<float>(want.data<float>() + r * V, want.data<float>() + (r + 1) * V)),
+        1e-4)
+        << "row " << r;
+  // A decode step of two sequences and two padding rows: ids and positions (rows int32 each) and
+  // the tables (rows x table int32) up, each row's logits down; the pools never cross.
+  models::ModelRunner::Step& step = mx.prepare_paged(rows, 1);
+  Tensor logits = Tensor::zeros({rows, 1, V}, DType::f32);
+  const Moved d = moved(xla, [&] { mx.run_paged(step, std::span(mixed).first(1), logits); });
+  EXPECT_EQ(d.up, uint64_t(4 * (rows + rows + rows * table)));
+  EXPECT_EQ(d.down, uint64_t(4 * rows * V));
+}
+
+TEST_F(XlaCpuGenerate, BeamSearchKeepsTheCpuBackendsBeams) {
+  CausalLM xla = load("tiny-llama", float32, "xla-cpu"), cpu = load("tiny-llama", float32, "cpu");
+  GenerationConfig gc = greedy(8);
+  gc.num_beams = 4;
+  EXPECT_EQ(xla.generate({kPrompts[1]}, gc), cpu.generate({kPrompts[1]}, gc));
+}
+
+// The serving engine's paged steps: requests decoded together give each the tokens generate()
+// gives it alone on the CPU backend, and after warm_up() nothing compiles.
+TEST_F(XlaCpuGenerate, TheServingEngineGivesGenerateTokens) {
+  CausalLM xla = load("tiny-qwen3", float32, "xla-cpu"), cpu = load("tiny-qwen3", float32, "cpu");
+  ServingEngine engine(xla, {.max_num_seqs = 4, .max_model_len = 64});
+  engine.warm_up();
+  engine.start();
+  struct Result {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<int32_t> tokens;
+    std::string reason;
+  };
+  const std::vector<std::vector<int32_t>> prompts = {kPrompts[0], kPrompts[1], {499, 3}};
+  std::vector<Result> results(prompts.size());
+  for (size_t r = 0; r < prompts.size(); ++r)
+    engine.submit({.prompt = prompts[r], .config = greedy(int64_t(6 + 2 * r))},
+                  [&res = results[r]](const ServingEvent& e) {
+                    std::lock_guard<std::mutex> lock(res.mu);
+                    if (e.token >= 0) res.tokens.push_back(e.token);
+                    if (!e.finish_reason.empty()) {
+                      res.reason = e.finish_reason;
+                      res.cv.notify_all();
+                    }
+                  });
+  for (size_t r = 0; r < prompts.size(); ++r) {
+    Result& res = results[r];
+    std::unique_lock<std::mutex> lock(res.mu);
+    res.cv.wait_for(lock, std::chrono::seconds(120), [&] { return !res.reason.empty(); });
+    ASSERT_EQ(res.reason, "length") << "request " << r;
+    const auto alone = cpu.generate({prompts[r]}, greedy(int64_t(6 + 2 * r)));
+    EXPECT_EQ(res.tokens,
+              std::vector<int32_t>(alone[0].begin() + prompts[r].size(), alone[0].end()))
+        << "request " << r;
+  }
+  EXPECT_EQ(engine.stats().compiles_since_ready, 0u);
+  engine.shutdown(std::chrono::milliseconds(0));
+}
+
 TEST_F(XlaCpuGenerate, TheSameShapesCompileOnce) {
   backends::CompileCache::global().clear();
   CausalLM lm = load("tiny-qwen3", float32, "xla-cpu");
@@ -187,18 +324,22 @@ TEST_F(XlaCpuGenerate, TheSameShapesCompileOnce) {
   EXPECT_EQ(compile_stats().compiles, global);
 }
 
+// What `tformers ARGS` prints on stdout and stderr; a non-zero exit fails the test.
+std::string cli(const std::string& args) {
+  std::string out;
+  FILE* p = ::popen((std::string(TFORMERS_CLI) + " " + args + " 2>&1").c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  if (!p) return out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  EXPECT_EQ(::pclose(p), 0) << out;
+  return out;
+}
+
 TEST_F(XlaCpuGenerate, TheCommandLineGeneratesOnXlaCpu) {
   auto run = [](const std::string& device) {
-    const std::string cmd = std::string(TFORMERS_CLI) + " generate -m " + model_dir("tiny-qwen3") +
-                            " --prompt-ids 5,77,300 -n 8 --device " + device + " --json 2>&1";
-    std::string out;
-    FILE* p = ::popen(cmd.c_str(), "r");
-    EXPECT_NE(p, nullptr);
-    if (!p) return out;
-    char buf[4096];
-    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-    EXPECT_EQ(::pclose(p), 0) << out;
-    return out;
+    return cli("generate -m " + model_dir("tiny-qwen3") + " --prompt-ids 5,77,300 -n 8 --device " +
+               device + " --json");
   };
   const std::string xla = run("xla-cpu"), cpu = run("cpu");
   // The ids are the same; the timings in the JSON differ.
@@ -208,6 +349,9 @@ TEST_F(XlaCpuGenerate, TheCommandLineGeneratesOnXlaCpu) {
   };
   ASSERT_FALSE(ids(cpu).empty()) << cpu;
   EXPECT_EQ(ids(xla), ids(cpu)) << xla;
+  // `env` says the plugin runs graphs.
+  const std::string env = cli("env");
+  EXPECT_NE(env.find("; device_map=\"xla-cpu\" runs on it"), std::string::npos) << env;
 }
 
 }  // namespace

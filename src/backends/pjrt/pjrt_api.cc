@@ -247,9 +247,12 @@ const Plugin& Plugin::load(const std::string& path) {
         str_cat("PJRT plugin ", path, ": no such file; pass the path of a PJRT plugin library"));
   const std::string key = std::filesystem::canonical(path).string();
   static std::mutex mu;
-  static std::map<std::string, std::unique_ptr<Plugin>> loaded;
+  // Never destroyed, as the libraries are never unloaded: buffers and executables call through
+  // their Plugin when they are destroyed, and those held by static objects (the process-wide
+  // compile cache) are destroyed at exit, in an order this file does not control.
+  static auto* loaded = new std::map<std::string, std::unique_ptr<Plugin>>;
   std::lock_guard lock(mu);
-  if (auto it = loaded.find(key); it != loaded.end()) return *it->second;
+  if (auto it = loaded->find(key); it != loaded->end()) return *it->second;
 
   // Never dlclose'd: the function table and every object the plugin hands out live inside it.
   void* lib = ::dlopen(key.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -264,7 +267,7 @@ const Plugin& Plugin::load(const std::string& path) {
     throw DeviceError(str_cat("PJRT plugin ", path, ": GetPjrtApi returned no function table"));
   std::unique_ptr<Plugin> plugin(new Plugin(key, api));
   const Plugin& ref = *plugin;
-  loaded.emplace(key, std::move(plugin));
+  loaded->emplace(key, std::move(plugin));
   return ref;
 }
 
