@@ -1,19 +1,26 @@
 // The continuous-batching engine (tformers/serving.h).
 //
-// Memory: a sequence reserves the blocks for its whole length (prompt + max_new_tokens) when it
-// is admitted, so a running sequence never waits for memory and nothing is ever preempted or
-// truncated; a request whose blocks are not free waits at the head of the queue (first come,
-// first served). vLLM allocates blocks as sequences grow and preempts when the pool runs out,
-// which packs more sequences into a pool but recomputes preempted ones; reserving keeps every
-// step's cost predictable, which a fixed shape plan wants. Prefix sharing is not done.
+// Memory (generation/block_manager.h): a sequence holds the blocks of the positions it has
+// computed and takes one more as it crosses a block's end, so a pool holds what sequences use,
+// not what they might reach. When a running sequence needs a block and none is free (cached
+// blocks without a reference are taken first), the newest running sequence is preempted, as
+// vLLM does: its blocks are released and it goes back to the head of the queue, to be computed
+// again from its tokens (prompt and generated so far) when it is admitted. Its sampler, logits
+// processors and stop strings keep their state, so it resumes where it stopped. A request is
+// admitted (first come, first served) only when its blocks are free with a block to spare for
+// each running sequence that crosses a block's end in the next step, so that an admission is not
+// preempted at once. Full blocks are cached by the hash of their prefix: a request whose tokens
+// begin with cached blocks shares them and prefills only the rest (always its last token, whose
+// logits choose the next one).
 //
-// Shapes: prefill runs one sequence at a time, its prompt left-padded to a bucket; decode runs
-// every running sequence in one step, the batch padded to a bucket. Decode buckets start at the
-// backend's batch_invariant_rows(): a request's tokens must not depend on how many others share
-// its step, and kernels may pick their paths by row count (the CPU backend's x86 targets
-// multiply fewer than 4 rows with a GEMV and 4 or more with a GEMM, whose sums are ordered
-// differently). Every row's numbers therefore go through the same kernels in the same order
-// whatever the batch.
+// Shapes: prefill runs one sequence at a time, its uncached tokens left-padded to a bucket;
+// decode runs every running sequence in one step, the batch padded to a bucket. Decode buckets
+// start at the backend's batch_invariant_rows(): a request's tokens must not depend on how many
+// others share its step, and kernels may pick their paths by row count (the CPU backend's x86
+// targets multiply fewer than 4 rows with a GEMV and 4 or more with a GEMM, whose sums are
+// ordered differently). Every row's numbers therefore go through the same kernels in the same
+// order whatever the batch; that also makes the keys and values of a cached block, or of a
+// sequence computed again, the same bits as those it replaces.
 #include "tformers/serving.h"
 
 #include <algorithm>
@@ -26,6 +33,7 @@
 #include <set>
 #include <thread>
 
+#include "generation/block_manager.h"
 #include "generation/logits_process.h"
 #include "generation/sampling.h"
 #include "generation/stop_strings.h"
@@ -77,7 +85,7 @@ struct ServingEngine::Impl {
     std::optional<generation::LogitsProcessorList> processors;
     std::optional<generation::Sampler> sampler;
     std::optional<generation::StopStrings> stops;
-    std::vector<int32_t> blocks;  // reserved for the whole length
+    generation::BlockManager::Table table;  // the positions computed so far
   };
 
   models::ModelRunner m;
@@ -96,13 +104,14 @@ struct ServingEngine::Impl {
 
   // The scheduler thread's own.
   std::vector<std::unique_ptr<Sequence>> running;
-  std::vector<int32_t> free_blocks;
+  std::optional<generation::BlockManager> blocks;
   std::thread thread;
 
   // Read by stats() from any thread.
-  std::atomic<int64_t> n_running{0}, n_waiting{0}, blocks_used{0};
+  std::atomic<int64_t> n_running{0}, n_waiting{0}, blocks_used{0}, blocks_cached{0};
   std::atomic<uint64_t> prompt_tokens{0}, generated_tokens{0}, padded_tokens{0}, computed_tokens{0},
-      steps{0}, compiles{0}, compiles_at_ready{0};
+      prefill_tokens{0}, prefix_queries{0}, prefix_hits{0}, preemptions{0}, steps{0}, compiles{0},
+      compiles_at_ready{0};
   std::atomic<bool> ready{false};
   double warm_up_seconds = 0;
 
@@ -115,17 +124,27 @@ struct ServingEngine::Impl {
   void step();
   void cancel_requested();
   enum class Admit { kNoRoom, kRunning, kDone };
-  // Reserves the sequence's blocks, prefills its prompt and chooses its first token.
+  // Takes the sequence's blocks (cached ones first), prefills the tokens not cached and chooses
+  // the next token.
   Admit admit(Sequence& s);
+  // The blocks the running sequences take in the next decode step.
+  int64_t blocks_needed_by_decode() const;
+  // Gives the newest running sequence's blocks back and puts it at the head of the queue.
+  void preempt();
   void decode();
   // Chooses the next token from `logits` (V) and reports it; true when the sequence is done.
   bool choose(Sequence& s, std::span<float> logits);
   void finish(Sequence& s, const std::string& reason, const std::string& error = {});
   void release(Sequence& s);
+  void publish_blocks() {
+    blocks_used = blocks->used_blocks();
+    blocks_cached = blocks->cached_blocks();
+  }
   // The sequence's tokens from `from` as one chunk of a paged step.
   static models::SequenceChunk chunk(const Sequence& s, int64_t from) {
-    return {
-        .tokens = std::span(s.tokens).subspan(size_t(from)), .position = from, .blocks = s.blocks};
+    return {.tokens = std::span(s.tokens).subspan(size_t(from)),
+            .position = from,
+            .blocks = s.table.blocks};
   }
   void note_compiles() { compiles = m.compiles(); }
 };
@@ -176,10 +195,7 @@ void ServingEngine::Impl::configure() {
   decode_buckets.push_back(std::max(min_rows, cfg.max_num_seqs));
 
   m.allocate_pool(cfg.num_blocks, cfg.block_size, table_blocks);
-  free_blocks.resize(size_t(cfg.num_blocks));
-  // Popped from the back: low block numbers first.
-  for (int64_t i = 0; i < cfg.num_blocks; ++i)
-    free_blocks[size_t(i)] = int32_t(cfg.num_blocks - 1 - i);
+  blocks.emplace(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching);
 }
 
 std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequence(
@@ -222,9 +238,8 @@ std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequenc
 }
 
 void ServingEngine::Impl::release(Sequence& s) {
-  for (int32_t b : s.blocks) free_blocks.push_back(b);
-  blocks_used -= int64_t(s.blocks.size());
-  s.blocks.clear();
+  blocks->release(s.table);
+  publish_blocks();
 }
 
 void ServingEngine::Impl::finish(Sequence& s, const std::string& reason, const std::string& error) {
@@ -262,27 +277,63 @@ bool ServingEngine::Impl::choose(Sequence& s, std::span<float> logits) {
 }
 
 ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s) {
-  const int64_t need = (s.prompt_len + s.max_new + cfg.block_size - 1) / cfg.block_size;
-  if (int64_t(free_blocks.size()) < need) return Admit::kNoRoom;
-  for (int64_t i = 0; i < need; ++i) {
-    s.blocks.push_back(free_blocks.back());
-    free_blocks.pop_back();
+  const int64_t L = int64_t(s.tokens.size());
+  // The last token is computed whatever is cached: its logits choose the next one.
+  const int64_t hit = blocks->match_prefix(std::span(s.tokens).first(size_t(L - 1)), s.table);
+  // Room for its next token too, so that the next decode does not preempt it straight away.
+  const int64_t need = blocks->blocks_for(L + 1) - int64_t(s.table.blocks.size());
+  if (blocks->free_blocks() - need < blocks_needed_by_decode() || !blocks->grow(s.table, L)) {
+    blocks->release(s.table);
+    return Admit::kNoRoom;
   }
-  blocks_used += need;
-  // Left-padded to the bucket, so the last position is the prompt's last token.
-  const int64_t P = s.prompt_len, T = bucket_for(cfg.prefill_buckets, P);
+  publish_blocks();
+  // Left-padded to the bucket, so the last position is the sequence's last token.
+  const int64_t n = L - hit, T = bucket_for(cfg.prefill_buckets, n);
   Tensor logits = Tensor::zeros({1, 1, m.vocab_size()}, DType::f32);
-  const models::SequenceChunk prompt = chunk(s, 0);
-  m.run_paged(m.prepare_paged(1, T), {&prompt, 1}, logits);
+  const models::SequenceChunk rest = chunk(s, hit);
+  m.run_paged(m.prepare_paged(1, T), {&rest, 1}, logits);
+  blocks->commit(s.table, s.tokens, L);
+  publish_blocks();
   note_compiles();
   ++steps;
-  prompt_tokens += uint64_t(P);
+  // A preempted sequence computed again counts its tokens once as prompt tokens, and each time
+  // towards the prefix cache.
+  if (L == s.prompt_len) prompt_tokens += uint64_t(L);
+  prefix_queries += uint64_t(L);
+  prefix_hits += uint64_t(hit);
+  prefill_tokens += uint64_t(n);
   computed_tokens += uint64_t(T);
-  padded_tokens += uint64_t(T - P);
+  padded_tokens += uint64_t(T - n);
   return choose(s, {logits.data<float>(), size_t(logits.numel())}) ? Admit::kDone : Admit::kRunning;
 }
 
+int64_t ServingEngine::Impl::blocks_needed_by_decode() const {
+  int64_t n = 0;
+  for (const auto& s : running)
+    n += blocks->blocks_for(int64_t(s->tokens.size())) - int64_t(s->table.blocks.size());
+  return n;
+}
+
+void ServingEngine::Impl::preempt() {
+  std::unique_ptr<Sequence> s = std::move(running.back());
+  running.pop_back();
+  blocks->release(s->table);
+  publish_blocks();
+  ++preemptions;
+  std::lock_guard<std::mutex> lock(mu);
+  waiting.push_front(std::move(s));
+}
+
 void ServingEngine::Impl::decode() {
+  // Each sequence's newest token needs a place; the oldest get theirs first, and the newest give
+  // theirs up (a sequence that is itself the newest preempts itself).
+  for (size_t i = 0; i < running.size(); ++i)
+    while (!blocks->grow(running[i]->table, int64_t(running[i]->tokens.size()))) {
+      preempt();
+      if (i == running.size()) break;
+    }
+  publish_blocks();
+  if (running.empty()) return;
   const int64_t n = int64_t(running.size()), B = bucket_for(decode_buckets, n);
   const int64_t V = m.vocab_size();
   std::vector<models::SequenceChunk> last;  // each sequence's newest token
@@ -294,9 +345,13 @@ void ServingEngine::Impl::decode() {
   computed_tokens += uint64_t(B);
   padded_tokens += uint64_t(B - n);
   std::vector<std::unique_ptr<Sequence>> still;
-  for (int64_t b = 0; b < n; ++b)
-    if (!choose(*running[size_t(b)], {logits.data<float>() + b * V, size_t(V)}))
+  for (int64_t b = 0; b < n; ++b) {
+    Sequence& s = *running[size_t(b)];
+    blocks->commit(s.table, s.tokens, int64_t(s.tokens.size()));
+    if (!choose(s, {logits.data<float>() + b * V, size_t(V)}))
       still.push_back(std::move(running[size_t(b)]));
+  }
+  publish_blocks();
   running = std::move(still);
 }
 
@@ -330,7 +385,7 @@ void ServingEngine::Impl::step() {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (waiting.empty()) break;
-      const int64_t cost = bucket_for(cfg.prefill_buckets, waiting.front()->prompt_len);
+      const int64_t cost = bucket_for(cfg.prefill_buckets, int64_t(waiting.front()->tokens.size()));
       if (prefilled > 0 && prefilled + cost > cfg.max_prefill_tokens) break;
       prefilled += cost;
       s = std::move(waiting.front());
@@ -467,6 +522,11 @@ ServingStats ServingEngine::stats() const {
   s.waiting = e.n_waiting;
   s.kv_blocks_total = e.cfg.num_blocks;
   s.kv_blocks_used = e.blocks_used;
+  s.kv_blocks_cached = e.blocks_cached;
+  s.prefill_tokens = e.prefill_tokens;
+  s.prefix_cache_queries = e.prefix_queries;
+  s.prefix_cache_hits = e.prefix_hits;
+  s.preemptions = e.preemptions;
   s.prompt_tokens = e.prompt_tokens;
   s.generated_tokens = e.generated_tokens;
   s.padded_tokens = e.padded_tokens;
