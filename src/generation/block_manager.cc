@@ -23,7 +23,7 @@ BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool prefix_c
   for (int64_t i = 0; i < num_blocks; ++i) free_[size_t(i)] = int32_t(num_blocks - 1 - i);
 }
 
-uint64_t BlockManager::key_of(uint64_t parent, std::span<const int32_t> tokens) {
+uint64_t BlockManager::key_of(uint64_t parent, uint64_t salt, std::span<const int32_t> tokens) {
   // splitmix64's finalizer over each token folded into the running value: every bit of a token
   // and of the parent's key reaches every bit of the result.
   auto mix = [](uint64_t x) {
@@ -33,20 +33,19 @@ uint64_t BlockManager::key_of(uint64_t parent, std::span<const int32_t> tokens) 
     x *= 0x94d049bb133111ebull;
     return x ^ (x >> 31);
   };
-  uint64_t h = mix(parent + 0x9e3779b97f4a7c15ull);
+  uint64_t h = mix(mix(parent + 0x9e3779b97f4a7c15ull) ^ salt);
   for (int32_t t : tokens) h = mix(h ^ (uint64_t(uint32_t(t)) + 0x9e3779b97f4a7c15ull));
   return h == 0 ? 1 : h;  // 0 marks an uncached block
 }
 
-int64_t BlockManager::match_prefix(std::span<const int32_t> tokens, Table& t) {
+int64_t BlockManager::match_prefix(std::span<const int32_t> tokens, int64_t prefilled, Table& t) {
   if (!prefix_caching_) return 0;
   uint64_t parent = 0;
-  for (size_t start = 0; start + size_t(block_size_) <= tokens.size();
-       start += size_t(block_size_)) {
-    const auto block_tokens = tokens.subspan(start, size_t(block_size_));
-    const uint64_t key = key_of(parent, block_tokens);
+  for (size_t i = 0; (i + 1) * size_t(block_size_) <= tokens.size(); ++i) {
+    const auto block_tokens = tokens.subspan(i * size_t(block_size_), size_t(block_size_));
+    const uint64_t salt = salt_of(i, prefilled), key = key_of(parent, salt, block_tokens);
     const auto it = by_key_.find(key);
-    if (it == by_key_.end() || it->second.parent != parent ||
+    if (it == by_key_.end() || it->second.parent != parent || it->second.salt != salt ||
         !std::equal(block_tokens.begin(), block_tokens.end(), it->second.tokens.begin()))
       break;
     const int32_t b = it->second.block;
@@ -83,18 +82,20 @@ bool BlockManager::grow(Table& t, int64_t positions) {
   return true;
 }
 
-void BlockManager::commit(Table& t, std::span<const int32_t> tokens, int64_t computed) {
+void BlockManager::commit(Table& t, std::span<const int32_t> tokens, int64_t computed,
+                          int64_t prefilled) {
   if (!prefix_caching_) return;
   const size_t full = size_t(std::min<int64_t>(computed, int64_t(tokens.size())) / block_size_);
   while (t.keys.size() < std::min(full, t.blocks.size())) {
     const size_t i = t.keys.size();
     const uint64_t parent = i == 0 ? 0 : t.keys[i - 1];
     const auto block_tokens = tokens.subspan(i * size_t(block_size_), size_t(block_size_));
-    const uint64_t key = key_of(parent, block_tokens);
+    const uint64_t salt = salt_of(i, prefilled), key = key_of(parent, salt, block_tokens);
     const int32_t b = t.blocks[i];
     // The key chains on even when another block holds it, so later blocks still find their
     // parent's key.
-    if (by_key_.emplace(key, Cached{parent, {block_tokens.begin(), block_tokens.end()}, b}).second)
+    if (by_key_.emplace(key, Cached{parent, salt, {block_tokens.begin(), block_tokens.end()}, b})
+            .second)
       key_[size_t(b)] = key;
     t.keys.push_back(key);
   }

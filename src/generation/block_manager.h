@@ -13,8 +13,17 @@
 // least recently released first. A sequence's blocks are released tail first, so a prefix
 // outlives its continuations.
 //
-// The 64-bit key is checked against the block's tokens and its parent's key on every hit, so a
-// wrong hit needs two prefixes whose chained keys collide and whose last blocks are equal.
+// A position's keys and values depend on its tokens and also on the step that computed them: a
+// prompt's positions come from a prefill, a generated token's from a decode step, and the two
+// may order their sums differently (the CPU's attention does), though a prefill gives the same
+// bits however its prompt is cut at block ends. So a block that holds generated positions is
+// keyed with the prompt's length as well (`prefilled`): it serves the sequence that computed it
+// when that one comes back after a preemption, never a longer prompt that repeats those tokens,
+// whose prefill would have given other bits.
+//
+// The 64-bit key is checked against the block's tokens, its parent's key and that prompt length
+// on every hit, so a wrong hit needs two prefixes whose chained keys collide and whose last
+// blocks are equal.
 #pragma once
 
 #include <cstdint>
@@ -53,25 +62,32 @@ class BlockManager {
   }
   // Starts an empty table on the longest run of cached blocks that hold a prefix of `tokens`
   // (none without prefix caching), taking a reference to each; returns the positions they hold.
-  // Give only the tokens that may be taken from the cache: a caller that needs the logits of its
-  // last token leaves that token out.
-  int64_t match_prefix(std::span<const int32_t> tokens, Table& t);
+  // `prefilled`: the sequence's prompt length (its positions computed by prefills; the rest by
+  // decode steps). Give only the tokens that may be taken from the cache: a caller that needs the
+  // logits of its last token leaves that token out.
+  int64_t match_prefix(std::span<const int32_t> tokens, int64_t prefilled, Table& t);
   // Grows the table to hold `positions` positions; false, taking nothing, when the pool cannot.
   bool grow(Table& t, int64_t positions);
   // Caches the table's blocks that `computed` of `tokens` (the sequence's tokens, from position
-  // 0) fill. A block whose key another block already holds stays uncached: both hold the same
-  // keys and values, and the older one serves later hits.
-  void commit(Table& t, std::span<const int32_t> tokens, int64_t computed);
+  // 0) fill, `prefilled` as for match_prefix. A block whose key another block already holds
+  // stays uncached: both hold the same keys and values, and the older one serves later hits.
+  void commit(Table& t, std::span<const int32_t> tokens, int64_t computed, int64_t prefilled);
   // Drops the table's references, tail first, and empties it.
   void release(Table& t);
 
  private:
   struct Cached {
     uint64_t parent = 0;          // the key of the block before (0 for the first)
+    uint64_t salt = 0;            // 0 for prefilled positions only, else the prompt length + 1
     std::vector<int32_t> tokens;  // block_size tokens
     int32_t block = 0;
   };
-  static uint64_t key_of(uint64_t parent, std::span<const int32_t> tokens);
+  // What a block's key mixes in besides its parent and its tokens: block `i` of a sequence whose
+  // first `prefilled` positions were prefilled.
+  uint64_t salt_of(size_t i, int64_t prefilled) const {
+    return int64_t(i + 1) * block_size_ <= prefilled ? 0 : uint64_t(prefilled) + 1;
+  }
+  static uint64_t key_of(uint64_t parent, uint64_t salt, std::span<const int32_t> tokens);
   // A block off the free list, else the least recently released cached one (forgotten).
   int32_t take();
 

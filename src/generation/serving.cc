@@ -5,13 +5,21 @@
 // not what they might reach. When a running sequence needs a block and none is free (cached
 // blocks without a reference are taken first), the newest running sequence is preempted, as
 // vLLM does: its blocks are released and it goes back to the head of the queue, to be computed
-// again from its tokens (prompt and generated so far) when it is admitted. Its sampler, logits
-// processors and stop strings keep their state, so it resumes where it stopped. A request is
-// admitted (first come, first served) only when its blocks are free with a block to spare for
-// each running sequence that crosses a block's end in the next step, so that an admission is not
-// preempted at once. Full blocks are cached by the hash of their prefix: a request whose tokens
-// begin with cached blocks shares them and prefills only the rest (always its last token, whose
-// logits choose the next one).
+// again when it is admitted. Its sampler, logits processors and stop strings keep their state,
+// so it resumes where it stopped. A request is admitted (first come, first served) only when its
+// blocks are free with a block to spare for each running sequence that crosses a block's end in
+// the next step, so that an admission is not preempted at once. Full blocks are cached by the
+// hash of their prefix: a request whose tokens begin with cached blocks shares them and prefills
+// only the rest (always its last token, whose logits choose the next one).
+//
+// Computed again, a sequence must give the bits it would have given, and a prefill and a decode
+// step may round differently (the CPU's prefill and decode attention sum in other orders), while
+// a prefill gives the same bits however its prompt is cut at block ends. So a preempted sequence
+// is recomputed as it was first computed: what its cached blocks lack of its prompt by a prefill,
+// then its generated tokens by decode steps beside the running sequences, one a step, their
+// logits unused (vLLM recomputes the lot in one prefill, which is cheaper but not bit-exact
+// here). Its own blocks of generated positions stay cached under its prompt length
+// (block_manager.h), so it recomputes only what was evicted.
 //
 // Shapes: prefill runs one sequence at a time, its uncached tokens left-padded to a bucket;
 // decode runs every running sequence in one step, the batch padded to a bucket. Decode buckets
@@ -81,6 +89,7 @@ struct ServingEngine::Impl {
     ServingCallback on_event;
     ResolvedGenerationConfig rc;
     std::vector<int32_t> tokens;  // prompt, then generated
+    int64_t computed = 0;         // positions whose keys and values are in the table
     int64_t prompt_len = 0, max_new = 0;
     std::optional<generation::LogitsProcessorList> processors;
     std::optional<generation::Sampler> sampler;
@@ -124,8 +133,8 @@ struct ServingEngine::Impl {
   void step();
   void cancel_requested();
   enum class Admit { kNoRoom, kRunning, kDone };
-  // Takes the sequence's blocks (cached ones first), prefills the tokens not cached and chooses
-  // the next token.
+  // Takes the sequence's blocks (cached ones first) and prefills the prompt tokens not cached;
+  // a new request then chooses its first token.
   Admit admit(Sequence& s);
   // The blocks the running sequences take in the next decode step.
   int64_t blocks_needed_by_decode() const;
@@ -140,9 +149,9 @@ struct ServingEngine::Impl {
     blocks_used = blocks->used_blocks();
     blocks_cached = blocks->cached_blocks();
   }
-  // The sequence's tokens from `from` as one chunk of a paged step.
-  static models::SequenceChunk chunk(const Sequence& s, int64_t from) {
-    return {.tokens = std::span(s.tokens).subspan(size_t(from)),
+  // The sequence's tokens [from, to) as one chunk of a paged step.
+  static models::SequenceChunk chunk(const Sequence& s, int64_t from, int64_t to) {
+    return {.tokens = std::span(s.tokens).subspan(size_t(from), size_t(to - from)),
             .position = from,
             .blocks = s.table.blocks};
   }
@@ -277,40 +286,43 @@ bool ServingEngine::Impl::choose(Sequence& s, std::span<float> logits) {
 }
 
 ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s) {
-  const int64_t L = int64_t(s.tokens.size());
+  const int64_t L = int64_t(s.tokens.size()), P = s.prompt_len;
   // The last token is computed whatever is cached: its logits choose the next one.
-  const int64_t hit = blocks->match_prefix(std::span(s.tokens).first(size_t(L - 1)), s.table);
-  // Room for its next token too, so that the next decode does not preempt it straight away.
-  const int64_t need = blocks->blocks_for(L + 1) - int64_t(s.table.blocks.size());
-  if (blocks->free_blocks() - need < blocks_needed_by_decode() || !blocks->grow(s.table, L)) {
+  const int64_t hit = blocks->match_prefix(std::span(s.tokens).first(size_t(L - 1)), P, s.table);
+  const int64_t done = std::max(hit, P);  // computed once admitted
+  // Room for its next position too, so that the next decode does not preempt it straight away.
+  const int64_t need = blocks->blocks_for(done + 1) - int64_t(s.table.blocks.size());
+  if (blocks->free_blocks() - need < blocks_needed_by_decode() || !blocks->grow(s.table, done)) {
     blocks->release(s.table);
     return Admit::kNoRoom;
   }
   publish_blocks();
-  // Left-padded to the bucket, so the last position is the sequence's last token.
-  const int64_t n = L - hit, T = bucket_for(cfg.prefill_buckets, n);
+  s.computed = hit;
+  prefix_queries += uint64_t(L);
+  prefix_hits += uint64_t(hit);
+  if (L == P) prompt_tokens += uint64_t(P);
+  if (hit == P) return Admit::kRunning;  // a preempted sequence whose whole prompt is cached
+  // Left-padded to the bucket, so the last position is the prompt's last token.
+  const int64_t n = P - hit, T = bucket_for(cfg.prefill_buckets, n);
   Tensor logits = Tensor::zeros({1, 1, m.vocab_size()}, DType::f32);
-  const models::SequenceChunk rest = chunk(s, hit);
+  const models::SequenceChunk rest = chunk(s, hit, P);
   m.run_paged(m.prepare_paged(1, T), {&rest, 1}, logits);
-  blocks->commit(s.table, s.tokens, L);
+  s.computed = P;
+  blocks->commit(s.table, s.tokens, P, P);
   publish_blocks();
   note_compiles();
   ++steps;
-  // A preempted sequence computed again counts its tokens once as prompt tokens, and each time
-  // towards the prefix cache.
-  if (L == s.prompt_len) prompt_tokens += uint64_t(L);
-  prefix_queries += uint64_t(L);
-  prefix_hits += uint64_t(hit);
   prefill_tokens += uint64_t(n);
   computed_tokens += uint64_t(T);
   padded_tokens += uint64_t(T - n);
+  if (L > P) return Admit::kRunning;  // its generated tokens follow in decode steps
   return choose(s, {logits.data<float>(), size_t(logits.numel())}) ? Admit::kDone : Admit::kRunning;
 }
 
 int64_t ServingEngine::Impl::blocks_needed_by_decode() const {
   int64_t n = 0;
   for (const auto& s : running)
-    n += blocks->blocks_for(int64_t(s->tokens.size())) - int64_t(s->table.blocks.size());
+    n += blocks->blocks_for(s->computed + 1) - int64_t(s->table.blocks.size());
   return n;
 }
 
@@ -325,10 +337,10 @@ void ServingEngine::Impl::preempt() {
 }
 
 void ServingEngine::Impl::decode() {
-  // Each sequence's newest token needs a place; the oldest get theirs first, and the newest give
+  // Each sequence's next position needs a place; the oldest get theirs first, and the newest give
   // theirs up (a sequence that is itself the newest preempts itself).
   for (size_t i = 0; i < running.size(); ++i)
-    while (!blocks->grow(running[i]->table, int64_t(running[i]->tokens.size()))) {
+    while (!blocks->grow(running[i]->table, running[i]->computed + 1)) {
       preempt();
       if (i == running.size()) break;
     }
@@ -336,10 +348,11 @@ void ServingEngine::Impl::decode() {
   if (running.empty()) return;
   const int64_t n = int64_t(running.size()), B = bucket_for(decode_buckets, n);
   const int64_t V = m.vocab_size();
-  std::vector<models::SequenceChunk> last;  // each sequence's newest token
-  for (const auto& s : running) last.push_back(chunk(*s, int64_t(s->tokens.size()) - 1));
+  // Each sequence's first token not computed: its newest, or one it recomputes.
+  std::vector<models::SequenceChunk> next;
+  for (const auto& s : running) next.push_back(chunk(*s, s->computed, s->computed + 1));
   Tensor logits = Tensor::zeros({B, 1, V}, DType::f32);
-  m.run_paged(m.prepare_paged(B, 1), last, logits);
+  m.run_paged(m.prepare_paged(B, 1), next, logits);
   note_compiles();
   ++steps;
   computed_tokens += uint64_t(B);
@@ -347,8 +360,9 @@ void ServingEngine::Impl::decode() {
   std::vector<std::unique_ptr<Sequence>> still;
   for (int64_t b = 0; b < n; ++b) {
     Sequence& s = *running[size_t(b)];
-    blocks->commit(s.table, s.tokens, int64_t(s.tokens.size()));
-    if (!choose(s, {logits.data<float>() + b * V, size_t(V)}))
+    blocks->commit(s.table, s.tokens, ++s.computed, s.prompt_len);
+    if (s.computed < int64_t(s.tokens.size()) ||
+        !choose(s, {logits.data<float>() + b * V, size_t(V)}))
       still.push_back(std::move(running[size_t(b)]));
   }
   publish_blocks();
@@ -385,7 +399,7 @@ void ServingEngine::Impl::step() {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (waiting.empty()) break;
-      const int64_t cost = bucket_for(cfg.prefill_buckets, int64_t(waiting.front()->tokens.size()));
+      const int64_t cost = bucket_for(cfg.prefill_buckets, waiting.front()->prompt_len);
       if (prefilled > 0 && prefilled + cost > cfg.max_prefill_tokens) break;
       prefilled += cost;
       s = std::move(waiting.front());

@@ -28,13 +28,18 @@ std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& 
   return a;
 }
 
-// A sequence as the engine runs one: the cached prefix, then blocks for every token, then the
+// A prompt as the engine admits one: the cached prefix, then blocks for every token, then the
 // full blocks committed.
-int64_t admit(BlockManager& bm, const std::vector<int32_t>& tokens, Table& t) {
-  const int64_t hit = bm.match_prefix(tokens, t);
-  EXPECT_TRUE(bm.grow(t, int64_t(tokens.size())));
-  bm.commit(t, tokens, int64_t(tokens.size()));
+int64_t admit(BlockManager& bm, const std::vector<int32_t>& prompt, Table& t) {
+  const int64_t n = int64_t(prompt.size()), hit = bm.match_prefix(prompt, n, t);
+  EXPECT_TRUE(bm.grow(t, n));
+  bm.commit(t, prompt, n, n);
   return hit;
+}
+
+// Looks up a prompt.
+int64_t match(BlockManager& bm, const std::vector<int32_t>& prompt, Table& t) {
+  return bm.match_prefix(prompt, int64_t(prompt.size()), t);
 }
 
 TEST(BlockManager, GrowsOnDemandAndRefusesWithoutTakingAny) {
@@ -94,7 +99,7 @@ TEST(BlockManager, KeysChainOnThePrefix) {
   EXPECT_EQ(admit(bm, concat({1, 1, 1, 1}, concat({5, 6, 7, 9}, second)), c), 4);
   // Only whole blocks are looked up.
   Table d;
-  EXPECT_EQ(bm.match_prefix(std::vector<int32_t>{1, 1, 1, 1, 5, 6, 7}, d), 4);
+  EXPECT_EQ(match(bm, std::vector<int32_t>{1, 1, 1, 1, 5, 6, 7}, d), 4);
   for (Table* t : {&a, &b, &c, &d}) bm.release(*t);
   EXPECT_EQ(bm.used_blocks(), 0);
 }
@@ -114,16 +119,16 @@ TEST(BlockManager, EvictsTheLeastRecentlyReleasedTailFirst) {
   EXPECT_TRUE(bm.grow(fresh, 2));  // takes x's third block
   EXPECT_EQ(bm.cached_blocks(), 5);
   Table hx, hy;
-  EXPECT_EQ(bm.match_prefix(x, hx), 4);
-  EXPECT_EQ(bm.match_prefix(y, hy), 6);
+  EXPECT_EQ(match(bm, x, hx), 4);
+  EXPECT_EQ(match(bm, y, hy), 6);
   // Released again, y before x: y's blocks are now the least recent, its tail the first.
   bm.release(hy);
   bm.release(hx);
   Table more;
   EXPECT_TRUE(bm.grow(more, 4));  // two blocks: y's third and second
   Table hx2, hy2;
-  EXPECT_EQ(bm.match_prefix(x, hx2), 4);
-  EXPECT_EQ(bm.match_prefix(y, hy2), 2);
+  EXPECT_EQ(match(bm, x, hx2), 4);
+  EXPECT_EQ(match(bm, y, hy2), 2);
   for (Table* t : {&fresh, &more, &hx2, &hy2}) bm.release(*t);
   EXPECT_EQ(bm.free_blocks(), 6);
 }
@@ -135,7 +140,7 @@ TEST(BlockManager, HeldBlocksAreNeverEvicted) {
   EXPECT_FALSE(bm.grow(b, 4));  // one free block, both of a's held
   EXPECT_TRUE(bm.grow(b, 2));
   Table h;
-  EXPECT_EQ(bm.match_prefix(std::vector<int32_t>{1, 2, 3, 4}, h), 4);
+  EXPECT_EQ(match(bm, std::vector<int32_t>{1, 2, 3, 4}, h), 4);
   bm.release(h);
   bm.release(a);
   bm.release(b);
@@ -147,18 +152,18 @@ TEST(BlockManager, TheSamePrefixComputedTwiceIsCachedOnce) {
   const std::vector<int32_t> x = {1, 2, 3, 4, 5};
   Table a, b;
   // Both looked up before either is committed, as two prompts admitted together.
-  EXPECT_EQ(bm.match_prefix(x, a), 0);
-  EXPECT_EQ(bm.match_prefix(x, b), 0);
+  EXPECT_EQ(match(bm, x, a), 0);
+  EXPECT_EQ(match(bm, x, b), 0);
   ASSERT_TRUE(bm.grow(a, 5) && bm.grow(b, 5));
-  bm.commit(a, x, 5);
-  bm.commit(b, x, 5);
+  bm.commit(a, x, 5, 5);
+  bm.commit(b, x, 5, 5);
   EXPECT_EQ(bm.cached_blocks(), 2);
   const std::vector<int32_t> first(a.blocks.begin(), a.blocks.begin() + 2);
   bm.release(b);  // its full blocks were duplicates: free, not cached
   bm.release(a);
   EXPECT_EQ(bm.cached_blocks(), 2);
   Table c;
-  EXPECT_EQ(bm.match_prefix(x, c), 4);
+  EXPECT_EQ(match(bm, x, c), 4);
   EXPECT_EQ(c.blocks, first);
   bm.release(c);
 }
@@ -168,17 +173,41 @@ TEST(BlockManager, CommitFollowsTheComputedPositions) {
   std::vector<int32_t> x = iota(10, 3);
   Table a;
   ASSERT_TRUE(bm.grow(a, 3));
-  bm.commit(a, x, 3);
+  bm.commit(a, x, 3, 3);
   EXPECT_EQ(bm.cached_blocks(), 0);
   for (int32_t t = 0; t < 5; ++t) {  // decode steps: one token computed at a time
     x.push_back(t);
     ASSERT_TRUE(bm.grow(a, int64_t(x.size())));
-    bm.commit(a, x, int64_t(x.size()) - 1);  // the newest token not yet computed
+    bm.commit(a, x, int64_t(x.size()) - 1, 3);  // the newest token not yet computed
   }
   EXPECT_EQ(bm.cached_blocks(), 1);  // 7 computed of 8: the second block is not yet
-  bm.commit(a, x, int64_t(x.size()));
+  bm.commit(a, x, int64_t(x.size()), 3);
   EXPECT_EQ(bm.cached_blocks(), 2);
   bm.release(a);
+}
+
+// Blocks with generated positions serve the sequence that computed them, coming back with the
+// same prompt, and not a prompt that repeats its tokens; blocks of prompt positions only serve
+// any prompt that begins with them.
+TEST(BlockManager, GeneratedPositionsAreKeyedWithThePromptLength) {
+  BlockManager bm(16, 4, true);
+  const std::vector<int32_t> prompt = iota(20, 6);
+  std::vector<int32_t> x = prompt;
+  Table a;
+  ASSERT_TRUE(bm.grow(a, 6));
+  bm.commit(a, x, 6, 6);
+  for (int32_t t = 0; t < 7; ++t) {
+    x.push_back(t);
+    ASSERT_TRUE(bm.grow(a, int64_t(x.size())));
+    bm.commit(a, x, int64_t(x.size()) - 1, 6);
+  }
+  EXPECT_EQ(bm.cached_blocks(), 3);  // 12 of 13 computed
+  bm.release(a);
+  Table resumed, longer, other;
+  EXPECT_EQ(bm.match_prefix(std::span(x).first(12), 6, resumed), 12);
+  EXPECT_EQ(match(bm, std::vector<int32_t>(x.begin(), x.begin() + 12), longer), 4);
+  EXPECT_EQ(match(bm, {20, 21, 22, 23, 99}, other), 4);
+  for (Table* t : {&resumed, &longer, &other}) bm.release(*t);
 }
 
 TEST(BlockManager, WithoutPrefixCachingNothingIsShared) {
@@ -200,6 +229,7 @@ TEST(BlockManager, NoBlockLostOrHandedOutTwice) {
   std::mt19937 rng(7);
   struct Live {
     std::vector<int32_t> tokens;
+    int64_t prompt = 0;
     Table t;
   };
   std::vector<Live> live;
@@ -209,18 +239,19 @@ TEST(BlockManager, NoBlockLostOrHandedOutTwice) {
     if (what == 0 || live.empty()) {
       Live s;
       for (uint32_t i = 0, n = 1 + rng() % 12; i < n; ++i) s.tokens.push_back(int32_t(rng() % 2));
-      hits += bm.match_prefix(std::span(s.tokens).first(s.tokens.size() - 1), s.t);
-      if (!bm.grow(s.t, int64_t(s.tokens.size()))) {
+      s.prompt = int64_t(s.tokens.size());
+      hits += bm.match_prefix(std::span(s.tokens).first(s.tokens.size() - 1), s.prompt, s.t);
+      if (!bm.grow(s.t, s.prompt)) {
         bm.release(s.t);
         continue;
       }
-      bm.commit(s.t, s.tokens, int64_t(s.tokens.size()));
+      bm.commit(s.t, s.tokens, s.prompt, s.prompt);
       live.push_back(std::move(s));
     } else if (what == 1) {
       Live& s = live[rng() % live.size()];
       s.tokens.push_back(int32_t(rng() % 2));
       if (bm.grow(s.t, int64_t(s.tokens.size())))
-        bm.commit(s.t, s.tokens, int64_t(s.tokens.size()));
+        bm.commit(s.t, s.tokens, int64_t(s.tokens.size()), s.prompt);
       else
         s.tokens.pop_back();
     } else {
@@ -229,7 +260,8 @@ TEST(BlockManager, NoBlockLostOrHandedOutTwice) {
       live.erase(live.begin() + ptrdiff_t(i));
     }
     // The pool counts each block the tables hold once, and tables share a block only where
-    // their tokens up to its end are the same.
+    // their tokens up to its end are the same, and so is their prompt length unless the block
+    // holds prompt positions only.
     std::map<int32_t, std::vector<std::pair<const Live*, size_t>>> holders;
     for (const Live& s : live)
       for (size_t j = 0; j < s.t.blocks.size(); ++j) holders[s.t.blocks[j]].push_back({&s, j});
@@ -239,9 +271,13 @@ TEST(BlockManager, NoBlockLostOrHandedOutTwice) {
         const size_t end = (j + 1) * 3;
         if (s != at.front().first) {
           ++shared;
-          ASSERT_TRUE(s->tokens.size() >= end && at.front().first->tokens.size() >= end &&
-                      std::equal(s->tokens.begin(), s->tokens.begin() + ptrdiff_t(end),
-                                 at.front().first->tokens.begin()))
+          const Live* o = at.front().first;
+          ASSERT_TRUE(
+              s->tokens.size() >= end && o->tokens.size() >= end &&
+              std::equal(s->tokens.begin(), s->tokens.begin() + ptrdiff_t(end), o->tokens.begin()))
+              << "block " << block << " step " << step;
+          ASSERT_TRUE(s->prompt == o->prompt ||
+                      (s->prompt >= int64_t(end) && o->prompt >= int64_t(end)))
               << "block " << block << " step " << step;
         }
       }
