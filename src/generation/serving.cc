@@ -32,10 +32,12 @@
 #include "tformers/serving.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -69,15 +71,9 @@ void fill_logprobs(std::span<const float> logits, int32_t chosen, int64_t k, Ser
   for (float x : logits) sum += std::exp(double(x - mx));
   const float log_z = mx + float(std::log(sum));
   e.logprob = logits[size_t(chosen)] - log_z;
-  if (k <= 0) return;
-  std::vector<int32_t> ids(logits.size());
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
-  const size_t n = std::min(size_t(k), ids.size());
-  std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(n), ids.end(), [&](int32_t a, int32_t b) {
-    return logits[size_t(a)] > logits[size_t(b)] ||
-           (logits[size_t(a)] == logits[size_t(b)] && a < b);
-  });
-  for (size_t i = 0; i < n; ++i) e.top_logprobs.push_back({ids[i], logits[size_t(ids[i])] - log_z});
+  std::array<int32_t, kMaxTopLogprobs> top;
+  const size_t n = generation::top_k_indices(logits, std::span(top).first(size_t(k)));
+  for (size_t i = 0; i < n; ++i) e.top_logprobs.push_back({top[i], logits[size_t(top[i])] - log_z});
 }
 
 }  // namespace
@@ -114,6 +110,9 @@ struct ServingEngine::Impl {
   // The scheduler thread's own.
   std::vector<std::unique_ptr<Sequence>> running;
   std::optional<generation::BlockManager> blocks;
+  // Reused from step to step: the logits of each batch size, and a copy of one row's.
+  std::map<int64_t, Tensor> logits_by_rows;
+  std::vector<float> raw_logits;
   std::thread thread;
 
   // Read by stats() from any thread.
@@ -156,6 +155,13 @@ struct ServingEngine::Impl {
             .blocks = s.table.blocks};
   }
   void note_compiles() { compiles = m.compiles(); }
+  // The logits of a step of `rows` rows, (rows, 1, V), allocated at its first use.
+  Tensor& logits_for(int64_t rows) {
+    auto it = logits_by_rows.find(rows);
+    if (it == logits_by_rows.end())
+      it = logits_by_rows.emplace(rows, Tensor::zeros({rows, 1, m.vocab_size()}, DType::f32)).first;
+    return it->second;
+  }
 };
 
 void ServingEngine::Impl::configure() {
@@ -264,11 +270,11 @@ bool ServingEngine::Impl::choose(Sequence& s, std::span<float> logits) {
   ServingEvent e;
   e.request = s.id;
   const bool want_logprobs = s.request.logprobs || s.request.top_logprobs > 0;
-  std::vector<float> raw;
-  if (want_logprobs) raw.assign(logits.begin(), logits.end());
+  // The processors change the logits in place; log-probabilities are of the raw ones.
+  if (want_logprobs) raw_logits.assign(logits.begin(), logits.end());
   s.processors->process(s.tokens, s.prompt_len, logits);
   const int32_t next = s.sampler->next_token(logits, s.rc.do_sample);
-  if (want_logprobs) fill_logprobs(raw, next, s.request.top_logprobs, e);
+  if (want_logprobs) fill_logprobs(raw_logits, next, s.request.top_logprobs, e);
   s.tokens.push_back(next);
   ++generated_tokens;
   e.token = next;
@@ -304,7 +310,7 @@ ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s) {
   if (hit == P) return Admit::kRunning;  // a preempted sequence whose whole prompt is cached
   // Left-padded to the bucket, so the last position is the prompt's last token.
   const int64_t n = P - hit, T = bucket_for(cfg.prefill_buckets, n);
-  Tensor logits = Tensor::zeros({1, 1, m.vocab_size()}, DType::f32);
+  Tensor& logits = logits_for(1);
   const models::SequenceChunk rest = chunk(s, hit, P);
   m.run_paged(m.prepare_paged(1, T), {&rest, 1}, logits);
   s.computed = P;
@@ -351,7 +357,7 @@ void ServingEngine::Impl::decode() {
   // Each sequence's first token not computed: its newest, or one it recomputes.
   std::vector<models::SequenceChunk> next;
   for (const auto& s : running) next.push_back(chunk(*s, s->computed, s->computed + 1));
-  Tensor logits = Tensor::zeros({B, 1, V}, DType::f32);
+  Tensor& logits = logits_for(B);
   m.run_paged(m.prepare_paged(B, 1), next, logits);
   note_compiles();
   ++steps;
@@ -460,8 +466,7 @@ double ServingEngine::warm_up() {
   // Each shape is compiled and run once on padding only (no cache writes, no keys), so that its
   // executable's working memory exists before the first request too.
   auto run_empty = [&](int64_t batch, int64_t tokens) {
-    Tensor logits = Tensor::zeros({batch, 1, e.m.vocab_size()}, DType::f32);
-    e.m.run_paged(e.m.prepare_paged(batch, tokens), {}, logits);
+    e.m.run_paged(e.m.prepare_paged(batch, tokens), {}, e.logits_for(batch));
   };
   for (int64_t t : e.cfg.prefill_buckets) run_empty(1, t);
   for (int64_t b : e.decode_buckets) run_empty(b, 1);
