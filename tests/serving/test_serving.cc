@@ -190,8 +190,8 @@ TEST(Serving, BatchInvariantAndNoCompilesAfterWarmUp) {
   EXPECT_GT(s.computed_tokens, s.padded_tokens);
 }
 
-// A pool with room for one full-length sequence: the others wait their turn and still get every
-// token they asked for.
+// A pool with room for one full-length sequence: the others wait their turn (or are preempted
+// back into the queue) and still get every token they asked for.
 TEST(Serving, FullPoolMakesRequestsWaitNotTruncate) {
   CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
   ServingEngine engine(model,
@@ -343,6 +343,38 @@ TEST(Serving, PreemptedSequencesResumeWithTheSameOutput) {
       EXPECT_GT(s.prefill_tokens, prompts);
     }
   }
+}
+
+// Without max_new_tokens a request may run to max_model_len, but holds only the blocks it has
+// filled: in a pool of one full-length sequence, a short request submitted after it runs beside
+// it and ends first, where a reservation of its whole length would have made it wait.
+TEST(Serving, UnsetMaxTokensReservesNothing) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  ServingEngine engine(model,
+                       {.max_num_seqs = 2, .max_model_len = 64, .block_size = 16, .num_blocks = 4});
+  ServingRequest to_the_end = greedy({1, 2, 3}, 0);
+  to_the_end.config.max_new_tokens.reset();
+  std::mutex mu;
+  std::vector<std::string> order;
+  Collector longer, shorter;
+  auto noting = [&](const std::string& name, ServingCallback inner) {
+    return [&, name, inner](const ServingEvent& e) {
+      if (!e.finish_reason.empty()) {
+        std::lock_guard<std::mutex> lock(mu);
+        order.push_back(name);
+      }
+      inner(e);
+    };
+  };
+  engine.submit(to_the_end, noting("long", longer.callback()));
+  engine.submit(greedy({4, 5, 6}, 5), noting("short", shorter.callback()));
+  engine.start();  // both are queued before the first step
+  ASSERT_EQ(longer.wait(), "length");
+  ASSERT_EQ(shorter.wait(), "length");
+  EXPECT_EQ(longer.tokens().size(), 61u);
+  EXPECT_EQ(order, (std::vector<std::string>{"short", "long"}));
+  EXPECT_EQ(engine.stats().preemptions, 0u);
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
 }
 
 TEST(Serving, CancelFreesTheSequence) {
