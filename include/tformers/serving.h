@@ -113,7 +113,8 @@ class ServingEngine {
  public:
   // Allocates the KV pool for `model` (whose static cache it does not use). `tokenizer` is needed
   // for stop strings. InvalidArgumentError for an impossible config (a pool too small for one
-  // sequence of max_model_len, sizes out of range).
+  // sequence of max_model_len, sizes out of range), and for a model that another engine serves
+  // (one pool per model: load the model twice for two engines).
   ServingEngine(CausalLM& model, ServingConfig config = {}, const Tokenizer* tokenizer = nullptr);
   ~ServingEngine();  // shutdown(0)
   ServingEngine(const ServingEngine&) = delete;

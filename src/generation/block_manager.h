@@ -15,11 +15,11 @@
 //
 // A position's keys and values depend on its tokens and also on the step that computed them: a
 // prompt's positions come from a prefill, a generated token's from a decode step, and the two
-// may order their sums differently (the CPU's attention does), though a prefill gives the same
-// bits however its prompt is cut at block ends. So a block that holds generated positions is
-// keyed with the prompt's length as well (`prefilled`): it serves the sequence that computed it
-// when that one comes back after a preemption, never a longer prompt that repeats those tokens,
-// whose prefill would have given other bits.
+// may round differently (the CPU's attention does), though a prefill gives the same bits however
+// its prompt is cut at block ends (docs/serving.md says when). So a block that holds generated
+// positions is keyed with the prompt's length as well (`prefilled`): it serves the sequence that
+// computed it when that one comes back after a preemption, never a longer prompt that repeats those
+// tokens, whose prefill would have given other bits.
 //
 // The 64-bit key is checked against the block's tokens, its parent's key and that prompt length
 // on every hit, so a wrong hit needs two prefixes whose chained keys collide and whose last

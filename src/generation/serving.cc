@@ -13,13 +13,14 @@
 // only the rest (always its last token, whose logits choose the next one).
 //
 // Computed again, a sequence must give the bits it would have given, and a prefill and a decode
-// step may round differently (the CPU's prefill and decode attention sum in other orders), while
-// a prefill gives the same bits however its prompt is cut at block ends. So a preempted sequence
-// is recomputed as it was first computed: what its cached blocks lack of its prompt by a prefill,
-// then its generated tokens by decode steps beside the running sequences, one a step, their
-// logits unused (vLLM recomputes the lot in one prefill, which is cheaper but not bit-exact
-// here). Its own blocks of generated positions stay cached under its prompt length
-// (block_manager.h), so it recomputes only what was evicted.
+// step may round differently (the CPU's attention takes another path for a prefill's many query
+// rows than for a decode's few), while a prefill gives the same bits however its prompt is cut
+// at block ends (on the CPU for models with 2 or more query heads per KV head; docs/serving.md
+// has the case of one). So a preempted sequence is recomputed as it was first computed: what its
+// cached blocks lack of its prompt by a prefill, then its generated tokens by decode steps beside
+// the running sequences, one a step, their logits unused (vLLM recomputes the lot in one prefill,
+// which is cheaper but not bit-exact here). Its own blocks of generated positions stay cached
+// under its prompt length (block_manager.h), so it recomputes only what was evicted.
 //
 // Shapes: prefill runs one sequence at a time, its uncached tokens left-padded to a bucket;
 // decode runs every running sequence in one step, the batch padded to a bucket. Decode buckets
@@ -64,6 +65,12 @@ int64_t bucket_for(const std::vector<int64_t>& buckets, int64_t n) {
 
 constexpr int64_t kMaxTopLogprobs = 20;
 
+// The models engines serve. A second engine on one model would find its KV pool (allocate_pool
+// keeps a pool of the same sizes) and write over the first one's blocks, cached prefixes
+// included.
+std::mutex served_mu;
+std::set<const void*> served_models;
+
 // log_softmax of the raw logits: the chosen token's and the k most likely ones.
 void fill_logprobs(std::span<const float> logits, int32_t chosen, int64_t k, ServingEvent& e) {
   const float mx = *std::max_element(logits.begin(), logits.end());
@@ -96,6 +103,8 @@ struct ServingEngine::Impl {
   models::ModelRunner m;
   ServingConfig cfg;
   const Tokenizer* tokenizer;
+  const void* model_state;  // the model's identity in served_models
+  bool serving = false;     // registered there
   int64_t table_blocks = 0;
   std::vector<int64_t> decode_buckets;
 
@@ -124,7 +133,11 @@ struct ServingEngine::Impl {
   double warm_up_seconds = 0;
 
   Impl(CausalLM& model, ServingConfig c, const Tokenizer* tok)
-      : m(model), cfg(std::move(c)), tokenizer(tok) {}
+      : m(model), cfg(std::move(c)), tokenizer(tok), model_state(&models::state_of(model)) {}
+  ~Impl() {
+    std::lock_guard<std::mutex> lock(served_mu);
+    if (serving) served_models.erase(model_state);
+  }
 
   void configure();
   std::unique_ptr<Sequence> make_sequence(ServingRequest r, ServingCallback cb) const;
@@ -209,6 +222,13 @@ void ServingEngine::Impl::configure() {
   for (int64_t b = min_rows; b < cfg.max_num_seqs; b *= 2) decode_buckets.push_back(b);
   decode_buckets.push_back(std::max(min_rows, cfg.max_num_seqs));
 
+  {
+    std::lock_guard<std::mutex> lock(served_mu);
+    check(served_models.insert(model_state).second,
+          "this model already has an engine, which owns its KV pool; end that engine first, or "
+          "load the model again for a second one");
+    serving = true;
+  }
   m.allocate_pool(cfg.num_blocks, cfg.block_size, table_blocks);
   blocks.emplace(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching);
 }

@@ -238,7 +238,9 @@ TEST(Serving, PrefixHitsPrefillOnlyTheNewTokens) {
   const ServingConfig config{.max_num_seqs = 4, .max_model_len = 128, .block_size = 8};
   ServingConfig uncached = config;
   uncached.enable_prefix_caching = false;
-  ServingEngine reference(model, uncached);
+  // Its own model: one model has one KV pool, so one engine.
+  CausalLM reference_model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  ServingEngine reference(reference_model, uncached);
   reference.start();
   ServingEngine engine(model, config);
   engine.start();
@@ -460,6 +462,10 @@ TEST(Serving, BadRequestsAndConfigs) {
                                     {.max_model_len = 64, .block_size = 16, .num_blocks = 3});
                   }),
                   "cannot hold one sequence");
+  // A second engine on a model would share its KV pool.
+  EXPECT_CONTAINS(
+      error_of<InvalidArgumentError>([&] { ServingEngine e(model, {.max_model_len = 64}); }),
+      "already has an engine");
 }
 
 // shutdown() lets running requests finish within the grace period, aborts what is left, and
