@@ -379,6 +379,39 @@ TEST(Serving, UnsetMaxTokensReservesNothing) {
   EXPECT_EQ(engine.stats().kv_blocks_used, 0);
 }
 
+// Requests cancelled while others are preempted around them, in a pool of one sequence's
+// blocks: the cancelled ones end with "abort", the rest with every token, and no block is left
+// held.
+TEST(Serving, CancelUnderPreemptionLeavesNoBlockHeld) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  const int64_t V = model.config().vocab_size;
+  ServingEngine engine(model,
+                       {.max_num_seqs = 4, .max_model_len = 64, .block_size = 8, .num_blocks = 8});
+  engine.start();
+  std::vector<Collector> c(8);
+  for (size_t r = 0; r < c.size(); ++r) {
+    ServingCallback inner = c[r].callback();
+    const bool cancels = r % 3 == 1;  // after its 12th token, from inside the callback
+    engine.submit(greedy(prompt_of(int(r), 9, V), 40),
+                  [&engine, inner, cancels, n = 0](const ServingEvent& e) mutable {
+                    if (cancels && ++n == 12) engine.cancel(e.request);
+                    inner(e);
+                  });
+  }
+  for (size_t r = 0; r < c.size(); ++r) {
+    if (r % 3 == 1) {
+      EXPECT_EQ(c[r].wait(), "abort") << r;
+      EXPECT_LT(c[r].tokens().size(), 40u) << r;
+    } else {
+      EXPECT_EQ(c[r].wait(), "length") << r;
+      EXPECT_EQ(c[r].tokens().size(), 40u) << r;
+    }
+  }
+  const ServingStats s = engine.stats();
+  EXPECT_GT(s.preemptions, 0u);
+  EXPECT_EQ(s.kv_blocks_used, 0);
+}
+
 TEST(Serving, CancelFreesTheSequence) {
   CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
   ServingEngine engine(model, {.max_num_seqs = 2, .max_model_len = 256});
