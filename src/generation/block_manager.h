@@ -47,8 +47,6 @@ class BlockManager {
   BlockManager(int64_t num_blocks, int64_t block_size, bool prefix_caching);
 
   int64_t num_blocks() const { return int64_t(refs_.size()); }
-  int64_t block_size() const { return block_size_; }
-  bool prefix_caching() const { return prefix_caching_; }
   // Blocks a grow() can take now: never used, freed, or cached without a reference.
   int64_t free_blocks() const { return int64_t(free_.size() + evictable_.size()); }
   // Blocks some sequence holds.
