@@ -113,6 +113,9 @@ void add_serve_flags(CLI::App* s, ServeArgs& a) {
                 "Prompt + completion tokens of one request (default: the model's positions, up "
                 "to 4096)")
       ->check(int_in(0, kInt64Max));
+  s->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a.enable_prefix_caching,
+              "Keep full KV blocks by prefix, so that a prompt repeating a cached prefix prefills "
+              "only the rest (default on)");
   s->add_option("--max-body-bytes", a.max_body_bytes, "Largest request body (413 beyond)")
       ->check(int_in(1024, int64_t(1) << 30))
       ->capture_default_str();

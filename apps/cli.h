@@ -93,6 +93,7 @@ struct ServeArgs {
   std::string api_key;  // default: TFORMERS_API_KEY; empty: no key needed
   bool verbose = false;
   int64_t max_num_seqs = 8, max_model_len = 0;
+  bool enable_prefix_caching = true;  // vLLM's flag and default
   int64_t max_body_bytes = int64_t(4) << 20;
   int64_t max_connections = 64;
   double request_timeout = 600;  // seconds from arrival to the last token; then cancelled

@@ -4,11 +4,14 @@
 // The engine is measured directly, without HTTP, so the figures are the batching's own.
 //
 //   bench_serve [--model DIR | --shape qwen3-0.6b] [--concurrency 1,4,16,32] [--requests 2]
-//               [--prompt 64] [--tokens 32] [--threads N] [--dir /tmp] [--quantize int8]
+//               [--prompt 64] [--tokens 32] [--shared-prefix 0] [--threads N] [--dir /tmp]
+//               [--quantize int8]
 //
-// --requests is per client. Throughput at each concurrency is printed against concurrency 1:
-// decode is bandwidth-bound, so a batched step that reads the weights once for all rows should
-// produce several times the tokens of a single stream.
+// --requests is per client. --shared-prefix N starts every prompt with the same N tokens, so
+// that every request after the first finds them in the prefix cache; one request is then timed
+// alone before the table, cold and again with its prefix cached. Throughput at each concurrency is
+// printed against concurrency 1: decode is bandwidth-bound, so a batched step that reads the
+// weights once for all rows should produce several times the tokens of a single stream.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -54,15 +57,16 @@ struct Run {
 };
 
 // `clients` threads, each submitting `requests` requests one after another.
-Run run_clients(ServingEngine& engine, int clients, int requests, int prompt, int tokens,
-                int64_t vocab) {
+Run run_clients(ServingEngine& engine, int clients, int requests, int prompt, int shared,
+                int tokens, int64_t vocab) {
   Run run;
   std::mutex mu;
   auto client = [&](int c) {
     for (int r = 0; r < requests; ++r) {
       ServingRequest req;
       for (int i = 0; i < prompt; ++i)
-        req.prompt.push_back(int32_t((c * 7919 + r * 104729 + i * 31) % vocab));
+        req.prompt.push_back(
+            int32_t(((i < shared ? 0 : c * 7919 + r * 104729 + 1) + i * 31) % vocab));
       req.config.do_sample = false;
       req.config.max_new_tokens = tokens;
       req.config.eos_token_id = std::vector<int64_t>{};  // every request runs its full length
@@ -105,16 +109,19 @@ Run run_clients(ServingEngine& engine, int clients, int requests, int prompt, in
 
 const char* const kUsage =
     R"(usage: bench_serve [--model DIR | --shape qwen3-0.6b] [--concurrency 1,4,16,32] [--requests 2]
-                   [--prompt 64] [--tokens 32] [--threads N] [--dir /tmp] [--quantize int8]
+                   [--prompt 64] [--tokens 32] [--shared-prefix 0] [--threads N] [--dir /tmp]
+                   [--quantize int8]
 The serving engine's output tokens/s and TTFT/TPOT percentiles at several concurrencies, with
-closed-loop clients, without HTTP. --requests is per client.
+closed-loop clients, without HTTP. --requests is per client. --shared-prefix N: every prompt
+starts with the same N tokens (the prefix cache's case), and one request's TTFT alone is
+printed cold and with its prefix cached.
 )";
 
 int main(int argc, char** argv) {
   if (tformers::bench::answered_help(argc, argv, kUsage)) return 0;
   std::string model_dir, shape = "qwen3-0.6b", dir = "/tmp", quantize;
   std::vector<int> concurrency = {1, 4, 16, 32};
-  int requests = 2, prompt = 64, tokens = 32, threads = 0;
+  int requests = 2, prompt = 64, tokens = 32, shared = 0, threads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") {
@@ -129,6 +136,8 @@ int main(int argc, char** argv) {
       prompt = std::stoi(v);
     } else if (k == "--tokens") {
       tokens = std::stoi(v);
+    } else if (k == "--shared-prefix") {
+      shared = std::stoi(v);
     } else if (k == "--threads") {
       threads = std::stoi(v);
     } else if (k == "--dir") {
@@ -139,6 +148,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
     }
+  }
+  if (shared < 0 || shared > prompt) {
+    std::fprintf(stderr, "--shared-prefix %d must be in [0, --prompt %d]\n", shared, prompt);
+    return 2;
   }
   if (threads > 0) ThreadPool::set_global_threads(threads);
   if (model_dir.empty()) {
@@ -161,13 +174,22 @@ int main(int argc, char** argv) {
       "warm-up %.1f s\n\n",
       model_dir.c_str(), quantize.empty() ? "" : (" " + quantize).c_str(),
       ThreadPool::global().num_threads(), prompt, tokens, requests, warm);
+  const int64_t vocab = model.config().vocab_size;
+  if (shared > 0) {
+    const double cold = run_clients(engine, 1, 1, prompt, shared, tokens, vocab).ttft_ms[0];
+    const double cached = run_clients(engine, 1, 1, prompt, shared, tokens, vocab).ttft_ms[0];
+    std::printf(
+        "shared prefix of %d tokens, one request alone: TTFT %.0f ms cold, %.0f ms cached "
+        "(%.3fx)\n\n",
+        shared, cold, cached, cached / cold);
+  }
   std::printf(
       "| concurrency | output tok/s | vs concurrency %d | TTFT p50 / p90 / p99 ms | TPOT p50 / "
       "p90 / p99 ms |\n|---|---|---|---|---|\n",
       concurrency.front());
   double base = 0;
   for (int c : concurrency) {
-    const Run r = run_clients(engine, c, requests, prompt, tokens, model.config().vocab_size);
+    const Run r = run_clients(engine, c, requests, prompt, shared, tokens, vocab);
     const double tps = double(r.tokens) / r.seconds;
     if (base == 0) base = tps;
     std::printf("| %d | %.1f | %.2fx | %.0f / %.0f / %.0f | %.1f / %.1f / %.1f |\n", c, tps,
@@ -179,5 +201,9 @@ int main(int argc, char** argv) {
   std::printf("\ncompiles after warm-up: %llu; padding %.1f %% of computed positions\n",
               (unsigned long long)s.compiles_since_ready,
               100.0 * double(s.padded_tokens) / double(std::max<uint64_t>(1, s.computed_tokens)));
+  std::printf(
+      "prefix cache: %.1f %% of %llu prompt tokens looked up were cached; %llu preemptions\n",
+      100.0 * double(s.prefix_cache_hits) / double(std::max<uint64_t>(1, s.prefix_cache_queries)),
+      (unsigned long long)s.prefix_cache_queries, (unsigned long long)s.preemptions);
   return 0;
 }

@@ -104,8 +104,25 @@ std::string Metrics::render(const ServingStats& s) const {
          double(s.waiting));
   sample(out, "tformers_kv_blocks_used", "gauge", "KV cache blocks held by sequences.",
          double(s.kv_blocks_used));
-  sample(out, "tformers_kv_blocks_free", "gauge", "KV cache blocks free.",
+  sample(out, "tformers_kv_blocks_free", "gauge",
+         "KV cache blocks no sequence holds (never used, freed, or cached).",
          double(s.kv_blocks_total - s.kv_blocks_used));
+  sample(out, "tformers_kv_blocks_cached", "gauge",
+         "KV cache blocks kept under a prefix hash, held by a sequence or not.",
+         double(s.kv_blocks_cached));
+  sample(out, "tformers_prefill_tokens_total", "counter",
+         "Tokens prefilled, padding and cached prefixes excluded.", double(s.prefill_tokens));
+  sample(out, "tformers_prefix_cache_queries_total", "counter",
+         "Tokens looked up in the prefix cache at admission.", double(s.prefix_cache_queries));
+  sample(out, "tformers_prefix_cache_hits_total", "counter",
+         "Tokens found in the prefix cache at admission.", double(s.prefix_cache_hits));
+  sample(
+      out, "tformers_prefix_cache_hit_rate", "gauge",
+      "Share of the tokens looked up that the prefix cache held, since start.",
+      s.prefix_cache_queries ? double(s.prefix_cache_hits) / double(s.prefix_cache_queries) : 0.0);
+  sample(out, "tformers_num_preemptions_total", "counter",
+         "Running sequences that gave their KV blocks up, to be computed again.",
+         double(s.preemptions));
   sample(out, "tformers_engine_steps_total", "counter", "Engine steps (prefills and decodes).",
          double(s.steps));
   sample(out, "tformers_compiles_total", "counter", "Compiles of the model's steps since load.",

@@ -546,8 +546,11 @@ int run_serve(const ServeArgs& args, const ModelLoader& load_model) {
 
   Tokenizer tokenizer = AutoTokenizer::from_pretrained(args.model.model, args.model.revision);
   CausalLM model = load_model(args);
-  ServingEngine engine(
-      model, {.max_num_seqs = args.max_num_seqs, .max_model_len = args.max_model_len}, &tokenizer);
+  ServingEngine engine(model,
+                       {.max_num_seqs = args.max_num_seqs,
+                        .max_model_len = args.max_model_len,
+                        .enable_prefix_caching = args.enable_prefix_caching},
+                       &tokenizer);
   Server server(args, engine, tokenizer, model.config().vocab_size, api_key);
   const int port = server.bind();
   server.listen_in_background();

@@ -11,13 +11,15 @@
 // the prompt padded to a bucket) while KV blocks and rows are free, then advances every running
 // sequence by one token in one batched decode step, the batch padded to a bucket size. The
 // shapes are fixed by the config, so after warm_up() nothing compiles again. Keys and values live
-// in fixed-size blocks of one pool; each sequence has a block table, and attention reads
-// through it. A finished or cancelled sequence frees its blocks at once. A request whose blocks
-// cannot be had waits; it is never truncated.
+// in fixed-size blocks of one pool; each sequence has a block table that grows as it does, and
+// attention reads through it. A finished or cancelled sequence frees its blocks at once. Full
+// blocks stay cached under the hash of their prefix, so a request that repeats a prefix prefills
+// only what follows it. When a running sequence needs a block and the pool has none, the newest
+// one is preempted and computed again later; a request is never truncated.
 //
-// A request's tokens do not depend on what else is batched with it: every row's numbers go
-// through the same kernels in the same order whatever the batch (tested against the request run
-// alone).
+// A request's tokens do not depend on what else is batched with it, on a cached prefix or on a
+// preemption: every row's numbers go through the same kernels in the same order whatever the
+// batch (tested against the request run alone).
 #pragma once
 
 #include <chrono>
@@ -50,6 +52,9 @@ struct ServingConfig {
   // bound on how long a burst of new requests stalls the streams already running (vLLM's
   // max_num_batched_tokens). At least one prompt is admitted per step whatever its length.
   int64_t max_prefill_tokens = 512;
+  // Full KV blocks are kept under the hash of their prefix, and a request that begins with
+  // cached blocks shares them and prefills only the rest (vLLM's enable_prefix_caching).
+  bool enable_prefix_caching = true;
 };
 
 struct ServingRequest {
@@ -87,7 +92,15 @@ using ServingCallback = std::function<void(const ServingEvent&)>;
 struct ServingStats {
   int64_t running = 0, waiting = 0;
   int64_t kv_blocks_total = 0, kv_blocks_used = 0;
+  int64_t kv_blocks_cached = 0;  // blocks kept under a prefix hash, held by a sequence or not
   uint64_t prompt_tokens = 0, generated_tokens = 0;  // since start
+  // Tokens prefilled (not padding): prompts less their cached prefixes, and preempted sequences
+  // computed again.
+  uint64_t prefill_tokens = 0;
+  // Tokens looked up in the prefix cache at admission (prompts, and the tokens of a preempted
+  // sequence again) and those found there.
+  uint64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
+  uint64_t preemptions = 0;  // running sequences that gave their blocks up, to be computed again
   // Rows and positions computed for padding (bucketed prompts, padded decode batches) and in all.
   uint64_t padded_tokens = 0, computed_tokens = 0;
   uint64_t steps = 0;
@@ -100,7 +113,8 @@ class ServingEngine {
  public:
   // Allocates the KV pool for `model` (whose static cache it does not use). `tokenizer` is needed
   // for stop strings. InvalidArgumentError for an impossible config (a pool too small for one
-  // sequence of max_model_len, sizes out of range).
+  // sequence of max_model_len, sizes out of range), and for a model that another engine serves
+  // (one pool per model: load the model twice for two engines).
   ServingEngine(CausalLM& model, ServingConfig config = {}, const Tokenizer* tokenizer = nullptr);
   ~ServingEngine();  // shutdown(0)
   ServingEngine(const ServingEngine&) = delete;

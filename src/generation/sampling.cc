@@ -1,5 +1,6 @@
 #include "generation/sampling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -14,6 +15,24 @@ int32_t Sampler::greedy(std::span<const float> scores) {
   for (size_t i = 1; i < scores.size(); ++i)
     if (scores[i] > scores[best]) best = i;
   return int32_t(best);
+}
+
+size_t top_k_indices(std::span<const float> scores, std::span<int32_t> out) {
+  const size_t k = std::min(out.size(), scores.size());
+  if (k == 0) return 0;
+  size_t n = 0;
+  float kth = 0;  // the lowest kept score, once k are kept
+  for (size_t i = 0; i < scores.size(); ++i) {
+    const float x = scores[i];
+    // Scores come in index order, so one equal to a kept score ranks after it; NaN fails too.
+    if (n == k ? !(x > kth) : std::isnan(x)) continue;
+    if (n < k) ++n;  // else the lowest kept one drops out
+    size_t j = n - 1;
+    for (; j > 0 && x > scores[size_t(out[j - 1])]; --j) out[j] = out[j - 1];
+    out[j] = int32_t(i);
+    if (n == k) kth = scores[size_t(out[k - 1])];
+  }
+  return n;
 }
 
 double Sampler::next_uniform() {

@@ -45,4 +45,10 @@ class Sampler {
   std::mt19937_64 engine_;
 };
 
+// The indices of the out.size() highest scores (fewer if there are fewer scores), highest first,
+// ties to the lower index: a sort's first k, found in one pass that keeps the best k so far, so
+// that a few log-probability alternatives cost a read of the vocabulary, not a sort of it. NaN
+// scores never rank. Returns how many it wrote.
+size_t top_k_indices(std::span<const float> scores, std::span<int32_t> out);
+
 }  // namespace tformers::generation

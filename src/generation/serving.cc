@@ -1,31 +1,50 @@
 // The continuous-batching engine (tformers/serving.h).
 //
-// Memory: a sequence reserves the blocks for its whole length (prompt + max_new_tokens) when it
-// is admitted, so a running sequence never waits for memory and nothing is ever preempted or
-// truncated; a request whose blocks are not free waits at the head of the queue (first come,
-// first served). vLLM allocates blocks as sequences grow and preempts when the pool runs out,
-// which packs more sequences into a pool but recomputes preempted ones; reserving keeps every
-// step's cost predictable, which a fixed shape plan wants. Prefix sharing is not done.
+// Memory (generation/block_manager.h): a sequence holds the blocks of the positions it has
+// computed and takes one more as it crosses a block's end, so a pool holds what sequences use,
+// not what they might reach. When a running sequence needs a block and none is free (cached
+// blocks without a reference are taken first), the newest running sequence is preempted, as
+// vLLM does: its blocks are released and it goes back to the head of the queue, to be computed
+// again when it is admitted. Its sampler, logits processors and stop strings keep their state,
+// so it resumes where it stopped. A request is admitted (first come, first served) only when its
+// blocks are free with a block to spare for each running sequence that crosses a block's end in
+// the next step, so that an admission is not preempted at once. Full blocks are cached by the
+// hash of their prefix: a request whose tokens begin with cached blocks shares them and prefills
+// only the rest (always its last token, whose logits choose the next one).
 //
-// Shapes: prefill runs one sequence at a time, its prompt left-padded to a bucket; decode runs
-// every running sequence in one step, the batch padded to a bucket. Decode buckets start at the
-// backend's batch_invariant_rows(): a request's tokens must not depend on how many others share
-// its step, and kernels may pick their paths by row count (the CPU backend's x86 targets
-// multiply fewer than 4 rows with a GEMV and 4 or more with a GEMM, whose sums are ordered
-// differently). Every row's numbers therefore go through the same kernels in the same order
-// whatever the batch.
+// Computed again, a sequence must give the bits it would have given, and a prefill and a decode
+// step may round differently (the CPU's attention takes another path for a prefill's many query
+// rows than for a decode's few), while a prefill gives the same bits however its prompt is cut
+// at block ends (on the CPU for models with 2 or more query heads per KV head; docs/serving.md
+// has the case of one). So a preempted sequence is recomputed as it was first computed: what its
+// cached blocks lack of its prompt by a prefill, then its generated tokens by decode steps beside
+// the running sequences, one a step, their logits unused (vLLM recomputes the lot in one prefill,
+// which is cheaper but not bit-exact here). Its own blocks of generated positions stay cached
+// under its prompt length (block_manager.h), so it recomputes only what was evicted.
+//
+// Shapes: prefill runs one sequence at a time, its uncached tokens left-padded to a bucket;
+// decode runs every running sequence in one step, the batch padded to a bucket. Decode buckets
+// start at the backend's batch_invariant_rows(): a request's tokens must not depend on how many
+// others share its step, and kernels may pick their paths by row count (the CPU backend's x86
+// targets multiply fewer than 4 rows with a GEMV and 4 or more with a GEMM, whose sums are
+// ordered differently). Every row's numbers therefore go through the same kernels in the same
+// order whatever the batch; that also makes the keys and values of a cached block, or of a
+// sequence computed again, the same bits as those it replaces.
 #include "tformers/serving.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
 
+#include "generation/block_manager.h"
 #include "generation/logits_process.h"
 #include "generation/sampling.h"
 #include "generation/stop_strings.h"
@@ -46,6 +65,12 @@ int64_t bucket_for(const std::vector<int64_t>& buckets, int64_t n) {
 
 constexpr int64_t kMaxTopLogprobs = 20;
 
+// The models engines serve. A second engine on one model would find its KV pool (allocate_pool
+// keeps a pool of the same sizes) and write over the first one's blocks, cached prefixes
+// included.
+std::mutex served_mu;
+std::set<const void*> served_models;
+
 // log_softmax of the raw logits: the chosen token's and the k most likely ones.
 void fill_logprobs(std::span<const float> logits, int32_t chosen, int64_t k, ServingEvent& e) {
   const float mx = *std::max_element(logits.begin(), logits.end());
@@ -53,15 +78,9 @@ void fill_logprobs(std::span<const float> logits, int32_t chosen, int64_t k, Ser
   for (float x : logits) sum += std::exp(double(x - mx));
   const float log_z = mx + float(std::log(sum));
   e.logprob = logits[size_t(chosen)] - log_z;
-  if (k <= 0) return;
-  std::vector<int32_t> ids(logits.size());
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
-  const size_t n = std::min(size_t(k), ids.size());
-  std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(n), ids.end(), [&](int32_t a, int32_t b) {
-    return logits[size_t(a)] > logits[size_t(b)] ||
-           (logits[size_t(a)] == logits[size_t(b)] && a < b);
-  });
-  for (size_t i = 0; i < n; ++i) e.top_logprobs.push_back({ids[i], logits[size_t(ids[i])] - log_z});
+  std::array<int32_t, kMaxTopLogprobs> top;
+  const size_t n = generation::top_k_indices(logits, std::span(top).first(size_t(k)));
+  for (size_t i = 0; i < n; ++i) e.top_logprobs.push_back({top[i], logits[size_t(top[i])] - log_z});
 }
 
 }  // namespace
@@ -73,16 +92,19 @@ struct ServingEngine::Impl {
     ServingCallback on_event;
     ResolvedGenerationConfig rc;
     std::vector<int32_t> tokens;  // prompt, then generated
+    int64_t computed = 0;         // positions whose keys and values are in the table
     int64_t prompt_len = 0, max_new = 0;
     std::optional<generation::LogitsProcessorList> processors;
     std::optional<generation::Sampler> sampler;
     std::optional<generation::StopStrings> stops;
-    std::vector<int32_t> blocks;  // reserved for the whole length
+    generation::BlockManager::Table table;  // the positions computed so far
   };
 
   models::ModelRunner m;
   ServingConfig cfg;
   const Tokenizer* tokenizer;
+  const void* model_state;  // the model's identity in served_models
+  bool serving = false;     // registered there
   int64_t table_blocks = 0;
   std::vector<int64_t> decode_buckets;
 
@@ -96,18 +118,26 @@ struct ServingEngine::Impl {
 
   // The scheduler thread's own.
   std::vector<std::unique_ptr<Sequence>> running;
-  std::vector<int32_t> free_blocks;
+  std::optional<generation::BlockManager> blocks;
+  // Reused from step to step: the logits of each batch size, and a copy of one row's.
+  std::map<int64_t, Tensor> logits_by_rows;
+  std::vector<float> raw_logits;
   std::thread thread;
 
   // Read by stats() from any thread.
-  std::atomic<int64_t> n_running{0}, n_waiting{0}, blocks_used{0};
+  std::atomic<int64_t> n_running{0}, n_waiting{0}, blocks_used{0}, blocks_cached{0};
   std::atomic<uint64_t> prompt_tokens{0}, generated_tokens{0}, padded_tokens{0}, computed_tokens{0},
-      steps{0}, compiles{0}, compiles_at_ready{0};
+      prefill_tokens{0}, prefix_queries{0}, prefix_hits{0}, preemptions{0}, steps{0}, compiles{0},
+      compiles_at_ready{0};
   std::atomic<bool> ready{false};
   double warm_up_seconds = 0;
 
   Impl(CausalLM& model, ServingConfig c, const Tokenizer* tok)
-      : m(model), cfg(std::move(c)), tokenizer(tok) {}
+      : m(model), cfg(std::move(c)), tokenizer(tok), model_state(&models::state_of(model)) {}
+  ~Impl() {
+    std::lock_guard<std::mutex> lock(served_mu);
+    if (serving) served_models.erase(model_state);
+  }
 
   void configure();
   std::unique_ptr<Sequence> make_sequence(ServingRequest r, ServingCallback cb) const;
@@ -115,19 +145,36 @@ struct ServingEngine::Impl {
   void step();
   void cancel_requested();
   enum class Admit { kNoRoom, kRunning, kDone };
-  // Reserves the sequence's blocks, prefills its prompt and chooses its first token.
+  // Takes the sequence's blocks (cached ones first) and prefills the prompt tokens not cached;
+  // a new request then chooses its first token.
   Admit admit(Sequence& s);
+  // The blocks the running sequences take in the next decode step.
+  int64_t blocks_needed_by_decode() const;
+  // Gives the newest running sequence's blocks back and puts it at the head of the queue.
+  void preempt();
   void decode();
   // Chooses the next token from `logits` (V) and reports it; true when the sequence is done.
   bool choose(Sequence& s, std::span<float> logits);
   void finish(Sequence& s, const std::string& reason, const std::string& error = {});
   void release(Sequence& s);
-  // The sequence's tokens from `from` as one chunk of a paged step.
-  static models::SequenceChunk chunk(const Sequence& s, int64_t from) {
-    return {
-        .tokens = std::span(s.tokens).subspan(size_t(from)), .position = from, .blocks = s.blocks};
+  void publish_blocks() {
+    blocks_used = blocks->used_blocks();
+    blocks_cached = blocks->cached_blocks();
+  }
+  // The sequence's tokens [from, to) as one chunk of a paged step.
+  static models::SequenceChunk chunk(const Sequence& s, int64_t from, int64_t to) {
+    return {.tokens = std::span(s.tokens).subspan(size_t(from), size_t(to - from)),
+            .position = from,
+            .blocks = s.table.blocks};
   }
   void note_compiles() { compiles = m.compiles(); }
+  // The logits of a step of `rows` rows, (rows, 1, V), allocated at its first use.
+  Tensor& logits_for(int64_t rows) {
+    auto it = logits_by_rows.find(rows);
+    if (it == logits_by_rows.end())
+      it = logits_by_rows.emplace(rows, Tensor::zeros({rows, 1, m.vocab_size()}, DType::f32)).first;
+    return it->second;
+  }
 };
 
 void ServingEngine::Impl::configure() {
@@ -175,11 +222,15 @@ void ServingEngine::Impl::configure() {
   for (int64_t b = min_rows; b < cfg.max_num_seqs; b *= 2) decode_buckets.push_back(b);
   decode_buckets.push_back(std::max(min_rows, cfg.max_num_seqs));
 
+  {
+    std::lock_guard<std::mutex> lock(served_mu);
+    check(served_models.insert(model_state).second,
+          "this model already has an engine, which owns its KV pool; end that engine first, or "
+          "load the model again for a second one");
+    serving = true;
+  }
   m.allocate_pool(cfg.num_blocks, cfg.block_size, table_blocks);
-  free_blocks.resize(size_t(cfg.num_blocks));
-  // Popped from the back: low block numbers first.
-  for (int64_t i = 0; i < cfg.num_blocks; ++i)
-    free_blocks[size_t(i)] = int32_t(cfg.num_blocks - 1 - i);
+  blocks.emplace(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching);
 }
 
 std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequence(
@@ -222,9 +273,8 @@ std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequenc
 }
 
 void ServingEngine::Impl::release(Sequence& s) {
-  for (int32_t b : s.blocks) free_blocks.push_back(b);
-  blocks_used -= int64_t(s.blocks.size());
-  s.blocks.clear();
+  blocks->release(s.table);
+  publish_blocks();
 }
 
 void ServingEngine::Impl::finish(Sequence& s, const std::string& reason, const std::string& error) {
@@ -240,11 +290,11 @@ bool ServingEngine::Impl::choose(Sequence& s, std::span<float> logits) {
   ServingEvent e;
   e.request = s.id;
   const bool want_logprobs = s.request.logprobs || s.request.top_logprobs > 0;
-  std::vector<float> raw;
-  if (want_logprobs) raw.assign(logits.begin(), logits.end());
+  // The processors change the logits in place; log-probabilities are of the raw ones.
+  if (want_logprobs) raw_logits.assign(logits.begin(), logits.end());
   s.processors->process(s.tokens, s.prompt_len, logits);
   const int32_t next = s.sampler->next_token(logits, s.rc.do_sample);
-  if (want_logprobs) fill_logprobs(raw, next, s.request.top_logprobs, e);
+  if (want_logprobs) fill_logprobs(raw_logits, next, s.request.top_logprobs, e);
   s.tokens.push_back(next);
   ++generated_tokens;
   e.token = next;
@@ -262,41 +312,86 @@ bool ServingEngine::Impl::choose(Sequence& s, std::span<float> logits) {
 }
 
 ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s) {
-  const int64_t need = (s.prompt_len + s.max_new + cfg.block_size - 1) / cfg.block_size;
-  if (int64_t(free_blocks.size()) < need) return Admit::kNoRoom;
-  for (int64_t i = 0; i < need; ++i) {
-    s.blocks.push_back(free_blocks.back());
-    free_blocks.pop_back();
+  const int64_t L = int64_t(s.tokens.size()), P = s.prompt_len;
+  // The last token is computed whatever is cached: its logits choose the next one.
+  const int64_t hit = blocks->match_prefix(std::span(s.tokens).first(size_t(L - 1)), P, s.table);
+  const int64_t done = std::max(hit, P);  // computed once admitted
+  // Room for its next position too, so that the next decode does not preempt it straight away.
+  const int64_t need = blocks->blocks_for(done + 1) - int64_t(s.table.blocks.size());
+  if (blocks->free_blocks() - need < blocks_needed_by_decode() || !blocks->grow(s.table, done)) {
+    blocks->release(s.table);
+    return Admit::kNoRoom;
   }
-  blocks_used += need;
+  publish_blocks();
+  s.computed = hit;
+  prefix_queries += uint64_t(L);
+  prefix_hits += uint64_t(hit);
+  if (L == P) prompt_tokens += uint64_t(P);
+  if (hit == P) return Admit::kRunning;  // a preempted sequence whose whole prompt is cached
   // Left-padded to the bucket, so the last position is the prompt's last token.
-  const int64_t P = s.prompt_len, T = bucket_for(cfg.prefill_buckets, P);
-  Tensor logits = Tensor::zeros({1, 1, m.vocab_size()}, DType::f32);
-  const models::SequenceChunk prompt = chunk(s, 0);
-  m.run_paged(m.prepare_paged(1, T), {&prompt, 1}, logits);
+  const int64_t n = P - hit, T = bucket_for(cfg.prefill_buckets, n);
+  Tensor& logits = logits_for(1);
+  const models::SequenceChunk rest = chunk(s, hit, P);
+  m.run_paged(m.prepare_paged(1, T), {&rest, 1}, logits);
+  s.computed = P;
+  blocks->commit(s.table, s.tokens, P, P);
+  publish_blocks();
   note_compiles();
   ++steps;
-  prompt_tokens += uint64_t(P);
+  prefill_tokens += uint64_t(n);
   computed_tokens += uint64_t(T);
-  padded_tokens += uint64_t(T - P);
+  padded_tokens += uint64_t(T - n);
+  if (L > P) return Admit::kRunning;  // its generated tokens follow in decode steps
   return choose(s, {logits.data<float>(), size_t(logits.numel())}) ? Admit::kDone : Admit::kRunning;
 }
 
+int64_t ServingEngine::Impl::blocks_needed_by_decode() const {
+  int64_t n = 0;
+  for (const auto& s : running)
+    n += blocks->blocks_for(s->computed + 1) - int64_t(s->table.blocks.size());
+  return n;
+}
+
+void ServingEngine::Impl::preempt() {
+  std::unique_ptr<Sequence> s = std::move(running.back());
+  running.pop_back();
+  blocks->release(s->table);
+  publish_blocks();
+  ++preemptions;
+  std::lock_guard<std::mutex> lock(mu);
+  waiting.push_front(std::move(s));
+}
+
 void ServingEngine::Impl::decode() {
+  // Each sequence's next position needs a place; the oldest get theirs first, and the newest give
+  // theirs up (a sequence that is itself the newest preempts itself).
+  for (size_t i = 0; i < running.size(); ++i)
+    while (!blocks->grow(running[i]->table, running[i]->computed + 1)) {
+      preempt();
+      if (i == running.size()) break;
+    }
+  publish_blocks();
+  if (running.empty()) return;
   const int64_t n = int64_t(running.size()), B = bucket_for(decode_buckets, n);
   const int64_t V = m.vocab_size();
-  std::vector<models::SequenceChunk> last;  // each sequence's newest token
-  for (const auto& s : running) last.push_back(chunk(*s, int64_t(s->tokens.size()) - 1));
-  Tensor logits = Tensor::zeros({B, 1, V}, DType::f32);
-  m.run_paged(m.prepare_paged(B, 1), last, logits);
+  // Each sequence's first token not computed: its newest, or one it recomputes.
+  std::vector<models::SequenceChunk> next;
+  for (const auto& s : running) next.push_back(chunk(*s, s->computed, s->computed + 1));
+  Tensor& logits = logits_for(B);
+  m.run_paged(m.prepare_paged(B, 1), next, logits);
   note_compiles();
   ++steps;
   computed_tokens += uint64_t(B);
   padded_tokens += uint64_t(B - n);
   std::vector<std::unique_ptr<Sequence>> still;
-  for (int64_t b = 0; b < n; ++b)
-    if (!choose(*running[size_t(b)], {logits.data<float>() + b * V, size_t(V)}))
+  for (int64_t b = 0; b < n; ++b) {
+    Sequence& s = *running[size_t(b)];
+    blocks->commit(s.table, s.tokens, ++s.computed, s.prompt_len);
+    if (s.computed < int64_t(s.tokens.size()) ||
+        !choose(s, {logits.data<float>() + b * V, size_t(V)}))
       still.push_back(std::move(running[size_t(b)]));
+  }
+  publish_blocks();
   running = std::move(still);
 }
 
@@ -391,8 +486,7 @@ double ServingEngine::warm_up() {
   // Each shape is compiled and run once on padding only (no cache writes, no keys), so that its
   // executable's working memory exists before the first request too.
   auto run_empty = [&](int64_t batch, int64_t tokens) {
-    Tensor logits = Tensor::zeros({batch, 1, e.m.vocab_size()}, DType::f32);
-    e.m.run_paged(e.m.prepare_paged(batch, tokens), {}, logits);
+    e.m.run_paged(e.m.prepare_paged(batch, tokens), {}, e.logits_for(batch));
   };
   for (int64_t t : e.cfg.prefill_buckets) run_empty(1, t);
   for (int64_t b : e.decode_buckets) run_empty(b, 1);
@@ -467,6 +561,11 @@ ServingStats ServingEngine::stats() const {
   s.waiting = e.n_waiting;
   s.kv_blocks_total = e.cfg.num_blocks;
   s.kv_blocks_used = e.blocks_used;
+  s.kv_blocks_cached = e.blocks_cached;
+  s.prefill_tokens = e.prefill_tokens;
+  s.prefix_cache_queries = e.prefix_queries;
+  s.prefix_cache_hits = e.prefix_hits;
+  s.preemptions = e.preemptions;
   s.prompt_tokens = e.prompt_tokens;
   s.generated_tokens = e.generated_tokens;
   s.padded_tokens = e.padded_tokens;

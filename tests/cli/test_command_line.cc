@@ -109,7 +109,12 @@ TEST(CommandLine, ReadsServeFlags) {
   // Defaults: loopback only, and the limits of cli.h.
   EXPECT_EQ(p.cl.serve.host, "127.0.0.1");
   EXPECT_EQ(p.cl.serve.max_connections, 64);
+  EXPECT_TRUE(p.cl.serve.enable_prefix_caching);
   EXPECT_EQ(p.out + p.err, "");
+  EXPECT_FALSE(
+      parse({"serve", "-m", "DIR", "--no-enable-prefix-caching"}).cl.serve.enable_prefix_caching);
+  EXPECT_TRUE(
+      parse({"serve", "-m", "DIR", "--enable-prefix-caching"}).cl.serve.enable_prefix_caching);
   for (const std::vector<std::string>& bad :
        {std::vector<std::string>{"serve", "-m", "DIR", "--port", "70000"},
         {"serve", "-m", "DIR", "--max-connections", "0"},

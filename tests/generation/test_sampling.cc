@@ -2,6 +2,7 @@
 // distribution it draws from.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -14,6 +15,33 @@ namespace tformers::generation {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Against a stable sort of every index, highest first: scores with many ties (a few distinct
+// values), -inf and NaN, for k from 0 past the vocabulary's size.
+TEST(TopKIndices, IsAStableSortsFirstK) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t V = 1 + rng() % 60;
+    std::vector<float> scores(V);
+    for (float& x : scores) {
+      const uint32_t r = rng() % 10;
+      x = r == 0 ? -kInf : r == 1 ? std::numeric_limits<float>::quiet_NaN() : float(r % 4) - 1.5f;
+    }
+    std::vector<int32_t> sorted;
+    for (size_t i = 0; i < V; ++i)
+      if (!std::isnan(scores[i])) sorted.push_back(int32_t(i));
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [&](int32_t a, int32_t b) { return scores[size_t(a)] > scores[size_t(b)]; });
+    for (size_t k : {size_t(0), size_t(1), size_t(3), size_t(20), V, V + 5}) {
+      std::vector<int32_t> out(k, -1);
+      const size_t n = top_k_indices(scores, out);
+      ASSERT_EQ(n, std::min(k, sorted.size())) << "trial " << trial << " k " << k;
+      EXPECT_EQ(std::vector<int32_t>(out.begin(), out.begin() + ptrdiff_t(n)),
+                std::vector<int32_t>(sorted.begin(), sorted.begin() + ptrdiff_t(n)))
+          << "trial " << trial << " k " << k;
+    }
+  }
+}
 
 TEST(Greedy, FirstIndexAmongEqualMaxima) {
   EXPECT_EQ(Sampler::greedy(std::vector<float>{1, 3, 3, 2}), 1);

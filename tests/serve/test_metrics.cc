@@ -38,6 +38,11 @@ TEST(Metrics, RenderHasEveryFamilyWithHelpAndType) {
   s.waiting = 2;
   s.kv_blocks_total = 100;
   s.kv_blocks_used = 30;
+  s.kv_blocks_cached = 12;
+  s.prefill_tokens = 40;
+  s.prefix_cache_queries = 80;
+  s.prefix_cache_hits = 20;
+  s.preemptions = 3;
   s.prompt_tokens = 50;
   s.generated_tokens = 70;
   s.padded_tokens = 25;
@@ -66,6 +71,14 @@ TEST(Metrics, RenderHasEveryFamilyWithHelpAndType) {
            "tformers_num_requests_waiting 2\n",
            "tformers_kv_blocks_used 30\n",
            "tformers_kv_blocks_free 70\n",
+           "# TYPE tformers_kv_blocks_cached gauge\n",
+           "tformers_kv_blocks_cached 12\n",
+           "tformers_prefill_tokens_total 40\n",
+           "tformers_prefix_cache_queries_total 80\n",
+           "tformers_prefix_cache_hits_total 20\n",
+           "tformers_prefix_cache_hit_rate 0.25\n",
+           "# TYPE tformers_num_preemptions_total counter\n",
+           "tformers_num_preemptions_total 3\n",
            "tformers_engine_steps_total 9\n",
            "tformers_compiles_total 6\n",
            "tformers_compiles_since_ready_total 0\n",

@@ -135,6 +135,42 @@ TEST(Serve, StreamsOfTokensWithoutTextRunToTheEnd) {
   EXPECT_EQ(server.stop(), 0);
 }
 
+// A prompt sent twice: the second time its whole blocks come from the prefix cache, as /metrics
+// counts, and the answer is the same; --no-enable-prefix-caching turns the cache off.
+TEST(Serve, PrefixCachingShowsInMetricsAndTurnsOff) {
+  const std::string body = Json{
+      {"model", kModel},
+      {"prompt",
+       "And the LORD spake unto Moses, saying, Speak unto the children of Israel, "
+       "and say unto them, When ye be come into the land"},
+      {"max_tokens", 8},
+      {"temperature", 0}}.dump();
+  for (bool on : {true, false}) {
+    ServeProcess server(on ? std::vector<std::string>{}
+                           : std::vector<std::string>{"--no-enable-prefix-caching"});
+    std::vector<std::string> texts;
+    for (int i = 0; i < 2; ++i) {
+      auto r = server.client().Post("/v1/completions", body, "application/json");
+      ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+      texts.push_back(Json::parse(r->body)["choices"][0]["text"].get<std::string>());
+    }
+    EXPECT_EQ(texts[0], texts[1]);
+    const double queries = metric(server, "tformers_prefix_cache_queries_total");
+    const double hits = metric(server, "tformers_prefix_cache_hits_total");
+    EXPECT_EQ(queries, metric(server, "tformers_prompt_tokens_total")) << on;  // no preemption
+    if (on) {
+      EXPECT_GE(hits, 16) << server.log();  // at least a block of 16 positions
+      EXPECT_GT(metric(server, "tformers_kv_blocks_cached"), 0);
+      EXPECT_GT(metric(server, "tformers_prefix_cache_hit_rate"), 0);
+    } else {
+      EXPECT_EQ(hits, 0) << server.log();
+      EXPECT_EQ(metric(server, "tformers_kv_blocks_cached"), 0);
+    }
+    EXPECT_EQ(metric(server, "tformers_num_preemptions_total"), 0);
+    EXPECT_EQ(server.stop(), 0) << server.log();
+  }
+}
+
 // RSS may not grow more than this past the load test's warm-up. AddressSanitizer keeps freed
 // memory in quarantine (up to 256 MiB), so there RSS says nothing; LeakSanitizer checks the
 // server at exit instead.

@@ -1,5 +1,5 @@
 // The continuous-batching engine: paged steps against the static cache, batch invariance, the
-// shape plan, a full pool, cancellation, shutdown and bad requests.
+// shape plan, a full pool, prefix caching, preemption, cancellation, shutdown and bad requests.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -190,8 +190,8 @@ TEST(Serving, BatchInvariantAndNoCompilesAfterWarmUp) {
   EXPECT_GT(s.computed_tokens, s.padded_tokens);
 }
 
-// A pool with room for one full-length sequence: the others wait their turn and still get every
-// token they asked for.
+// A pool with room for one full-length sequence: the others wait their turn (or are preempted
+// back into the queue) and still get every token they asked for.
 TEST(Serving, FullPoolMakesRequestsWaitNotTruncate) {
   CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
   ServingEngine engine(model,
@@ -212,6 +212,204 @@ TEST(Serving, FullPoolMakesRequestsWaitNotTruncate) {
     EXPECT_EQ(x.tokens().size(), 50u);
   }
   EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+}
+
+// What a request gives alone on an engine without prefix caching, as the reference for the
+// same request where prefixes are cached or sequences preempted.
+struct Output {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+};
+
+Output run_alone(ServingEngine& engine, const ServingRequest& r) {
+  Collector c;
+  engine.submit(r, c.callback());
+  EXPECT_EQ(c.wait(), "length") << c.error();
+  return {c.tokens(), c.logprobs()};
+}
+
+// A second request sharing a long prefix with a first prefills only its new tokens, and gets the
+// same bits as without the cache: a prompt that extends the first, the same prompt again, one
+// ending on a block's end (whose last token is computed all the same), and a next turn that
+// repeats the first request's prompt and completion.
+TEST(Serving, PrefixHitsPrefillOnlyTheNewTokens) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  const int64_t V = model.config().vocab_size;
+  const ServingConfig config{.max_num_seqs = 4, .max_model_len = 128, .block_size = 8};
+  ServingConfig uncached = config;
+  uncached.enable_prefix_caching = false;
+  // Its own model: one model has one KV pool, so one engine.
+  CausalLM reference_model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  ServingEngine reference(reference_model, uncached);
+  reference.start();
+  ServingEngine engine(model, config);
+  engine.start();
+
+  const std::vector<int32_t> prefix = prompt_of(5, 40, V);  // 5 blocks
+  auto with = [&](std::vector<int32_t> head, const std::vector<int32_t>& tail) {
+    head.insert(head.end(), tail.begin(), tail.end());
+    return head;
+  };
+  const std::vector<int32_t> first = with(prefix, prompt_of(6, 5, V));
+  const Output first_out = run_alone(engine, greedy(first, 12));
+  EXPECT_EQ(engine.stats().prefix_cache_hits, 0u);
+  EXPECT_EQ(engine.stats().prefill_tokens, 45u);
+  EXPECT_EQ(first_out.tokens, run_alone(reference, greedy(first, 12)).tokens);
+
+  std::vector<int32_t> next_turn = with(first, first_out.tokens);  // 57: 56 computed, 7 blocks
+  next_turn = with(next_turn, prompt_of(8, 3, V));
+  const struct {
+    const char* what;
+    std::vector<int32_t> prompt;
+    uint64_t hit;
+  } cases[] = {
+      {"a longer prompt", with(prefix, prompt_of(7, 9, V)), 40},
+      {"the same prompt", first, 40},
+      {"the prefix alone", prefix, 32},
+      // The first request's generated positions came from decode steps: only its prompt's
+      // whole blocks serve a prompt that repeats them.
+      {"the next turn", next_turn, 40},
+  };
+  for (const auto& c : cases) {
+    const ServingStats before = engine.stats();
+    const Output got = run_alone(engine, greedy(c.prompt, 10));
+    const ServingStats after = engine.stats();
+    EXPECT_EQ(after.prefix_cache_hits - before.prefix_cache_hits, c.hit) << c.what;
+    EXPECT_EQ(after.prefix_cache_queries - before.prefix_cache_queries, c.prompt.size()) << c.what;
+    EXPECT_EQ(after.prefill_tokens - before.prefill_tokens, c.prompt.size() - c.hit) << c.what;
+    const Output want = run_alone(reference, greedy(c.prompt, 10));
+    EXPECT_EQ(got.tokens, want.tokens) << c.what;
+    EXPECT_EQ(got.logprobs, want.logprobs) << c.what;
+  }
+  const ServingStats s = engine.stats();
+  EXPECT_EQ(s.kv_blocks_used, 0);
+  EXPECT_GT(s.kv_blocks_cached, 0);
+  EXPECT_EQ(reference.stats().prefix_cache_hits, 0u);
+  EXPECT_EQ(reference.stats().kv_blocks_cached, 0);
+}
+
+// A pool with room for one full-length sequence and four sequences growing in it at once,
+// arriving at staggered times: the newest are preempted and computed again, with and without
+// the prefix cache, and every request's tokens and log-probabilities are those it gets alone.
+// Two requests share a prefix; one samples, so its sampler must carry its state across.
+TEST(Serving, PreemptedSequencesResumeWithTheSameOutput) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  const int64_t V = model.config().vocab_size;
+  std::vector<ServingRequest> requests;
+  for (int r = 0; r < 6; ++r) requests.push_back(greedy(prompt_of(r, 6 + 3 * r, V), 30 + 2 * r));
+  requests[3].prompt.insert(requests[3].prompt.begin(), requests[1].prompt.begin(),
+                            requests[1].prompt.end());
+  requests[4].config.do_sample = true;
+  requests[4].config.seed = 1234;
+  requests[4].config.temperature = 1.5;
+  std::vector<Output> alone;
+  {
+    ServingEngine reference(
+        model,
+        {.max_num_seqs = 4, .max_model_len = 64, .block_size = 8, .enable_prefix_caching = false});
+    reference.start();
+    for (const auto& r : requests) alone.push_back(run_alone(reference, r));
+  }
+  for (bool caching : {true, false}) {
+    ServingEngine engine(model, {.max_num_seqs = 4,
+                                 .max_model_len = 64,
+                                 .block_size = 8,
+                                 .num_blocks = 8,
+                                 .enable_prefix_caching = caching});
+    engine.warm_up();
+    engine.start();
+    std::vector<Collector> c(requests.size());
+    for (size_t r = 0; r < requests.size(); ++r) {
+      engine.submit(requests[r], c[r].callback());
+      if (r % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    for (size_t r = 0; r < requests.size(); ++r) {
+      ASSERT_EQ(c[r].wait(), "length") << c[r].error();
+      EXPECT_EQ(c[r].tokens(), alone[r].tokens) << "request " << r << " caching " << caching;
+      EXPECT_EQ(c[r].logprobs(), alone[r].logprobs) << "request " << r << " caching " << caching;
+    }
+    const ServingStats s = engine.stats();
+    EXPECT_GT(s.preemptions, 0u) << caching;
+    EXPECT_EQ(s.kv_blocks_used, 0) << caching;
+    EXPECT_EQ(s.compiles_since_ready, 0u) << caching;
+    // Preempted sequences are looked up again when they come back; without the cache their
+    // prompts are prefilled again.
+    uint64_t prompts = 0;
+    for (const auto& r : requests) prompts += r.prompt.size();
+    EXPECT_EQ(s.prompt_tokens, prompts);
+    EXPECT_GT(s.prefix_cache_queries, prompts);
+    if (caching) {
+      EXPECT_GT(s.prefix_cache_hits, 0u);
+    } else {
+      EXPECT_EQ(s.prefix_cache_hits, 0u);
+      EXPECT_GT(s.prefill_tokens, prompts);
+    }
+  }
+}
+
+// Without max_new_tokens a request may run to max_model_len, but holds only the blocks it has
+// filled: in a pool of one full-length sequence, a short request submitted after it runs beside
+// it and ends first, where a reservation of its whole length would have made it wait.
+TEST(Serving, UnsetMaxTokensReservesNothing) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  ServingEngine engine(model,
+                       {.max_num_seqs = 2, .max_model_len = 64, .block_size = 16, .num_blocks = 4});
+  ServingRequest to_the_end = greedy({1, 2, 3}, 0);
+  to_the_end.config.max_new_tokens.reset();
+  std::mutex mu;
+  std::vector<std::string> order;
+  Collector longer, shorter;
+  auto noting = [&](const std::string& name, ServingCallback inner) {
+    return [&, name, inner](const ServingEvent& e) {
+      if (!e.finish_reason.empty()) {
+        std::lock_guard<std::mutex> lock(mu);
+        order.push_back(name);
+      }
+      inner(e);
+    };
+  };
+  engine.submit(to_the_end, noting("long", longer.callback()));
+  engine.submit(greedy({4, 5, 6}, 5), noting("short", shorter.callback()));
+  engine.start();  // both are queued before the first step
+  ASSERT_EQ(longer.wait(), "length");
+  ASSERT_EQ(shorter.wait(), "length");
+  EXPECT_EQ(longer.tokens().size(), 61u);
+  EXPECT_EQ(order, (std::vector<std::string>{"short", "long"}));
+  EXPECT_EQ(engine.stats().preemptions, 0u);
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+}
+
+// Requests cancelled while others are preempted around them, in a pool of one sequence's
+// blocks: the cancelled ones end with "abort", the rest with every token, and no block is left
+// held.
+TEST(Serving, CancelUnderPreemptionLeavesNoBlockHeld) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  const int64_t V = model.config().vocab_size;
+  ServingEngine engine(model,
+                       {.max_num_seqs = 4, .max_model_len = 64, .block_size = 8, .num_blocks = 8});
+  engine.start();
+  std::vector<Collector> c(8);
+  for (size_t r = 0; r < c.size(); ++r) {
+    ServingCallback inner = c[r].callback();
+    const bool cancels = r % 3 == 1;  // after its 12th token, from inside the callback
+    engine.submit(greedy(prompt_of(int(r), 9, V), 40),
+                  [&engine, inner, cancels, n = 0](const ServingEvent& e) mutable {
+                    if (cancels && ++n == 12) engine.cancel(e.request);
+                    inner(e);
+                  });
+  }
+  for (size_t r = 0; r < c.size(); ++r) {
+    if (r % 3 == 1) {
+      EXPECT_EQ(c[r].wait(), "abort") << r;
+      EXPECT_LT(c[r].tokens().size(), 40u) << r;
+    } else {
+      EXPECT_EQ(c[r].wait(), "length") << r;
+      EXPECT_EQ(c[r].tokens().size(), 40u) << r;
+    }
+  }
+  const ServingStats s = engine.stats();
+  EXPECT_GT(s.preemptions, 0u);
+  EXPECT_EQ(s.kv_blocks_used, 0);
 }
 
 TEST(Serving, CancelFreesTheSequence) {
@@ -297,6 +495,10 @@ TEST(Serving, BadRequestsAndConfigs) {
                                     {.max_model_len = 64, .block_size = 16, .num_blocks = 3});
                   }),
                   "cannot hold one sequence");
+  // A second engine on a model would share its KV pool.
+  EXPECT_CONTAINS(
+      error_of<InvalidArgumentError>([&] { ServingEngine e(model, {.max_model_len = 64}); }),
+      "already has an engine");
 }
 
 // shutdown() lets running requests finish within the grace period, aborts what is left, and
