@@ -114,8 +114,10 @@ nb::dict generate(tformers::CausalLM& model, const Ids& input_ids, const std::st
         "generate(): a streamer cannot be used with beam search (num_beams > 1), whose tokens "
         "are final only at the end, as in Transformers; drop the streamer or set num_beams=1");
   bool failed = false;
-  // Runs `f` with the GIL; a Python exception it raises stops generation (returns false).
+  // Runs `f` with the GIL; a Python exception it raises stops generation (returns false). Once
+  // one is pending nothing more runs, since Python code must not run over a set exception.
   auto with_python = [&](const auto& f) {
+    if (failed) return false;
     nb::gil_scoped_acquire locked;
     try {
       f();
