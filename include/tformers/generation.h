@@ -59,7 +59,9 @@ struct GenerationConfig {
   std::optional<int64_t> max_cache_len;
   std::optional<bool> disable_compile;  // run without the compile cache
   // What tformers::generate() returns besides the sequences (GenerateOutput): each step's
-  // scores after the logits processors, and each step's raw logits.
+  // scores after the logits processors, and each step's raw logits. Only the config passed to
+  // generate() turns them on, not generation_config.json, so that callers that read only the
+  // sequences never keep every step's logits.
   std::optional<bool> output_scores;  // default false
   std::optional<bool> output_logits;  // default false
 
@@ -102,7 +104,7 @@ struct ResolvedGenerationConfig {
   uint64_t seed = 0;
   int64_t max_cache_len = 0;
   bool disable_compile = false;
-  bool output_scores = false;
+  bool output_scores = false;  // set by generate() from its call's config, not by resolve()
   bool output_logits = false;
 };
 

@@ -54,6 +54,8 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   }
   const GenerationConfig merged = m.generation_config().merged_with(call);
   ResolvedGenerationConfig rc = resolve(merged, longest, V, m.config().max_position_embeddings);
+  rc.output_scores = call.output_scores.value_or(false);
+  rc.output_logits = call.output_logits.value_or(false);
   // Tensor-parallel ranks sample with rank 0's seed, so an unset seed (drawn per process) still
   // gives every rank the same tokens.
   if (m.tensor_parallel()) rc.seed = distributed::agree_seed(rc.seed);

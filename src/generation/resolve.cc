@@ -194,8 +194,6 @@ ResolvedGenerationConfig resolve(const GenerationConfig& c, int64_t prompt_len, 
                     max_positions, " positions (max_position_embeddings); give ", total, " to ",
                     max_positions, " or leave it unset"));
   r.disable_compile = c.disable_compile.value_or(false);
-  r.output_scores = c.output_scores.value_or(false);
-  r.output_logits = c.output_logits.value_or(false);
   return r;
 }
 

@@ -100,8 +100,12 @@ TEST(GenerateOutput, ScoresAreProcessedLogitsPerStep) {
       }
     }
   }
-  // Off by default.
+  // Off by default, and generation_config.json cannot turn them on for a call that did not ask.
   EXPECT_TRUE(generate(lm, {prompt}, {.max_new_tokens = 2}).scores.empty());
+  lm.generation_config().output_scores = lm.generation_config().output_logits = true;
+  GenerateOutput plain = generate(lm, {prompt}, {.max_new_tokens = 2});
+  EXPECT_TRUE(plain.scores.empty());
+  EXPECT_TRUE(plain.logits.empty());
 }
 
 TEST(GenerateOutput, BeamScoresAreLogSoftmaxOfTheLogits) {
