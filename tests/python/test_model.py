@@ -142,6 +142,9 @@ def test_torch_inputs_give_torch_outputs(kjv_model, kjv_tokenizer):
     out = kjv_model.generate(**inputs, **GREEDY)
     assert isinstance(out, torch.Tensor) and out.dtype == torch.int64
     assert isinstance(kjv_model(inputs["input_ids"]).logits, torch.Tensor)
+    full = kjv_model.generate(**inputs, **GREEDY, return_dict_in_generate=True, output_scores=True)
+    assert torch.equal(full.sequences, out)
+    assert all(isinstance(s, torch.Tensor) and s.dtype == torch.float32 for s in full.scores)
     m = tformers.AutoModelForCausalLM.from_pretrained(KJV, dtype=torch.bfloat16)
     assert m.dtype == torch.bfloat16
 
