@@ -4,9 +4,10 @@
 //
 // The GIL is released whenever the library runs (loading, encoding a batch, generating, a
 // forward pass), so other Python threads run meanwhile, including another model's generate().
-// During generate() each new token briefly takes the GIL back to run pending signal handlers
-// (Ctrl-C raises KeyboardInterrupt there) and the streamer; an exception from either stops
-// generation at that token and is raised from generate().
+// During generate() each step (each new token, each beam-search step) briefly takes the GIL back
+// to run pending signal handlers (Ctrl-C raises KeyboardInterrupt there), and each new token to
+// run the streamer; an exception from either stops generation there and is raised from
+// generate().
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -86,44 +87,68 @@ tformers::CausalLM load_model(const std::string& path, const std::optional<std::
   return tformers::AutoModelForCausalLM::from_pretrained(path, o);
 }
 
+// Per-step rows × vocab arrays (GenerateOutput's scores or logits) as one float32 array (steps,
+// rows, vocab), or None when they were not asked for.
+nb::object steps_array(const std::vector<std::vector<float>>& steps, int64_t vocab_size) {
+  if (steps.empty()) return nb::none();
+  const size_t vocab = size_t(vocab_size), rows = steps[0].size() / vocab;
+  auto* data = new std::vector<float>();
+  data->reserve(steps.size() * rows * vocab);
+  for (const auto& s : steps) data->insert(data->end(), s.begin(), s.end());
+  nb::capsule owner(data, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+  return nb::cast(
+      nb::ndarray<nb::numpy, float, nb::ndim<3>>(data->data(), {steps.size(), rows, vocab}, owner));
+}
+
 // generate(): `config_json` holds the call's GenerationConfig fields; `streamer`, when not None,
-// is called as streamer(row, token_id) for each new token.
-Ids generate(tformers::CausalLM& model, const Ids& input_ids, const std::string& config_json,
-             nb::object streamer, const tformers::Tokenizer* tokenizer) {
+// is called as streamer(row, token_id) for each new token. Returns GenerateOutput's fields as a
+// dict: sequences, sequences_scores (None without beam search), finish_reasons, and scores and
+// logits (steps, rows, vocab), None unless output_scores / output_logits.
+nb::dict generate(tformers::CausalLM& model, const Ids& input_ids, const std::string& config_json,
+                  nb::object streamer, const tformers::Tokenizer* tokenizer) {
   const auto config =
       tformers::GenerationConfig::from_json_string(config_json, "generate() arguments");
-  // Beam search chooses its tokens only at the end, and the library refuses a token callback
-  // there (as Transformers refuses a streamer), so it runs uninterruptible.
   const bool beams = model.generation_config().merged_with(config).num_beams.value_or(1) > 1;
   if (beams && !streamer.is_none())
     throw tformers::InvalidArgumentError(
         "generate(): a streamer cannot be used with beam search (num_beams > 1), whose tokens "
         "are final only at the end, as in Transformers; drop the streamer or set num_beams=1");
   bool failed = false;
-  const tformers::TokenCallback on_token = [&](int64_t row, int32_t id) {
+  // Runs `f` with the GIL; a Python exception it raises stops generation (returns false). Once
+  // one is pending nothing more runs, since Python code must not run over a set exception.
+  auto with_python = [&](const auto& f) {
+    if (failed) return false;
     nb::gil_scoped_acquire locked;
-    if (PyErr_CheckSignals() != 0) {
-      failed = true;
-      return false;
-    }
-    if (streamer.is_none()) return true;
     try {
-      streamer(row, id);
+      f();
     } catch (nb::python_error& e) {
       e.restore();
       failed = true;
-      return false;
     }
-    return true;
+    return !failed;
   };
-  Ids out;
+  const tformers::StepCallback on_step = [&] {
+    return with_python([] {
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();
+    });
+  };
+  tformers::TokenCallback on_token;
+  if (!streamer.is_none())
+    on_token = [&](int64_t row, int32_t id) { return with_python([&] { streamer(row, id); }); };
+  tformers::GenerateOutput out;
   {
     nb::gil_scoped_release unlocked;
-    out =
-        model.generate(input_ids, config, beams ? tformers::TokenCallback{} : on_token, tokenizer);
+    out = tformers::generate(model, input_ids, config, on_token, tokenizer, on_step);
   }
   if (failed) throw nb::python_error();
-  return out;
+  nb::dict d;
+  d["sequences"] = std::move(out.sequences);
+  d["sequences_scores"] =
+      beams ? nb::cast(std::move(out.sequences_scores)) : nb::object(nb::none());
+  d["finish_reasons"] = std::move(out.finish_reasons);
+  d["scores"] = steps_array(out.scores, model.config().vocab_size);
+  d["logits"] = steps_array(out.logits, model.config().vocab_size);
+  return d;
 }
 
 // One forward pass over a fresh cache of exactly the input's length: logits (B, T, V) float32 for
@@ -272,7 +297,8 @@ NB_MODULE(_core, m) {
                   "distributed"_a, "tp_size"_a, "tp_plan"_a, "tp_timeout"_a, "quantize"_a,
                   "load_mode"_a)
       .def("generate", &generate, "input_ids"_a, "config_json"_a, "streamer"_a.none(),
-           "tokenizer"_a.none(), "Prompts (rows of any lengths) followed by their new tokens.")
+           "tokenizer"_a.none(),
+           "Prompts (rows of any lengths) followed by their new tokens, with scores, as a dict.")
       .def("forward", &forward, "input_ids"_a, "attention_mask"_a = nb::none(),
            "Logits (B, T, V) of every position of a fresh cache.")
       .def_prop_ro("config_json",

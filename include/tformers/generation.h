@@ -58,6 +58,12 @@ struct GenerationConfig {
   // prefill and decode step; at most twice the KV memory of the exact length.
   std::optional<int64_t> max_cache_len;
   std::optional<bool> disable_compile;  // run without the compile cache
+  // What tformers::generate() returns besides the sequences (GenerateOutput): each step's
+  // scores after the logits processors, and each step's raw logits. Only the config passed to
+  // generate() turns them on, not generation_config.json, so that callers that read only the
+  // sequences never keep every step's logits.
+  std::optional<bool> output_scores;  // default false
+  std::optional<bool> output_logits;  // default false
 
   // Reads generation_config.json; unknown fields are ignored as in Transformers, fields of the
   // wrong type are a FormatError naming the field. A Transformers field that tformers does not
@@ -98,6 +104,8 @@ struct ResolvedGenerationConfig {
   uint64_t seed = 0;
   int64_t max_cache_len = 0;
   bool disable_compile = false;
+  bool output_scores = false;  // set by generate() from its call's config, not by resolve()
+  bool output_logits = false;
 };
 
 // Fills defaults and validates `config` for a prompt of `prompt_len` tokens and a model with
@@ -109,21 +117,34 @@ ResolvedGenerationConfig resolve(const GenerationConfig& config, int64_t prompt_
 // false.
 using TokenCallback = std::function<bool(int64_t row, int32_t token)>;
 
+// Asked once per step, after its forward pass, in beam search too; generation stops there when it
+// returns false. It cancels rather than streams, so unlike a TokenCallback it works where tokens
+// are final only at the end (the Python package checks for Ctrl-C in it).
+using StepCallback = std::function<bool()>;
+
 // Why a returned row ended: "stop" (an eos id or a stop string), "length" (max_new_tokens) or
-// "callback" (on_token returned false), as OpenAI's finish_reason.
+// "callback" (on_token or on_step returned false), as OpenAI's finish_reason.
 struct GenerateOutput {
   std::vector<std::vector<int32_t>> sequences;
   // Beam search only: each returned hypothesis' score, sum(log p) / length ** length_penalty
   // (Transformers' sequences_scores). Empty otherwise.
   std::vector<float> sequences_scores;
   std::vector<std::string> finish_reasons;
+  // With output_scores / output_logits, one entry per generated step, each rows × vocab_size
+  // float32 (row-major), as Transformers' scores and logits tuples: the rows are the sequences'
+  // rows, or with beam search the running beams (num_beams per prompt). `scores` are the logits
+  // after the logits processors (and warpers when sampling); with beam search they are
+  // log_softmax's outputs after the processors, before the beam's running score is added.
+  std::vector<std::vector<float>> scores;
+  std::vector<std::vector<float>> logits;
 };
 
 // model.generate() with Transformers' return_dict_in_generate=True: the same sequences, plus
-// beam scores and why each row ended. With num_beams > 1 (beam search) nothing is streamed, so
-// `on_token` must be empty, as Transformers refuses a streamer there.
+// beam scores, per-step scores and logits when asked, and why each row ended. With num_beams > 1
+// (beam search) nothing is streamed, so `on_token` must be empty, as Transformers refuses a
+// streamer there; `on_step` may cancel any search.
 GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>& input_ids,
                         const GenerationConfig& config = {}, const TokenCallback& on_token = {},
-                        const Tokenizer* tokenizer = nullptr);
+                        const Tokenizer* tokenizer = nullptr, const StepCallback& on_step = {});
 
 }  // namespace tformers

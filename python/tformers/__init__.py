@@ -15,11 +15,13 @@ from . import accelerator, distributed
 from ._core import __version__, supported_architectures
 from .distributed import DistributedConfig
 from .generation import BaseStreamer, GenerationConfig, TextIteratorStreamer, TextStreamer
-from .modeling import AutoModelForCausalLM, CausalLM, CausalLMOutput, PretrainedConfig
+from .modeling import AutoModelForCausalLM, CausalLM, PretrainedConfig
+from .modeling_outputs import CausalLMOutput, GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput, ModelOutput
 from .tokenization import AutoTokenizer, BatchEncoding, PreTrainedTokenizerFast
 
 __all__ = [
     "AutoModelForCausalLM", "AutoTokenizer", "BaseStreamer", "BatchEncoding", "CausalLM", "CausalLMOutput",
-    "DistributedConfig", "GenerationConfig", "PreTrainedTokenizerFast", "PretrainedConfig", "TextIteratorStreamer",
+    "DistributedConfig", "GenerateBeamDecoderOnlyOutput", "GenerateDecoderOnlyOutput", "GenerationConfig",
+    "ModelOutput", "PreTrainedTokenizerFast", "PretrainedConfig", "TextIteratorStreamer",
     "TextStreamer", "__version__", "accelerator", "distributed", "supported_architectures",
 ]

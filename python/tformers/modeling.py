@@ -15,6 +15,7 @@ from . import _core
 from ._tensors import as_id_array, convert, is_torch_tensor, torch_module
 from .distributed import DistributedConfig
 from .generation import BaseStreamer, GenerationConfig
+from .modeling_outputs import CausalLMOutput, GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
 
 
 class PretrainedConfig:
@@ -38,16 +39,6 @@ class PretrainedConfig:
 
     def __repr__(self) -> str:
         return f"PretrainedConfig({json.dumps(self._fields, indent=2)})"
-
-
-class CausalLMOutput:
-    """What model(input_ids) returns: .logits (batch, sequence_length, vocab_size), float32."""
-
-    def __init__(self, logits):
-        self.logits = logits
-
-    def __getitem__(self, key):
-        return {"logits": self.logits}[key] if isinstance(key, str) else (self.logits,)[key]
 
 
 def _dtype_name(dtype) -> str | None:
@@ -104,8 +95,10 @@ class CausalLM:
         model's generation_config.json. Returns (batch * num_return_sequences, length) int64 ids:
         each row the given input row followed by its new tokens (rows that finish early are
         filled with pad_token_id), a torch tensor when input_ids is one, else numpy.
-        `tokenizer` is needed for stop_strings. Ctrl-C raises KeyboardInterrupt at the next token
-        (beam search only ends at the end)."""
+        return_dict_in_generate=True returns a GenerateDecoderOnlyOutput (or, with num_beams > 1,
+        a GenerateBeamDecoderOnlyOutput) with .sequences, and .scores / .logits per step with
+        output_scores / output_logits. `tokenizer` is needed for stop_strings. Ctrl-C raises
+        KeyboardInterrupt at the next token, or the next step of a beam search."""
         if input_ids is None:
             raise ValueError("generate() needs input_ids (model.generate(**tokenizer(text, return_tensors=\"pt\")))")
         return_tensors = "pt" if is_torch_tensor(input_ids) else "np"
@@ -114,8 +107,14 @@ class CausalLM:
         if mask is not None and mask.shape != ids.shape:
             raise ValueError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}: they must match")
         prompts = [_prompt(ids[b], None if mask is None else mask[b], b) for b in range(len(ids))]
-        config = GenerationConfig(**(generation_config.to_dict() if generation_config is not None else {}))
-        config.update(**kwargs)
+        fields = {**(generation_config.to_dict() if generation_config is not None else {}), **kwargs}
+        # The output's form is the Python layer's choice; the library computes scores only when
+        # they are returned (a generation_config.json that asks for them without the dict would
+        # otherwise keep every step's logits for nothing).
+        return_dict = bool(fields.pop("return_dict_in_generate", False))
+        output_scores = return_dict and bool(fields.get("output_scores", False))
+        fields.update(output_scores=output_scores, output_logits=return_dict and bool(fields.get("output_logits", False)))
+        config = GenerationConfig(**fields)
         on_token = None
         if streamer is not None:
             if len(ids) > 1 or int(config.to_dict().get("num_return_sequences", 1)) > 1:
@@ -124,14 +123,27 @@ class CausalLM:
             on_token = lambda row, token: streamer.put(convert(np.array([token], dtype=np.int64), return_tensors))
         try:
             with self._exclusive():
-                rows = self._core.generate(prompts, config.to_json_string(), on_token,
-                                           None if tokenizer is None else tokenizer._core)
+                result = self._core.generate(prompts, config.to_json_string(), on_token,
+                                             None if tokenizer is None else tokenizer._core)
         finally:
             if streamer is not None:
                 streamer.end()
+        rows = result["sequences"]
         repeat = len(rows) // len(prompts)
         out = [np.concatenate([ids[i // repeat], row[len(prompts[i // repeat]):]]) for i, row in enumerate(rows)]
-        return convert(np.array(out, dtype=np.int64), return_tensors)
+        sequences = convert(np.array(out, dtype=np.int64), return_tensors)
+        if not return_dict:
+            return sequences
+
+        def per_step(steps):  # (steps, rows, vocab) as Transformers' tuple of (rows, vocab)
+            return None if steps is None else tuple(convert(step, return_tensors) for step in steps)
+
+        scores, logits = per_step(result["scores"]), per_step(result["logits"])
+        if result["sequences_scores"] is None:
+            return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, logits=logits)
+        sequences_scores = convert(np.array(result["sequences_scores"], dtype=np.float32), return_tensors)
+        return GenerateBeamDecoderOnlyOutput(sequences=sequences, sequences_scores=sequences_scores if output_scores
+                                             else None, scores=scores, logits=logits)
 
     def __call__(self, input_ids, attention_mask=None, **kwargs) -> CausalLMOutput:
         """One forward pass: .logits (batch, sequence_length, vocab_size) float32 for every
@@ -143,7 +155,7 @@ class CausalLM:
         mask = None if attention_mask is None else as_id_array(attention_mask, "attention_mask")
         with self._exclusive():
             logits = self._core.forward(ids, mask)
-        return CausalLMOutput(convert(logits, return_tensors))
+        return CausalLMOutput(logits=convert(logits, return_tensors))
 
     forward = __call__
 

@@ -47,7 +47,8 @@ void log_softmax(std::span<float> x) {
 
 GenerateOutput beam_search(models::ModelRunner& m, const std::vector<std::vector<int32_t>>& prompts,
                            const ResolvedGenerationConfig& rc, int64_t cache_len,
-                           const std::function<int64_t(int64_t)>& padded_len) {
+                           const std::function<int64_t(int64_t)>& padded_len,
+                           const StepCallback& on_step) {
   const int64_t V = m.vocab_size(), K = rc.num_beams, N = rc.max_new_tokens;
   const int64_t B = int64_t(prompts.size()), rows = B * K;
   // Enough continuations that num_beams of them are still running even if all others hit eos.
@@ -78,6 +79,8 @@ GenerateOutput beam_search(models::ModelRunner& m, const std::vector<std::vector
   std::vector<bool> improvable(static_cast<size_t>(B), true);
   Tensor logits = Tensor::zeros({rows, 1, V}, DType::f32);
   std::vector<std::vector<int32_t>> seqs(static_cast<size_t>(rows));
+  GenerateOutput out;
+  bool cancelled = false;
 
   for (int64_t t = 0; t < N; ++t) {
     std::vector<std::span<const int32_t>> spans;
@@ -94,13 +97,20 @@ GenerateOutput beam_search(models::ModelRunner& m, const std::vector<std::vector
     m.run_static(m.prepare_static(P, 1, rc.disable_compile), batch.input_ids, batch.position_ids, 0,
                  logits);
     float* all = logits.data<float>();
+    if (rc.output_logits) out.logits.emplace_back(all, all + rows * V);
     for (int64_t r = 0; r < rows; ++r) {
       std::span<float> row(all + r * V, size_t(V));
       log_softmax(row);
       processors.process(seqs[r], int64_t(prompts[r / K].size()), row);
-      const float beam_score = running[r / K][r % K].score;
-      for (float& v : row) v += beam_score;
     }
+    if (rc.output_scores) out.scores.emplace_back(all, all + rows * V);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float beam_score = running[r / K][r % K].score;
+      for (float& v : std::span<float>(all + r * V, size_t(V))) v += beam_score;
+    }
+    // A cancelled search ends as at max_new_tokens: every candidate finishes here.
+    cancelled = on_step && !on_step();
+    const bool last = t + 1 == N || cancelled;
 
     bool all_hit = true;
     for (int64_t b = 0; b < B; ++b) {
@@ -112,7 +122,7 @@ GenerateOutput beam_search(models::ModelRunner& m, const std::vector<std::vector
       std::vector<bool> hit(n);
       for (int64_t c = 0; c < keep; ++c) {
         cand[c] = scores[best[c]];
-        hit[c] = is_eos(int32_t(best[c] % V)) || t + 1 == N;
+        hit[c] = is_eos(int32_t(best[c] % V)) || last;
         all_hit = all_hit && hit[c];
         cand_running[c] = cand[c] + (hit[c] ? kImpossible : 0.0f);
       }
@@ -193,7 +203,6 @@ GenerateOutput beam_search(models::ModelRunner& m, const std::vector<std::vector
       rc.eos_token_id.empty()
           ? -1
           : int32_t(rc.pad_token_id.value_or(0) != 0 ? *rc.pad_token_id : rc.eos_token_id[0]);
-  GenerateOutput out;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t r = 0; r < R; ++r) {
       const Hypothesis& h = finished[b][r];
@@ -203,6 +212,7 @@ GenerateOutput beam_search(models::ModelRunner& m, const std::vector<std::vector
       out.sequences.push_back(std::move(seq));
       out.sequences_scores.push_back(h.score);
       out.finish_reasons.push_back(!h.tokens.empty() && is_eos(h.tokens.back()) ? "stop"
+                                   : cancelled                                  ? "callback"
                                                                                 : "length");
     }
   return out;

@@ -22,10 +22,12 @@ namespace tformers::generation {
 // generation (the cost is one prefill per step instead of one decode).
 // Returns num_return_sequences hypotheses per prompt, best first, each its prompt followed by the
 // same number of tokens (Transformers' length: the longest returned hypothesis), shorter ones
-// filled as Transformers fills them.
+// filled as Transformers fills them. When `on_step` returns false, that step is the last, as if
+// max_new_tokens ended there, and the rows not ended by eos finish with reason "callback".
 GenerateOutput beam_search(models::ModelRunner& model,
                            const std::vector<std::vector<int32_t>>& prompts,
                            const ResolvedGenerationConfig& config, int64_t cache_len,
-                           const std::function<int64_t(int64_t)>& padded_len);
+                           const std::function<int64_t(int64_t)>& padded_len,
+                           const StepCallback& on_step);
 
 }  // namespace tformers::generation

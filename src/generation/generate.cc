@@ -36,7 +36,7 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
 
 GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
                         const GenerationConfig& call, const TokenCallback& on_token,
-                        const Tokenizer* tokenizer) {
+                        const Tokenizer* tokenizer, const StepCallback& on_step) {
   models::ModelRunner m(model);
   const int64_t V = m.vocab_size();
   if (prompts.empty()) throw InvalidArgumentError("generate: input_ids has no rows");
@@ -54,6 +54,8 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   }
   const GenerationConfig merged = m.generation_config().merged_with(call);
   ResolvedGenerationConfig rc = resolve(merged, longest, V, m.config().max_position_embeddings);
+  rc.output_scores = call.output_scores.value_or(false);
+  rc.output_logits = call.output_logits.value_or(false);
   // Tensor-parallel ranks sample with rank 0's seed, so an unset seed (drawn per process) still
   // gives every rank the same tokens.
   if (m.tensor_parallel()) rc.seed = distributed::agree_seed(rc.seed);
@@ -70,9 +72,9 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
     int64_t S = merged.max_cache_len
                     ? rc.max_cache_len
                     : bucketed(m.prompt_buckets(), longest + rc.max_new_tokens - 1);
-    return generation::beam_search(m, prompts, rc, S, [&](int64_t len) {
-      return std::min(bucketed(m.prompt_buckets(), len), S);
-    });
+    return generation::beam_search(
+        m, prompts, rc, S,
+        [&](int64_t len) { return std::min(bucketed(m.prompt_buckets(), len), S); }, on_step);
   }
 
   // Rows: each prompt num_return_sequences times, consecutively (as repeat_interleave).
@@ -141,14 +143,19 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   bool stop = false;
   // Chooses each unfinished row's next token from the logits just computed.
   auto choose = [&] {
+    if (rc.output_logits)
+      out.logits.emplace_back(logits.data<float>(), logits.data<float>() + B * V);
     bool all_done = true;
     for (int64_t b = 0; b < B; ++b) {
+      std::span<float> scores(logits.data<float>() + b * V, size_t(V));
+      // A finished row's scores are reported too, computed over its padding as Transformers
+      // computes them; only then are they worth processing.
+      if (!done[b] || rc.output_scores)
+        processors.process(seqs[b], int64_t(rows[b]->size()), scores);
       if (done[b]) {
         seqs[b].push_back(int32_t(*pad));
         continue;
       }
-      std::span<float> scores(logits.data<float>() + b * V, size_t(V));
-      processors.process(seqs[b], int64_t(rows[b]->size()), scores);
       int32_t next = sampler.next_token(scores, rc.do_sample);
       seqs[b].push_back(next);
       if (std::find(rc.eos_token_id.begin(), rc.eos_token_id.end(), next) !=
@@ -160,6 +167,9 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
       if (on_token && !on_token(b, next)) stop = true;
       all_done = all_done && done[b];
     }
+    if (rc.output_scores)
+      out.scores.emplace_back(logits.data<float>(), logits.data<float>() + B * V);
+    if (on_step && !on_step()) stop = true;
     if (stop)
       for (int64_t b = 0; b < B; ++b)
         if (!done[b]) out.finish_reasons[b] = "callback";

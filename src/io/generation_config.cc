@@ -109,8 +109,6 @@ const std::pair<const char*, Json> kUnimplemented[] = {
     {"target_lookbehind", 10},
     {"output_attentions", false},
     {"output_hidden_states", false},
-    {"output_scores", false},
-    {"output_logits", false},
     {"return_dict_in_generate", false},
 };
 
@@ -164,6 +162,8 @@ GenerationConfig read_config(const Json& j, const std::string& w) {
   c.cache_implementation = get_optional<std::string>(j, "cache_implementation", w);
   c.max_cache_len = get_optional<int64_t>(j, "max_cache_len", w);
   c.disable_compile = get_optional<bool>(j, "disable_compile", w);
+  c.output_scores = get_optional<bool>(j, "output_scores", w);
+  c.output_logits = get_optional<bool>(j, "output_logits", w);
   warn_unimplemented(j, w);
   return c;
 }
@@ -229,6 +229,8 @@ GenerationConfig GenerationConfig::merged_with(const GenerationConfig& o) const 
   take(c.cache_implementation, o.cache_implementation);
   take(c.max_cache_len, o.max_cache_len);
   take(c.disable_compile, o.disable_compile);
+  take(c.output_scores, o.output_scores);
+  take(c.output_logits, o.output_logits);
   return c;
 }
 

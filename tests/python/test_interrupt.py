@@ -1,23 +1,26 @@
-"""Ctrl-C during generate() raises KeyboardInterrupt at the next token, not at the end."""
+"""Ctrl-C during generate() raises KeyboardInterrupt at the next token (the next step of a beam
+search), not at the end."""
 
 import signal
 import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import KJV, REPO
 
-SCRIPT = f"""
+SCRIPT = """
 import sys, time
 from tformers import AutoModelForCausalLM
-model = AutoModelForCausalLM.from_pretrained({str(KJV)!r}, dtype="float32")
+model = AutoModelForCausalLM.from_pretrained({kjv!r}, dtype="float32")
 model.generate([[319]], do_sample=False, max_new_tokens=2)
 print("generating", flush=True)
 start = time.monotonic()
 try:
     # Long enough that finishing would take far longer than the test waits.
     for _ in range(1000):
-        model.generate([[319, 259]], do_sample=True, max_new_tokens=250, min_new_tokens=250)
+        model.generate([[319, 259]], max_new_tokens=250, min_new_tokens=250, {settings})
 except KeyboardInterrupt:
     print("interrupted", flush=True)
     sys.exit(0)
@@ -25,8 +28,11 @@ print("finished", flush=True)
 """
 
 
-def test_ctrl_c_raises_keyboard_interrupt_promptly():
-    p = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+@pytest.mark.parametrize("settings", ["do_sample=True", "do_sample=False, num_beams=4"], ids=["sampling", "beams"])
+def test_ctrl_c_raises_keyboard_interrupt_promptly(settings):
+    script = SCRIPT.format(kjv=str(KJV), settings=settings)
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         cwd=REPO)
     assert p.stdout.readline() == "generating\n", p.stderr.read()
     time.sleep(0.5)
     sent = time.monotonic()

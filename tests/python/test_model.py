@@ -84,12 +84,67 @@ def test_sampling_with_a_seed_repeats_and_beams_run(kjv_model, kjv_tokenizer):
     assert beams.shape[0] == 2 and (beams[:, :n] == inputs["input_ids"]).all()
 
 
+def test_return_dict_in_generate_gives_sequences_and_per_step_scores(kjv_model, kjv_tokenizer):
+    inputs = kjv_tokenizer(["And the LORD said", "Blessed"], padding=True, padding_side="left", return_tensors="np")
+    plain = kjv_model.generate(**inputs, **GREEDY)
+    out = kjv_model.generate(**inputs, **GREEDY, return_dict_in_generate=True)
+    assert isinstance(out, tformers.GenerateDecoderOnlyOutput)
+    assert (out.sequences == plain).all() and (out["sequences"] == plain).all() and (out[0] == plain).all()
+    assert list(out.keys()) == ["sequences"] and out.scores is None and out.logits is None
+
+    out = kjv_model.generate(**inputs, **GREEDY, return_dict_in_generate=True, output_scores=True, output_logits=True,
+                             repetition_penalty=1.3)
+    n, vocab = inputs["input_ids"].shape[1], len(kjv_tokenizer)
+    assert list(out.keys()) == ["sequences", "scores", "logits"]
+    assert len(out.scores) == len(out.logits) == out.sequences.shape[1] - n
+    eos = {4093, 4095}  # generation_config.json's eos_token_id
+    for t, (scores, logits) in enumerate(zip(out.scores, out.logits)):
+        assert scores.shape == logits.shape == (2, vocab) and scores.dtype == np.float32
+        for b in range(2):
+            if eos & set(out.sequences[b, n:n + t].tolist()):
+                continue  # a finished row, whose token is padding whatever its scores
+            assert scores[b].argmax() == out.sequences[b, n + t]  # greedy takes the best score
+            # Transformers' repetition penalty over the row so far (prompt without its padding,
+            # then the new tokens), where nothing else applies.
+            real = np.concatenate([inputs["attention_mask"][b], np.ones(t, dtype=np.int64)]) == 1
+            seen = np.zeros(vocab, dtype=bool)
+            seen[out.sequences[b, :n + t][real]] = True
+            penalized = np.where(logits[b] > 0, logits[b] / np.float32(1.3), logits[b] * np.float32(1.3))
+            np.testing.assert_allclose(scores[b], np.where(seen, penalized, logits[b]), rtol=1e-6)
+    # The first step's logits are the forward pass's at the prompt's last position.
+    first = kjv_model(inputs["input_ids"][:1]).logits[0, -1]
+    np.testing.assert_allclose(out.logits[0][0], first, atol=1e-4)
+
+
+def test_return_dict_in_generate_with_beam_search(kjv_model, kjv_tokenizer):
+    inputs = kjv_tokenizer("Blessed are", return_tensors="np")
+    beams = dict(do_sample=False, num_beams=3, num_return_sequences=2, max_new_tokens=6)
+    plain = kjv_model.generate(**inputs, **beams)
+    out = kjv_model.generate(**inputs, **beams, return_dict_in_generate=True)
+    assert isinstance(out, tformers.GenerateBeamDecoderOnlyOutput)
+    assert (out.sequences == plain).all() and out.sequences_scores is None and out.scores is None
+
+    out = kjv_model.generate(**inputs, **beams, return_dict_in_generate=True, output_scores=True, output_logits=True)
+    assert (out.sequences == plain).all()
+    assert out.sequences_scores.shape == (2,) and out.sequences_scores[0] >= out.sequences_scores[1]
+    assert 1 <= len(out.scores) == len(out.logits) <= 6
+    for scores, logits in zip(out.scores, out.logits):
+        assert scores.shape == (3, len(kjv_tokenizer))  # one row per beam
+        # No processor applies: the scores are log_softmax of the logits.
+        top = logits.max(-1, keepdims=True)
+        want = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+        np.testing.assert_allclose(scores, want, atol=1e-5)
+
+
 def test_torch_inputs_give_torch_outputs(kjv_model, kjv_tokenizer):
     torch = pytest.importorskip("torch")
     inputs = kjv_tokenizer("And the LORD said", return_tensors="pt")
     out = kjv_model.generate(**inputs, **GREEDY)
     assert isinstance(out, torch.Tensor) and out.dtype == torch.int64
     assert isinstance(kjv_model(inputs["input_ids"]).logits, torch.Tensor)
+    full = kjv_model.generate(**inputs, **GREEDY, return_dict_in_generate=True, output_scores=True)
+    assert torch.equal(full.sequences, out)
+    assert all(isinstance(s, torch.Tensor) and s.dtype == torch.float32 for s in full.scores)
     m = tformers.AutoModelForCausalLM.from_pretrained(KJV, dtype=torch.bfloat16)
     assert m.dtype == torch.bfloat16
 

@@ -2,11 +2,12 @@
 checked against Hugging Face `tokenizers` (the test group) where it is installed."""
 
 import importlib.util
+import json
 
 import numpy as np
 import pytest
 
-from conftest import KJV, MODELS
+from conftest import CORPUS, KJV, MODELS, NPM_TOKENIZERS
 
 TEXTS = ["And the LORD said", "Blessed are the meek: for they shall inherit the earth.", "x"]
 
@@ -17,6 +18,29 @@ def test_ids_match_the_tokenizers_library(kjv_tokenizer):
     for text in TEXTS + ["Ünïcödé, 中文, emoji 🎉🦀, and\ttabs\n"]:
         assert kjv_tokenizer(text)["input_ids"] == reference.encode(text).ids, text
         assert kjv_tokenizer.encode(text) == reference.encode(text).ids
+
+
+@pytest.mark.parametrize("folder", NPM_TOKENIZERS, ids=lambda folder: folder.parent.name)
+def test_shipped_tokenizers_give_the_tokenizers_librarys_ids(folder):
+    """tokenizer.json as the Rust library reads it. A Llama or Gemma tokenizer_config.json's
+    add_bos_token / add_eos_token decide the special tokens instead, as Transformers 4's
+    LlamaTokenizerFast and GemmaTokenizerFast rebuild the post-processor from them (DeepSeek-V3's
+    tokenizer.json adds no BOS, its config does)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tformers import AutoTokenizer
+
+    reference = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ours = AutoTokenizer.from_pretrained(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    rebuilt = config.get("tokenizer_class", "").startswith(("LlamaTokenizer", "GemmaTokenizer"))
+    for text in CORPUS:
+        plain = reference.encode(text, add_special_tokens=False).ids
+        assert ours(text, add_special_tokens=False)["input_ids"] == plain, text
+        want = reference.encode(text).ids
+        if rebuilt:
+            want = [ours.bos_token_id] * bool(config.get("add_bos_token", True)) + plain + \
+                [ours.eos_token_id] * bool(config.get("add_eos_token", False))
+        assert ours(text)["input_ids"] == want, text
 
 
 def test_a_string_gives_lists_and_return_tensors_np_gives_one_row(kjv_tokenizer):
