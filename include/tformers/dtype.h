@@ -14,6 +14,8 @@ enum class DType : uint8_t { f32, bf16, f16, i32, i64, i8, u8 };
 size_t dtype_size(DType t);
 // Lower-case names as in PyTorch: "float32", "bfloat16", "float16", "int32", "int64", ...
 std::string_view dtype_name(DType t);
+// Short names, as in MLIR and kernel signatures: "f32", "bf16", "f16", "i32", "i64", "i8", "u8".
+std::string_view dtype_short_name(DType t);
 // Accepts PyTorch names ("bfloat16", "torch.bfloat16", "bf16", "float32", "fp32", ...).
 // Throws InvalidArgumentError listing the accepted names.
 DType parse_dtype(std::string_view name);

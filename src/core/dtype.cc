@@ -43,6 +43,26 @@ std::string_view dtype_name(DType t) {
   TF_CHECK(false, "bad dtype ", int(t));
 }
 
+std::string_view dtype_short_name(DType t) {
+  switch (t) {
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::i8:
+      return "i8";
+    case DType::u8:
+      return "u8";
+  }
+  TF_CHECK(false, "bad dtype ", int(t));
+}
+
 DType parse_dtype(std::string_view name) {
   if (name.starts_with("torch.")) name.remove_prefix(6);
   if (name == "float32" || name == "fp32" || name == "f32" || name == "float") return DType::f32;

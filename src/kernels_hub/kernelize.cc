@@ -24,23 +24,6 @@ namespace kernels_hub {
 
 namespace {
 
-std::string dtype_code(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "f32";
-    case DType::bf16:
-      return "bf16";
-    case DType::f16:
-      return "f16";
-    case DType::i32:
-      return "i32";
-    case DType::i64:
-      return "i64";
-    default:
-      return std::string(dtype_name(t));
-  }
-}
-
 std::string join(const std::vector<std::string>& v, const std::string& sep) {
   std::string out;
   for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
@@ -65,7 +48,7 @@ std::shared_ptr<const graph::CustomCall> LayerKernels::find(
   } else {
     for (size_t i = 0; i < inputs.size() && why.empty(); ++i) {
       const auto& ok = s.input_dtypes[i];
-      std::string code = dtype_code(inputs[i].dtype);
+      const std::string code(dtype_short_name(inputs[i].dtype));
       if (std::find(ok.begin(), ok.end(), code) == ok.end())
         why = "takes input " + std::to_string(i) + " as " + join(ok, "|") + ", not " + code;
     }

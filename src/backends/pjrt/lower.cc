@@ -22,25 +22,7 @@ using graph::Node;
 using graph::Op;
 
 // MLIR's name of an element type.
-std::string element(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "f32";
-    case DType::bf16:
-      return "bf16";
-    case DType::f16:
-      return "f16";
-    case DType::i32:
-      return "i32";
-    case DType::i64:
-      return "i64";
-    case DType::i8:
-      return "i8";
-    case DType::u8:
-      return "ui8";
-  }
-  throw InternalError("StableHLO lowering: unknown dtype");
-}
+std::string element(DType t) { return t == DType::u8 ? "ui8" : std::string(dtype_short_name(t)); }
 
 std::string join(const std::vector<int64_t>& v) {
   std::string out;
