@@ -279,13 +279,16 @@ int cmd_generate(const GenerateArgs& a) {
   }
   if (a.verbose) {
     auto st = lm.compile_stats();
-    std::fprintf(stderr,
-                 "tformers: load %.3f s; prompt %zu tokens, time to first token %.3f s; %zu "
-                 "tokens at %.1f tokens/s after the first; finish reason %s; compiles %llu, "
-                 "cache hits %llu\n",
-                 seconds(t0, t1), ids.size(), seconds(t1, first_token), generated.size(), rate,
-                 out.finish_reasons[0].c_str(), (unsigned long long)st.compiles,
-                 (unsigned long long)st.hits);
+    std::fprintf(
+        stderr,
+        "tformers: load %.3f s; prompt %zu tokens, time to first token %.3f s; %zu "
+        "tokens at %.1f tokens/s after the first; finish reason %s; compiles %llu%s, "
+        "cache hits %llu\n",
+        seconds(t0, t1), ids.size(), seconds(t1, first_token), generated.size(), rate,
+        out.finish_reasons[0].c_str(), (unsigned long long)st.compiles,
+        st.loaded ? (" (" + std::to_string(st.loaded) + " loaded from the compile cache)").c_str()
+                  : "",
+        (unsigned long long)st.hits);
   }
   return 0;
 }

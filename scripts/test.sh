@@ -70,9 +70,10 @@ offline=(env PIP_NO_INDEX=1 PIP_FIND_LINKS="$PWD/build/wheelhouse" PIP_DISABLE_P
 "${offline[@]}" build/python-venv/bin/pip install -q --group test
 "${offline[@]}" build/python-venv/bin/pip install -q . -Cbuild-dir=build/python \
   -Ccmake.define.TFORMERS_PYTHON_CORE="$PWD/build/release"
-build/python-venv/bin/python -m pytest -q tests/python
-# The parity tests against Transformers and torch, in the reference environment, over the same
-# install.
+build/python-venv/bin/python -m pytest -q -rs tests/python
+# The suite again in the reference environment, over the same install: with torch there, the
+# guide's snippets run verbatim (return_tensors="pt"), torch dtypes and tensors are tested, and
+# the parity tests compare with Transformers.
 if [ -n "$reference_pid" ] && ! wait "$reference_pid"; then
   cat build/reference-venv.log
   echo "test.sh: installing the reference group into build/reference-venv failed (above)" >&2
@@ -80,8 +81,9 @@ if [ -n "$reference_pid" ] && ! wait "$reference_pid"; then
 fi
 reference_pid=""
 "$reference_python" -c 'import torch, transformers, pytest'  # never skipped for want of them
-PYTHONPATH=$(build/python-venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
-  "$reference_python" -m pytest -q tests/python/test_parity.py
+PATH="$PWD/build/python-venv/bin:$PATH" \
+  PYTHONPATH=$(build/python-venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+  "$reference_python" -m pytest -q -rs tests/python
 stage "asan build"
 cmake --preset asan >/dev/null
 cmake --build --preset asan

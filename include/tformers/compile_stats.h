@@ -13,6 +13,9 @@ namespace tformers {
 struct CompileStats {
   uint64_t compiles = 0;  // graphs compiled (cache misses)
   uint64_t hits = 0;      // executables found in the compile cache
+  // Of the compiles, the programs a PJRT backend loaded from its persistent compile cache (on
+  // disk, from an earlier process) instead of compiling them.
+  uint64_t loaded = 0;
   // The process-wide cache only (zero in a model's own counters):
   uint64_t entries = 0;       // executables held
   uint64_t bytes = 0;         // their arena bytes

@@ -19,6 +19,10 @@ struct TransferStats {
   uint64_t device_to_host_bytes = 0;
   uint64_t host_to_device_copies = 0;
   uint64_t device_to_host_copies = 0;
+  // PJRT devices: executions, and the nanoseconds from each launch until its outputs were
+  // ready (the rest of a step is host overhead). The CPU backend does not count them.
+  uint64_t executions = 0;
+  uint64_t execute_ns = 0;
 };
 
 // A backend's transfer counters. Runs of its executables add to them from any thread, so they
@@ -33,21 +37,28 @@ class TransferCounters {
     device_to_host_bytes_.fetch_add(bytes, std::memory_order_relaxed);
     device_to_host_copies_.fetch_add(1, std::memory_order_relaxed);
   }
+  void executed(uint64_t ns) {
+    executions_.fetch_add(1, std::memory_order_relaxed);
+    execute_ns_.fetch_add(ns, std::memory_order_relaxed);
+  }
   TransferStats snapshot() const {
     return {host_to_device_bytes_.load(std::memory_order_relaxed),
             device_to_host_bytes_.load(std::memory_order_relaxed),
             host_to_device_copies_.load(std::memory_order_relaxed),
-            device_to_host_copies_.load(std::memory_order_relaxed)};
+            device_to_host_copies_.load(std::memory_order_relaxed),
+            executions_.load(std::memory_order_relaxed),
+            execute_ns_.load(std::memory_order_relaxed)};
   }
   void reset() {
     for (auto* c : {&host_to_device_bytes_, &device_to_host_bytes_, &host_to_device_copies_,
-                    &device_to_host_copies_})
+                    &device_to_host_copies_, &executions_, &execute_ns_})
       c->store(0, std::memory_order_relaxed);
   }
 
  private:
   std::atomic<uint64_t> host_to_device_bytes_{0}, device_to_host_bytes_{0};
   std::atomic<uint64_t> host_to_device_copies_{0}, device_to_host_copies_{0};
+  std::atomic<uint64_t> executions_{0}, execute_ns_{0};
 };
 
 // Device memory holding one tensor.
@@ -86,6 +97,9 @@ class Executable {
   // Frees the scratch memory of runs that have finished (a later run allocates it again);
   // returns the bytes freed. Runs in progress keep theirs.
   virtual uint64_t trim() = 0;
+  // True when the backend loaded the compiled program from its persistent compile cache rather
+  // than compiling it (PJRT devices, docs/accelerators.md).
+  bool loaded_from_disk() const { return loaded_from_disk_; }
 
  protected:
   // Plans run()'s checks from the graph as the caller built it (before any legalisation).
@@ -95,6 +109,7 @@ class Executable {
   // run() after its checks: the bindings match the graph and the step inputs are in range.
   virtual void execute(std::span<Buffer* const> params, std::span<Buffer* const> states,
                        std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) = 0;
+  bool loaded_from_disk_ = false;
 
  private:
   struct Checks;  // backend.cc

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "core/paths.h"
 #include "kernels_hub/package.h"
 #include "kernels_hub/sha256.h"
 #include "tformers/error.h"
@@ -55,12 +56,7 @@ int list(const KernelOptions& o) {
       begin = end + 1;
     }
     if (roots.empty()) {
-      const char* x = std::getenv("XDG_CACHE_HOME");
-      const char* h = std::getenv("HOME");
-      if (x && *x)
-        roots.push_back(std::string(x) + "/tformers/kernels");
-      else if (h)
-        roots.push_back(std::string(h) + "/.cache/tformers/kernels");
+      if (std::string dir = user_cache_dir("kernels"); !dir.empty()) roots.push_back(dir);
     }
   }
   KernelPlatform platform = KernelPlatform::current();

@@ -15,6 +15,7 @@
 #include <fstream>
 
 #include "backends/kernel_registry.h"
+#include "core/paths.h"
 #include "io/file.h"
 #include "io/json.h"
 #include "kernels_hub/package.h"
@@ -76,10 +77,7 @@ std::vector<std::string> cache_roots(const KernelOptions& o) {
     }
     return roots;
   }
-  if (std::string x = env("XDG_CACHE_HOME"); !x.empty())
-    roots.push_back(x + "/tformers/kernels");
-  else if (std::string h = env("HOME"); !h.empty())
-    roots.push_back(h + "/.cache/tformers/kernels");
+  if (std::string dir = user_cache_dir("kernels"); !dir.empty()) roots.push_back(dir);
   return roots;
 }
 

@@ -446,11 +446,12 @@ CausalLM::Impl::Step& CausalLM::Impl::step(const models::StepShape& shape, bool 
     bool compiled = false;
     s.exe = cc.get(*backend, g, &compiled);
     ++(compiled ? stats.compiles : stats.hits);
+    if (compiled && s.exe->loaded_from_disk()) ++stats.loaded;
     if (compiled && verbose && distributed::is_main_process())
-      std::fprintf(stderr,
-                   "tformers: compiled step batch=%lld tokens=%lld cache=%lld (%zu nodes)\n",
-                   (long long)shape.batch, (long long)shape.new_tokens, (long long)shape.cache_len,
-                   g.nodes().size());
+      std::fprintf(stderr, "tformers: %s step batch=%lld tokens=%lld cache=%lld (%zu nodes)%s\n",
+                   s.exe->loaded_from_disk() ? "loaded" : "compiled", (long long)shape.batch,
+                   (long long)shape.new_tokens, (long long)shape.cache_len, g.nodes().size(),
+                   s.exe->loaded_from_disk() ? " from the compile cache" : "");
   }
   for (int id : g.leaves(graph::Op::kParameter))
     s.params.push_back(weights.at(g.node(id).name).get());

@@ -45,6 +45,8 @@ class ModelRunner {
   int64_t batch_invariant_rows() const { return m_.backend->batch_invariant_rows(); }
   int64_t kv_bytes_per_position() const { return m_.kv_bytes_per_position(); }
   uint64_t compiles() const { return m_.stats.compiles; }
+  // The backend's transfers and, on PJRT devices, its executions and their time since load.
+  backends::TransferStats transfer_stats() const { return m_.backend->transfer_stats(); }
   std::vector<CausalLM::Impl::WeightSpan> decode_weight_spans() const {
     return m_.decode_weight_spans();
   }

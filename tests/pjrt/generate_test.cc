@@ -171,11 +171,16 @@ TEST_F(XlaCpuGenerate, ADecodeStepMovesIdsPositionsAndSlotInAndLogitsOut) {
   Tensor logits = Tensor::zeros({B, 1, V}, DType::f32);
   models::ModelRunner::Step& step = m.prepare_static(1, 1);
   for (int64_t slot = 0; slot < 4; ++slot) {
+    const backends::TransferStats before = m.transfer_stats();
     const Moved d = moved(lm, [&] { m.run_static(step, ids, pos, slot, logits); });
     // ids and positions (B int32 each) and the cache slot (one int32) up; B x V f32 down. The
     // KV cache, donated to each run and handed back, never crosses.
     EXPECT_EQ(d.up, uint64_t(4 * (B + B + 1))) << "slot " << slot;
     EXPECT_EQ(d.down, uint64_t(4 * B * V)) << "slot " << slot;
+    // One execution, whose time bench_host_overhead subtracts from the step's.
+    const backends::TransferStats after = m.transfer_stats();
+    EXPECT_EQ(after.executions - before.executions, 1u) << "slot " << slot;
+    EXPECT_GT(after.execute_ns, before.execute_ns) << "slot " << slot;
   }
 }
 

@@ -21,6 +21,13 @@ def test_version_is_the_projects():
     assert tformers.__version__ == re.search(r"project\(tformers VERSION ([0-9.]+)", cmake).group(1)
 
 
+def test_the_installed_metadata_needs_numpy_and_offers_torch():
+    # As pyproject.toml declares them: numpy required, torch only with the "torch" extra.
+    from importlib.metadata import requires
+
+    assert sorted(requires("tformers")) == sorted(["numpy>=2.0", 'torch>=2.4; extra == "torch"'])
+
+
 def test_console_script_runs_the_cli(kjv_tokenizer):
     r = run([tformers_command(), "--version"])
     assert r.returncode == 0 and r.stdout.strip() == f"tformers {tformers.__version__}", r.stdout + r.stderr

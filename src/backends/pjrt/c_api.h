@@ -20,6 +20,7 @@ struct PJRT_Buffer;
 struct PJRT_Executable;
 struct PJRT_LoadedExecutable;
 struct PJRT_TopologyDescription;
+struct PJRT_SerializedExecutable;
 struct PJRT_Extension_Base;
 
 // The version this file's layouts follow.
@@ -57,6 +58,7 @@ static_assert(sizeof(PJRT_Api) == kApiFunctionsOffset);
   X(Client_Create, 10)                    \
   X(Client_Destroy, 11)                   \
   X(Client_PlatformName, 12)              \
+  X(Client_PlatformVersion, 14)           \
   X(Client_AddressableDevices, 16)        \
   X(Client_Compile, 20)                   \
   X(Client_BufferFromHostBuffer, 22)      \
@@ -66,9 +68,11 @@ static_assert(sizeof(PJRT_Api) == kApiFunctionsOffset);
   X(Executable_Destroy, 40)               \
   X(Executable_NumOutputs, 44)            \
   X(Executable_GetCostAnalysis, 46)       \
+  X(Executable_Serialize, 49)             \
   X(LoadedExecutable_Destroy, 50)         \
   X(LoadedExecutable_GetExecutable, 51)   \
   X(LoadedExecutable_Execute, 55)         \
+  X(Executable_DeserializeAndLoad, 56)    \
   X(Buffer_Destroy, 58)                   \
   X(Buffer_ElementType, 59)               \
   X(Buffer_Dimensions, 60)                \
@@ -191,6 +195,14 @@ struct PJRT_Client_PlatformName_Args {
   size_t platform_name_size;
 };
 
+struct PJRT_Client_PlatformVersion_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  const char* platform_version;
+  size_t platform_version_size;
+};
+
 struct PJRT_Client_AddressableDevices_Args {
   size_t struct_size;
   PJRT_Extension_Base* extension_start;
@@ -309,6 +321,30 @@ struct PJRT_LoadedExecutable_GetExecutable_Args {
   PJRT_Extension_Base* extension_start;
   PJRT_LoadedExecutable* loaded_executable;
   PJRT_Executable* executable;
+};
+
+// The bytes live until serialized_executable_deleter is called on serialized_executable.
+struct PJRT_Executable_Serialize_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const PJRT_Executable* executable;
+  const char* serialized_bytes;
+  size_t serialized_bytes_size;
+  PJRT_SerializedExecutable* serialized_executable;
+  void (*serialized_executable_deleter)(PJRT_SerializedExecutable*);
+};
+
+// Bytes from PJRT_Executable_Serialize of the same plugin build; null compile options keep the
+// serialized executable's own.
+struct PJRT_Executable_DeserializeAndLoad_Args {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  const char* serialized_executable;
+  size_t serialized_executable_size;
+  PJRT_LoadedExecutable* loaded_executable;
+  const char* overridden_serialized_compile_options;
+  size_t overridden_serialized_compile_options_size;
 };
 
 struct PJRT_Executable_Destroy_Args {
@@ -436,6 +472,7 @@ TF_PJRT_LAST_FIELD(PJRT_Event_Destroy_Args, event);
 TF_PJRT_LAST_FIELD(PJRT_Client_Create_Args, kv_try_get_user_arg);
 TF_PJRT_LAST_FIELD(PJRT_Client_Destroy_Args, client);
 TF_PJRT_LAST_FIELD(PJRT_Client_PlatformName_Args, platform_name_size);
+TF_PJRT_LAST_FIELD(PJRT_Client_PlatformVersion_Args, platform_version_size);
 TF_PJRT_LAST_FIELD(PJRT_Client_AddressableDevices_Args, num_addressable_devices);
 TF_PJRT_LAST_FIELD(PJRT_Device_GetDescription_Args, device_description);
 TF_PJRT_LAST_FIELD(PJRT_DeviceDescription_Id_Args, id);
@@ -452,6 +489,9 @@ TF_PJRT_LAST_FIELD(PJRT_LoadedExecutable_Destroy_Args, executable);
 TF_PJRT_LAST_FIELD(PJRT_LoadedExecutable_GetExecutable_Args, executable);
 TF_PJRT_LAST_FIELD(PJRT_Executable_Destroy_Args, executable);
 TF_PJRT_LAST_FIELD(PJRT_Executable_NumOutputs_Args, num_outputs);
+TF_PJRT_LAST_FIELD(PJRT_Executable_Serialize_Args, serialized_executable_deleter);
+TF_PJRT_LAST_FIELD(PJRT_Executable_DeserializeAndLoad_Args,
+                   overridden_serialized_compile_options_size);
 TF_PJRT_LAST_FIELD(PJRT_ExecuteOptions, incarnation_ids);
 TF_PJRT_LAST_FIELD(PJRT_LoadedExecutable_Execute_Args, execute_device);
 TF_PJRT_LAST_FIELD(PJRT_Executable_GetCostAnalysis_Args, properties);

@@ -184,6 +184,7 @@ struct ClientState {
   const Plugin* plugin;
   capi::PJRT_Client* client = nullptr;
   std::string platform_name;
+  std::string platform_version;
   std::vector<Device> devices;
 
   ClientState(const Plugin& p, capi::PJRT_Client* c) : plugin(&p), client(c) {}
@@ -368,6 +369,10 @@ Client::Client(const Plugin& plugin, const std::vector<ClientOption>& options) {
   name.client = state->client;
   plugin.call(capi::Fn::Client_PlatformName, name);
   state->platform_name.assign(name.platform_name, name.platform_name_size);
+  auto version = capi::make<capi::PJRT_Client_PlatformVersion_Args>();
+  version.client = state->client;
+  plugin.call(capi::Fn::Client_PlatformVersion, version);
+  state->platform_version.assign(version.platform_version, version.platform_version_size);
 
   auto devices = capi::make<capi::PJRT_Client_AddressableDevices_Args>();
   devices.client = state->client;
@@ -394,6 +399,23 @@ Client::Client(const Plugin& plugin, const std::vector<ClientOption>& options) {
 const Plugin& Client::plugin() const { return *shared_->plugin; }
 const std::string& Client::platform_name() const { return shared_->platform_name; }
 const std::vector<Device>& Client::devices() const { return shared_->devices; }
+
+std::string Client::build_identity() const {
+  const Plugin& p = plugin();
+  // The file's size and time as well: a plugin upgraded in place may report the same versions.
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(p.path(), ec);
+  const auto written = std::filesystem::last_write_time(p.path(), ec).time_since_epoch().count();
+  std::string id =
+      str_cat("plugin ", p.path(), " ", bytes, " bytes, written ", written, "\nPJRT C API ",
+              p.api_major(), ".", p.api_minor(), "\nXLA ", p.xla_version(), "\nStableHLO ");
+  for (int64_t v : p.stablehlo_current_version()) id += str_cat(v, ".");
+  id += str_cat("\nplatform ", shared_->platform_name, " ", shared_->platform_version, "\ndevices");
+  for (const Device& d : shared_->devices) id += " " + d.kind;
+  id += "\ncompile options";
+  for (char c : kCompileOptions) id += str_cat(" ", int(static_cast<unsigned char>(c)));
+  return id + "\n";
+}
 
 void detail::host_type_mismatch(size_t host_size, ElementType type) {
   throw InvalidArgumentError(str_cat("host elements of ", host_size, " bytes do not match PJRT ",
@@ -447,6 +469,17 @@ LoadedExecutable Client::compile(std::string_view mlir) const {
   a.compile_options_size = sizeof(kCompileOptions);
   plugin().call(capi::Fn::Client_Compile, a);
   LoadedExecutable exe(shared_, a.executable);
+  exe.parameters_ = main_parameters(mlir);
+  return exe;
+}
+
+LoadedExecutable Client::deserialize(std::string_view bytes, std::string_view mlir) const {
+  auto a = capi::make<capi::PJRT_Executable_DeserializeAndLoad_Args>();
+  a.client = shared_->client;
+  a.serialized_executable = bytes.data();
+  a.serialized_executable_size = bytes.size();
+  plugin().call(capi::Fn::Executable_DeserializeAndLoad, a);
+  LoadedExecutable exe(shared_, a.loaded_executable);
   exe.parameters_ = main_parameters(mlir);
   return exe;
 }
@@ -542,6 +575,27 @@ LoadedExecutable::LoadedExecutable(std::shared_ptr<const detail::ClientState> cl
   plugin.release(capi::Fn::Executable_Destroy, d);
   plugin.check(error, capi::fn_name(capi::Fn::Executable_NumOutputs));
   num_outputs_ = n.num_outputs;
+}
+
+std::string LoadedExecutable::serialize() const {
+  if (!handle_) throw InvalidArgumentError("a moved-from PJRT executable was serialized");
+  const Plugin& plugin = *client_->plugin;
+  auto get = capi::make<capi::PJRT_LoadedExecutable_GetExecutable_Args>();
+  get.loaded_executable = handle_;
+  plugin.call(capi::Fn::LoadedExecutable_GetExecutable, get);
+  auto a = capi::make<capi::PJRT_Executable_Serialize_Args>();
+  a.executable = get.executable;
+  capi::PJRT_Error* error = plugin.raw_call(capi::Fn::Executable_Serialize, a);
+  std::string bytes;
+  if (!error) {
+    bytes.assign(a.serialized_bytes, a.serialized_bytes_size);
+    if (a.serialized_executable_deleter) a.serialized_executable_deleter(a.serialized_executable);
+  }
+  auto d = capi::make<capi::PJRT_Executable_Destroy_Args>();
+  d.executable = get.executable;
+  plugin.release(capi::Fn::Executable_Destroy, d);
+  plugin.check(error, capi::fn_name(capi::Fn::Executable_Serialize));
+  return bytes;
 }
 
 LoadedExecutable::LoadedExecutable(LoadedExecutable&& other) noexcept

@@ -178,6 +178,9 @@ class LoadedExecutable {
   // Arguments are checked against @main's parameter types when compile() could read them.
   // Arguments marked donated in the module (tf.aliasing_output) read as deleted afterwards.
   std::vector<Buffer> execute(const std::vector<const Buffer*>& args) const;
+  // The plugin's serialization of the compiled program, which Client::deserialize of the same
+  // plugin build loads again; it need not be stable across builds.
+  std::string serialize() const;
 
  private:
   friend class Client;
@@ -258,6 +261,13 @@ class Client {
   // Compiles a StableHLO module in MLIR text (entry function @main) for one replica and one
   // partition.
   LoadedExecutable compile(std::string_view mlir) const;
+  // An executable from LoadedExecutable::serialize, compiled from `mlir` (whose @main gives the
+  // parameter types execute checks). The plugin's error when the bytes are not its own.
+  LoadedExecutable deserialize(std::string_view bytes, std::string_view mlir) const;
+  // What decides a compiled program's bytes besides its module: the plugin file and its
+  // versions, the platform's version, the devices' kinds and the compile options. Serialized
+  // executables are reused only under the same identity.
+  std::string build_identity() const;
 
  private:
   std::shared_ptr<const detail::ClientState> shared_;

@@ -1,9 +1,14 @@
 #include "backends/pjrt/pjrt_backend.h"
 
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/pjrt/executable_cache.h"
 #include "backends/pjrt/lower.h"
 #include "tformers/error.h"
 
@@ -66,14 +71,48 @@ const PjrtBuffer& device_buffer_of(const Buffer& b, const std::string& what) {
   return *p;
 }
 
-// The graph lowered to StableHLO and compiled by the client's plugin.
-pjrt::LoadedExecutable compile_graph(const graph::Graph& g, const pjrt::Client& client) {
+// `mlir` compiled by the client's plugin, or loaded from the persistent compile cache when an
+// earlier process compiled it under the same build identity (`*loaded` says which). An entry the
+// plugin does not take back is compiled again and replaced; a plugin that cannot serialize
+// simply compiles every time.
+pjrt::LoadedExecutable compile_or_load(const pjrt::Client& client, const std::string& mlir,
+                                       bool* loaded) {
+  *loaded = false;
+  const std::string dir = pjrt::ExecutableCache::default_dir();
+  if (dir.empty()) return client.compile(mlir);
+  const pjrt::ExecutableCache cache(dir);
+  const std::string key = client.build_identity() + mlir;
+  if (std::optional<std::string> bytes = cache.load(key)) {
+    try {
+      pjrt::LoadedExecutable exe = client.deserialize(*bytes, mlir);
+      *loaded = true;
+      return exe;
+    } catch (const Error& e) {
+      std::fprintf(stderr, "tformers: compile cache entry %s not loaded, compiling again: %s\n",
+                   cache.path_of(key).c_str(), e.what());
+    }
+  }
+  pjrt::LoadedExecutable exe = client.compile(mlir);
+  try {
+    cache.store(key, exe.serialize());
+  } catch (const Error& e) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      std::fprintf(stderr, "tformers: %s cannot keep compiled programs: %s\n",
+                   client.plugin().path().c_str(), e.what());
+  }
+  return exe;
+}
+
+// The graph lowered to StableHLO, compiled (or loaded from the compile cache).
+pjrt::LoadedExecutable compile_graph(const graph::Graph& g, const pjrt::Client& client,
+                                     bool* loaded) {
   const pjrt::LoweredModule m = pjrt::lower(g);
   TF_CHECK(m.num_outputs == g.outputs().size() && m.num_states == g.leaves(Op::kState).size(),
            "PJRT backend: the lowered module returns ", m.num_outputs, " outputs and ",
            m.num_states, " states for a graph of ", g.outputs().size(), " and ",
            g.leaves(Op::kState).size());
-  pjrt::LoadedExecutable exe = client.compile(m.mlir);
+  pjrt::LoadedExecutable exe = compile_or_load(client, m.mlir, loaded);
   TF_CHECK(exe.num_outputs() == m.num_outputs + m.num_states, "PJRT backend: @main returns ",
            exe.num_outputs(), " results, expected ", m.num_outputs + m.num_states);
   return exe;
@@ -82,7 +121,10 @@ pjrt::LoadedExecutable compile_graph(const graph::Graph& g, const pjrt::Client& 
 class PjrtExecutable : public Executable {
  public:
   PjrtExecutable(const graph::Graph& g, const pjrt::Client& client, TransferCounters* stats)
-      : Executable(g), client_(client), stats_(stats), exe_(compile_graph(g, client)) {}
+      : Executable(g),
+        client_(client),
+        stats_(stats),
+        exe_(compile_graph(g, client, &loaded_from_disk_)) {}
 
   // XLA plans and owns the device memory of intermediate values; none is ours to count or free.
   uint64_t arena_bytes() const override { return 0; }
@@ -105,7 +147,11 @@ class PjrtExecutable : public Executable {
     for (size_t k = 0; k < states.size(); ++k)
       args.push_back(&device_buffer_of(*states[k], "state " + std::to_string(k)).device_buffer());
     for (const pjrt::Buffer& b : uploaded) args.push_back(&b);
+    const auto launched = std::chrono::steady_clock::now();
     std::vector<pjrt::Buffer> results = exe_.execute(args);
+    stats_->executed(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - launched)
+                                  .count()));
     // The states first: their old buffers were donated, so the new ones must be in place even
     // if reading an output fails.
     for (size_t k = 0; k < states.size(); ++k)
