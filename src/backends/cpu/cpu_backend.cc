@@ -608,7 +608,7 @@ void CpuExecutable::custom_call(const RunContext& c, const Node& n, int id) cons
   }
 }
 
-class CpuBackend : public Backend {
+class CpuBackend : public QuantizedLayoutBackend {
  public:
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device{"cpu", 0}; }
@@ -624,15 +624,6 @@ class CpuBackend : public Backend {
   }
   std::shared_ptr<Buffer> allocate(const graph::TensorType& type) override {
     return std::make_shared<CpuBuffer>(type, resident_zeros(type.shape, type.dtype));
-  }
-  PreparedWeight prepare_linear(const Tensor& w, const std::string& quantize) override {
-    if (quantize == "int8") return prepare_int8(*this, w);
-    if (quantize == "int4") return prepare_int4(*this, w);
-    return Backend::prepare_linear(w, quantize);
-  }
-  PreparedWeight prepare_linear_int4(const Tensor& codes, const Tensor& scale,
-                                     const Tensor& zero) override {
-    return pack_int4(*this, codes, scale, zero);
   }
   Tensor download(const Buffer& buffer) override {
     const Tensor& t = static_cast<const CpuBuffer&>(buffer).tensor();

@@ -12,12 +12,15 @@ namespace tformers::backends {
 
 std::unique_ptr<Backend> make_cpu_backend();
 
-// Backend::prepare_linear for "int8" on the CPU (prepare.cc).
-PreparedWeight prepare_int8(Backend& backend, const Tensor& w);
-// ... and "int4".
-PreparedWeight prepare_int4(Backend& backend, const Tensor& w);
-// Backend::prepare_linear_int4 on the CPU.
-PreparedWeight pack_int4(Backend& backend, const Tensor& codes, const Tensor& scale,
-                         const Tensor& zero);
+// A backend whose quantized linears take the operands as the graph's linear_int8 and
+// linear_int4 define them, the layout of the CPU kernels: weights quantized at load by the CPU's
+// quantizers and int4 checkpoints re-tiled on the host, then uploaded (prepare.cc). The CPU
+// backend and the PJRT backend both are one.
+class QuantizedLayoutBackend : public Backend {
+ public:
+  PreparedWeight prepare_linear(const Tensor& w, const std::string& quantize) override;
+  PreparedWeight prepare_linear_int4(const Tensor& codes, const Tensor& scale,
+                                     const Tensor& zero) override;
+};
 
 }  // namespace tformers::backends

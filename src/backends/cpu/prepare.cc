@@ -11,7 +11,6 @@ namespace {
 Tensor quantizer_input(const Tensor& w) {
   return (w.dtype() == DType::f32 || w.dtype() == DType::bf16) ? w : w.to(DType::f32);
 }
-}  // namespace
 
 // (N,K) int8 values and (N, ceil(K / 32)) f32 block scales for a float weight (see
 // cpu::quantize_int8).
@@ -41,9 +40,18 @@ PreparedWeight prepare_int4(Backend& backend, const Tensor& w) {
   return {backend.upload(q), backend.upload(scale), nullptr};
 }
 
+}  // namespace
+
+PreparedWeight QuantizedLayoutBackend::prepare_linear(const Tensor& w,
+                                                      const std::string& quantize) {
+  if (quantize == "int8") return prepare_int8(*this, w);
+  if (quantize == "int4") return prepare_int4(*this, w);
+  return Backend::prepare_linear(w, quantize);
+}
+
 // The tiles of codes in row order, and the scales and zero points re-laid by row group.
-PreparedWeight pack_int4(Backend& backend, const Tensor& codes, const Tensor& scale,
-                         const Tensor& zero) {
+PreparedWeight QuantizedLayoutBackend::prepare_linear_int4(const Tensor& codes, const Tensor& scale,
+                                                           const Tensor& zero) {
   const int64_t N = codes.dim(0), K = codes.dim(1), nb = cpu::int4_blocks(K);
   TF_CHECK(N % cpu::kInt4Rows == 0 && codes.dtype() == DType::u8 &&
                scale.shape() == Shape({N, nb}) && scale.dtype() == DType::f16 &&
@@ -66,7 +74,7 @@ PreparedWeight pack_int4(Backend& backend, const Tensor& codes, const Tensor& sc
         }
     }
   });
-  return {backend.upload(tiles), backend.upload(s), backend.upload(z)};
+  return {upload(tiles), upload(s), upload(z)};
 }
 
 }  // namespace tformers::backends

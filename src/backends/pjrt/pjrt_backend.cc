@@ -168,7 +168,7 @@ class PjrtExecutable : public Executable {
   pjrt::LoadedExecutable exe_;
 };
 
-class PjrtBackend : public Backend {
+class PjrtBackend : public QuantizedLayoutBackend {
  public:
   PjrtBackend(std::string name, const pjrt::Plugin& plugin,
               const std::vector<pjrt::ClientOption>& options)
@@ -204,17 +204,6 @@ class PjrtBackend : public Backend {
     copy_to_host(b.device_buffer(), out, "the downloaded buffer");
     stats_.device_to_host(out.nbytes());
     return out;
-  }
-  // The operands of kLinearInt8 and kLinearInt4 are laid out as the graph ops define them, the
-  // layout the CPU's quantizers produce; they upload through this backend.
-  PreparedWeight prepare_linear(const Tensor& w, const std::string& quantize) override {
-    if (quantize == "int8") return prepare_int8(*this, w);
-    if (quantize == "int4") return prepare_int4(*this, w);
-    return Backend::prepare_linear(w, quantize);
-  }
-  PreparedWeight prepare_linear_int4(const Tensor& codes, const Tensor& scale,
-                                     const Tensor& zero) override {
-    return pack_int4(*this, codes, scale, zero);
   }
 
  private:
