@@ -560,41 +560,51 @@ void Buffer::check_host_type(size_t host_element_size) const {
 
 // ---- LoadedExecutable ----
 
+namespace {
+
+// Calls `use` with the PJRT_Executable behind `loaded` and releases that handle before throwing
+// the error `use` returns (from `fn`), if any.
+template <typename Use>
+void with_executable(const Plugin& plugin, capi::PJRT_LoadedExecutable* loaded, capi::Fn fn,
+                     Use use) {
+  auto get = capi::make<capi::PJRT_LoadedExecutable_GetExecutable_Args>();
+  get.loaded_executable = loaded;
+  plugin.call(capi::Fn::LoadedExecutable_GetExecutable, get);
+  capi::PJRT_Error* error = use(get.executable);
+  auto d = capi::make<capi::PJRT_Executable_Destroy_Args>();
+  d.executable = get.executable;
+  plugin.release(capi::Fn::Executable_Destroy, d);
+  plugin.check(error, capi::fn_name(fn));
+}
+
+}  // namespace
+
 LoadedExecutable::LoadedExecutable(std::shared_ptr<const detail::ClientState> client,
                                    capi::PJRT_LoadedExecutable* handle)
     : client_(std::move(client)), handle_(handle) {
   const Plugin& plugin = *client_->plugin;
-  auto get = capi::make<capi::PJRT_LoadedExecutable_GetExecutable_Args>();
-  get.loaded_executable = handle_;
-  plugin.call(capi::Fn::LoadedExecutable_GetExecutable, get);
   auto n = capi::make<capi::PJRT_Executable_NumOutputs_Args>();
-  n.executable = get.executable;
-  capi::PJRT_Error* error = plugin.raw_call(capi::Fn::Executable_NumOutputs, n);
-  auto d = capi::make<capi::PJRT_Executable_Destroy_Args>();
-  d.executable = get.executable;
-  plugin.release(capi::Fn::Executable_Destroy, d);
-  plugin.check(error, capi::fn_name(capi::Fn::Executable_NumOutputs));
+  with_executable(plugin, handle_, capi::Fn::Executable_NumOutputs, [&](capi::PJRT_Executable* e) {
+    n.executable = e;
+    return plugin.raw_call(capi::Fn::Executable_NumOutputs, n);
+  });
   num_outputs_ = n.num_outputs;
 }
 
 std::string LoadedExecutable::serialize() const {
   if (!handle_) throw InvalidArgumentError("a moved-from PJRT executable was serialized");
   const Plugin& plugin = *client_->plugin;
-  auto get = capi::make<capi::PJRT_LoadedExecutable_GetExecutable_Args>();
-  get.loaded_executable = handle_;
-  plugin.call(capi::Fn::LoadedExecutable_GetExecutable, get);
-  auto a = capi::make<capi::PJRT_Executable_Serialize_Args>();
-  a.executable = get.executable;
-  capi::PJRT_Error* error = plugin.raw_call(capi::Fn::Executable_Serialize, a);
   std::string bytes;
-  if (!error) {
-    bytes.assign(a.serialized_bytes, a.serialized_bytes_size);
-    if (a.serialized_executable_deleter) a.serialized_executable_deleter(a.serialized_executable);
-  }
-  auto d = capi::make<capi::PJRT_Executable_Destroy_Args>();
-  d.executable = get.executable;
-  plugin.release(capi::Fn::Executable_Destroy, d);
-  plugin.check(error, capi::fn_name(capi::Fn::Executable_Serialize));
+  with_executable(plugin, handle_, capi::Fn::Executable_Serialize, [&](capi::PJRT_Executable* e) {
+    auto a = capi::make<capi::PJRT_Executable_Serialize_Args>();
+    a.executable = e;
+    capi::PJRT_Error* error = plugin.raw_call(capi::Fn::Executable_Serialize, a);
+    if (!error) {
+      bytes.assign(a.serialized_bytes, a.serialized_bytes_size);
+      if (a.serialized_executable_deleter) a.serialized_executable_deleter(a.serialized_executable);
+    }
+    return error;
+  });
   return bytes;
 }
 
