@@ -184,8 +184,8 @@ struct ClientState {
   const Plugin* plugin;
   capi::PJRT_Client* client = nullptr;
   std::string platform_name;
-  std::string platform_version;
   std::vector<Device> devices;
+  std::string build_identity;  // Client::build_identity(), made once at creation
 
   ClientState(const Plugin& p, capi::PJRT_Client* c) : plugin(&p), client(c) {}
   ClientState(const ClientState&) = delete;
@@ -357,6 +357,32 @@ void Plugin::await(capi::PJRT_Event* event, capi::Fn produced_by) const {
 
 // ---- Client ----
 
+namespace {
+
+// Client::build_identity() of a client just created.
+std::string make_build_identity(const Plugin& p, const detail::ClientState& state) {
+  auto version = capi::make<capi::PJRT_Client_PlatformVersion_Args>();
+  version.client = state.client;
+  p.call(capi::Fn::Client_PlatformVersion, version);
+  // The file's size and time as well: a plugin upgraded in place may report the same versions.
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(p.path(), ec);
+  const auto written = std::filesystem::last_write_time(p.path(), ec).time_since_epoch().count();
+  std::string id =
+      str_cat("plugin ", p.path(), " ", bytes, " bytes, written ", written, "\nPJRT C API ",
+              p.api_major(), ".", p.api_minor(), "\nXLA ", p.xla_version(), "\nStableHLO ");
+  for (int64_t v : p.stablehlo_current_version()) id += str_cat(v, ".");
+  id += str_cat("\nplatform ", state.platform_name, " ",
+                std::string_view(version.platform_version, version.platform_version_size),
+                "\ndevices");
+  for (const Device& d : state.devices) id += " " + d.kind;
+  id += "\ncompile options";
+  for (char c : kCompileOptions) id += str_cat(" ", int(static_cast<unsigned char>(c)));
+  return id + "\n";
+}
+
+}  // namespace
+
 Client::Client(const Plugin& plugin, const std::vector<ClientOption>& options) {
   const std::vector<capi::PJRT_NamedValue> values = named_values(options);
   auto create = capi::make<capi::PJRT_Client_Create_Args>();
@@ -369,10 +395,6 @@ Client::Client(const Plugin& plugin, const std::vector<ClientOption>& options) {
   name.client = state->client;
   plugin.call(capi::Fn::Client_PlatformName, name);
   state->platform_name.assign(name.platform_name, name.platform_name_size);
-  auto version = capi::make<capi::PJRT_Client_PlatformVersion_Args>();
-  version.client = state->client;
-  plugin.call(capi::Fn::Client_PlatformVersion, version);
-  state->platform_version.assign(version.platform_version, version.platform_version_size);
 
   auto devices = capi::make<capi::PJRT_Client_AddressableDevices_Args>();
   devices.client = state->client;
@@ -393,6 +415,7 @@ Client::Client(const Plugin& plugin, const std::vector<ClientOption>& options) {
   if (state->devices.empty())
     throw DeviceError(str_cat("PJRT plugin ", plugin.path(), ": the ", state->platform_name,
                               " client has no addressable devices"));
+  state->build_identity = make_build_identity(plugin, *state);
   shared_ = std::move(state);
 }
 
@@ -400,22 +423,7 @@ const Plugin& Client::plugin() const { return *shared_->plugin; }
 const std::string& Client::platform_name() const { return shared_->platform_name; }
 const std::vector<Device>& Client::devices() const { return shared_->devices; }
 
-std::string Client::build_identity() const {
-  const Plugin& p = plugin();
-  // The file's size and time as well: a plugin upgraded in place may report the same versions.
-  std::error_code ec;
-  const auto bytes = std::filesystem::file_size(p.path(), ec);
-  const auto written = std::filesystem::last_write_time(p.path(), ec).time_since_epoch().count();
-  std::string id =
-      str_cat("plugin ", p.path(), " ", bytes, " bytes, written ", written, "\nPJRT C API ",
-              p.api_major(), ".", p.api_minor(), "\nXLA ", p.xla_version(), "\nStableHLO ");
-  for (int64_t v : p.stablehlo_current_version()) id += str_cat(v, ".");
-  id += str_cat("\nplatform ", shared_->platform_name, " ", shared_->platform_version, "\ndevices");
-  for (const Device& d : shared_->devices) id += " " + d.kind;
-  id += "\ncompile options";
-  for (char c : kCompileOptions) id += str_cat(" ", int(static_cast<unsigned char>(c)));
-  return id + "\n";
-}
+const std::string& Client::build_identity() const { return shared_->build_identity; }
 
 void detail::host_type_mismatch(size_t host_size, ElementType type) {
   throw InvalidArgumentError(str_cat("host elements of ", host_size, " bytes do not match PJRT ",

@@ -267,7 +267,7 @@ class Client {
   // What decides a compiled program's bytes besides its module: the plugin file and its
   // versions, the platform's version, the devices' kinds and the compile options. Serialized
   // executables are reused only under the same identity.
-  std::string build_identity() const;
+  const std::string& build_identity() const;
 
  private:
   std::shared_ptr<const detail::ClientState> shared_;
