@@ -200,6 +200,33 @@ void finalize_at_exit() {
 
 }  // namespace
 
+void ProcessGroup::all_gather_last_dim(const float* in, float* out, int64_t rows,
+                                       const std::vector<int64_t>& counts,
+                                       std::vector<float>& scratch) {
+  TF_CHECK(int(counts.size()) == size(), "all_gather counts do not match the process group");
+  std::vector<int64_t> elems = counts;
+  int64_t width = 0;
+  for (int64_t& c : elems) {
+    width += c;
+    c *= rows;
+  }
+  if (rows == 1) {  // rank-major order is already the concatenation
+    all_gather(in, out, elems);
+    return;
+  }
+  scratch.resize(size_t(rows * width));
+  all_gather(in, scratch.data(), elems);
+  // (rank, row, piece) -> (row, rank's columns)
+  int64_t col = 0;
+  const float* src = scratch.data();
+  for (const int64_t w : counts) {
+    for (int64_t i = 0; i < rows; ++i)
+      std::memcpy(out + i * width + col, src + i * w, size_t(w) * sizeof(float));
+    src += rows * w;
+    col += w;
+  }
+}
+
 void set_fatal_output(int fd, void (*before_abort)()) {
   g_fatal_fd = fd;
   g_before_abort = before_abort;

@@ -21,6 +21,11 @@ class ProcessGroup {
   virtual void all_reduce_sum(const float* in, float* out, int64_t n) = 0;
   // out = the ranks' inputs concatenated in rank order; rank r contributes counts[r] floats.
   virtual void all_gather(const float* in, float* out, const std::vector<int64_t>& counts) = 0;
+  // The all-gather of a tensor split along its last dim: in is this rank's (rows, counts[rank])
+  // piece, out the whole (rows, sum of counts), each row the ranks' pieces in rank order. When
+  // rows > 1 the pieces arrive rank-major in `scratch` (grown as needed) and are interleaved.
+  void all_gather_last_dim(const float* in, float* out, int64_t rows,
+                           const std::vector<int64_t>& counts, std::vector<float>& scratch);
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
   // Ends every rank of the job with `code`; never returns.

@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "backends/pjrt/plugin_discovery.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/model.h"
@@ -48,11 +49,19 @@ std::string quantize() {
   return q ? q : "";
 }
 
+// Both the split and the whole model run there: "cpu", or a PJRT device ("xla-cpu"), where each
+// collective runs on the host between the pieces of the step.
+std::string device() {
+  const char* d = env("TFORMERS_TP_DEVICE");
+  return d ? d : "cpu";
+}
+
 LoadOptions tp_options() {
   DistributedConfig dc;
   if (const char* plan = env("TFORMERS_TP_PLAN"))
     dc.tp_plan = nlohmann::json::parse(plan).get<std::map<std::string, std::string>>();
-  return {.dtype = dtype(), .device_map = "cpu", .distributed_config = dc, .quantize = quantize()};
+  return {
+      .dtype = dtype(), .device_map = device(), .distributed_config = dc, .quantize = quantize()};
 }
 
 double row_error(const float* a, const float* b, int64_t n) {
@@ -78,7 +87,7 @@ TEST(TpWorker, SplitModelMatchesWholeModel) {
     return;
   }
   CausalLM whole = AutoModelForCausalLM::from_pretrained(
-      model_dir(name), {.dtype = dtype(), .device_map = "cpu", .quantize = quantize()});
+      model_dir(name), {.dtype = dtype(), .device_map = device(), .quantize = quantize()});
   // Splitting changes only the order of float32 sums, whatever the weight dtype; quantized, each
   // rank's slice holds the whole model's blocks of 32 when the split falls on block edges.
   const double tol = 1e-4;
@@ -199,12 +208,17 @@ bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 
 
 RunResult run_worker(int np, const std::string& model, const std::string& plan_json = "",
                      const std::string& expect_error = "", const std::string& dtype = "float32",
-                     const std::string& quantize = "") {
-  std::string cmd = "TFORMERS_TP_DTYPE=" + dtype + " TFORMERS_TP_MODEL=" + model;
+                     const std::string& quantize = "", const std::string& device = "cpu") {
+  std::string cmd = "TFORMERS_TP_DTYPE=" + dtype + " TFORMERS_TP_MODEL=" + model +
+                    " TFORMERS_TP_DEVICE=" + device;
   if (!plan_json.empty()) cmd += " TFORMERS_TP_PLAN='" + plan_json + "'";
   if (!expect_error.empty()) cmd += " TFORMERS_TP_EXPECT_ERROR='" + expect_error + "'";
   if (!quantize.empty()) cmd += " TFORMERS_TP_QUANTIZE=" + quantize;
-  cmd += " " + mpirun_prefix(np) + " -x TFORMERS_TP_MODEL -x TFORMERS_TP_DTYPE";
+  cmd +=
+      " " + mpirun_prefix(np) + " -x TFORMERS_TP_MODEL -x TFORMERS_TP_DTYPE -x TFORMERS_TP_DEVICE";
+  // A PJRT device: the plugin from the project's environment, and no compile cache in the home
+  // folder.
+  if (device != "cpu") cmd += " -x VIRTUAL_ENV -x TFORMERS_COMPILE_CACHE=0";
   if (!plan_json.empty()) cmd += " -x TFORMERS_TP_PLAN";
   if (!expect_error.empty()) cmd += " -x TFORMERS_TP_EXPECT_ERROR";
   if (!quantize.empty()) cmd += " -x TFORMERS_TP_QUANTIZE";
@@ -533,4 +547,60 @@ TEST_F(TpMpi, GenerateRejectsABadTpPlan) {
 }
 
 }  // namespace
+// On XLA's CPU plugin: each rank compiles the pieces of the step between collectives, and the
+// collectives run on the host over MPI. The split model against the whole one on the same
+// plugin, as on the CPU: float32 logits within 1e-4, the same greedy tokens, bitwise the same
+// logits on every rank.
+class TpMpiXlaCpu : public TpMpi, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    TpMpi::SetUp();
+    if (IsSkipped()) return;
+    setenv("VIRTUAL_ENV", TFORMERS_SOURCE_DIR "/.venv", 0);
+    if (backends::pjrt::probe_plugin("xla-cpu").path.empty())
+      GTEST_SKIP() << "XLA's CPU PJRT plugin is not installed (scripts/setup.sh --tests)";
+  }
+};
+
+TEST_P(TpMpiXlaCpu, DefaultPlanTwoRanks) {
+  expect_ok(run_worker(2, GetParam(), "", "", "float32", "", "xla-cpu"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, TpMpiXlaCpu,
+                         ::testing::Values("tiny-llama", "tiny-qwen3", "tiny-qwen2", "tiny-mistral",
+                                           "tiny-glm4", "tiny-glm", "tiny-gemma3"),
+                         [](const auto& info) {
+                           std::string n = info.param.substr(5);
+                           n.erase(std::remove(n.begin(), n.end(), '-'), n.end());
+                           return n;
+                         });
+
+// o_proj's bias added once after the host's sum, over 4 ranks.
+TEST_F(TpMpiXlaCpu, FourRanksLlamaWithBiases) {
+  expect_ok(run_worker(4, "tiny-llama-sharded", "", "", "float32", "", "xla-cpu"));
+}
+
+// The vocabulary and the MLP split unevenly: the all-gather's pieces differ by rank.
+TEST_F(TpMpiXlaCpu, UnevenSplitThreeRanks) {
+  expect_ok(run_worker(3, "tiny-llama", kReplicateAttention, "", "float32", "", "xla-cpu"));
+}
+
+TEST_F(TpMpiXlaCpu, QuantizedInt8TwoRanks) {
+  expect_ok(run_worker(2, "tiny-qwen3", "", "", "float32", "int8", "xla-cpu"));
+}
+
+// The guide's command line on the CPU plugin: two ranks print the tokens one process does.
+TEST_F(TpMpiXlaCpu, GenerateUnderLaunchMatchesOneProcess) {
+  const std::string args = " generate --model " + model_dir("tiny-qwen3") +
+                           " --prompt-ids 3,141,59,265 --max-new-tokens 12 --device xla-cpu "
+                           "--dtype float32";
+  const std::string no_cache = "TFORMERS_COMPILE_CACHE=0 ";
+  RunResult one = run(no_cache + cli() + args);
+  ASSERT_EQ(one.status, 0) << one.output;
+  RunResult two =
+      run(no_cache + cli() + " launch --nproc-per-node 2 -- " + cli() + args + " --tp 2");
+  ASSERT_EQ(two.status, 0) << two.output;
+  EXPECT_EQ(two.output, one.output);
+}
+
 }  // namespace tformers

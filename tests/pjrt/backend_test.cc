@@ -217,17 +217,19 @@ TEST_F(PjrtBackendTest, QuantizedWeightsComputeWhatTheirOperandsSay) {
 }
 
 TEST_F(PjrtBackendTest, GraphsWithOpsItCannotLowerAreRefusedAtCompile) {
+  const auto kernel =
+      std::make_shared<graph::CustomCall>(graph::CustomCall{"org/kernel@1:rms", "cpu", nullptr});
   GraphBuilder g;
   auto x = g.input("x", {DType::f32, {2, 4}});
-  auto sum = g.all_reduce(x, -1, 0, "tp_sum");
-  g.output(sum);
+  auto y = g.custom_call(kernel, {x}, g.type(x), {1e-6f}, "layers.0.norm");
+  g.output(y);
   graph::Graph graph = g.finish();
-  EXPECT_FALSE(backend().supports(graph.node(sum)));
+  EXPECT_FALSE(backend().supports(graph.node(y)));
   try {
     backend().compile(graph);
-    FAIL() << "all_reduce compiled";
+    FAIL() << "a CPU kernel compiled";
   } catch (const UnsupportedError& e) {
-    EXPECT_NE(std::string(e.what()).find("tp_sum"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("layers.0.norm"), std::string::npos) << e.what();
   }
 }
 

@@ -531,27 +531,10 @@ void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
     case Op::kAllGather: {
       const auto& a = n.attrs_as<graph::AllGatherAttrs>();
       distributed::ProcessGroup& g = distributed::group(a.group);
-      const int64_t k = in_type(0).shape.back(), rows = shape_numel(s) / s.back();
-      std::vector<int64_t> counts = a.counts;
-      TF_CHECK(int(counts.size()) == g.size() && counts[size_t(g.rank())] == k,
-               "all_gather counts do not match the process group");
-      for (int64_t& c : counts) c *= rows;
-      if (rows == 1) {  // rank-major order is already the concatenation
-        g.all_gather(f32(0), out, counts);
-        return;
-      }
-      c.gather_scratch.resize(size_t(shape_numel(s)));
-      g.all_gather(f32(0), c.gather_scratch.data(), counts);
-      // (rank, row, piece) -> (row, rank's columns)
-      int64_t col = 0;
-      const float* src = c.gather_scratch.data();
-      for (size_t r = 0; r < counts.size(); ++r) {
-        const int64_t w = a.counts[r];
-        for (int64_t i = 0; i < rows; ++i)
-          std::memcpy(out + i * s.back() + col, src + i * w, size_t(w) * sizeof(float));
-        src += rows * w;
-        col += w;
-      }
+      TF_CHECK(
+          int(a.counts.size()) == g.size() && a.counts[size_t(g.rank())] == in_type(0).shape.back(),
+          "all_gather counts do not match the process group");
+      g.all_gather_last_dim(f32(0), out, shape_numel(s) / s.back(), a.counts, c.gather_scratch);
       return;
     }
     case Op::kSlice: {

@@ -1,15 +1,21 @@
 #include "backends/pjrt/pjrt_backend.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <optional>
+#include <set>
 #include <utility>
+#include <variant>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/pjrt/executable_cache.h"
 #include "backends/pjrt/lower.h"
+#include "backends/pjrt/split.h"
+#include "distributed/process_group.h"
 #include "tformers/error.h"
 
 namespace tformers::backends {
@@ -104,27 +110,66 @@ pjrt::LoadedExecutable compile_or_load(const pjrt::Client& client, const std::st
   return exe;
 }
 
-// The graph lowered to StableHLO, compiled (or loaded from the compile cache).
-pjrt::LoadedExecutable compile_graph(const graph::Graph& g, const pjrt::Client& client,
-                                     bool* loaded) {
-  const pjrt::LoweredModule m = pjrt::lower(g);
-  TF_CHECK(m.num_outputs == g.outputs().size() && m.num_states == g.leaves(Op::kState).size(),
-           "PJRT backend: the lowered module returns ", m.num_outputs, " outputs and ",
-           m.num_states, " states for a graph of ", g.outputs().size(), " and ",
-           g.leaves(Op::kState).size());
-  pjrt::LoadedExecutable exe = compile_or_load(client, m.mlir, loaded);
-  TF_CHECK(exe.num_outputs() == m.num_outputs + m.num_states, "PJRT backend: @main returns ",
-           exe.num_outputs(), " results, expected ", m.num_outputs + m.num_states);
-  return exe;
+// A host tensor as a device buffer, counted.
+pjrt::Buffer upload_counted(const pjrt::Client& client, const Tensor& t, TransferCounters& stats) {
+  pjrt::Buffer b = client.buffer_from_host(t.raw(), t.nbytes(), element_type(t.dtype()), t.shape());
+  stats.host_to_device(t.nbytes());
+  return b;
 }
 
+// A device buffer of type `type` as a host tensor, counted.
+Tensor download_counted(const pjrt::Buffer& b, const graph::TensorType& type,
+                        TransferCounters& stats, const std::string& what) {
+  Tensor t = Tensor::zeros(type.shape, type.dtype);
+  copy_to_host(b, t, what);
+  stats.device_to_host(t.nbytes());
+  return t;
+}
+
+// A segment lowered to StableHLO and compiled (or loaded from the compile cache).
+struct CompiledSegment {
+  pjrt::Segment seg;
+  std::shared_ptr<const pjrt::LoadedExecutable> exe;
+};
+
+// A graph compiled as the steps of split_at_collectives: one executable for a graph without
+// collectives; for a tensor-parallel graph, its segments, with each collective run on the host
+// over the process group between them. Segments that lower to the same module (the layers of a
+// model, whose weights are arguments) share one executable, so a model compiles a few modules
+// whatever its depth.
 class PjrtExecutable : public Executable {
  public:
   PjrtExecutable(const graph::Graph& g, const pjrt::Client& client, TransferCounters* stats)
-      : Executable(g),
-        client_(client),
-        stats_(stats),
-        exe_(compile_graph(g, client, &loaded_from_disk_)) {}
+      : Executable(g), graph_(g), client_(client), stats_(stats) {
+    pjrt::Split split = pjrt::split_at_collectives(g);
+    dead_after_ = std::move(split.dead_after);
+    std::map<std::string, std::shared_ptr<const pjrt::LoadedExecutable>> modules;
+    loaded_from_disk_ = true;
+    for (pjrt::Step& step : split.steps) {
+      auto* seg = std::get_if<pjrt::Segment>(&step);
+      if (!seg) {
+        steps_.emplace_back(std::get<pjrt::HostCollective>(step));
+        continue;
+      }
+      const pjrt::LoweredModule m = pjrt::lower(seg->graph);
+      TF_CHECK(m.num_outputs == seg->produced.size() && m.num_states == seg->states.size(),
+               "PJRT backend: the lowered module returns ", m.num_outputs, " outputs and ",
+               m.num_states, " states for a segment of ", seg->produced.size(), " and ",
+               seg->states.size());
+      std::shared_ptr<const pjrt::LoadedExecutable>& exe = modules[m.mlir];
+      if (!exe) {
+        bool loaded = false;
+        exe = std::make_shared<const pjrt::LoadedExecutable>(
+            compile_or_load(client, m.mlir, &loaded));
+        loaded_from_disk_ = loaded_from_disk_ && loaded;
+        TF_CHECK(exe->num_outputs() == m.num_outputs + m.num_states, "PJRT backend: @main returns ",
+                 exe->num_outputs(), " results, expected ", m.num_outputs + m.num_states);
+      }
+      carried_.insert(seg->carried.begin(), seg->carried.end());
+      steps_.emplace_back(CompiledSegment{std::move(*seg), exe});
+    }
+    params_ = g.leaves(Op::kParameter);
+  }
 
   // XLA plans and owns the device memory of intermediate values; none is ours to count or free.
   uint64_t arena_bytes() const override { return 0; }
@@ -134,38 +179,109 @@ class PjrtExecutable : public Executable {
                std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs) override {
     std::vector<pjrt::Buffer> uploaded;
     uploaded.reserve(inputs.size());
-    for (const Tensor* t : inputs) {
-      uploaded.push_back(
-          client_.buffer_from_host(t->raw(), t->nbytes(), element_type(t->dtype()), t->shape()));
-      stats_->host_to_device(t->nbytes());
+    for (const Tensor* t : inputs) uploaded.push_back(upload_counted(client_, *t, *stats_));
+    auto param = [&](size_t k) -> const pjrt::Buffer& {
+      return device_buffer_of(*params[k], "parameter " + std::to_string(k)).device_buffer();
+    };
+    // Values that cross steps: device buffers, and the host results of collectives that the
+    // graph returns.
+    std::map<int, pjrt::Buffer> device;
+    std::map<int, Tensor> host;
+    for (size_t i = 0; i < steps_.size(); ++i) {
+      if (const auto* cs = std::get_if<CompiledSegment>(&steps_[i])) {
+        run_segment(*cs, param, states, uploaded, device);
+      } else {
+        run_collective(std::get<pjrt::HostCollective>(steps_[i]).node, param, device, host);
+      }
+      for (int id : dead_after_[i]) device.erase(id);
     }
-    std::vector<const pjrt::Buffer*> args;
-    args.reserve(params.size() + states.size() + inputs.size());
-    for (size_t k = 0; k < params.size(); ++k)
-      args.push_back(
-          &device_buffer_of(*params[k], "parameter " + std::to_string(k)).device_buffer());
-    for (size_t k = 0; k < states.size(); ++k)
-      args.push_back(&device_buffer_of(*states[k], "state " + std::to_string(k)).device_buffer());
-    for (const pjrt::Buffer& b : uploaded) args.push_back(&b);
-    const auto launched = std::chrono::steady_clock::now();
-    std::vector<pjrt::Buffer> results = exe_.execute(args);
-    stats_->executed(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  std::chrono::steady_clock::now() - launched)
-                                  .count()));
-    // The states first: their old buffers were donated, so the new ones must be in place even
-    // if reading an output fails.
-    for (size_t k = 0; k < states.size(); ++k)
-      static_cast<PjrtBuffer*>(states[k])->replace(std::move(results[outputs.size() + k]));
+    const std::vector<int>& outs = graph_.outputs();
     for (size_t k = 0; k < outputs.size(); ++k) {
-      copy_to_host(results[k], *outputs[k], "output " + std::to_string(k));
-      stats_->device_to_host(outputs[k]->nbytes());
+      const std::string what = "output " + std::to_string(k);
+      if (auto h = host.find(outs[k]); h != host.end()) {
+        TF_CHECK(h->second.nbytes() == outputs[k]->nbytes(), "PJRT backend: ", what, " size");
+        std::memcpy(outputs[k]->raw(), h->second.raw(), h->second.nbytes());
+      } else {
+        copy_to_host(device.at(outs[k]), *outputs[k], what);
+        stats_->device_to_host(outputs[k]->nbytes());
+      }
     }
   }
 
  private:
+  template <class Param>
+  void run_segment(const CompiledSegment& cs, const Param& param, std::span<Buffer* const> states,
+                   const std::vector<pjrt::Buffer>& uploaded, std::map<int, pjrt::Buffer>& device) {
+    const pjrt::Segment& seg = cs.seg;
+    std::vector<const pjrt::Buffer*> args;
+    args.reserve(seg.params.size() + seg.states.size() + seg.inputs.size() + seg.carried.size());
+    for (size_t k : seg.params) args.push_back(&param(k));
+    for (size_t k : seg.states)
+      args.push_back(&device_buffer_of(*states[k], "state " + std::to_string(k)).device_buffer());
+    for (size_t k : seg.inputs) args.push_back(&uploaded[k]);
+    for (int id : seg.carried) args.push_back(&device.at(id));
+    const auto launched = std::chrono::steady_clock::now();
+    std::vector<pjrt::Buffer> results = cs.exe->execute(args);
+    stats_->executed(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - launched)
+                                  .count()));
+    // The states first: their old buffers were donated, so the new ones must be in place even
+    // if a later step fails.
+    const size_t n = seg.produced.size();
+    for (size_t k = 0; k < seg.states.size(); ++k)
+      static_cast<PjrtBuffer*>(states[seg.states[k]])->replace(std::move(results[n + k]));
+    for (size_t k = 0; k < n; ++k) device.insert_or_assign(seg.produced[k], std::move(results[k]));
+  }
+
+  // An all-reduce or all-gather of a device value through the process group: down to the host,
+  // across the ranks in float32 (as the CPU backend computes them), and up again when a later
+  // segment reads it.
+  template <class Param>
+  void run_collective(int id, const Param& param, std::map<int, pjrt::Buffer>& device,
+                      std::map<int, Tensor>& host) {
+    const graph::Node& n = graph_.node(id);
+    auto value = [&](size_t k) -> Tensor {
+      const int j = n.inputs[k];
+      const graph::Node& src = graph_.node(j);
+      const pjrt::Buffer& b = src.op == Op::kParameter ? param(param_index(j)) : device.at(j);
+      return download_counted(b, src.type, *stats_, graph::op_name(n.op) + std::string(" input"))
+          .to(DType::f32);
+    };
+    const Tensor x = value(0);
+    Tensor y = Tensor::zeros(n.type.shape, DType::f32);
+    const float* in = static_cast<const float*>(x.raw());
+    float* out = static_cast<float*>(y.raw());
+    if (n.op == Op::kAllReduce) {
+      const int64_t numel = shape_numel(n.type.shape), d = n.type.shape.back();
+      distributed::group(n.attrs_as<graph::AllReduceAttrs>().group).all_reduce_sum(in, out, numel);
+      if (n.inputs.size() > 1) {  // a rowwise layer's bias, added once after the sum
+        const Tensor bias = value(1);
+        const float* bv = static_cast<const float*>(bias.raw());
+        for (int64_t i = 0; i < numel; ++i) out[i] += bv[i % d];
+      }
+    } else {
+      const auto& a = n.attrs_as<graph::AllGatherAttrs>();
+      std::vector<float> scratch;
+      distributed::group(a.group).all_gather_last_dim(
+          in, out, shape_numel(n.type.shape) / n.type.shape.back(), a.counts, scratch);
+    }
+    Tensor result = y.to(n.type.dtype);
+    if (carried_.count(id)) device.insert_or_assign(id, upload_counted(client_, result, *stats_));
+    if (std::find(graph_.outputs().begin(), graph_.outputs().end(), id) != graph_.outputs().end())
+      host.insert_or_assign(id, std::move(result));
+  }
+
+  size_t param_index(int id) const {
+    return size_t(std::find(params_.begin(), params_.end(), id) - params_.begin());
+  }
+
+  const graph::Graph graph_;
   pjrt::Client client_;
   TransferCounters* stats_;  // the backend's counters
-  pjrt::LoadedExecutable exe_;
+  std::vector<std::variant<CompiledSegment, pjrt::HostCollective>> steps_;
+  std::vector<std::vector<int>> dead_after_;
+  std::vector<int> params_;  // the graph's leaves(kParameter)
+  std::set<int> carried_;    // values some segment takes from an earlier step
 };
 
 class PjrtBackend : public QuantizedLayoutBackend {
@@ -176,7 +292,10 @@ class PjrtBackend : public QuantizedLayoutBackend {
 
   std::string name() const override { return name_; }
   Device device() const override { return Device{name_, client_.devices().front().id}; }
-  bool supports(const graph::Node& node) const override { return pjrt::can_lower(node); }
+  // Collectives run on the host between the segments of their graph (split.h).
+  bool supports(const graph::Node& node) const override {
+    return pjrt::can_lower(node) || pjrt::is_collective(node.op);
+  }
   std::unique_ptr<Executable> compile(const graph::Graph& g) override {
     return std::make_unique<PjrtExecutable>(g, client_, &stats_);
   }
