@@ -1,6 +1,8 @@
 #include "serve/openai.h"
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -152,13 +154,6 @@ std::vector<std::string> parse_stop(const Fields& f) {
 // Options tformers does not implement are refused unless set to what they do by default, so a
 // client never gets output it did not ask for.
 void refuse_unless_default(const Fields& f) {
-  if (auto n = f.integer("n", 1, 128); n && *n != 1)
-    throw bad_field("n", "only n = 1 is supported; send one request per choice");
-  for (const char* penalty : {"frequency_penalty", "presence_penalty"})
-    if (auto p = f.number(penalty, -2, 2); p && *p != 0)
-      throw bad_field(penalty, "not supported (give 0, or repetition_penalty)");
-  if (const Json* bias = f.get("logit_bias"); bias && !(bias->is_object() && bias->empty()))
-    throw bad_field("logit_bias", "not supported");
   // Constrained decoding (vLLM's fields and llama.cpp's grammar) is not implemented: output
   // that ignored the constraint would look like success.
   for (const char* constraint :
@@ -171,6 +166,47 @@ void refuse_unless_default(const Fields& f) {
     if (!type || *type != "text")
       throw bad_field("response_format", "only {\"type\": \"text\"} is supported");
   }
+}
+
+// OpenAI's logit_bias: {"token id": bias}, the id a decimal string as JSON keys are. The ids are
+// checked against the vocabulary by to_engine_request, which knows it.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const Fields& f) {
+  const Json* v = f.get("logit_bias");
+  if (!v) return {};
+  if (!v->is_object())
+    throw bad_field(
+        "logit_bias",
+        "expected an object of token ids and biases, such as {\"42\": -100}, got " + shown(*v));
+  if (v->size() > kMaxLogitBias)
+    throw bad_field("logit_bias", "at most " + std::to_string(kMaxLogitBias) +
+                                      " tokens can be biased, got " + std::to_string(v->size()));
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, bias] : v->items()) {
+    int32_t id = -1;
+    const char* end = key.data() + key.size();
+    const auto [stop, ec] = std::from_chars(key.data(), end, id);
+    if (key.empty() || !std::isdigit(static_cast<unsigned char>(key[0])) || ec != std::errc() ||
+        stop != end)
+      throw bad_field("logit_bias", "key " + shown(Json(key)) +
+                                        " is not a token id; keys are token ids written as "
+                                        "decimal strings, such as \"42\"");
+    if (!bias.is_number())
+      throw bad_field("logit_bias",
+                      "the bias of token " + key + " must be a number, got " + shown(bias));
+    const double b = bias.get<double>();
+    if (!(b >= -100 && b <= 100))
+      throw bad_field("logit_bias", "the bias of token " + key + ", " + shown(bias) +
+                                        ", is out of range; give -100 to 100");
+    out.emplace_back(id, float(b));
+  }
+  // "7" and "007" are one token; which bias was meant is unclear.
+  std::vector<int32_t> ids;
+  for (const auto& entry : out) ids.push_back(entry.first);
+  std::sort(ids.begin(), ids.end());
+  if (const auto twice = std::adjacent_find(ids.begin(), ids.end()); twice != ids.end())
+    throw bad_field("logit_bias", "token " + std::to_string(*twice) +
+                                      " is given twice (as two spellings of its id); give it once");
+  return out;
 }
 
 // OpenAI's sampling fields and vLLM's extra ones, over GenerationConfig. temperature 0 means
@@ -199,6 +235,10 @@ void parse_sampling(const Fields& f, ApiRequest& r) {
   c.top_p = top_p;
   if (auto top_k = f.integer("top_k", -1, INT32_MAX)) c.top_k = std::max<int64_t>(*top_k, 0);
   c.min_p = f.number("min_p", 0, 1);
+  // OpenAI's penalties, applied after repetition_penalty (ServingRequest has the formula).
+  r.presence_penalty = f.number("presence_penalty", -2, 2).value_or(0);
+  r.frequency_penalty = f.number("frequency_penalty", -2, 2).value_or(0);
+  r.logit_bias = parse_logit_bias(f);
   if (auto penalty = f.number("repetition_penalty", 0, 2)) {
     if (*penalty < kSmallest)
       throw bad_field("repetition_penalty", "must be at least " + number_text(kSmallest) +
@@ -337,6 +377,7 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
   if (!model) throw bad_field("model", "required");
   r.model = *model;
   refuse_unless_default(f);
+  r.n = f.integer("n", 1, kMaxChoices).value_or(1);
   if (endpoint == Endpoint::kChatCompletions)
     parse_chat(f, r);
   else
@@ -447,11 +488,25 @@ ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer
   } else if (!chat) {
     max_tokens = std::min<int64_t>(16, room);
   }
+  for (const auto& [id, bias] : r.logit_bias)
+    if (id >= vocab_size)
+      throw ApiError(400,
+                     "logit_bias: token " + std::to_string(id) + " is outside the vocabulary [0, " +
+                         std::to_string(vocab_size) + "); keys are token ids of this model",
+                     "logit_bias");
   out.config = r.config;
   out.config.max_new_tokens = max_tokens;
   out.logprobs = r.logprobs;
   out.top_logprobs = r.top_logprobs;
+  out.presence_penalty = r.presence_penalty;
+  out.frequency_penalty = r.frequency_penalty;
+  out.logit_bias = r.logit_bias;
   return out;
+}
+
+ServingRequest choice_request(ServingRequest request, int64_t index) {
+  if (request.config.seed) *request.config.seed += uint64_t(index);
+  return request;
 }
 
 OutputText::OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop)
@@ -570,23 +625,27 @@ Json head_json(const ResponseHead& h, bool chunk) {
 
 }  // namespace
 
-Json response_json(const ResponseHead& head, const std::string& text,
-                   const std::string& finish_reason, const Json& logprobs, const Usage& usage) {
-  Json choice = {{"index", 0}};
-  if (head.endpoint == Endpoint::kChatCompletions)
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else
-    choice["text"] = text;
-  choice["logprobs"] = logprobs;
-  choice["finish_reason"] = finish_reason;
+Json response_json(const ResponseHead& head, std::span<const ChoiceOutput> choices,
+                   const Usage& usage) {
+  Json list = Json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    Json choice = {{"index", i}};
+    if (head.endpoint == Endpoint::kChatCompletions)
+      choice["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
+    else
+      choice["text"] = choices[i].text;
+    choice["logprobs"] = choices[i].logprobs;
+    choice["finish_reason"] = choices[i].finish_reason;
+    list.push_back(std::move(choice));
+  }
   Json j = head_json(head, /*chunk=*/false);
-  j["choices"] = Json::array({choice});
+  j["choices"] = std::move(list);
   j["usage"] = usage_json(usage);
   return j;
 }
 
 Json chunk_json(const ResponseHead& head, const Chunk& c) {
-  Json choice = {{"index", 0}};
+  Json choice = {{"index", c.index}};
   if (head.endpoint == Endpoint::kChatCompletions) {
     Json delta = Json::object();
     if (c.first) delta["role"] = "assistant";

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -60,10 +61,20 @@ struct ApiRequest {
   bool stream = false, include_usage = false;
   bool logprobs = false;
   int64_t top_logprobs = 0;
+  // Choices asked for (1 to kMaxChoices), each its own sequence from the same prompt.
+  int64_t n = 1;
+  // OpenAI's penalties and logit_bias (ServingRequest's fields, which GenerationConfig lacks).
+  double presence_penalty = 0, frequency_penalty = 0;
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
+// The most choices one request may ask for (n), and the most logit_bias entries: bounds on the
+// work one request can make.
+inline constexpr int64_t kMaxChoices = 16;
+inline constexpr size_t kMaxLogitBias = 1024;
+
 // Reads a request body. ApiError 400 naming the field for malformed JSON, a field of the wrong
-// type or out of range, and for what tformers does not do (n > 1, penalties, echo, ...).
+// type or out of range, and for what tformers does not do (echo, best_of, ...).
 ApiRequest parse_request(Endpoint endpoint, std::string_view body);
 
 // The most bytes a prompt of max_model_len tokens can hold, with room for normalizers that shrink
@@ -76,10 +87,16 @@ size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t max_model_len);
 // max_model_len (ApiError 400 "context_length_exceeded"). A prompt (or the messages' text, and
 // then the rendered template) over max_prompt_bytes is refused by its size alone, before the
 // template is rendered or the text tokenized. A completion with no max_tokens gets 16, as
-// OpenAI's; a chat completion gets whatever room the context has left.
+// OpenAI's; a chat completion gets whatever room the context has left. logit_bias's token ids are
+// checked against the vocabulary here.
 ServingRequest to_engine_request(const ApiRequest& request, const Tokenizer& tokenizer,
                                  int64_t max_model_len, int64_t vocab_size,
                                  size_t max_prompt_bytes = SIZE_MAX);
+
+// The engine request of choice `index` (0 to n - 1): `request` with the seed, when one is given,
+// moved to seed + index (mod 2^64), so that each choice is reproducible on its own and no two
+// draw the same numbers. Without a seed every choice gets a fresh random one.
+ServingRequest choice_request(ServingRequest request, int64_t index);
 
 // The text a client is sent: generated tokens detokenized incrementally (special tokens
 // skipped) and cut before the first stop string, as OpenAI does. Text that could still turn out
@@ -128,12 +145,18 @@ struct ResponseHead {
 // A fresh head: a random id with the endpoint's prefix, created now.
 ResponseHead new_response_head(Endpoint endpoint, const std::string& model);
 
-// A whole (non-streamed) response with one choice. `logprobs` is null when not asked for.
-Json response_json(const ResponseHead& head, const std::string& text,
-                   const std::string& finish_reason, const Json& logprobs, const Usage& usage);
+// One choice of a whole response. `logprobs` is null when not asked for.
+struct ChoiceOutput {
+  std::string text, finish_reason;
+  Json logprobs;
+};
+// A whole (non-streamed) response; choice i gets index i.
+Json response_json(const ResponseHead& head, std::span<const ChoiceOutput> choices,
+                   const Usage& usage);
 
-// One streamed chunk with one choice.
+// One streamed chunk with one choice; `index` says which.
 struct Chunk {
+  int64_t index = 0;
   bool first = false;  // chat: the delta carries the role
   std::string text;
   std::optional<std::string> finish_reason;

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include <unistd.h>
 
@@ -83,19 +84,25 @@ http::Response error_response(const ApiError& e) {
   return res;
 }
 
-// The events of one request, queued by the engine's callback (on the scheduler thread) for the
-// request's own thread.
+// The events of one request's choices, queued by the engine's callbacks (on the scheduler
+// thread) for the request's own thread, each with the index of its choice.
 struct Job {
+  explicit Job(size_t choices) : timing(choices) {}
+  struct Timing {
+    int64_t tokens = 0;
+    Clock::time_point first_token, last_token;
+  };
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<ServingEvent> events;
-  int64_t tokens = 0;
-  Clock::time_point first_token, last_token;
+  std::deque<std::pair<size_t, ServingEvent>> events;
+  std::vector<Timing> timing;  // per choice
 };
 
 class Server;
 
-// One completion request from submit to its last event, as its HTTP thread follows it.
+// One completion request from submit to the last event of its last choice, as its HTTP thread
+// follows it. Each of its n choices is a sequence of its own in the engine; they share the
+// prompt's KV blocks through the prefix cache.
 class Completion {
  public:
   Completion(Server& server, ApiRequest request, Clock::time_point arrival);
@@ -103,18 +110,25 @@ class Completion {
   Completion(const Completion&) = delete;
   Completion& operator=(const Completion&) = delete;
 
-  // Queues the request in the engine; what the engine refuses becomes an ApiError.
-  void submit(ServingRequest request);
-  // Waits up to `wait` (never past the request's deadline) for events and returns the text they
-  // add, with their log-probabilities when asked for (else null). Empty `arrived` when none came.
+  // Queues the request's choices in the engine; what the engine refuses becomes an ApiError.
+  void submit(const ServingRequest& request);
+  // What the events of one wait added to one choice: its text, its log-probabilities when asked
+  // for (else null), and whether it ended there without an error.
   struct Delta {
-    bool arrived = false;
     std::string text;
     Json logprobs;
+    bool ended = false;
   };
-  Delta advance(Clock::duration wait);
-  bool finished() const { return finished_; }
-  // Why a finished request produced no normal ending (timeout, shutdown, engine error).
+  struct Progress {
+    bool arrived = false;  // any event came
+    std::vector<Delta> choices;
+  };
+  // Waits up to `wait` (never past the request's deadline) for events and returns what they add
+  // to each choice.
+  Progress advance(Clock::duration wait);
+  bool finished() const { return finished_choices_ == choices_.size(); }
+  // Why a finished request produced no normal ending (timeout, shutdown, engine error); one
+  // choice failing fails the request, and its other choices are cancelled.
   const std::optional<ApiError>& error() const { return error_; }
 
   // The whole response, once finished without an error.
@@ -125,23 +139,35 @@ class Completion {
   const Usage& usage() const { return usage_; }
 
  private:
-  void cancel();
-  void finish(const ServingEvent& last);
+  struct Choice {
+    Choice(const Tokenizer& tokenizer, std::vector<std::string> stop)
+        : text(tokenizer, std::move(stop)) {}
+    uint64_t id = 0;
+    OutputText text;
+    std::string all_text;
+    std::vector<ServingEvent> token_events;  // with logprobs: every token's event
+    std::vector<size_t> text_offsets;
+    bool submitted = false, cancelled = false, finished = false;
+    std::string finish_reason;  // "stop" or "length"; empty when it failed
+  };
+
+  void cancel(Choice& choice);
+  void cancel_all();
+  void finish(size_t index, const ServingEvent& last);
+  // The request failed for `why`: the first failure is the one answered; the other choices are
+  // cancelled.
+  void fail(const std::string& why, ApiError error);
 
   Server& server_;
   const ApiRequest request_;
   const ResponseHead head_;
   const Clock::time_point arrival_, deadline_;
-  std::shared_ptr<Job> job_ = std::make_shared<Job>();
-  OutputText text_;
-  std::string all_text_;
-  std::vector<ServingEvent> token_events_;  // with logprobs: every token's event
-  std::vector<size_t> text_offsets_;
+  std::shared_ptr<Job> job_;
+  std::deque<Choice> choices_;  // a deque: OutputText stays where it was made
+  size_t finished_choices_ = 0;
   Usage usage_;
-  uint64_t id_ = 0;
-  bool submitted_ = false, cancelled_ = false, timed_out_ = false, finished_ = false;
-  bool started_stream_ = false;
-  std::string finish_reason_;
+  bool timed_out_ = false, started_stream_ = false;
+  std::string failure_;  // why the request failed (a metrics reason), once it has
   std::optional<ApiError> error_;
 };
 
@@ -230,156 +256,198 @@ Completion::Completion(Server& server, ApiRequest request, Clock::time_point arr
       head_(new_response_head(request_.endpoint, server.model_name_)),
       arrival_(arrival),
       deadline_(arrival + seconds(server.args_.request_timeout)),
-      text_(server.tokenizer_, request_.stop) {
+      job_(std::make_shared<Job>(size_t(request_.n))) {
+  for (int64_t i = 0; i < request_.n; ++i) choices_.emplace_back(server.tokenizer_, request_.stop);
   server_.enter();
 }
 
 Completion::~Completion() {
   // A response that ended early (the client left, a write failed, the server stopped) must not
-  // leave its sequence running.
-  if (submitted_ && !finished_) {
-    server_.engine_.cancel(id_);
-    server_.metrics_.count_finish("disconnected");
-  }
+  // leave its sequences running.
+  for (Choice& c : choices_)
+    if (c.submitted && !c.finished) {
+      server_.engine_.cancel(c.id);
+      server_.metrics_.count_finish("disconnected");
+    }
   server_.leave();
 }
 
-void Completion::submit(ServingRequest request) {
+void Completion::submit(const ServingRequest& request) {
+  // The prompt counts once, however many choices continue it.
   usage_.prompt_tokens = int64_t(request.prompt.size());
   std::shared_ptr<Job> job = job_;
-  try {
-    id_ = server_.engine_.submit(std::move(request), [job](const ServingEvent& e) {
-      std::lock_guard lock(job->mu);
-      if (e.token >= 0) {
-        const Clock::time_point now = Clock::now();
-        if (job->tokens++ == 0) job->first_token = now;
-        job->last_token = now;
-      }
-      job->events.push_back(e);
-      job->cv.notify_one();
-    });
-  } catch (const InvalidArgumentError& e) {
-    throw ApiError(400, e.what());
-  } catch (const ResourceError& e) {
-    throw ApiError(503, std::string("the server is not admitting requests: ") + e.what(), "",
-                   "shutting_down");
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    try {
+      choices_[i].id = server_.engine_.submit(choice_request(request, int64_t(i)),
+                                              [job, i](const ServingEvent& e) {
+                                                std::lock_guard lock(job->mu);
+                                                if (e.token >= 0) {
+                                                  const Clock::time_point now = Clock::now();
+                                                  Job::Timing& t = job->timing[i];
+                                                  if (t.tokens++ == 0) t.first_token = now;
+                                                  t.last_token = now;
+                                                }
+                                                job->events.emplace_back(i, e);
+                                                job->cv.notify_one();
+                                              });
+    } catch (const InvalidArgumentError& e) {
+      throw ApiError(400, e.what());
+    } catch (const ResourceError& e) {
+      throw ApiError(503, std::string("the server is not admitting requests: ") + e.what(), "",
+                     "shutting_down");
+    }
+    choices_[i].submitted = true;
   }
-  submitted_ = true;
 }
 
-void Completion::cancel() {
-  if (cancelled_) return;
-  cancelled_ = true;
-  server_.engine_.cancel(id_);
+void Completion::cancel(Choice& c) {
+  if (c.cancelled || c.finished) return;
+  c.cancelled = true;
+  server_.engine_.cancel(c.id);  // the engine answers with an "abort" event
 }
 
-Completion::Delta Completion::advance(Clock::duration wait) {
-  std::deque<ServingEvent> events;
+void Completion::cancel_all() {
+  for (Choice& c : choices_) cancel(c);
+}
+
+Completion::Progress Completion::advance(Clock::duration wait) {
+  std::deque<std::pair<size_t, ServingEvent>> events;
   {
     std::unique_lock lock(job_->mu);
     job_->cv.wait_until(lock, std::min(Clock::now() + wait, deadline_),
                         [&] { return !job_->events.empty(); });
     events.swap(job_->events);
   }
-  if (!finished_ && !timed_out_ && Clock::now() >= deadline_) {
+  if (!finished() && !timed_out_ && Clock::now() >= deadline_) {
     timed_out_ = true;
-    cancel();  // the engine answers with an "abort" event
+    cancel_all();
   }
-  Delta d;
-  d.arrived = !events.empty();
-  const size_t first_logprob = token_events_.size();
-  for (const ServingEvent& e : events) {
+  Progress p;
+  p.arrived = !events.empty();
+  p.choices.resize(choices_.size());
+  std::vector<size_t> first_logprob;
+  for (const Choice& c : choices_) first_logprob.push_back(c.token_events.size());
+  for (const auto& [index, e] : events) {
+    Choice& c = choices_[index];
+    Delta& d = p.choices[index];
     if (e.token >= 0) {
       ++usage_.completion_tokens;
       if (request_.logprobs) {
-        token_events_.push_back(e);
-        text_offsets_.push_back(text_.offset());
+        c.token_events.push_back(e);
+        c.text_offsets.push_back(c.text.offset());
       }
-      d.text += text_.put(e.token);
+      d.text += c.text.put(e.token);
       // This side saw a stop string before the engine did (it decodes the same tokens, but may
-      // cut the text elsewhere): the request ends here.
-      if (text_.stopped() && e.finish_reason.empty()) cancel();
+      // cut the text elsewhere): the choice ends here.
+      if (c.text.stopped() && e.finish_reason.empty()) cancel(c);
     }
     if (!e.finish_reason.empty()) {
-      d.text += text_.finish();
-      finish(e);
+      d.text += c.text.finish();
+      finish(index, e);
+      d.ended = !c.finish_reason.empty();
     }
   }
-  if (token_events_.size() > first_logprob)
-    d.logprobs = logprobs_json(request_.endpoint, server_.tokenizer_,
-                               std::span(token_events_).subspan(first_logprob),
-                               std::span(text_offsets_).subspan(first_logprob));
-  all_text_ += d.text;
-  return d;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    Choice& c = choices_[i];
+    if (c.token_events.size() > first_logprob[i])
+      p.choices[i].logprobs = logprobs_json(request_.endpoint, server_.tokenizer_,
+                                            std::span(c.token_events).subspan(first_logprob[i]),
+                                            std::span(c.text_offsets).subspan(first_logprob[i]));
+    c.all_text += p.choices[i].text;
+  }
+  return p;
 }
 
-void Completion::finish(const ServingEvent& last) {
-  finished_ = true;
+void Completion::fail(const std::string& why, ApiError error) {
+  if (!error_) {
+    failure_ = why;
+    error_ = std::move(error);
+  }
+  cancel_all();
+}
+
+void Completion::finish(size_t index, const ServingEvent& last) {
+  Choice& c = choices_[index];
+  c.finished = true;
+  ++finished_choices_;
   std::string why;
-  if (text_.stopped()) {
-    finish_reason_ = why = "stop";
+  if (c.text.stopped()) {
+    c.finish_reason = why = "stop";
   } else if (last.finish_reason == "stop" || last.finish_reason == "length") {
-    finish_reason_ = why = last.finish_reason;
+    c.finish_reason = why = last.finish_reason;
   } else if (last.finish_reason == "error") {
-    why = "error";
-    error_ = ApiError(500, "generation failed: " + last.error);
+    fail(why = "error", ApiError(500, "generation failed: " + last.error));
   } else if (timed_out_) {
-    why = "timeout";
-    error_ = ApiError(504,
-                      "the request ran longer than the server's --request-timeout of " +
-                          number_text(server_.args_.request_timeout) + " s and was cancelled",
-                      "", "timeout");
+    fail(why = "timeout",
+         ApiError(504,
+                  "the request ran longer than the server's --request-timeout of " +
+                      number_text(server_.args_.request_timeout) + " s and was cancelled",
+                  "", "timeout"));
+  } else if (error_) {
+    why = failure_;  // cancelled because another choice failed
   } else {
-    why = "shutdown";
-    error_ = ApiError(503, "the server is shutting down; the request was cancelled", "",
-                      "shutting_down");
+    fail(why = "shutdown", ApiError(503, "the server is shutting down; the request was cancelled",
+                                    "", "shutting_down"));
   }
   server_.metrics_.count_finish(why);
   // The callback wrote these before queueing the last event, which this thread has taken.
   std::lock_guard lock(job_->mu);
-  if (job_->tokens > 0)
-    server_.metrics_.observe_time_to_first_token(seconds_between(arrival_, job_->first_token));
-  if (job_->tokens > 1)
-    server_.metrics_.observe_time_per_output_token(
-        seconds_between(job_->first_token, job_->last_token) / double(job_->tokens - 1));
+  const Job::Timing& t = job_->timing[index];
+  if (t.tokens > 0)
+    server_.metrics_.observe_time_to_first_token(seconds_between(arrival_, t.first_token));
+  if (t.tokens > 1)
+    server_.metrics_.observe_time_per_output_token(seconds_between(t.first_token, t.last_token) /
+                                                   double(t.tokens - 1));
 }
 
 Json Completion::response() const {
-  const Json logprobs = request_.logprobs ? logprobs_json(request_.endpoint, server_.tokenizer_,
-                                                          token_events_, text_offsets_)
-                                          : Json();
-  return response_json(head_, all_text_, finish_reason_, logprobs, usage_);
+  std::vector<ChoiceOutput> out;
+  for (const Choice& c : choices_)
+    out.push_back({c.all_text, c.finish_reason,
+                   request_.logprobs ? logprobs_json(request_.endpoint, server_.tokenizer_,
+                                                     c.token_events, c.text_offsets)
+                                     : Json()});
+  return response_json(head_, out, usage_);
 }
 
 bool Completion::stream(http::Sink& sink) {
   std::string out;
+  // Chat's first chunk of each choice carries the role.
   if (!started_stream_ && request_.endpoint == Endpoint::kChatCompletions)
-    out += sse_event(chunk_json(head_, {.first = true, .usage_null = request_.include_usage}));
+    for (size_t i = 0; i < choices_.size(); ++i)
+      out += sse_event(chunk_json(
+          head_, {.index = int64_t(i), .first = true, .usage_null = request_.include_usage}));
   started_stream_ = true;
-  const Delta d = advance(kPoll);
-  if (!d.arrived && out.empty()) {
+  const Progress p = advance(kPoll);
+  if (!p.arrived && out.empty()) {
     // Nothing to send: only see whether the client is still there.
     if (sink.is_writable()) return true;
-    cancel();
+    cancel_all();
     return false;
   }
-  const bool ended = finished_ && !error_;
-  if (!d.text.empty() || !d.logprobs.is_null() || ended) {
-    Chunk chunk{.text = d.text, .logprobs = d.logprobs, .usage_null = request_.include_usage};
-    if (ended) chunk.finish_reason = finish_reason_;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const Delta& d = p.choices[i];
+    if (d.text.empty() && d.logprobs.is_null() && !d.ended) continue;
+    Chunk chunk{.index = int64_t(i),
+                .text = d.text,
+                .logprobs = d.logprobs,
+                .usage_null = request_.include_usage};
+    if (d.ended) chunk.finish_reason = choices_[i].finish_reason;
     out += sse_event(chunk_json(head_, chunk));
   }
-  if (finished_) {
+  if (finished()) {
     // An error mid-stream is sent as OpenAI does, as an event holding {"error": ...}.
-    if (error_) out += "data: " + error_->body() + "\n\n";
-    if (ended && request_.include_usage) out += sse_event(usage_chunk_json(head_, usage_));
+    if (error_)
+      out += "data: " + error_->body() + "\n\n";
+    else if (request_.include_usage)
+      out += sse_event(usage_chunk_json(head_, usage_));
     out += kSseDone;
   }
   if (!out.empty() && !sink.write(out)) {
-    cancel();
+    cancel_all();
     return false;
   }
-  return !finished_;
+  return !finished();
 }
 
 // The bearer token, compared in time that does not depend on where it differs.
@@ -409,7 +477,7 @@ http::Response Server::complete(Endpoint endpoint, const http::Request& req) {
       request, tokenizer_, engine_.config().max_model_len, vocab_size_, max_prompt_bytes_);
   const bool stream = request.stream;
   auto completion = std::make_shared<Completion>(*this, std::move(request), arrival);
-  completion->submit(std::move(engine_request));
+  completion->submit(engine_request);
   http::Response res;
   res.tokens = [completion] {
     return std::pair(completion->usage().prompt_tokens, completion->usage().completion_tokens);

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tformers {
@@ -106,6 +107,11 @@ struct ResolvedGenerationConfig {
   bool disable_compile = false;
   bool output_scores = false;  // set by generate() from its call's config, not by resolve()
   bool output_logits = false;
+  // OpenAI's presence_penalty, frequency_penalty and logit_bias (token id, bias), which
+  // Transformers' GenerationConfig has no fields for: the serving engine sets them from its
+  // request (ServingRequest), not resolve().
+  double presence_penalty = 0, frequency_penalty = 0;
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // Fills defaults and validates `config` for a prompt of `prompt_len` tokens and a model with

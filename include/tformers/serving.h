@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tformers/generation.h"
@@ -64,6 +65,13 @@ struct ServingRequest {
   GenerationConfig config;
   bool logprobs = false;     // report each token's log-probability
   int64_t top_logprobs = 0;  // and this many most likely alternatives (0-20)
+  // OpenAI's penalties (vLLM's semantics), each in [-2, 2]: a token generated c > 0 times so far
+  // (the prompt does not count) has its logit lowered by frequency_penalty * c + presence_penalty,
+  // after repetition_penalty and before the sampling warpers.
+  double presence_penalty = 0, frequency_penalty = 0;
+  // OpenAI's logit_bias: each bias, in [-100, 100], is added to its token's logit right after the
+  // penalties, greedy decoding included.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 struct TokenLogprob {

@@ -45,19 +45,46 @@ double max_of(std::span<const float> scores, const std::vector<int64_t>& idx) {
   return m;
 }
 
+// Calls fn(id, count) once for every distinct id in `ids`, in ascending order of id.
+template <typename Fn>
+void for_each_count(std::span<const int32_t> ids, Fn fn) {
+  std::vector<int32_t> sorted(ids.begin(), ids.end());
+  std::sort(sorted.begin(), sorted.end());
+  for (auto run = sorted.begin(); run != sorted.end();) {
+    const auto end = std::upper_bound(run, sorted.end(), *run);
+    fn(*run, int64_t(end - run));
+    run = end;
+  }
+}
+
 }  // namespace
 
 void apply_repetition_penalty(std::span<const int32_t> ids, float penalty,
                               std::span<float> scores) {
   // Transformers gathers the scores at every id, penalizes and scatters them back, so an id that
   // occurs several times is penalized once.
-  std::vector<int32_t> distinct(ids.begin(), ids.end());
-  std::sort(distinct.begin(), distinct.end());
-  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  for (int32_t id : distinct) {
+  for_each_count(ids, [&](int32_t id, int64_t) {
     check_id(id, scores, "repetition_penalty: input");
     float& s = scores[id];
     s = saturate(s, s < 0 ? s * penalty : s / penalty);
+  });
+}
+
+void apply_presence_frequency_penalty(std::span<const int32_t> generated, float presence,
+                                      float frequency, std::span<float> scores) {
+  for_each_count(generated, [&](int32_t id, int64_t count) {
+    check_id(id, scores, "presence_frequency_penalty: input");
+    float& s = scores[id];
+    // vLLM's order: logits -= frequency * counts, then logits -= presence * (counts > 0).
+    s -= frequency * float(count);
+    s -= presence;
+  });
+}
+
+void apply_logit_bias(std::span<const std::pair<int32_t, float>> bias, std::span<float> scores) {
+  for (const auto& [id, b] : bias) {
+    check_id(id, scores, "logit_bias");
+    scores[id] += b;
   }
 }
 
@@ -235,6 +262,18 @@ LogitsProcessorList::LogitsProcessorList(const ResolvedGenerationConfig& c, int6
     add("repetition_penalty", [penalty](auto ids, int64_t, auto scores) {
       apply_repetition_penalty(ids, penalty, scores);
     });
+  }
+  if (c.presence_penalty != 0 || c.frequency_penalty != 0) {
+    const float presence = float(c.presence_penalty), frequency = float(c.frequency_penalty);
+    add("presence_frequency_penalty",
+        [presence, frequency](auto ids, int64_t prompt_len, auto scores) {
+          apply_presence_frequency_penalty(ids.subspan(size_t(prompt_len)), presence, frequency,
+                                           scores);
+        });
+  }
+  if (!c.logit_bias.empty()) {
+    add("logit_bias",
+        [bias = c.logit_bias](auto, int64_t, auto scores) { apply_logit_bias(bias, scores); });
   }
   if (c.no_repeat_ngram_size > 0) {
     const int64_t n = c.no_repeat_ngram_size;

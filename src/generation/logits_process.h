@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tformers/generation.h"
@@ -26,6 +27,14 @@ namespace tformers::generation {
 // positive score is divided by `penalty` and a negative one multiplied, once however often the
 // id occurs.
 void apply_repetition_penalty(std::span<const int32_t> ids, float penalty, std::span<float> scores);
+// OpenAI's presence and frequency penalties, as vLLM applies them: every id occurring c > 0
+// times in `generated` (the generated tokens only, not the prompt) has its score lowered by
+// frequency * c, then by presence (two float subtractions). Negative penalties raise it.
+void apply_presence_frequency_penalty(std::span<const int32_t> generated, float presence,
+                                      float frequency, std::span<float> scores);
+// OpenAI's logit_bias: each (id, bias) adds bias to that id's score (an id given twice gets
+// both); a filtered (-inf) score stays filtered.
+void apply_logit_bias(std::span<const std::pair<int32_t, float>> bias, std::span<float> scores);
 // NoRepeatNGramLogitsProcessor: bans every token that would complete an n-gram of `ids` that
 // already occurs in `ids` (n = `ngram_size` >= 1).
 void apply_no_repeat_ngram(std::span<const int32_t> ids, int64_t ngram_size,
@@ -67,11 +76,15 @@ void apply_typical_p(double mass, std::span<float> scores, int64_t min_tokens_to
 using StageCallback = std::function<void(std::string_view name, std::span<const float> scores)>;
 
 // The chain a resolved config selects, in Transformers' order:
-//   repetition_penalty (if != 1), no_repeat_ngram (if > 0), no_bad_words (if any),
+//   repetition_penalty (if != 1), presence_frequency_penalty (if either is != 0), logit_bias (if
+//   any), no_repeat_ngram (if > 0), no_bad_words (if any),
 //   min_new_tokens (if > 0 and there is an eos id), suppress_tokens (if any);
 //   then, only when do_sample: temperature (if != 1), top_k (if != 0), top_p (if < 1),
 //   min_p (if set), typical_p (if < 1).
-// Stage names are the ones above (`no_bad_words`, as in the goldens).
+// Stage names are the ones above (`no_bad_words`, as in the goldens). Transformers has neither
+// OpenAI's penalties nor logit_bias; they follow repetition_penalty as in vLLM, which applies
+// its penalties repetition first, and come before the bans so that a banned token stays banned
+// whatever its bias.
 class LogitsProcessorList {
  public:
   LogitsProcessorList(const ResolvedGenerationConfig& config, int64_t vocab_size);

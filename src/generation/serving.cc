@@ -254,6 +254,19 @@ std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequenc
   s->rc = resolve(m.generation_config().merged_with(call), P, V, cfg.max_model_len);
   if (s->rc.num_beams != 1 || s->rc.num_return_sequences != 1)
     bad("num_beams and num_return_sequences must be 1 when serving");
+  using detail::str_cat;
+  for (const auto& [name, penalty] : {std::pair{"presence_penalty", r.presence_penalty},
+                                      {"frequency_penalty", r.frequency_penalty}})
+    if (!(penalty >= -2 && penalty <= 2)) bad(str_cat(name, " ", penalty, " must be in [-2, 2]"));
+  for (const auto& [id, bias] : r.logit_bias) {
+    if (id < 0 || id >= V)
+      bad(str_cat("logit_bias: token ", id, " is outside the vocabulary [0, ", V, ")"));
+    if (!(bias >= -100 && bias <= 100))
+      bad(str_cat("logit_bias: the bias of token ", id, ", ", bias, ", must be in [-100, 100]"));
+  }
+  s->rc.presence_penalty = r.presence_penalty;
+  s->rc.frequency_penalty = r.frequency_penalty;
+  s->rc.logit_bias = r.logit_bias;
   if (P + s->rc.max_new_tokens > cfg.max_model_len)
     bad("the prompt has " + std::to_string(P) + " tokens and max_new_tokens is " +
         std::to_string(s->rc.max_new_tokens) + ": " + std::to_string(P + s->rc.max_new_tokens) +

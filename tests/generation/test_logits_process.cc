@@ -42,6 +42,60 @@ TEST(RepetitionPenalty, BelowOneRewardsRepeats) {
   EXPECT_EQ(s, (std::vector<float>{4.0f, -1.0f, 3.0f}));
 }
 
+// The OpenAI penalties by their formula, written out per token: score - (frequency * c) -
+// presence for every token counted c > 0 times in `generated`.
+std::vector<float> penalized(std::vector<float> s, const std::vector<int32_t>& generated,
+                             float presence, float frequency) {
+  for (size_t t = 0; t < s.size(); ++t) {
+    const auto c = std::count(generated.begin(), generated.end(), int32_t(t));
+    if (c > 0) s[t] = s[t] - frequency * float(c) - presence;
+  }
+  return s;
+}
+
+TEST(PresenceFrequencyPenalty, LowersEachGeneratedTokenByPresencePlusFrequencyTimesCount) {
+  const std::vector<float> scores = {1.5f, -0.25f, 3.0f, 0.5f, 2.0f};
+  const std::vector<int32_t> generated = {2, 0, 2, 2, 3};
+  for (const auto& [presence, frequency] :
+       std::vector<std::pair<float, float>>{{0.5f, 0}, {0, 0.75f}, {1.25f, 0.5f}, {-2, -1}}) {
+    std::vector<float> s = scores;
+    apply_presence_frequency_penalty(generated, presence, frequency, s);
+    EXPECT_EQ(s, penalized(scores, generated, presence, frequency)) << presence << " " << frequency;
+  }
+  // Tokens not generated, and filtered ones, are left as they are.
+  std::vector<float> s = {-kInf, 1.0f};
+  apply_presence_frequency_penalty(std::vector<int32_t>{0}, 2, 2, s);
+  EXPECT_EQ(s, (std::vector<float>{-kInf, 1.0f}));
+}
+
+TEST(PresenceFrequencyPenalty, ChangesTheGreedyChoiceAndCountsOnlyGeneratedTokens) {
+  // Token 0 leads by 1; generated twice, it falls below token 1.
+  LogitsProcessorList list(
+      [] {
+        ResolvedGenerationConfig c;
+        c.presence_penalty = 0.5;
+        c.frequency_penalty = 0.5;
+        return c;
+      }(),
+      3);
+  EXPECT_EQ(list.names(), std::vector<std::string>{"presence_frequency_penalty"});
+  const std::vector<float> scores = {3.0f, 2.0f, 0.0f};
+  // The prompt (here the first three ids) repeats token 1 without being penalized.
+  const std::vector<int32_t> ids = {1, 1, 1, 0, 0};
+  std::vector<float> s = scores;
+  list.process(ids, 3, s);
+  EXPECT_EQ(s, penalized(scores, {0, 0}, 0.5f, 0.5f));
+  EXPECT_EQ(std::max_element(s.begin(), s.end()) - s.begin(), 1);
+  EXPECT_EQ(std::max_element(scores.begin(), scores.end()) - scores.begin(), 0);
+}
+
+TEST(LogitBias, AddsEachBiasAndKeepsFilteredTokensFiltered) {
+  std::vector<float> s = {1.0f, 2.0f, -kInf, 0.5f};
+  const std::vector<std::pair<int32_t, float>> bias = {{0, 100}, {2, 100}, {3, -0.5f}};
+  apply_logit_bias(bias, s);
+  EXPECT_EQ(s, (std::vector<float>{1.0f + 100, 2.0f, -kInf, 0.0f}));
+}
+
 TEST(NoRepeatNgram, BansTheTokenThatWouldRepeatABigram) {
   std::vector<float> s(8, 0.0f);
   std::vector<int32_t> ids = {5, 6, 7, 5};
@@ -306,6 +360,8 @@ ResolvedGenerationConfig sampling_config() {
 TEST(LogitsProcessorList, OrderIsTransformers) {
   ResolvedGenerationConfig c = sampling_config();
   c.repetition_penalty = 1.1;
+  c.presence_penalty = 0.5;
+  c.logit_bias = {{1, 2.0f}};
   c.no_repeat_ngram_size = 2;
   c.bad_words_ids = {{3}};
   c.min_new_tokens = 2;
@@ -318,7 +374,8 @@ TEST(LogitsProcessorList, OrderIsTransformers) {
   c.typical_p = 0.95;
   LogitsProcessorList list(c, 10);
   EXPECT_EQ(list.names(),
-            (std::vector<std::string>{"repetition_penalty", "no_repeat_ngram", "no_bad_words",
+            (std::vector<std::string>{"repetition_penalty", "presence_frequency_penalty",
+                                      "logit_bias", "no_repeat_ngram", "no_bad_words",
                                       "min_new_tokens", "suppress_tokens", "temperature", "top_k",
                                       "top_p", "min_p", "typical_p"}));
 }

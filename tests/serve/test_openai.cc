@@ -97,11 +97,24 @@ TEST(OpenAiRequest, EveryBadFieldIsA400NamingIt) {
       {c, chat({{"stop", {"a", 3}}}), "stop"},
       {c, chat({{"stop", ""}}), "stop"},
       {c, chat({{"stop", {"a", "b", "c", "d", "e"}}}), "stop"},
-      {c, chat({{"n", 2}}), "n"},
+      {c, chat({{"n", 0}}), "n"},
+      {c, chat({{"n", 17}}), "n"},
       {c, chat({{"n", "1"}}), "n"},
-      {c, chat({{"frequency_penalty", 0.5}}), "frequency_penalty"},
-      {c, chat({{"presence_penalty", 1}}), "presence_penalty"},
-      {c, chat({{"logit_bias", {{"42", 10}}}}), "logit_bias"},
+      {p, completion({{"n", 1.5}}), "n"},
+      {c, chat({{"frequency_penalty", 2.5}}), "frequency_penalty"},
+      {c, chat({{"frequency_penalty", "1"}}), "frequency_penalty"},
+      {c, chat({{"presence_penalty", -2.01}}), "presence_penalty"},
+      {p, completion({{"presence_penalty", 3}}), "presence_penalty"},
+      {c, chat({{"logit_bias", {1, 2}}}), "logit_bias"},
+      {c, chat({{"logit_bias", {{"the", 10}}}}), "logit_bias"},
+      {c, chat({{"logit_bias", {{"-1", 10}}}}), "logit_bias"},
+      {c, chat({{"logit_bias", {{"1.5", 10}}}}), "logit_bias"},
+      {c, chat({{"logit_bias", {{"", 10}}}}), "logit_bias"},
+      {c, chat({{"logit_bias", {{"4294967296", 10}}}}), "logit_bias"},
+      {c, chat({{"logit_bias", {{"42", "10"}}}}), "logit_bias"},
+      {c, chat({{"logit_bias", {{"42", 100.5}}}}), "logit_bias"},
+      {p, completion({{"logit_bias", {{"42", -101}}}}), "logit_bias"},
+      {p, completion({{"logit_bias", {{"7", 1}, {"007", 2}}}}), "logit_bias"},
       {c, chat({{"response_format", {{"type", "json_object"}}}}), "response_format"},
       {c, chat({{"response_format", {{"type", 5}}}}), "response_format"},
       {c, chat({{"response_format", "text"}}), "response_format"},
@@ -188,14 +201,77 @@ TEST(OpenAiRequest, SamplingFieldsMapOntoGenerationConfig) {
   EXPECT_EQ(r.config.repetition_penalty, 1.1);
   EXPECT_EQ(r.config.eos_token_id, std::vector<int64_t>{});
   EXPECT_EQ(r.config.seed, uint64_t(-1));
+  // OpenAI's penalties, logit_bias and n.
+  r = parse_request(Endpoint::kChatCompletions, chat({{"presence_penalty", -2},
+                                                      {"frequency_penalty", 1.5},
+                                                      {"logit_bias", {{"42", 100}, {"7", -0.5}}},
+                                                      {"n", 16}}));
+  EXPECT_EQ(r.presence_penalty, -2);
+  EXPECT_EQ(r.frequency_penalty, 1.5);
+  EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int32_t, float>>{{42, 100.0f}, {7, -0.5f}}));
+  EXPECT_EQ(r.n, 16);
   // Null is absent; defaults are accepted.
   r = parse_request(Endpoint::kChatCompletions, chat({{"temperature", nullptr},
                                                       {"n", 1},
-                                                      {"presence_penalty", 0},
+                                                      {"presence_penalty", nullptr},
                                                       {"logit_bias", Json::object()},
                                                       {"response_format", {{"type", "text"}}},
                                                       {"user", "someone"}}));
   EXPECT_FALSE(r.config.do_sample);
+  EXPECT_EQ(r.n, 1);
+  EXPECT_EQ(r.presence_penalty, 0);
+  EXPECT_TRUE(r.logit_bias.empty());
+}
+
+TEST(OpenAiRequest, LogitBiasIsBoundedInEntriesAndIds) {
+  Json bias = Json::object();
+  for (size_t id = 0; id < kMaxLogitBias; ++id) bias[std::to_string(id)] = 1;
+  EXPECT_EQ(
+      parse_request(Endpoint::kCompletions, completion({{"logit_bias", bias}})).logit_bias.size(),
+      kMaxLogitBias);
+  bias[std::to_string(kMaxLogitBias)] = 1;
+  const ApiError e = error_of(Endpoint::kCompletions, completion({{"logit_bias", bias}}));
+  EXPECT_EQ(e.param(), "logit_bias");
+  EXPECT_CONTAINS(e.what(), "at most 1024 tokens can be biased, got 1025");
+  // The message says what a key must be.
+  EXPECT_CONTAINS(
+      error_of(Endpoint::kCompletions, completion({{"logit_bias", {{"the", 1}}}})).what(),
+      "logit_bias: key \"the\" is not a token id; keys are token ids written as decimal strings");
+  // Ids are checked against the model's vocabulary once it is known.
+  const ApiRequest r =
+      parse_request(Endpoint::kCompletions, completion({{"logit_bias", {{"4096", 1}}}}));
+  try {
+    to_engine_request(r, kjv(), 256, 4096);
+    ADD_FAILURE() << "a token outside the vocabulary was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), "logit_bias");
+    EXPECT_EQ(std::string(e.what()),
+              "logit_bias: token 4096 is outside the vocabulary [0, 4096); keys are token ids of "
+              "this model");
+  }
+  const ServingRequest s = to_engine_request(
+      parse_request(Endpoint::kCompletions, completion({{"logit_bias", {{"4095", -100}}},
+                                                        {"presence_penalty", 0.5},
+                                                        {"frequency_penalty", -0.5}})),
+      kjv(), 256, 4096);
+  EXPECT_EQ(s.logit_bias, (std::vector<std::pair<int32_t, float>>{{4095, -100.0f}}));
+  EXPECT_EQ(s.presence_penalty, 0.5);
+  EXPECT_EQ(s.frequency_penalty, -0.5);
+}
+
+TEST(OpenAiRequest, EachChoiceGetsItsOwnSeed) {
+  ServingRequest r;
+  r.prompt = {1, 2};
+  r.config.seed = 10;
+  EXPECT_EQ(choice_request(r, 0).config.seed, 10u);
+  EXPECT_EQ(choice_request(r, 3).config.seed, 13u);
+  EXPECT_EQ(choice_request(r, 3).prompt, r.prompt);
+  r.config.seed = UINT64_MAX;
+  EXPECT_EQ(choice_request(r, 2).config.seed, 1u);  // modulo 2^64
+  // Without a seed each choice draws a fresh one in the engine.
+  r.config.seed.reset();
+  EXPECT_FALSE(choice_request(r, 1).config.seed);
 }
 
 TEST(OpenAiRequest, StopStreamAndLogprobFields) {
@@ -372,8 +448,8 @@ TEST(OpenAiResponse, ChatResponseAndChunks) {
   EXPECT_EQ(head.id.rfind("chatcmpl-", 0), 0u);
   EXPECT_NE(head.id, new_response_head(Endpoint::kChatCompletions, "kjv").id);
   head.created = 1700000000;
-  const Json r =
-      response_json(head, "Amen", "stop", nullptr, {.prompt_tokens = 5, .completion_tokens = 2});
+  const std::vector<ChoiceOutput> one = {{"Amen", "stop", nullptr}};
+  const Json r = response_json(head, one, {.prompt_tokens = 5, .completion_tokens = 2});
   EXPECT_EQ(
       dump(r),
       R"({"id":")" + head.id +
@@ -390,6 +466,8 @@ TEST(OpenAiResponse, ChatResponseAndChunks) {
   const Json last = chunk_json(head, {.finish_reason = "length"});
   EXPECT_EQ(last["choices"][0]["delta"], Json::object());
   EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  // With n > 1 each chunk says which choice it continues.
+  EXPECT_EQ(chunk_json(head, {.index = 2, .text = "x"})["choices"][0]["index"], 2);
   const Json usage = usage_chunk_json(head, {.prompt_tokens = 3, .completion_tokens = 4});
   EXPECT_EQ(usage["choices"], Json::array());
   EXPECT_EQ(usage["usage"]["total_tokens"], 7);
@@ -401,9 +479,14 @@ TEST(OpenAiResponse, ChatResponseAndChunks) {
 TEST(OpenAiResponse, CompletionResponseAndChunks) {
   ResponseHead head = new_response_head(Endpoint::kCompletions, "kjv");
   EXPECT_EQ(head.id.rfind("cmpl-", 0), 0u);
-  const Json r = response_json(head, " unto Moses", "length", nullptr, {4, 2});
+  const std::vector<ChoiceOutput> two = {{" unto Moses", "length", nullptr},
+                                         {" unto Aaron", "stop", nullptr}};
+  const Json r = response_json(head, two, {4, 2});
   EXPECT_EQ(r["object"], "text_completion");
   EXPECT_EQ(r["choices"][0]["text"], " unto Moses");
+  EXPECT_EQ(r["choices"][1]["index"], 1);
+  EXPECT_EQ(r["choices"][1]["text"], " unto Aaron");
+  EXPECT_EQ(r["choices"][1]["finish_reason"], "stop");
   EXPECT_FALSE(r["choices"][0].contains("message"));
   const Json chunk = chunk_json(head, {.text = " unto"});
   EXPECT_EQ(chunk["object"], "text_completion");

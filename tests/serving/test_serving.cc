@@ -484,6 +484,17 @@ TEST(Serving, BadRequestsAndConfigs) {
   r.top_logprobs = 21;
   EXPECT_CONTAINS(error_of<InvalidArgumentError>([&] { engine.submit(r, none); }),
                   "top_logprobs 21");
+  ServingRequest penalty = greedy({1}, 4);
+  penalty.frequency_penalty = 2.5;
+  EXPECT_CONTAINS(error_of<InvalidArgumentError>([&] { engine.submit(penalty, none); }),
+                  "frequency_penalty 2.5");
+  ServingRequest bias = greedy({1}, 4);
+  bias.logit_bias = {{5000, 1.0f}};
+  EXPECT_CONTAINS(error_of<InvalidArgumentError>([&] { engine.submit(bias, none); }),
+                  "logit_bias: token 5000 is outside the vocabulary");
+  bias.logit_bias = {{7, 101.0f}};
+  EXPECT_CONTAINS(error_of<InvalidArgumentError>([&] { engine.submit(bias, none); }),
+                  "must be in [-100, 100]");
   ServingRequest beams = greedy({1}, 4);
   beams.config.num_beams = 2;
   EXPECT_CONTAINS(error_of<InvalidArgumentError>([&] { engine.submit(beams, none); }), "num_beams");

@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Exercises a running `tformers serve` with the official openai client: chat and completions,
-// streamed and not, with usage, stop strings, logprobs, seeds and errors. Greedy requests must
-// give the same text streamed or not. Exits non-zero on the first failed check.
+// streamed and not, with usage, stop strings, logprobs, seeds, penalties, logit_bias, n > 1
+// choices and errors. Greedy requests must give the same text streamed or not. Exits non-zero on
+// the first failed check.
 //   node tools/serve/openai_client.mjs --base-url http://127.0.0.1:8080/v1 --model NAME [--api-key K]
 import assert from 'node:assert/strict';
 
@@ -143,6 +144,89 @@ await check('sampling with a seed repeats; without temperature the model\'s defa
     assert.equal(await ask({ seed: 11 }), await ask({ seed: 11 }));
   });
 
+// The generated tokens of a greedy completion, as logprobs lists them.
+async function greedyTokens(extra) {
+  const r = await openai.completions.create(
+    { model, prompt, max_tokens: 16, temperature: 0, ignore_eos: true, logprobs: 0, ...extra });
+  return r.choices[0].logprobs.tokens;
+}
+
+await check('logit_bias of +100 on one token makes greedy decoding repeat it', async () => {
+  const plain = await greedyTokens({});
+  const biased = await greedyTokens({ logit_bias: { 42: 100 } });
+  assert.equal(biased.length, 16);
+  assert.ok(biased.every((t) => t === biased[0]), JSON.stringify(biased));
+  assert.ok(!plain.includes(biased[0]), `${JSON.stringify(plain)} has ${biased[0]} already`);
+  // A chat completion takes it too.
+  const chat = await openai.chat.completions.create(
+    { model, messages, max_tokens: 8, temperature: 0, logit_bias: { 42: 100 }, logprobs: true });
+  const chatTokens = chat.choices[0].logprobs.content.map((t) => t.token);
+  assert.deepEqual(chatTokens, Array(8).fill(biased[0]));
+});
+
+await check('a large presence_penalty leaves no generated token repeated', async () => {
+  const distinct = (tokens) => new Set(tokens).size;
+  const plain = await greedyTokens({});
+  assert.ok(distinct(plain) < plain.length, `no repeat without it: ${JSON.stringify(plain)}`);
+  const penalized = await greedyTokens({ presence_penalty: 2 });
+  assert.equal(penalized.length, 16);
+  assert.equal(distinct(penalized), penalized.length, JSON.stringify(penalized));
+  // A negative frequency penalty rewards repeats instead.
+  assert.ok(distinct(await greedyTokens({ frequency_penalty: -2 })) < distinct(plain));
+});
+
+await check('n = 3 sampled with a seed: three choices, the same again with the same seed',
+  async () => {
+    const ask = () => openai.completions.create(
+      { model, prompt, max_tokens: 12, temperature: 1, seed: 5, n: 3, ignore_eos: true });
+    const a = await ask(), b = await ask();
+    assert.deepEqual(a.choices.map((c) => c.index), [0, 1, 2]);
+    assert.deepEqual(b.choices.map((c) => c.text), a.choices.map((c) => c.text));
+    // Each choice is its own sequence (seeds 5, 6 and 7), not one text three times.
+    assert.ok(new Set(a.choices.map((c) => c.text)).size > 1, JSON.stringify(a.choices));
+    assert.equal(a.usage.prompt_tokens, 7);  // counted once
+    assert.equal(a.usage.completion_tokens, 36);  // summed over the choices
+    for (const c of a.choices) assert.equal(c.finish_reason, 'length');
+    // Choice 1 of seed 5 is choice 0 of seed 6.
+    const alone = await openai.completions.create(
+      { model, prompt, max_tokens: 12, temperature: 1, seed: 6, ignore_eos: true });
+    assert.equal(alone.choices[0].text, a.choices[1].text);
+    // Greedy choices are all the same text.
+    const greedy = await openai.chat.completions.create(
+      { model, messages, max_tokens: 10, temperature: 0, n: 2 });
+    assert.equal(greedy.choices.length, 2);
+    assert.equal(greedy.choices[0].message.content, greedy.choices[1].message.content);
+  });
+
+await check('streamed with n = 2, every chunk names its choice and each one finishes', async () => {
+  for (const endpoint of ['chat', 'completions']) {
+    const body = { model, max_tokens: 6, temperature: 0.9, seed: 3, n: 2, stream: true,
+                   stream_options: { include_usage: true }, ignore_eos: true };
+    const stream = endpoint === 'chat'
+      ? await openai.chat.completions.create({ ...body, messages })
+      : await openai.completions.create({ ...body, prompt });
+    const text = ['', ''], finish = [null, null];
+    let usage = null;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        assert.ok(c.index === 0 || c.index === 1, JSON.stringify(chunk));
+        assert.equal(finish[c.index], null, `choice ${c.index} went on after its finish`);
+        text[c.index] += c.delta ? (c.delta.content ?? '') : c.text;
+        finish[c.index] = c.finish_reason ?? null;
+      }
+    }
+    assert.deepEqual(finish, ['length', 'length'], endpoint);
+    assert.equal(usage.completion_tokens, 12, endpoint);
+    // The same choices as the request not streamed.
+    const whole = endpoint === 'chat'
+      ? await openai.chat.completions.create({ ...body, messages, stream: false })
+      : await openai.completions.create({ ...body, prompt, stream: false });
+    assert.deepEqual(text, whole.choices.map((c) => c.message ? c.message.content : c.text),
+                     endpoint);
+  }
+});
+
 await check('errors come back as OpenAI errors', async () => {
   const bad = (body) => openai.chat.completions.create({ model, messages, ...body }).then(
     () => assert.fail(`accepted ${JSON.stringify(body)}`), (e) => e);
@@ -150,8 +234,13 @@ await check('errors come back as OpenAI errors', async () => {
   assert.equal(e.status, 400);
   assert.equal(e.param, 'temperature');
   assert.equal(e.type, 'invalid_request_error');
-  e = await bad({ n: 2 });
+  e = await bad({ n: 17 });
   assert.equal(e.param, 'n');
+  e = await bad({ logit_bias: { the: 5 } });
+  assert.equal(e.param, 'logit_bias');
+  assert.match(e.message, /key "the" is not a token id/);
+  e = await bad({ presence_penalty: 2.5 });
+  assert.equal(e.param, 'presence_penalty');
   e = await bad({ max_tokens: 1000000 });
   assert.equal(e.status, 400);
   assert.equal(e.code, 'context_length_exceeded');
