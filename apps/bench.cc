@@ -4,11 +4,13 @@
 //
 // Token generation is judged against the memory roofline: decoding one token reads every weight
 // it multiplies once (models::ModelRunner::decode_weight_spans), so it can go no faster than the
-// memory streams those bytes. The roofline is the streaming-read bandwidth of anonymous memory
-// with the same number of threads (core/stream_read.h), measured just before the generation
-// tests of that thread count, divided by those bytes. Attention's K and V reads are left out:
-// after a short prompt they are a small fraction of the weights. A model small enough to stay in
-// the caches can run above its roofline (ratio > 1).
+// memory streams those bytes. The roofline is the streaming-read bandwidth of the device's memory
+// (Backend::read_bandwidth_gbs: on the CPU, anonymous memory read with the same number of
+// threads, core/stream_read.h; on a PJRT device, a reduction over a buffer in device memory),
+// measured just before the generation tests of that thread count, divided by those bytes. On a
+// PJRT device the thread count is the host's, which only feeds the device. Attention's K and V
+// reads are left out: after a short prompt they are a small fraction of the weights. A model small
+// enough to stay in the caches can run above its roofline (ratio > 1).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -115,10 +117,11 @@ std::string mean_pm(const Row& r) {
 
 int run_bench(const BenchArgs& a) {
   check_bench_args(a);
-  CausalLM lm = load_with_progress(a.model, "cpu");
+  CausalLM lm = load_with_progress(a.model, a.device);
   check_positions(a, lm.config().max_position_embeddings);
+  const models::ModelRunner runner(lm);
   int64_t weight_bytes = 0;
-  for (const auto& span : models::ModelRunner(lm).decode_weight_spans()) weight_bytes += span.bytes;
+  for (const auto& span : runner.decode_weight_spans()) weight_bytes += span.bytes;
   const std::vector<int64_t> threads =
       a.threads.empty() ? std::vector<int64_t>{ThreadPool::global().num_threads()} : a.threads;
   const std::string name = model_name(a.model.model), dtype(dtype_name(lm.dtype())),
@@ -153,6 +156,7 @@ int run_bench(const BenchArgs& a) {
                                 {"dtype", dtype},
                                 {"quantize", a.model.quantize},
                                 {"load_mode", a.model.load_mode},
+                                {"device", lm.device()},
                                 {"cpu_target", std::string(cpu::target_name(cpu::active_target()))},
                                 {"tformers_version", TFORMERS_VERSION},
                                 {"weight_bytes_per_token", weight_bytes},
@@ -183,7 +187,7 @@ int run_bench(const BenchArgs& a) {
     double read_gbs = 0;
     for (int64_t g : a.gen) {
       if (g == 0) continue;
-      if (read_gbs == 0) read_gbs = read_bandwidth(ThreadPool::global());
+      if (read_gbs == 0) read_gbs = runner.read_bandwidth_gbs(kReadBandwidthBytes);
       Row r{.threads = n, .gen = g, .read_gbs = read_gbs};
       r.roofline = read_gbs * 1e9 / double(weight_bytes);
       generation_seconds(lm, g);
@@ -194,11 +198,14 @@ int run_bench(const BenchArgs& a) {
     }
   }
   if (md) {
+    const std::string memory =
+        lm.device() == "cpu" ? "anonymous memory with that many threads" : lm.device() + " memory";
     std::printf(
-        "\ntformers %s, CPU target %s; read GB/s: streaming reads of %zu MiB of anonymous memory "
-        "with that many threads; roofline tok/s = read GB/s / MB/token\n",
-        TFORMERS_VERSION, std::string(cpu::target_name(cpu::active_target())).c_str(),
-        kReadBandwidthBytes >> 20);
+        "\ntformers %s, device %s, CPU target %s; read GB/s: streaming reads of %zu MiB of %s; "
+        "roofline tok/s = read GB/s / MB/token\n",
+        TFORMERS_VERSION, lm.device().c_str(),
+        std::string(cpu::target_name(cpu::active_target())).c_str(), kReadBandwidthBytes >> 20,
+        memory.c_str());
   } else {
     std::printf("%s\n", results.dump(2).c_str());
   }

@@ -324,6 +324,11 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
   bench->add_option("--repetitions,-r", b.repetitions, "Timed runs of each test, after a warm-up")
       ->check(int_in(1, 1000000))
       ->capture_default_str();
+  bench
+      ->add_option(
+          "--device", b.device,
+          "cpu, auto, tpu, cuda or xla-cpu; the roofline is that device's memory bandwidth")
+      ->capture_default_str();
   bench->add_option("--output,-o", b.output, "md: a markdown table; json: an array of results")
       ->check(CLI::IsMember({"md", "json"}))
       ->capture_default_str();

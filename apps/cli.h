@@ -62,6 +62,7 @@ struct BenchArgs {
   std::vector<int64_t> threads;                      // -t; empty: the global pool's size
   int64_t repetitions = 5;
   std::string output = "md";
+  std::string device = "cpu";
 };
 
 // compile: a model's steps compiled for a TPU topology without a TPU (apps/compile.h).

@@ -2,8 +2,9 @@
 // spent outside PJRT's Execute (uploading ids and positions, binding buffers, reading logits
 // back, argmax and the loop), measured per step from the time between generate()'s step
 // callbacks and the backend's execution clock.
-//   build/release/bench/bench_host_overhead [--device xla-cpu] [--shape qwen3-0.6b|llama-3.2-1b]
-//       [--dtype float32|bfloat16] [--new-tokens 32] [--rounds 3] [--dir /tmp]
+//   build/release/bench/bench_host_overhead [--device xla-cpu]
+//       [--shape qwen3-0.6b|llama-3.2-1b|llama-3.1-8b] [--dtype float32|bfloat16] [--new-tokens 32]
+//       [--rounds 3] [--dir /tmp]
 // Writes the shape's random bf16 checkpoint under --dir once (bench/model_shapes.h), warms up
 // with one generate() (every compile), then runs --rounds generate() calls of --new-tokens
 // tokens after an 8-token prompt and prints the median step, its median time in Execute and the
@@ -25,7 +26,7 @@ namespace {
 using namespace tformers;
 
 const char* kUsage =
-    "usage: bench_host_overhead [--device xla-cpu] [--shape qwen3-0.6b|llama-3.2-1b]\n"
+    "usage: bench_host_overhead [--device xla-cpu] [--shape qwen3-0.6b|llama-3.2-1b|llama-3.1-8b]\n"
     "         [--dtype float32|bfloat16] [--new-tokens N] [--rounds R] [--dir DIR]\n"
     "  The share of each decode step of generate() on a PJRT device spent outside Execute.\n";
 
@@ -94,12 +95,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const bench::ModelShape* m = shape == bench::kQwen3.name   ? &bench::kQwen3
-                               : shape == bench::kLlama.name ? &bench::kLlama
-                                                             : nullptr;
+  const bench::ModelShape* m = bench::find_shape(shape);
   if (!m || new_tokens < 2 || rounds < 1) {
-    std::fprintf(stderr, "--shape must be %s or %s, --new-tokens at least 2, --rounds at least 1\n",
-                 bench::kQwen3.name.c_str(), bench::kLlama.name.c_str());
+    std::fprintf(
+        stderr, "--shape must be %s, %s or %s, --new-tokens at least 2, --rounds at least 1\n",
+        bench::kQwen3.name.c_str(), bench::kLlama.name.c_str(), bench::kLlama8B.name.c_str());
     return 2;
   }
   try {

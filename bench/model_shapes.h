@@ -24,6 +24,16 @@ const ModelShape kQwen3{
     "qwen3-0.6b", "Qwen3ForCausalLM", "qwen3", 151936, 1024, 3072, 28, 16, 8, 128, true};
 const ModelShape kLlama{
     "llama-3.2-1b", "LlamaForCausalLM", "llama", 128256, 2048, 8192, 16, 32, 8, 64, false};
+// Llama 3.1 8B's shape (its head is untied; here, as in every shape, the embedding is the head).
+const ModelShape kLlama8B{
+    "llama-3.1-8b", "LlamaForCausalLM", "llama", 128256, 4096, 14336, 32, 32, 8, 128, false};
+
+// The shape called `name`, or null.
+inline const ModelShape* find_shape(const std::string& name) {
+  for (const ModelShape* m : {&kQwen3, &kLlama, &kLlama8B})
+    if (m->name == name) return m;
+  return nullptr;
+}
 
 // Writes config.json and random bf16 weights of the shape (tied embeddings), once.
 inline void make_model(const ModelShape& m, const std::string& dir) {

@@ -185,4 +185,9 @@ PreparedWeight Backend::prepare_linear_int4(const Tensor&, const Tensor&, const 
   throw UnsupportedError("the " + name() + " backend has no 4-bit weights");
 }
 
+double Backend::read_bandwidth_gbs(size_t) {
+  throw UnsupportedError("the " + name() +
+                         " backend runs nothing, so it cannot measure its memory");
+}
+
 }  // namespace tformers::backends

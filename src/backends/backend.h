@@ -151,6 +151,10 @@ class Backend {
   // Returns the kLinearInt4 operands. UnsupportedError where the backend has no int4 weights.
   virtual PreparedWeight prepare_linear_int4(const Tensor& codes, const Tensor& scale,
                                              const Tensor& zero);
+  // The streaming-read bandwidth of the device's memory in GB/s, measured now over `bytes`: the
+  // roofline of a decode step, which reads every weight once (tformers bench). UnsupportedError
+  // where the backend runs nothing.
+  virtual double read_bandwidth_gbs(size_t bytes);
 
   TransferStats transfer_stats() const { return stats_.snapshot(); }
   void reset_transfer_stats() { stats_.reset(); }

@@ -47,6 +47,8 @@ class ModelRunner {
   uint64_t compiles() const { return m_.stats.compiles; }
   // The backend's transfers and, on PJRT devices, its executions and their time since load.
   backends::TransferStats transfer_stats() const { return m_.backend->transfer_stats(); }
+  // The roofline's bandwidth: the device memory's streaming reads in GB/s over `bytes`.
+  double read_bandwidth_gbs(size_t bytes) const { return m_.backend->read_bandwidth_gbs(bytes); }
   std::vector<CausalLM::Impl::WeightSpan> decode_weight_spans() const {
     return m_.decode_weight_spans();
   }

@@ -13,9 +13,12 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/kernels.h"
+#include "backends/pjrt/pjrt_api.h"
+#include "backends/pjrt/pjrt_backend.h"
 #include "backends/pjrt/plugin_discovery.h"
 #include "backends/registry.h"
 #include "graph/builder.h"
+#include "test_device.h"
 #include "tformers/error.h"
 
 namespace tformers::backends {
@@ -27,10 +30,9 @@ using graph::TensorType;
 class PjrtBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const pjrt::PluginProbe probe = pjrt::probe_plugin("xla-cpu");
-    if (probe.path.empty())
-      GTEST_SKIP() << "XLA's CPU PJRT plugin is not installed (" << probe.package << ")";
-    backend_ = &backend_for("xla-cpu", false);
+    const std::string missing = tformers::testing::missing_pjrt_plugin();
+    if (!missing.empty()) GTEST_SKIP() << missing;
+    backend_ = &backend_for(tformers::testing::pjrt_test_device(), false);
   }
   Backend& backend() { return *backend_; }
   Backend* backend_ = nullptr;
@@ -49,8 +51,26 @@ std::vector<float> random_floats(size_t n, uint32_t seed) {
   return v;
 }
 
+// The roofline of `tformers bench --device`. On GPUs and TPUs, a sum over a buffer filled in
+// device memory, timed (on XLA's CPU plugin too, here, where the backend itself reports the
+// host's bandwidth instead); nothing crosses between host and device but the sum.
+TEST_F(PjrtBackendTest, ReadBandwidthIsMeasuredInDeviceMemory) {
+  const pjrt::Client client(
+      pjrt::Plugin::load(pjrt::probe_plugin(tformers::testing::pjrt_test_device()).path));
+  const double device_gbs = device_read_bandwidth_gbs(client, size_t(64) << 20);
+  EXPECT_GT(device_gbs, 0.1);
+  EXPECT_LT(device_gbs, 100000.0);
+  EXPECT_THROW(device_read_bandwidth_gbs(client, 2), InvalidArgumentError);
+  const TransferStats before = backend().transfer_stats();
+  const double gbs = backend().read_bandwidth_gbs(size_t(64) << 20);
+  EXPECT_GT(gbs, 0.1);
+  EXPECT_LT(gbs, 100000.0);
+  EXPECT_EQ(backend().transfer_stats().host_to_device_bytes, before.host_to_device_bytes);
+  EXPECT_EQ(backend().transfer_stats().device_to_host_bytes, before.device_to_host_bytes);
+}
+
 TEST_F(PjrtBackendTest, BuffersRoundTripAndEveryByteIsCounted) {
-  EXPECT_EQ(backend().name(), "xla-cpu");
+  EXPECT_EQ(backend().name(), tformers::testing::pjrt_test_device());
   const Tensor f = Tensor::from_vector<float>({2, 3}, DType::f32, {1.5f, -2, 3, 0, 1e30f, -1e-30f});
   const Tensor i = Tensor::from_vector<int32_t>({4}, DType::i32, {7, -1, 2147483647, 0});
   const Tensor h = Tensor::from_vector<uint16_t>({3}, DType::bf16, {0x3f80, 0xc000, 0x7f80});

@@ -1,4 +1,5 @@
-// Generation on XLA's CPU plugin through device_map="xla-cpu": every tiny architecture against
+// Generation on XLA's CPU plugin through device_map="xla-cpu" (or the PJRT device of
+// TFORMERS_PJRT_TEST_DEVICE, test_device.h): every tiny architecture against
 // Transformers' goldens and against the CPU backend (greedy tokens identical in float32, logits
 // within bf16's tolerance in bfloat16), int4 checkpoints and weights quantized at load, the paged
 // cache and the serving engine, beam search, seeded sampling, the bytes one step moves, compiles
@@ -15,7 +16,9 @@
 #include "backends/compile_cache.h"
 #include "backends/pjrt/plugin_discovery.h"
 #include "core/cpu_features.h"
+#include "io/json.h"
 #include "models/model_runner.h"
+#include "test_device.h"
 #include "tformers/model.h"
 #include "tformers/serving.h"
 
@@ -27,10 +30,12 @@ using testing::model_dir;
 using testing::prefill_logits;
 using testing::row_error;
 
+// "xla-cpu" unless TFORMERS_PJRT_TEST_DEVICE says otherwise (test_device.h).
+const std::string& device() { return tformers::testing::pjrt_test_device(); }
+
 bool plugin_absent(std::string* why) {
-  const backends::pjrt::PluginProbe probe = backends::pjrt::probe_plugin("xla-cpu");
-  *why = "XLA's CPU PJRT plugin is not installed (" + probe.package + ")";
-  return probe.path.empty();
+  *why = tformers::testing::missing_pjrt_plugin();
+  return !why->empty();
 }
 
 #define SKIP_WITHOUT_PLUGIN()                     \
@@ -61,8 +66,8 @@ class XlaCpuModel : public ::testing::TestWithParam<std::string> {
 
 TEST_P(XlaCpuModel, Float32MatchesTransformersAndTheCpuBackend) {
   const std::string name = GetParam();
-  CausalLM xla = load(name, float32, "xla-cpu"), cpu = load(name, float32, "cpu");
-  EXPECT_EQ(xla.device(), "xla-cpu");
+  CausalLM xla = load(name, float32, device()), cpu = load(name, float32, "cpu");
+  EXPECT_EQ(xla.device(), device());
   const int64_t V = xla.config().vocab_size;
   for (const auto& c : load_goldens(name, "float32")) {
     const Tensor logits = prefill_logits(xla, c.input_ids);
@@ -79,7 +84,7 @@ TEST_P(XlaCpuModel, Float32MatchesTransformersAndTheCpuBackend) {
 
 TEST_P(XlaCpuModel, Bfloat16LogitsAreWithinToleranceOfTransformersAndTheCpuBackend) {
   const std::string name = GetParam();
-  CausalLM xla = load(name, bfloat16, "xla-cpu"), cpu = load(name, bfloat16, "cpu");
+  CausalLM xla = load(name, bfloat16, device()), cpu = load(name, bfloat16, "cpu");
   const int64_t V = xla.config().vocab_size;
   for (const auto& c : load_goldens(name, "float32")) {
     const Tensor got = prefill_logits(xla, c.input_ids), want = prefill_logits(cpu, c.input_ids);
@@ -113,7 +118,7 @@ class XlaCpuImported : public XlaCpuModel {};
 
 TEST_P(XlaCpuImported, Int4CheckpointsMatchTheirDequantizedGoldens) {
   const std::string name = GetParam();
-  CausalLM lm = load(name, float32, "xla-cpu");
+  CausalLM lm = load(name, float32, device());
   const int64_t V = lm.config().vocab_size;
   for (const auto& c : load_goldens(name, "float32")) {
     const Tensor logits = prefill_logits(lm, c.input_ids);
@@ -135,7 +140,7 @@ class XlaCpuGenerate : public ::testing::Test {
 };
 
 TEST_F(XlaCpuGenerate, SeededSamplingIsReproducibleAndDrawsWhatTheCpuBackendDraws) {
-  CausalLM lm = load("tiny-qwen3", float32, "xla-cpu");
+  CausalLM lm = load("tiny-qwen3", float32, device());
   GenerationConfig gc{
       .max_new_tokens = 16, .do_sample = true, .temperature = 1.5, .top_k = 0, .pad_token_id = 0};
   gc.eos_token_id = std::vector<int64_t>{};
@@ -159,7 +164,7 @@ Moved moved(const CausalLM& lm, F f) {
 }
 
 TEST_F(XlaCpuGenerate, ADecodeStepMovesIdsPositionsAndSlotInAndLogitsOut) {
-  CausalLM lm = load("tiny-qwen3", float32, "xla-cpu");
+  CausalLM lm = load("tiny-qwen3", float32, device());
   models::ModelRunner m(lm);
   const int64_t B = 3, S = 32, V = m.vocab_size();
   m.reset_cache(B, S);
@@ -185,7 +190,7 @@ TEST_F(XlaCpuGenerate, ADecodeStepMovesIdsPositionsAndSlotInAndLogitsOut) {
 }
 
 TEST_F(XlaCpuGenerate, OnlyWhatForwardConsumesCrossesPerGeneratedToken) {
-  CausalLM lm = load("tiny-llama", float32, "xla-cpu");
+  CausalLM lm = load("tiny-llama", float32, device());
   const int64_t V = lm.config().vocab_size, B = 2;
   GenerationConfig gc = greedy(10);
   gc.max_cache_len = 64;
@@ -211,7 +216,7 @@ TEST_F(XlaCpuGenerate, QuantizedAtLoadMatchesTheCpuScalarReference) {
   for (const std::string q : {"int8", "int4"}) {
     const LoadOptions opt{.dtype = float32, .quantize = q};
     LoadOptions on_xla = opt, on_cpu = opt;
-    on_xla.device_map = "xla-cpu";
+    on_xla.device_map = device();
     on_cpu.device_map = "cpu";
     CausalLM xla = AutoModelForCausalLM::from_pretrained(model_dir("tiny-qwen3"), on_xla);
     CausalLM cpu = AutoModelForCausalLM::from_pretrained(model_dir("tiny-qwen3"), on_cpu);
@@ -232,7 +237,7 @@ TEST_F(XlaCpuGenerate, QuantizedAtLoadMatchesTheCpuScalarReference) {
 // The paged cache of the serving engine: a step's transfers, and a ragged step mixing a decode
 // and a prefill row against each sequence alone and against the CPU backend.
 TEST_F(XlaCpuGenerate, PagedStepsMoveOnlyTablesAndMatchTheCpuBackend) {
-  CausalLM xla = load("tiny-qwen3", float32, "xla-cpu"), cpu = load("tiny-qwen3", float32, "cpu");
+  CausalLM xla = load("tiny-qwen3", float32, device()), cpu = load("tiny-qwen3", float32, "cpu");
   models::ModelRunner mx(xla), mc(cpu);
   const int64_t V = mx.vocab_size(), rows = 4, table = 4;
   const std::vector<int32_t> a = {5, 77, 300, 2, 41, 7}, b = {9, 8, 123};
@@ -267,7 +272,7 @@ TEST_F(XlaCpuGenerate, PagedStepsMoveOnlyTablesAndMatchTheCpuBackend) {
 }
 
 TEST_F(XlaCpuGenerate, BeamSearchKeepsTheCpuBackendsBeams) {
-  CausalLM xla = load("tiny-llama", float32, "xla-cpu"), cpu = load("tiny-llama", float32, "cpu");
+  CausalLM xla = load("tiny-llama", float32, device()), cpu = load("tiny-llama", float32, "cpu");
   GenerationConfig gc = greedy(8);
   gc.num_beams = 4;
   EXPECT_EQ(xla.generate({kPrompts[1]}, gc), cpu.generate({kPrompts[1]}, gc));
@@ -276,7 +281,7 @@ TEST_F(XlaCpuGenerate, BeamSearchKeepsTheCpuBackendsBeams) {
 // The serving engine's paged steps: requests decoded together give each the tokens generate()
 // gives it alone on the CPU backend, and after warm_up() nothing compiles.
 TEST_F(XlaCpuGenerate, TheServingEngineGivesGenerateTokens) {
-  CausalLM xla = load("tiny-qwen3", float32, "xla-cpu"), cpu = load("tiny-qwen3", float32, "cpu");
+  CausalLM xla = load("tiny-qwen3", float32, device()), cpu = load("tiny-qwen3", float32, "cpu");
   ServingEngine engine(xla, {.max_num_seqs = 4, .max_model_len = 64});
   engine.warm_up();
   engine.start();
@@ -314,7 +319,7 @@ TEST_F(XlaCpuGenerate, TheServingEngineGivesGenerateTokens) {
 
 TEST_F(XlaCpuGenerate, TheSameShapesCompileOnce) {
   backends::CompileCache::global().clear();
-  CausalLM lm = load("tiny-qwen3", float32, "xla-cpu");
+  CausalLM lm = load("tiny-qwen3", float32, device());
   const auto first = lm.generate(kPrompts, greedy(6));
   // A prefill bucket and the decode step.
   EXPECT_EQ(lm.compile_stats().compiles, 2u);
@@ -322,7 +327,7 @@ TEST_F(XlaCpuGenerate, TheSameShapesCompileOnce) {
   EXPECT_EQ(lm.generate(kPrompts, greedy(6)), first);
   EXPECT_EQ(lm.compile_stats().compiles, 2u);
   // A second model of the same shapes finds both steps in the compile cache.
-  CausalLM again = load("tiny-qwen3", float32, "xla-cpu");
+  CausalLM again = load("tiny-qwen3", float32, device());
   EXPECT_EQ(again.generate(kPrompts, greedy(6)), first);
   EXPECT_EQ(again.compile_stats().compiles, 0u);
   EXPECT_EQ(again.compile_stats().hits, 2u);
@@ -346,7 +351,7 @@ TEST_F(XlaCpuGenerate, TheCommandLineGeneratesOnXlaCpu) {
     return cli("generate -m " + model_dir("tiny-qwen3") + " --prompt-ids 5,77,300 -n 8 --device " +
                device + " --json");
   };
-  const std::string xla = run("xla-cpu"), cpu = run("cpu");
+  const std::string xla = run(device()), cpu = run("cpu");
   // The ids are the same; the timings in the JSON differ.
   auto ids = [](const std::string& json) {
     const size_t at = json.find("\"ids\"");
@@ -356,7 +361,26 @@ TEST_F(XlaCpuGenerate, TheCommandLineGeneratesOnXlaCpu) {
   EXPECT_EQ(ids(xla), ids(cpu)) << xla;
   // `env` says the plugin runs graphs.
   const std::string env = cli("env");
-  EXPECT_NE(env.find("; device_map=\"xla-cpu\" runs on it"), std::string::npos) << env;
+  EXPECT_NE(env.find("; device_map=\"" + device() + "\" runs on it"), std::string::npos) << env;
+}
+
+// `tformers bench --device xla-cpu`: the steps run on the plugin, and the roofline is the
+// device's own memory bandwidth (PjrtBackendTest.ReadBandwidthIsMeasuredInDeviceMemory).
+TEST_F(XlaCpuGenerate, TheBenchCommandJudgesDecodeAgainstTheDeviceRoofline) {
+  const std::string out = cli("bench -m " + model_dir("tiny-qwen3") +
+                              " -p 8 -n 4 -t 1 -r 1 -o json --device " + device());
+  // stderr, which may say how the load went, comes first.
+  const size_t json = out.find("[\n  {");
+  ASSERT_NE(json, std::string::npos) << out;
+  const io::Json rows = io::Json::parse(out.substr(json));
+  ASSERT_EQ(rows.size(), 2u) << rows.dump(2);
+  for (const io::Json& r : rows) EXPECT_EQ(r["device"], device());
+  const io::Json& tg = rows[1];
+  EXPECT_EQ(tg["test"], "tg4");
+  const double gbs = tg["read_gbs"].get<double>(), roof = tg["roofline_tok_s"].get<double>();
+  EXPECT_GT(gbs, 0);
+  EXPECT_NEAR(roof, gbs * 1e9 / tg["weight_bytes_per_token"].get<double>(), 1e-9 * roof);
+  EXPECT_GT(tg["avg_tok_s"].get<double>(), 0);
 }
 
 }  // namespace

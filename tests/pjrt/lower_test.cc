@@ -21,6 +21,7 @@
 #include "graph/builder.h"
 #include "models/causal_lm_impl.h"
 #include "ops/ops_test_util.h"
+#include "test_device.h"
 #include "tformers/error.h"
 #include "tformers/model.h"
 
@@ -164,17 +165,14 @@ Results run_xla(const Client& client, const std::string& mlir, const graph::Grap
   return r;
 }
 
-// One client for the suite (the plugin's start-up is paid once); skips when XLA's CPU plugin is
-// not installed, saying where it looked.
+// One client for the suite (the plugin's start-up is paid once), on XLA's CPU plugin or the device
+// of TFORMERS_PJRT_TEST_DEVICE; skips when its plugin is not installed, saying which package.
 class Lower : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    PluginProbe probe = probe_plugin("xla-cpu");
-    if (probe.path.empty()) {
-      skip_reason_ = "XLA's CPU PJRT plugin is not installed (" + probe.package + ")";
-      return;
-    }
-    client_ = new Client(Plugin::load(probe.path));
+    skip_reason_ = tformers::testing::missing_pjrt_plugin();
+    if (!skip_reason_.empty()) return;
+    client_ = new Client(Plugin::load(probe_plugin(tformers::testing::pjrt_test_device()).path));
   }
   static void TearDownTestSuite() {
     delete client_;

@@ -17,6 +17,7 @@
 #include "backends/registry.h"
 #include "distributed/process_group.h"
 #include "graph/builder.h"
+#include "test_device.h"
 #include "tformers/error.h"
 
 namespace tformers::backends::pjrt {
@@ -146,16 +147,15 @@ std::vector<Tensor> run_on(Backend& backend, const graph::Graph& g,
 }
 
 TEST(SplitAtCollectives, PiecesOnXlaCpuGiveTheCpuBackendsNumbers) {
-  const PluginProbe probe = probe_plugin("xla-cpu");
-  if (probe.path.empty())
-    GTEST_SKIP() << "XLA's CPU PJRT plugin is not installed (" << probe.package << ")";
+  const std::string missing = tformers::testing::missing_pjrt_plugin();
+  if (!missing.empty()) GTEST_SKIP() << missing;
   const Built t = two_collectives(distributed::tp_group(1)->id());
   const std::vector<Tensor> weights = {
       Tensor::from_vector<float>({8, 8}, DType::f32, random_floats(64, 1)),
       Tensor::from_vector<float>({8, 8}, DType::f32, random_floats(64, 2)),
       Tensor::from_vector<float>({4, 8}, DType::f32, random_floats(32, 3))};
   const Tensor x = Tensor::from_vector<float>({1, 3, 8}, DType::f32, random_floats(24, 4));
-  Backend& xla = backend_for("xla-cpu", false);
+  Backend& xla = backend_for(tformers::testing::pjrt_test_device(), false);
   const TransferStats before = xla.transfer_stats();
   const std::vector<Tensor> got = run_on(xla, t.graph, weights, x);
   const TransferStats moved = xla.transfer_stats();

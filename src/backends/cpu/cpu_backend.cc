@@ -11,6 +11,7 @@
 #include "backends/cpu/kernels.h"
 #include "backends/kernel_registry.h"
 #include "core/memory.h"
+#include "core/stream_read.h"
 #include "distributed/process_group.h"
 #include "tformers/error.h"
 #include "tformers/kernel_abi.h"
@@ -614,6 +615,10 @@ class CpuBackend : public QuantizedLayoutBackend {
     std::memcpy(copy.raw(), t.raw(), t.nbytes());
     stats_.device_to_host(t.nbytes());
     return copy;
+  }
+  // With every thread of the pool the kernels run on.
+  double read_bandwidth_gbs(size_t bytes) override {
+    return read_bandwidth(ThreadPool::global(), bytes);
   }
 };
 

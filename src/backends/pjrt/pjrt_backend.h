@@ -23,4 +23,9 @@ std::unique_ptr<Backend> make_pjrt_backend(const std::string& device,
                                            const std::string& plugin_path,
                                            const std::vector<pjrt::ClientOption>& options = {});
 
+// The read bandwidth of `client`'s first device memory in GB/s: one program fills `bytes` there,
+// a second, timed, sums them, so each run reads its input from memory once (in one program XLA
+// would fuse the fill away); the median of 5 runs after a warm-up, each awaited.
+double device_read_bandwidth_gbs(const pjrt::Client& client, size_t bytes);
+
 }  // namespace tformers::backends
