@@ -4,6 +4,7 @@
 // turn's calls, whole or fed in pieces, and nothing of their markup as content.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -225,6 +226,57 @@ TEST(ToolCalls, ResponseAndChunkCarryTheCalls) {
   EXPECT_EQ(chunk["choices"][0]["delta"]["tool_calls"], Json::parse(R"([{"index": 1,
       "id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{}"}}])"));
   EXPECT_FALSE(chunk["choices"][0]["delta"].contains("content"));
+}
+
+}  // namespace
+}  // namespace tformers::serve
+
+namespace tformers::serve {
+namespace {
+
+// The official openai client reads the body and the stream built for parsed calls
+// (tools/serve/tool_calls_client.mjs serves them to it): the calls of a real template's text,
+// parsed in pieces as they would stream.
+TEST(ToolCalls, OpenAiClientReadsTheBuiltResponseAndStream) {
+  const Json* golden = nullptr;
+  for (const Json& c : goldens()["cases"])
+    if (c["template"] == "qwen3" && c["case"] == "text_before") golden = &c;
+  ASSERT_NE(golden, nullptr);
+  const std::string text = (*golden)["text"];
+  const ResponseHead head{Endpoint::kChatCompletions, "chatcmpl-t", 1, "m"};
+
+  ToolCallParser parser(ToolCallFormat::kHermes);
+  std::string stream = sse_event(chunk_json(head, {.index = 0, .first = true}));
+  ChoiceOutput whole{.finish_reason = "tool_calls"};
+  auto emit = [&](ToolCallParser::Output out) {
+    Chunk chunk{.index = 0, .text = out.content, .first_tool_call = whole.tool_calls.size()};
+    chunk.tool_calls = out.calls;
+    whole.text += out.content;
+    whole.tool_calls.insert(whole.tool_calls.end(), out.calls.begin(), out.calls.end());
+    if (!chunk.text.empty() || !chunk.tool_calls.empty())
+      stream += sse_event(chunk_json(head, chunk));
+  };
+  for (size_t at = 0; at < text.size(); at += 7) emit(parser.put(text.substr(at, 7)));
+  emit(parser.finish());
+  stream += sse_event(chunk_json(head, {.index = 0, .finish_reason = "tool_calls"}));
+  stream += kSseDone;
+  ASSERT_EQ(whole.tool_calls.size(), 2u);
+
+  Json expected = {{"content", (*golden)["content"]}, {"tool_calls", Json::array()}};
+  for (size_t i = 0; i < whole.tool_calls.size(); ++i)
+    expected["tool_calls"].push_back({{"id", whole.tool_calls[i].id},
+                                      {"type", "function"},
+                                      {"name", (*golden)["tool_calls"][i]["name"]},
+                                      {"arguments", (*golden)["tool_calls"][i]["arguments"]}});
+  const Json bodies = {{"response", dump(response_json(head, std::span(&whole, 1), {}))},
+                       {"stream", stream},
+                       {"tools", Json::array()},
+                       {"expected", expected}};
+  const std::string path = ::testing::TempDir() + "tool_call_bodies.json";
+  std::ofstream(path) << bodies.dump();
+  const std::string command =
+      "node " TFORMERS_SOURCE_DIR "/tools/serve/tool_calls_client.mjs --bodies " + path + " 2>&1";
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
 }
 
 }  // namespace
