@@ -288,6 +288,96 @@ Json parse_message(const Json& m, const std::string& where) {
   return out;
 }
 
+// OpenAI's function tools: {"type": "function", "function": {"name", "description",
+// "parameters", "strict"}}, with the name as OpenAI allows it (letters, digits, '_' and '-', up
+// to 64), so that a call's name can be matched and sent back.
+Json parse_tools(const Json& tools) {
+  if (!tools.is_array()) throw bad_field("tools", "expected a list of tools, got " + shown(tools));
+  if (tools.size() > kMaxTools)
+    throw bad_field("tools", "at most " + std::to_string(kMaxTools) + " tools, got " +
+                                 std::to_string(tools.size()));
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string at = "tools[" + std::to_string(i) + "]";
+    const Json& tool = tools[i];
+    if (!tool.is_object()) throw bad_field(at, "expected a tool object, got " + shown(tool));
+    const Fields t(tool);
+    if (const Json* type = t.get("type"); !type || *type != "function")
+      throw bad_field(at + ".type",
+                      "only function tools are supported: set \"type\": \"function\"");
+    const Json* function = t.get("function");
+    if (!function || !function->is_object())
+      throw bad_field(at + ".function",
+                      "expected an object such as {\"name\": \"get_weather\", \"parameters\": "
+                      "{...}}");
+    const Fields fn(*function);
+    const Json* name = fn.get("name");
+    if (!name || !name->is_string() || name->get_ref<const std::string&>().empty())
+      throw bad_field(at + ".function.name", "required: a non-empty string");
+    const std::string& n = name->get_ref<const std::string&>();
+    const bool allowed = n.size() <= 64 && std::all_of(n.begin(), n.end(), [](unsigned char c) {
+                           return std::isalnum(c) || c == '_' || c == '-';
+                         });
+    if (!allowed)
+      throw bad_field(at + ".function.name",
+                      shown(*name) +
+                          " is not a function name: use up to 64 letters, digits, "
+                          "'_' and '-'");
+    for (size_t j = 0; j < i; ++j)
+      if (tools[j]["function"]["name"] == *name)
+        throw bad_field(at + ".function.name",
+                        shown(*name) + " names tools[" + std::to_string(j) + "] as well");
+    if (const Json* d = fn.get("description"); d && !d->is_string())
+      throw bad_field(at + ".function.description", "expected a string, got " + shown(*d));
+    if (const Json* p = fn.get("parameters"); p && !p->is_object())
+      throw bad_field(at + ".function.parameters",
+                      "expected a JSON Schema object such as {\"type\": \"object\", "
+                      "\"properties\": {...}}, got " +
+                          shown(*p));
+    if (const Json* s = fn.get("strict"); s && !s->is_boolean())
+      throw bad_field(at + ".function.strict", "expected true or false, got " + shown(*s));
+  }
+  return tools;
+}
+
+// OpenAI's tool_choice: "none", "auto" (the default with tools), "required", or
+// {"type": "function", "function": {"name": ...}} naming one of the tools.
+struct ToolChoice {
+  enum Mode { kNone, kAuto, kRequired, kFunction } mode = kAuto;
+  std::string name;  // kFunction's
+};
+
+ToolChoice parse_tool_choice(const Fields& f, const Json& tools) {
+  const Json* v = f.get("tool_choice");
+  if (!v) return {};
+  if (v->is_string()) {
+    if (*v == "none") return {ToolChoice::kNone};
+    if (*v == "auto") return {};
+    if (*v == "required") {
+      if (tools.is_null())
+        throw bad_field("tool_choice", "\"required\" needs tools: give the tools to choose from");
+      return {ToolChoice::kRequired};
+    }
+  } else if (v->is_object()) {
+    const Fields c(*v);
+    const Json* function = c.get("function");
+    const Json* name = function && function->is_object() ? Fields(*function).get("name") : nullptr;
+    if (const Json* type = c.get("type");
+        !type || *type != "function" || !name || !name->is_string())
+      throw bad_field(
+          "tool_choice",
+          "expected {\"type\": \"function\", \"function\": {\"name\": ...}}, got " + shown(*v));
+    const bool known = tools.is_array() &&
+                       std::any_of(tools.begin(), tools.end(),
+                                   [&](const Json& t) { return t["function"]["name"] == *name; });
+    if (!known)
+      throw bad_field("tool_choice", "the function " + shown(*name) +
+                                         " is not among the request's tools; name one of them");
+    return {ToolChoice::kFunction, name->get<std::string>()};
+  }
+  throw bad_field("tool_choice",
+                  "expected \"none\", \"auto\", \"required\" or a function, got " + shown(*v));
+}
+
 void parse_chat(const Fields& f, ApiRequest& r) {
   const Json* messages = f.get("messages");
   if (!messages) throw bad_field("messages", "required");
@@ -297,19 +387,18 @@ void parse_chat(const Fields& f, ApiRequest& r) {
   for (size_t i = 0; i < messages->size(); ++i)
     r.messages.push_back(parse_message((*messages)[i], "messages[" + std::to_string(i) + "]"));
 
-  if (const Json* tools = f.get("tools")) {
-    if (!tools->is_array()) throw bad_field("tools", "expected a list of tools");
-    for (size_t i = 0; i < tools->size(); ++i)
-      if (!(*tools)[i].is_object())
-        throw bad_field("tools[" + std::to_string(i) + "]", "expected a tool object");
-    r.tools = *tools;
-  }
-  // Tool calls are not parsed out of the output, so the model cannot be made to call one.
-  if (const Json* choice = f.get("tool_choice")) {
-    if (!(choice->is_string() && (*choice == "auto" || *choice == "none")))
-      throw bad_field("tool_choice", "only \"auto\" and \"none\" are supported");
-    if (*choice == "none") r.tools = nullptr;
-  }
+  if (const Json* tools = f.get("tools")) r.tools = parse_tools(*tools);
+  const ToolChoice choice = parse_tool_choice(f, r.tools);
+  // A call the model must make needs its output constrained to the tools' schemas.
+  if (choice.mode == ToolChoice::kRequired || choice.mode == ToolChoice::kFunction)
+    throw bad_field(
+        "tool_choice",
+        (choice.mode == ToolChoice::kRequired ? std::string("\"required\"")
+                                              : "a named function (" + choice.name + ")") +
+            " needs structured output (constrained decoding), which this server "
+            "does not support yet; use \"auto\" or \"none\"");
+  if (choice.mode == ToolChoice::kNone) r.tools = nullptr;
+  r.parallel_tool_calls = f.boolean("parallel_tool_calls").value_or(true);
   if (const Json* kwargs = f.get("chat_template_kwargs")) {
     if (!kwargs->is_object()) throw bad_field("chat_template_kwargs", "expected an object");
     r.template_kwargs = *kwargs;
@@ -509,12 +598,18 @@ ServingRequest choice_request(ServingRequest request, int64_t index) {
   return request;
 }
 
-OutputText::OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop)
-    : streamer_(tokenizer, /*skip_special_tokens=*/true), stop_(std::move(stop)) {}
+OutputText::OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop,
+                       std::optional<std::pair<int32_t, std::string>> kept)
+    : streamer_(tokenizer, /*skip_special_tokens=*/true),
+      stop_(std::move(stop)),
+      kept_(std::move(kept)) {}
 
 std::string OutputText::put(int32_t token) {
   if (stopped_) return "";
-  held_ += streamer_.put(token);
+  if (kept_ && token == kept_->first)
+    held_ += streamer_.end() + kept_->second;  // the text before it, then its own
+  else
+    held_ += streamer_.put(token);
   return release(/*final=*/false);
 }
 
@@ -625,13 +720,32 @@ Json head_json(const ResponseHead& h, bool chunk) {
 
 }  // namespace
 
+namespace {
+
+Json tool_call_json(const ToolCall& call) {
+  return {{"id", call.id},
+          {"type", "function"},
+          {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+}
+
+Json message_json(const ChoiceOutput& c) {
+  Json message = {{"role", "assistant"}, {"content", c.text}};
+  if (c.tool_calls.empty()) return message;
+  if (c.text.empty()) message["content"] = nullptr;
+  message["tool_calls"] = Json::array();
+  for (const ToolCall& call : c.tool_calls) message["tool_calls"].push_back(tool_call_json(call));
+  return message;
+}
+
+}  // namespace
+
 Json response_json(const ResponseHead& head, std::span<const ChoiceOutput> choices,
                    const Usage& usage) {
   Json list = Json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
     Json choice = {{"index", i}};
     if (head.endpoint == Endpoint::kChatCompletions)
-      choice["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
+      choice["message"] = message_json(choices[i]);
     else
       choice["text"] = choices[i].text;
     choice["logprobs"] = choices[i].logprobs;
@@ -650,6 +764,11 @@ Json chunk_json(const ResponseHead& head, const Chunk& c) {
     Json delta = Json::object();
     if (c.first) delta["role"] = "assistant";
     if (c.first || !c.text.empty()) delta["content"] = c.text;
+    for (size_t k = 0; k < c.tool_calls.size(); ++k) {
+      Json call = {{"index", c.first_tool_call + k}};
+      call.update(tool_call_json(c.tool_calls[k]));
+      delta["tool_calls"].push_back(std::move(call));
+    }
     choice["delta"] = delta;
   } else {
     choice["text"] = c.text;

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "serve/tool_calls.h"
 #include "tformers/generation.h"
 #include "tformers/serving.h"
 #include "tformers/tokenizer.h"
@@ -50,6 +51,8 @@ struct ApiRequest {
   // Chat: the messages as the chat template takes them (content parts joined), the tools (null
   // when none) and chat_template_kwargs (vLLM's, e.g. {"enable_thinking": false}).
   Json messages, tools, template_kwargs = Json::object();
+  // parallel_tool_calls: false keeps only the model's first call.
+  bool parallel_tool_calls = true;
   // Completions: a text prompt, or token ids.
   std::string prompt;
   std::vector<int32_t> prompt_ids;
@@ -72,6 +75,8 @@ struct ApiRequest {
 // work one request can make.
 inline constexpr int64_t kMaxChoices = 16;
 inline constexpr size_t kMaxLogitBias = 1024;
+// OpenAI's limit on tools per request.
+inline constexpr size_t kMaxTools = 128;
 
 // Reads a request body. ApiError 400 naming the field for malformed JSON, a field of the wrong
 // type or out of range, and for what tformers does not do (echo, best_of, ...).
@@ -100,10 +105,12 @@ ServingRequest choice_request(ServingRequest request, int64_t index);
 
 // The text a client is sent: generated tokens detokenized incrementally (special tokens
 // skipped) and cut before the first stop string, as OpenAI does. Text that could still turn out
-// to be the start of a stop string is held back until a later token settles it.
+// to be the start of a stop string is held back until a later token settles it. `kept`, a special
+// token and its text, is kept where decoding would skip it (the marker of a tool call).
 class OutputText {
  public:
-  OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop);
+  OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop,
+             std::optional<std::pair<int32_t, std::string>> kept = std::nullopt);
   // The text that became final with this token (often empty).
   std::string put(int32_t token);
   // Whatever is left once generation has ended.
@@ -118,6 +125,7 @@ class OutputText {
 
   TokenStreamer streamer_;
   std::vector<std::string> stop_;
+  std::optional<std::pair<int32_t, std::string>> kept_;
   std::string held_;
   size_t sent_ = 0;
   bool stopped_ = false;
@@ -145,10 +153,12 @@ struct ResponseHead {
 // A fresh head: a random id with the endpoint's prefix, created now.
 ResponseHead new_response_head(Endpoint endpoint, const std::string& model);
 
-// One choice of a whole response. `logprobs` is null when not asked for.
+// One choice of a whole response. `logprobs` is null when not asked for. With tool calls, chat's
+// message has them and its content is the text before them, or null when there is none.
 struct ChoiceOutput {
   std::string text, finish_reason;
   Json logprobs;
+  std::vector<ToolCall> tool_calls;
 };
 // A whole (non-streamed) response; choice i gets index i.
 Json response_json(const ResponseHead& head, std::span<const ChoiceOutput> choices,
@@ -162,6 +172,10 @@ struct Chunk {
   std::optional<std::string> finish_reason;
   Json logprobs;            // null when none
   bool usage_null = false;  // stream_options.include_usage: every chunk carries "usage": null
+  // Chat: whole calls, the first of them the choice's call number `first_tool_call` (their
+  // delta.tool_calls[].index), each with its id, type, name and arguments in this one delta.
+  std::vector<ToolCall> tool_calls;
+  size_t first_tool_call = 0;
 };
 Json chunk_json(const ResponseHead& head, const Chunk& chunk);
 // The last chunk with include_usage: no choices, the request's usage.

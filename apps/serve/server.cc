@@ -118,6 +118,8 @@ class Completion {
     std::string text;
     Json logprobs;
     bool ended = false;
+    std::vector<ToolCall> tool_calls;  // the choice's calls from number first_tool_call on
+    size_t first_tool_call = 0;
   };
   struct Progress {
     bool arrived = false;  // any event came
@@ -140,10 +142,14 @@ class Completion {
 
  private:
   struct Choice {
-    Choice(const Tokenizer& tokenizer, std::vector<std::string> stop)
-        : text(tokenizer, std::move(stop)) {}
+    Choice(const Tokenizer& tokenizer, std::vector<std::string> stop,
+           std::optional<std::pair<int32_t, std::string>> kept)
+        : text(tokenizer, std::move(stop), std::move(kept)) {}
     uint64_t id = 0;
     OutputText text;
+    // With tools, in a format the template defines: the calls are taken out of the text.
+    std::optional<ToolCallParser> tool_parser;
+    std::vector<ToolCall> tool_calls;
     std::string all_text;
     std::vector<ServingEvent> token_events;  // with logprobs: every token's event
     std::vector<size_t> text_offsets;
@@ -153,6 +159,8 @@ class Completion {
 
   void cancel(Choice& choice);
   void cancel_all();
+  // Text that became final: through the tool-call parser when there is one; `final` at the end.
+  void add_text(Choice& c, Delta& d, const std::string& text, bool final);
   void finish(size_t index, const ServingEvent& last);
   // The request failed for `why`: the first failure is the one answered; the other choices are
   // cancelled.
@@ -178,6 +186,8 @@ class Server {
       : args_(args),
         engine_(engine),
         tokenizer_(tokenizer),
+        tool_format_(detect_tool_call_format(tokenizer)),
+        tool_marker_(kept_marker_token(tool_format_, tokenizer)),
         vocab_size_(vocab_size),
         max_prompt_bytes_(max_prompt_bytes(tokenizer, engine.config().max_model_len)),
         api_key_(std::move(api_key)),
@@ -238,6 +248,8 @@ class Server {
   const ServeArgs& args_;
   ServingEngine& engine_;
   const Tokenizer& tokenizer_;
+  const ToolCallFormat tool_format_;
+  const std::optional<std::pair<int32_t, std::string>> tool_marker_;
   const int64_t vocab_size_;
   const size_t max_prompt_bytes_;
   const std::string api_key_, model_name_;
@@ -257,7 +269,12 @@ Completion::Completion(Server& server, ApiRequest request, Clock::time_point arr
       arrival_(arrival),
       deadline_(arrival + seconds(server.args_.request_timeout)),
       job_(std::make_shared<Job>(size_t(request_.n))) {
-  for (int64_t i = 0; i < request_.n; ++i) choices_.emplace_back(server.tokenizer_, request_.stop);
+  const bool tools = !request_.tools.is_null() && server.tool_format_ != ToolCallFormat::kNone;
+  for (int64_t i = 0; i < request_.n; ++i) {
+    Choice& c = choices_.emplace_back(server.tokenizer_, request_.stop,
+                                      tools ? server.tool_marker_ : std::nullopt);
+    if (tools) c.tool_parser.emplace(server.tool_format_, request_.parallel_tool_calls);
+  }
   server_.enter();
 }
 
@@ -336,13 +353,13 @@ Completion::Progress Completion::advance(Clock::duration wait) {
         c.token_events.push_back(e);
         c.text_offsets.push_back(c.text.offset());
       }
-      d.text += c.text.put(e.token);
+      add_text(c, d, c.text.put(e.token), /*final=*/false);
       // This side saw a stop string before the engine did (it decodes the same tokens, but may
       // cut the text elsewhere): the choice ends here.
       if (c.text.stopped() && e.finish_reason.empty()) cancel(c);
     }
     if (!e.finish_reason.empty()) {
-      d.text += c.text.finish();
+      add_text(c, d, c.text.finish(), /*final=*/true);
       finish(index, e);
       d.ended = !c.finish_reason.empty();
     }
@@ -356,6 +373,25 @@ Completion::Progress Completion::advance(Clock::duration wait) {
     c.all_text += p.choices[i].text;
   }
   return p;
+}
+
+void Completion::add_text(Choice& c, Delta& d, const std::string& text, bool final) {
+  if (!c.tool_parser) {
+    d.text += text;
+    return;
+  }
+  ToolCallParser::Output out = c.tool_parser->put(text);
+  if (final) {
+    ToolCallParser::Output rest = c.tool_parser->finish();
+    out.content += rest.content;
+    for (ToolCall& call : rest.calls) out.calls.push_back(std::move(call));
+  }
+  d.text += out.content;
+  if (d.tool_calls.empty()) d.first_tool_call = c.tool_calls.size();
+  for (ToolCall& call : out.calls) {
+    c.tool_calls.push_back(call);
+    d.tool_calls.push_back(std::move(call));
+  }
 }
 
 void Completion::fail(const std::string& why, ApiError error) {
@@ -389,6 +425,8 @@ void Completion::finish(size_t index, const ServingEvent& last) {
     fail(why = "shutdown", ApiError(503, "the server is shutting down; the request was cancelled",
                                     "", "shutting_down"));
   }
+  // The model ended its turn after calling tools: the client is to run them.
+  if (c.finish_reason == "stop" && !c.tool_calls.empty()) c.finish_reason = "tool_calls";
   server_.metrics_.count_finish(why);
   // The callback wrote these before queueing the last event, which this thread has taken.
   std::lock_guard lock(job_->mu);
@@ -406,7 +444,8 @@ Json Completion::response() const {
     out.push_back({c.all_text, c.finish_reason,
                    request_.logprobs ? logprobs_json(request_.endpoint, server_.tokenizer_,
                                                      c.token_events, c.text_offsets)
-                                     : Json()});
+                                     : Json(),
+                   c.tool_calls});
   return response_json(head_, out, usage_);
 }
 
@@ -427,11 +466,13 @@ bool Completion::stream(http::Sink& sink) {
   }
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Delta& d = p.choices[i];
-    if (d.text.empty() && d.logprobs.is_null() && !d.ended) continue;
+    if (d.text.empty() && d.logprobs.is_null() && !d.ended && d.tool_calls.empty()) continue;
     Chunk chunk{.index = int64_t(i),
                 .text = d.text,
                 .logprobs = d.logprobs,
-                .usage_null = request_.include_usage};
+                .usage_null = request_.include_usage,
+                .tool_calls = d.tool_calls,
+                .first_tool_call = d.first_tool_call};
     if (d.ended) chunk.finish_reason = choices_[i].finish_reason;
     out += sse_event(chunk_json(head_, chunk));
   }

@@ -43,6 +43,11 @@ ApiError error_of(Endpoint endpoint, const std::string& body) {
   return ApiError(0, "");
 }
 
+const Json WEATHER = {{"type", "function"},
+                      {"function",
+                       {{"name", "get_weather"},
+                        {"parameters", {{"type", "object"}, {"properties", Json::object()}}}}}};
+
 struct BadField {
   Endpoint endpoint;
   std::string body;
@@ -71,6 +76,41 @@ TEST(OpenAiRequest, EveryBadFieldIsA400NamingIt) {
       {c, chat({{"tools", "f"}}), "tools"},
       {c, chat({{"tools", {1}}}), "tools[0]"},
       {c, chat({{"tool_choice", "required"}}), "tool_choice"},
+      {c, chat({{"tools", {{{"type", "retrieval"}}}}}), "tools[0].type"},
+      {c, chat({{"tools", {{{"function", {{"name", "f"}}}}}}}), "tools[0].type"},
+      {c, chat({{"tools", {{{"type", "function"}}}}}), "tools[0].function"},
+      {c, chat({{"tools", {{{"type", "function"}, {"function", {{"name", ""}}}}}}}),
+       "tools[0].function.name"},
+      {c, chat({{"tools", {{{"type", "function"}, {"function", {{"name", 5}}}}}}}),
+       "tools[0].function.name"},
+      {c, chat({{"tools", {{{"type", "function"}, {"function", {{"name", "a b"}}}}}}}),
+       "tools[0].function.name"},
+      {c,
+       chat({{"tools", {{{"type", "function"}, {"function", {{"name", std::string(65, 'a')}}}}}}}),
+       "tools[0].function.name"},
+      {c, chat({{"tools", {WEATHER, WEATHER}}}), "tools[1].function.name"},
+      {c,
+       chat({{"tools",
+              {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", "{}"}}}}}}}),
+       "tools[0].function.parameters"},
+      {c,
+       chat({{"tools",
+              {{{"type", "function"}, {"function", {{"name", "f"}, {"description", 1}}}}}}}),
+       "tools[0].function.description"},
+      {c, chat({{"tools", Json(std::vector<Json>(129, WEATHER))}}), "tools"},
+      {c, chat({{"tools", {WEATHER}}, {"tool_choice", "required"}}), "tool_choice"},
+      {c, chat({{"tools", {WEATHER}}, {"tool_choice", "any"}}), "tool_choice"},
+      {c, chat({{"tools", {WEATHER}}, {"tool_choice", 3}}), "tool_choice"},
+      {c, chat({{"tools", {WEATHER}}, {"tool_choice", {{"type", "function"}}}}), "tool_choice"},
+      {c,
+       chat({{"tools", {WEATHER}},
+             {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}}),
+       "tool_choice"},
+      {c,
+       chat({{"tools", {WEATHER}},
+             {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}),
+       "tool_choice"},
+      {c, chat({{"tools", {WEATHER}}, {"parallel_tool_calls", "no"}}), "parallel_tool_calls"},
       {c, chat({{"chat_template_kwargs", 1}}), "chat_template_kwargs"},
       {c, chat({{"logprobs", "yes"}}), "logprobs"},
       {c, chat({{"top_logprobs", 2}}), "top_logprobs"},
@@ -140,6 +180,33 @@ TEST(OpenAiRequest, EveryBadFieldIsA400NamingIt) {
     EXPECT_EQ(e.param(), bad.param) << bad.body << ": " << e.what();
     EXPECT_EQ(std::string(e.what()).rfind(bad.param + ": ", 0), 0u) << e.what();
   }
+}
+
+TEST(OpenAiRequest, ToolsAreTakenAndForcedCallsNeedStructuredOutput) {
+  ApiRequest r = parse_request(Endpoint::kChatCompletions,
+                               chat({{"tools", {WEATHER}}, {"parallel_tool_calls", false}}));
+  EXPECT_EQ(r.tools, Json::array({WEATHER}));
+  EXPECT_FALSE(r.parallel_tool_calls);
+  r = parse_request(Endpoint::kChatCompletions,
+                    chat({{"tools", {WEATHER}}, {"tool_choice", "auto"}}));
+  EXPECT_TRUE(r.parallel_tool_calls);
+  EXPECT_EQ(r.tools.size(), 1u);
+  // "none": the template is not shown the tools.
+  r = parse_request(Endpoint::kChatCompletions,
+                    chat({{"tools", {WEATHER}}, {"tool_choice", "none"}}));
+  EXPECT_TRUE(r.tools.is_null());
+  const ApiError named = error_of(
+      Endpoint::kChatCompletions,
+      chat({{"tools", {WEATHER}},
+            {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}));
+  EXPECT_NE(std::string(named.what()).find("get_weather"), std::string::npos) << named.what();
+  EXPECT_NE(std::string(named.what()).find("structured output"), std::string::npos);
+  const ApiError unknown =
+      error_of(Endpoint::kChatCompletions,
+               chat({{"tools", {WEATHER}},
+                     {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}}));
+  EXPECT_NE(std::string(unknown.what()).find("\"nope\" is not among"), std::string::npos)
+      << unknown.what();
 }
 
 TEST(OpenAiRequest, MalformedBodiesAre400s) {
@@ -312,10 +379,9 @@ TEST(OpenAiRequest, MessagesAreReadAsTheTemplateTakesThem) {
   EXPECT_EQ(r.template_kwargs["enable_thinking"], false);
   EXPECT_EQ(r.max_tokens, 7);
   // tool_choice "none" renders without the tools.
-  EXPECT_TRUE(
-      parse_request(Endpoint::kChatCompletions,
-                    chat({{"tools", Json::array({Json::object()})}, {"tool_choice", "none"}}))
-          .tools.is_null());
+  EXPECT_TRUE(parse_request(Endpoint::kChatCompletions,
+                            chat({{"tools", {WEATHER}}, {"tool_choice", "none"}}))
+                  .tools.is_null());
 }
 
 TEST(OpenAiRequest, CompletionPromptForms) {
