@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/random_floats.h"
 #include "io/io_test_util.h"
 #include "io/json.h"
 
@@ -17,17 +18,10 @@ using testing::error_of;
 using testing::raw_safetensors;
 using testing::TempDir;
 using testing::write_bytes;
-
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-3.f, 3.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
+using tformers::testing::random_floats;
 
 Tensor random_tensor(Shape shape, DType dtype, uint32_t seed) {
-  std::vector<float> v = random_floats(size_t(shape_numel(shape)), seed);
+  std::vector<float> v = random_floats(size_t(shape_numel(shape)), seed, 3.0f);
   Tensor f = Tensor::from_vector(shape, DType::f32, v);
   return f.to(dtype);
 }

@@ -17,12 +17,15 @@
 #include "backends/pjrt/pjrt_backend.h"
 #include "backends/pjrt/plugin_discovery.h"
 #include "backends/registry.h"
+#include "common/random_floats.h"
 #include "graph/builder.h"
 #include "test_device.h"
 #include "tformers/error.h"
 
 namespace tformers::backends {
 namespace {
+
+using tformers::testing::random_floats;
 
 using graph::GraphBuilder;
 using graph::TensorType;
@@ -41,14 +44,6 @@ class PjrtBackendTest : public ::testing::Test {
 template <class T>
 std::vector<T> values(const Tensor& t) {
   return std::vector<T>(t.data<T>(), t.data<T>() + t.numel());
-}
-
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
 }
 
 // The roofline of `tformers bench --device`. On GPUs and TPUs, a sum over a buffer filled in

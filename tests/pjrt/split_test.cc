@@ -15,6 +15,7 @@
 #include "backends/pjrt/plugin_discovery.h"
 #include "backends/pjrt/split.h"
 #include "backends/registry.h"
+#include "common/random_floats.h"
 #include "distributed/process_group.h"
 #include "graph/builder.h"
 #include "test_device.h"
@@ -22,6 +23,8 @@
 
 namespace tformers::backends::pjrt {
 namespace {
+
+using tformers::testing::random_floats;
 
 using graph::GraphBuilder;
 using graph::Value;
@@ -120,14 +123,6 @@ TEST(SplitAtCollectives, AStateReadAcrossACollectiveInAnotherShapeIsRefused) {
     EXPECT_NE(what.find("layers.0.k_cache"), std::string::npos) << what;
     EXPECT_NE(what.find("across a collective"), std::string::npos) << what;
   }
-}
-
-std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& f : v) f = u(rng);
-  return v;
 }
 
 // The graph's outputs from `backend`, its collectives over this process's one-rank group.
