@@ -391,7 +391,9 @@ bool read_line(std::string& line) {
 // An interactive multi-turn chat. Each turn renders the conversation through the chat template
 // and streams the reply. The session has one static cache of --ctx-size positions, so every turn
 // reuses the compiled decode step, and prefill steps are shared by all prompts of a length
-// bucket; old turns are dropped (the system message kept) when the history outgrows it. Turn i
+// bucket. The cache is kept between turns (KeptCache): a turn computes only the tokens after
+// what the last one left there, usually the reply as the template renders it and the new
+// message. Old turns are dropped (the system message kept) when the history outgrows it. Turn i
 // samples with the session seed + i: reproducible from one seed, without repeating replies.
 // Commands (kChatHelp): /help, /reset clears the history, /exit or /quit (or end of input)
 // quits; Ctrl-C during a reply stops it, at the prompt it discards the line being typed.
@@ -446,6 +448,7 @@ int cmd_chat(const GenerateArgs& a) {
     return tok.encode(tok.apply_chat_template(messages, /*add_generation_prompt=*/true), false);
   };
   reset();
+  tformers::KeptCache kept;
   const size_t first_turn = a.system.empty() ? 0 : 1;
   std::string line;
   for (uint64_t turn = 0;; ++turn) {
@@ -491,6 +494,7 @@ int cmd_chat(const GenerateArgs& a) {
     const tformers::CompileStats before = lm.compile_stats();
     tformers::TokenStreamer streamer(tok, /*skip_special_tokens=*/true);
     std::string reply;
+    int64_t reused = 0;
     g_interrupted = 0;
     set_sigint(on_sigint);
     {
@@ -501,13 +505,14 @@ int cmd_chat(const GenerateArgs& a) {
         g_out.write(piece);
         if (!g_out.mid_line()) held.release();
       };
-      tformers::generate(
-          lm, {ids}, gc,
-          [&](int64_t, int32_t id) {
-            put(streamer.put(id));
-            return !g_interrupted;
-          },
-          &tok);
+      reused = tformers::generate(
+                   lm, {ids}, gc,
+                   [&](int64_t, int32_t id) {
+                     put(streamer.put(id));
+                     return !g_interrupted;
+                   },
+                   &tok, {}, &kept)
+                   .cached_prompt_tokens;
       put(streamer.end());
       g_out.end_line();
     }
@@ -515,8 +520,11 @@ int cmd_chat(const GenerateArgs& a) {
     messages.push_back({{"role", "assistant"}, {"content", reply}});
     if (a.verbose) {
       const tformers::CompileStats now = lm.compile_stats();
-      std::fprintf(stderr, "tformers: chat: prompt %zu tokens; compiles +%llu, cache hits +%llu\n",
-                   ids.size(), (unsigned long long)(now.compiles - before.compiles),
+      std::fprintf(stderr,
+                   "tformers: chat: prompt %zu tokens (%lld kept from the last turn, %lld "
+                   "computed); compiles +%llu, cache hits +%llu\n",
+                   ids.size(), (long long)reused, (long long)(int64_t(ids.size()) - reused),
+                   (unsigned long long)(now.compiles - before.compiles),
                    (unsigned long long)(now.hits - before.hits));
     }
   }

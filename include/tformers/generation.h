@@ -143,6 +143,25 @@ struct GenerateOutput {
   // log_softmax's outputs after the processors, before the beam's running score is added.
   std::vector<std::vector<float>> scores;
   std::vector<std::vector<float>> logits;
+  // With a KeptCache: the prompt's leading tokens found in the cache, which were not computed.
+  int64_t cached_prompt_tokens = 0;
+};
+
+// What one row's generate() call left in the model's static cache, for the next call of a
+// conversation: passed to each call, it lets a prompt that begins with those tokens (a chat's
+// history, now with the reply and a new message) compute only what follows them, as llama.cpp's
+// chat keeps its cache between turns (Transformers: past_key_values handed back to generate).
+// The prompt's last token is always computed, for its logits. The whole prompt is computed when
+// the cache holds none of it, when anything else ran the model since (another generate(), a
+// forward(), a serving engine), or when the cache length differs (set max_cache_len to keep it
+// fixed); tokens and logits then are those of a call without one. With one, a prompt's numbers
+// differ from a fresh call's in the last bits (its tokens are computed in other groups), as
+// llama.cpp's do. One prompt, num_return_sequences 1, no beam search.
+struct KeptCache {
+  std::vector<int32_t> tokens;  // the ids whose keys and values the cache holds, in order
+  std::vector<int32_t> slots;   // the cache slot of each
+  int64_t cache_len = 0;
+  uint64_t cache_writes = 0;  // the model's count of steps and allocations after that call
 };
 
 // model.generate() with Transformers' return_dict_in_generate=True: the same sequences, plus
@@ -151,6 +170,7 @@ struct GenerateOutput {
 // streamer there; `on_step` may cancel any search.
 GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>& input_ids,
                         const GenerationConfig& config = {}, const TokenCallback& on_token = {},
-                        const Tokenizer* tokenizer = nullptr, const StepCallback& on_step = {});
+                        const Tokenizer* tokenizer = nullptr, const StepCallback& on_step = {},
+                        KeptCache* kept = nullptr);
 
 }  // namespace tformers

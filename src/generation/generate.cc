@@ -18,15 +18,7 @@
 
 namespace tformers {
 
-namespace {
-
-int64_t bucketed(const std::vector<int64_t>& buckets, int64_t len) {
-  for (int64_t b : buckets)
-    if (b >= len) return b;
-  return len;  // longer than every bucket: its own shape
-}
-
-}  // namespace
+using generation::bucketed;
 
 std::vector<std::vector<int32_t>> CausalLM::generate(
     const std::vector<std::vector<int32_t>>& prompts, const GenerationConfig& call,
@@ -36,7 +28,7 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
 
 GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
                         const GenerationConfig& call, const TokenCallback& on_token,
-                        const Tokenizer* tokenizer, const StepCallback& on_step) {
+                        const Tokenizer* tokenizer, const StepCallback& on_step, KeptCache* kept) {
   models::ModelRunner m(model);
   const int64_t V = m.vocab_size();
   if (prompts.empty()) throw InvalidArgumentError("generate: input_ids has no rows");
@@ -59,6 +51,10 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   // Tensor-parallel ranks sample with rank 0's seed, so an unset seed (drawn per process) still
   // gives every rank the same tokens.
   if (m.tensor_parallel()) rc.seed = distributed::agree_seed(rc.seed);
+  if (kept && (prompts.size() != 1 || rc.num_return_sequences != 1 || rc.num_beams > 1))
+    throw InvalidArgumentError(
+        "generate: a KeptCache holds one row: pass one prompt, with num_return_sequences 1 and "
+        "no beam search (num_beams 1)");
   if (rc.num_beams > 1) {
     if (on_token)
       throw InvalidArgumentError(
@@ -109,16 +105,26 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
                                std::to_string(longest + new_tokens) +
                                " cache positions, but max_cache_len is " + std::to_string(S) +
                                "; raise max_cache_len or lower max_new_tokens");
+  const bool keeps = kept && kept->cache_len == S && kept->cache_writes == m.cache_writes();
   m.reset_cache(B, S);
 
-  // Host state: left-padded ids, the key mask over cache slots, per-row positions.
-  std::vector<std::span<const int32_t>> row_spans;
+  // Host state: left-padded ids, the key mask over cache slots, per-row positions. With a kept
+  // cache, the prompt's new tokens go after the slot of the last kept token it begins with.
   std::vector<int32_t> row_pos;
-  for (const auto* r : rows) {
-    row_spans.emplace_back(*r);
-    row_pos.push_back(int32_t(r->size()));
+  for (const auto* r : rows) row_pos.push_back(int32_t(r->size()));
+  const generation::KeptLayout layout =
+      keeps ? generation::keep_prefix(*kept, *rows[0], new_tokens, S, m.prompt_buckets())
+            : generation::KeptLayout{};
+  generation::LeftPadded batch;
+  if (layout.reused > 0) {
+    P = layout.padded_len;
+    batch = generation::continue_kept(*kept, *rows[0], layout, S, int32_t(pad.value_or(0)));
+  } else {
+    std::vector<std::span<const int32_t>> row_spans;
+    for (const auto* r : rows) row_spans.emplace_back(*r);
+    batch = generation::left_pad(row_spans, P, S, int32_t(pad.value_or(0)));
   }
-  generation::LeftPadded batch = generation::left_pad(row_spans, P, S, int32_t(pad.value_or(0)));
+  const int64_t first_slot = layout.first_slot;
   const Tensor &ids = batch.input_ids, &pos = batch.position_ids;
   m.set_attention_mask(batch.attention_mask);
 
@@ -135,6 +141,7 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   generation::LogitsProcessorList processors(rc, V);
   generation::Sampler sampler(rc.seed);
   GenerateOutput out;
+  out.cached_prompt_tokens = layout.reused;
   std::vector<std::vector<int32_t>>& seqs = out.sequences;
   for (const auto* r : rows) seqs.push_back(*r);
   out.finish_reasons.assign(size_t(B), "length");
@@ -176,9 +183,17 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
     return all_done || stop;
   };
 
+  // What the cache holds when generation ends: the prompt and every chosen token but the last,
+  // which no step has read.
+  auto record = [&] {
+    if (kept) generation::record_kept(*kept, layout, *rows[0], seqs[0], P, S, m.cache_writes());
+  };
   const bool uncached = rc.disable_compile;
-  m.run_static(m.prepare_static(P, 1, uncached), ids, pos, 0, logits);
-  if (choose() || new_tokens == 1) return out;
+  m.run_static(m.prepare_static(P, 1, uncached), ids, pos, first_slot, logits);
+  if (choose() || new_tokens == 1) {
+    record();
+    return out;
+  }
 
   Tensor step_ids = Tensor::zeros({B, 1}, DType::i32), step_pos = Tensor::zeros({B, 1}, DType::i32);
   // One decode executable for every step; with disable_compile, a fresh compile each step.
@@ -188,11 +203,12 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
       step_ids.data<int32_t>()[b] = seqs[b].back();
       step_pos.data<int32_t>()[b] = row_pos[b]++;
     }
-    const int64_t slot = P + i - 1;  // cache slot of the token chosen last
+    const int64_t slot = first_slot + P + i - 1;  // cache slot of the token chosen last
     m.run_static(decode ? *decode : m.prepare_static(1, 1, true), step_ids, step_pos, slot, logits);
     if (choose()) break;
   }
   // Finished rows were filled with pad at every later step, so all rows have equal length.
+  record();
   return out;
 }
 

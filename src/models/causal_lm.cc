@@ -466,6 +466,7 @@ void CausalLM::Impl::run(Step& s, std::span<const Tensor* const> inputs,
   std::vector<backends::Buffer*> states;
   states.reserve(s.states.size());
   for (const std::shared_ptr<backends::Buffer>* slot : s.states) states.push_back(slot->get());
+  ++cache_writes;
   s.exe->run(s.params, states, inputs, outputs);
   // Under "mmap" the weights are read from the checkpoint's pages at every step: a file cut
   // short since is found here (see io::check_mapped_files), not by a SIGBUS.
@@ -586,6 +587,7 @@ void CausalLM::Impl::reset_cache(int64_t batch, int64_t max_cache_len) {
   }
   // Every key masked until a step's caller sets the mask (ModelRunner::set_attention_mask).
   cache["attention_mask"] = backend->allocate({DType::i32, {batch, max_cache_len}});
+  ++cache_writes;
   cache_batch = batch;
   cache_len = max_cache_len;
 }

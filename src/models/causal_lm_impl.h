@@ -48,6 +48,9 @@ struct CausalLM::Impl {
   // mask over cache slots, uploaded once per generation rather than at every step.
   int64_t cache_batch = 0, cache_len = 0;
   std::map<std::string, std::shared_ptr<backends::Buffer>> cache;
+  // Counts every step run and every reallocation of the static cache, so a caller that keeps
+  // what its last call left in the cache (KeptCache) can tell whether anything ran since.
+  uint64_t cache_writes = 0;
 
   // Allocates the static cache for (batch, cache_len), or keeps it if the shape is the same.
   void reset_cache(int64_t batch, int64_t cache_len);

@@ -64,6 +64,9 @@ class ModelRunner {
   // The static cache: allocated (or kept, if the shape is the same) for batch x cache_len, with
   // every key masked until set_attention_mask.
   void reset_cache(int64_t batch, int64_t cache_len) { m_.reset_cache(batch, cache_len); }
+  // Steps run and static caches allocated since load: unchanged between two points, the static
+  // cache holds what it held.
+  uint64_t cache_writes() const { return m_.cache_writes; }
   // The key mask over cache slots, int32 (batch, cache_len): 0 hides a slot from every query of
   // its row. It stays on the device for every later step until set again.
   void set_attention_mask(const Tensor& mask);

@@ -414,8 +414,9 @@ TEST(Cli, StringsFromModelFilesAreEscaped) {
 }
 
 // A chat session: one static cache for all turns, so a turn whose prompt is as long as an
-// earlier one compiles nothing; old turns are dropped with a note once the history outgrows
-// --ctx-size, the system message kept; /reset confirms.
+// earlier one compiles nothing, and a turn computes only what follows the tokens the last one
+// left in it; old turns are dropped with a note once the history outgrows --ctx-size, the
+// system message kept; /reset confirms.
 TEST(Cli, ChatKeepsItsCacheTrimsHistoryAndConfirmsReset) {
   Streams r = run(kCli +
                       " chat -m tests/data/models/tiny-qwen3 --dtype float32 -n 8 "
@@ -426,9 +427,17 @@ TEST(Cli, ChatKeepsItsCacheTrimsHistoryAndConfirmsReset) {
   for (const std::string& l : lines_of(r.err))
     if (l.find("chat: prompt") != std::string::npos) turns.push_back(l);
   ASSERT_EQ(turns.size(), 5u) << r.err;
+  EXPECT_NE(turns[0].find("(0 kept from the last turn, "), std::string::npos) << turns[0];
   EXPECT_NE(turns[0].find("compiles +2"), std::string::npos) << turns[0];
-  // The same prompt after /reset: the same two compiled steps, found in the cache.
-  EXPECT_NE(turns[1].find("compiles +0, cache hits +2"), std::string::npos) << turns[1];
+  // The same prompt after /reset: all of it kept but its last token, computed for its logits.
+  const int first = std::stoi(turns[0].substr(turns[0].find("prompt ") + 7));
+  EXPECT_NE(turns[1].find("prompt " + std::to_string(first) + " tokens (" +
+                          std::to_string(first - 1) + " kept from the last turn, 1 computed)"),
+            std::string::npos)
+      << turns[1];
+  // After trimming, the system message is still the prompt's head.
+  for (size_t t = 2; t < turns.size(); ++t)
+    EXPECT_EQ(turns[t].find("(0 kept"), std::string::npos) << turns[t];
   EXPECT_NE(r.err.find("history cleared (the system message is kept)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("oldest message"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("to fit the context of 64 tokens"), std::string::npos) << r.err;

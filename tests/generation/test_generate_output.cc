@@ -132,4 +132,78 @@ TEST(GenerateOutput, BeamScoresAreLogSoftmaxOfTheLogits) {
 }
 
 }  // namespace
+
+namespace {
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float d = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::abs(a[i] - b[i]));
+  return d;
+}
+
+}  // namespace
+
+// A conversation's second call computes only what follows the tokens the first left in the
+// cache, and gives the tokens and, within float32 rounding, the logits of a call that computes
+// the whole prompt: wrong slots, positions or mask would change them far more.
+TEST(GenerateOutput, KeptCacheComputesOnlyTheNewTokensAsAFreshCallWould) {
+  CausalLM lm = tiny();
+  const GenerationConfig config{.max_new_tokens = 6, .max_cache_len = 96, .output_logits = true};
+  KeptCache kept;
+  const std::vector<int32_t> first = {1, 17, 300, 45, 9, 88, 120};
+  GenerateOutput turn1 = generate(lm, {first}, config, {}, nullptr, {}, &kept);
+  EXPECT_EQ(turn1.cached_prompt_tokens, 0);
+  // The cache holds the prompt and the generated tokens but the last, which no step read.
+  ASSERT_EQ(kept.tokens.size(), first.size() + 5);
+  EXPECT_TRUE(std::equal(kept.tokens.begin(), kept.tokens.end(), turn1.sequences[0].begin()));
+  EXPECT_EQ(kept.cache_len, 96);
+
+  std::vector<int32_t> second = turn1.sequences[0];
+  for (int32_t id : {5, 77, 301, 2, 64}) second.push_back(id);
+  GenerateOutput turn2 = generate(lm, {second}, config, {}, nullptr, {}, &kept);
+  EXPECT_EQ(turn2.cached_prompt_tokens, int64_t(first.size() + 5));
+  const GenerateOutput fresh = generate(lm, {second}, config);
+  EXPECT_EQ(fresh.cached_prompt_tokens, 0);
+  EXPECT_EQ(turn2.sequences, fresh.sequences);
+  ASSERT_EQ(turn2.logits.size(), fresh.logits.size());
+  for (size_t s = 0; s < fresh.logits.size(); ++s)
+    EXPECT_LT(max_abs_diff(turn2.logits[s], fresh.logits[s]), 1e-4f) << "step " << s;
+
+  // `fresh` ran the model since: the next call computes the whole prompt, as a fresh one does.
+  GenerateOutput turn3 = generate(lm, {second}, config, {}, nullptr, {}, &kept);
+  EXPECT_EQ(turn3.cached_prompt_tokens, 0);
+  EXPECT_EQ(turn3.sequences, fresh.sequences);
+  for (size_t s = 0; s < fresh.logits.size(); ++s)
+    EXPECT_EQ(turn3.logits[s], fresh.logits[s]) << "step " << s;
+
+  // A prompt that parts from the kept tokens keeps only what they share, at least its first
+  // token computed again when the whole prompt is kept.
+  std::vector<int32_t> branch(second.begin(), second.begin() + 4);
+  branch.push_back(499);
+  GenerateOutput turn4 = generate(lm, {branch}, config, {}, nullptr, {}, &kept);
+  EXPECT_EQ(turn4.cached_prompt_tokens, 4);
+  EXPECT_EQ(turn4.sequences, generate(lm, {branch}, config).sequences);
+  generate(lm, {branch}, config, {}, nullptr, {}, &kept);  // kept again after the fresh call
+  GenerateOutput again = generate(lm, {branch}, config, {}, nullptr, {}, &kept);
+  EXPECT_EQ(again.cached_prompt_tokens, int64_t(branch.size() - 1));
+  // Another cache length: all of it computed.
+  GenerationConfig longer = config;
+  longer.max_cache_len = 128;
+  EXPECT_EQ(generate(lm, {branch}, longer, {}, nullptr, {}, &kept).cached_prompt_tokens, 0);
+}
+
+TEST(GenerateOutput, KeptCacheTakesOneRowWithoutBeams) {
+  CausalLM lm = tiny();
+  KeptCache kept;
+  const std::vector<int32_t> p = {1, 17, 300};
+  for (const GenerationConfig& c :
+       {GenerationConfig{.max_new_tokens = 2, .num_beams = 2},
+        GenerationConfig{.max_new_tokens = 2, .do_sample = true, .num_return_sequences = 2}})
+    EXPECT_THROW(generate(lm, {p}, c, {}, nullptr, {}, &kept), InvalidArgumentError);
+  EXPECT_THROW(generate(lm, {p, p}, {.max_new_tokens = 2}, {}, nullptr, {}, &kept),
+               InvalidArgumentError);
+  EXPECT_TRUE(kept.tokens.empty());
+}
+
 }  // namespace tformers
