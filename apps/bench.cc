@@ -198,8 +198,10 @@ int run_bench(const BenchArgs& a) {
     }
   }
   if (md) {
+    // XLA's CPU plugin keeps its buffers in host memory (Backend::read_bandwidth_gbs).
+    const bool host = lm.device() == "cpu" || lm.device() == "xla-cpu";
     const std::string memory =
-        lm.device() == "cpu" ? "anonymous memory with that many threads" : lm.device() + " memory";
+        host ? "anonymous memory with that many threads" : lm.device() + " memory, summed there";
     std::printf(
         "\ntformers %s, device %s, CPU target %s; read GB/s: streaming reads of %zu MiB of %s; "
         "roofline tok/s = read GB/s / MB/token\n",
