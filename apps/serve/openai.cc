@@ -11,6 +11,7 @@
 #include <mutex>
 #include <random>
 
+#include "generation/json_grammar.h"
 #include "tformers/error.h"
 
 namespace tformers::serve {
@@ -154,18 +155,50 @@ std::vector<std::string> parse_stop(const Fields& f) {
 // Options tformers does not implement are refused unless set to what they do by default, so a
 // client never gets output it did not ask for.
 void refuse_unless_default(const Fields& f) {
-  // Constrained decoding (vLLM's fields and llama.cpp's grammar) is not implemented: output
-  // that ignored the constraint would look like success.
+  // Constrained decoding other than response_format (vLLM's fields and llama.cpp's grammar) is
+  // not implemented: output that ignored the constraint would look like success.
   for (const char* constraint :
        {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
         "structured_outputs", "grammar", "json_schema"})
     if (const Json* v = f.get(constraint); v && !v->is_null())
-      throw bad_field(constraint, "constrained decoding is not supported by tformers serve");
-  if (const Json* format = f.get("response_format")) {
-    const Json* type = format->is_object() ? Fields(*format).get("type") : nullptr;
-    if (!type || *type != "text")
-      throw bad_field("response_format", "only {\"type\": \"text\"} is supported");
+      throw bad_field(constraint,
+                      "not supported by tformers serve; use response_format with a json_schema");
+}
+
+// OpenAI's response_format: {"type": "text"} (the default), {"type": "json_object"} (any JSON
+// object) or {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}.
+// The schema is compiled here, so that one outside the supported subset is a 400 naming the
+// keyword and where it is in the schema, before anything is tokenized.
+std::optional<Json> parse_response_format(const Fields& f) {
+  const Json* format = f.get("response_format");
+  if (!format) return std::nullopt;
+  auto bad = [](const std::string& what) { return bad_field("response_format", what); };
+  if (!format->is_object())
+    throw bad("expected an object such as {\"type\": \"json_object\"}, got " + shown(*format));
+  const Json* type = Fields(*format).get("type");
+  if (!type || !type->is_string())
+    throw bad("type is required: \"text\", \"json_object\" or \"json_schema\"");
+  if (*type == "text") return std::nullopt;
+  if (*type == "json_object") return Json{{"type", "object"}};
+  if (*type != "json_schema")
+    throw bad("type " + shown(*type) +
+              " is not supported; give \"text\", \"json_object\" or \"json_schema\"");
+  const Json* spec = Fields(*format).get("json_schema");
+  if (!spec || !spec->is_object())
+    throw bad("json_schema is required with type \"json_schema\": {\"name\", \"schema\"}");
+  const Fields spec_fields(*spec);
+  if (const Json* name = spec_fields.get("name"); name && !name->is_string())
+    throw bad("json_schema.name: expected a string");
+  if (const Json* strict = spec_fields.get("strict"); strict && !strict->is_boolean())
+    throw bad("json_schema.strict: expected true or false");
+  const Json* schema = spec_fields.get("schema");
+  if (!schema) throw bad("json_schema.schema is required");
+  try {
+    generation::JsonGrammar::compile(*schema);
+  } catch (const generation::SchemaError& e) {
+    throw bad(std::string("json_schema.schema: ") + e.what());
   }
+  return *schema;
 }
 
 // OpenAI's logit_bias: {"token id": bias}, the id a decimal string as JSON keys are. The ids are
@@ -466,6 +499,7 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
   if (!model) throw bad_field("model", "required");
   r.model = *model;
   refuse_unless_default(f);
+  r.json_schema = parse_response_format(f);
   r.n = f.integer("n", 1, kMaxChoices).value_or(1);
   if (endpoint == Endpoint::kChatCompletions)
     parse_chat(f, r);
@@ -590,6 +624,7 @@ ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer
   out.presence_penalty = r.presence_penalty;
   out.frequency_penalty = r.frequency_penalty;
   out.logit_bias = r.logit_bias;
+  out.json_schema = r.json_schema;
   return out;
 }
 

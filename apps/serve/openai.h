@@ -69,6 +69,8 @@ struct ApiRequest {
   // OpenAI's penalties and logit_bias (ServingRequest's fields, which GenerationConfig lacks).
   double presence_penalty = 0, frequency_penalty = 0;
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // response_format's schema ({"type": "object"} for json_object); unset for text.
+  std::optional<Json> json_schema;
 };
 
 // The most choices one request may ask for (n), and the most logit_bias entries: bounds on the

@@ -26,9 +26,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "tformers/generation.h"
 
@@ -72,6 +75,14 @@ struct ServingRequest {
   // OpenAI's logit_bias: each bias, in [-100, 100], is added to its token's logit right after the
   // penalties, greedy decoding included.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // Structured output (OpenAI's response_format): the output is one JSON value valid against
+  // this JSON schema, in compact form ({"type": "object"} for any object). Every token that
+  // cannot continue such a value is masked before sampling, an eos id is allowed only once the
+  // value is whole, and the sequence ends ("stop") as soon as nothing but an eos id can follow.
+  // The schema subset and the shape of what is generated: docs/serving.md, "Structured output".
+  // submit() refuses a schema outside it with InvalidArgumentError naming the keyword and where
+  // it is; it needs the engine to have the tokenizer.
+  std::optional<nlohmann::ordered_json> json_schema;
 };
 
 struct TokenLogprob {

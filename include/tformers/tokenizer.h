@@ -82,6 +82,12 @@ class Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(int32_t id) const;
   std::vector<std::string> convert_ids_to_tokens(std::span<const int32_t> ids) const;
+  // The bytes a token of the model's vocabulary stands for in the middle of a text, as the
+  // decoder gives them (byte-level BPE's "Ġthe" is " the", "<0x0A>" is "\n", "▁the" is " the"),
+  // raw: a token that holds part of a UTF-8 character gives that part. Constrained decoding
+  // matches tokens by these bytes. nullopt for an id the model's vocabulary lacks, and for added
+  // tokens (special or not: <|im_end|>, <think>), which are not pieces of text.
+  std::optional<std::string> token_bytes(int32_t id) const;
   size_t vocab_size() const;  // len(tokenizer): the largest id + 1
   bool is_special_id(int32_t id) const;
   // Number of ids the post-processor adds to one sequence (or a pair).

@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "generation/token_matcher.h"
 #include "tformers/error.h"
 
 namespace tformers::generation {
@@ -253,10 +254,19 @@ void apply_typical_p(double mass, std::span<float> scores, int64_t min_tokens_to
     if (shifted[order[j]] > threshold) scores[idx[order[j]]] = kNegInf;
 }
 
-LogitsProcessorList::LogitsProcessorList(const ResolvedGenerationConfig& c, int64_t vocab_size)
-    : vocab_size_(vocab_size) {
+LogitsProcessorList::LogitsProcessorList(const ResolvedGenerationConfig& c, int64_t vocab_size,
+                                         std::shared_ptr<TokenMatcher> constraint)
+    : vocab_size_(vocab_size), constraint_(std::move(constraint)) {
   TF_CHECK(vocab_size > 0, "vocab_size ", vocab_size);
   auto add = [&](std::string name, Fn fn) { stages_.push_back({std::move(name), std::move(fn)}); };
+  if (constraint_) {
+    TF_CHECK(constraint_->vocabulary().size() == vocab_size, "the grammar's vocabulary has ",
+             constraint_->vocabulary().size(), " tokens, the logits ", vocab_size);
+    add("grammar", [m = constraint_](auto ids, int64_t prompt_len, auto scores) {
+      m->sync(ids.subspan(size_t(prompt_len)));
+      m->apply(scores);
+    });
+  }
   if (c.repetition_penalty != 1.0) {
     const float penalty = float(c.repetition_penalty);
     add("repetition_penalty", [penalty](auto ids, int64_t, auto scores) {
@@ -297,6 +307,7 @@ LogitsProcessorList::LogitsProcessorList(const ResolvedGenerationConfig& c, int6
       apply_suppress_tokens(ids, scores);
     });
   }
+  first_warper_ = stages_.size();
   if (!c.do_sample) return;  // the warpers only shape a distribution to sample from
   if (c.temperature != 1.0) {
     const float t = float(c.temperature);
@@ -326,10 +337,21 @@ void LogitsProcessorList::process(std::span<const int32_t> ids, int64_t prompt_l
            " entries, the vocabulary ", vocab_size_);
   TF_CHECK(prompt_len >= 0 && prompt_len <= int64_t(ids.size()), "prompt_len ", prompt_len, " of ",
            ids.size(), " ids");
-  for (const Stage& s : stages_) {
+  // The grammar wins over processors that leave nothing it allows (see the class comment).
+  auto keep_the_grammar = [&] {
+    if (!constraint_ || first_warper_ < 2) return;
+    if (std::all_of(scores.begin(), scores.end(), [](float x) { return x == kNegInf; }))
+      std::copy(constrained_.begin(), constrained_.end(), scores.begin());
+  };
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    if (i == first_warper_) keep_the_grammar();
+    const Stage& s = stages_[i];
     s.fn(ids, prompt_len, scores);
+    if (constraint_ && i == 0 && first_warper_ > 1)
+      constrained_.assign(scores.begin(), scores.end());
     if (after_each) after_each(s.name, scores);
   }
+  if (first_warper_ == stages_.size()) keep_the_grammar();
 }
 
 std::vector<std::string> LogitsProcessorList::names() const {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -20,6 +21,8 @@
 #include "tformers/generation.h"
 
 namespace tformers::generation {
+
+class TokenMatcher;
 
 // Processors (always applied when configured).
 
@@ -85,9 +88,17 @@ using StageCallback = std::function<void(std::string_view name, std::span<const 
 // OpenAI's penalties nor logit_bias; they follow repetition_penalty as in vLLM, which applies
 // its penalties repetition first, and come before the bans so that a banned token stays banned
 // whatever its bias.
+//
+// With a `constraint` (structured output, generation/token_matcher.h) a `grammar` stage comes
+// first: it catches the matcher up with the generated tokens and sets every token it does not
+// allow to -inf, so that no later stage can bring one back. Should the processors after it leave
+// no token at all (a ban, min_new_tokens or a logit_bias of -100 on every token the grammar
+// allows), the grammar wins: the scores return to what the grammar stage left, before the
+// warpers.
 class LogitsProcessorList {
  public:
-  LogitsProcessorList(const ResolvedGenerationConfig& config, int64_t vocab_size);
+  LogitsProcessorList(const ResolvedGenerationConfig& config, int64_t vocab_size,
+                      std::shared_ptr<TokenMatcher> constraint = nullptr);
 
   // Processes one row in place. `scores` (V); `ids` the row's tokens so far (prompt, then
   // generated; no padding); `prompt_len` how many of them are the prompt. `after_each`, when
@@ -108,6 +119,9 @@ class LogitsProcessorList {
   };
   int64_t vocab_size_;
   std::vector<Stage> stages_;
+  std::shared_ptr<TokenMatcher> constraint_;
+  size_t first_warper_ = 0;                 // stages_[first_warper_...] are the warpers
+  mutable std::vector<float> constrained_;  // the scores after the grammar stage
 };
 
 }  // namespace tformers::generation

@@ -45,9 +45,11 @@
 #include <thread>
 
 #include "generation/block_manager.h"
+#include "generation/json_grammar.h"
 #include "generation/logits_process.h"
 #include "generation/sampling.h"
 #include "generation/stop_strings.h"
+#include "generation/token_matcher.h"
 #include "models/model_runner.h"
 #include "tformers/error.h"
 #include "tformers/tokenizer.h"
@@ -97,6 +99,9 @@ struct ServingEngine::Impl {
     std::optional<generation::LogitsProcessorList> processors;
     std::optional<generation::Sampler> sampler;
     std::optional<generation::StopStrings> stops;
+    // Structured output: follows the generated tokens (the processors' grammar stage masks with
+    // it). Its state is a function of the tokens, so a preempted sequence resumes with it as is.
+    std::shared_ptr<generation::TokenMatcher> matcher;
     generation::BlockManager::Table table;  // the positions computed so far
   };
 
@@ -123,6 +128,16 @@ struct ServingEngine::Impl {
   std::map<int64_t, Tensor> logits_by_rows;
   std::vector<float> raw_logits;
   std::thread thread;
+
+  // The vocabulary's token bytes in a trie, for structured output: made by the first request
+  // with a schema (a request thread), under vocab_mu.
+  mutable std::mutex vocab_mu;
+  mutable std::shared_ptr<const generation::TokenVocabulary> vocab;
+  std::shared_ptr<const generation::TokenVocabulary> vocabulary() const {
+    std::lock_guard<std::mutex> lock(vocab_mu);
+    if (!vocab) vocab = std::make_shared<generation::TokenVocabulary>(*tokenizer, m.vocab_size());
+    return vocab;
+  }
 
   // Read by stats() from any thread.
   std::atomic<int64_t> n_running{0}, n_waiting{0}, blocks_used{0}, blocks_cached{0};
@@ -279,7 +294,13 @@ std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequenc
   s->tokens = r.prompt;
   s->request = std::move(r);
   s->on_event = std::move(cb);
-  s->processors.emplace(s->rc, V);
+  if (s->request.json_schema) {
+    if (!tokenizer) bad("json_schema (structured output) needs the engine to have the tokenizer");
+    s->matcher = std::make_shared<generation::TokenMatcher>(
+        generation::JsonGrammar::compile(*s->request.json_schema), vocabulary(),
+        s->rc.eos_token_id);
+  }
+  s->processors.emplace(s->rc, V, s->matcher);
   s->sampler.emplace(s->rc.seed);
   if (!s->rc.stop_strings.empty()) s->stops.emplace(*tokenizer, s->rc.stop_strings);
   return s;
@@ -312,9 +333,15 @@ bool ServingEngine::Impl::choose(Sequence& s, std::span<float> logits) {
   ++generated_tokens;
   e.token = next;
   const auto& eos = s.rc.eos_token_id;
-  const bool stop =
+  bool stop =
       std::find(eos.begin(), eos.end(), next) != eos.end() || (s.stops && s.stops->put(next));
   const int64_t generated = int64_t(s.tokens.size()) - s.prompt_len;
+  if (s.matcher && !stop) {
+    // A whole value that nothing but an eos id could follow ends here, without that step; one
+    // that could go on ("12" may be "123") ends here only when there is no eos id to end it.
+    s.matcher->sync(std::span(s.tokens).subspan(size_t(s.prompt_len)));
+    stop = s.matcher->finished() || (s.matcher->accepting() && !s.matcher->has_stop_ids());
+  }
   if (stop)
     e.finish_reason = "stop";
   else if (generated >= s.max_new)

@@ -934,6 +934,9 @@ class SequenceDecoder : public Decoder {
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (auto& d : items) d->decode_chain(tokens);
   }
+  void raw_token(std::string& token) const override {
+    for (auto& d : items) d->raw_token(token);
+  }
 };
 
 class ByteLevelDecoder : public Decoder {
@@ -959,10 +962,35 @@ class ByteLevelDecoder : public Decoder {
     }
     tokens.assign(1, repair_utf8(bytes));
   }
+  void raw_token(std::string& token) const override {
+    std::string bytes;
+    for (size_t i = 0; i < token.size();) {
+      const int b = unicode_to_byte(next_code_point(token, i));
+      if (b < 0) return;  // as decode_chain: a token outside the byte alphabet stays as it is
+      bytes.push_back(static_cast<char>(b));
+    }
+    token.swap(bytes);
+  }
 };
+
+// The byte of a byte-fallback token "<0xXX>", or -1.
+int fallback_byte(const std::string& t) {
+  if (!(t.size() == 6 && t[0] == '<' && t[1] == '0' && t[2] == 'x' && t[5] == '>')) return -1;
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  const int h = hex(t[3]), l = hex(t[4]);
+  return h >= 0 && l >= 0 ? h * 16 + l : -1;
+}
 
 class ByteFallbackDecoder : public Decoder {
  public:
+  void raw_token(std::string& token) const override {
+    if (const int b = fallback_byte(token); b >= 0) token.assign(1, static_cast<char>(b));
+  }
   void decode_chain(std::vector<std::string>& tokens) const override {
     std::vector<std::string> out;
     std::string pending;
@@ -978,17 +1006,7 @@ class ByteFallbackDecoder : public Decoder {
       pending_count = 0;
     };
     for (std::string& t : tokens) {
-      int byte = -1;
-      if (t.size() == 6 && t[0] == '<' && t[1] == '0' && t[2] == 'x' && t[5] == '>') {
-        auto hex = [](char c) -> int {
-          if (c >= '0' && c <= '9') return c - '0';
-          if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-          if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-          return -1;
-        };
-        int h = hex(t[3]), l = hex(t[4]);
-        if (h >= 0 && l >= 0) byte = h * 16 + l;
-      }
+      const int byte = fallback_byte(t);
       if (byte >= 0) {
         pending.push_back(static_cast<char>(byte));
         ++pending_count;
@@ -1009,6 +1027,7 @@ class FuseDecoder : public Decoder {
     for (auto& t : tokens) all += t;
     tokens.assign(1, std::move(all));
   }
+  void raw_token(std::string&) const override {}
 };
 
 class StripDecoder : public Decoder {
@@ -1029,6 +1048,8 @@ class StripDecoder : public Decoder {
       t = t.substr(b, e - b);
     }
   }
+  // It cuts the ends of the text (after Fuse, in the tokenizers that have it), not of each token.
+  void raw_token(std::string&) const override {}
 };
 
 class ReplaceDecoder : public Decoder {
@@ -1037,20 +1058,21 @@ class ReplaceDecoder : public Decoder {
       : pattern_(member(j, "pattern", path), path + ".pattern"),
         content_(get_string(j, "content", path)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
+    for (std::string& t : tokens) raw_token(t);
+  }
+  void raw_token(std::string& t) const override {
     std::vector<std::pair<size_t, size_t>> m;
-    for (std::string& t : tokens) {
-      pattern_.find_all(t, m);
-      if (m.empty()) continue;
-      std::string out;
-      size_t prev = 0;
-      for (auto [b, e] : m) {
-        out.append(t, prev, b - prev);
-        out += content_;
-        prev = e;
-      }
-      out.append(t, prev, std::string::npos);
-      t.swap(out);
+    pattern_.find_all(t, m);
+    if (m.empty()) return;
+    std::string out;
+    size_t prev = 0;
+    for (auto [b, e] : m) {
+      out.append(t, prev, b - prev);
+      out += content_;
+      prev = e;
     }
+    out.append(t, prev, std::string::npos);
+    t.swap(out);
   }
 
  private:
@@ -1078,6 +1100,20 @@ class MetaspaceDecoder : public Decoder {
       if (i == 0 && prepend && !out.empty() && out[0] == ' ') out.erase(0, 1);
       tokens[i].swap(out);
     }
+  }
+  // Mid-text: the replacement is a space, and no prefix space is dropped.
+  void raw_token(std::string& t) const override {
+    if (replacement.empty()) return;
+    std::string out;
+    for (size_t pos = 0; pos < t.size();) {
+      if (t.compare(pos, replacement.size(), replacement) == 0) {
+        out += ' ';
+        pos += replacement.size();
+      } else {
+        out += t[pos++];
+      }
+    }
+    t.swap(out);
   }
 };
 

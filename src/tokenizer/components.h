@@ -91,6 +91,11 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  // One token as the raw bytes it adds in the middle of a text (constrained decoding needs each
+  // token's bytes): what decode_chain does to each token, without the steps that look at the
+  // whole text (the first token's prefix space, stripping the ends) and without replacing
+  // invalid UTF-8, since a token may hold part of a character.
+  virtual void raw_token(std::string& token) const = 0;
 };
 
 class PostProcessor {

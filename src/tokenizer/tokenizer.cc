@@ -212,6 +212,15 @@ std::string TokenizerImpl::decode(std::span<const int32_t> ids, bool skip_specia
   return result;
 }
 
+std::optional<std::string> TokenizerImpl::token_bytes(int32_t id) const {
+  if (added_by_id.count(id)) return std::nullopt;
+  std::string_view tok;
+  if (!model->id_to_token(id, tok)) return std::nullopt;
+  std::string bytes(tok);
+  if (decoder) decoder->raw_token(bytes);
+  return bytes;
+}
+
 std::optional<int32_t> TokenizerImpl::token_to_id(std::string_view token) const {
   auto it = added_by_content.find(std::string(token));
   if (it != added_by_content.end()) return it->second;
@@ -603,6 +612,10 @@ std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
   if (it != impl_->added_by_id.end()) return impl_->added_tokens[it->second].content;
   if (std::string_view t; impl_->model->id_to_token(id, t)) return std::string(t);
   return std::nullopt;
+}
+
+std::optional<std::string> Tokenizer::token_bytes(int32_t id) const {
+  return impl_->token_bytes(id);
 }
 
 std::vector<std::string> Tokenizer::convert_ids_to_tokens(std::span<const int32_t> ids) const {

@@ -63,6 +63,8 @@ struct TokenizerImpl {
   std::vector<int32_t> encode_raw(std::string_view text) const;
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
   std::optional<int32_t> token_to_id(std::string_view token) const;
+  // Tokenizer::token_bytes.
+  std::optional<std::string> token_bytes(int32_t id) const;
 };
 
 }  // namespace tformers::tokenizer_detail

@@ -25,7 +25,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::string out;
       for (int32_t id : engine_request.prompt) out += text.put(id);
       out += text.finish();
-      dump(response_json(new_response_head(endpoint, request.model), out, "stop", nullptr, {}));
+      const ChoiceOutput choice{out, "stop", nullptr};
+      dump(response_json(new_response_head(endpoint, request.model), {&choice, 1}, {}));
     } catch (const ApiError&) {
     }
   }
