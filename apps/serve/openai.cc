@@ -422,16 +422,28 @@ void parse_chat(const Fields& f, ApiRequest& r) {
 
   if (const Json* tools = f.get("tools")) r.tools = parse_tools(*tools);
   const ToolChoice choice = parse_tool_choice(f, r.tools);
-  // A call the model must make needs its output constrained to the tools' schemas.
-  if (choice.mode == ToolChoice::kRequired || choice.mode == ToolChoice::kFunction)
-    throw bad_field(
-        "tool_choice",
-        (choice.mode == ToolChoice::kRequired ? std::string("\"required\"")
-                                              : "a named function (" + choice.name + ")") +
-            " needs structured output (constrained decoding), which this server "
-            "does not support yet; use \"auto\" or \"none\"");
   if (choice.mode == ToolChoice::kNone) r.tools = nullptr;
   r.parallel_tool_calls = f.boolean("parallel_tool_calls").value_or(true);
+  // A call the model must make: its output is constrained to the tools' schemas, as vLLM does
+  // (a list of calls for "required", the function's arguments for a named one).
+  if (choice.mode == ToolChoice::kRequired || choice.mode == ToolChoice::kFunction) {
+    if (r.json_schema)
+      throw bad_field("tool_choice",
+                      "a required or named tool call cannot be combined with a JSON "
+                      "response_format: give one of them");
+    r.forced_calls = {
+        choice.mode == ToolChoice::kRequired ? ForcedCalls::kList : ForcedCalls::kArguments,
+        choice.name};
+    const Json schema = forced_calls_schema(r.forced_calls, r.tools, r.parallel_tool_calls);
+    try {
+      generation::JsonGrammar::compile(schema);
+    } catch (const generation::SchemaError& e) {
+      throw bad_field("tools", std::string("tool_choice constrains the output to the functions' "
+                                           "parameters, which JSON Schema must be: ") +
+                                   e.what());
+    }
+    r.json_schema = schema;
+  }
   if (const Json* kwargs = f.get("chat_template_kwargs")) {
     if (!kwargs->is_object()) throw bad_field("chat_template_kwargs", "expected an object");
     r.template_kwargs = *kwargs;

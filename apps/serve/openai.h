@@ -53,6 +53,8 @@ struct ApiRequest {
   Json messages, tools, template_kwargs = Json::object();
   // parallel_tool_calls: false keeps only the model's first call.
   bool parallel_tool_calls = true;
+  // tool_choice "required" or a named function: what json_schema then forces the output to be.
+  ForcedCalls forced_calls;
   // Completions: a text prompt, or token ids.
   std::string prompt;
   std::vector<int32_t> prompt_ids;
@@ -69,7 +71,8 @@ struct ApiRequest {
   // OpenAI's penalties and logit_bias (ServingRequest's fields, which GenerationConfig lacks).
   double presence_penalty = 0, frequency_penalty = 0;
   std::vector<std::pair<int32_t, float>> logit_bias;
-  // response_format's schema ({"type": "object"} for json_object); unset for text.
+  // What the output must be: response_format's schema ({"type": "object"} for json_object), or
+  // the calls tool_choice forces (forced_calls_schema); unset for free text.
   std::optional<Json> json_schema;
 };
 

@@ -269,11 +269,16 @@ Completion::Completion(Server& server, ApiRequest request, Clock::time_point arr
       arrival_(arrival),
       deadline_(arrival + seconds(server.args_.request_timeout)),
       job_(std::make_shared<Job>(size_t(request_.n))) {
-  const bool tools = !request_.tools.is_null() && server.tool_format_ != ToolCallFormat::kNone;
+  // Forced calls are the whole output, whatever the template's format.
+  const bool forced = request_.forced_calls.kind != ForcedCalls::kNone;
+  const bool tools =
+      !request_.tools.is_null() && server.tool_format_ != ToolCallFormat::kNone && !forced;
   for (int64_t i = 0; i < request_.n; ++i) {
     Choice& c = choices_.emplace_back(server.tokenizer_, request_.stop,
                                       tools ? server.tool_marker_ : std::nullopt);
-    if (tools) c.tool_parser.emplace(server.tool_format_, request_.parallel_tool_calls);
+    if (tools || forced)
+      c.tool_parser.emplace(server.tool_format_, request_.parallel_tool_calls,
+                            request_.forced_calls);
   }
   server_.enter();
 }
@@ -425,8 +430,11 @@ void Completion::finish(size_t index, const ServingEvent& last) {
     fail(why = "shutdown", ApiError(503, "the server is shutting down; the request was cancelled",
                                     "", "shutting_down"));
   }
-  // The model ended its turn after calling tools: the client is to run them.
-  if (c.finish_reason == "stop" && !c.tool_calls.empty()) c.finish_reason = "tool_calls";
+  // The model ended its turn after calling tools: the client is to run them. A call forced by
+  // naming its function ends with "stop", as OpenAI's does.
+  if (c.finish_reason == "stop" && !c.tool_calls.empty() &&
+      request_.forced_calls.kind != ForcedCalls::kArguments)
+    c.finish_reason = "tool_calls";
   server_.metrics_.count_finish(why);
   // The callback wrote these before queueing the last event, which this thread has taken.
   std::lock_guard lock(job_->mu);

@@ -157,8 +157,31 @@ std::string new_tool_call_id(ToolCallFormat format) {
   return id;
 }
 
-ToolCallParser::ToolCallParser(ToolCallFormat format, bool parallel)
-    : format_(format), parallel_(parallel) {
+Json forced_calls_schema(const ForcedCalls& forced, const Json& tools, bool parallel) {
+  auto parameters = [](const Json& tool) {
+    const Json& fn = tool["function"];
+    return fn.contains("parameters") ? fn["parameters"] : Json{{"type", "object"}};
+  };
+  if (forced.kind == ForcedCalls::kArguments) {
+    for (const Json& tool : tools)
+      if (tool["function"]["name"] == forced.name) return parameters(tool);
+    throw std::invalid_argument("forced_calls_schema: no tool is named " + forced.name);
+  }
+  Json calls = Json::array();
+  for (const Json& tool : tools)
+    calls.push_back(
+        {{"type", "object"},
+         {"properties",
+          {{"name", {{"const", tool["function"]["name"]}}}, {"arguments", parameters(tool)}}},
+         {"required", {"name", "arguments"}},
+         {"additionalProperties", false}});
+  Json list = {{"type", "array"}, {"items", {{"anyOf", calls}}}, {"minItems", 1}};
+  if (!parallel) list["maxItems"] = 1;
+  return list;
+}
+
+ToolCallParser::ToolCallParser(ToolCallFormat format, bool parallel, ForcedCalls forced)
+    : format_(format), parallel_(parallel), forced_(std::move(forced)) {
   if (format == ToolCallFormat::kHermes) {
     open_ = "<tool_call>";
     close_ = "</tool_call>";
@@ -206,18 +229,46 @@ void ToolCallParser::end_call(Output& out, std::string_view body, std::string_vi
     // Not a call after all: the text as it came, with the whitespace before it.
     add_content(out, call_ws_ + std::string(markup));
   } else {
-    for (ToolCall& call : *calls) {
-      if (!parallel_ && calls_ > 0) break;
-      call.id = new_tool_call_id(format_);
-      out.calls.push_back(std::move(call));
-      ++calls_;
-    }
+    take_calls(out, std::move(*calls));
     after_call_ = true;
   }
   call_ws_.clear();
 }
 
+void ToolCallParser::take_calls(Output& out, std::vector<ToolCall> calls) {
+  for (ToolCall& call : calls) {
+    if (!parallel_ && calls_ > 0) break;
+    call.id = new_tool_call_id(format_);
+    out.calls.push_back(std::move(call));
+    ++calls_;
+  }
+}
+
+void ToolCallParser::end_forced(Output& out) {
+  std::optional<std::vector<ToolCall>> calls;
+  if (const std::optional<Json> j = parse_json(buf_)) {
+    if (forced_.kind == ForcedCalls::kArguments) {
+      if (std::optional<ToolCall> call =
+              one_call(Json{{"name", forced_.name}, {"arguments", *j}}, "arguments"))
+        calls = std::vector<ToolCall>{std::move(*call)};
+    } else if (j->is_array()) {
+      // The list of "required" is Mistral's body without its marker.
+      calls = parse_body(ToolCallFormat::kMistral, buf_);
+    }
+  }
+  if (calls)
+    take_calls(out, std::move(*calls));
+  else
+    add_content(out, buf_);
+}
+
 void ToolCallParser::scan(Output& out, bool final) {
+  if (forced_.kind != ForcedCalls::kNone) {
+    if (!final) return;
+    end_forced(out);
+    buf_.clear();
+    return;
+  }
   if (format_ == ToolCallFormat::kNone) {
     add_content(out, buf_);
     buf_.clear();

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tformers/tokenizer.h"
 
 namespace tformers::serve {
@@ -49,10 +51,26 @@ struct ToolCall {
 // client sends the call back as history; else "call_" and 24 of them.
 std::string new_tool_call_id(ToolCallFormat format);
 
+// What tool_choice makes the output (constrained decoding enforces it, forced_calls_schema):
+// free text with calls in the template's format ("auto"), a JSON list of calls
+// [{"name": ..., "arguments": {...}}, ...] ("required"), or the arguments object of one named
+// function, as vLLM generates them.
+struct ForcedCalls {
+  enum Kind { kNone, kList, kArguments } kind = kNone;
+  std::string name;  // kArguments' function
+};
+
+// The JSON Schema of the output `forced` asks for, over the request's validated `tools`; with
+// parallel = false a list holds one call.
+nlohmann::ordered_json forced_calls_schema(const ForcedCalls& forced,
+                                           const nlohmann::ordered_json& tools, bool parallel);
+
 class ToolCallParser {
  public:
-  // parallel = false keeps only the first call (OpenAI's parallel_tool_calls).
-  explicit ToolCallParser(ToolCallFormat format, bool parallel = true);
+  // parallel = false keeps only the first call (OpenAI's parallel_tool_calls). With `forced`,
+  // the whole output is held and read as what it forces (text that is not, a reply cut short by
+  // max_tokens say, is content).
+  explicit ToolCallParser(ToolCallFormat format, bool parallel = true, ForcedCalls forced = {});
 
   struct Output {
     std::string content;
@@ -68,12 +86,17 @@ class ToolCallParser {
  private:
   void scan(Output& out, bool final);
   void scan_llama(Output& out, bool final);
+  // A forced output ended: its calls, or the text as content.
+  void end_forced(Output& out);
   // A call's markup ended (or the output did): its calls, else the markup as content.
   void end_call(Output& out, std::string_view body, std::string_view markup);
   void add_content(Output& out, std::string_view text);
+  // Gives `calls` fresh ids and returns them, as many as parallel_ allows.
+  void take_calls(Output& out, std::vector<ToolCall> calls);
 
   ToolCallFormat format_;
   bool parallel_;
+  ForcedCalls forced_;
   std::string open_, close_;  // the markers around a call; close_ empty: it runs to the end
   bool in_call_ = false;      // buf_ holds a call's body, after its opening marker
   bool decided_ = false;      // kLlama: whether the output is a call is known

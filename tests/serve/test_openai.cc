@@ -98,17 +98,24 @@ TEST(OpenAiRequest, EveryBadFieldIsA400NamingIt) {
               {{{"type", "function"}, {"function", {{"name", "f"}, {"description", 1}}}}}}}),
        "tools[0].function.description"},
       {c, chat({{"tools", Json(std::vector<Json>(129, WEATHER))}}), "tools"},
-      {c, chat({{"tools", {WEATHER}}, {"tool_choice", "required"}}), "tool_choice"},
+      {c,
+       chat({{"tools", {WEATHER}},
+             {"tool_choice", "required"},
+             {"response_format", {{"type", "json_object"}}}}),
+       "tool_choice"},
+      {c,
+       chat({{"tools",
+              {{{"type", "function"},
+                {"function",
+                 {{"name", "f"}, {"parameters", {{"type", "string"}, {"format", "date"}}}}}}}},
+             {"tool_choice", "required"}}),
+       "tools"},
       {c, chat({{"tools", {WEATHER}}, {"tool_choice", "any"}}), "tool_choice"},
       {c, chat({{"tools", {WEATHER}}, {"tool_choice", 3}}), "tool_choice"},
       {c, chat({{"tools", {WEATHER}}, {"tool_choice", {{"type", "function"}}}}), "tool_choice"},
       {c,
        chat({{"tools", {WEATHER}},
              {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}}),
-       "tool_choice"},
-      {c,
-       chat({{"tools", {WEATHER}},
-             {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}),
        "tool_choice"},
       {c, chat({{"tools", {WEATHER}}, {"parallel_tool_calls", "no"}}), "parallel_tool_calls"},
       {c, chat({{"chat_template_kwargs", 1}}), "chat_template_kwargs"},
@@ -198,11 +205,13 @@ TEST(OpenAiRequest, EveryBadFieldIsA400NamingIt) {
   }
 }
 
-TEST(OpenAiRequest, ToolsAreTakenAndForcedCallsNeedStructuredOutput) {
+TEST(OpenAiRequest, ToolsAreTakenAndForcedCallsConstrainTheOutput) {
   ApiRequest r = parse_request(Endpoint::kChatCompletions,
                                chat({{"tools", {WEATHER}}, {"parallel_tool_calls", false}}));
   EXPECT_EQ(r.tools, Json::array({WEATHER}));
   EXPECT_FALSE(r.parallel_tool_calls);
+  EXPECT_EQ(r.forced_calls.kind, ForcedCalls::kNone);
+  EXPECT_FALSE(r.json_schema);
   r = parse_request(Endpoint::kChatCompletions,
                     chat({{"tools", {WEATHER}}, {"tool_choice", "auto"}}));
   EXPECT_TRUE(r.parallel_tool_calls);
@@ -211,18 +220,48 @@ TEST(OpenAiRequest, ToolsAreTakenAndForcedCallsNeedStructuredOutput) {
   r = parse_request(Endpoint::kChatCompletions,
                     chat({{"tools", {WEATHER}}, {"tool_choice", "none"}}));
   EXPECT_TRUE(r.tools.is_null());
-  const ApiError named = error_of(
+  // A named function: the output is its arguments, as its parameters describe them.
+  r = parse_request(
       Endpoint::kChatCompletions,
       chat({{"tools", {WEATHER}},
             {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}));
-  EXPECT_NE(std::string(named.what()).find("get_weather"), std::string::npos) << named.what();
-  EXPECT_NE(std::string(named.what()).find("structured output"), std::string::npos);
+  EXPECT_EQ(r.forced_calls.kind, ForcedCalls::kArguments);
+  EXPECT_EQ(r.forced_calls.name, "get_weather");
+  ASSERT_TRUE(r.json_schema);
+  EXPECT_EQ(*r.json_schema, WEATHER["function"]["parameters"]);
+  EXPECT_EQ(r.tools, Json::array({WEATHER}));  // still shown to the template
+  // "required": a list of calls, one of them without parallel_tool_calls; a function without
+  // parameters takes any object.
+  const Json bare = {{"type", "function"}, {"function", {{"name", "now"}}}};
+  r = parse_request(Endpoint::kChatCompletions, chat({{"tools", {WEATHER, bare}},
+                                                      {"tool_choice", "required"},
+                                                      {"parallel_tool_calls", false}}));
+  EXPECT_EQ(r.forced_calls.kind, ForcedCalls::kList);
+  ASSERT_TRUE(r.json_schema);
+  const Json& list = *r.json_schema;
+  EXPECT_EQ(list["type"], "array");
+  EXPECT_EQ(list["minItems"], 1);
+  EXPECT_EQ(list["maxItems"], 1);
+  ASSERT_EQ(list["items"]["anyOf"].size(), 2u);
+  const Json& first = list["items"]["anyOf"][0];
+  EXPECT_EQ(first["properties"]["name"], Json({{"const", "get_weather"}}));
+  EXPECT_EQ(first["properties"]["arguments"], WEATHER["function"]["parameters"]);
+  EXPECT_EQ(first["required"], Json::array({"name", "arguments"}));
+  EXPECT_EQ(list["items"]["anyOf"][1]["properties"]["arguments"], Json({{"type", "object"}}));
   const ApiError unknown =
       error_of(Endpoint::kChatCompletions,
                chat({{"tools", {WEATHER}},
                      {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}}));
   EXPECT_NE(std::string(unknown.what()).find("\"nope\" is not among"), std::string::npos)
       << unknown.what();
+  const ApiError bad_parameters =
+      error_of(Endpoint::kChatCompletions,
+               chat({{"tools",
+                      {{{"type", "function"},
+                        {"function",
+                         {{"name", "f"}, {"parameters", {{"type", "integer"}, {"minimum", 0}}}}}}}},
+                     {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}));
+  EXPECT_CONTAINS(bad_parameters.what(), "\"minimum\" is not supported");
 }
 
 TEST(OpenAiRequest, MalformedBodiesAre400s) {

@@ -176,6 +176,55 @@ TEST(ToolCalls, ParallelFalseKeepsTheFirstCall) {
   }
 }
 
+// tool_choice "required" and a named function: the grammar makes the whole output a list of
+// calls or one function's arguments, held until the end and read as such; an output cut short is
+// content.
+TEST(ToolCalls, ForcedOutputsAreReadWhole) {
+  ToolCallParser named(ToolCallFormat::kHermes, true, {ForcedCalls::kArguments, "get_weather"});
+  EXPECT_EQ(named.put("{\"city\":").content, "");
+  ToolCallParser::Output o = named.put("\"Paris\"}");
+  EXPECT_TRUE(o.content.empty() && o.calls.empty());
+  o = named.finish();
+  ASSERT_EQ(o.calls.size(), 1u);
+  EXPECT_EQ(o.calls[0].name, "get_weather");
+  EXPECT_EQ(Json::parse(o.calls[0].arguments), Json({{"city", "Paris"}}));
+  EXPECT_EQ(o.calls[0].id.rfind("call_", 0), 0u);
+  EXPECT_EQ(o.content, "");
+
+  const std::string list = R"([{"name":"a","arguments":{"x":1}},{"name":"b","arguments":{}}])";
+  for (bool parallel : {true, false}) {
+    ToolCallParser required(ToolCallFormat::kNone, parallel, {ForcedCalls::kList, ""});
+    EXPECT_EQ(required.put(list).content, "");
+    o = required.finish();
+    ASSERT_EQ(o.calls.size(), parallel ? 2u : 1u);
+    EXPECT_EQ(o.calls[0].name, "a");
+    EXPECT_EQ(Json::parse(o.calls[0].arguments), Json({{"x", 1}}));
+    if (parallel) {
+      EXPECT_EQ(o.calls[1].name, "b");
+    }
+  }
+  // Cut by max_tokens: the text as it came.
+  ToolCallParser cut(ToolCallFormat::kHermes, true, {ForcedCalls::kList, ""});
+  cut.put(R"([{"name":"a","argu)");
+  o = cut.finish();
+  EXPECT_TRUE(o.calls.empty());
+  EXPECT_EQ(o.content, R"([{"name":"a","argu)");
+
+  // The schemas the grammar enforces for them.
+  const Json tools = Json::array(
+      {{{"type", "function"},
+        {"function", {{"name", "a"}, {"parameters", {{"type", "object"}, {"required", {"x"}}}}}}},
+       {{"type", "function"}, {"function", {{"name", "b"}}}}});
+  EXPECT_EQ(forced_calls_schema({ForcedCalls::kArguments, "a"}, tools, true),
+            tools[0]["function"]["parameters"]);
+  EXPECT_EQ(forced_calls_schema({ForcedCalls::kArguments, "b"}, tools, true),
+            Json({{"type", "object"}}));
+  const Json l = forced_calls_schema({ForcedCalls::kList, ""}, tools, false);
+  EXPECT_EQ(l["maxItems"], 1);
+  EXPECT_EQ(l["items"]["anyOf"][1]["properties"]["name"]["const"], "b");
+  EXPECT_FALSE(forced_calls_schema({ForcedCalls::kList, ""}, tools, true).contains("maxItems"));
+}
+
 TEST(ToolCalls, CallIdsAreFreshAndMistralsHaveNineCharacters) {
   const std::string a = new_tool_call_id(ToolCallFormat::kHermes);
   EXPECT_EQ(a.rfind("call_", 0), 0u);

@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Structured output through the official openai client: response_format json_schema and
 // json_object on chat (streamed and not) and on completions, greedy and sampled, a request cut
-// by max_tokens, and schemas the server refuses. Each answer that ends with "stop" must be JSON;
+// by max_tokens, schemas the server refuses, and the tool calls tool_choice "required" or a named
+// function forces (their arguments are checked against the functions' parameters). Each answer that ends with "stop" must be JSON;
 // validating it against its schema is the `jsonschema` Python package's job
 // (tools/grammar/validate_outputs.py reads the --out file). Exits non-zero on the first failed
 // check.
@@ -71,7 +72,8 @@ const format = (name) => ({
 
 function record(name, schema, content, finish) {
   results.push({ name, schema, content, finish_reason: finish });
-  if (finish === 'stop') JSON.parse(content);  // JSON at least; the schema is checked after
+  // JSON at least; the schema is checked after.
+  if (finish === 'stop' || finish === 'tool_calls') JSON.parse(content);
 }
 
 for (const name of Object.keys(schemas)) {
@@ -145,6 +147,80 @@ await check('bad schemas are 400s naming the keyword and where it is', async () 
     { model, messages, response_format: { type: 'json_schema' } }).catch((x) => x);
   assert.equal(e.status, 400);
   assert.equal(e.param, 'response_format');
+});
+
+// tool_choice "required" or a named function: the output is constrained to the functions'
+// parameters (a list of calls, or the named function's arguments), and comes back as tool_calls.
+const weather = {
+  type: 'object',
+  properties: { city: { type: 'string', minLength: 1, maxLength: 12 },
+                unit: { enum: ['celsius', 'fahrenheit'] } },
+  required: ['city', 'unit'],
+  additionalProperties: false,
+};
+const clock = {
+  type: 'object',
+  properties: { zone: { enum: ['UTC', 'CET', 'PST'] } },
+  required: ['zone'],
+  additionalProperties: false,
+};
+const tools = [
+  { type: 'function', function: { name: 'get_weather', description: 'The weather in a city',
+                                   parameters: weather } },
+  { type: 'function', function: { name: 'get_time', parameters: clock } },
+];
+const toolMessages = [{ role: 'user', content: 'What is the weather in Paris?' }];
+const schemaOf = { get_weather: weather, get_time: clock };
+
+function recordCalls(name, message, finish) {
+  assert.equal(message.content ?? null, null, JSON.stringify(message));
+  assert.ok(message.tool_calls.length >= 1, JSON.stringify(message));
+  for (const call of message.tool_calls) {
+    assert.equal(call.type, 'function');
+    assert.match(call.id, /^call_[A-Za-z0-9]{24}$/);
+    assert.ok(call.function.name in schemaOf, call.function.name);
+    record(`${name} ${call.function.name}`, schemaOf[call.function.name], call.function.arguments,
+           finish);
+  }
+}
+
+await check('tool_choice naming a function: its arguments, streamed and not, finish "stop"',
+            async () => {
+  const body = { model, messages: toolMessages, tools, max_tokens: 60, temperature: 0,
+                 tool_choice: { type: 'function', function: { name: 'get_weather' } } };
+  const r = await openai.chat.completions.create(body);
+  const c = r.choices[0];
+  assert.equal(c.finish_reason, 'stop', JSON.stringify(c));
+  assert.equal(c.message.tool_calls.length, 1);
+  assert.equal(c.message.tool_calls[0].function.name, 'get_weather');
+  recordCalls('named tool', c.message, c.finish_reason);
+  const s = await openai.chat.completions.stream(body).finalChatCompletion();
+  const sc = s.choices[0];
+  assert.equal(sc.finish_reason, 'stop');
+  assert.equal(sc.message.tool_calls[0].function.arguments,
+               c.message.tool_calls[0].function.arguments);
+  recordCalls('named tool streamed', sc.message, sc.finish_reason);
+});
+
+await check('tool_choice "required": calls to the tools given, finish "tool_calls"', async () => {
+  for (const seed of [3, 4]) {
+    const body = { model, messages: toolMessages, tools, max_tokens: 80, temperature: 1, seed,
+                   tool_choice: 'required', parallel_tool_calls: false };
+    const r = await openai.chat.completions.create(body);
+    const c = r.choices[0];
+    assert.equal(c.finish_reason, 'tool_calls', JSON.stringify(c));
+    assert.equal(c.message.tool_calls.length, 1);
+    recordCalls(`required seed ${seed}`, c.message, c.finish_reason);
+    const s = await openai.chat.completions.stream(body).finalChatCompletion();
+    assert.equal(s.choices[0].finish_reason, 'tool_calls');
+    assert.deepEqual(s.choices[0].message.tool_calls.map((t) => t.function),
+                     c.message.tool_calls.map((t) => t.function));
+  }
+  const e = await openai.chat.completions.create(
+    { model, messages: toolMessages, tools, tool_choice: 'required',
+      response_format: { type: 'json_object' } }).catch((x) => x);
+  assert.equal(e.status, 400);
+  assert.equal(e.param, 'tool_choice');
 });
 
 writeFileSync(flags.out, JSON.stringify(results));
