@@ -630,6 +630,21 @@ class StripAccentsNormalizer : public Normalizer {
   }
 };
 
+// `text` with each of the ranges `matches` (in order, not overlapping) replaced by `content`.
+void replace_matches(std::string& text, const std::vector<std::pair<size_t, size_t>>& matches,
+                     const std::string& content) {
+  std::string out;
+  out.reserve(text.size() + matches.size() * content.size());
+  size_t prev = 0;
+  for (auto [b, e] : matches) {
+    out.append(text, prev, b - prev);
+    out += content;
+    prev = e;
+  }
+  out.append(text, prev, std::string::npos);
+  text.swap(out);
+}
+
 class ReplaceNormalizer : public Normalizer {
  public:
   ReplaceNormalizer(const Json& j, const std::string& path)
@@ -648,16 +663,7 @@ class ReplaceNormalizer : public Normalizer {
         __builtin_add_overflow(grown, text.size() - matched, &grown))
       grown = SIZE_MAX;
     budget.check(grown, path_);
-    std::string out;
-    out.reserve(grown);
-    size_t prev = 0;
-    for (auto [b, e] : m) {
-      out.append(text, prev, b - prev);
-      out += content_;
-      prev = e;
-    }
-    out.append(text, prev, std::string::npos);
-    text.swap(out);
+    replace_matches(text, m, content_);
   }
 
  private:
@@ -1063,16 +1069,7 @@ class ReplaceDecoder : public Decoder {
   void raw_token(std::string& t) const override {
     std::vector<std::pair<size_t, size_t>> m;
     pattern_.find_all(t, m);
-    if (m.empty()) return;
-    std::string out;
-    size_t prev = 0;
-    for (auto [b, e] : m) {
-      out.append(t, prev, b - prev);
-      out += content_;
-      prev = e;
-    }
-    out.append(t, prev, std::string::npos);
-    t.swap(out);
+    if (!m.empty()) replace_matches(t, m, content_);
   }
 
  private:

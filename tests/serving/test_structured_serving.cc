@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "collector.h"
 #include "common/error_of.h"
 #include "generation/json_grammar.h"
 #include "tformers/model.h"
@@ -17,44 +18,12 @@
 namespace tformers {
 namespace {
 
+using tformers::testing::Collector;
+
 using testing::error_of;
 using J = nlohmann::ordered_json;
 
 const std::string kShipped = std::string(TFORMERS_SOURCE_DIR) + "/models/kjv-fortunes-tiny";
-
-class Collector {
- public:
-  ServingCallback callback() {
-    return [this](const ServingEvent& e) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (e.token >= 0) tokens_.push_back(e.token);
-      if (!e.finish_reason.empty()) {
-        reason_ = e.finish_reason;
-        error_ = e.error;
-        cv_.notify_all();
-      }
-    };
-  }
-  std::string wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(60), [&] { return !reason_.empty(); });
-    return reason_;
-  }
-  std::vector<int32_t> tokens() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return tokens_;
-  }
-  std::string error() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return error_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<int32_t> tokens_;
-  std::string reason_, error_;
-};
 
 std::string bytes_of(const Tokenizer& tok, const std::vector<int32_t>& ids) {
   std::string out;
