@@ -556,6 +556,11 @@ class TpMpiXlaCpu : public TpMpi, public ::testing::WithParamInterface<std::stri
   void SetUp() override {
     TpMpi::SetUp();
     if (IsSkipped()) return;
+#if defined(__SANITIZE_ADDRESS__)
+    // Under AddressSanitizer each rank's XLA compiles ran past ctest's 600 s limit (2 cores); the
+    // release stage runs these, and tests/pjrt covers the split pieces under ASan.
+    GTEST_SKIP() << "XLA's CPU plugin over MPI is too slow under AddressSanitizer";
+#endif
     setenv("VIRTUAL_ENV", TFORMERS_SOURCE_DIR "/.venv", 0);
     if (backends::pjrt::probe_plugin("xla-cpu").path.empty())
       GTEST_SKIP() << "XLA's CPU PJRT plugin is not installed (scripts/setup.sh --tests)";
