@@ -154,7 +154,7 @@ class Completion {
     std::vector<ServingEvent> token_events;  // with logprobs: every token's event
     std::vector<size_t> text_offsets;
     bool submitted = false, cancelled = false, finished = false;
-    std::string finish_reason;  // "stop" or "length"; empty when it failed
+    std::string finish_reason;  // "stop", "length" or "tool_calls"; empty when it failed
   };
 
   void cancel(Choice& choice);

@@ -169,7 +169,9 @@ class PjrtExecutable : public Executable {
       carried_.insert(seg->carried.begin(), seg->carried.end());
       steps_.emplace_back(CompiledSegment{std::move(*seg), exe});
     }
-    params_ = g.leaves(Op::kParameter);
+    const std::vector<int> params = g.leaves(Op::kParameter);
+    for (size_t k = 0; k < params.size(); ++k) param_pos_[params[k]] = k;
+    returned_.insert(g.outputs().begin(), g.outputs().end());
   }
 
   // XLA plans and owns the device memory of intermediate values; none is ours to count or free.
@@ -244,7 +246,7 @@ class PjrtExecutable : public Executable {
     auto value = [&](size_t k) -> Tensor {
       const int j = n.inputs[k];
       const graph::Node& src = graph_.node(j);
-      const pjrt::Buffer& b = src.op == Op::kParameter ? param(param_index(j)) : device.at(j);
+      const pjrt::Buffer& b = src.op == Op::kParameter ? param(param_pos_.at(j)) : device.at(j);
       return download_counted(b, src.type, *stats_, graph::op_name(n.op) + std::string(" input"))
           .to(DType::f32);
     };
@@ -262,18 +264,12 @@ class PjrtExecutable : public Executable {
       }
     } else {
       const auto& a = n.attrs_as<graph::AllGatherAttrs>();
-      std::vector<float> scratch;
       distributed::group(a.group).all_gather_last_dim(
-          in, out, shape_numel(n.type.shape) / n.type.shape.back(), a.counts, scratch);
+          in, out, shape_numel(n.type.shape) / n.type.shape.back(), a.counts, gather_scratch_);
     }
     Tensor result = y.to(n.type.dtype);
     if (carried_.count(id)) device.insert_or_assign(id, upload_counted(client_, result, *stats_));
-    if (std::find(graph_.outputs().begin(), graph_.outputs().end(), id) != graph_.outputs().end())
-      host.insert_or_assign(id, std::move(result));
-  }
-
-  size_t param_index(int id) const {
-    return size_t(std::find(params_.begin(), params_.end(), id) - params_.begin());
+    if (returned_.count(id)) host.insert_or_assign(id, std::move(result));
   }
 
   const graph::Graph graph_;
@@ -281,8 +277,10 @@ class PjrtExecutable : public Executable {
   TransferCounters* stats_;  // the backend's counters
   std::vector<std::variant<CompiledSegment, pjrt::HostCollective>> steps_;
   std::vector<std::vector<int>> dead_after_;
-  std::vector<int> params_;  // the graph's leaves(kParameter)
-  std::set<int> carried_;    // values some segment takes from an earlier step
+  std::map<int, size_t> param_pos_;  // parameter node id -> its place among the graph's params
+  std::set<int> carried_;            // values some segment takes from an earlier step
+  std::set<int> returned_;           // the graph's outputs
+  std::vector<float> gather_scratch_;
 };
 
 class PjrtBackend : public QuantizedLayoutBackend {
@@ -307,11 +305,8 @@ class PjrtBackend : public QuantizedLayoutBackend {
   int64_t batch_invariant_rows() const override { return 1; }
 
   std::shared_ptr<Buffer> upload(const Tensor& host) override {
-    pjrt::Buffer b = client_.buffer_from_host(host.raw(), host.nbytes(), element_type(host.dtype()),
-                                              host.shape());
-    stats_.host_to_device(host.nbytes());
     return std::make_shared<PjrtBuffer>(graph::TensorType{host.dtype(), host.shape()},
-                                        std::move(b));
+                                        upload_counted(client_, host, stats_));
   }
   // Zeros from the host: one copy per allocation (a static cache per generation shape), never
   // per step.
@@ -320,10 +315,7 @@ class PjrtBackend : public QuantizedLayoutBackend {
   }
   Tensor download(const Buffer& buffer) override {
     const PjrtBuffer& b = device_buffer_of(buffer, "the buffer to download");
-    Tensor out = Tensor::zeros(b.type().shape, b.type().dtype);
-    copy_to_host(b.device_buffer(), out, "the downloaded buffer");
-    stats_.device_to_host(out.nbytes());
-    return out;
+    return download_counted(b.device_buffer(), b.type(), stats_, "the downloaded buffer");
   }
   // XLA's CPU reduction reads host memory at a fraction of what the host's own streaming loop
   // gets (5.6 against 27 GB/s on one 2-core AMD EPYC, 2026-12-03), so there the roofline is the
