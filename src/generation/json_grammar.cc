@@ -5,6 +5,8 @@
 #include <map>
 #include <set>
 
+#include "tokenizer/unicode.h"
+
 namespace tformers::generation {
 
 using Kind = JsonGrammar::Kind;
@@ -1109,37 +1111,16 @@ class Stepper {
       return emit(st);
     }
     if (c < 0x20 || c == 0x7F) return;
-    uint8_t need = 0, lo_next = 0x80, hi_next = 0xBF;
-    if (c >= 0x80) {
-      if (c >= 0xC2 && c <= 0xDF) {
-        need = 1;
-      } else if (c == 0xE0) {
-        need = 2;
-        lo_next = 0xA0;
-      } else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) {
-        need = 2;
-      } else if (c == 0xED) {
-        need = 2;
-        hi_next = 0x9F;
-      } else if (c == 0xF0) {
-        need = 3;
-        lo_next = 0x90;
-      } else if (c >= 0xF1 && c <= 0xF3) {
-        need = 3;
-      } else if (c == 0xF4) {
-        need = 3;
-        hi_next = 0x8F;
-      } else {
-        return;  // a continuation byte, or one that never appears in UTF-8
-      }
-    }
+    tokenizer_detail::Utf8Lead lead;
+    // A continuation byte, or one that never appears in UTF-8.
+    if (!tokenizer_detail::utf8_lead(c, lead)) return;
     const int32_t nb = next(c);
     if (nb < 0) return;
     if (t) f.b = nb;
     ++f.a;
-    f.utf8 = need;
-    f.lo = lo_next;
-    f.hi = hi_next;
+    f.utf8 = lead.continuations;
+    f.lo = lead.lo;
+    f.hi = lead.hi;
     emit(st);
   }
 
@@ -1311,34 +1292,12 @@ JsonMatcher::StringStep JsonMatcher::string_step(Frame& f, uint8_t c, int64_t mi
     ++f.a;
     return StringStep::kInside;
   }
-  uint8_t need = 0, lo = 0x80, hi = 0xBF;
-  if (c >= 0x80) {
-    if (c >= 0xC2 && c <= 0xDF) {
-      need = 1;
-    } else if (c == 0xE0) {
-      need = 2;
-      lo = 0xA0;
-    } else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) {
-      need = 2;
-    } else if (c == 0xED) {
-      need = 2;
-      hi = 0x9F;
-    } else if (c == 0xF0) {
-      need = 3;
-      lo = 0x90;
-    } else if (c >= 0xF1 && c <= 0xF3) {
-      need = 3;
-    } else if (c == 0xF4) {
-      need = 3;
-      hi = 0x8F;
-    } else {
-      return StringStep::kReject;
-    }
-  }
+  tokenizer_detail::Utf8Lead lead;
+  if (!tokenizer_detail::utf8_lead(c, lead)) return StringStep::kReject;
   ++f.a;
-  f.utf8 = need;
-  f.lo = lo;
-  f.hi = hi;
+  f.utf8 = lead.continuations;
+  f.lo = lead.lo;
+  f.hi = lead.hi;
   return StringStep::kInside;
 }
 

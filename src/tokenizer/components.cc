@@ -798,10 +798,19 @@ class ByteLevelPreTokenizer : public PreTokenizer {
   std::unique_ptr<Regex> regex_;
 };
 
+// Metaspace's replacement, the character that stands for a space (tokenizers reads it as a
+// char): an empty one would match everywhere, and a text would never end being replaced.
+std::string metaspace_replacement(const Json& j, const std::string& path) {
+  std::string r = get_string(j, "replacement", path);
+  if (r.empty())
+    throw FormatError(path + ".replacement must be one character, such as \"\u2581\", not empty");
+  return r;
+}
+
 class MetaspacePreTokenizer : public PreTokenizer {
  public:
   MetaspacePreTokenizer(const Json& j, const std::string& path) {
-    replacement_ = get_string(j, "replacement", path);
+    replacement_ = metaspace_replacement(j, path);
     std::string scheme = "always";
     if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string()) {
       scheme = j["prepend_scheme"].get<std::string>();
@@ -949,22 +958,9 @@ class ByteLevelDecoder : public Decoder {
  public:
   void decode_chain(std::vector<std::string>& tokens) const override {
     std::string bytes;
-    for (const std::string& t : tokens) {
-      size_t start = bytes.size();
-      size_t i = 0;
-      bool ok = true;
-      while (i < t.size()) {
-        int b = unicode_to_byte(next_code_point(t, i));
-        if (b < 0) {
-          ok = false;
-          break;
-        }
-        bytes.push_back(static_cast<char>(b));
-      }
-      if (!ok) {
-        bytes.resize(start);
-        bytes += t;
-      }
+    for (std::string& t : tokens) {
+      raw_token(t);
+      bytes += t;
     }
     tokens.assign(1, repair_utf8(bytes));
   }
@@ -972,7 +968,7 @@ class ByteLevelDecoder : public Decoder {
     std::string bytes;
     for (size_t i = 0; i < token.size();) {
       const int b = unicode_to_byte(next_code_point(token, i));
-      if (b < 0) return;  // as decode_chain: a token outside the byte alphabet stays as it is
+      if (b < 0) return;  // a token outside the byte alphabet stays as it is
       bytes.push_back(static_cast<char>(b));
     }
     token.swap(bytes);
@@ -1081,26 +1077,15 @@ class MetaspaceDecoder : public Decoder {
  public:
   std::string replacement;
   bool prepend = true;
+  // The first token's prefix space is dropped; raw_token is every other step.
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
-      std::string out;
-      const std::string& t = tokens[i];
-      size_t pos = 0;
-      while (pos < t.size()) {
-        if (t.compare(pos, replacement.size(), replacement) == 0) {
-          out += ' ';
-          pos += replacement.size();
-        } else {
-          out += t[pos++];
-        }
-      }
-      if (i == 0 && prepend && !out.empty() && out[0] == ' ') out.erase(0, 1);
-      tokens[i].swap(out);
+      raw_token(tokens[i]);
+      if (i == 0 && prepend && !tokens[i].empty() && tokens[i][0] == ' ') tokens[i].erase(0, 1);
     }
   }
   // Mid-text: the replacement is a space, and no prefix space is dropped.
   void raw_token(std::string& t) const override {
-    if (replacement.empty()) return;
     std::string out;
     for (size_t pos = 0; pos < t.size();) {
       if (t.compare(pos, replacement.size(), replacement) == 0) {
@@ -1136,7 +1121,7 @@ std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& path) {
   if (type == "Replace") return std::make_unique<ReplaceDecoder>(j, path);
   if (type == "Metaspace") {
     auto d = std::make_unique<MetaspaceDecoder>();
-    d->replacement = get_string(j, "replacement", path);
+    d->replacement = metaspace_replacement(j, path);
     std::string scheme = "always";
     if (j.contains("prepend_scheme") && j["prepend_scheme"].is_string()) {
       scheme = j["prepend_scheme"].get<std::string>();

@@ -30,29 +30,17 @@ namespace {
 // to be replaced by one U+FFFD.
 size_t valid_sequence_at(std::string_view s, size_t i, size_t& consumed) {
   auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  unsigned char c = b(i);
-  if (c < 0x80) return 1;
-  size_t need;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) {
-    need = 1;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    need = 2;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    need = 3;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else {
+  Utf8Lead lead;
+  if (!utf8_lead(b(i), lead)) {
     consumed = 1;
     return 0;
   }
+  const size_t need = lead.continuations;
   size_t k = 1;
   for (; k <= need; ++k) {
     if (i + k >= s.size()) break;
     unsigned char d = b(i + k);
-    unsigned char l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xBF;
+    unsigned char l = k == 1 ? lead.lo : 0x80, h = k == 1 ? lead.hi : 0xBF;
     if (d < l || d > h) break;
   }
   if (k == need + 1) return need + 1;

@@ -45,6 +45,32 @@ inline size_t utf8_length(unsigned char c) {
 
 void append_utf8(std::string& out, char32_t cp);
 
+// What a well-formed UTF-8 sequence that starts with byte c continues with (Unicode's table
+// 3-7: no overlongs, surrogates or code points past U+10FFFF): `continuations` more bytes, the
+// first in [lo, hi] and the rest in [0x80, 0xBF]. ASCII needs none. False for a byte that
+// cannot start a character (a continuation byte, 0xC0, 0xC1, 0xF5 and above).
+struct Utf8Lead {
+  uint8_t continuations = 0, lo = 0x80, hi = 0xBF;
+};
+inline bool utf8_lead(unsigned char c, Utf8Lead& lead) {
+  lead = {};
+  if (c < 0x80) return true;
+  if (c >= 0xC2 && c <= 0xDF) {
+    lead.continuations = 1;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    lead.continuations = 2;
+    if (c == 0xE0) lead.lo = 0xA0;
+    if (c == 0xED) lead.hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    lead.continuations = 3;
+    if (c == 0xF0) lead.lo = 0x90;
+    if (c == 0xF4) lead.hi = 0x8F;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // True when s is well-formed UTF-8 (no surrogates, no overlongs, <= U+10FFFF).
 bool is_valid_utf8(std::string_view s);
 // Replaces each maximal invalid subpart with U+FFFD (the Unicode / WHATWG practice, the same as

@@ -113,6 +113,24 @@ TEST(BadInput, UnknownComponentsNameTypeAndSupported) {
   EXPECT_NE(msg.find("TemplateProcessing"), std::string::npos) << msg;
 }
 
+// An empty Metaspace replacement would match at every offset: refused at load, naming the path,
+// rather than replacing forever at the first encode or decode.
+TEST(BadInput, EmptyMetaspaceReplacementIsRefused) {
+  const std::string pre =
+      replace(kTiny, R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": false})",
+              R"({"type": "Metaspace", "replacement": "", "prepend_scheme": "always"})");
+  EXPECT_NE(error_of<FormatError>(pre).find("pre_tokenizer.pretokenizers[1].replacement must be "
+                                            "one character"),
+            std::string::npos)
+      << error_of<FormatError>(pre);
+  const std::string dec =
+      replace(kTiny, R"("decoder": {"type": "ByteLevel"})",
+              R"("decoder": {"type": "Metaspace", "replacement": "", "prepend_scheme": "always"})");
+  EXPECT_NE(error_of<FormatError>(dec).find("decoder.replacement must be one character"),
+            std::string::npos)
+      << error_of<FormatError>(dec);
+}
+
 TEST(BadInput, MissingFilesAreNotFound) {
   EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), NotFoundError);
   EXPECT_THROW(AutoTokenizer::from_pretrained("/nonexistent-model-dir"), NotFoundError);
