@@ -8,6 +8,11 @@
 //       buffer: T query tokens (1: decode) attending to L cache slots, HQ query heads. One layer
 //       at a short used length (--layers 1 --used 1024: 4 MiB) stays in L3, which times the
 //       arithmetic rather than memory.
+//   bench_ab OLD.so NEW.so paged-attention [--threads N] [--rounds R] [--used L] [--streams B]
+//                                          [--heads HQ] [--layers NL]
+//       Decode over a paged KV pool, as the serving engine's steps: B (16) sequences of L (1024)
+//       positions each, one query token each, in blocks of 16 positions placed at random in each
+//       layer's pool of Qwen3-0.6B-shaped bf16 keys and values.
 //   bench_ab OLD.so NEW.so linear-bf16|linear-int8|linear-int4 [--threads N] [--rounds R]
 //                                                              [--lm-head 1] [--layers NL]
 //       The decode linears (M = 1) of NL (28) Qwen3-0.6B layers, each weight its own buffer; with
@@ -52,6 +57,9 @@ namespace {
 using AttentionFn = void (*)(const float*, const void*, const void*, uint8_t, const int32_t*,
                              float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                              float, void*);
+using PagedAttentionFn = void (*)(const float*, const void*, const void*, uint8_t, const int32_t*,
+                                  const int32_t*, float*, int64_t, int64_t, int64_t, int64_t,
+                                  int64_t, int64_t, int64_t, float, int64_t, float, void*);
 using LinearFn = void (*)(const float*, const void*, uint8_t, const void*, float*, int64_t, int64_t,
                           int64_t, void*);
 using LinearInt8Fn = void (*)(const float*, const int8_t*, const float*, const float*, float*,
@@ -88,6 +96,7 @@ class Symbols {
 // its own thread pool.
 struct Build {
   AttentionFn attention;
+  PagedAttentionFn paged_attention;
   LinearFn linear;
   LinearInt8Fn linear_int8;
   LinearInt4Fn linear_int4;
@@ -97,6 +106,9 @@ struct Build {
     const Symbols sym(path);
     attention = reinterpret_cast<AttentionFn>(
         sym("_ZN8tformers3cpu9attentionEPKfPKvS4_NS_5DTypeEPKiPflllllllfRNS_10ThreadPoolE"));
+    paged_attention = reinterpret_cast<PagedAttentionFn>(
+        sym("_ZN8tformers3cpu15paged_attentionEPKfPKvS4_NS_5DTypeEPKiS7_PflllllllflfRNS_"
+            "10ThreadPoolE"));
     linear = reinterpret_cast<LinearFn>(
         sym("_ZN8tformers3cpu6linearEPKfPKvNS_5DTypeES4_PflllRNS_10ThreadPoolE"));
     linear_int8 = reinterpret_cast<LinearInt8Fn>(
@@ -176,6 +188,8 @@ void fill_bf16(uint16_t* p, size_t n, uint64_t seed) {
 const char* const kUsage =
     R"(usage: bench_ab OLD.so NEW.so attention [--threads N] [--rounds R] [--used L] [--queries T]
                                  [--heads HQ] [--layers NL]
+       bench_ab OLD.so NEW.so paged-attention [--threads N] [--rounds R] [--used L]
+                                 [--streams B] [--heads HQ] [--layers NL]
        bench_ab OLD.so NEW.so linear-bf16|linear-int8|linear-int4 [--threads N] [--rounds R]
                                  [--lm-head 1] [--layers NL]
        bench_ab OLD.so NEW.so decode|prefill --model DIR [--quantize int8|int4] [--threads N]
@@ -253,10 +267,11 @@ int main(int argc, char** argv) {
   if (argc >= 4 && (std::string(argv[3]) == "decode" || std::string(argv[3]) == "prefill"))
     return run_model_mode(argc, argv);
   if (argc < 4)
-    die("usage: bench_ab OLD.so NEW.so attention|linear-bf16|linear-int8|linear-int4 [options]");
+    die("usage: bench_ab OLD.so NEW.so attention|paged-attention|linear-bf16|linear-int8|"
+        "linear-int4 [options]");
   const std::string mode = argv[3];
   int threads = 1, rounds = 11;
-  int64_t used = 4096, queries = 1, heads = 16, lm_head = 0, layers = 28;
+  int64_t used = 0, queries = 1, heads = 16, lm_head = 0, layers = 28, streams = 16;
   for (int i = 4; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
@@ -275,6 +290,8 @@ int main(int argc, char** argv) {
       lm_head = v;
     else if (k == "--layers")
       layers = v;
+    else if (k == "--streams")
+      streams = v;
     else
       die("unknown option " + k);
   }
@@ -300,6 +317,7 @@ int main(int argc, char** argv) {
   size_t out_size = 0;
   std::vector<float> x;
   if (mode == "attention") {
+    if (used == 0) used = 4096;
     if (queries > used || heads % kKvHeads) die("need queries <= used and heads a multiple of 8");
     const int64_t cache = kKvHeads * used * kHeadDim;  // one of K, V per layer
     x.resize(size_t(queries * heads * kHeadDim));
@@ -311,6 +329,33 @@ int main(int argc, char** argv) {
       calls.push_back([=, &x](Build& bd, float* out) {
         bd.attention(x.data(), kv, kv + cache, kBf16, nullptr, out, 1, queries, heads, kKvHeads,
                      used, kHeadDim, used - queries, 1.0f / std::sqrt(float(kHeadDim)), bd.pool);
+      });
+    }
+  } else if (mode == "paged-attention") {
+    if (heads % kKvHeads) die("need heads a multiple of 8");
+    if (used == 0) used = 1024;
+    constexpr int64_t kBlock = 16;
+    const int64_t per_seq = (used + kBlock - 1) / kBlock, blocks = streams * per_seq;
+    const int64_t block_elems = kKvHeads * kBlock * kHeadDim;  // one block of K or V
+    x.resize(size_t(streams * heads * kHeadDim));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
+    out_size = x.size();
+    auto pos = std::make_shared<std::vector<int32_t>>(size_t(streams), int32_t(used - 1));
+    uint64_t h = 1;
+    for (int64_t l = 0; l < layers; ++l) {
+      uint16_t* kv = reinterpret_cast<uint16_t*>(add_buffer(size_t(2 * blocks * block_elems * 2)));
+      fill_bf16(kv, size_t(2 * blocks * block_elems), uint64_t(l));
+      // Each layer's blocks in a shuffled order (Fisher-Yates over a multiplicative hash).
+      auto table = std::make_shared<std::vector<int32_t>>(size_t(blocks));
+      for (int64_t i = 0; i < blocks; ++i) (*table)[size_t(i)] = int32_t(i);
+      for (int64_t i = blocks - 1; i > 0; --i) {
+        h = h * 6364136223846793005ull + 1442695040888963407ull;
+        std::swap((*table)[size_t(i)], (*table)[size_t((h >> 33) % uint64_t(i + 1))]);
+      }
+      calls.push_back([=, &x](Build& bd, float* out) {
+        bd.paged_attention(x.data(), kv, kv + blocks * block_elems, kBf16, table->data(),
+                           pos->data(), out, streams, 1, heads, kKvHeads, kBlock, per_seq, kHeadDim,
+                           1.0f / std::sqrt(float(kHeadDim)), 0, 0.0f, bd.pool);
       });
     }
   } else if (mode == "linear-bf16" || mode == "linear-int8" || mode == "linear-int4") {
@@ -355,7 +400,8 @@ int main(int argc, char** argv) {
         }
       }
   } else {
-    die("unknown mode " + mode + " (attention, linear-bf16, linear-int8, linear-int4)");
+    die("unknown mode " + mode +
+        " (attention, paged-attention, linear-bf16, linear-int8, linear-int4)");
   }
   size_t bytes = 0;
   for (const auto& buf : buffers) bytes += buf.size();

@@ -614,7 +614,8 @@ TEST(Ops, Attention) {
       const float scale = 1.0f / std::sqrt(float(c.D));
       std::vector<float> out(q.size(), NAN), want(q.size());
       kernels.attention(q.data(), k.data(), v.data(), dt, key_mask, out.data(), c.B, c.T, c.Hq,
-                        c.Hkv, c.S, c.D, c.start, scale, c.window, c.softcap, nullptr, pool);
+                        c.Hkv, c.S, c.D, c.start, scale, c.window, c.softcap, nullptr, nullptr,
+                        pool);
       ref::attention(q.data(), k.data(), v.data(), dt, key_mask, want.data(), c.B, c.T, c.Hq, c.Hkv,
                      c.S, c.D, c.start, scale, c.window, c.softcap);
       // Scores are D-term dot products; the output is a weighted sum over up to start + T keys
@@ -741,7 +742,7 @@ TEST(Ops, PagedAttention) {
         std::vector<float> alone(size_t(c.T * c.Hq * c.D), NAN);
         kernels.attention(q.data() + row, ks.data(), vs.data(), dt, nullptr, alone.data(), 1, c.T,
                           c.Hq, c.Hkv, S, c.D, 0, scale, c.window, c.softcap,
-                          c.pos.data() + b * c.T, pool);
+                          c.pos.data() + b * c.T, nullptr, pool);
         for (size_t i = 0; i < alone.size(); ++i)
           ASSERT_EQ(alone[i], out[size_t(row) + i]) << label << " row " << b << " at " << i;
       }

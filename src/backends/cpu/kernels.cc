@@ -317,7 +317,7 @@ void attention(const float* q, const void* k_cache, const void* v_cache, DType c
                int64_t S, int64_t D, int64_t start, float scale, int64_t window, float softcap,
                ThreadPool& pool) {
   table().attention(q, k_cache, v_cache, cache_type, key_mask, out, B, T, Hq, Hkv, S, D, start,
-                    scale, window, softcap, nullptr, pool);
+                    scale, window, softcap, nullptr, nullptr, pool);
 }
 void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
@@ -363,44 +363,9 @@ void paged_attention_with(const KernelTable& kernels, const float* q, const void
                           const int32_t* pos, float* out, int64_t B, int64_t T, int64_t Hq,
                           int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
                           int64_t window, float softcap, ThreadPool& pool) {
-  // Per row, the positions its queries reach: [lo, hi).
-  std::vector<int64_t> lo(size_t(B), 0), hi(size_t(B), 0);
-  int64_t L = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t first = INT64_MAX;
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t p = pos[b * T + t];
-      if (p < 0) continue;
-      hi[b] = std::max(hi[b], p + 1);
-      first = std::min(first, window > 0 ? std::max<int64_t>(0, p - window + 1) : 0);
-    }
-    lo[b] = hi[b] > 0 ? first : 0;
-    L = std::max(L, hi[b]);
-  }
-  if (L == 0) {  // padding only
-    std::fill(out, out + B * T * Hq * D, 0.0f);
-    return;
-  }
-  // The contiguous copies, (B,Hkv,L,D) each for keys and values, on this thread's scratch: the
-  // pool's workers fill them and the kernel reads them before this call returns.
-  const int64_t elem = int64_t(dtype_size(cache_type)), row = D * elem;
-  char* k = thread_scratch<char>(Scratch::kPagedKV, size_t(2 * B * Hkv * L * row));
-  char* v = k + B * Hkv * L * row;
-  pool.parallel_for(B * Hkv, [&](int64_t u0, int64_t u1, int) {
-    for (int64_t u = u0; u < u1; ++u) {
-      const int64_t b = u / Hkv, h = u % Hkv;
-      for (int64_t j = lo[b]; j < hi[b];) {
-        const int64_t n = std::min(hi[b] - j, BS - j % BS);  // the rest of j's block
-        const int64_t src = ((int64_t(blocks[b * MB + j / BS]) * Hkv + h) * BS + j % BS) * row;
-        const int64_t dst = (u * L + j) * row;
-        std::memcpy(k + dst, static_cast<const char*>(k_pool) + src, size_t(n * row));
-        std::memcpy(v + dst, static_cast<const char*>(v_pool) + src, size_t(n * row));
-        j += n;
-      }
-    }
-  });
-  kernels.attention(q, k, v, cache_type, nullptr, out, B, T, Hq, Hkv, L, D, 0, scale, window,
-                    softcap, pos, pool);
+  const KvPages pages{.blocks = blocks, .block_size = BS, .table_blocks = MB};
+  kernels.attention(q, k_pool, v_pool, cache_type, nullptr, out, B, T, Hq, Hkv, MB * BS, D, 0,
+                    scale, window, softcap, pos, &pages, pool);
 }
 
 }  // namespace tformers::cpu

@@ -170,9 +170,10 @@ void paged_cache_write(void* pool_data, DType cache_type, const float* src, cons
                        int64_t MB, int64_t D, ThreadPool& pool);
 // attention() over paged keys and values: query (b,t) sits at position pos[b,t] and sees the
 // sequence's positions j <= pos (and within the window); a negative position gets zeros. The
-// positions a row's queries reach are gathered into a contiguous per-row copy first and the
-// static-cache kernel runs over it: the same arithmetic in the same order as a static cache, for
-// one extra pass over the used keys and values.
+// static-cache kernel reads the pool through each row's block table, with the same arithmetic in
+// the same order as over a static cache holding the row's positions: a sequence's numbers do not
+// depend on where its blocks lie or on the other rows of the batch, and the cost follows the
+// positions each row attends to, not the batch times the longest row.
 void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
                      const int32_t* blocks, const int32_t* pos, float* out, int64_t B, int64_t T,
                      int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,

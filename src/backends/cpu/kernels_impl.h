@@ -22,6 +22,14 @@
 
 namespace tformers::cpu {
 
+// A paged KV pool as attention reads it (kernels.h's paged_attention): batch row b's position j
+// of KV head h is row j % block_size of block blocks[b * table_blocks + j / block_size], whose
+// rows of that head lie together.
+struct KvPages {
+  const int32_t* blocks;
+  int64_t block_size, table_blocks;
+};
+
 struct KernelTable {
   void (*linear)(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
                  int64_t N, int64_t K, ThreadPool& pool);
@@ -47,11 +55,13 @@ struct KernelTable {
   void (*add)(const float* a, const float* b, float* y, int64_t n, ThreadPool& pool);
   void (*cache_write)(void* cache, DType cache_type, const float* src, int64_t B, int64_t T,
                       int64_t Hkv, int64_t S, int64_t D, int64_t start, ThreadPool& pool);
-  // pos (B,T), when given, places each query instead of start + t (see paged_attention).
+  // pos (B,T), when given, places each query instead of start + t (see paged_attention). With
+  // pages, k_cache and v_cache are paged pools read in place and S bounds the positions (the
+  // tables' blocks times block_size).
   void (*attention)(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                     const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
                     int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
-                    float softcap, const int32_t* pos, ThreadPool& pool);
+                    float softcap, const int32_t* pos, const KvPages* pages, ThreadPool& pool);
   // The fewest rows (M) from which `linear` and its quantized forms take one path, so that a
   // row's result no longer depends on how many rows share the call (batch_invariant_rows()).
   int64_t batch_invariant_rows;
@@ -108,6 +118,7 @@ enum class Scratch {
   kPackedXScales,
   kPanel,
   kPagedKV,
+  kRowPointers,
   kCount
 };
 void* thread_scratch(Scratch slot, size_t bytes);
@@ -430,6 +441,56 @@ inline void store_cols16(float* out, f32x8 a, f32x8 b, float) {
   store_f32x8(out + 8, b);
 }
 
+// The key or value rows of one KV head that attention reads, row j counted from the first slot
+// read. A static cache's rows lie one after another. A paged pool's rows are reached through one
+// pointer per slot, laid out from the block table for each unit of work, so that the pool is read
+// where it lies: copying every row's keys and values out of their blocks at each step cost as
+// much memory traffic as the attention itself.
+template <class KV>
+struct DenseRows {
+  using Value = KV;
+  const KV* base;
+  int64_t D;
+  const KV* operator[](int64_t j) const { return base + j * D; }
+  DenseRows from(int64_t j) const { return {base + j * D, D}; }
+  void prefetch(int64_t j, int64_t n) const {  // rows [j, j + n)
+    const char* p = reinterpret_cast<const char*>(base + j * D);
+    for (int64_t b = 0; b < n * D * int64_t(sizeof(KV)); b += 64) __builtin_prefetch(p + b);
+  }
+};
+template <class KV>
+struct PagedRows {
+  using Value = KV;
+  const KV* const* rows;  // slot j's row at rows[j - first]
+  int64_t first;
+  int64_t D;
+  const KV* operator[](int64_t j) const { return rows[j - first]; }
+  PagedRows from(int64_t j) const { return {rows, first - j, D}; }
+  void prefetch(int64_t j, int64_t n) const {
+    for (int64_t r = j; r < j + n; ++r) {
+      const char* p = reinterpret_cast<const char*>((*this)[r]);
+      for (int64_t b = 0; b < D * int64_t(sizeof(KV)); b += 64) __builtin_prefetch(p + b);
+    }
+  }
+};
+
+// The row pointers of slots [lo, hi) of batch row b, KV head h, of a paged pool whose elements are
+// KV, into rows: PagedRows{rows, lo}.
+template <class KV>
+PagedRows<KV> page_rows(const void* pool, const KvPages& pages, int64_t b, int64_t h, int64_t Hkv,
+                        int64_t D, int64_t lo, int64_t hi, const KV** rows) {
+  const KV* base = static_cast<const KV*>(pool);
+  const int64_t bs = pages.block_size;
+  const int32_t* table = pages.blocks + b * pages.table_blocks;
+  for (int64_t j = lo; j < hi;) {
+    const int64_t n = std::min(hi - j, bs - j % bs);  // the rest of j's block
+    const KV* row = base + ((int64_t(table[j / bs]) * Hkv + h) * bs + j % bs) * D;
+    for (int64_t i = 0; i < n; ++i) rows[j - lo + i] = row + i * D;
+    j += n;
+  }
+  return {rows, lo, D};
+}
+
 // out[g] = inv[g] * sum over the slots j in `slots` of p[g * L + j] * v[j], for N rows.
 //
 // The slots go a chunk at a time, and within a chunk the columns go 16 (32 for N <= 2) at a
@@ -460,10 +521,11 @@ constexpr SlotChunks kRereadChunks{32, 32}, kStreamedChunks{8, 32};
 // kRun: the chunk's slots are consecutive (slots[i] = slots[0] + i), as in decode and prefill
 // without masked or underflowed slots, so the compiler steps pointers to the rows and
 // probabilities instead of reading the slot list.
-template <int N, int kBlocks, bool kRun, class KV>
+template <int N, int kBlocks, bool kRun, class Rows>
 inline void weighted_sum_cols(const float* p, int64_t L, const int32_t* slots, int64_t n,
-                              const int32_t* prefetch, int64_t n_prefetch, const KV* v, int64_t D,
+                              const int32_t* prefetch, int64_t n_prefetch, Rows v, int64_t D,
                               int64_t d, float* const* out_rows) {
+  using KV = typename Rows::Value;
   float* out[N];  // a local copy: stores through out[g] could otherwise alias out_rows
   std::memcpy(out, out_rows, sizeof out);
   f32x8 acc[N][kBlocks][2];
@@ -479,10 +541,10 @@ inline void weighted_sum_cols(const float* p, int64_t L, const int32_t* slots, i
     const int64_t j = kRun ? slots[0] + i : slots[i];
     if (i < n_prefetch)
       for (int64_t b = 0; b < row_bytes; b += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(v + prefetch[i] * D) + b);
+        __builtin_prefetch(reinterpret_cast<const char*>(v[prefetch[i]]) + b);
     f32x8 vj[kBlocks][2];
 #pragma GCC unroll 4
-    for (int c = 0; c < kBlocks; ++c) load_cols16(v + j * D + d + 16 * c, vj[c][0], vj[c][1]);
+    for (int c = 0; c < kBlocks; ++c) load_cols16(v[j] + d + 16 * c, vj[c][0], vj[c][1]);
 #pragma GCC unroll 4
     for (int g = 0; g < N; ++g) {
       const float pg = p[g * L + j];
@@ -502,9 +564,9 @@ inline void weighted_sum_cols(const float* p, int64_t L, const int32_t* slots, i
     }
 }
 
-template <int N, class KV>
-void weighted_sum(const float* p, int64_t L, const int32_t* slots, int64_t n, const KV* v,
-                  int64_t D, const float* inv, SlotChunks chunks, float* const* out) {
+template <int N, class Rows>
+void weighted_sum(const float* p, int64_t L, const int32_t* slots, int64_t n, Rows v, int64_t D,
+                  const float* inv, SlotChunks chunks, float* const* out) {
   constexpr int kBlocks = N <= 2 ? 2 : 1;  // 8 accumulators either way
   const int64_t vec_cols = D / 16 * 16;
   for (int g = 0; g < N; ++g) std::fill(out[g], out[g] + D, 0.0f);
@@ -530,13 +592,13 @@ void weighted_sum(const float* p, int64_t L, const int32_t* slots, int64_t n, co
     for (; d < D; ++d)
       for (int g = 0; g < N; ++g)
         for (int64_t i = c0; i < c0 + len; ++i)
-          out[g][d] += p[g * L + slots[i]] * value_f32(v[slots[i] * D + d]);
+          out[g][d] += p[g * L + slots[i]] * value_f32(v[slots[i]][d]);
   }
   // Columns back in order (bf16), scaled by 1 / sum.
   for (int g = 0; g < N; ++g) {
     for (int64_t d = 0; d < vec_cols; d += 16)
       store_cols16(out[g] + d, load_f32x8(out[g] + d) * inv[g], load_f32x8(out[g] + d + 8) * inv[g],
-                   KV{});
+                   typename Rows::Value{});
     for (int64_t d = vec_cols; d < D; ++d) out[g][d] *= inv[g];
   }
 }
@@ -582,11 +644,11 @@ constexpr int kKeyBlock = N == 1   ? 8
                                    : 1;
 
 // scores[g * L + b] = qp[g] . k[b] over the first D / 16 * 16 columns, for the KB consecutive
-// key rows at k; qp in pack_query's order. Each 16-column step widens KB key vectors once and
-// feeds N * KB independent sums, and one transposing reduction gives 4 sums at a time instead of
-// a horizontal sum per query row and key.
-template <int N, int KB, class KV>
-inline void key_block_scores(const float* const* qp, const KV* k, int64_t D, int64_t L,
+// key rows k[j .. j + KB); qp in pack_query's order. Each 16-column step widens KB key vectors once
+// and feeds N * KB independent sums, and one transposing reduction gives 4 sums at a time instead
+// of a horizontal sum per query row and key.
+template <int N, int KB, class Rows>
+inline void key_block_scores(const float* const* qp, Rows k, int64_t j, int64_t D, int64_t L,
                              float* scores) {
   const int64_t vec_cols = D / 16 * 16;
   constexpr int kSums = (N * KB + 3) / 4 * 4;
@@ -598,7 +660,7 @@ inline void key_block_scores(const float* const* qp, const KV* k, int64_t D, int
 #pragma GCC unroll 8
     for (int b = 0; b < KB; ++b) {
       f32x8 e, o;
-      load_cols16(k + b * D + d, e, o);
+      load_cols16(k[j + b] + d, e, o);
 #pragma GCC unroll 4
       for (int g = 0; g < N; ++g) {
         acc[g * KB + b] += e * load_f32x8(qp[g] + d);
@@ -626,15 +688,12 @@ inline void key_block_scores(const float* const* qp, const KV* k, int64_t D, int
 // faster than one (bench_ab attention at used length 4096: 1.04-1.06x against one stream, four
 // were no better than one), each block prefetching its stream's rows 8 keys (2 KiB of bf16 at
 // head_dim 128) ahead. The last D % 16 columns are added in a pass of their own.
-template <int N, class KV>
-void key_scores(const float* const* qp, const KV* k, int64_t L, int64_t D, float* scores) {
+template <int N, class Rows>
+void key_scores(const float* const* qp, Rows k, int64_t L, int64_t D, float* scores) {
   constexpr int KB = kKeyBlock<N>;
   auto block = [&](int64_t j, int64_t end) {
-    if (j + KB + 8 <= end) {
-      const char* ahead = reinterpret_cast<const char*>(k + (j + 8) * D);
-      for (int64_t b = 0; b < KB * D * int64_t(sizeof(KV)); b += 64) __builtin_prefetch(ahead + b);
-    }
-    key_block_scores<N, KB>(qp, k + j * D, D, L, scores + j);
+    if (j + KB + 8 <= end) k.prefetch(j + 8, KB);
+    key_block_scores<N, KB>(qp, k, j, D, L, scores + j);
   };
   const int64_t half = L / KB / 2 * KB;
   for (int64_t j = 0; j < half; j += KB) {
@@ -643,12 +702,12 @@ void key_scores(const float* const* qp, const KV* k, int64_t L, int64_t D, float
   }
   int64_t j = 2 * half;
   for (; j + KB <= L; j += KB) block(j, L);
-  for (; j < L; ++j) key_block_scores<N, 1>(qp, k + j * D, D, L, scores + j);
+  for (; j < L; ++j) key_block_scores<N, 1>(qp, k, j, D, L, scores + j);
   if (D % 16)
     for (int64_t i = 0; i < L; ++i)
       for (int g = 0; g < N; ++g)
         for (int64_t d = D / 16 * 16; d < D; ++d)
-          scores[g * L + i] += qp[g][d] * value_f32(k[i * D + d]);
+          scores[g * L + i] += qp[g][d] * value_f32(k[i][d]);
 }
 
 // [lo, hi): the union of n rows' slot ranges [first[r], len[r]) (each starting at or before the
@@ -703,18 +762,17 @@ inline float row_probabilities(float* row, int64_t L, int64_t b, int64_t e, cons
 // N query rows sharing one KV head; row g sees slots [first[g], len[g]) where mask is non-zero.
 // Two passes (scores, then the weighted sum of values) with each row's max subtracted before exp
 // so large logits cannot overflow. Scratch: scores (N, max len), slots (max len), packed (N, D).
-template <int N, class KV>
-void attend_set(const float* const* q, const int64_t* first, const int64_t* len, const KV* k,
-                const KV* v, const int32_t* mask, int64_t D, float scale, float softcap,
-                float* scores, int32_t* slots, float* packed, SlotChunks chunks,
-                float* const* out) {
+template <int N, class Rows>
+void attend_set(const float* const* q, const int64_t* first, const int64_t* len, Rows k, Rows v,
+                const int32_t* mask, int64_t D, float scale, float softcap, float* scores,
+                int32_t* slots, float* packed, SlotChunks chunks, float* const* out) {
   // Only slots [lo, hi), the union of the rows' ranges, are read (a sliding window bounds lo);
   // from here on k, v, mask, scores and slot numbers count from lo. Decode over 28 layers of
   // bf16 caches at used length 4096 (16 query, 8 KV heads of 128, one AVX-512 core of a shared
   // host): 29 ms with a window of 1024 against 124 ms without.
   const auto [lo, hi] = slot_union(first, len, N);
-  k += lo * D;
-  v += lo * D;
+  k = k.from(lo);
+  v = v.from(lo);
   if (mask) mask += lo;
   const int64_t L = hi - lo;
   float sum[N];
@@ -723,7 +781,7 @@ void attend_set(const float* const* q, const int64_t* first, const int64_t* len,
   float* qp[N];
   for (int g = 0; g < N; ++g) {
     qp[g] = packed + g * D;
-    pack_query(q[g], D, qp[g], KV{});
+    pack_query(q[g], D, qp[g], typename Rows::Value{});
   }
   key_scores<N>(qp, k, L, D, scores);
   // Probabilities in place of the scores, and the slots that any row attends to: a masked slot's
@@ -751,9 +809,9 @@ struct AttendArgs {
   SlotChunks chunks;
 };
 
-template <class KV>
-void attend_rows(int n, const float* const* q, const int64_t* first, const int64_t* len,
-                 const KV* k, const KV* v, const AttendArgs& a, float* const* out) {
+template <class Rows>
+void attend_rows(int n, const float* const* q, const int64_t* first, const int64_t* len, Rows k,
+                 Rows v, const AttendArgs& a, float* const* out) {
   auto run = [&](auto set) {
     constexpr int N = decltype(set)::value;
     attend_set<N>(q, first, len, k, v, a.mask, a.D, a.scale, a.softcap, a.scores, a.slots, a.packed,
@@ -798,11 +856,51 @@ inline void for_each_query(int64_t b, int64_t t0, int64_t t1, int64_t kvh, int64
     }
 }
 
+// [lo, hi): the slots that queries [t0, t1) of batch row b read (for_each_query's ranges); empty
+// when they are all padding.
+inline std::pair<int64_t, int64_t> query_slots(int64_t b, int64_t t0, int64_t t1, int64_t T,
+                                               const int32_t* pos, int64_t start, int64_t window) {
+  int64_t lo = INT64_MAX, hi = 0;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t p = pos ? pos[b * T + t] : start + t;
+    if (p < 0) continue;
+    lo = std::min(lo, window > 0 ? std::max<int64_t>(0, p + 1 - window) : 0);
+    hi = std::max(hi, p + 1);
+  }
+  return hi > 0 ? std::pair{lo, hi} : std::pair<int64_t, int64_t>{0, 0};
+}
+
+// f(keys, values) with the rows of KV head kvh of batch row b, as DenseRows of a static cache
+// (B, Hkv, S, D), or with pages as PagedRows over the slots [lo, hi) of a paged pool (their
+// pointers in this thread's kRowPointers scratch).
+template <class F>
+void with_kv_rows(const void* k_cache, const void* v_cache, DType cache_type, const KvPages* pages,
+                  int64_t b, int64_t kvh, int64_t Hkv, int64_t S, int64_t D, int64_t lo, int64_t hi,
+                  F&& f) {
+  auto run = [&](auto tag) {
+    using KV = decltype(tag);
+    const KV* k = static_cast<const KV*>(k_cache);
+    const KV* v = static_cast<const KV*>(v_cache);
+    if (!pages) {
+      const int64_t base = (b * Hkv + kvh) * S * D;
+      return f(DenseRows<KV>{k + base, D}, DenseRows<KV>{v + base, D});
+    }
+    const KV** rows = static_cast<const KV**>(
+        thread_scratch(Scratch::kRowPointers, size_t(2 * (hi - lo)) * sizeof(const KV*)));
+    f(page_rows(k, *pages, b, kvh, Hkv, D, lo, hi, rows),
+      page_rows(v, *pages, b, kvh, Hkv, D, lo, hi, rows + (hi - lo)));
+  };
+  if (cache_type == DType::bf16)
+    run(uint16_t{});
+  else
+    run(float{});
+}
+
 template <class Ops>
 void attention_impl(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                     const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
                     int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
-                    float softcap, const int32_t* pos, ThreadPool& pool) {
+                    float softcap, const int32_t* pos, const KvPages* pages, ThreadPool& pool) {
   const int64_t group = Hq / Hkv;
   // Slots a query can reach: below start + T, or below S when positions are given.
   const int64_t reach = pos ? S : start + T;
@@ -828,29 +926,28 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
       const int64_t t0 = interleaved_block((u / Hkv) % blocks, blocks) * tb,
                     t1 = std::min(T, t0 + tb);
       args.mask = key_mask ? key_mask + b * S : nullptr;
-      const int64_t base = (b * Hkv + kvh) * S * D;
-      const float* qs[kQuerySet];
-      float* os[kQuerySet];
-      int64_t first[kQuerySet], len[kQuerySet];
-      int n = 0;
-      auto flush = [&] {
-        if (cache_type == DType::bf16)
-          attend_rows(n, qs, first, len, static_cast<const uint16_t*>(k_cache) + base,
-                      static_cast<const uint16_t*>(v_cache) + base, args, os);
-        else
-          attend_rows(n, qs, first, len, static_cast<const float*>(k_cache) + base,
-                      static_cast<const float*>(v_cache) + base, args, os);
-        n = 0;
-      };
-      for_each_query(b, t0, t1, kvh, group, T, Hq, D, pos, start, window, out,
-                     [&](int64_t row, int64_t row_first, int64_t row_len) {
-                       qs[n] = q + row;
-                       os[n] = out + row;
-                       first[n] = row_first;
-                       len[n] = row_len;
-                       if (++n == kQuerySet) flush();
-                     });
-      if (n > 0) flush();
+      const auto [slot_lo, slot_hi] =
+          pages ? query_slots(b, t0, t1, T, pos, start, window) : std::pair<int64_t, int64_t>{};
+      with_kv_rows(k_cache, v_cache, cache_type, pages, b, kvh, Hkv, S, D, slot_lo, slot_hi,
+                   [&](auto k, auto v) {
+                     const float* qs[kQuerySet];
+                     float* os[kQuerySet];
+                     int64_t first[kQuerySet], len[kQuerySet];
+                     int n = 0;
+                     auto flush = [&] {
+                       attend_rows(n, qs, first, len, k, v, args, os);
+                       n = 0;
+                     };
+                     for_each_query(b, t0, t1, kvh, group, T, Hq, D, pos, start, window, out,
+                                    [&](int64_t row, int64_t row_first, int64_t row_len) {
+                                      qs[n] = q + row;
+                                      os[n] = out + row;
+                                      first[n] = row_first;
+                                      len[n] = row_len;
+                                      if (++n == kQuerySet) flush();
+                                    });
+                     if (n > 0) flush();
+                   });
     }
   });
 }

@@ -808,16 +808,19 @@ void attend_block_gemm(const float* xq, int64_t R, const int64_t* first, const i
 }
 
 // The attention kernel of the x86 targets (kernels.h's contract): the blocked GEMMs above for
-// prefill, the row-set kernel of Ops otherwise.
+// prefill, the row-set kernel of Ops otherwise. Over a paged pool the row-set kernel reads the
+// blocks in place; the blocked kernel first copies a unit's slots out of their blocks into this
+// thread's scratch, in slot order: its GEMMs pack keys and values into panels anyway, the copy is
+// read by up to kAttnRows query rows, and it stays in the cache for them.
 template <class V, class Ops, class Gemms = F32AttentionGemms>
 void attention_x86(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                    const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
                    int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
-                   float softcap, const int32_t* pos, ThreadPool& pool) {
+                   float softcap, const int32_t* pos, const KvPages* pages, ThreadPool& pool) {
   const int64_t group = Hq / Hkv;
   if (T * group < kAttnMinRows)
     return attention_impl<Ops>(q, k_cache, v_cache, cache_type, key_mask, out, B, T, Hq, Hkv, S, D,
-                               start, scale, window, softcap, pos, pool);
+                               start, scale, window, softcap, pos, pages, pool);
   const int64_t reach = pos ? S : start + T;
   const int64_t tb = std::max<int64_t>(1, kAttnRows / group);  // queries per unit
   const int64_t rows = tb * group, blocks = (T + tb - 1) / tb;
@@ -844,15 +847,25 @@ void attention_x86(const float* q, const void* k_cache, const void* v_cache, DTy
                      });
       if (R == 0) continue;
       const int32_t* mask = key_mask ? key_mask + b * S : nullptr;
-      const int64_t base = (b * Hkv + kvh) * S * D;
-      if (cache_type == DType::bf16)
-        attend_block_gemm<V, Gemms>(xq, R, first, len, static_cast<const uint16_t*>(k_cache) + base,
-                                    static_cast<const uint16_t*>(v_cache) + base, mask, D, scale,
-                                    softcap, scores, inv, live, o);
-      else
-        attend_block_gemm<V, Gemms>(xq, R, first, len, static_cast<const float*>(k_cache) + base,
-                                    static_cast<const float*>(v_cache) + base, mask, D, scale,
-                                    softcap, scores, inv, live, o);
+      const auto [lo, hi] = slot_union(first, len, R);
+      with_kv_rows(k_cache, v_cache, cache_type, pages, b, kvh, Hkv, S, D, lo, hi,
+                   [&](auto k, auto v) {
+                     using KV = typename decltype(k)::Value;
+                     if constexpr (std::is_same_v<decltype(k), DenseRows<KV>>) {
+                       attend_block_gemm<V, Gemms>(xq, R, first, len, k.base, v.base, mask, D,
+                                                   scale, softcap, scores, inv, live, o);
+                     } else {
+                       // Slots [lo, hi) at their places in a copy of hi rows.
+                       KV* kc = thread_scratch<KV>(Scratch::kPagedKV, size_t(2 * hi * D));
+                       KV* vc = kc + hi * D;
+                       for (int64_t j = lo; j < hi; ++j) {
+                         std::memcpy(kc + j * D, k[j], size_t(D) * sizeof(KV));
+                         std::memcpy(vc + j * D, v[j], size_t(D) * sizeof(KV));
+                       }
+                       attend_block_gemm<V, Gemms>(xq, R, first, len, kc, vc, mask, D, scale,
+                                                   softcap, scores, inv, live, o);
+                     }
+                   });
       for (int64_t r = 0; r < R; ++r)
         std::memcpy(out + dst[r], o + r * D, size_t(D) * sizeof(float));
     }
