@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -45,9 +46,8 @@ class SingleProcessGroup : public ProcessGroup {
   void all_reduce_sum(const float* in, float* out, int64_t n) override {
     if (in != out) std::memcpy(out, in, size_t(n) * sizeof(float));
   }
-  void all_gather(const float* in, float* out, const std::vector<int64_t>& counts) override {
-    TF_CHECK(counts.size() == 1, "one-rank all_gather with ", counts.size(), " counts");
-    if (in != out) std::memcpy(out, in, size_t(counts[0]) * sizeof(float));
+  void all_gather(const float* in, float* out, int64_t n) override {
+    if (in != out) std::memcpy(out, in, size_t(n) * sizeof(float));
   }
   void broadcast(void*, int64_t, int) override {}
   void barrier() override {}
@@ -134,19 +134,10 @@ class MpiProcessGroup : public ProcessGroup {
       for (int64_t i = 0; i < n; ++i) out[i] += s[int64_t(r) * n + i];
   }
 
-  void all_gather(const float* in, float* out, const std::vector<int64_t>& counts) override {
-    TF_CHECK(int(counts.size()) == size_, "all_gather with ", counts.size(), " counts for ", size_,
-             " ranks");
-    std::vector<int> cnt(size_), displ(size_);
-    int64_t off = 0;
-    for (int r = 0; r < size_; ++r) {
-      cnt[r] = int(counts[r]);
-      displ[r] = int(off);
-      off += counts[r];
-    }
+  void all_gather(const float* in, float* out, int64_t n) override {
+    TF_CHECK(n <= INT_MAX, "all_gather of ", n, " values per rank (MPI counts are int)");
     MPI_Request req;
-    check_mpi(MPI_Iallgatherv(in, cnt[rank_], MPI_FLOAT, out, cnt.data(), displ.data(), MPI_FLOAT,
-                              comm_, &req),
+    check_mpi(MPI_Iallgather(in, int(n), MPI_FLOAT, out, int(n), MPI_FLOAT, comm_, &req),
               "all_gather");
     wait_or_abort(req, "all_gather", rank_);
   }
@@ -200,31 +191,20 @@ void finalize_at_exit() {
 
 }  // namespace
 
-void ProcessGroup::all_gather_last_dim(const float* in, float* out, int64_t rows,
-                                       const std::vector<int64_t>& counts,
+void ProcessGroup::all_gather_last_dim(const float* in, float* out, int64_t rows, int64_t width,
                                        std::vector<float>& scratch) {
-  TF_CHECK(int(counts.size()) == size(), "all_gather counts do not match the process group");
-  std::vector<int64_t> elems = counts;
-  int64_t width = 0;
-  for (int64_t& c : elems) {
-    width += c;
-    c *= rows;
-  }
   if (rows == 1) {  // rank-major order is already the concatenation
-    all_gather(in, out, elems);
+    all_gather(in, out, width);
     return;
   }
-  scratch.resize(size_t(rows * width));
-  all_gather(in, scratch.data(), elems);
+  const int64_t ranks = size();
+  scratch.resize(size_t(ranks * rows * width));
+  all_gather(in, scratch.data(), rows * width);
   // (rank, row, piece) -> (row, rank's columns)
-  int64_t col = 0;
-  const float* src = scratch.data();
-  for (const int64_t w : counts) {
+  for (int64_t r = 0; r < ranks; ++r)
     for (int64_t i = 0; i < rows; ++i)
-      std::memcpy(out + i * width + col, src + i * w, size_t(w) * sizeof(float));
-    src += rows * w;
-    col += w;
-  }
+      std::memcpy(out + (i * ranks + r) * width, scratch.data() + (r * rows + i) * width,
+                  size_t(width) * sizeof(float));
 }
 
 void set_fatal_output(int fd, void (*before_abort)()) {

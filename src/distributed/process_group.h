@@ -19,13 +19,13 @@ class ProcessGroup {
   // out[i] = sum over ranks of in[i], summed in rank order on every rank, so all ranks hold
   // bitwise the same result (MPI_Allreduce does not promise that). in may equal out.
   virtual void all_reduce_sum(const float* in, float* out, int64_t n) = 0;
-  // out = the ranks' inputs concatenated in rank order; rank r contributes counts[r] floats.
-  virtual void all_gather(const float* in, float* out, const std::vector<int64_t>& counts) = 0;
-  // The all-gather of a tensor split along its last dim: in is this rank's (rows, counts[rank])
-  // piece, out the whole (rows, sum of counts), each row the ranks' pieces in rank order. When
+  // Every rank's n values into out (size() * n), in rank order.
+  virtual void all_gather(const float* in, float* out, int64_t n) = 0;
+  // The all-gather of a tensor split evenly along its last dim: in is this rank's (rows, width)
+  // piece, out the whole (rows, size() * width), each row the ranks' pieces in rank order. When
   // rows > 1 the pieces arrive rank-major in `scratch` (grown as needed) and are interleaved.
-  void all_gather_last_dim(const float* in, float* out, int64_t rows,
-                           const std::vector<int64_t>& counts, std::vector<float>& scratch);
+  void all_gather_last_dim(const float* in, float* out, int64_t rows, int64_t width,
+                           std::vector<float>& scratch);
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
   // Ends every rank of the job with `code`; never returns.

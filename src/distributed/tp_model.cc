@@ -49,7 +49,7 @@ void TpModel::init(const std::vector<WeightDecl>& weights) {
     if (s.dim >= 0)
       for (int r = 0; r < size(); ++r) {
         WeightShard o = shard_for(style, w.shape, r, size());
-        if (o.local_shape[size_t(o.dim)] == 0)
+        if (o.ranges[0].first == o.ranges[0].second)
           throw InvalidArgumentError(detail::str_cat(
               "tp_plan: '", w.name, "' ", shape_str(w.shape), " split ", style_name(style),
               " over ", size(), " ranks (as torch.chunk) leaves rank ", r,
@@ -83,23 +83,27 @@ Tensor TpModel::load(const io::Checkpoint& ckpt, const std::string& weight,
   }
   if (s.dim == 0) {
     const int64_t row_elems = shape_numel(s.full_shape) / s.full_shape[0];
-    if (s.ranges.size() == 1) {
+    if (s.ranges.size() == 1 && s.ranges[0].second - s.ranges[0].first == s.chunk) {
       auto [b, e] = s.ranges[0];
       bytes_read_ += uint64_t((e - b) * row_elems) * elem;
       return ckpt.get_rows(source, b, e).to(dtype);  // a view of the mapping when dtypes match
     }
-    // packed_colwise: the rank's piece of each stacked half, concatenated.
+    // Each range at the start of its piece of `chunk` rows, the rest zeros (packed_colwise: the
+    // rank's part of each stacked half).
     Tensor out = Tensor::zeros(s.local_shape, info.dtype);
     char* dst = static_cast<char*>(out.raw());
     for (auto [b, e] : s.ranges) {
-      Tensor part = ckpt.get_rows(source, b, e);
-      std::memcpy(dst, part.raw(), part.nbytes());
-      dst += part.nbytes();
-      bytes_read_ += part.nbytes();
+      if (e > b) {
+        Tensor part = ckpt.get_rows(source, b, e);
+        std::memcpy(dst, part.raw(), part.nbytes());
+        bytes_read_ += part.nbytes();
+      }
+      dst += size_t(s.chunk * row_elems) * elem;
     }
     return out.to(dtype);
   }
-  // Columns [b, e) of every row, copied row by row: only these bytes of the mapping are read.
+  // Columns [b, e) of every row into the first e - b of its `chunk`, copied row by row: only
+  // these bytes of the mapping are read.
   TF_CHECK(s.dim == 1 && s.full_shape.size() == 2 && s.ranges.size() == 1, "column slice of ",
            source);
   auto [b, e] = s.ranges[0];
@@ -109,7 +113,8 @@ Tensor TpModel::load(const io::Checkpoint& ckpt, const std::string& weight,
   const char* src = static_cast<const char*>(full.raw());
   char* dst = static_cast<char*>(out.raw());
   for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(dst + size_t(r * w) * elem, src + size_t(r * cols + b) * elem, size_t(w) * elem);
+    std::memcpy(dst + size_t(r * s.chunk) * elem, src + size_t(r * cols + b) * elem,
+                size_t(w) * elem);
   bytes_read_ += uint64_t(rows * w) * elem;
   return out.to(dtype);
 }

@@ -78,13 +78,9 @@ std::pair<int64_t, int64_t> chunk_range(int64_t n, int rank, int size) {
   return {b, e};
 }
 
-std::vector<int64_t> chunk_sizes(int64_t n, int size) {
-  std::vector<int64_t> s;
-  for (int r = 0; r < size; ++r) {
-    auto [b, e] = chunk_range(n, r, size);
-    s.push_back(e - b);
-  }
-  return s;
+int64_t padded_chunk(int64_t n, int size) {
+  TF_CHECK(size >= 1 && n >= 0, "padded_chunk(", n, ", ", size, ")");
+  return (n + size - 1) / size;
 }
 
 WeightShard shard_for(TpStyle style, const Shape& shape, int rank, int size) {
@@ -120,12 +116,12 @@ WeightShard shard_for(TpStyle style, const Shape& shape, int rank, int size) {
     const int64_t half = n / 2;
     auto [b, e] = chunk_range(half, rank, size);
     w.ranges = {{b, e}, {half + b, half + e}};
+    w.chunk = padded_chunk(half, size);
   } else {
     w.ranges = {chunk_range(n, rank, size)};
+    w.chunk = padded_chunk(n, size);
   }
-  int64_t local = 0;
-  for (auto [b, e] : w.ranges) local += e - b;
-  w.local_shape[size_t(dim)] = local;
+  w.local_shape[size_t(dim)] = w.chunk * int64_t(w.ranges.size());
   return w;
 }
 

@@ -34,15 +34,20 @@ std::optional<TpStyle> parse_style(const std::string& name);
 // [begin, end) of rank `rank` when `n` is split over `size` ranks as torch.chunk does: chunks of
 // ceil(n / size), the last one shorter, trailing ranks possibly empty.
 std::pair<int64_t, int64_t> chunk_range(int64_t n, int rank, int size);
-// The chunk sizes of every rank (torch.chunk), zero for ranks without a chunk.
-std::vector<int64_t> chunk_sizes(int64_t n, int size);
+// ceil(n / size): the length every rank's piece of n is padded to.
+int64_t padded_chunk(int64_t n, int size);
 
-// The part of one weight a rank holds.
+// The part of one weight a rank holds. Every rank holds the same shape: each range is padded
+// with zeros to padded_chunk() along dim, so that every rank builds the same graph (the padded
+// features of a colwise output are zeros, which the rowwise layer after it multiplies by its
+// zero columns, and an all-gather slices them off).
 struct WeightShard {
   TpStyle style = TpStyle::kReplicate;
   int dim = -1;  // split dimension (0 rows, 1 columns), -1 for the whole tensor
-  // Ranges along dim, concatenated in order (packed_colwise has two, everything else one).
+  // The rank's data along dim: ranges of the full weight, each at the start of its own piece of
+  // `chunk` positions of the local one, in order (packed_colwise has two, everything else one).
   std::vector<std::pair<int64_t, int64_t>> ranges;
+  int64_t chunk = 0;
   Shape full_shape, local_shape;
   int64_t local_elements() const { return shape_numel(local_shape); }
 };

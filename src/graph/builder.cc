@@ -32,16 +32,15 @@ Value GraphBuilder::embedding(Value table, Value ids, const std::string& name) {
                   EmbeddingAttrs{0, t.shape[0]});
 }
 
-Value GraphBuilder::embedding_shard(Value table, Value ids, int64_t row_offset, int64_t vocab,
+Value GraphBuilder::embedding_shard(Value table, Value ids, int64_t vocab, int group,
                                     const std::string& name) {
   const TensorType &t = type(table), &i = type(ids);
-  TF_CHECK(t.shape.size() == 2 && i.dtype == DType::i32 && row_offset >= 0 &&
-               row_offset + t.shape[0] <= vocab,
-           name, ": ", t.str(), " ", i.str(), " rows at ", row_offset, " of ", vocab);
+  TF_CHECK(t.shape.size() == 2 && i.dtype == DType::i32 && group >= 0 && vocab > 0, name, ": ",
+           t.str(), " ", i.str(), " of ", vocab, " rows, group ", group);
   Shape out = i.shape;
   out.push_back(t.shape[1]);
   return add_node(Op::kEmbedding, {table, ids}, {activation(), out}, name,
-                  EmbeddingAttrs{row_offset, vocab});
+                  EmbeddingAttrs{0, vocab, group});
 }
 
 Value GraphBuilder::linear(Value x, Value w, Value bias, const std::string& name) {
@@ -251,17 +250,12 @@ Value GraphBuilder::all_reduce(Value x, Value bias, int group, const std::string
   return add_node(Op::kAllReduce, std::move(inputs), xt, name, AllReduceAttrs{group});
 }
 
-Value GraphBuilder::all_gather(Value x, std::vector<int64_t> counts, int group,
-                               const std::string& name) {
+Value GraphBuilder::all_gather(Value x, int ranks, int group, const std::string& name) {
   const TensorType& xt = type(x);
-  TF_CHECK(
-      !xt.shape.empty() && std::find(counts.begin(), counts.end(), xt.shape.back()) != counts.end(),
-      name, ": ", xt.str());
+  TF_CHECK(!xt.shape.empty() && ranks >= 1, name, ": ", xt.str(), " over ", ranks, " ranks");
   Shape out = xt.shape;
-  out.back() = 0;
-  for (int64_t c : counts) out.back() += c;
-  return add_node(Op::kAllGather, {x}, {xt.dtype, out}, name,
-                  AllGatherAttrs{group, std::move(counts)});
+  out.back() *= ranks;
+  return add_node(Op::kAllGather, {x}, {xt.dtype, out}, name, AllGatherAttrs{group, ranks});
 }
 
 Value GraphBuilder::slice_last(Value x, int64_t begin, int64_t end, const std::string& name) {
@@ -271,6 +265,15 @@ Value GraphBuilder::slice_last(Value x, int64_t begin, int64_t end, const std::s
   Shape out = xt.shape;
   out.back() = end - begin;
   return add_node(Op::kSlice, {x}, {xt.dtype, out}, name, SliceAttrs{begin, end});
+}
+
+Value GraphBuilder::shard_last(Value x, int64_t width, int group, const std::string& name) {
+  const TensorType& xt = type(x);
+  TF_CHECK(!xt.shape.empty() && width > 0 && group >= 0, name, ": ", xt.str(), " pieces of ",
+           width);
+  Shape out = xt.shape;
+  out.back() = width;
+  return add_node(Op::kSlice, {x}, {xt.dtype, out}, name, SliceAttrs{0, width, group});
 }
 
 }  // namespace tformers::graph

@@ -37,9 +37,10 @@ class GraphBuilder {
   Value input(const std::string& name, TensorType type);
 
   Value embedding(Value table, Value ids, const std::string& name = "");
-  // A vocabulary-sharded table (rows [row_offset, row_offset + rows) of a `vocab`-row table):
-  // ids outside the slice give zero rows, to be summed over ranks by an all_reduce.
-  Value embedding_shard(Value table, Value ids, int64_t row_offset, int64_t vocab,
+  // A vocabulary-sharded table: rows [rank * rows, (rank + 1) * rows) of a `vocab`-row table for
+  // the rank's index in process group `group` (rows past vocab are padding); ids outside the
+  // slice give zero rows, to be summed over ranks by an all_reduce.
+  Value embedding_shard(Value table, Value ids, int64_t vocab, int group,
                         const std::string& name = "");
   Value linear(Value x, Value w, Value bias = -1, const std::string& name = "");
   // w int8 (N,K) with scale f32 (N, ceil(K / kInt8Block)); bias, when given, is f32 (N).
@@ -78,8 +79,12 @@ class GraphBuilder {
                     TensorType out, std::vector<float> floats, const std::string& name);
   // Collectives over process group `group` (see graph.h); bias may be -1.
   Value all_reduce(Value x, Value bias, int group, const std::string& name = "");
-  Value all_gather(Value x, std::vector<int64_t> counts, int group, const std::string& name = "");
+  // x (..., n) of each of the group's `ranks` ranks -> (..., ranks * n), in rank order.
+  Value all_gather(Value x, int ranks, int group, const std::string& name = "");
   Value slice_last(Value x, int64_t begin, int64_t end, const std::string& name = "");
+  // The rank's piece of `width` values of the last dim, at rank * width for its index in
+  // `group`, zeros past x's end.
+  Value shard_last(Value x, int64_t width, int group, const std::string& name = "");
 
   const TensorType& type(Value v) const { return graph_.node(v).type; }
   void output(Value v) { graph_.mark_output(v); }

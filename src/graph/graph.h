@@ -42,9 +42,10 @@ enum class Op : uint8_t {
   // The collectives and kSlice take any dtype; the output has the input's.
   kAllReduce,   // (x (..., N) [, bias (N)]) -> sum over ranks [+ bias, added once after the sum];
                 // AllReduceAttrs
-  kAllGather,   // (x (..., n_r)) -> (..., sum n): ranks' pieces concatenated along the last dim;
-                // AllGatherAttrs
-  kSlice,       // (x (..., K)) -> (..., end - begin) along the last dim; SliceAttrs
+  kAllGather,   // (x (..., n)) -> (..., ranks * n): the ranks' even pieces concatenated along the
+                // last dim; AllGatherAttrs
+  kSlice,       // (x (..., K)) -> (..., end - begin) along the last dim (with a group, the
+                // rank's piece); SliceAttrs
   kLinearInt8,  // (x (..., K), w int8 (N, K), scale f32 (N, ceil(K / kInt8Block)) [, bias f32
                 // (N)]) -> (..., N) act: weight-only int8 with one scale per block of
                 // kInt8Block k values, w[n,k] ~ scale[n, k / kInt8Block] * q[n,k]
@@ -100,10 +101,13 @@ struct CustomCall {
 // std::monostate when the op has none. fields() lists every field for the graph hash.
 struct EmbeddingAttrs {
   static constexpr const char* kName = "EmbeddingAttrs";
-  // The table holds rows [row_offset, row_offset + V) of a vocab-row table (a vocabulary shard
-  // under tensor parallelism): ids outside give zero rows. {0, V} for a whole table.
+  // The table holds rows [row_offset, row_offset + V) of a vocab-row table: ids outside give zero
+  // rows. {0, V} for a whole table. With a process group (>= 0), a vocabulary shard under tensor
+  // parallelism: row_offset is the rank's index in the group times V, known when the step runs,
+  // so every rank builds the same graph.
   int64_t row_offset = 0, vocab = 0;
-  auto fields() const { return std::tie(row_offset, vocab); }
+  int group = -1;
+  auto fields() const { return std::tie(row_offset, vocab, group); }
 };
 struct RMSNormAttrs {
   static constexpr const char* kName = "RMSNormAttrs";
@@ -145,7 +149,11 @@ struct SoftcapAttrs {
 struct SliceAttrs {
   static constexpr const char* kName = "SliceAttrs";
   int64_t begin = 0, end = 0;  // along the last dim
-  auto fields() const { return std::tie(begin, end); }
+  // With a process group (>= 0): the piece of end - begin values at begin + rank * (end - begin)
+  // for the rank's index in the group, zeros past the input's end (each rank's even shard of a
+  // replicated input).
+  int group = -1;
+  auto fields() const { return std::tie(begin, end, group); }
 };
 struct AllReduceAttrs {
   static constexpr const char* kName = "AllReduceAttrs";
@@ -155,8 +163,8 @@ struct AllReduceAttrs {
 struct AllGatherAttrs {
   static constexpr const char* kName = "AllGatherAttrs";
   int group = 0;
-  std::vector<int64_t> counts;  // each rank's piece of the last dim, in rank order
-  auto fields() const { return std::tie(group, counts); }
+  int ranks = 1;  // the group's size: every rank gives an even piece of the last dim
+  auto fields() const { return std::tie(group, ranks); }
 };
 struct LinearInt4Attrs {
   static constexpr const char* kName = "LinearInt4Attrs";

@@ -80,23 +80,25 @@ Value linear(Ctx& c, Value x, const std::string& prefix) {
   };
   const distributed::TpModel* tp = p.tp();
   if (!tp) return mul(x, bias);
+  // Every rank's shard has the same shape (padded with zeros: distributed/tp_plan.h), so every
+  // rank builds this same graph.
   const distributed::WeightShard& w = tp->shard(prefix + ".weight");
+  if (w.dim < 0) return mul(x, bias);  // replicated: no communication
   switch (w.style) {
-    case TpStyle::kRowwiseSplitInput: {
+    case TpStyle::kRowwiseSplitInput:
       // A replicated input: this rank multiplies its own columns of it.
-      auto [begin, end] =
-          w.ranges.empty() ? std::pair<int64_t, int64_t>{0, w.full_shape[1]} : w.ranges[0];
-      x = b.slice_last(x, begin, end, prefix + ".split_input");
+      x = b.shard_last(x, w.chunk, tp->group_id(), prefix + ".split_input");
       [[fallthrough]];
-    }
-    case TpStyle::kRowwise: {
+    case TpStyle::kRowwise:
       // Partial sums over this rank's input features; the bias is added once, after the sum.
       return b.all_reduce(mul(x, -1), bias, tp->group_id(), prefix + ".all_reduce");
+    case TpStyle::kColwiseGatherOutput: {
+      const Value all =
+          b.all_gather(mul(x, bias), tp->size(), tp->group_id(), prefix + ".all_gather");
+      const int64_t n = w.full_shape[0];
+      return w.chunk * tp->size() == n ? all : b.slice_last(all, 0, n, prefix + ".unpad");
     }
-    case TpStyle::kColwiseGatherOutput:
-      return b.all_gather(mul(x, bias), distributed::chunk_sizes(w.full_shape[0], tp->size()),
-                          tp->group_id(), prefix + ".all_gather");
-    default:  // colwise keeps its output sharded; replicated weights need no communication
+    default:  // colwise keeps its output sharded
       return mul(x, bias);
   }
 }
@@ -106,18 +108,20 @@ std::vector<Value> split(Ctx& c, Value y, const std::vector<int64_t>& parts,
   int64_t total = 0;
   for (int64_t n : parts) total += n;
   const int64_t have = c.b.type(y).shape.back();
-  // Under packed_colwise each part is split over the ranks alike, so every part shrinks by the
-  // same factor.
-  TF_CHECK(have > 0 && total % have == 0, prefix, ": packed output of ", have,
-           " features does not divide the parts' ", total);
-  const int64_t ranks = total / have;
+  // Under packed_colwise each part is split over the ranks alike, each rank's piece padded to
+  // the same length (distributed/tp_plan.h).
+  const distributed::TpModel* tp = c.p.tp();
+  const int ranks = have == total || !tp ? 1 : tp->size();
   std::vector<Value> out;
   int64_t begin = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
-    const int64_t n = parts[i] / ranks;
+    const int64_t n = distributed::padded_chunk(parts[i], ranks);
+    TF_CHECK(begin + n <= have, prefix, ": packed output of ", have, " features is short of ",
+             ranks == 1 ? "the parts" : "the parts' pieces");
     out.push_back(c.b.slice_last(y, begin, begin + n, prefix + ".part" + std::to_string(i)));
     begin += n;
   }
+  TF_CHECK(begin == have, prefix, ": packed output of ", have, " features, parts of ", begin);
   return out;
 }
 
@@ -274,7 +278,7 @@ Value Embedding::operator()(Ctx& c, const std::string& prefix) const {
   } else {
     // Split over the vocabulary: ids outside this rank's rows give zeros, summed over ranks.
     const distributed::WeightShard& s = tp->shard(w);
-    Value part = b.embedding_shard(c.p(w), c.ids, s.ranges[0].first, s.full_shape[0], prefix);
+    Value part = b.embedding_shard(c.p(w), c.ids, s.full_shape[0], tp->group_id(), prefix);
     h = b.all_reduce(part, -1, tp->group_id(), prefix + ".all_reduce");
   }
   if (scale == 0) return h;

@@ -5,27 +5,13 @@
 
 #include <filesystem>
 
+#include "distributed/fake_group.h"
 #include "distributed/tp_model.h"
 #include "io/safetensors.h"
 #include "tformers/error.h"
 
 namespace tformers::distributed {
 namespace {
-
-class FakeGroup : public ProcessGroup {
- public:
-  FakeGroup(int rank, int size) : rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  void all_reduce_sum(const float*, float*, int64_t) override {}
-  void all_gather(const float*, float*, const std::vector<int64_t>&) override {}
-  void broadcast(void*, int64_t, int) override {}
-  void barrier() override {}
-  [[noreturn]] void abort(int code) override { std::_Exit(code); }
-
- private:
-  int rank_, size_;
-};
 
 class TpLoad : public ::testing::Test {
  protected:
@@ -59,17 +45,17 @@ class TpLoad : public ::testing::Test {
   uint64_t bytes_read_ = 0;
 };
 
-TEST_F(TpLoad, ColwiseReadsItsRowsAndBias) {
-  // torch.chunk(10 rows, 4): 3, 3, 3, 1.
+TEST_F(TpLoad, ColwiseReadsItsRowsAndBiasPaddedToTheChunk) {
+  // torch.chunk(10 rows, 4): 3, 3, 3, 1; every rank holds 3 rows, rank 3 two of zeros.
   for (int r = 0; r < 4; ++r) {
     auto [w, b] = load("colwise", r, 4);
     const int64_t first = 3 * r, rows = r < 3 ? 3 : 1;
-    ASSERT_EQ(w.shape(), Shape({rows, 6}));
-    ASSERT_EQ(b.shape(), Shape({rows}));
-    for (int64_t i = 0; i < rows; ++i) {
-      EXPECT_EQ(b.data<float>()[i], float(first + i));
+    ASSERT_EQ(w.shape(), Shape({3, 6}));
+    ASSERT_EQ(b.shape(), Shape({3}));
+    for (int64_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(b.data<float>()[i], i < rows ? float(first + i) : 0.0f);
       for (int64_t c = 0; c < 6; ++c)
-        EXPECT_EQ(w.data<float>()[i * 6 + c], float(100 * (first + i) + c));
+        EXPECT_EQ(w.data<float>()[i * 6 + c], i < rows ? float(100 * (first + i) + c) : 0.0f);
     }
     EXPECT_EQ(bytes_read_, uint64_t(rows * 6 + rows) * 4);
   }
@@ -88,16 +74,33 @@ TEST_F(TpLoad, RowwiseReadsItsColumnsAndTheWholeBias) {
         EXPECT_EQ(w.data<float>()[i * 2 + c], float(100 * i + 2 * r + c));
     EXPECT_EQ(bytes_read_, uint64_t(10 * 2 + 10) * 4);
   }
+  // 6 columns over 4 ranks in chunks of 2 leave rank 3 nothing (refused above); over 4 ranks of
+  // a 10-column weight (m.weight's transpose) ranks hold 3, 3, 3 and 1 columns, padded to 3.
+  Tensor t = Tensor::zeros({6, 10}, DType::f32);
+  for (int64_t r = 0; r < 6; ++r)
+    for (int64_t c = 0; c < 10; ++c) t.data<float>()[r * 10 + c] = float(100 * c + r);
+  io::save_safetensors((dir_ / "model.safetensors").string(), {{"t.weight", t}});
+  const io::Checkpoint ckpt = io::Checkpoint::open(dir_.string());
+  TpModel tp(std::make_shared<FakeGroup>(3, 4), {}, {{"t", "rowwise"}}, {{"t.weight", {6, 10}}});
+  const Tensor w = tp.load(ckpt, "t.weight", "t.weight", DType::f32);
+  ASSERT_EQ(w.shape(), Shape({6, 3}));
+  for (int64_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(w.data<float>()[i * 3], float(900 + i));  // column 9
+    EXPECT_EQ(w.data<float>()[i * 3 + 1], 0.0f);
+    EXPECT_EQ(w.data<float>()[i * 3 + 2], 0.0f);
+  }
+  EXPECT_EQ(tp.bytes_read(), uint64_t(6 * 4));
 }
 
 TEST_F(TpLoad, PackedColwiseReadsItsPieceOfEachHalf) {
-  // [gate (5 rows); up (5 rows)] over 2 ranks: chunks of 3 and 2 rows of each half.
+  // [gate (5 rows); up (5 rows)] over 2 ranks: chunks of 3 and 2 rows of each half, each
+  // half's piece padded to 3 rows.
   auto [w, b] = load("packed_colwise", 1, 2);
-  ASSERT_EQ(w.shape(), Shape({4, 6}));
-  const int64_t rows[] = {3, 4, 8, 9};
-  for (int64_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(w.data<float>()[i * 6], float(100 * rows[i]));
-    EXPECT_EQ(b.data<float>()[i], float(rows[i]));
+  ASSERT_EQ(w.shape(), Shape({6, 6}));
+  const int64_t rows[] = {3, 4, -1, 8, 9, -1};
+  for (int64_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(w.data<float>()[i * 6], rows[i] < 0 ? 0.0f : float(100 * rows[i]));
+    EXPECT_EQ(b.data<float>()[i], rows[i] < 0 ? 0.0f : float(rows[i]));
   }
 }
 

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "backends/pjrt/plugin_discovery.h"
+#include "models/causal_lm_impl.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/model.h"
@@ -95,6 +96,17 @@ TEST(TpWorker, SplitModelMatchesWholeModel) {
   const int64_t V = whole.config().vocab_size;
   const std::vector<int32_t> prompt = {3, 141, 59, 265, 358, 97, 93, 238, 46, 264, 338, 327};
   const int64_t T = int64_t(prompt.size());
+  // Every rank builds the same graph (each shard padded to one shape), rank 0's hash, for a
+  // prefill and a decode step.
+  if (distributed::world_size() > 1)
+    for (const models::StepShape& shape :
+         {models::StepShape{.new_tokens = T, .cache_len = 32, .logits_to_keep = 0},
+          models::StepShape{.cache_len = 32}}) {
+      const uint64_t h = models::state_of(split).build_graph(shape).hash();
+      EXPECT_EQ(distributed::agree_seed(h), h)
+          << "rank " << distributed::world_rank() << " builds another graph than rank 0 for "
+          << shape.new_tokens << " new tokens";
+    }
   // Prefill logits at every position.
   ForwardArgs a;
   a.input_ids = Tensor::from_vector<int32_t>({1, T}, DType::i32, prompt);

@@ -123,7 +123,12 @@ TEST(TpPlan, ChunkRangesMatchTorchChunk) {
     std::istringstream in(line);
     std::vector<int64_t> torch_sizes;
     for (int64_t v; in >> v;) torch_sizes.push_back(v);
-    std::vector<int64_t> ours = chunk_sizes(n, p);
+    std::vector<int64_t> ours;
+    for (int r = 0; r < p; ++r) {
+      auto [b, e] = chunk_range(n, r, p);
+      ours.push_back(e - b);
+      EXPECT_LE(e - b, padded_chunk(n, p));
+    }
     // torch.chunk may return fewer chunks; those ranks hold nothing.
     while (torch_sizes.size() < ours.size()) torch_sizes.push_back(0);
     EXPECT_EQ(ours, torch_sizes) << "n=" << n << " p=" << p;
@@ -138,11 +143,13 @@ TEST(TpPlan, ChunkRangesMatchTorchChunk) {
 }
 
 TEST(TpPlan, ShardShapesFollowTheStyle) {
-  // colwise: rows; rowwise: columns; a rowwise bias stays whole; colwise bias is split.
-  WeightShard c = shard_for(TpStyle::kColwise, {10, 6}, 3, 4);  // chunks 3,3,3,1
-  EXPECT_EQ(c.local_shape, Shape({1, 6}));
+  // colwise: rows; rowwise: columns; a rowwise bias stays whole; colwise bias is split. Every
+  // rank's shape is the padded chunk, whatever data it holds.
+  WeightShard c = shard_for(TpStyle::kColwise, {10, 6}, 3, 4);  // data 3,3,3,1
+  EXPECT_EQ(c.local_shape, Shape({3, 6}));
+  EXPECT_EQ(c.chunk, 3);
   EXPECT_EQ(c.ranges, (std::vector<std::pair<int64_t, int64_t>>{{9, 10}}));
-  WeightShard r = shard_for(TpStyle::kRowwise, {10, 6}, 1, 4);  // chunks 2,2,2,0
+  WeightShard r = shard_for(TpStyle::kRowwise, {10, 6}, 1, 4);  // data 2,2,2,0
   EXPECT_EQ(r.dim, 1);
   EXPECT_EQ(r.local_shape, Shape({10, 2}));
   EXPECT_EQ(shard_for(TpStyle::kRowwise, {10}, 1, 4).local_shape, Shape({10}));
@@ -152,6 +159,10 @@ TEST(TpPlan, ShardShapesFollowTheStyle) {
   WeightShard p = shard_for(TpStyle::kPackedColwise, {12, 4}, 1, 2);
   EXPECT_EQ(p.ranges, (std::vector<std::pair<int64_t, int64_t>>{{3, 6}, {9, 12}}));
   EXPECT_EQ(p.local_shape, Shape({6, 4}));
+  // 2 x 5 rows over 2 ranks: pieces of 3 per half, rank 1's padded with a zero row each.
+  WeightShard q = shard_for(TpStyle::kPackedColwise, {10, 4}, 1, 2);
+  EXPECT_EQ(q.ranges, (std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {8, 10}}));
+  EXPECT_EQ(q.local_shape, Shape({6, 4}));
   EXPECT_THROW(shard_for(TpStyle::kPackedColwise, {7, 4}, 0, 2), InvalidArgumentError);
 }
 

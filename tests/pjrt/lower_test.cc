@@ -18,6 +18,7 @@
 #include "backends/pjrt/pjrt_api.h"
 #include "backends/pjrt/plugin_discovery.h"
 #include "core/cpu_features.h"
+#include "distributed/fake_group.h"
 #include "graph/builder.h"
 #include "models/causal_lm_impl.h"
 #include "ops/ops_test_util.h"
@@ -256,6 +257,8 @@ TEST_P(LowerOps, ReshapeTakeLastAndSliceMoveValuesExactly) {
   c.b.output(c.b.take_last(x, 1));
   c.b.output(c.b.take_last(x, 3));
   c.b.output(c.b.slice_last(x, 3, 9));
+  // Rank 2 of 3's piece of 5: columns 10 and 11, then 3 of padding.
+  c.b.output(c.b.shard_last(x, 5, distributed::fake_group_id(2, 3)));
   expect_consistent(c, 0.0);
 }
 
@@ -263,11 +266,11 @@ TEST_P(LowerOps, EmbeddingWholeTableAndShard) {
   std::mt19937 rng(3);
   Case c(act());
   const Value table = c.param("table", random(rng, {11, 6}, act()));
-  const Value shard = c.param("shard", random(rng, {5, 6}, act()));
+  const Value shard = c.param("shard", random(rng, {4, 6}, act()));
   const Value ids = c.input("ids", ints({2, 3}, {0, 10, 4, 8, 3, 9}));
   c.b.output(c.b.embedding(table, ids));
-  // Rows [4, 9) of 11: ids 0, 10, 3 and 9 fall outside and give zero rows.
-  c.b.output(c.b.embedding_shard(shard, ids, 4, 11));
+  // Rank 1 of 3 holds rows [4, 8) of 11: ids 0, 10, 8, 3 and 9 fall outside and give zero rows.
+  c.b.output(c.b.embedding_shard(shard, ids, 11, distributed::fake_group_id(1, 3)));
   expect_consistent(c, 0.0);
 }
 
@@ -611,9 +614,7 @@ TEST(LowerModule, CustomCallsAndCollectivesNeedTheCpuBackend) {
       {"%2 all_reduce  # layers.0.down_proj",
        [](GraphBuilder& b, Value x) { return b.all_reduce(x, -1, 0, "layers.0.down_proj"); }},
       {"%2 all_gather  # lm_head",
-       [](GraphBuilder& b, Value x) {
-         return b.all_gather(x, {8, 8}, 0, "lm_head");
-       }},
+       [](GraphBuilder& b, Value x) { return b.all_gather(x, 2, 0, "lm_head"); }},
   };
   for (const Refused& r : refused) {
     GraphBuilder b;

@@ -47,7 +47,7 @@ Built two_collectives(int group) {
   t.r = b.all_reduce(t.h, -1, group, "r");
   t.y = b.linear(t.r, w2, -1, "y");
   t.z = b.add(t.y, t.h, "z");
-  t.g = b.all_gather(t.z, {8}, group, "g");
+  t.g = b.all_gather(t.z, 1, group, "g");
   t.out = b.linear(t.g, w3, -1, "out");
   b.output(t.y);
   b.output(t.out);

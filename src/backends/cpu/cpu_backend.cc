@@ -406,7 +406,9 @@ void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
       int64_t count = shape_numel(in_type(1).shape);
       const auto* ids = static_cast<const int32_t*>(in(1));
       const auto& a = n.attrs_as<graph::EmbeddingAttrs>();
-      const int64_t lo = a.row_offset, rows = in_type(0).shape[0], d = s.back();
+      const int64_t rows = in_type(0).shape[0], d = s.back();
+      const int64_t lo =
+          a.row_offset + (a.group >= 0 ? int64_t(distributed::group(a.group).rank()) * rows : 0);
       if (lo == 0 && rows == a.vocab) {
         cpu::embedding(in(0), in_type(0).dtype, ids, count, d, out, pool);
         return;
@@ -532,17 +534,21 @@ void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
     case Op::kAllGather: {
       const auto& a = n.attrs_as<graph::AllGatherAttrs>();
       distributed::ProcessGroup& g = distributed::group(a.group);
-      TF_CHECK(
-          int(a.counts.size()) == g.size() && a.counts[size_t(g.rank())] == in_type(0).shape.back(),
-          "all_gather counts do not match the process group");
-      g.all_gather_last_dim(f32(0), out, shape_numel(s) / s.back(), a.counts, c.gather_scratch);
+      TF_CHECK(a.ranks == g.size(), "all_gather over ", a.ranks, " ranks in a group of ", g.size());
+      g.all_gather_last_dim(f32(0), out, shape_numel(s) / s.back(), in_type(0).shape.back(),
+                            c.gather_scratch);
       return;
     }
     case Op::kSlice: {
+      const auto& a = n.attrs_as<graph::SliceAttrs>();
       const int64_t k = in_type(0).shape.back(), w = s.back(), rows = shape_numel(s) / w;
-      for (int64_t i = 0; i < rows; ++i)
-        std::memcpy(out + i * w, f32(0) + i * k + n.attrs_as<graph::SliceAttrs>().begin,
-                    size_t(w) * sizeof(float));
+      const int64_t begin =
+          a.begin + (a.group >= 0 ? int64_t(distributed::group(a.group).rank()) * w : 0);
+      const int64_t have = std::clamp<int64_t>(k - begin, 0, w);  // the rest is padding
+      for (int64_t i = 0; i < rows; ++i) {
+        std::memcpy(out + i * w, f32(0) + i * k + begin, size_t(have) * sizeof(float));
+        std::fill(out + i * w + have, out + (i + 1) * w, 0.0f);
+      }
       return;
     }
   }

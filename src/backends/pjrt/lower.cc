@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "distributed/process_group.h"
 #include "tformers/error.h"
 
 // Values keep the dtypes the graph gives them (the activation dtype for computed values), so
@@ -312,10 +313,13 @@ Val Lowering::embedding(const Node& n) {
   const Val& ids = in(n, 1);
   const int64_t count = shape_numel(ids.shape), rows = table.shape[0], d = table.shape[1];
   Val flat = e_.reshape(ids, {count});
-  const bool shard = a.row_offset != 0 || rows != a.vocab;
+  const int64_t row_offset =
+      a.row_offset + (a.group >= 0 ? int64_t(distributed::group(a.group).rank()) * rows : 0);
+  const bool shard = row_offset != 0 || rows != a.vocab;
   if (!shard) return out(n, e_.reshape(e_.gather_rows(table, flat), n.type.shape));
-  // A vocabulary shard: ids outside [row_offset, row_offset + rows) give zero rows.
-  const Val local = e_.with_constant("subtract", flat, double(a.row_offset));
+  // A vocabulary shard: ids outside [row_offset, row_offset + rows) give zero rows. The rank is
+  // a constant of this process's program, as a device's partition id would be.
+  const Val local = e_.with_constant("subtract", flat, double(row_offset));
   const Val ok = e_.binary("and", e_.compare("GE", local, e_.splat(0, "i32", {count})),
                            e_.compare("LT", local, e_.splat(double(rows), "i32", {count})));
   const Val looked = e_.gather_rows(table, e_.select(ok, local, e_.splat(0, "i32", {count})));
@@ -560,7 +564,17 @@ Val Lowering::lower_node(const Node& n) {
       return e_.slice(in(n, 0), 1, in(n, 0).shape[1] - s[1], in(n, 0).shape[1]);
     case Op::kSlice: {
       const auto& a = n.attrs_as<graph::SliceAttrs>();
-      return e_.slice(in(n, 0), in(n, 0).rank() - 1, a.begin, a.end);
+      const Val& x = in(n, 0);
+      const int64_t dim = x.rank() - 1, k = x.shape.back(), w = a.end - a.begin;
+      const int64_t begin =
+          a.begin + (a.group >= 0 ? int64_t(distributed::group(a.group).rank()) * w : 0);
+      const int64_t have = std::clamp<int64_t>(k - begin, 0, w);  // the rest is padding
+      if (have == w) return e_.slice(x, dim, begin, begin + w);
+      Shape pad = s;
+      pad.back() = w - have;
+      const Val zeros = e_.splat(0, x.elem, pad);
+      if (have == 0) return zeros;
+      return e_.concatenate({e_.slice(x, dim, begin, k), zeros}, dim);
     }
     case Op::kCacheWrite:
       return cache_write(n);

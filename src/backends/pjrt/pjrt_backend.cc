@@ -264,8 +264,9 @@ class PjrtExecutable : public Executable {
       }
     } else {
       const auto& a = n.attrs_as<graph::AllGatherAttrs>();
+      const int64_t width = n.type.shape.back() / a.ranks;
       distributed::group(a.group).all_gather_last_dim(
-          in, out, shape_numel(n.type.shape) / n.type.shape.back(), a.counts, gather_scratch_);
+          in, out, shape_numel(n.type.shape) / n.type.shape.back(), width, gather_scratch_);
     }
     Tensor result = y.to(n.type.dtype);
     if (carried_.count(id)) device.insert_or_assign(id, upload_counted(client_, result, *stats_));
