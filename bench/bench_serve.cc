@@ -1,11 +1,13 @@
 // Continuous batching: output tokens/s and time to first token / time per output token
 // percentiles of the serving engine at several concurrencies, with closed-loop clients (each
 // submits its next request when the last one ends), greedy, fixed prompt and output lengths.
+// --sample 1 samples as an OpenAI request with the API's defaults does (temperature 1, top_p 1:
+// the whole vocabulary), and --top-logprobs N asks for N log-probabilities per token.
 // The engine is measured directly, without HTTP, so the figures are the batching's own.
 //
 //   bench_serve [--model DIR | --shape qwen3-0.6b] [--concurrency 1,4,16,32] [--requests 2]
 //               [--prompt 64] [--tokens 32] [--shared-prefix 0] [--threads N] [--dir /tmp]
-//               [--quantize int8]
+//               [--quantize int8] [--sample 0|1] [--top-logprobs N]
 //
 // --requests is per client. --shared-prefix N starts every prompt with the same N tokens, so
 // that every request after the first finds them in the prefix cache; one request is then timed
@@ -57,8 +59,14 @@ struct Run {
 };
 
 // `clients` threads, each submitting `requests` requests one after another.
+// How each request picks its tokens.
+struct Picking {
+  bool sample = false;
+  int top_logprobs = 0;
+};
+
 Run run_clients(ServingEngine& engine, int clients, int requests, int prompt, int shared,
-                int tokens, int64_t vocab) {
+                int tokens, int64_t vocab, Picking picking) {
   Run run;
   std::mutex mu;
   auto client = [&](int c) {
@@ -67,7 +75,14 @@ Run run_clients(ServingEngine& engine, int clients, int requests, int prompt, in
       for (int i = 0; i < prompt; ++i)
         req.prompt.push_back(
             int32_t(((i < shared ? 0 : c * 7919 + r * 104729 + 1) + i * 31) % vocab));
-      req.config.do_sample = false;
+      req.config.do_sample = picking.sample;
+      if (picking.sample) {
+        req.config.temperature = 1.0;
+        req.config.top_k = 0;
+        req.config.top_p = 1.0;
+        req.config.seed = uint64_t(c * 1000 + r);
+      }
+      req.top_logprobs = picking.top_logprobs;
       req.config.max_new_tokens = tokens;
       req.config.eos_token_id = std::vector<int64_t>{};  // every request runs its full length
       std::mutex m;
@@ -110,11 +125,12 @@ Run run_clients(ServingEngine& engine, int clients, int requests, int prompt, in
 const char* const kUsage =
     R"(usage: bench_serve [--model DIR | --shape qwen3-0.6b] [--concurrency 1,4,16,32] [--requests 2]
                    [--prompt 64] [--tokens 32] [--shared-prefix 0] [--threads N] [--dir /tmp]
-                   [--quantize int8]
+                   [--quantize int8] [--sample 0|1] [--top-logprobs N]
 The serving engine's output tokens/s and TTFT/TPOT percentiles at several concurrencies, with
 closed-loop clients, without HTTP. --requests is per client. --shared-prefix N: every prompt
 starts with the same N tokens (the prefix cache's case), and one request's TTFT alone is
-printed cold and with its prefix cached.
+printed cold and with its prefix cached. --sample 1: sampled with the OpenAI API's defaults
+(temperature 1, top_p 1) instead of greedy; --top-logprobs N: N log-probabilities per token.
 )";
 
 int main(int argc, char** argv) {
@@ -122,6 +138,7 @@ int main(int argc, char** argv) {
   std::string model_dir, shape = "qwen3-0.6b", dir = "/tmp", quantize;
   std::vector<int> concurrency = {1, 4, 16, 32};
   int requests = 2, prompt = 64, tokens = 32, shared = 0, threads = 0;
+  Picking picking;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") {
@@ -144,6 +161,10 @@ int main(int argc, char** argv) {
       dir = v;
     } else if (k == "--quantize") {
       quantize = v;
+    } else if (k == "--sample") {
+      picking.sample = std::stoi(v) != 0;
+    } else if (k == "--top-logprobs") {
+      picking.top_logprobs = std::stoi(v);
     } else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -176,8 +197,10 @@ int main(int argc, char** argv) {
       ThreadPool::global().num_threads(), prompt, tokens, requests, warm);
   const int64_t vocab = model.config().vocab_size;
   if (shared > 0) {
-    const double cold = run_clients(engine, 1, 1, prompt, shared, tokens, vocab).ttft_ms[0];
-    const double cached = run_clients(engine, 1, 1, prompt, shared, tokens, vocab).ttft_ms[0];
+    const double cold =
+        run_clients(engine, 1, 1, prompt, shared, tokens, vocab, picking).ttft_ms[0];
+    const double cached =
+        run_clients(engine, 1, 1, prompt, shared, tokens, vocab, picking).ttft_ms[0];
     std::printf(
         "shared prefix of %d tokens, one request alone: TTFT %.0f ms cold, %.0f ms cached "
         "(%.3fx)\n\n",
@@ -189,7 +212,7 @@ int main(int argc, char** argv) {
       concurrency.front());
   double base = 0;
   for (int c : concurrency) {
-    const Run r = run_clients(engine, c, requests, prompt, shared, tokens, vocab);
+    const Run r = run_clients(engine, c, requests, prompt, shared, tokens, vocab, picking);
     const double tps = double(r.tokens) / r.seconds;
     if (base == 0) base = tps;
     std::printf("| %d | %.1f | %.2fx | %.0f / %.0f / %.0f | %.1f / %.1f / %.1f |\n", c, tps,

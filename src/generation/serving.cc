@@ -44,6 +44,7 @@
 #include <set>
 #include <thread>
 
+#include "core/thread_pool.h"
 #include "generation/block_manager.h"
 #include "generation/json_grammar.h"
 #include "generation/logits_process.h"
@@ -124,9 +125,11 @@ struct ServingEngine::Impl {
   // The scheduler thread's own.
   std::vector<std::unique_ptr<Sequence>> running;
   std::optional<generation::BlockManager> blocks;
-  // Reused from step to step: the logits of each batch size, and a copy of one row's.
+  // Reused from step to step: the logits of each batch size, and the sequences that choose a
+  // token in a decode step with their events.
   std::map<int64_t, Tensor> logits_by_rows;
-  std::vector<float> raw_logits;
+  std::vector<int64_t> choosers;
+  std::vector<ServingEvent> chosen;
   std::thread thread;
 
   // The vocabulary's token bytes in a trie, for structured output: made by the first request
@@ -168,8 +171,17 @@ struct ServingEngine::Impl {
   // Gives the newest running sequence's blocks back and puts it at the head of the queue.
   void preempt();
   void decode();
-  // Chooses the next token from `logits` (V) and reports it; true when the sequence is done.
-  bool choose(Sequence& s, std::span<float> logits);
+  // Chooses the next token from `logits` (V) into e (token, log-probabilities), or the reason
+  // it cannot into e.error. Touches only s's own state and this thread's scratch, so the
+  // sequences of a step pick on the pool's threads at once.
+  static void pick(Sequence& s, std::span<float> logits, ServingEvent& e);
+  // Appends e's token to s and reports it (or e.error); true when the sequence is done.
+  bool report(Sequence& s, ServingEvent e);
+  bool choose(Sequence& s, std::span<float> logits) {
+    ServingEvent e;
+    pick(s, logits, e);
+    return report(s, std::move(e));
+  }
   void finish(Sequence& s, const std::string& reason, const std::string& error = {});
   void release(Sequence& s);
   void publish_blocks() {
@@ -320,15 +332,31 @@ void ServingEngine::Impl::finish(Sequence& s, const std::string& reason, const s
   s.on_event(e);
 }
 
-bool ServingEngine::Impl::choose(Sequence& s, std::span<float> logits) {
-  ServingEvent e;
+void ServingEngine::Impl::pick(Sequence& s, std::span<float> logits, ServingEvent& e) {
+  e = ServingEvent{};
   e.request = s.id;
-  const bool want_logprobs = s.request.logprobs || s.request.top_logprobs > 0;
-  // The processors change the logits in place; log-probabilities are of the raw ones.
-  if (want_logprobs) raw_logits.assign(logits.begin(), logits.end());
-  s.processors->process(s.tokens, s.prompt_len, logits);
-  const int32_t next = s.sampler->next_token(logits, s.rc.do_sample);
-  if (want_logprobs) fill_logprobs(raw_logits, next, s.request.top_logprobs, e);
+  try {
+    const bool want_logprobs = s.request.logprobs || s.request.top_logprobs > 0;
+    // The processors change the logits in place; log-probabilities are of the raw ones.
+    thread_local std::vector<float> raw;
+    if (want_logprobs) raw.assign(logits.begin(), logits.end());
+    s.processors->process(s.tokens, s.prompt_len, logits);
+    e.token = s.sampler->next_token(logits, s.rc.do_sample);
+    if (want_logprobs) fill_logprobs(raw, e.token, s.request.top_logprobs, e);
+  } catch (const std::exception& x) {
+    e.error = x.what();
+  }
+}
+
+bool ServingEngine::Impl::report(Sequence& s, ServingEvent e) {
+  if (!e.error.empty()) {  // this sequence alone ends; the others of its step go on
+    e.token = -1;
+    e.finish_reason = "error";
+    release(s);
+    s.on_event(e);
+    return true;
+  }
+  const int32_t next = e.token;
   s.tokens.push_back(next);
   ++generated_tokens;
   e.token = next;
@@ -423,13 +451,28 @@ void ServingEngine::Impl::decode() {
   ++steps;
   computed_tokens += uint64_t(B);
   padded_tokens += uint64_t(B - n);
-  std::vector<std::unique_ptr<Sequence>> still;
+  // The sequences whose newest token was computed choose their next one, on the pool's threads
+  // (between steps they sit idle): processing and sampling a 150k-token vocabulary costs
+  // milliseconds a sequence. Reports follow in batch order on this thread.
+  choosers.clear();
   for (int64_t b = 0; b < n; ++b) {
     Sequence& s = *running[size_t(b)];
     blocks->commit(s.table, s.tokens, ++s.computed, s.prompt_len);
-    if (s.computed < int64_t(s.tokens.size()) ||
-        !choose(s, {logits.data<float>() + b * V, size_t(V)}))
-      still.push_back(std::move(running[size_t(b)]));
+    if (s.computed == int64_t(s.tokens.size())) choosers.push_back(b);
+  }
+  chosen.resize(choosers.size());
+  ThreadPool::global().parallel_for(int64_t(choosers.size()), [&](int64_t lo, int64_t hi, int) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t b = choosers[size_t(i)];
+      pick(*running[size_t(b)], {logits.data<float>() + b * V, size_t(V)}, chosen[size_t(i)]);
+    }
+  });
+  std::vector<std::unique_ptr<Sequence>> still;
+  for (size_t i = 0, b = 0; b < size_t(n); ++b) {
+    const bool chose = i < choosers.size() && choosers[i] == int64_t(b);
+    if (!chose || !report(*running[b], std::move(chosen[i])))
+      still.push_back(std::move(running[b]));
+    if (chose) ++i;
   }
   publish_blocks();
   running = std::move(still);

@@ -143,6 +143,40 @@ TEST(Serving, BatchInvariantAndNoCompilesAfterWarmUp) {
   EXPECT_GT(s.computed_tokens, s.padded_tokens);
 }
 
+// The sequences of a decode step choose their tokens on the pool's threads; one whose sampling
+// fails there ends alone with the sampler's error, and the step's other sequences go on with the
+// tokens and log-probabilities they have alone.
+TEST(Serving, ASequenceWhoseSamplingFailsEndsAloneWithItsError) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(
+      std::string(TFORMERS_TEST_DATA) + "/models/tiny-qwen3", {.device_map = "cpu"});
+  const int64_t V = model.config().vocab_size;
+  // Every id but 7 and 8 suppressed, 8 in the prompt, and no 1-gram may repeat: the first token
+  // can only be 7, and after it no token is left, which the sampler refuses.
+  ServingRequest doomed;
+  doomed.prompt = {8, 20, 30};
+  doomed.config.do_sample = true;
+  doomed.config.no_repeat_ngram_size = 1;
+  doomed.config.suppress_tokens = std::vector<int64_t>{};
+  for (int64_t id = 0; id < V; ++id)
+    if (id != 7 && id != 8) doomed.config.suppress_tokens->push_back(id);
+  doomed.config.max_new_tokens = 4;
+  ServingEngine engine(model, {.max_num_seqs = 4, .max_model_len = 64});
+  engine.start();
+  Collector alone;
+  engine.submit(greedy(prompt_of(5, 9, V), 12), alone.callback());
+  ASSERT_EQ(alone.wait(), "length") << alone.error();
+  Collector bad, good;
+  engine.submit(doomed, bad.callback());
+  engine.submit(greedy(prompt_of(5, 9, V), 12), good.callback());
+  EXPECT_EQ(bad.wait(), "error");
+  EXPECT_NE(bad.error().find("every token was filtered out"), std::string::npos) << bad.error();
+  EXPECT_EQ(bad.tokens(), std::vector<int32_t>{7});
+  ASSERT_EQ(good.wait(), "length") << good.error();
+  EXPECT_EQ(good.tokens(), alone.tokens());
+  EXPECT_EQ(good.logprobs(), alone.logprobs());
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+}
+
 // A pool with room for one full-length sequence: the others wait their turn (or are preempted
 // back into the queue) and still get every token they asked for.
 TEST(Serving, FullPoolMakesRequestsWaitNotTruncate) {
