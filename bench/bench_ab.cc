@@ -42,7 +42,9 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -341,17 +343,14 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
     out_size = x.size();
     auto pos = std::make_shared<std::vector<int32_t>>(size_t(streams), int32_t(used - 1));
-    uint64_t h = 1;
+    std::mt19937_64 rng(1);
     for (int64_t l = 0; l < layers; ++l) {
       uint16_t* kv = reinterpret_cast<uint16_t*>(add_buffer(size_t(2 * blocks * block_elems * 2)));
       fill_bf16(kv, size_t(2 * blocks * block_elems), uint64_t(l));
-      // Each layer's blocks in a shuffled order (Fisher-Yates over a multiplicative hash).
+      // Each layer's blocks in a shuffled order.
       auto table = std::make_shared<std::vector<int32_t>>(size_t(blocks));
-      for (int64_t i = 0; i < blocks; ++i) (*table)[size_t(i)] = int32_t(i);
-      for (int64_t i = blocks - 1; i > 0; --i) {
-        h = h * 6364136223846793005ull + 1442695040888963407ull;
-        std::swap((*table)[size_t(i)], (*table)[size_t((h >> 33) % uint64_t(i + 1))]);
-      }
+      std::iota(table->begin(), table->end(), 0);
+      std::shuffle(table->begin(), table->end(), rng);
       calls.push_back([=, &x](Build& bd, float* out) {
         bd.paged_attention(x.data(), kv, kv + blocks * block_elems, kBf16, table->data(),
                            pos->data(), out, streams, 1, heads, kKvHeads, kBlock, per_seq, kHeadDim,

@@ -41,6 +41,12 @@ class ProcessGroup {
 // Makes a group reachable by id from executables; returns the id.
 int register_group(std::shared_ptr<ProcessGroup> group);
 ProcessGroup& group(int id);
+// Where this rank's piece of `piece` values starts when each rank of group `id` holds one, in
+// rank order: rank * piece; 0 for no group (id < 0). Graph nodes that name a group (a vocabulary
+// shard, a split input) read their offset from here when they run or lower.
+inline int64_t rank_offset(int id, int64_t piece) {
+  return id < 0 ? 0 : int64_t(group(id).rank()) * piece;
+}
 
 // The world: every rank of mpirun when started by it (MPI initialized here, finalized at exit),
 // else a one-rank group that never touches MPI.

@@ -125,8 +125,8 @@ struct ServingEngine::Impl {
   // The scheduler thread's own.
   std::vector<std::unique_ptr<Sequence>> running;
   std::optional<generation::BlockManager> blocks;
-  // Reused from step to step: the logits of each batch size, and the sequences that choose a
-  // token in a decode step with their events.
+  // Reused from step to step: the logits of each batch size, the batch rows that choose a token
+  // in a decode step, and each row's choice.
   std::map<int64_t, Tensor> logits_by_rows;
   std::vector<int64_t> choosers;
   std::vector<ServingEvent> chosen;
@@ -350,16 +350,12 @@ void ServingEngine::Impl::pick(Sequence& s, std::span<float> logits, ServingEven
 
 bool ServingEngine::Impl::report(Sequence& s, ServingEvent e) {
   if (!e.error.empty()) {  // this sequence alone ends; the others of its step go on
-    e.token = -1;
-    e.finish_reason = "error";
-    release(s);
-    s.on_event(e);
+    finish(s, "error", e.error);
     return true;
   }
   const int32_t next = e.token;
   s.tokens.push_back(next);
   ++generated_tokens;
-  e.token = next;
   const auto& eos = s.rc.eos_token_id;
   bool stop =
       std::find(eos.begin(), eos.end(), next) != eos.end() || (s.stops && s.stops->put(next));
@@ -460,19 +456,19 @@ void ServingEngine::Impl::decode() {
     blocks->commit(s.table, s.tokens, ++s.computed, s.prompt_len);
     if (s.computed == int64_t(s.tokens.size())) choosers.push_back(b);
   }
-  chosen.resize(choosers.size());
+  chosen.resize(size_t(n));
   ThreadPool::global().parallel_for(int64_t(choosers.size()), [&](int64_t lo, int64_t hi, int) {
     for (int64_t i = lo; i < hi; ++i) {
-      const int64_t b = choosers[size_t(i)];
-      pick(*running[size_t(b)], {logits.data<float>() + b * V, size_t(V)}, chosen[size_t(i)]);
+      const size_t b = size_t(choosers[size_t(i)]);
+      pick(*running[b], {logits.data<float>() + int64_t(b) * V, size_t(V)}, chosen[b]);
     }
   });
   std::vector<std::unique_ptr<Sequence>> still;
-  for (size_t i = 0, b = 0; b < size_t(n); ++b) {
-    const bool chose = i < choosers.size() && choosers[i] == int64_t(b);
-    if (!chose || !report(*running[b], std::move(chosen[i])))
-      still.push_back(std::move(running[b]));
-    if (chose) ++i;
+  for (size_t b = 0; b < size_t(n); ++b) {
+    Sequence& s = *running[b];
+    // A row chose when its newest token was computed; report() appends the choice.
+    const bool chose = s.computed == int64_t(s.tokens.size());
+    if (!chose || !report(s, std::move(chosen[b]))) still.push_back(std::move(running[b]));
   }
   publish_blocks();
   running = std::move(still);

@@ -29,7 +29,7 @@ Value GraphBuilder::embedding(Value table, Value ids, const std::string& name) {
   Shape out = i.shape;
   out.push_back(t.shape[1]);
   return add_node(Op::kEmbedding, {table, ids}, {activation(), out}, name,
-                  EmbeddingAttrs{0, t.shape[0]});
+                  EmbeddingAttrs{t.shape[0]});
 }
 
 Value GraphBuilder::embedding_shard(Value table, Value ids, int64_t vocab, int group,
@@ -40,7 +40,7 @@ Value GraphBuilder::embedding_shard(Value table, Value ids, int64_t vocab, int g
   Shape out = i.shape;
   out.push_back(t.shape[1]);
   return add_node(Op::kEmbedding, {table, ids}, {activation(), out}, name,
-                  EmbeddingAttrs{0, vocab, group});
+                  EmbeddingAttrs{vocab, group});
 }
 
 Value GraphBuilder::linear(Value x, Value w, Value bias, const std::string& name) {

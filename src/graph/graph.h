@@ -101,13 +101,13 @@ struct CustomCall {
 // std::monostate when the op has none. fields() lists every field for the graph hash.
 struct EmbeddingAttrs {
   static constexpr const char* kName = "EmbeddingAttrs";
-  // The table holds rows [row_offset, row_offset + V) of a vocab-row table: ids outside give zero
-  // rows. {0, V} for a whole table. With a process group (>= 0), a vocabulary shard under tensor
-  // parallelism: row_offset is the rank's index in the group times V, known when the step runs,
-  // so every rank builds the same graph.
-  int64_t row_offset = 0, vocab = 0;
+  // A table of V rows: the whole vocabulary ({V, -1}), or with a process group (>= 0) a vocabulary
+  // shard under tensor parallelism, rows [rank * V, (rank + 1) * V) of `vocab` for the rank's index
+  // in the group (known when the step runs, so every rank builds the same graph); ids outside a
+  // shard give zero rows.
+  int64_t vocab = 0;
   int group = -1;
-  auto fields() const { return std::tie(row_offset, vocab, group); }
+  auto fields() const { return std::tie(vocab, group); }
 };
 struct RMSNormAttrs {
   static constexpr const char* kName = "RMSNormAttrs";

@@ -105,19 +105,16 @@ Value linear(Ctx& c, Value x, const std::string& prefix) {
 
 std::vector<Value> split(Ctx& c, Value y, const std::vector<int64_t>& parts,
                          const std::string& prefix) {
-  int64_t total = 0;
-  for (int64_t n : parts) total += n;
-  const int64_t have = c.b.type(y).shape.back();
   // Under packed_colwise each part is split over the ranks alike, each rank's piece padded to
   // the same length (distributed/tp_plan.h).
   const distributed::TpModel* tp = c.p.tp();
-  const int ranks = have == total || !tp ? 1 : tp->size();
+  const int ranks =
+      tp && tp->shard(prefix + ".weight").style == TpStyle::kPackedColwise ? tp->size() : 1;
+  const int64_t have = c.b.type(y).shape.back();
   std::vector<Value> out;
   int64_t begin = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
     const int64_t n = distributed::padded_chunk(parts[i], ranks);
-    TF_CHECK(begin + n <= have, prefix, ": packed output of ", have, " features is short of ",
-             ranks == 1 ? "the parts" : "the parts' pieces");
     out.push_back(c.b.slice_last(y, begin, begin + n, prefix + ".part" + std::to_string(i)));
     begin += n;
   }

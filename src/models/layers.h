@@ -83,8 +83,8 @@ struct Linear {
 // x (..., in) -> (..., out) through the weights under `prefix` as loaded: prepared as int8 or
 // int4 by the backend, or split over ranks with the collectives the weight's style needs.
 Value linear(Ctx& c, Value x, const std::string& prefix);
-// The parts of a packed or fused linear's output y (..., sum) along the last dim, as this rank
-// holds them (each part split alike under packed_colwise).
+// The parts of the output y (..., sum) of the packed or fused linear at `prefix` along the last
+// dim, as this rank holds them (each part split alike, and padded, under packed_colwise).
 std::vector<Value> split(Ctx& c, Value y, const std::vector<int64_t>& parts,
                          const std::string& prefix);
 

@@ -407,8 +407,7 @@ void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
       const auto* ids = static_cast<const int32_t*>(in(1));
       const auto& a = n.attrs_as<graph::EmbeddingAttrs>();
       const int64_t rows = in_type(0).shape[0], d = s.back();
-      const int64_t lo =
-          a.row_offset + (a.group >= 0 ? int64_t(distributed::group(a.group).rank()) * rows : 0);
+      const int64_t lo = distributed::rank_offset(a.group, rows);
       if (lo == 0 && rows == a.vocab) {
         cpu::embedding(in(0), in_type(0).dtype, ids, count, d, out, pool);
         return;
@@ -542,8 +541,7 @@ void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
     case Op::kSlice: {
       const auto& a = n.attrs_as<graph::SliceAttrs>();
       const int64_t k = in_type(0).shape.back(), w = s.back(), rows = shape_numel(s) / w;
-      const int64_t begin =
-          a.begin + (a.group >= 0 ? int64_t(distributed::group(a.group).rank()) * w : 0);
+      const int64_t begin = a.begin + distributed::rank_offset(a.group, w);
       const int64_t have = std::clamp<int64_t>(k - begin, 0, w);  // the rest is padding
       for (int64_t i = 0; i < rows; ++i) {
         std::memcpy(out + i * w, f32(0) + i * k + begin, size_t(have) * sizeof(float));

@@ -643,7 +643,7 @@ constexpr int kKeyBlock = N == 1   ? 8
                           : N == 2 ? 4
                                    : 1;
 
-// scores[g * L + b] = qp[g] . k[b] over the first D / 16 * 16 columns, for the KB consecutive
+// scores[g * L + b] = qp[g] . k[j + b] over the first D / 16 * 16 columns, for the KB consecutive
 // key rows k[j .. j + KB); qp in pack_query's order. Each 16-column step widens KB key vectors once
 // and feeds N * KB independent sums, and one transposing reduction gives 4 sums at a time instead
 // of a horizontal sum per query row and key.
@@ -836,10 +836,19 @@ inline int64_t interleaved_block(int64_t i, int64_t blocks) {
   return i % 2 == 0 ? i / 2 : blocks - 1 - i / 2;
 }
 
+// Query t of batch row b sits at position pos[b, t] when positions are given (negative for
+// padding), else at start + t; it sees slots [first_slot(p, window), p + 1): causal, and with a
+// window only (p - window, p].
+inline int64_t query_position(int64_t b, int64_t t, int64_t T, const int32_t* pos, int64_t start) {
+  return pos ? pos[b * T + t] : start + t;
+}
+inline int64_t first_slot(int64_t p, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, p + 1 - window) : 0;
+}
+
 // f(row, first, len) for the query rows of batch row b, queries [t0, t1), query heads of KV head
-// kvh, in that order: row is the offset of its q and out rows, and it sees slots [first, len)
-// (causal: up to its position p; with a window only (p - window, p]). A padding query (negative
-// position) gets zeros in out instead.
+// kvh, in that order: row is the offset of its q and out rows, and it sees slots [first, len). A
+// padding query (negative position) gets zeros in out instead.
 template <class F>
 inline void for_each_query(int64_t b, int64_t t0, int64_t t1, int64_t kvh, int64_t group, int64_t T,
                            int64_t Hq, int64_t D, const int32_t* pos, int64_t start, int64_t window,
@@ -847,12 +856,12 @@ inline void for_each_query(int64_t b, int64_t t0, int64_t t1, int64_t kvh, int64
   for (int64_t t = t0; t < t1; ++t)
     for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
       const int64_t row = ((b * T + t) * Hq + h) * D;
-      const int64_t p = pos ? pos[b * T + t] : start + t;
+      const int64_t p = query_position(b, t, T, pos, start);
       if (p < 0) {
         std::fill(out + row, out + row + D, 0.0f);
         continue;
       }
-      f(row, window > 0 ? std::max<int64_t>(0, p + 1 - window) : 0, p + 1);
+      f(row, first_slot(p, window), p + 1);
     }
 }
 
@@ -862,9 +871,9 @@ inline std::pair<int64_t, int64_t> query_slots(int64_t b, int64_t t0, int64_t t1
                                                const int32_t* pos, int64_t start, int64_t window) {
   int64_t lo = INT64_MAX, hi = 0;
   for (int64_t t = t0; t < t1; ++t) {
-    const int64_t p = pos ? pos[b * T + t] : start + t;
+    const int64_t p = query_position(b, t, T, pos, start);
     if (p < 0) continue;
-    lo = std::min(lo, window > 0 ? std::max<int64_t>(0, p + 1 - window) : 0);
+    lo = std::min(lo, first_slot(p, window));
     hi = std::max(hi, p + 1);
   }
   return hi > 0 ? std::pair{lo, hi} : std::pair<int64_t, int64_t>{0, 0};

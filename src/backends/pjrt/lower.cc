@@ -313,8 +313,7 @@ Val Lowering::embedding(const Node& n) {
   const Val& ids = in(n, 1);
   const int64_t count = shape_numel(ids.shape), rows = table.shape[0], d = table.shape[1];
   Val flat = e_.reshape(ids, {count});
-  const int64_t row_offset =
-      a.row_offset + (a.group >= 0 ? int64_t(distributed::group(a.group).rank()) * rows : 0);
+  const int64_t row_offset = distributed::rank_offset(a.group, rows);
   const bool shard = row_offset != 0 || rows != a.vocab;
   if (!shard) return out(n, e_.reshape(e_.gather_rows(table, flat), n.type.shape));
   // A vocabulary shard: ids outside [row_offset, row_offset + rows) give zero rows. The rank is
@@ -566,8 +565,7 @@ Val Lowering::lower_node(const Node& n) {
       const auto& a = n.attrs_as<graph::SliceAttrs>();
       const Val& x = in(n, 0);
       const int64_t dim = x.rank() - 1, k = x.shape.back(), w = a.end - a.begin;
-      const int64_t begin =
-          a.begin + (a.group >= 0 ? int64_t(distributed::group(a.group).rank()) * w : 0);
+      const int64_t begin = a.begin + distributed::rank_offset(a.group, w);
       const int64_t have = std::clamp<int64_t>(k - begin, 0, w);  // the rest is padding
       if (have == w) return e_.slice(x, dim, begin, begin + w);
       Shape pad = s;
