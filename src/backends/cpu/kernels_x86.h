@@ -847,7 +847,10 @@ void attention_x86(const float* q, const void* k_cache, const void* v_cache, DTy
                      });
       if (R == 0) continue;
       const int32_t* mask = key_mask ? key_mask + b * S : nullptr;
-      const auto [lo, hi] = slot_union(first, len, R);
+      // Plain variables, not a structured binding: the lambda below captures them, which clang
+      // accepts only from version 16 (the fuzz build's clang is 14).
+      const std::pair<int64_t, int64_t> range = slot_union(first, len, R);
+      const int64_t lo = range.first, hi = range.second;
       with_kv_rows(k_cache, v_cache, cache_type, pages, b, kvh, Hkv, S, D, lo, hi,
                    [&](auto k, auto v) {
                      using KV = typename decltype(k)::Value;
