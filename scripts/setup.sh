@@ -57,27 +57,44 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# The test tools come over the network while the library builds: npm's packages and the
+# Python environment in the background, into build/setup-tools.log, waited for at the end.
+tools_pid=""
 if [ "$want_tests" = 1 ]; then
-  (cd tools/npm && npm ci --no-audit --no-fund --loglevel=error)
-  # One virtual environment for the Python tools, every version pinned in pyproject.toml.
-  # pip 25.3 reads its dependency groups (--group, pip >= 25.1).
-  if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
-  fi
-  if ! .venv/bin/pip --version 2>/dev/null | grep -q '^pip 25\.3 '; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check pip==25.3
-  fi
-  groups=(--group test --group plugins)
-  [ "$want_dev" = 1 ] && groups+=(--group reference)
-  .venv/bin/pip install -q --disable-pip-version-check "${groups[@]}"
-  # The wheels the Python package's stage of scripts/test.sh installs offline into a fresh
-  # environment: pip, the package's build requirements and dependencies, and the test group.
-  build_requires=$(.venv/bin/python -c 'import tomllib
+  mkdir -p build
+  (
+    set -euo pipefail
+    (cd tools/npm && npm ci --no-audit --no-fund --loglevel=error)
+    # One virtual environment for the Python tools, every version pinned in pyproject.toml.
+    # pip 25.3 reads its dependency groups (--group, pip >= 25.1).
+    if [ ! -x .venv/bin/python ]; then
+      python3 -m venv .venv
+    fi
+    if ! .venv/bin/pip --version 2>/dev/null | grep -q '^pip 25\.3 '; then
+      .venv/bin/python -m pip install -q --disable-pip-version-check pip==25.3
+    fi
+    groups=(--group test --group plugins)
+    [ "$want_dev" = 1 ] && groups+=(--group reference)
+    .venv/bin/pip install -q --disable-pip-version-check "${groups[@]}"
+    # The wheels the Python package's stage of scripts/test.sh installs offline into a fresh
+    # environment: pip, the package's build requirements and dependencies, and the test group.
+    build_requires=$(.venv/bin/python -c 'import tomllib
 print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
-  # shellcheck disable=SC2086  # one argument per requirement
-  .venv/bin/pip download -q --disable-pip-version-check -d build/wheelhouse pip==25.3 \
-    $build_requires --group test
+    # shellcheck disable=SC2086  # one argument per requirement
+    .venv/bin/pip download -q --disable-pip-version-check -d build/wheelhouse pip==25.3 \
+      $build_requires --group test
+  ) >build/setup-tools.log 2>&1 &
+  tools_pid=$!
+  # A failed build ends the script: the download ends with it.
+  trap '[ -z "$tools_pid" ] || kill "$tools_pid" 2>/dev/null || true' EXIT
 fi
 
 cmake --preset release >/dev/null
 cmake --build --preset release --target tformers_cli
+if [ -n "$tools_pid" ] && ! wait "$tools_pid"; then
+  tools_pid=""
+  cat build/setup-tools.log >&2
+  echo "setup.sh: installing the test tools (npm, .venv) failed (above)" >&2
+  exit 1
+fi
+tools_pid=""

@@ -141,7 +141,9 @@ TEST(Cli, HeldDiagnosticsComeOutWholeAndInOrder) {
   for (size_t i = 0; i < ls.size(); ++i) {
     if (ls[i].find("warning: length_penalty") != std::string::npos) warning = i;
     if (ls[i].rfind("And", 0) == 0) text = i;
-    if (ls[i].rfind("And", 0) != 0) EXPECT_EQ(ls[i].rfind("tformers: ", 0), 0u) << ls[i];
+    if (ls[i].rfind("And", 0) != 0) {
+      EXPECT_EQ(ls[i].rfind("tformers: ", 0), 0u) << ls[i];
+    }
   }
   EXPECT_LT(warning, text) << r.out;
   EXPECT_LT(text, ls.size()) << r.out;

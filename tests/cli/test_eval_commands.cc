@@ -159,8 +159,9 @@ TEST(Perplexity, MatchesThePyTorchReferenceAndTheModelCard) {
       EXPECT_NEAR(got[k].get<double>(), w, 1e-6 * w) << k << ", ctx " << ctx;
     }
     // heldout.json rounds to 6 decimals a loss summed from float32 cross-entropies.
-    if (ctx == card["window"].get<int64_t>())
+    if (ctx == card["window"].get<int64_t>()) {
       EXPECT_NEAR(got["nll"].get<double>(), card["loss"].get<double>(), 2e-6);
+    }
   }
 }
 
