@@ -93,8 +93,17 @@ void add_model_flags(CLI::App* sub, ModelFlags& m) {
   add_model_flags(sub, m.model, m.revision, m.dtype, m.quantize, m.load_mode);
 }
 
+void add_tp_flags(CLI::App* sub, int64_t& tp, std::string& tp_plan) {
+  sub->add_option("--tp", tp, "Split the model over N processes (run under tformers launch)")
+      ->check(int_in(0, 65536));
+  sub->add_option("--tp-plan", tp_plan,
+                  "Tensor-parallel overrides as a JSON object, e.g. "
+                  "'{\"layers.*.self_attn.q_proj\": \"replicated_with_grad_allreduce\"}'");
+}
+
 void add_serve_flags(CLI::App* s, ServeArgs& a) {
   add_model_flags(s, a.model);
+  add_tp_flags(s, a.tp, a.tp_plan);
   s->add_option("--device", a.device, "cpu, auto, tpu, cuda or xla-cpu")->capture_default_str();
   s->add_option("--served-model-name", a.served_model_name,
                 "The name requests give as `model` (default: --model as given)");
@@ -292,11 +301,7 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
                   "Beam search: stop at num_beams finished (true), when no beam is likely to "
                   "improve (false, default) or when none can (never)")
       ->check(CLI::IsMember({"true", "false", "never"}));
-  gen->add_option("--tp", g.tp, "Split the model over N processes (run under tformers launch)")
-      ->check(int_in(0, 65536));
-  gen->add_option("--tp-plan", g.tp_plan,
-                  "Tensor-parallel overrides as a JSON object, e.g. "
-                  "'{\"layers.*.self_attn.q_proj\": \"replicated_with_grad_allreduce\"}'");
+  add_tp_flags(gen, g.tp, g.tp_plan);
 
   tokz->add_option("--model,-m", tok_model, "Model folder or Hub id in the local cache")
       ->required();
@@ -486,6 +491,14 @@ std::map<std::string, std::string> parse_tp_plan(const std::string& text) {
     plan[key] = style.get<std::string>();
   }
   return plan;
+}
+
+std::optional<DistributedConfig> distributed_config(int64_t tp, const std::string& tp_plan) {
+  if (tp == 0 && tp_plan.empty()) return std::nullopt;
+  DistributedConfig dc;
+  if (tp > 0) dc.tp_size = tp;
+  if (!tp_plan.empty()) dc.tp_plan = parse_tp_plan(tp_plan);
+  return dc;
 }
 
 void check_args(const GenerateArgs& a) {

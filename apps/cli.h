@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/generation.h"
 
@@ -100,6 +101,8 @@ struct ServeArgs {
   double request_timeout = 600;  // seconds from arrival to the last token; then cancelled
   double read_timeout = 30, write_timeout = 30, keep_alive_timeout = 5;
   double shutdown_timeout = 10;  // how long running requests may finish after SIGTERM
+  int64_t tp = 0;                // as generate's: rank 0 serves, the others run its steps
+  std::string tp_plan;
 };
 
 // quantize: the model, the scheme (--to) and the folder to write.
@@ -138,6 +141,8 @@ std::vector<int32_t> parse_ids(const std::string& s);
 
 // --tp-plan's JSON object {"module pattern": "style"}, as DistributedConfig.tp_plan takes it.
 std::map<std::string, std::string> parse_tp_plan(const std::string& text);
+// What --tp and --tp-plan ask for; none when neither is given (the whole model in each process).
+std::optional<DistributedConfig> distributed_config(int64_t tp, const std::string& tp_plan);
 
 // Checks what can be checked without the model, so that a bad flag fails before loading.
 void check_args(const GenerateArgs& a);

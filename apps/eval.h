@@ -2,6 +2,7 @@
 // apps/cli.cc parsed.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "cli.h"
@@ -9,9 +10,10 @@
 
 namespace tformers::cli {
 
-// Loads the model on `device_map`, with a progress bar on stderr when stderr is a terminal and
-// the load takes more than half a second.
-CausalLM load_with_progress(const ModelFlags& flags, const std::string& device_map);
+// Loads the model on `device_map`, split as `distributed` says, with a progress bar on rank 0's
+// stderr when that is a terminal and the load takes more than half a second.
+CausalLM load_with_progress(const ModelFlags& flags, const std::string& device_map,
+                            std::optional<DistributedConfig> distributed = std::nullopt);
 
 // Prompt processing (one forward pass over P tokens) and token generation (N single-token steps
 // after a short prompt) in tokens/s, mean and standard deviation over the repetitions, for every

@@ -63,7 +63,6 @@ using tformers::cli::GenerateArgs;
 using tformers::cli::generation_config;
 using tformers::cli::HeldStderr;
 using tformers::cli::parse_ids;
-using tformers::cli::parse_tp_plan;
 using tformers::cli::random_seed;
 
 // Where errors go: stderr, or on a rank that is not rank 0 (whose stderr is silenced) a copy of
@@ -151,12 +150,7 @@ tformers::CausalLM load_model(const GenerateArgs& a) {
   opt.quantize = a.quantize;
   opt.load_mode = a.load_mode;
   if (!a.dtype.empty()) opt.dtype = tformers::parse_dtype(a.dtype);
-  if (a.tp > 0 || !a.tp_plan.empty()) {
-    tformers::DistributedConfig dc;
-    if (a.tp > 0) dc.tp_size = a.tp;
-    if (!a.tp_plan.empty()) dc.tp_plan = parse_tp_plan(a.tp_plan);
-    opt.distributed_config = dc;
-  }
+  opt.distributed_config = tformers::cli::distributed_config(a.tp, a.tp_plan);
   tformers::ProgressBar bar(stderr,
                             isatty(fileno(stderr)) && tformers::distributed::is_main_process());
   opt.progress = [&bar](std::string_view stage, int64_t done, int64_t total) {
@@ -569,7 +563,8 @@ MASTER_PORT set, its chip visible as device 0 (CUDA_VISIBLE_DEVICES, TPU_VISIBLE
 TFORMERS_NUM_THREADS set to its share of the cores unless already set. mpirun runs with
 --allow-run-as-root when run as root and --oversubscribe when N exceeds the cores. Only rank 0
 writes text and diagnostics unless --verbose-all-ranks is given (here or to generate or chat);
-errors are written by every rank.
+errors are written by every rank. SIGTERM to launch reaches every rank as SIGUSR1, on which
+serve drains its streams and exits; a second SIGTERM ends the job at once.
 
 example:
   tformers launch --nproc-per-node 2 -- build/release/tformers generate -m DIR --prompt "Hi" --tp 2
@@ -618,7 +613,8 @@ int run(int argc, char** argv) {
   if (cl.command == "perplexity") return tformers::cli::run_perplexity(cl.perplexity);
   if (cl.command == "serve")
     return tformers::serve::run_serve(cl.serve, [](const tformers::cli::ServeArgs& a) {
-      return tformers::cli::load_with_progress(a.model, a.device);
+      return tformers::cli::load_with_progress(a.model, a.device,
+                                               tformers::cli::distributed_config(a.tp, a.tp_plan));
     });
   if (cl.command == "quantize") return tformers::cli::run_quantize(cl.quantize);
   if (cl.command == "compile") return tformers::cli::run_compile(cl.compile);

@@ -20,6 +20,7 @@
 #include "serve/http.h"
 #include "serve/metrics.h"
 #include "serve/openai.h"
+#include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/serving.h"
 #include "tformers/tokenizer.h"
@@ -67,8 +68,8 @@ void install_stop_signals() {
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  // SIGUSR1: what `tformers launch` turns a SIGTERM into for every rank (see launcher.cc).
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1}) sigaction(sig, &sa, nullptr);
 }
 
 void wait_for_stop_signal() {
@@ -660,9 +661,24 @@ int run_serve(const ServeArgs& args, const ModelLoader& load_model) {
   const char* env_key = std::getenv("TFORMERS_API_KEY");
   const std::string api_key = !args.api_key.empty() ? args.api_key : env_key ? env_key : "";
   install_stop_signals();
+  // Under tformers launch: one server for one tensor-parallel group. Rank 0 takes the requests
+  // and schedules; the others run its steps. Ranks that each held a whole model would each try
+  // to take the port.
+  const int world = distributed::world_size();
+  if (world > 1 && args.tp != world)
+    throw InvalidArgumentError("serve: started on " + std::to_string(world) + " ranks; give --tp " +
+                               std::to_string(world) +
+                               " to split the model over them (one server), or start one "
+                               "process per server");
 
-  Tokenizer tokenizer = AutoTokenizer::from_pretrained(args.model.model, args.model.revision);
   CausalLM model = load_model(args);
+  if (!distributed::is_main_process()) {
+    // SIGTERM reaches every rank; the followers run on until rank 0 has drained its streams and
+    // stopped them (the stop signals installed above only note it).
+    ServingEngine::follow(model);
+    return 0;
+  }
+  Tokenizer tokenizer = AutoTokenizer::from_pretrained(args.model.model, args.model.revision);
   ServingEngine engine(model,
                        {.max_num_seqs = args.max_num_seqs,
                         .max_model_len = args.max_model_len,

@@ -134,7 +134,15 @@ class ServingEngine {
   // for stop strings. InvalidArgumentError for an impossible config (a pool too small for one
   // sequence of max_model_len, sizes out of range), and for a model that another engine serves
   // (one pool per model: load the model twice for two engines).
+  //
+  // A tensor-parallel model is served from rank 0 of its group, which takes the requests and
+  // schedules; every other rank calls follow(model) instead, which runs each step rank 0 runs,
+  // in the same order, until rank 0's engine ends:
+  //
+  //   if (tformers::distributed::is_main_process()) { ServingEngine engine(model); ... }
+  //   else ServingEngine::follow(model);
   ServingEngine(CausalLM& model, ServingConfig config = {}, const Tokenizer* tokenizer = nullptr);
+  static void follow(CausalLM& model);
   ~ServingEngine();  // shutdown(0)
   ServingEngine(const ServingEngine&) = delete;
   ServingEngine& operator=(const ServingEngine&) = delete;

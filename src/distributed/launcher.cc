@@ -3,6 +3,7 @@
 #include "distributed/process_group.h"
 
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -69,6 +70,44 @@ std::string list_entry(const std::string& list, long index) {
   std::fprintf(stderr, "error: tformers launch: cannot run '%s': %s\n", argv[0],
                std::strerror(errno));
   std::_Exit(127);
+}
+
+volatile sig_atomic_t g_mpirun = 0;
+volatile sig_atomic_t g_stops = 0;
+
+// SIGTERM, SIGINT or SIGHUP to the launcher. mpirun itself ends a job on SIGTERM by killing
+// every rank a second later, which leaves a server no time to finish its streams. So the first
+// becomes SIGUSR1, which mpirun hands to every rank of the job and otherwise ignores (serve
+// stops on it as on SIGTERM; a program without a handler ends at once); the second is passed on
+// as SIGTERM, mpirun's own way of ending the job.
+void on_stop(int) {
+  if (g_mpirun <= 0) return;
+  ::kill(pid_t(g_mpirun), g_stops == 0 ? SIGUSR1 : SIGTERM);
+  g_stops = 1;
+}
+
+// Runs mpirun as a child (ended with the launcher) and returns its exit status.
+int run_mpirun(const std::vector<std::string>& cmd) {
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child < 0) {
+    std::fprintf(stderr, "error: tformers launch: cannot start mpirun: %s\n", std::strerror(errno));
+    return 1;
+  }
+  if (child == 0) {
+    end_with_parent();
+    exec_or_die(cmd);
+  }
+  g_mpirun = child;
+  struct sigaction sa = {};
+  sa.sa_handler = on_stop;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 }  // namespace
@@ -202,7 +241,7 @@ int launcher_main(int argc, char** argv) {
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   cmd.insert(cmd.end(), {self, kRankStep, "--"});
   for (int k = i + 1; k < argc; ++k) cmd.push_back(argv[k]);
-  exec_or_die(cmd);
+  return run_mpirun(cmd);
 }
 
 }  // namespace tformers::distributed

@@ -49,7 +49,7 @@ class SingleProcessGroup : public ProcessGroup {
   void all_gather(const float* in, float* out, int64_t n) override {
     if (in != out) std::memcpy(out, in, size_t(n) * sizeof(float));
   }
-  void broadcast(void*, int64_t, int) override {}
+  void broadcast(void*, int64_t, int, Wait) override {}
   void barrier() override {}
   [[noreturn]] void abort(int code) override {
     std::fflush(nullptr);
@@ -85,7 +85,7 @@ double checked_timeout(double seconds, const char* source) {
 #if TFORMERS_WITH_MPI
 // Waits for a nonblocking collective, or ends the job when the peers do not answer in time. A
 // blocking MPI collective would wait forever for a rank that is stopped rather than dead.
-void wait_or_abort(MPI_Request& req, const char* what, int rank) {
+void wait_or_abort(MPI_Request& req, const char* what, int rank, bool bounded = true) {
   using Clock = std::chrono::steady_clock;
   const double timeout = collective_timeout();
   const auto start = Clock::now();
@@ -97,7 +97,7 @@ void wait_or_abort(MPI_Request& req, const char* what, int rank) {
     // so that waiting for a slow peer does not take a whole core.
     if (polls < 10000) continue;
     const double waited = std::chrono::duration<double>(Clock::now() - start).count();
-    if (waited > timeout) {
+    if (bounded && waited > timeout) {
       write_fatal_line(
           "tformers: rank %d: collective %s got no answer from the other ranks in %.3g s: a rank "
           "has stopped or hung. Ending the job. (The timeout is DistributedConfig::timeout, "
@@ -106,7 +106,8 @@ void wait_or_abort(MPI_Request& req, const char* what, int rank) {
       MPI_Abort(MPI_COMM_WORLD, 1);
       std::_Exit(1);
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    // An idle wait past a second polls a thousand times a second, not ten thousand.
+    std::this_thread::sleep_for(std::chrono::microseconds(waited > 1.0 ? 1000 : 100));
   }
 }
 
@@ -142,10 +143,11 @@ class MpiProcessGroup : public ProcessGroup {
     wait_or_abort(req, "all_gather", rank_);
   }
 
-  void broadcast(void* data, int64_t bytes, int root) override {
+  void broadcast(void* data, int64_t bytes, int root, Wait wait) override {
+    TF_CHECK(bytes <= INT_MAX, "broadcast of ", bytes, " bytes (MPI counts are int)");
     MPI_Request req;
     check_mpi(MPI_Ibcast(data, int(bytes), MPI_BYTE, root, comm_, &req), "broadcast");
-    wait_or_abort(req, "broadcast", rank_);
+    wait_or_abort(req, "broadcast", rank_, wait == Wait::kBounded);
   }
   void barrier() override {
     MPI_Request req;
@@ -290,7 +292,14 @@ std::shared_ptr<ProcessGroup> world() {
         // and mpirun, seeing a non-zero exit, ends the job.
         setenv("OMPI_MCA_async_mpi_finalize", "1", 0);
         int provided = 0;
-        check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "init");
+        // Serialized, not funneled: a server's steps (and their collectives) run on its
+        // scheduler thread, not the thread that initialized MPI; one thread at a time.
+        check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "init");
+        if (provided < MPI_THREAD_SERIALIZED)
+          throw UnsupportedError(
+              "this MPI library offers only MPI_THREAD_FUNNELED or less, but tformers calls "
+              "collectives from a server's scheduler thread (MPI_THREAD_SERIALIZED): use an Open "
+              "MPI built with thread support, as Debian's libopenmpi-dev is");
         std::atexit(finalize_at_exit);
       }
       g = std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD);

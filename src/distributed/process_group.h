@@ -26,7 +26,11 @@ class ProcessGroup {
   // rows > 1 the pieces arrive rank-major in `scratch` (grown as needed) and are interleaved.
   void all_gather_last_dim(const float* in, float* out, int64_t rows, int64_t width,
                            std::vector<float>& scratch);
-  virtual void broadcast(void* data, int64_t bytes, int root) = 0;
+  // How long a collective may wait for its peers: the collective timeout, or without end for a
+  // rank that waits for its next step from a server that may have no request for hours (the
+  // wait then sleeps between polls).
+  enum class Wait { kBounded, kUnbounded };
+  virtual void broadcast(void* data, int64_t bytes, int root, Wait wait = Wait::kBounded) = 0;
   virtual void barrier() = 0;
   // Ends every rank of the job with `code`; never returns.
   [[noreturn]] virtual void abort(int code) = 0;

@@ -205,10 +205,13 @@ struct ServingEngine::Impl {
 };
 
 void ServingEngine::Impl::configure() {
-  if (m.tensor_parallel())
-    throw UnsupportedError(
-        "ServingEngine: tensor-parallel models cannot be served yet; load the model in one "
-        "process (no tp_size)");
+  if (m.tensor_parallel()) {
+    if (m.tp_rank() != 0)
+      throw InvalidArgumentError("ServingEngine: this is rank " + std::to_string(m.tp_rank()) +
+                                 " of a tensor-parallel model, which rank 0's engine serves; "
+                                 "call ServingEngine::follow(model) here");
+    m.lead();
+  }
   const int64_t max_pos = m.config().max_position_embeddings;
   if (cfg.max_model_len == 0) cfg.max_model_len = std::min<int64_t>(max_pos, 4096);
   auto check = [](bool ok, const std::string& what) {
@@ -556,6 +559,8 @@ ServingEngine::ServingEngine(CausalLM& model, ServingConfig config, const Tokeni
 }
 
 ServingEngine::~ServingEngine() { shutdown(std::chrono::milliseconds(0)); }
+
+void ServingEngine::follow(CausalLM& model) { models::ModelRunner(model).follow(); }
 
 const ServingConfig& ServingEngine::config() const { return impl_->cfg; }
 

@@ -1,6 +1,7 @@
 #include "models/model_runner.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
 #include "tformers/error.h"
@@ -62,7 +63,13 @@ void ModelRunner::run_static(Step& step, const Tensor& ids, const Tensor& positi
   m_.run(step, inputs, outputs);
 }
 
+void ModelRunner::allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks) {
+  send(Call::kAllocatePool, blocks, block_size, table_blocks);
+  m_.allocate_pool(blocks, block_size, table_blocks);
+}
+
 ModelRunner::Step& ModelRunner::prepare_paged(int64_t rows, int64_t tokens) {
+  send(Call::kPreparePaged, rows, tokens, 0);
   return m_.step({.batch = rows,
                   .new_tokens = tokens,
                   .cache_len = 0,
@@ -99,9 +106,93 @@ void ModelRunner::run_paged(Step& step, std::span<const SequenceChunk> seqs, Ten
     }
     std::copy(c.blocks.begin(), c.blocks.end(), table.data<int32_t>() + int64_t(r) * MB);
   }
-  const Tensor* inputs[] = {&ids, &pos, &table};
+  run_paged_inputs(step, ids, pos, table, logits);
+}
+
+void ModelRunner::run_paged_inputs(Step& step, Tensor& ids, Tensor& positions, Tensor& table,
+                                   Tensor& logits) {
+  if (leading_) {
+    send(Call::kRunPaged, step.shape.batch, step.shape.new_tokens, step.shape.table_blocks);
+    for (Tensor* t : {&ids, &positions, &table})
+      m_.tp->group().broadcast(t->raw(), int64_t(t->nbytes()), 0);
+  }
+  const Tensor* inputs[] = {&ids, &positions, &table};
   Tensor* outputs[] = {&logits};
   m_.run(step, inputs, outputs);
+}
+
+ModelRunner::~ModelRunner() {
+  if (!leading_) return;
+  try {
+    send(Call::kStop, 0, 0, 0);
+  } catch (const std::exception& e) {
+    // A destructor cannot throw; the followers then wait until the job ends.
+    std::fprintf(stderr, "tformers: could not stop the other ranks' steps: %s\n", e.what());
+  }
+}
+
+void ModelRunner::send(Call call, int64_t a, int64_t b, int64_t c) {
+  if (!leading_) return;
+  int64_t words[4] = {int64_t(call), a, b, c};
+  m_.tp->group().broadcast(words, sizeof words, 0);
+}
+
+void ModelRunner::lead() {
+  if (!m_.tp || m_.tp->rank() != 0)
+    throw InvalidArgumentError(
+        m_.tp ? "ModelRunner::lead: rank " + std::to_string(m_.tp->rank()) +
+                    " follows; only rank 0 of the tensor-parallel group leads"
+              : std::string("ModelRunner::lead: the model runs in one process; there is no one "
+                            "to lead"));
+  leading_ = true;
+}
+
+void ModelRunner::follow() {
+  if (!m_.tp || m_.tp->rank() == 0)
+    throw InvalidArgumentError(
+        m_.tp ? std::string("ModelRunner::follow: rank 0 leads; the other ranks follow")
+              : std::string("ModelRunner::follow: the model runs in one process; there is no "
+                            "one to follow"));
+  distributed::ProcessGroup& g = m_.tp->group();
+  std::map<int64_t, Tensor> logits_by_rows;  // the logits are rank 0's to read
+  for (;;) {
+    int64_t words[4];
+    g.broadcast(words, sizeof words, 0, distributed::ProcessGroup::Wait::kUnbounded);
+    const auto [call, a, b, c] = words;
+    try {
+      switch (Call(call)) {
+        case Call::kStop:
+          return;
+        case Call::kAllocatePool:
+          m_.allocate_pool(a, b, c);
+          break;
+        case Call::kPreparePaged:
+          prepare_paged(a, b);
+          break;
+        case Call::kRunPaged: {
+          Tensor ids = Tensor::zeros({a, b}, DType::i32), pos = Tensor::zeros({a, b}, DType::i32),
+                 table = Tensor::zeros({a, c}, DType::i32);
+          for (Tensor* t : {&ids, &pos, &table}) g.broadcast(t->raw(), int64_t(t->nbytes()), 0);
+          Step& step = prepare_paged(a, b);
+          TF_CHECK(step.shape.table_blocks == c, "rank 0 runs steps of ", c,
+                   " table blocks, this rank's pool takes ", step.shape.table_blocks);
+          auto it = logits_by_rows.find(a);
+          if (it == logits_by_rows.end())
+            it = logits_by_rows.emplace(a, Tensor::zeros({a, 1, vocab_size()}, DType::f32)).first;
+          run_paged_inputs(step, ids, pos, table, it->second);
+          break;
+        }
+        default:
+          TF_CHECK(false, "unknown step call ", call, " from rank 0");
+      }
+    } catch (const InvalidArgumentError&) {
+      // The same inputs failed the same checks on rank 0, which reports it; no collective ran.
+    } catch (const std::exception& e) {
+      distributed::write_fatal_line("tformers: rank %d: a step rank 0 sent failed here: %s\n",
+                                    g.rank(), e.what());
+      g.abort(1);
+    }
+  }
 }
 
 }  // namespace tformers::models

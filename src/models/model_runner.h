@@ -35,10 +35,15 @@ struct SequenceChunk {
 class ModelRunner {
  public:
   explicit ModelRunner(CausalLM& model) : m_(state_of(model)) {}
+  // A leading runner tells its followers to stop (see lead()).
+  ~ModelRunner();
+  ModelRunner(const ModelRunner&) = delete;
+  ModelRunner& operator=(const ModelRunner&) = delete;
 
   const ArchConfig& config() const { return *m_.arch_config; }
   int64_t vocab_size() const { return m_.arch_config->vocab_size; }
   bool tensor_parallel() const { return m_.tp != nullptr; }
+  int tp_rank() const { return m_.tp ? m_.tp->rank() : 0; }
   const GenerationConfig& generation_config() const { return m_.generation_config; }
   const std::vector<int64_t>& prompt_buckets() const { return m_.prompt_buckets; }
   // The fewest rows from which the backend's results per row do not depend on the batch.
@@ -84,9 +89,7 @@ class ModelRunner {
 
   // The paged cache: `blocks` blocks of `block_size` positions in each layer's pool (kept if the
   // sizes match); steps take block tables of `table_blocks` entries per sequence.
-  void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks) {
-    m_.allocate_pool(blocks, block_size, table_blocks);
-  }
+  void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks);
   // The step for ragged batches of up to `rows` sequences of up to `tokens` new tokens each.
   Step& prepare_paged(int64_t rows, int64_t tokens);
   // Runs one step over a ragged batch: sequence i is row i, its tokens right-aligned (left
@@ -95,8 +98,26 @@ class ModelRunner {
   // on padding only, so that its working memory exists before the first real step.
   void run_paged(Step& step, std::span<const SequenceChunk> seqs, Tensor& logits);
 
+  // Tensor parallelism under a scheduler that runs on rank 0 alone (the serving engine, whose
+  // requests arrive there). lead(), on rank 0, makes each paged call (allocate_pool,
+  // prepare_paged, run_paged with the step's host inputs) go first to the other ranks, and the
+  // runner's end send them a stop. There, follow() makes the same calls in the same order until
+  // that stop, so every rank runs the same steps and meets the others in the same collectives.
+  // A step whose inputs fail their checks fails alike on every rank, and the followers go on;
+  // any other failure on a follower ends the job, whose ranks would wait for it forever.
+  // InvalidArgumentError on the wrong rank or for a model in one process.
+  void lead();
+  void follow();
+
  private:
+  enum class Call : int64_t { kStop, kAllocatePool, kPreparePaged, kRunPaged };
+  // To the followers, when leading: a call and its three numbers.
+  void send(Call call, int64_t a, int64_t b, int64_t c);
+  // The step's host inputs: ids and positions (rows, tokens), block table (rows, table_blocks).
+  void run_paged_inputs(Step& step, Tensor& ids, Tensor& positions, Tensor& table, Tensor& logits);
+
   CausalLM::Impl& m_;
+  bool leading_ = false;
 };
 
 }  // namespace tformers::models

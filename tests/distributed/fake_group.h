@@ -16,7 +16,7 @@ class FakeGroup : public ProcessGroup {
   int size() const override { return size_; }
   void all_reduce_sum(const float*, float*, int64_t) override {}
   void all_gather(const float*, float*, int64_t) override {}
-  void broadcast(void*, int64_t, int) override {}
+  void broadcast(void*, int64_t, int, Wait) override {}
   void barrier() override {}
   [[noreturn]] void abort(int code) override { std::_Exit(code); }
 

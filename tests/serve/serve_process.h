@@ -7,11 +7,14 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -45,13 +48,22 @@ inline std::string slurp(const std::string& path) {
 class ServeProcess {
  public:
   // Starts `tformers serve -m models/kjv-fortunes-tiny --port 0 ARGS...` from the source tree,
-  // with `env` ("NAME=value") added to the environment, and waits until it is ready.
-  explicit ServeProcess(std::vector<std::string> args = {}, std::vector<std::string> env = {}) {
+  // with `env` ("NAME=value") added to the environment, and waits until it is ready. With
+  // `launch` flags ("--nproc-per-node", "2"), under `tformers launch LAUNCH... --`; pid() is then
+  // mpirun's, whose stderr carries rank 0's.
+  explicit ServeProcess(std::vector<std::string> args = {}, std::vector<std::string> env = {},
+                        std::vector<std::string> launch = {}) {
     log_ =
         (std::filesystem::temp_directory_path() /
          ("tformers_serve_" + std::to_string(::getpid()) + "_" + std::to_string(++count_) + ".log"))
             .string();
-    std::vector<std::string> argv = {TFORMERS_CLI, "serve", "-m", kModel, "--port", "0"};
+    std::vector<std::string> argv;
+    if (!launch.empty()) {
+      argv = {TFORMERS_CLI, "launch"};
+      argv.insert(argv.end(), launch.begin(), launch.end());
+      argv.push_back("--");
+    }
+    argv.insert(argv.end(), {TFORMERS_CLI, "serve", "-m", kModel, "--port", "0"});
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<char*> cargv;
     for (std::string& a : argv) cargv.push_back(a.data());
@@ -219,6 +231,30 @@ inline std::string post_request(const std::string& path, const std::string& body
   return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
          extra_headers + "Content-Length: " + std::to_string(body.size()) +
          "\r\nConnection: close\r\n\r\n" + body;
+}
+
+// Starts `n` streams, sends SIGTERM once each has its first token, and returns what each read.
+inline std::vector<std::string> sigterm_while_streaming(ServeProcess& server, int n,
+                                                        std::optional<int>& exit_status) {
+  std::vector<std::unique_ptr<RawConnection>> streams;
+  for (int i = 0; i < n; ++i) {
+    streams.push_back(std::make_unique<RawConnection>(server.port()));
+    streams.back()->send(post_request(
+        "/v1/chat/completions",
+        nlohmann::json{
+            {"model", kModel},
+            {"messages", {{{"role", "user"}, {"content", "Tell me " + std::to_string(i)}}}},
+            {"max_tokens", 200},
+            {"ignore_eos", true},
+            {"stream", true}}
+            .dump()));
+  }
+  // The first chunk with text (the first chunk of all only names the role).
+  for (auto& s : streams) s->read_until("\"delta\":{\"content\":\"");
+  exit_status = server.stop(SIGTERM, 60s);
+  std::vector<std::string> read;
+  for (auto& s : streams) read.push_back(s->read_until("data: [DONE]"));
+  return read;
 }
 
 }  // namespace tformers::serve::testing

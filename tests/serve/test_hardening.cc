@@ -198,29 +198,6 @@ TEST(ServeHardening, RequestsPastTheTimeoutAreCancelled) {
   EXPECT_EQ(server.stop(), 0);
 }
 
-// Starts `n` streams, sends SIGTERM once each has its first token, and returns what each read.
-std::vector<std::string> sigterm_while_streaming(ServeProcess& server, int n,
-                                                 std::optional<int>& exit_status) {
-  std::vector<std::unique_ptr<RawConnection>> streams;
-  for (int i = 0; i < n; ++i) {
-    streams.push_back(std::make_unique<RawConnection>(server.port()));
-    streams.back()->send(post_request(
-        "/v1/chat/completions",
-        Json{{"model", kModel},
-             {"messages", {{{"role", "user"}, {"content", "Tell me " + std::to_string(i)}}}},
-             {"max_tokens", 200},
-             {"ignore_eos", true},
-             {"stream", true}}
-            .dump()));
-  }
-  // The first chunk with text (the first chunk of all only names the role).
-  for (auto& s : streams) s->read_until("\"delta\":{\"content\":\"");
-  exit_status = server.stop(SIGTERM, 60s);
-  std::vector<std::string> read;
-  for (auto& s : streams) read.push_back(s->read_until("data: [DONE]"));
-  return read;
-}
-
 TEST(ServeHardening, SigtermLetsRunningStreamsFinishAndExitsZero) {
   ServeProcess server;
   std::optional<int> status;

@@ -399,6 +399,14 @@ TEST(Serving, CancelUnderPreemptionLeavesNoBlockHeld) {
   EXPECT_EQ(s.kv_blocks_used, 0);
 }
 
+// A model in one process has no rank 0 to follow (tests/distributed/serve_tp_test.cc runs the
+// split server).
+TEST(Serving, FollowNeedsATensorParallelModel) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  EXPECT_CONTAINS(error_of<InvalidArgumentError>([&] { ServingEngine::follow(model); }),
+                  "the model runs in one process; there is no one to follow");
+}
+
 TEST(Serving, CancelFreesTheSequence) {
   CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
   ServingEngine engine(model, {.max_num_seqs = 2, .max_model_len = 256});
