@@ -43,7 +43,9 @@ TEST(ServeTp, TwoRanksAnswerWhatOneProcessAnswersAndDrainOnSigterm) {
     ServeProcess one({"--device", "cpu"});
     for (const std::string& p : kPrompts) want.push_back(complete(one, p));
   }
-  ServeProcess two({"--device", "cpu", "--tp", "2"}, {}, {"--nproc-per-node", "2"});
+  // A grace that the streams' 200 tokens fit in under the sanitizers too.
+  ServeProcess two({"--device", "cpu", "--tp", "2", "--shutdown-timeout", "50"}, {},
+                   {"--nproc-per-node", "2"});
   ASSERT_NE(two.port(), 0) << two.log();
   // One request at a time (prefill and decode of batch 1), then all at once (admitted together,
   // decoded as one batch, a repeated prefix found in the cache).

@@ -164,7 +164,8 @@ TEST(Safetensors, GetRows) {
   EXPECT_EQ(c.get_rows("emb", 0, 6).nbytes(), t.nbytes());
   EXPECT_EQ(c.get_rows("emb", 6, 6).shape(), Shape({0, 4}));
 
-  for (auto [b, e] : {std::pair<int64_t, int64_t>{-1, 2}, {3, 2}, {0, 7}}) {
+  for (std::pair<int64_t, int64_t> range : {std::pair<int64_t, int64_t>{-1, 2}, {3, 2}, {0, 7}}) {
+    const int64_t b = range.first, e = range.second;
     std::string msg = error_of<InvalidArgumentError>([&] { c.get_rows("emb", b, e); });
     EXPECT_HAS(msg, "'emb'");
     EXPECT_HAS(msg, "[6, 4]");

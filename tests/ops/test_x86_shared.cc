@@ -16,18 +16,23 @@
 // |error| <= (n + 1) u sum_i x_i^2 with u = 2^-24, which correct code cannot exceed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/kernels.h"
 #include "core/cpu_features.h"
 #include "core/thread_pool.h"
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
+#include "ops/avx2_region.h"
+#include "tformers/dtype.h"
+TFORMERS_AVX2_BEGIN
 #include "backends/cpu/kernels_x86.h"
-#pragma GCC pop_options
+TFORMERS_AVX2_END
 #include "ops/ops_test_util.h"
 
 namespace tformers::cpu {
