@@ -91,7 +91,9 @@ TEST(LoadMode, AShardThatShrinksDuringTheLoadIsNamed) {
     bool cut = false;
     LoadOptions opt{.dtype = float32, .load_mode = mode};
     opt.progress = [&](std::string_view, int64_t, int64_t) {
-      if (!cut) ASSERT_EQ(::truncate(shard.c_str(), 8192), 0);
+      if (!cut) {
+        ASSERT_EQ(::truncate(shard.c_str(), 8192), 0);
+      }
       cut = true;
     };
     std::string message;
