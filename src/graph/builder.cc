@@ -157,6 +157,13 @@ Value GraphBuilder::add(Value a, Value b, const std::string& name) {
   return add_node(Op::kAdd, {a, b}, {activation(), type(a).shape}, name);
 }
 
+Value GraphBuilder::convert(Value x, DType to, const std::string& name) {
+  TF_CHECK(is_float(type(x).dtype) && is_float(to), name, ": ", type(x).str(), " to ",
+           dtype_name(to));
+  if (type(x).dtype == to) return x;
+  return add_node(Op::kConvert, {x}, {to, type(x).shape}, name);
+}
+
 Value GraphBuilder::reshape(Value x, Shape shape) {
   TF_CHECK(shape_numel(shape) == shape_numel(type(x).shape), type(x).str(), " to ",
            shape_str(shape));

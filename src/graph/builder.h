@@ -73,6 +73,8 @@ class GraphBuilder {
   Value paged_attention(Value q, Value k_pool, Value v_pool, Value table, Value pos, float scale,
                         AttentionOptions o, const std::string& name);
   Value take_last(Value x, int64_t n);
+  // x in float dtype `to`; x itself when it has that dtype already.
+  Value convert(Value x, DType to, const std::string& name = "");
   // A hub kernel producing `out` from `inputs`; the caller (models/layers.cc) has matched the
   // inputs to the kernel's schema.
   Value custom_call(std::shared_ptr<const CustomCall> call, std::vector<Value> inputs,
@@ -87,6 +89,7 @@ class GraphBuilder {
   Value shard_last(Value x, int64_t width, int group, const std::string& name = "");
 
   const TensorType& type(Value v) const { return graph_.node(v).type; }
+  Op op(Value v) const { return graph_.node(v).op; }
   void output(Value v) { graph_.mark_output(v); }
   Graph finish() { return std::move(graph_); }
 

@@ -58,6 +58,8 @@ const char* op_name(Op op) {
       return "paged_attention";
     case Op::kLinearInt4:
       return "linear_int4";
+    case Op::kConvert:
+      return "convert";
   }
   return "?";
 }

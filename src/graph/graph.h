@@ -69,6 +69,8 @@ enum class Op : uint8_t {
                 // weight-only 4-bit codes in tiles of 8 rows by kInt4Block k values (the layout
                 // of backends/cpu/kernels.h), w[n,k] = scale[n, b] * (code[n,k] - zero[n, b])
                 // with zero 8 when absent; LinearInt4Attrs
+  kConvert,     // (x) -> x in the node's float dtype: a hub kernel's float32 boundary in a graph
+                // of other activations, and the float32 logits every graph returns
 };
 
 const char* op_name(Op op);

@@ -424,7 +424,8 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
 }
 
 graph::Graph CausalLM::Impl::build_graph(const models::StepShape& shape) const {
-  graph::GraphBuilder b;
+  // The model's dtype is the graph's activation dtype; backends decide how to compute it.
+  graph::GraphBuilder b(dtype);
   models::Params params(b, weight_types);
   params.set_tp(tp.get());
   params.overrides = overrides.get();

@@ -38,17 +38,31 @@ namespace {
 
 // The override for `layer` when the model has some and one takes these inputs in this mode
 // (inputs and floats in the layer contract's order, kernels_hub/package.cc), else the built-in
-// op. `eligible` is false when the layer uses an option the contract does not carry.
+// op. `eligible` is false when the layer uses an option the contract does not carry. The
+// contract's activations are float32 (weights and caches keep their dtypes): in a graph of
+// other activations the kernel's activation inputs and its output are converted at its
+// boundary, which a backend computing in float32 (the CPU's) makes no-ops.
 template <class Builtin>
-Value layer_op(Ctx& c, bool eligible, const char* layer, std::vector<Value> inputs, TensorType out,
-               std::vector<float> floats, const std::string& name, Builtin builtin) {
+Value layer_op(Ctx& c, bool eligible, const char* layer, std::vector<Value> inputs,
+               const Shape& out, std::vector<float> floats, const std::string& name,
+               Builtin builtin) {
   if (c.p.overrides && eligible) {
+    GraphBuilder& b = c.b;
+    auto activation = [&](Value v) {
+      return b.op(v) != graph::Op::kParameter && b.op(v) != graph::Op::kState &&
+             b.type(v).dtype == b.activation();
+    };
     std::vector<TensorType> types;
-    for (Value v : inputs) types.push_back(c.b.type(v));
+    for (Value v : inputs)
+      types.push_back(activation(v) ? TensorType{DType::f32, b.type(v).shape} : b.type(v));
     Mode mode = c.s.new_tokens == 1 ? Mode::kDecode : Mode::kPrefill;
-    if (auto call = c.p.overrides->find(layer, mode, types, name))
-      return c.b.custom_call(std::move(call), std::move(inputs), std::move(out), std::move(floats),
-                             name);
+    if (auto call = c.p.overrides->find(layer, mode, types, name)) {
+      for (Value& v : inputs)
+        if (activation(v)) v = b.convert(v, DType::f32, name + ".to_f32");
+      Value y = b.custom_call(std::move(call), std::move(inputs), {DType::f32, out},
+                              std::move(floats), name);
+      return b.convert(y, b.activation(), name + ".from_f32");
+    }
   }
   return builtin();
 }
@@ -130,17 +144,18 @@ void RMSNorm::declare(std::vector<WeightSpec>& w, const std::string& prefix) con
 
 Value RMSNorm::operator()(Ctx& c, Value x, const std::string& prefix) const {
   Value w = c.p(prefix + ".weight");
-  return layer_op(c, !unit_offset, "RMSNorm", {x, w}, c.b.type(x), {eps}, prefix,
+  return layer_op(c, !unit_offset, "RMSNorm", {x, w}, c.b.type(x).shape, {eps}, prefix,
                   [&] { return c.b.rms_norm(x, w, eps, {.unit_offset = unit_offset}, prefix); });
 }
 
 Value Rotary::operator()(Ctx& c, Value x, const std::string& name) const {
   const int64_t D = c.b.type(x).shape.back();
   const bool plain = rope.rotary_dim == D && !rope.interleaved;
-  return layer_op(c, plain, "RotaryEmbedding", {x, c.pos}, c.b.type(x), rope.inv_freq, name, [&] {
-    return c.b.rope(x, c.pos, rope.inv_freq,
-                    {.rotary_dim = rope.rotary_dim, .interleaved = rope.interleaved}, name);
-  });
+  return layer_op(
+      c, plain, "RotaryEmbedding", {x, c.pos}, c.b.type(x).shape, rope.inv_freq, name, [&] {
+        return c.b.rope(x, c.pos, rope.inv_freq,
+                        {.rotary_dim = rope.rotary_dim, .interleaved = rope.interleaved}, name);
+      });
 }
 
 Activation parse_activation(const std::string& name, const std::string& where) {
@@ -215,7 +230,7 @@ Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t 
     Value kc = b.cache_write(b.state(cache + ".key", ct), k, c.start, cache + ".key");
     Value vc = b.cache_write(b.state(cache + ".value", ct), v, c.start, cache + ".value");
     const bool plain = sliding_window == 0 && softcap == 0;
-    att = layer_op(c, plain, "Attention", {q, kc, vc, c.start, c.mask}, b.type(q), {s}, name,
+    att = layer_op(c, plain, "Attention", {q, kc, vc, c.start, c.mask}, b.type(q).shape, {s}, name,
                    [&] { return b.attention(q, kc, vc, c.start, c.mask, s, options, name); });
   }
   // att (B,T,Hq,D)
@@ -251,8 +266,8 @@ Value GatedMLP::operator()(Ctx& c, Value x, const std::string& prefix) const {
     up = linear(c, x, prefix + ".up_proj");
   }
   const std::string name = prefix + ".act";
-  Value act = layer_op(c, this->act == Activation::kSilu, "SiLUAndMul", {gate, up}, c.b.type(gate),
-                       {}, name, [&] {
+  Value act = layer_op(c, this->act == Activation::kSilu, "SiLUAndMul", {gate, up},
+                       c.b.type(gate).shape, {}, name, [&] {
                          return this->act == Activation::kSilu ? c.b.silu_mul(gate, up, name)
                                                                : c.b.gelu_tanh_mul(gate, up, name);
                        });
@@ -343,7 +358,9 @@ void DecoderModel::build(GraphBuilder& b, Params& p, const StepShape& s, DType c
   // the two differently).
   Value logits = linear(c, h, "lm_head");
   if (final_softcap != 0) logits = b.softcap(logits, final_softcap, "final_logit_softcapping");
-  b.output(logits);
+  // Logits leave every graph in float32, as Transformers' generate() upcasts them before the
+  // logits processors: sampling and log-probabilities never see bf16 rounding ties of their own.
+  b.output(b.convert(logits, DType::f32, "logits"));
 }
 
 DecoderModel llama_model(const DecoderConfig& c) {

@@ -185,6 +185,59 @@ TEST(ActivationDtype, Bf16GraphWithKvCacheMatchesF32) {
   EXPECT_GT(max_abs, 0.1f);
 }
 
+// A bf16 graph whose output is converted to float32, as models return their logits: the CPU
+// computes it in float32, so the output is the float32 graph's exactly, with no rounding.
+TEST(ActivationDtype, ConvertToFloat32OutputsTheFloat32GraphsValues) {
+  auto build = [](DType act) {
+    GraphBuilder b(act);
+    Value w = b.parameter("w", {DType::f32, {kHidden, kDim}});
+    Value x = b.input("x", {DType::f32, {2, kDim}});
+    Value y = b.linear(b.convert(x, act, "in"), w, -1, "proj");
+    b.output(b.convert(y, DType::f32, "out"));
+    return b.finish();
+  };
+  const graph::Graph g = build(DType::bf16);
+  ASSERT_EQ(g.nodes().size(), 5u);
+  EXPECT_EQ(g.node(g.outputs()[0]).op, Op::kConvert);
+  EXPECT_EQ(g.node(g.outputs()[0]).type.dtype, DType::f32);
+  // Converting to the dtype a value has adds no node.
+  EXPECT_EQ(build(DType::f32).nodes().size(), 3u);
+
+  auto backend = backends::make_cpu_backend();
+  auto w = backend->upload(
+      Tensor::from_vector<float>({kHidden, kDim}, DType::f32, ramp(kHidden * kDim, 0.7f, 0.2f)));
+  backends::Buffer* params[] = {w.get()};
+  Tensor x = Tensor::from_vector<float>({2, kDim}, DType::f32, ramp(2 * kDim, 1.3f, 0.9f));
+  const Tensor* inputs[] = {&x};
+  auto run = [&](DType act) {
+    Tensor out = Tensor::zeros({2, kHidden}, DType::f32);
+    Tensor* outputs[] = {&out};
+    backend->compile(build(act))->run(params, {}, inputs, outputs);
+    return out.to_f32_vector();
+  };
+  const std::vector<float> f32 = run(DType::f32), bf16 = run(DType::bf16);
+  EXPECT_EQ(bf16, f32);
+  EXPECT_GT(*std::max_element(f32.begin(), f32.end()), 0.1f);
+}
+
+// The CPU converts only where its float32 twin meets the graph's boundary; a convert inside the
+// graph that changes the dtype is refused when the graph compiles, with the node named.
+TEST(ActivationDtype, CpuRefusesAConvertThatChangesTheDtype) {
+  GraphBuilder b;
+  Value w = b.parameter("w", {DType::f32, {kDim}});
+  b.output(b.convert(w, DType::f16, "narrow"));
+  try {
+    backends::make_cpu_backend()->compile(b.finish());
+    ADD_FAILURE() << "no error";
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("convert of float32[16] to float16 at narrow"),
+              std::string::npos)
+        << e.what();
+  }
+  GraphBuilder ints;
+  EXPECT_THROW(ints.convert(ints.input("ids", {DType::i32, {2}}), DType::f32), InternalError);
+}
+
 // The IR lets take_last move any dtype; the CPU moves f32 only and says so at compile time.
 TEST(ActivationDtype, CpuRejectsMovingNonF32Values) {
   GraphBuilder b;

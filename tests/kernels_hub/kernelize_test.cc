@@ -118,6 +118,44 @@ TEST_F(Kernelize, FusedNormsV1MatchesBuiltInLogits) {
   EXPECT_GT(lm.compile_stats().compiles, 0u);
 }
 
+// A bfloat16 model builds bfloat16 graphs, and the layer contract's activations are float32: each
+// custom call reads its activations through a convert to float32 and is read through one back to
+// bfloat16 (no-ops on the CPU, which computes in float32), while the bf16 weights go in as they
+// are. The logits match the built-in ops as the float32 model's do.
+TEST_F(Kernelize, Bfloat16ModelCallsKernelsThroughFloat32Converts) {
+  CausalLM builtin = load(DType::bf16);
+  auto want = run(builtin);
+  CausalLM lm = load(DType::bf16);
+  kernelize(lm, {{"RMSNorm", {{"cpu", repo(1)}}}, {"SiLUAndMul", {{"cpu", repo(1)}}}}, opt_);
+  const graph::Graph g = models::state_of(lm).build_graph({1, 7, 15, 0});
+  EXPECT_EQ(g.activation_dtype(), DType::bf16);
+  std::vector<int> readers(g.nodes().size(), 0);
+  for (const auto& n : g.nodes())
+    for (int in : n.inputs) ++readers[size_t(in)];
+  size_t calls = 0;
+  for (size_t id = 0; id < g.nodes().size(); ++id) {
+    const graph::Node& n = g.node(int(id));
+    if (n.op != graph::Op::kCustomCall) continue;
+    ++calls;
+    EXPECT_EQ(n.type.dtype, DType::f32) << n.name;
+    const graph::Node& x = g.node(n.inputs[0]);
+    EXPECT_EQ(x.op, graph::Op::kConvert) << n.name;
+    EXPECT_EQ(x.type.dtype, DType::f32) << n.name;
+    if (n.name.ends_with("norm")) {  // the weight goes in as stored
+      EXPECT_EQ(g.node(n.inputs[1]).type.dtype, DType::bf16) << n.name;
+    }
+    EXPECT_EQ(readers[id], 1) << n.name;
+  }
+  EXPECT_EQ(calls, 11u);
+  for (size_t id = 0; id < g.nodes().size(); ++id) {
+    const graph::Node& n = g.node(int(id));
+    if (n.op == graph::Op::kConvert && n.type.dtype == DType::bf16) {
+      EXPECT_EQ(g.node(n.inputs[0]).op, graph::Op::kCustomCall) << n.name;
+    }
+  }
+  EXPECT_LT(max_row_error(run(lm), want), 1e-5);
+}
+
 // Version 2 also replaces rotary embeddings and (decode only) attention; v1 and v2 kernels are
 // loaded side by side in one model.
 TEST_F(Kernelize, TwoVersionsInOneModelMatchBuiltInLogits) {

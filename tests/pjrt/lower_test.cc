@@ -525,9 +525,9 @@ Leaves model_leaves(CausalLM::Impl& lm, const graph::Graph& g, const models::Ste
 // Whole steps of the tiny checkpoints (Qwen3's q/k norms, Gemma 3's scalings, soft-caps,
 // unit-offset norms and sliding window, GLM's partial interleaved rope, Mistral's window), each
 // as a static-cache prefill chunk, a batched decode and a ragged paged step: the logits and every
-// cache written match the CPU backend's. With bf16 weights and caches the CPU runs one target
-// below AVX-512 BF16, whose prefill kernels round activations to bf16 (backends/cpu/kernels.h)
-// where the lowered graph keeps them in f32; the lower targets multiply bf16 weights exactly.
+// cache written match the CPU backend's. A bf16 model's graphs compute in bf16 on XLA and in f32
+// on the CPU (its float32 twin), which runs one target below AVX-512 BF16 so that its own
+// rounding of prefill activations (backends/cpu/kernels.h) does not add to the comparison.
 TEST_F(Lower, TinyModelStepsMatchTheCpuBackend) {
   const models::StepShape shapes[] = {
       {.batch = 1, .new_tokens = 5, .cache_len = 16, .logits_to_keep = 0},
@@ -554,10 +554,12 @@ TEST_F(Lower, TinyModelStepsMatchTheCpuBackend) {
                      " T=" + std::to_string(s.new_tokens));
         const graph::Graph g = lm.build_graph(s);
         // Rounding in every op of the chain: about 1000 terms summed over two layers' dots
-        // (hidden 64, MLP 128, 16 positions) and the head's; seen: NMSE up to 7e-13. A bf16
-        // cache adds one rounding that a last-bit difference before it can flip; seen: 9e-8.
-        expect_consistent(g, model_leaves(lm, g, s, s.paged() ? 5 : 7),
-                          nmse_tolerance(1024, dtype == DType::bf16));
+        // (hidden 64, MLP 128, 16 positions) and the head's; seen: NMSE up to 7e-13 in f32. In
+        // bf16, XLA rounds each op's result to bf16: about 30 ops on the longest chain through
+        // two layers, each within a relative 2^-8; seen: NMSE up to 1.2e-4.
+        expect_consistent(
+            g, model_leaves(lm, g, s, s.paged() ? 5 : 7),
+            nmse_tolerance(1024) + (dtype == DType::bf16 ? 32 * kUbf16 * kUbf16 : 0.0));
       }
     }
   }

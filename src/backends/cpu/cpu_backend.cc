@@ -104,8 +104,8 @@ class OpProfile {
 // cache writes keep their cache's dtype, and ops that only move values (reshape, take_last,
 // slice, the collectives) follow their input. run() converts activation-typed inputs and outputs
 // at the boundary. Results equal the f32 graph's up to the final rounding of the outputs to the
-// activation dtype. Hub kernels declare their own dtypes, so a custom call cannot be retyped
-// behind their back.
+// activation dtype. The graph converts a hub kernel's activations to the float32 its layer
+// contract names, and the logits to float32: those converts become float32 to float32, no-ops.
 graph::Graph legalise(const graph::Graph& g) {
   const DType act = g.activation_dtype();
   if (act == DType::f32) return g;
@@ -125,10 +125,8 @@ graph::Graph legalise(const graph::Graph& g) {
       case Op::kAllGather:
         m.type.dtype = out.node(n.inputs[0]).type.dtype;
         break;
-      case Op::kCustomCall:
-        throw UnsupportedError(detail::str_cat(
-            "CPU backend: hub kernel ", n.attrs_as<graph::CustomCallAttrs>().kernel->target,
-            " in a ", dtype_name(act), "-activation graph; use float32 activations"));
+      case Op::kCustomCall:  // its dtypes are the kernel's
+        break;
       default:
         if (m.type.dtype == act) m.type.dtype = DType::f32;
     }
@@ -205,13 +203,18 @@ void CpuExecutable::plan() {
   state_ids_ = graph_.leaves(Op::kState);
   input_ids_ = graph_.leaves(Op::kInput);
 
-  // Reshapes and cache writes alias their first input; everything else that is not a parameter
-  // or state gets its own arena block.
+  // Reshapes, converts (float32 to float32 once legalised) and cache writes alias their first
+  // input; everything else that is not a parameter or state gets its own arena block.
   std::vector<int> root(n);
   for (int i = 0; i < n; ++i) {
     const Node& nd = nodes[i];
-    const bool in_place =
-        nd.op == Op::kReshape || nd.op == Op::kCacheWrite || nd.op == Op::kPagedCacheWrite;
+    if (nd.op == Op::kConvert && nd.type.dtype != graph_.node(nd.inputs[0]).type.dtype)
+      throw UnsupportedError(detail::str_cat(
+          "CPU backend: convert of ", graph_.node(nd.inputs[0]).type.str(), " to ",
+          dtype_name(nd.type.dtype), " at ", nd.name,
+          " (it computes activations in float32 and converts only at the graph's boundary)"));
+    const bool in_place = nd.op == Op::kReshape || nd.op == Op::kConvert ||
+                          nd.op == Op::kCacheWrite || nd.op == Op::kPagedCacheWrite;
     root[i] = in_place ? root[nd.inputs[0]] : i;
   }
   std::vector<int> first(n, -1), last(n, -1);
@@ -365,7 +368,7 @@ void CpuExecutable::run_in(RunContext& c, std::span<const Tensor* const> inputs,
     for (int i = 0; i < int(nodes.size()); ++i) {
       const Node& nd = nodes[i];
       if (nd.op == Op::kParameter || nd.op == Op::kState || nd.op == Op::kInput ||
-          nd.op == Op::kReshape) {
+          nd.op == Op::kReshape || nd.op == Op::kConvert) {
         execute_node(c, nd, i);
         continue;
       }
@@ -401,6 +404,7 @@ void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
     case Op::kState:
     case Op::kInput:
     case Op::kReshape:
+    case Op::kConvert:
       return;
     case Op::kEmbedding: {
       int64_t count = shape_numel(in_type(1).shape);

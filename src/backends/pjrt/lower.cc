@@ -559,6 +559,8 @@ Val Lowering::lower_node(const Node& n) {
     }
     case Op::kReshape:
       return e_.reshape(in(n, 0), s);
+    case Op::kConvert:
+      return out(n, in(n, 0));
     case Op::kTakeLast:
       return e_.slice(in(n, 0), 1, in(n, 0).shape[1] - s[1], in(n, 0).shape[1]);
     case Op::kSlice: {
