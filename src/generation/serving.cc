@@ -244,9 +244,11 @@ void ServingEngine::Impl::configure() {
   std::sort(cfg.prefill_buckets.begin(), cfg.prefill_buckets.end());
   cfg.prefill_buckets.erase(std::unique(cfg.prefill_buckets.begin(), cfg.prefill_buckets.end()),
                             cfg.prefill_buckets.end());
-  check(cfg.prefill_buckets.front() >= 1 && cfg.prefill_buckets.back() <= cfg.max_model_len,
+  // A context of at most 16 positions has no bucket below max_model_len, only that one.
+  check(cfg.prefill_buckets.empty() ||
+            (cfg.prefill_buckets.front() >= 1 && cfg.prefill_buckets.back() <= cfg.max_model_len),
         "prefill_buckets must lie in [1, max_model_len]");
-  if (cfg.prefill_buckets.back() < cfg.max_model_len)
+  if (cfg.prefill_buckets.empty() || cfg.prefill_buckets.back() < cfg.max_model_len)
     cfg.prefill_buckets.push_back(cfg.max_model_len);
   const int64_t min_rows = std::max<int64_t>(1, m.batch_invariant_rows());
   for (int64_t b = min_rows; b < cfg.max_num_seqs; b *= 2) decode_buckets.push_back(b);

@@ -366,6 +366,28 @@ TEST(Serving, UnsetMaxTokensReservesNothing) {
   EXPECT_EQ(engine.stats().kv_blocks_used, 0);
 }
 
+// A context shorter than the smallest default prefill bucket (16) gets the one bucket of its own
+// length, and its requests the tokens the static cache gives (the shipped model has no near-ties).
+TEST(Serving, AContextShorterThanTheFirstPrefillBucketServes) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  const std::vector<int32_t> prompt = {11, 5, 42, 7, 99};
+  const auto want = model.generate({prompt}, {.max_new_tokens = 7, .do_sample = false});
+  for (int64_t len : {2, 12, 16}) {
+    ServingEngine engine(model, {.max_num_seqs = 2, .max_model_len = len, .block_size = 4});
+    engine.start();
+    Collector c;
+    const int64_t fit = std::min<int64_t>(len, int64_t(prompt.size()) + 7);
+    const std::vector<int32_t> p(prompt.begin(), prompt.begin() + std::min<int64_t>(fit - 1, 5));
+    engine.submit(greedy(p, fit - int64_t(p.size())), c.callback());
+    ASSERT_EQ(c.wait(), "length") << "max_model_len " << len << ": " << c.error();
+    ASSERT_EQ(int64_t(c.tokens().size()), fit - int64_t(p.size()));
+    if (p.size() == prompt.size()) {
+      for (size_t i = 0; i < c.tokens().size(); ++i)
+        EXPECT_EQ(c.tokens()[i], want[0][prompt.size() + i]) << "max_model_len " << len;
+    }
+  }
+}
+
 // Requests cancelled while others are preempted around them, in a pool of one sequence's
 // blocks: the cancelled ones end with "abort", the rest with every token, and no block is left
 // held.
