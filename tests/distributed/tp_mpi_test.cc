@@ -229,8 +229,10 @@ RunResult run_worker(int np, const std::string& model, const std::string& plan_j
   cmd +=
       " " + mpirun_prefix(np) + " -x TFORMERS_TP_MODEL -x TFORMERS_TP_DTYPE -x TFORMERS_TP_DEVICE";
   // A PJRT device: the plugin from the project's environment, and no compile cache in the home
-  // folder.
-  if (device != "cpu") cmd += " -x VIRTUAL_ENV -x TFORMERS_COMPILE_CACHE=0";
+  // folder. Each rank compiles its steps with XLA at its own pace, which the other waits for in
+  // its first collective: over a minute on two loaded cores, past the 60 s default timeout.
+  if (device != "cpu")
+    cmd += " -x VIRTUAL_ENV -x TFORMERS_COMPILE_CACHE=0 -x TFORMERS_TP_TIMEOUT=600";
   if (!plan_json.empty()) cmd += " -x TFORMERS_TP_PLAN";
   if (!expect_error.empty()) cmd += " -x TFORMERS_TP_EXPECT_ERROR";
   if (!quantize.empty()) cmd += " -x TFORMERS_TP_QUANTIZE";
