@@ -3,12 +3,16 @@
 // official openai client, at several numbers of concurrent streaming clients (closed loop: each
 // client sends its next request when the last one ends). bench_serve (C++) measures the engine
 // alone; the difference is what HTTP, JSON and detokenizing cost.
+// Any server of the OpenAI API can be measured the same way (bench/peer_serve.sh drives it against
+// llama.cpp's and vLLM's): with --prompt-tokens N each prompt is N token ids, different for every
+// request so that no server reuses a cached prefix, which also needs no tokenizer on either side.
 //   node bench/bench_serve_http.mjs --base-url http://127.0.0.1:8080/v1 --model NAME
 //       [--concurrency 1,4,16,32] [--duration 20] [--max-tokens 64] [--prompt-words 50]
+//       [--prompt-tokens 0]
 import { client, parseFlags } from '../tools/serve/client.mjs';
 
 const usage = 'usage: bench_serve_http.mjs --base-url URL --model NAME [--concurrency 1,4,16,32] ' +
-  '[--duration 20] [--max-tokens 64] [--prompt-words 50] [--api-key KEY]';
+  '[--duration 20] [--max-tokens 64] [--prompt-words 50] [--prompt-tokens 0] [--api-key KEY]';
 // --help answers before anything runs, as every bench program does.
 if (process.argv.slice(2).some((a) => a === '-h' || a === '--help')) {
   console.log(usage);
@@ -16,7 +20,7 @@ if (process.argv.slice(2).some((a) => a === '-h' || a === '--help')) {
 }
 const flags = parseFlags(
   { base_url: 'http://127.0.0.1:8080/v1', model: '', api_key: 'none', concurrency: '1,4,16,32',
-    duration: 20, max_tokens: 64, prompt_words: 50 },
+    duration: 20, max_tokens: 64, prompt_words: 50, prompt_tokens: 0 },
   usage);
 const openai = client(flags);
 const words = 'and the lord said unto moses go up with thy people into the land'.split(' ');
@@ -26,10 +30,21 @@ function percentile(sorted, p) {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
 }
 
-// One request: greedy, exactly max_tokens tokens (ignore_eos), timed from the call.
-async function one(i) {
-  const prompt = Array.from({ length: flags.prompt_words }, (_, k) => words[(i + k) % words.length])
+// Request i's prompt: words of the text, or token ids in [100, 150000) (below every special
+// token of the Qwen and Llama vocabularies) from a multiplicative hash of (i, k).
+function promptOf(i) {
+  if (flags.prompt_tokens > 0) {
+    return Array.from({ length: flags.prompt_tokens },
+      (_, k) => 100 + Number((BigInt(i + 1) * 2654435761n + BigInt(k) * 40503n) % 149900n));
+  }
+  return Array.from({ length: flags.prompt_words }, (_, k) => words[(i + k) % words.length])
     .join(' ');
+}
+
+// One request: greedy, exactly max_tokens tokens (ignore_eos), timed from the call. A server that
+// ends early or sends no usage fails the run: its numbers would not compare.
+async function one(i) {
+  const prompt = promptOf(i);
   const start = performance.now();
   let first = 0, last = 0, tokens = 0;
   const stream = await openai.completions.create({
@@ -41,6 +56,9 @@ async function one(i) {
       last = performance.now();
       if (!first) first = last;
     }
+  }
+  if (tokens !== flags.max_tokens) {
+    throw new Error(`request ${i}: ${tokens} completion tokens reported, ${flags.max_tokens} asked`);
   }
   return { ttft: (first - start) / 1000, tpot: tokens > 1 ? (last - first) / 1000 / (tokens - 1) : NaN,
            tokens };
@@ -65,8 +83,10 @@ async function level(concurrency) {
 // One request first, so that the client's connection and code are warm (the server compiled its
 // shapes at start).
 await one(0);
-console.log(`${flags.model}: ${flags.max_tokens} tokens per request, prompts of ` +
-            `${flags.prompt_words} words, ${flags.duration} s per level\n`);
+const prompts = flags.prompt_tokens > 0 ? `${flags.prompt_tokens} token ids` :
+  `${flags.prompt_words} words`;
+console.log(`${flags.model}: ${flags.max_tokens} tokens per request, prompts of ${prompts}, ` +
+            `${flags.duration} s per level\n`);
 console.log('| clients | requests | output tok/s | TTFT ms p50 / p90 / p99 | TPOT ms p50 / p90 / p99 |');
 console.log('|---|---|---|---|---|');
 for (const c of String(flags.concurrency).split(',').map(Number)) console.log(await level(c));
