@@ -52,9 +52,10 @@ struct ServingConfig {
   // Prompts are padded to the smallest of these; default: powers of two from 16, and
   // max_model_len. Decode batches are padded to powers of two up to max_num_seqs.
   std::vector<int64_t> prefill_buckets;
-  // Prompt positions (bucketed) prefilled per step before the running sequences advance: a
-  // bound on how long a burst of new requests stalls the streams already running (vLLM's
-  // max_num_batched_tokens). At least one prompt is admitted per step whatever its length.
+  // Prompt positions prefilled per step before the running sequences advance: a bound on how
+  // long new requests stall the streams already running (vLLM's max_num_batched_tokens with
+  // chunked prefill). A longer prompt is prefilled in chunks of whole KV blocks (at least one),
+  // one chunk a step; its first token comes after its last chunk.
   int64_t max_prefill_tokens = 512;
   // Full KV blocks are kept under the hash of their prefix, and a request that begins with
   // cached blocks shares them and prefills only the rest (vLLM's enable_prefix_caching).

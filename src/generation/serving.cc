@@ -22,6 +22,14 @@
 // which is cheaper but not bit-exact here). Its own blocks of generated positions stay cached
 // under its prompt length (block_manager.h), so it recomputes only what was evicted.
 //
+// Prefill is chunked: each step prefills at most max_prefill_tokens prompt positions before the
+// running sequences' decode step, so a long prompt stalls the running streams for one chunk a
+// step, not for its whole prefill. A prompt longer than what is left of that budget is prefilled
+// in chunks of whole blocks, one a step, and is the only one in that state ("partial"); its
+// blocks are all taken when it is admitted. Chunks end at block ends, where a prefill gives the
+// same bits however its prompt is cut (below), so a request's output does not depend on how its
+// prompt was split.
+//
 // Shapes: prefill runs one sequence at a time, its uncached tokens left-padded to a bucket;
 // decode runs every running sequence in one step, the batch padded to a bucket. Decode buckets
 // start at the backend's batch_invariant_rows(): a request's tokens must not depend on how many
@@ -124,6 +132,7 @@ struct ServingEngine::Impl {
 
   // The scheduler thread's own.
   std::vector<std::unique_ptr<Sequence>> running;
+  std::unique_ptr<Sequence> partial;  // admitted, its prompt prefilled up to `computed`
   std::optional<generation::BlockManager> blocks;
   // Reused from step to step: the logits of each batch size, the batch rows that choose a token
   // in a decode step, and each row's choice.
@@ -162,10 +171,14 @@ struct ServingEngine::Impl {
   void loop();
   void step();
   void cancel_requested();
-  enum class Admit { kNoRoom, kRunning, kDone };
-  // Takes the sequence's blocks (cached ones first) and prefills the prompt tokens not cached;
-  // a new request then chooses its first token.
-  Admit admit(Sequence& s);
+  enum class Admit { kNoRoom, kPrefilling, kRunning, kDone };
+  // Takes the sequence's blocks (cached ones first) and prefills the first chunk of the prompt
+  // tokens not cached (prefill_chunk).
+  Admit admit(Sequence& s, int64_t& budget);
+  // Prefills the next of s's prompt positions: the rest of the prompt when `budget` positions
+  // allow it, else as many whole blocks as it allows (at least one), taking them from `budget`.
+  // A new request whose prompt is then done chooses its first token.
+  Admit prefill_chunk(Sequence& s, int64_t& budget);
   // The blocks the running sequences take in the next decode step.
   int64_t blocks_needed_by_decode() const;
   // Gives the newest running sequence's blocks back and puts it at the head of the queue.
@@ -182,6 +195,7 @@ struct ServingEngine::Impl {
     pick(s, logits, e);
     return report(s, std::move(e));
   }
+  bool place(std::unique_ptr<Sequence> s, Admit a);
   void finish(Sequence& s, const std::string& reason, const std::string& error = {});
   void release(Sequence& s);
   void publish_blocks() {
@@ -380,7 +394,7 @@ bool ServingEngine::Impl::report(Sequence& s, ServingEvent e) {
   return !e.finish_reason.empty();
 }
 
-ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s) {
+ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s, int64_t& budget) {
   const int64_t L = int64_t(s.tokens.size()), P = s.prompt_len;
   // The last token is computed whatever is cached: its logits choose the next one.
   const int64_t hit = blocks->match_prefix(std::span(s.tokens).first(size_t(L - 1)), P, s.table);
@@ -397,19 +411,28 @@ ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s) {
   prefix_hits += uint64_t(hit);
   if (L == P) prompt_tokens += uint64_t(P);
   if (hit == P) return Admit::kRunning;  // a preempted sequence whose whole prompt is cached
-  // Left-padded to the bucket, so the last position is the prompt's last token.
-  const int64_t n = P - hit, T = bucket_for(cfg.prefill_buckets, n);
+  return prefill_chunk(s, budget);
+}
+
+ServingEngine::Impl::Admit ServingEngine::Impl::prefill_chunk(Sequence& s, int64_t& budget) {
+  const int64_t L = int64_t(s.tokens.size()), P = s.prompt_len, rest = P - s.computed;
+  const int64_t whole_blocks = std::max(cfg.block_size, budget / cfg.block_size * cfg.block_size);
+  const int64_t n = rest <= budget ? rest : std::min(rest, whole_blocks);
+  budget = std::max<int64_t>(0, budget - n);
+  // Left-padded to the bucket, so the last position is the chunk's last token.
+  const int64_t T = bucket_for(cfg.prefill_buckets, n);
   Tensor& logits = logits_for(1);
-  const models::SequenceChunk rest = chunk(s, hit, P);
-  m.run_paged(m.prepare_paged(1, T), {&rest, 1}, logits);
-  s.computed = P;
-  blocks->commit(s.table, s.tokens, P, P);
+  const models::SequenceChunk part = chunk(s, s.computed, s.computed + n);
+  m.run_paged(m.prepare_paged(1, T), {&part, 1}, logits);
+  s.computed += n;
+  blocks->commit(s.table, s.tokens, s.computed, P);
   publish_blocks();
   note_compiles();
   ++steps;
   prefill_tokens += uint64_t(n);
   computed_tokens += uint64_t(T);
   padded_tokens += uint64_t(T - n);
+  if (s.computed < P) return Admit::kPrefilling;
   if (L > P) return Admit::kRunning;  // its generated tokens follow in decode steps
   return choose(s, {logits.data<float>(), size_t(logits.numel())}) ? Admit::kDone : Admit::kRunning;
 }
@@ -498,36 +521,52 @@ void ServingEngine::Impl::cancel_requested() {
   for (auto& s : running)
     if (all || ids.count(s->id)) dropped.push_back(std::move(s));
   std::erase(running, nullptr);
+  if (partial && (all || ids.count(partial->id))) dropped.push_back(std::move(partial));
   for (auto& s : dropped) finish(*s, "abort");
+}
+
+// Where a sequence goes after its admission or a prefill chunk; false when it waits for blocks.
+bool ServingEngine::Impl::place(std::unique_ptr<Sequence> s, Admit a) {
+  switch (a) {
+    case Admit::kNoRoom: {  // waits at the head of the queue for blocks to free up
+      std::lock_guard<std::mutex> lock(mu);
+      waiting.push_front(std::move(s));
+      return false;
+    }
+    case Admit::kPrefilling:
+      partial = std::move(s);
+      break;
+    case Admit::kRunning:
+      running.push_back(std::move(s));
+      break;
+    case Admit::kDone:
+      break;
+  }
+  return true;
 }
 
 void ServingEngine::Impl::step() {
   cancel_requested();
-  int64_t prefilled = 0;
-  while (int64_t(running.size()) < cfg.max_num_seqs) {
-    std::unique_ptr<Sequence> s;
-    {
+  int64_t budget = cfg.max_prefill_tokens;
+  // A prompt prefilled over several steps first, then admissions while the budget lasts.
+  for (;;) {
+    std::unique_ptr<Sequence> s = std::move(partial);
+    const bool admitting = !s;
+    if (admitting) {
+      if (budget == 0 || int64_t(running.size()) >= cfg.max_num_seqs) break;
       std::lock_guard<std::mutex> lock(mu);
       if (waiting.empty()) break;
-      const int64_t cost = bucket_for(cfg.prefill_buckets, waiting.front()->prompt_len);
-      if (prefilled > 0 && prefilled + cost > cfg.max_prefill_tokens) break;
-      prefilled += cost;
       s = std::move(waiting.front());
       waiting.pop_front();
     }
     Admit a = Admit::kDone;
     try {
-      a = admit(*s);
+      a = admitting ? admit(*s, budget) : prefill_chunk(*s, budget);
     } catch (const std::exception& e) {
       finish(*s, "error", e.what());
       continue;
     }
-    if (a == Admit::kNoRoom) {  // waits at the head of the queue for blocks to free up
-      std::lock_guard<std::mutex> lock(mu);
-      waiting.push_front(std::move(s));
-      break;
-    }
-    if (a == Admit::kRunning) running.push_back(std::move(s));
+    if (!place(std::move(s), a) || partial) break;
   }
   if (!running.empty()) {
     try {
@@ -538,7 +577,7 @@ void ServingEngine::Impl::step() {
     }
   }
   std::lock_guard<std::mutex> lock(mu);
-  n_running = int64_t(running.size());
+  n_running = int64_t(running.size()) + (partial ? 1 : 0);
   n_waiting = int64_t(waiting.size());
 }
 
@@ -547,9 +586,10 @@ void ServingEngine::Impl::loop() {
     {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] {
-        return stopping || abort_all || !waiting.empty() || !running.empty() || !cancelled.empty();
+        return stopping || abort_all || !waiting.empty() || !running.empty() || partial ||
+               !cancelled.empty();
       });
-      if (stopping && waiting.empty() && running.empty()) return;
+      if (stopping && waiting.empty() && running.empty() && !partial) return;
     }
     step();
   }

@@ -366,6 +366,57 @@ TEST(Serving, UnsetMaxTokensReservesNothing) {
   EXPECT_EQ(engine.stats().kv_blocks_used, 0);
 }
 
+// A prompt longer than max_prefill_tokens is prefilled in chunks of whole blocks, one a step,
+// with the running sequences' decode steps between them. With a budget of 32 and blocks of 8, a
+// 100-token prompt queued behind a 4-token one is prefilled as 24 (what the short prompt left of
+// the first step's budget), 32, 32 and 12 positions, so the short request has its first token
+// and three more before the long one's first. Alone and unchunked, the long request gives the
+// same tokens and log-probabilities, bit for bit: a prefill's positions do not depend on where
+// the prompt is cut at block ends.
+TEST(Serving, ALongPromptIsPrefilledInChunksBetweenDecodeSteps) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  const int64_t V = model.config().vocab_size;
+  const std::vector<int32_t> long_prompt = prompt_of(5, 100, V);
+  Collector alone;
+  {
+    ServingEngine engine(
+        model,
+        {.max_num_seqs = 2, .max_model_len = 128, .block_size = 8, .max_prefill_tokens = 4096});
+    engine.start();
+    engine.submit(greedy(long_prompt, 6), alone.callback());
+    ASSERT_EQ(alone.wait(), "length") << alone.error();
+  }
+  std::mutex mu;
+  std::vector<char> order;  // 's' or 'l' for each token, in the order they were reported
+  auto noting = [&](char who, ServingCallback inner) {
+    return [&, who, inner](const ServingEvent& e) {
+      if (e.token >= 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        order.push_back(who);
+      }
+      inner(e);
+    };
+  };
+  ServingEngine engine(
+      model, {.max_num_seqs = 2, .max_model_len = 128, .block_size = 8, .max_prefill_tokens = 32});
+  Collector shorter, longer;
+  engine.submit(greedy(prompt_of(6, 4, V), 12), noting('s', shorter.callback()));
+  engine.submit(greedy(long_prompt, 6), noting('l', longer.callback()));
+  const uint64_t steps_before = engine.stats().steps;
+  engine.start();
+  ASSERT_EQ(shorter.wait(), "length") << shorter.error();
+  ASSERT_EQ(longer.wait(), "length") << longer.error();
+  const auto first_long = std::find(order.begin(), order.end(), 'l');
+  EXPECT_EQ(std::count(order.begin(), first_long, 's'), 4);
+  EXPECT_EQ(longer.tokens(), alone.tokens());
+  EXPECT_EQ(longer.logprobs(), alone.logprobs());
+  const ServingStats st = engine.stats();
+  EXPECT_EQ(st.prefill_tokens, 104u);
+  // The 4 prompt chunks, the short prompt's prefill and the decode steps (11 tokens of the short
+  // request, 5 of the long one's, together once both run).
+  EXPECT_GE(st.steps - steps_before, 5u + 11u);
+}
+
 // A context shorter than the smallest default prefill bucket (16) gets the one bucket of its own
 // length, and its requests the tokens the static cache gives (the shipped model has no near-ties).
 TEST(Serving, AContextShorterThanTheFirstPrefillBucketServes) {
