@@ -39,8 +39,8 @@ namespace {
 // The override for `layer` when the model has some and one takes these inputs in this mode
 // (inputs and floats in the layer contract's order, kernels_hub/package.cc), else the built-in
 // op. `eligible` is false when the layer uses an option the contract does not carry. The
-// contract's activations are float32 (weights and caches keep their dtypes): in a graph of
-// other activations the kernel's activation inputs and its output are converted at its
+// contract's activations are float32 (weights, caches and inputs keep their dtypes): in a graph
+// of other activations the kernel's activation inputs and its output are converted at its
 // boundary, which a backend computing in float32 (the CPU's) makes no-ops.
 template <class Builtin>
 Value layer_op(Ctx& c, bool eligible, const char* layer, std::vector<Value> inputs,
@@ -49,8 +49,16 @@ Value layer_op(Ctx& c, bool eligible, const char* layer, std::vector<Value> inpu
   if (c.p.overrides && eligible) {
     GraphBuilder& b = c.b;
     auto activation = [&](Value v) {
-      return b.op(v) != graph::Op::kParameter && b.op(v) != graph::Op::kState &&
-             b.type(v).dtype == b.activation();
+      switch (b.op(v)) {
+        case graph::Op::kParameter:
+        case graph::Op::kState:
+        case graph::Op::kInput:
+        case graph::Op::kCacheWrite:
+        case graph::Op::kPagedCacheWrite:
+          return false;
+        default:
+          return b.type(v).dtype == b.activation();
+      }
     };
     std::vector<TensorType> types;
     for (Value v : inputs)

@@ -154,6 +154,23 @@ TEST_F(Kernelize, Bfloat16ModelCallsKernelsThroughFloat32Converts) {
     }
   }
   EXPECT_LT(max_row_error(run(lm), want), 1e-5);
+
+  // The caches go in as stored too: v2's attention takes float32 caches only, so a bf16 model's
+  // decode keeps the built-in attention, or fails to build when fallback is off.
+  CausalLM with_attention = load(DType::bf16);
+  kernelize(with_attention, {{"Attention", {{"cpu", repo(2)}}}}, opt_);
+  EXPECT_TRUE(custom_calls(with_attention, {1, 1, 15, 1}).empty());
+  EXPECT_EQ(max_row_error(run(with_attention), want), 0.0);
+  opt_.use_fallback = false;
+  CausalLM strict = load(DType::bf16);
+  kernelize(strict, {{"Attention", {{"cpu", repo(2)}}}}, opt_);
+  try {
+    custom_calls(strict, {1, 1, 15, 1});
+    ADD_FAILURE() << "no error";
+  } catch (const UnsupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("takes input 1 as f32, not bf16"), std::string::npos)
+        << e.what();
+  }
 }
 
 // Version 2 also replaces rotary embeddings and (decode only) attention; v1 and v2 kernels are
