@@ -402,7 +402,6 @@ TEST(Serving, ALongPromptIsPrefilledInChunksBetweenDecodeSteps) {
   Collector shorter, longer;
   engine.submit(greedy(prompt_of(6, 4, V), 12), noting('s', shorter.callback()));
   engine.submit(greedy(long_prompt, 6), noting('l', longer.callback()));
-  const uint64_t steps_before = engine.stats().steps;
   engine.start();
   ASSERT_EQ(shorter.wait(), "length") << shorter.error();
   ASSERT_EQ(longer.wait(), "length") << longer.error();
@@ -414,7 +413,7 @@ TEST(Serving, ALongPromptIsPrefilledInChunksBetweenDecodeSteps) {
   EXPECT_EQ(st.prefill_tokens, 104u);
   // The 4 prompt chunks, the short prompt's prefill and the decode steps (11 tokens of the short
   // request, 5 of the long one's, together once both run).
-  EXPECT_GE(st.steps - steps_before, 5u + 11u);
+  EXPECT_GE(st.steps, 5u + 11u);
 }
 
 // A context shorter than the smallest default prefill bucket (16) gets the one bucket of its own
