@@ -71,7 +71,7 @@ ValueCheck block_table(const graph::Graph& g, const Node& n) {
   const int table_in = write ? 2 : 3;
   const Shape& ts = g.node(n.inputs[table_in]).type.shape;         // (B,MB)
   const Shape& ps = g.node(n.inputs[table_in + 1]).type.shape;     // (B,T)
-  const Shape& pool = g.node(n.inputs[write ? 0 : 1]).type.shape;  // (NB,Hkv,BS,D)
+  const Shape& pool = g.node(n.inputs[write ? 0 : 1]).type.shape;  // (NB, ..., BS, ...)
   return BlockTable{n.name,
                     input_of(g, n, table_in, "block table entries"),
                     input_of(g, n, table_in + 1, "positions"),
@@ -79,7 +79,7 @@ ValueCheck block_table(const graph::Graph& g, const Node& n) {
                     ps[0],
                     ps[1],
                     pool[0],
-                    pool[2]};
+                    pool[size_t(graph::kv_positions_dim(g.kv_layout()))]};
 }
 
 const int32_t* i32(std::span<const Tensor* const> inputs, size_t k) {
@@ -139,7 +139,8 @@ Executable::Executable(const graph::Graph& g) {
           TokenIds{input_of(g, n, 1, "ids"), n.attrs_as<graph::EmbeddingAttrs>().vocab});
     else if (n.op == Op::kCacheWrite)
       c->values.push_back(CacheFit{input_of(g, n, 2, "start positions"),
-                                   g.node(n.inputs[1]).type.shape[1], n.type.shape[2]});
+                                   g.node(n.inputs[1]).type.shape[1],
+                                   n.type.shape[size_t(graph::kv_positions_dim(g.kv_layout()))]});
     else if (n.op == Op::kPagedCacheWrite || n.op == Op::kPagedAttention)
       c->values.push_back(block_table(g, n));
   }
@@ -175,14 +176,18 @@ void Executable::run(std::span<Buffer* const> params, std::span<Buffer* const> s
 }
 
 PreparedWeight Backend::prepare_linear(const Tensor& w, const std::string& quantize) {
-  if (!quantize.empty())
-    throw UnsupportedError("the " + name() + " backend cannot quantize weights to '" + quantize +
-                           "'; load without quantize");
-  return {upload(w), nullptr, nullptr};
+  if (quantize.empty()) return {upload(w), nullptr, nullptr, std::nullopt};
+  return prepare_quantized_linear(quantize_on_host(w, quantize));
 }
 
-PreparedWeight Backend::prepare_linear_int4(const Tensor&, const Tensor&, const Tensor&) {
-  throw UnsupportedError("the " + name() + " backend has no 4-bit weights");
+PreparedWeight Backend::prepare_quantized_linear(const QuantizedLinear&) {
+  throw UnsupportedError("the " + name() +
+                         " backend has no quantized weights; load the model without quantize, "
+                         "from a float checkpoint");
+}
+
+PreparedWeight Backend::upload_quantized(const QuantizedLinear& q) {
+  return {upload(q.weight), upload(q.scale), q.zero ? upload(*q.zero) : nullptr, q.attrs()};
 }
 
 double Backend::read_bandwidth_gbs(size_t) {

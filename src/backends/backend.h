@@ -6,9 +6,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
+#include "backends/quant.h"
 #include "graph/graph.h"
 #include "tformers/tensor.h"
 
@@ -117,10 +119,11 @@ class Executable {
 };
 
 // A linear weight as a backend keeps it for multiplication: the weight and, when quantized, its
-// block scales and (int4 from a format with zero points) its zero points (see
-// graph::Op::kLinearInt8 and kLinearInt4; the weight's dtype tells which).
+// block scales, zero points (int4 from a format that has them) and the attributes of the
+// graph::Op::kLinearQuant that takes them (which scheme, and the layout the backend chose).
 struct PreparedWeight {
   std::shared_ptr<Buffer> weight, scale, zero;
+  std::optional<graph::LinearQuantAttrs> quant;  // absent: a float weight for Op::kLinear
 };
 
 class Backend {
@@ -134,23 +137,25 @@ class Backend {
   // beside it (kernels pick their paths by row count). Serving pads decode batches to at least
   // this, so a request's tokens do not depend on how many others share its step.
   virtual int64_t batch_invariant_rows() const = 0;
+  // The layout of the KV caches (static and paged) in the graphs this backend runs: the model
+  // builds its graphs and allocates its caches in it (graph.h).
+  virtual graph::KvLayout kv_layout() const = 0;
   // A device buffer with the host tensor's contents. The CPU backend uses the host bytes as
   // they are (an mmap'd weight stays mapped and is never copied).
   virtual std::shared_ptr<Buffer> upload(const Tensor& host) = 0;
   // A zero-filled device buffer (KV cache).
   virtual std::shared_ptr<Buffer> allocate(const graph::TensorType& type) = 0;
   virtual Tensor download(const Buffer& buffer) = 0;
-  // A linear weight (N,K) prepared for `quantize`: "" uploads it as given; "int8" quantizes it
-  // to weight-only int8 blocks, "int4" to 4-bit ones (or int8 where the backend's int4 layout
-  // cannot hold the shape). Weight layout and quantization are the backend's business, so
-  // models only say which weights are linear. UnsupportedError for a scheme it does not run.
-  virtual PreparedWeight prepare_linear(const Tensor& w, const std::string& quantize);
-  // A linear weight (N,K) already in 4 bits, as imported AWQ and GPTQ checkpoints hold it:
-  // codes u8 (N,K) in [0, 15], row-major, and per block of 32 inputs an f16 scale and a u8 zero
-  // point, (N, ceil(K / 32)) each: w[n,k] = scale[n, k / 32] * (codes[n,k] - zero[n, k / 32]).
-  // Returns the kLinearInt4 operands. UnsupportedError where the backend has no int4 weights.
-  virtual PreparedWeight prepare_linear_int4(const Tensor& codes, const Tensor& scale,
-                                             const Tensor& zero);
+  // A float linear weight (N,K) prepared for `quantize`: "" uploads it as given; "int8" and
+  // "int4" quantize it on the host (quantize_on_host) and prepare the result as below. Weight
+  // layout and quantization are the backend's business, so models only say which weights are
+  // linear.
+  PreparedWeight prepare_linear(const Tensor& w, const std::string& quantize);
+  // A weight already quantized, in either layout: stored so in a checkpoint, imported (AWQ,
+  // GPTQ) or quantized on the host. The backend lays it out as it computes (a copy, or the
+  // tensors as given where they are already in its layout). UnsupportedError where the backend
+  // has no quantized weights, or none of this shape.
+  virtual PreparedWeight prepare_quantized_linear(const QuantizedLinear& q);
   // The streaming-read bandwidth of the device's memory in GB/s, measured now over `bytes`: the
   // roofline of a decode step, which reads every weight once (tformers bench). UnsupportedError
   // where the backend runs nothing.
@@ -160,6 +165,8 @@ class Backend {
   void reset_transfer_stats() { stats_.reset(); }
 
  protected:
+  // q's tensors uploaded as they are, with the attributes that read them.
+  PreparedWeight upload_quantized(const QuantizedLinear& q);
   TransferCounters stats_;
 };
 

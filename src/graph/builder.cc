@@ -57,33 +57,31 @@ Value GraphBuilder::linear(Value x, Value w, Value bias, const std::string& name
   return add_node(Op::kLinear, std::move(inputs), {activation(), out}, name);
 }
 
-Value GraphBuilder::linear_int8(Value x, Value w, Value scale, Value bias,
-                                const std::string& name) {
+Value GraphBuilder::linear_quant(Value x, Value w, Value scale, Value zero, Value bias,
+                                 const LinearQuantAttrs& q, const std::string& name) {
   const TensorType &xt = type(x), &wt = type(w), &st = type(scale);
-  TF_CHECK(wt.dtype == DType::i8 && wt.shape.size() == 2 && !xt.shape.empty() &&
-               xt.shape.back() == wt.shape[1] && st.dtype == DType::f32 &&
-               st.shape == Shape({wt.shape[0], (wt.shape[1] + kInt8Block - 1) / kInt8Block}),
-           name, ": x ", xt.str(), " w ", wt.str(), " scale ", st.str());
-  std::vector<int> inputs = {x, w, scale};
-  if (bias >= 0) {
-    TF_CHECK(type(bias) == (TensorType{DType::f32, {wt.shape[0]}}), name, ": bias ",
-             type(bias).str());
-    inputs.push_back(bias);
+  TF_CHECK(!xt.shape.empty() && q.has_zero == (zero >= 0) &&
+               !(q.has_zero && q.scheme == QuantScheme::kInt8),
+           name, ": zero point operand and attributes disagree");
+  const int64_t K = xt.shape.back(), nb = (K + kQuantBlock - 1) / kQuantBlock;
+  // The operand types the scheme and layout imply (graph.h), and N from the weight's.
+  int64_t N = 0;
+  TensorType want_w, want_s;
+  if (q.layout == QuantLayout::kTiles) {
+    TF_CHECK(q.scheme == QuantScheme::kInt4 && wt.shape.size() == 3, name, ": w ", wt.str(),
+             " is not int4 tiles");
+    N = wt.shape[0] * kInt4Rows;
+    want_w = {DType::u8, {wt.shape[0], nb, kInt4Rows * kQuantBlock / 2}};
+    want_s = {DType::f16, {wt.shape[0], nb, kInt4Rows}};
+  } else {
+    TF_CHECK(wt.shape.size() == 2, name, ": w ", wt.str(), " is not (N, K) rows");
+    N = wt.shape[0];
+    const bool int8 = q.scheme == QuantScheme::kInt8;
+    want_w = int8 ? TensorType{DType::i8, {N, K}} : TensorType{DType::u8, {N, (K + 1) / 2}};
+    want_s = {int8 ? DType::f32 : DType::f16, {N, nb}};
   }
-  Shape out = xt.shape;
-  out.back() = wt.shape[0];
-  return add_node(Op::kLinearInt8, std::move(inputs), {activation(), out}, name);
-}
-
-Value GraphBuilder::linear_int4(Value x, Value w, Value scale, Value zero, Value bias,
-                                const std::string& name) {
-  const TensorType &xt = type(x), &wt = type(w), &st = type(scale);
-  TF_CHECK(!xt.shape.empty() && wt.dtype == DType::u8 && wt.shape.size() == 3 &&
-               wt.shape[1] == (xt.shape.back() + kInt4Block - 1) / kInt4Block &&
-               wt.shape[2] == kInt4Rows * kInt4Block / 2 &&
-               st == (TensorType{DType::f16, {wt.shape[0], wt.shape[1], kInt4Rows}}),
-           name, ": x ", xt.str(), " w ", wt.str(), " scale ", st.str());
-  const int64_t N = wt.shape[0] * kInt4Rows;
+  TF_CHECK(wt == want_w && st == want_s, name, ": x ", xt.str(), " w ", wt.str(), " scale ",
+           st.str(), "; expected w ", want_w.str(), " scale ", want_s.str());
   std::vector<int> inputs = {x, w, scale};
   if (zero >= 0) {
     TF_CHECK(type(zero) == (TensorType{DType::u8, st.shape}), name, ": zero ", type(zero).str());
@@ -95,8 +93,7 @@ Value GraphBuilder::linear_int4(Value x, Value w, Value scale, Value zero, Value
   }
   Shape out = xt.shape;
   out.back() = N;
-  return add_node(Op::kLinearInt4, std::move(inputs), {activation(), out}, name,
-                  LinearInt4Attrs{zero >= 0});
+  return add_node(Op::kLinearQuant, std::move(inputs), {activation(), out}, name, q);
 }
 
 Value GraphBuilder::rms_norm(Value x, Value w, float eps, const std::string& name) {
@@ -172,8 +169,9 @@ Value GraphBuilder::reshape(Value x, Shape shape) {
 
 Value GraphBuilder::cache_write(Value cache, Value update, Value start, const std::string& name) {
   const TensorType &c = type(cache), &u = type(update);
+  const int h = kv_heads_dim(kv_layout()), p = kv_positions_dim(kv_layout());
   TF_CHECK(c.shape.size() == 4 && u.shape.size() == 4 && c.shape[0] == u.shape[0] &&
-               c.shape[1] == u.shape[2] && c.shape[3] == u.shape[3] && u.shape[1] <= c.shape[2],
+               c.shape[h] == u.shape[2] && c.shape[3] == u.shape[3] && u.shape[1] <= c.shape[p],
            name, ": cache ", c.str(), " update ", u.str());
   TF_CHECK(type(start).shape.empty() && type(start).dtype == DType::i32, name);
   return add_node(Op::kCacheWrite, {cache, update, start}, c, name);
@@ -187,15 +185,16 @@ Value GraphBuilder::attention(Value q, Value k_cache, Value v_cache, Value start
 Value GraphBuilder::attention(Value q, Value k_cache, Value v_cache, Value start, Value key_mask,
                               float scale, AttentionOptions o, const std::string& name) {
   const TensorType &qt = type(q), &kt = type(k_cache);
+  const int h = kv_heads_dim(kv_layout()), p = kv_positions_dim(kv_layout());
   TF_CHECK(qt.shape.size() == 4 && kt.shape.size() == 4 && type(v_cache) == kt &&
                qt.shape[0] == kt.shape[0] && qt.shape[3] == kt.shape[3] &&
-               qt.shape[2] % kt.shape[1] == 0,
+               qt.shape[2] % kt.shape[h] == 0,
            name, ": q ", qt.str(), " cache ", kt.str());
   TF_CHECK(o.sliding_window >= 0 && o.softcap >= 0.0f && std::isfinite(o.softcap), name,
            ": sliding_window ", o.sliding_window, " softcap ", o.softcap);
   std::vector<int> inputs = {q, k_cache, v_cache, start};
   if (key_mask >= 0) {
-    TF_CHECK(type(key_mask).shape == Shape({kt.shape[0], kt.shape[2]}), name, ": mask ",
+    TF_CHECK(type(key_mask).shape == Shape({kt.shape[0], kt.shape[p]}), name, ": mask ",
              type(key_mask).str());
     inputs.push_back(key_mask);
   }
@@ -206,8 +205,8 @@ Value GraphBuilder::attention(Value q, Value k_cache, Value v_cache, Value start
 Value GraphBuilder::paged_cache_write(Value pool, Value update, Value table, Value pos,
                                       const std::string& name) {
   const TensorType &c = type(pool), &u = type(update), &tt = type(table), &pt = type(pos);
-  TF_CHECK(c.shape.size() == 4 && u.shape.size() == 4 && c.shape[1] == u.shape[2] &&
-               c.shape[3] == u.shape[3],
+  TF_CHECK(c.shape.size() == 4 && u.shape.size() == 4 &&
+               c.shape[kv_heads_dim(kv_layout())] == u.shape[2] && c.shape[3] == u.shape[3],
            name, ": pool ", c.str(), " update ", u.str());
   TF_CHECK(tt.dtype == DType::i32 && tt.shape.size() == 2 && tt.shape[0] == u.shape[0], name,
            ": table ", tt.str());
@@ -220,7 +219,7 @@ Value GraphBuilder::paged_attention(Value q, Value k_pool, Value v_pool, Value t
                                     float scale, AttentionOptions o, const std::string& name) {
   const TensorType &qt = type(q), &kt = type(k_pool), &tt = type(table), &pt = type(pos);
   TF_CHECK(qt.shape.size() == 4 && kt.shape.size() == 4 && type(v_pool) == kt &&
-               qt.shape[3] == kt.shape[3] && qt.shape[2] % kt.shape[1] == 0,
+               qt.shape[3] == kt.shape[3] && qt.shape[2] % kt.shape[kv_heads_dim(kv_layout())] == 0,
            name, ": q ", qt.str(), " pool ", kt.str());
   TF_CHECK(tt.dtype == DType::i32 && tt.shape.size() == 2 && tt.shape[0] == qt.shape[0], name,
            ": table ", tt.str());

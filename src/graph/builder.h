@@ -28,9 +28,12 @@ struct AttentionOptions {
 
 class GraphBuilder {
  public:
-  // activation: the dtype of computed values (f32, bf16 or f16), see graph.h.
-  explicit GraphBuilder(DType activation = DType::f32) : graph_(activation) {}
+  // activation: the dtype of computed values (f32, bf16 or f16); kv: the layout of the KV cache
+  // states the cache and attention ops take (see graph.h).
+  explicit GraphBuilder(DType activation = DType::f32, KvLayout kv = KvLayout::kHeadMajor)
+      : graph_(activation, kv) {}
   DType activation() const { return graph_.activation_dtype(); }
+  KvLayout kv_layout() const { return graph_.kv_layout(); }
 
   Value parameter(const std::string& name, TensorType type);
   Value state(const std::string& name, TensorType type);
@@ -43,12 +46,10 @@ class GraphBuilder {
   Value embedding_shard(Value table, Value ids, int64_t vocab, int group,
                         const std::string& name = "");
   Value linear(Value x, Value w, Value bias = -1, const std::string& name = "");
-  // w int8 (N,K) with scale f32 (N, ceil(K / kInt8Block)); bias, when given, is f32 (N).
-  Value linear_int8(Value x, Value w, Value scale, Value bias = -1, const std::string& name = "");
-  // w u8 tiles (N / 8, ceil(K / kInt4Block), 128) with scale f16 and, when given, zero u8
-  // (N / 8, ceil(K / kInt4Block), 8) (see Op::kLinearInt4); bias, when given, is f32 (N).
-  Value linear_int4(Value x, Value w, Value scale, Value zero = -1, Value bias = -1,
-                    const std::string& name = "");
+  // A quantized linear with the operands Backend::prepare_linear made, as `q` says (see
+  // Op::kLinearQuant); zero is given exactly when q.has_zero, bias (f32 (N)) when there is one.
+  Value linear_quant(Value x, Value w, Value scale, Value zero, Value bias,
+                     const LinearQuantAttrs& q, const std::string& name = "");
   Value rms_norm(Value x, Value w, float eps, const std::string& name = "");
   Value rms_norm(Value x, Value w, float eps, RMSNormOptions o, const std::string& name);
   // inv_freq has rotary_dim / 2 entries (head_dim / 2 without options).

@@ -44,8 +44,8 @@ const char* op_name(Op op) {
       return "all_gather";
     case Op::kSlice:
       return "slice";
-    case Op::kLinearInt8:
-      return "linear_int8";
+    case Op::kLinearQuant:
+      return "linear_quant";
     case Op::kGeluTanhMul:
       return "gelu_tanh_mul";
     case Op::kScale:
@@ -56,8 +56,6 @@ const char* op_name(Op op) {
       return "paged_cache_write";
     case Op::kPagedAttention:
       return "paged_attention";
-    case Op::kLinearInt4:
-      return "linear_int4";
     case Op::kConvert:
       return "convert";
   }
@@ -66,7 +64,17 @@ const char* op_name(Op op) {
 
 std::string TensorType::str() const { return std::string(dtype_name(dtype)) + shape_str(shape); }
 
-Graph::Graph(DType activation) : activation_(activation) {
+const char* kv_layout_name(KvLayout layout) {
+  return layout == KvLayout::kHeadMajor ? "head-major" : "token-major";
+}
+
+TensorType kv_cache_type(KvLayout l, DType dtype, int64_t rows, int64_t heads, int64_t positions,
+                         int64_t dim) {
+  if (l == KvLayout::kHeadMajor) return {dtype, {rows, heads, positions, dim}};
+  return {dtype, {rows, positions, heads, dim}};
+}
+
+Graph::Graph(DType activation, KvLayout kv) : activation_(activation), kv_layout_(kv) {
   if (!is_float(activation))
     throw InvalidArgumentError(detail::str_cat("graph activation dtype must be a float type, got ",
                                                dtype_name(activation)));
@@ -114,8 +122,8 @@ size_t op_attrs_index(Op op) {
       return attrs_index<AllReduceAttrs>();
     case Op::kAllGather:
       return attrs_index<AllGatherAttrs>();
-    case Op::kLinearInt4:
-      return attrs_index<LinearInt4Attrs>();
+    case Op::kLinearQuant:
+      return attrs_index<LinearQuantAttrs>();
     case Op::kCustomCall:
       return attrs_index<CustomCallAttrs>();
     default:
@@ -203,6 +211,7 @@ struct Hasher {
 uint64_t Graph::hash() const {
   Hasher h;
   h.pod(activation_);
+  h.pod(kv_layout_);
   h.pod(nodes_.size());
   for (const Node& n : nodes_) {
     h.pod(n.op);
@@ -249,9 +258,14 @@ std::string attributes(const Node& n) {
     case Op::kSoftcap:
       show("cap", n.attrs_as<SoftcapAttrs>().cap);
       break;
-    case Op::kLinearInt4:
-      if (n.attrs_as<LinearInt4Attrs>().has_zero) a.push_back("zero");
+    case Op::kLinearQuant: {
+      // Always the scheme and the layout: they say how to read the operands.
+      const auto& q = n.attrs_as<LinearQuantAttrs>();
+      a.push_back(q.scheme == QuantScheme::kInt8 ? "int8" : "int4");
+      a.push_back(q.layout == QuantLayout::kRows ? "rows" : "tiles");
+      if (q.has_zero) a.push_back("zero");
       break;
+    }
     default:
       break;
   }
@@ -263,7 +277,9 @@ std::string attributes(const Node& n) {
 
 std::string Graph::to_string() const {
   std::ostringstream os;
-  os << "activation: " << dtype_name(activation_) << "\n";
+  os << "activation: " << dtype_name(activation_);
+  if (kv_layout_ != KvLayout::kHeadMajor) os << ", kv cache: " << kv_layout_name(kv_layout_);
+  os << "\n";
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const Node& n = nodes_[i];
     os << "%" << i << " = " << op_name(n.op);

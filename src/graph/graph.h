@@ -40,15 +40,15 @@ enum class Op : uint8_t {
   kCustomCall,  // a hub kernel; CustomCallAttrs: inputs and floats as its layer's schema says
   // Tensor parallelism over the process group of the attributes (distributed/process_group.h).
   // The collectives and kSlice take any dtype; the output has the input's.
-  kAllReduce,   // (x (..., N) [, bias (N)]) -> sum over ranks [+ bias, added once after the sum];
-                // AllReduceAttrs
-  kAllGather,   // (x (..., n)) -> (..., ranks * n): the ranks' even pieces concatenated along the
-                // last dim; AllGatherAttrs
-  kSlice,       // (x (..., K)) -> (..., end - begin) along the last dim (with a group, the
-                // rank's piece); SliceAttrs
-  kLinearInt8,  // (x (..., K), w int8 (N, K), scale f32 (N, ceil(K / kInt8Block)) [, bias f32
-                // (N)]) -> (..., N) act: weight-only int8 with one scale per block of
-                // kInt8Block k values, w[n,k] ~ scale[n, k / kInt8Block] * q[n,k]
+  kAllReduce,    // (x (..., N) [, bias (N)]) -> sum over ranks [+ bias, added once after the sum];
+                 // AllReduceAttrs
+  kAllGather,    // (x (..., n)) -> (..., ranks * n): the ranks' even pieces concatenated along the
+                 // last dim; AllGatherAttrs
+  kSlice,        // (x (..., K)) -> (..., end - begin) along the last dim (with a group, the
+                 // rank's piece); SliceAttrs
+  kLinearQuant,  // (x (..., K), w, scale [, zero] [, bias f32 (N)]) -> (..., N) act: a weight-only
+                 // quantized linear; LinearQuantAttrs say the scheme and the operands' layout,
+                 // which the backend chose when it prepared the weight (Backend::prepare_linear)
 
   // Gemma's activations and scalings.
   kGeluTanhMul,  // (gate, up) -> gelu_tanh(gate) * up (PyTorch's tanh approximation)
@@ -64,21 +64,28 @@ enum class Op : uint8_t {
                      // query (b,t) sees its sequence's positions <= pos[b,t]; AttentionAttrs;
                      // a padding query gives zeros
 
-  kLinearInt4,  // (x (..., K), w u8 (N / 8, nb, 128), scale f16 (N / 8, nb, 8) [, zero u8
-                // (N / 8, nb, 8)] [, bias f32 (N)]) -> (..., N) act, nb = ceil(K / kInt4Block):
-                // weight-only 4-bit codes in tiles of 8 rows by kInt4Block k values (the layout
-                // of backends/cpu/kernels.h), w[n,k] = scale[n, b] * (code[n,k] - zero[n, b])
-                // with zero 8 when absent; LinearInt4Attrs
-  kConvert,     // (x) -> x in the node's float dtype: a hub kernel's float32 boundary in a graph
-                // of other activations, and the float32 logits every graph returns
+  kConvert,  // (x) -> x in the node's float dtype: a hub kernel's float32 boundary in a graph
+             // of other activations, and the float32 logits every graph returns
 };
 
 const char* op_name(Op op);
 
-// k values per int8 scale in kLinearInt8 (as llama.cpp's Q8_0 block).
-constexpr int64_t kInt8Block = 32;
-// k values per int4 scale in kLinearInt4 (as llama.cpp's Q4_0 block), and rows per tile.
-constexpr int64_t kInt4Block = 32;
+// Weight-only quantization of kLinearQuant: w[n,k] ~ scale[n, b] * (code[n,k] - zero[n, b]) for
+// block b = k / kQuantBlock of row n (the last block of a row may be short).
+//   kInt8: codes int8, scale f32, no zero point (0).
+//   kInt4: codes 4-bit in [0, 15], scale f16, zero points u8 when the format has them (AWQ,
+//          GPTQ), else 8 (the symmetric form tformers quantizes to).
+enum class QuantScheme : uint8_t { kInt8, kInt4 };
+// How the operands of a kLinearQuant lie in memory, per scheme (N outputs, K inputs,
+// nb = ceil(K / kQuantBlock)):
+//   kRows:  w (N, K) i8 for kInt8, or u8 (N, ceil(K / 2)) for kInt4 with the code of input k in
+//           byte k / 2, the low nibble for even k; scale and zero (N, nb).
+//   kTiles: kInt4 only: tiles of kInt4Rows rows by kQuantBlock inputs, w u8 (N / 8, nb, 128),
+//           scale and zero (N / 8, nb, 8) (the byte order is backends/quant.h's; tformers'
+//           int4 checkpoints store this layout, and the CPU kernels read it).
+enum class QuantLayout : uint8_t { kRows, kTiles };
+// Inputs per scale (as llama.cpp's Q8_0 and Q4_0 blocks), and rows per int4 tile.
+constexpr int64_t kQuantBlock = 32;
 constexpr int64_t kInt4Rows = 8;
 
 struct TensorType {
@@ -87,6 +94,24 @@ struct TensorType {
   bool operator==(const TensorType&) const = default;
   std::string str() const;  // "bfloat16[2, 3]"
 };
+
+// How the keys (or values) of a KV cache lie in memory: a property of the graph, chosen by the
+// backend that runs it (Backend::kv_layout), since each backend's attention wants its own.
+//   kHeadMajor:  static cache (B, Hkv, S, D), paged pool (blocks, Hkv, block_size, D): a head's
+//                positions contiguous, the matrix the CPU's attention kernel reads per head.
+//   kTokenMajor: static cache (B, S, Hkv, D), paged pool (blocks, block_size, Hkv, D): a
+//                position's heads contiguous, as the new keys (B, T, Hkv, D) come, so a cache
+//                write copies whole rows (XLA: a dynamic_update_slice or a scatter with no
+//                transpose; the layout of vLLM's TPU paged attention).
+enum class KvLayout : uint8_t { kHeadMajor, kTokenMajor };
+const char* kv_layout_name(KvLayout layout);  // "head-major", "token-major"
+// The dims of a cache's heads and of its positions (slots, or offsets in a block).
+inline int kv_heads_dim(KvLayout l) { return l == KvLayout::kHeadMajor ? 1 : 2; }
+inline int kv_positions_dim(KvLayout l) { return l == KvLayout::kHeadMajor ? 2 : 1; }
+// A cache of `rows` sequences (or pool blocks) by `positions` slots (or block_size) by `heads`
+// heads of `dim` values, in the layout.
+TensorType kv_cache_type(KvLayout l, DType dtype, int64_t rows, int64_t heads, int64_t positions,
+                         int64_t dim);
 
 // The hub kernel a kCustomCall node calls, loaded by kernels_hub/. The graph names it and does
 // not point to it: the backend named here resolves the target to its entry point when it
@@ -168,10 +193,13 @@ struct AllGatherAttrs {
   int ranks = 1;  // the group's size: every rank gives an even piece of the last dim
   auto fields() const { return std::tie(group, ranks); }
 };
-struct LinearInt4Attrs {
-  static constexpr const char* kName = "LinearInt4Attrs";
+struct LinearQuantAttrs {
+  static constexpr const char* kName = "LinearQuantAttrs";
+  QuantScheme scheme = QuantScheme::kInt8;
+  QuantLayout layout = QuantLayout::kRows;
   bool has_zero = false;  // the zero-point input is there
-  auto fields() const { return std::tie(has_zero); }
+  auto fields() const { return std::tie(scheme, layout, has_zero); }
+  bool operator==(const LinearQuantAttrs&) const = default;
 };
 struct CustomCallAttrs {
   static constexpr const char* kName = "CustomCallAttrs";
@@ -182,7 +210,7 @@ struct CustomCallAttrs {
 
 using Attrs = std::variant<std::monostate, EmbeddingAttrs, RMSNormAttrs, RopeAttrs, AttentionAttrs,
                            TakeLastAttrs, ScaleAttrs, SoftcapAttrs, SliceAttrs, AllReduceAttrs,
-                           AllGatherAttrs, LinearInt4Attrs, CustomCallAttrs>;
+                           AllGatherAttrs, LinearQuantAttrs, CustomCallAttrs>;
 
 struct Node {
   Op op;
@@ -204,10 +232,12 @@ struct Node {
 
 class Graph {
  public:
-  // `activation` is the dtype compute ops produce (f32, bf16 or f16).
-  explicit Graph(DType activation = DType::f32);
+  // `activation` is the dtype compute ops produce (f32, bf16 or f16); `kv` the layout of its KV
+  // cache states.
+  explicit Graph(DType activation = DType::f32, KvLayout kv = KvLayout::kHeadMajor);
 
   DType activation_dtype() const { return activation_; }
+  KvLayout kv_layout() const { return kv_layout_; }
   const std::vector<Node>& nodes() const { return nodes_; }
   const Node& node(int id) const { return nodes_.at(id); }
   const std::vector<int>& outputs() const { return outputs_; }
@@ -218,16 +248,17 @@ class Graph {
   int add(Node node);
   void mark_output(int id);
 
-  // A 64-bit hash of the activation dtype, structure, shapes, dtypes, names and attributes; two
-  // graphs with the same hash compile to the same executable.
+  // A 64-bit hash of the activation dtype, KV layout, structure, shapes, dtypes, names and
+  // attributes; two graphs with the same hash compile to the same executable.
   uint64_t hash() const;
-  // "activation: bfloat16", then one line per node:
+  // "activation: bfloat16" (and ", kv cache: token-major" in that layout), then one line per node:
   // "%12 = linear(%10, %3) -> float32[1, 7, 64]  # layers.0.mlp.up_proj", with options that are
   // not the op's default in braces: "rope(%4, %2) {interleaved} -> ...".
   std::string to_string() const;
 
  private:
   DType activation_;
+  KvLayout kv_layout_;
   std::vector<Node> nodes_;
   std::vector<int> outputs_;
 };

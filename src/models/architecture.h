@@ -46,8 +46,9 @@ struct WeightSpec {
   std::string linear;   // kBias: the ".weight" of the linear layer it belongs to
 };
 
-// The KV cache of one layer: past_key_values.{layer}.key and .value, each (B, kv_heads, S,
-// head_dim) in the cache dtype. Under tensor parallelism kv_heads is this rank's share.
+// The KV cache of one layer: past_key_values.{layer}.key and .value, each B sequences by S slots
+// by kv_heads by head_dim in the cache dtype, laid out as the backend says (graph::KvLayout).
+// Under tensor parallelism kv_heads is this rank's share.
 struct KvCacheSpec {
   int64_t kv_heads = 0, head_dim = 0;
 };
@@ -75,10 +76,19 @@ struct ArchConfig : PretrainedConfig {
 // Parameter nodes by checkpoint name, created on first use so a tied weight is one node.
 class Params {
  public:
-  Params(graph::GraphBuilder& b, const std::map<std::string, graph::TensorType>& types)
-      : b_(b), types_(types) {}
+  // `quant`: the quantized linear weights by name, with the attributes of the op that reads
+  // them (Backend::prepare_linear chose them); their scales and zero points are the weights
+  // "<prefix>.weight_scale" and "<prefix>.weight_zero".
+  Params(graph::GraphBuilder& b, const std::map<std::string, graph::TensorType>& types,
+         const std::map<std::string, graph::LinearQuantAttrs>& quant = {})
+      : b_(b), types_(types), quant_(quant) {}
   graph::Value operator()(const std::string& name);
   bool has(const std::string& name) const { return types_.count(name) != 0; }
+  // How weight `name` is quantized, or null for a float weight.
+  const graph::LinearQuantAttrs* quant(const std::string& name) const {
+    auto it = quant_.find(name);
+    return it == quant_.end() ? nullptr : &it->second;
+  }
   // Tensor parallelism: the model's layout when it is split over ranks, else null.
   void set_tp(const distributed::TpModel* tp) { tp_ = tp; }
   const distributed::TpModel* tp() const { return tp_; }
@@ -90,6 +100,7 @@ class Params {
   const distributed::TpModel* tp_ = nullptr;
   graph::GraphBuilder& b_;
   const std::map<std::string, graph::TensorType>& types_;
+  const std::map<std::string, graph::LinearQuantAttrs>& quant_;
   std::map<std::string, graph::Value> nodes_;
 };
 
@@ -110,7 +121,8 @@ class Architecture {
   // attention_mask (B,S) and past_key_values.{i}.{key,value}; output logits
   // (B, keep, V). With a paged shape the inputs are input_ids, position_ids (negative for
   // padding) and block_table (B, table_blocks), and the states kv_pool.{i}.{key,value}
-  // (kv_blocks, Hkv, block_size, D). cache_dtype is the KV cache element type.
+  // (kv_blocks by block_size by Hkv by D). Caches are in b.kv_layout(); cache_dtype is their
+  // element type.
   virtual void build(graph::GraphBuilder& b, Params& params, const ArchConfig& config,
                      const StepShape& shape, DType cache_dtype) const = 0;
   // Checks that the resolved tensor-parallel layout can run (head counts, compatible styles);

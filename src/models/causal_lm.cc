@@ -179,6 +179,15 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     impl->weight_types[name] = buf->type();
     impl->weights[name] = std::move(buf);
   };
+  // A prepared linear weight: a quantized one's scales and zero points bound beside it as
+  // "<prefix>.weight_scale" and "<prefix>.weight_zero", and the attributes that read them kept.
+  auto bind_prepared = [&](const std::string& name, backends::PreparedWeight pw) {
+    const std::string prefix = prefix_of(name);
+    bind(name, std::move(pw.weight));
+    if (pw.scale) bind(prefix + ".weight_scale", std::move(pw.scale));
+    if (pw.zero) bind(prefix + ".weight_zero", std::move(pw.zero));
+    if (pw.quant) impl->quant_attrs[name] = *pw.quant;
+  };
   // Whether `t` lies in the checkpoint's mapping of tensor `source`.
   auto in_mapping = [&](const Tensor& t, const std::string& source) {
     const char* mapped = static_cast<const char*>(ckpt.get(source).raw());
@@ -191,9 +200,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   auto add_prepared = [&](const std::string& name, const Tensor& w, const std::string& source) {
     backends::PreparedWeight pw = impl->backend->prepare_linear(w, opt.quantize);
     if (in_mapping(w, source)) release_pages(w);
-    const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
-    bind(name, std::move(pw.weight));
-    if (pw.scale) bind(prefix + ".weight_scale", std::move(pw.scale));
+    bind_prepared(name, std::move(pw));
   };
 
   // Under "copy" a weight still in the checkpoint's mapping (used as stored, or this rank's rows
@@ -305,17 +312,16 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     const std::string prefix = prefix_of(s.name);
     const models::Int4Codes q =
         models::import_int4(ckpt, impl->path, *stored.import, prefix, s.shape[0], s.shape[1]);
-    backends::PreparedWeight pw = impl->backend->prepare_linear_int4(q.codes, q.scale, q.zero);
-    bind(s.name, std::move(pw.weight));
-    bind(prefix + ".weight_scale", std::move(pw.scale));
-    bind(prefix + ".weight_zero", std::move(pw.zero));
+    bind_prepared(s.name, impl->backend->prepare_quantized_linear(
+                              backends::int4_rows(q.codes, q.scale, q.zero)));
     for (const std::string& part : models::int4_import_parts(ckpt, prefix)) {
       release_pages(ckpt.get(part));
       advance(part);
     }
   };
-  // A weight stored quantized by tformers, bound as stored with its scales (and zero points): the
-  // layout is graph::Op::kLinearInt8's or kLinearInt4's, which every backend takes.
+  // A weight stored quantized by tformers, int8 rows or int4 tiles (graph::QuantLayout) with its
+  // scales (and zero points), checked and given to the backend to lay out (the CPU backend
+  // takes both as stored).
   auto add_stored = [&](const models::WeightSpec& s) {
     if (stored.import) return add_imported(s);
     const io::TensorInfo& info = ckpt.info(s.name);
@@ -328,12 +334,12 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     if (int4 && N % graph::kInt4Rows != 0)
       throw FormatError("tensor '" + s.name + "' in " + info.file + " holds int4 tiles, but its " +
                         std::to_string(N) + " rows (config.json) do not divide into tiles of 8");
-    const int64_t nb4 = (K + graph::kInt4Block - 1) / graph::kInt4Block;
+    const int64_t nb = (K + graph::kQuantBlock - 1) / graph::kQuantBlock;
     const Shape weight_shape =
-        int4 ? Shape{N / graph::kInt4Rows, nb4, graph::kInt4Rows * graph::kInt4Block / 2}
+        int4 ? Shape{N / graph::kInt4Rows, nb, graph::kInt4Rows * graph::kQuantBlock / 2}
              : Shape{N, K};
-    const Shape scale_shape = int4 ? Shape{N / graph::kInt4Rows, nb4, graph::kInt4Rows}
-                                   : Shape{N, (K + graph::kInt8Block - 1) / graph::kInt8Block};
+    const Shape scale_shape =
+        int4 ? Shape{N / graph::kInt4Rows, nb, graph::kInt4Rows} : Shape{N, nb};
     const std::string what = int4 ? "int4" : "int8";
     auto add = [&](const std::string& name, DType dtype, const Shape& shape) {
       if (!ckpt.has(name))
@@ -347,19 +353,26 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
                           " weight of shape " + shape_str(s.shape) + " needs " +
                           std::string(dtype_name(dtype)) + shape_str(shape) +
                           " (docs/quantization.md)");
-      bind(name, impl->backend->upload(resident(ckpt.get(name), name)));
+      Tensor host = resident(ckpt.get(name), name);
       advance(name);
+      return host;
     };
     const std::string prefix = prefix_of(s.name);
-    add(s.name, info.dtype, weight_shape);
-    add(prefix + ".weight_scale", int4 ? DType::f16 : DType::f32, scale_shape);
+    backends::QuantizedLinear q{
+        int4 ? graph::QuantScheme::kInt4 : graph::QuantScheme::kInt8,
+        int4 ? graph::QuantLayout::kTiles : graph::QuantLayout::kRows,
+        N,
+        K,
+        add(s.name, info.dtype, weight_shape),
+        add(prefix + ".weight_scale", int4 ? DType::f16 : DType::f32, scale_shape)};
     if (ckpt.has(prefix + ".weight_zero")) {
       if (!int4)
         throw FormatError("tensor '" + prefix + ".weight_zero' in " +
                           ckpt.info(prefix + ".weight_zero").file +
                           ": zero points belong to int4 weights, and '" + s.name + "' is int8");
-      add(prefix + ".weight_zero", DType::u8, scale_shape);
+      q.zero = add(prefix + ".weight_zero", DType::u8, scale_shape);
     }
+    bind_prepared(s.name, impl->backend->prepare_quantized_linear(q));
   };
   for (const auto& s : specs) {
     if (stored_quantized(s)) {
@@ -425,8 +438,8 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
 
 graph::Graph CausalLM::Impl::build_graph(const models::StepShape& shape) const {
   // The model's dtype is the graph's activation dtype; backends decide how to compute it.
-  graph::GraphBuilder b(dtype);
-  models::Params params(b, weight_types);
+  graph::GraphBuilder b(dtype, backend->kv_layout());
+  models::Params params(b, weight_types, quant_attrs);
   params.set_tp(tp.get());
   params.overrides = overrides.get();
   arch->build(b, params, *arch_config, shape, dtype);
@@ -481,7 +494,8 @@ void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size, int64_t t
   std::erase_if(steps, [](const auto& s) { return s.first.paged(); });  // bound to the old pools
   const std::vector<models::KvCacheSpec> layers = arch->states(*arch_config, tp.get());
   for (size_t l = 0; l < layers.size(); ++l) {
-    graph::TensorType t{dtype, {blocks, layers[l].kv_heads, block_size, layers[l].head_dim}};
+    const graph::TensorType t = graph::kv_cache_type(
+        backend->kv_layout(), dtype, blocks, layers[l].kv_heads, block_size, layers[l].head_dim);
     for (const char* kv : {".key", ".value"})
       kv_pool["kv_pool." + std::to_string(l) + kv] = backend->allocate(t);
   }
@@ -522,11 +536,27 @@ void CausalLM::save_pretrained(const std::string& dir) const {
   for (const models::WeightSpec& s : m.arch->weights(*m.arch_config)) {
     const auto& w = m.weights.at(s.name);
     if (!s.tied_to.empty() && m.weights.at(s.tied_to) == w) continue;  // the tie, not a copy
-    tensors.emplace_back(s.name, m.backend->download(*w));
-    // A quantized linear's scales and zero points, under the names the loader binds them by.
-    for (const char* suffix : {"_scale", "_zero"})
-      if (auto it = m.weights.find(s.name + suffix); it != m.weights.end())
-        tensors.emplace_back(it->first, m.backend->download(*it->second));
+    auto q = m.quant_attrs.find(s.name);
+    if (q == m.quant_attrs.end()) {
+      tensors.emplace_back(s.name, m.backend->download(*w));
+      continue;
+    }
+    // A quantized linear in tformers' stored layouts (int8 rows, int4 tiles), its scales and
+    // zero points under the names the loader reads them by.
+    auto part = [&](const char* suffix) {
+      return m.backend->download(*m.weights.at(s.name + suffix));
+    };
+    backends::QuantizedLinear ql{.scheme = q->second.scheme,
+                                 .layout = q->second.layout,
+                                 .rows = s.shape[0],
+                                 .cols = s.shape[1],
+                                 .weight = m.backend->download(*w),
+                                 .scale = part("_scale")};
+    if (q->second.has_zero) ql.zero = part("_zero");
+    if (ql.scheme == graph::QuantScheme::kInt4) ql = backends::to_tiles(ql);
+    tensors.emplace_back(s.name, std::move(ql.weight));
+    tensors.emplace_back(s.name + "_scale", std::move(ql.scale));
+    if (ql.zero) tensors.emplace_back(s.name + "_zero", std::move(*ql.zero));
   }
   std::filesystem::create_directories(dir);
   io::save_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors,
@@ -582,7 +612,8 @@ void CausalLM::Impl::reset_cache(int64_t batch, int64_t max_cache_len) {
   std::erase_if(steps, [](const auto& s) { return !s.first.paged(); });
   const std::vector<models::KvCacheSpec> layers = arch->states(*arch_config, tp.get());
   for (size_t l = 0; l < layers.size(); ++l) {
-    graph::TensorType t{dtype, {batch, layers[l].kv_heads, max_cache_len, layers[l].head_dim}};
+    const graph::TensorType t = graph::kv_cache_type(
+        backend->kv_layout(), dtype, batch, layers[l].kv_heads, max_cache_len, layers[l].head_dim);
     for (const char* kv : {".key", ".value"})
       cache["past_key_values." + std::to_string(l) + kv] = backend->allocate(t);
   }

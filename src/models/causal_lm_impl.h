@@ -40,11 +40,14 @@ struct CausalLM::Impl {
   bool verbose = false;
   std::map<std::string, std::shared_ptr<backends::Buffer>> weights;
   std::map<std::string, graph::TensorType> weight_types;
+  // The quantized linear weights, by name: how the backend holds each (graph::Op::kLinearQuant).
+  std::map<std::string, graph::LinearQuantAttrs> quant_attrs;
   // Tensor parallelism: this rank's layout, or null for a whole model.
   std::shared_ptr<distributed::TpModel> tp;
 
   // Static KV cache, laid out as the architecture's states() say:
-  // past_key_values.{i}.{key,value}, (B,Hkv,S,D) each; and attention_mask (B,S) int32, the key
+  // past_key_values.{i}.{key,value}, B by S slots by Hkv by D each in the backend's
+  // kv_layout(); and attention_mask (B,S) int32, the key
   // mask over cache slots, uploaded once per generation rather than at every step.
   int64_t cache_batch = 0, cache_len = 0;
   std::map<std::string, std::shared_ptr<backends::Buffer>> cache;
@@ -55,7 +58,8 @@ struct CausalLM::Impl {
   // Allocates the static cache for (batch, cache_len), or keeps it if the shape is the same.
   void reset_cache(int64_t batch, int64_t cache_len);
 
-  // Paged KV pools (ServingEngine): kv_pool.{i}.{key,value}, (blocks, Hkv, block_size, D) each;
+  // Paged KV pools (ServingEngine): kv_pool.{i}.{key,value}, blocks by block_size by Hkv by D
+  // each, in the backend's kv_layout();
   // block tables of pool_table_blocks entries per sequence.
   int64_t pool_blocks = 0, pool_block_size = 0, pool_table_blocks = 0;
   std::map<std::string, std::shared_ptr<backends::Buffer>> kv_pool;

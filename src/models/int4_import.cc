@@ -11,7 +11,7 @@ namespace tformers::models {
 
 namespace {
 
-constexpr int64_t kBlock = 32;  // inputs per scale in tformers' int4 (graph::kInt4Block)
+constexpr int64_t kBlock = 32;  // inputs per scale in tformers' int4 (graph::kQuantBlock)
 
 // AutoAWQ packs 8 outputs per 32-bit word in this order: nibble i holds output kAwqOrder[i].
 constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};

@@ -3,7 +3,7 @@
 // "<prefix>.weight" (N, K) is stored as <prefix>.qweight, .qzeros, .scales (and, for GPTQ, .g_idx)
 // with one scale and zero point per group of inputs; it becomes codes (N, K) in row order and one
 // scale and zero point per block of 32 inputs (each block inside one group), which the backend
-// packs (Backend::prepare_linear_int4). docs/quantization.md gives the formats.
+// lays out (Backend::prepare_quantized_linear). docs/quantization.md gives the formats.
 #pragma once
 
 #include <optional>

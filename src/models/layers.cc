@@ -93,12 +93,10 @@ Value linear(Ctx& c, Value x, const std::string& prefix) {
   // op, or the quantized one for a weight the backend quantized at load.
   auto mul = [&](Value x, Value bias) {
     const Value w = p(prefix + ".weight");
-    if (!p.has(prefix + ".weight_scale")) return b.linear(x, w, bias, prefix);
-    if (b.type(w).dtype == DType::u8)  // int4 tiles, with zero points when imported with them
-      return b.linear_int4(x, w, p(prefix + ".weight_scale"),
-                           p.has(prefix + ".weight_zero") ? p(prefix + ".weight_zero") : -1, bias,
-                           prefix);
-    return b.linear_int8(x, w, p(prefix + ".weight_scale"), bias, prefix);
+    const graph::LinearQuantAttrs* q = p.quant(prefix + ".weight");
+    if (!q) return b.linear(x, w, bias, prefix);
+    return b.linear_quant(x, w, p(prefix + ".weight_scale"),
+                          q->has_zero ? p(prefix + ".weight_zero") : -1, bias, *q, prefix);
   };
   const distributed::TpModel* tp = p.tp();
   if (!tp) return mul(x, bias);
@@ -227,17 +225,20 @@ Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t 
     // Hub kernels take a static cache (their layer contract), so paged steps use the built-in
     // op.
     const std::string pool = "kv_pool." + std::to_string(layer);
-    const TensorType pt{c.cache_dtype, {c.s.kv_blocks, Hkv, c.s.block_size, D}};
+    const TensorType pt =
+        graph::kv_cache_type(b.kv_layout(), c.cache_dtype, c.s.kv_blocks, Hkv, c.s.block_size, D);
     Value kc = b.paged_cache_write(b.state(pool + ".key", pt), k, c.table, c.pos, pool + ".key");
     Value vc =
         b.paged_cache_write(b.state(pool + ".value", pt), v, c.table, c.pos, pool + ".value");
     att = b.paged_attention(q, kc, vc, c.table, c.pos, s, options, name);
   } else {
     const std::string cache = "past_key_values." + std::to_string(layer);
-    const TensorType ct{c.cache_dtype, {B, Hkv, S, D}};
+    const TensorType ct = graph::kv_cache_type(b.kv_layout(), c.cache_dtype, B, Hkv, S, D);
     Value kc = b.cache_write(b.state(cache + ".key", ct), k, c.start, cache + ".key");
     Value vc = b.cache_write(b.state(cache + ".value", ct), v, c.start, cache + ".value");
-    const bool plain = sliding_window == 0 && softcap == 0;
+    // Hub kernels' attention contract takes head-major caches.
+    const bool plain =
+        sliding_window == 0 && softcap == 0 && b.kv_layout() == graph::KvLayout::kHeadMajor;
     att = layer_op(c, plain, "Attention", {q, kc, vc, c.start, c.mask}, b.type(q).shape, {s}, name,
                    [&] { return b.attention(q, kc, vc, c.start, c.mask, s, options, name); });
   }

@@ -22,7 +22,10 @@ namespace {
 
 using graph::AttentionOptions;
 using graph::GraphBuilder;
+using graph::LinearQuantAttrs;
 using graph::Op;
+using graph::QuantLayout;
+using graph::QuantScheme;
 using graph::RMSNormOptions;
 using graph::RopeOptions;
 using graph::TensorType;
@@ -192,10 +195,11 @@ TEST(GraphOps, RunOnTheCpuBackendAsTheReferences) {
   expect_close(got, want, nmse_tolerance(4 * (D + T) + 32), "graph");
 }
 
-// linear_int4: the builder's shape checks, the zero-point attribute in the text and the hash,
-// and the CPU backend running it (M = 1, the GEMV; M = 5, the GEMM) with and without zero points
-// and bias, against the reference with the tolerances of Ops.LinearInt4.
-TEST(GraphOps, LinearInt4ChecksPrintsAndRuns) {
+// linear_quant with int4 tiles: the builder's shape checks, the attributes in the text and the
+// hash, and the CPU backend running it (M = 1, the GEMV; M = 5, the GEMM) with and without zero
+// points and bias, against the reference with the tolerances of Ops.LinearInt4; the CPU backend
+// refuses the int4 rows it has no kernel for.
+TEST(GraphOps, LinearQuantInt4ChecksPrintsAndRuns) {
   constexpr int64_t N = 16, K = 80, nb = 3;  // K: two full blocks and a partial one
   const TensorType wt{DType::u8, {N / kInt4Rows, nb, kInt4TileBytes}};
   const TensorType st{DType::f16, {N / kInt4Rows, nb, kInt4Rows}};
@@ -204,11 +208,27 @@ TEST(GraphOps, LinearInt4ChecksPrintsAndRuns) {
     GraphBuilder b;
     const Value x = b.input("x", {DType::f32, {1, K}});
     const Value w = b.parameter("w", wt), s = b.parameter("s", st), z = b.parameter("z", zt);
-    EXPECT_THROW(b.linear_int4(b.input("x2", {DType::f32, {1, K + 32}}), w, s), InternalError);
-    EXPECT_THROW(b.linear_int4(x, w, b.parameter("s32", {DType::f32, st.shape})), InternalError);
-    EXPECT_THROW(b.linear_int4(x, b.parameter("w8", {DType::i8, wt.shape}), s), InternalError);
-    EXPECT_THROW(b.linear_int4(x, w, s, b.parameter("zf", {DType::f16, st.shape})), InternalError);
-    EXPECT_THROW(b.linear_int4(x, w, s, z, b.parameter("b", {DType::f32, {N + 1}})), InternalError);
+    const LinearQuantAttrs tiles{QuantScheme::kInt4, QuantLayout::kTiles, false};
+    LinearQuantAttrs tiles_zero = tiles;
+    tiles_zero.has_zero = true;
+    auto quant = [&](Value x, Value w, Value s, Value z = -1, Value bias = -1) {
+      return b.linear_quant(x, w, s, z, bias, z >= 0 ? tiles_zero : tiles);
+    };
+    EXPECT_THROW(quant(b.input("x2", {DType::f32, {1, K + 32}}), w, s), InternalError);
+    EXPECT_THROW(quant(x, w, b.parameter("s32", {DType::f32, st.shape})), InternalError);
+    EXPECT_THROW(quant(x, b.parameter("w8", {DType::i8, wt.shape}), s), InternalError);
+    EXPECT_THROW(quant(x, w, s, b.parameter("zf", {DType::f16, st.shape})), InternalError);
+    EXPECT_THROW(quant(x, w, s, z, b.parameter("b", {DType::f32, {N + 1}})), InternalError);
+    EXPECT_THROW(b.linear_quant(x, w, s, -1, -1, tiles_zero), InternalError);  // zero missing
+    // int8 has no tiles.
+    EXPECT_THROW(b.linear_quant(x, w, s, -1, -1, {QuantScheme::kInt8, QuantLayout::kTiles}),
+                 InternalError);
+    // Rows: int4 codes two a byte, scales per row; the CPU backend does not run them.
+    const Value rows = b.linear_quant(x, b.parameter("wr", {DType::u8, {N, K / 2}}),
+                                      b.parameter("sr", {DType::f16, {N, nb}}), -1, -1,
+                                      {QuantScheme::kInt4, QuantLayout::kRows});
+    b.output(rows);
+    EXPECT_THROW(backends::make_cpu_backend()->compile(b.finish()), UnsupportedError);
   }
   std::mt19937 rng(41);
   std::uniform_int_distribution<int> byte(0, 255), zp(0, 16);
@@ -232,14 +252,16 @@ TEST(GraphOps, LinearInt4ChecksPrintsAndRuns) {
       const Value pw = b.parameter("w", wt), ps = b.parameter("s", st);
       const Value pz = with_zero ? b.parameter("z", zt) : -1;
       const Value pb = b.parameter("b", {DType::f32, {N}});
-      const Value y = b.linear_int4(x, pw, ps, pz, pb, "proj");
+      const Value y = b.linear_quant(x, pw, ps, pz, pb,
+                                     {QuantScheme::kInt4, QuantLayout::kTiles, with_zero}, "proj");
       b.output(y);
       const graph::Graph g = b.finish();
       EXPECT_EQ(g.node(y).type, (TensorType{DType::f32, {M, N}}));
-      EXPECT_NE(g.to_string().find(with_zero ? "linear_int4(%0, %1, %2, %3, %4) {zero}"
-                                             : "linear_int4(%0, %1, %2, %3) -> float32[" +
-                                                   std::to_string(M) + ", 16]"),
-                std::string::npos)
+      EXPECT_NE(
+          g.to_string().find(with_zero ? "linear_quant(%0, %1, %2, %3, %4) {int4, tiles, zero}"
+                                       : "linear_quant(%0, %1, %2, %3) {int4, tiles} -> float32[" +
+                                             std::to_string(M) + ", 16]"),
+          std::string::npos)
           << g.to_string();
       if (M == 1) hashes[with_zero] = g.hash();
       const std::vector<float> xv = random_f32(rng, size_t(M * K));

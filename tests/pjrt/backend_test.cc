@@ -155,18 +155,17 @@ std::vector<float> run_linear(Backend& b, const PreparedWeight& w, const std::ve
   auto in = g.input("x", {DType::f32, {rows, K}});
   auto weight = g.parameter("w", w.weight->type());
   graph::Graph graph = [&] {
-    if (!w.scale) {
+    if (!w.quant)
       g.output(g.linear(in, weight));
-    } else if (w.weight->type().dtype == DType::i8) {
-      g.output(g.linear_int8(in, weight, g.parameter("s", w.scale->type())));
-    } else {
-      g.output(g.linear_int4(in, weight, g.parameter("s", w.scale->type())));
-    }
+    else
+      g.output(g.linear_quant(in, weight, g.parameter("s", w.scale->type()),
+                              w.zero ? g.parameter("z", w.zero->type()) : -1, -1, *w.quant));
     return g.finish();
   }();
   std::unique_ptr<Executable> exe = b.compile(graph);
   std::vector<Buffer*> params = {w.weight.get()};
   if (w.scale) params.push_back(w.scale.get());
+  if (w.zero) params.push_back(w.zero.get());
   const Tensor xt = Tensor::from_vector<float>({rows, K}, DType::f32, x);
   const Tensor* const inputs[] = {&xt};
   Tensor y = Tensor::zeros({rows, N}, DType::f32);
@@ -175,27 +174,29 @@ std::vector<float> run_linear(Backend& b, const PreparedWeight& w, const std::ve
   return values<float>(y);
 }
 
-// The weight (N,K) that prepared operands stand for, by graph.h's formulas for kLinear,
-// kLinearInt8 and kLinearInt4 (no zero points: 8), from the operands downloaded.
+// The weight (N,K) that prepared operands stand for, by graph.h's formulas for kLinear and
+// kLinearQuant in rows (no zero points: int8 0, int4 8), from the operands downloaded.
 std::vector<double> dequantized(Backend& b, const PreparedWeight& p, int64_t N, int64_t K) {
   const Tensor w = b.download(*p.weight);
   std::vector<double> out(size_t(N * K));
-  if (!p.scale) {
+  if (!p.quant) {
     for (size_t i = 0; i < out.size(); ++i) out[i] = w.data<float>()[i];
     return out;
   }
+  EXPECT_EQ(p.quant->layout, graph::QuantLayout::kRows) << "PJRT keeps quantized weights in rows";
   const Tensor s = b.download(*p.scale);
+  const int64_t nb = (K + graph::kQuantBlock - 1) / graph::kQuantBlock;
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) {
       double& v = out[size_t(n * K + k)];
-      const int64_t blk = k / graph::kInt8Block;
-      if (w.dtype() == DType::i8) {
-        v = double(s.data<float>()[n * cpu::int8_blocks(K) + blk]) * w.data<int8_t>()[n * K + k];
+      const int64_t at = n * nb + k / graph::kQuantBlock;
+      if (p.quant->scheme == graph::QuantScheme::kInt8) {
+        EXPECT_EQ(w.dtype(), DType::i8);
+        v = double(s.data<float>()[at]) * w.data<int8_t>()[n * K + k];
       } else {
-        const int64_t g = n / graph::kInt4Rows, j = n % graph::kInt4Rows;
-        const float scale =
-            f16_to_f32(s.data<uint16_t>()[(g * cpu::int4_blocks(K) + blk) * graph::kInt4Rows + j]);
-        v = double(scale) * (int(cpu::int4_code(w.data<uint8_t>(), K, n, k)) - 8);
+        const uint8_t byte = w.data<uint8_t>()[n * ((K + 1) / 2) + k / 2];
+        const int code = k % 2 ? byte >> 4 : byte & 15;
+        v = double(f16_to_f32(s.data<uint16_t>()[at])) * (code - 8);
       }
     }
   return out;

@@ -10,8 +10,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 
+#include "../io/io_test_util.h"
 #include "../models/golden_util.h"
 #include "backends/compile_cache.h"
 #include "backends/pjrt/plugin_discovery.h"
@@ -240,6 +242,20 @@ TEST_F(XlaCpuGenerate, QuantizedAtLoadMatchesTheCpuScalarReference) {
                 1e-4)
           << q << " position " << t;
     EXPECT_EQ(xla.generate(kPrompts, greedy(10)), cpu.generate(kPrompts, greedy(10))) << q;
+    // Each backend holds the weights its own way (CPU: int4 tiles; XLA: rows), and both save
+    // tformers' stored layouts, the same bytes; the stored checkpoint loads on XLA as the weights
+    // quantized there at load.
+    io::testing::TempDir dir;
+    cpu.save_pretrained(dir.file("cpu"));
+    xla.save_pretrained(dir.file("xla"));
+    EXPECT_EQ(io::testing::read_bytes(dir.file("cpu/model.safetensors")),
+              io::testing::read_bytes(dir.file("xla/model.safetensors")))
+        << q;
+    LoadOptions stored{.dtype = float32};
+    stored.device_map = device();
+    CausalLM loaded = AutoModelForCausalLM::from_pretrained(dir.file("cpu"), stored);
+    const Tensor again = prefill_logits(loaded, prompt);
+    EXPECT_EQ(std::memcmp(again.raw(), got.raw(), got.nbytes()), 0) << q;
   }
   cpu::set_active_target(saved);
 }

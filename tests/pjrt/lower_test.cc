@@ -17,6 +17,7 @@
 #include "backends/pjrt/lower.h"
 #include "backends/pjrt/pjrt_api.h"
 #include "backends/pjrt/plugin_discovery.h"
+#include "backends/quant.h"
 #include "core/cpu_features.h"
 #include "distributed/fake_group.h"
 #include "graph/builder.h"
@@ -33,6 +34,7 @@ using cpu::expect_close;
 using cpu::kUbf16;
 using cpu::nmse_tolerance;
 using graph::GraphBuilder;
+using graph::Op;
 using graph::Value;
 
 ElementType element_type(DType t) {
@@ -84,6 +86,19 @@ Tensor random(std::mt19937& rng, Shape shape, DType dt, float lo = -1.0f, float 
   return t;
 }
 
+// t (d0, d1, d2, d3) as (d0, d2, d1, d3): a cache between the two KV layouts (graph.h).
+Tensor swap_middle(const Tensor& t) {
+  const Shape& d = t.shape();
+  Tensor out = Tensor::zeros({d[0], d[2], d[1], d[3]}, t.dtype());
+  const size_t row = size_t(d[3]) * dtype_size(t.dtype());
+  for (int64_t a = 0; a < d[0]; ++a)
+    for (int64_t i = 0; i < d[1]; ++i)
+      for (int64_t j = 0; j < d[2]; ++j)
+        std::memcpy(static_cast<char*>(out.raw()) + ((a * d[2] + j) * d[1] + i) * row,
+                    static_cast<const char*>(t.raw()) + ((a * d[1] + i) * d[2] + j) * row, row);
+  return out;
+}
+
 Tensor ints(Shape shape, std::vector<int32_t> v) {
   return Tensor::from_vector<int32_t>(std::move(shape), DType::i32, v);
 }
@@ -93,9 +108,15 @@ struct Leaves {
   std::vector<Tensor> params, states, inputs;
 };
 
-// A graph being built, with the host values of its leaves.
+// A graph being built, with the host values of its leaves, its KV caches in layout `kv`.
 struct Case : Leaves {
-  explicit Case(DType act) : b(act) {}
+  explicit Case(DType act, graph::KvLayout kv = graph::KvLayout::kHeadMajor) : b(act, kv) {}
+  // A KV cache state given head-major (B or blocks, Hkv, positions, D), stored in the case's
+  // layout.
+  Value kv_state(const std::string& name, const Tensor& head_major) {
+    return state(
+        name, b.kv_layout() == graph::KvLayout::kHeadMajor ? head_major : swap_middle(head_major));
+  }
   Value param(const std::string& name, Tensor t) {
     params.push_back(t);
     return b.parameter(name, {t.dtype(), t.shape()});
@@ -189,24 +210,52 @@ class Lower : public ::testing::Test {
     expect_consistent(c.b.finish(), c, nmse_tol);
   }
   static void expect_consistent(const graph::Graph& g, const Leaves& c, double nmse_tol) {
+    expect_consistent(g, c, g, c, nmse_tol);
+  }
+  // A graph whose operands the two backends lay out differently (a quantized weight): the CPU
+  // runs cpu_g on cpu_c, XLA g on c.
+  static void expect_consistent(const graph::Graph& cpu_g, const Leaves& cpu_c,
+                                const graph::Graph& g, const Leaves& c, double nmse_tol) {
     const LoweredModule m = lower(g);
     EXPECT_EQ(m.num_outputs, g.outputs().size());
     EXPECT_EQ(m.num_states, c.states.size());
-    const Results want = run_cpu(g, c);
+    const Results want = run_cpu(cpu_g, cpu_c);
     const Results got = run_xla(*client_, m.mlir, g, c);
     ASSERT_EQ(got.outputs.size(), want.outputs.size());
     ASSERT_EQ(got.states.size(), want.states.size());
-    for (size_t i = 0; i < want.outputs.size(); ++i)
-      expect_close(got.outputs[i].to_f32_vector(), want.outputs[i].to_f32_vector(), nmse_tol,
+    // A cache in the other KV layout, compared in the CPU's.
+    const bool swap = g.kv_layout() != cpu_g.kv_layout();
+    for (size_t i = 0; i < want.outputs.size(); ++i) {
+      const Op op = g.node(g.outputs()[i]).op;
+      const bool cache = op == Op::kCacheWrite || op == Op::kPagedCacheWrite;
+      expect_close((swap && cache ? swap_middle(got.outputs[i]) : got.outputs[i]).to_f32_vector(),
+                   want.outputs[i].to_f32_vector(), nmse_tol,
                    "output " + std::to_string(i) + " of\n" + g.to_string());
+    }
     for (size_t i = 0; i < want.states.size(); ++i) {
       const std::string what = "state " + std::to_string(i) + " of\n" + g.to_string();
+      const Tensor got_state =
+          swap && got.states[i].ndim() == 4 ? swap_middle(got.states[i]) : got.states[i];
       if (is_float(want.states[i].dtype()))
-        expect_close(got.states[i].to_f32_vector(), want.states[i].to_f32_vector(), nmse_tol, what);
+        expect_close(got_state.to_f32_vector(), want.states[i].to_f32_vector(), nmse_tol, what);
       else  // a key mask, passed through
-        EXPECT_EQ(std::memcmp(got.states[i].raw(), want.states[i].raw(), want.states[i].nbytes()),
-                  0)
+        EXPECT_EQ(std::memcmp(got_state.raw(), want.states[i].raw(), want.states[i].nbytes()), 0)
             << what;
+    }
+  }
+
+  // The graph `build` makes on a Case, on the CPU with head-major caches (its only layout), and
+  // lowered with caches in each layout (token-major: the same values, transposed).
+  template <class Build>
+  static void expect_consistent_in_both_layouts(DType act, Build build, double nmse_tol) {
+    Case cpu(act);
+    build(cpu);
+    const graph::Graph cpu_g = cpu.b.finish();
+    for (graph::KvLayout kv : {graph::KvLayout::kHeadMajor, graph::KvLayout::kTokenMajor}) {
+      SCOPED_TRACE(graph::kv_layout_name(kv));
+      Case xla(act, kv);
+      build(xla);
+      expect_consistent(cpu_g, cpu, xla.b.finish(), xla, nmse_tol);
     }
   }
 
@@ -337,13 +386,16 @@ TEST_P(LowerOps, CacheWriteAtAStart) {
   for (DType cache_dtype : {DType::f32, DType::bf16}) {
     for (int64_t T : {1, 3}) {
       SCOPED_TRACE(std::string(dtype_name(cache_dtype)) + " cache, T " + std::to_string(T));
-      std::mt19937 rng(7);
-      Case c(act());
-      const Value cache = c.state("cache", random(rng, {2, 2, 8, 4}, cache_dtype));
-      const Value update = c.input("new", random(rng, {2, T, 2, 4}, act()));
-      const Value start = c.input("start", ints({}, {5}));
-      c.b.output(c.b.cache_write(cache, update, start, "write"));
-      expect_consistent(c, 0.0);
+      expect_consistent_in_both_layouts(
+          act(),
+          [&](Case& c) {
+            std::mt19937 rng(7);
+            const Value cache = c.kv_state("cache", random(rng, {2, 2, 8, 4}, cache_dtype));
+            const Value update = c.input("new", random(rng, {2, T, 2, 4}, act()));
+            const Value start = c.input("start", ints({}, {5}));
+            c.b.output(c.b.cache_write(cache, update, start, "write"));
+          },
+          0.0);
     }
   }
 }
@@ -371,26 +423,27 @@ TEST_P(LowerOps, CacheWriteThenAttention) {
   constexpr int64_t B = 2, S = 12, D = 8;
   for (const AttentionCase& a : kAttentionCases) {
     SCOPED_TRACE(a.what);
-    std::mt19937 rng(8);
-    Case c(act());
-    const Value kc = c.state("k", random(rng, {B, a.Hkv, S, D}, act()));
-    const Value vc = c.state("v", random(rng, {B, a.Hkv, S, D}, act()));
-    const Value q = c.input("q", random(rng, {B, a.T, a.Hq, D}, act(), -2.0f, 2.0f));
-    const Value k = c.input("k_new", random(rng, {B, a.T, a.Hkv, D}, act(), -2.0f, 2.0f));
-    const Value v = c.input("v_new", random(rng, {B, a.T, a.Hkv, D}, act()));
-    const Value start = c.input("start", ints({}, {int32_t(a.start)}));
-    Value mask = -1;
-    if (a.mask) {
-      // Row 0 masks every other slot; row 1 masks every slot its first query sees, which
-      // must then give zeros.
-      std::vector<int32_t> m(size_t(B * S), 1);
-      for (int64_t j = 0; j < S; j += 2) m[size_t(j)] = 0;
-      for (int64_t j = 0; j <= a.start; ++j) m[size_t(S + j)] = 0;
-      mask = c.input("mask", ints({B, S}, m));
-    }
-    const Value kw = c.b.cache_write(kc, k, start), vw = c.b.cache_write(vc, v, start);
-    c.b.output(c.b.attention(q, kw, vw, start, mask, 0.35f, a.o, "attn"));
-    expect_consistent(c, tol(D + a.start + a.T + 8, 2));
+    auto build = [&](Case& c) {
+      std::mt19937 rng(8);
+      const Value kc = c.kv_state("k", random(rng, {B, a.Hkv, S, D}, act()));
+      const Value vc = c.kv_state("v", random(rng, {B, a.Hkv, S, D}, act()));
+      const Value q = c.input("q", random(rng, {B, a.T, a.Hq, D}, act(), -2.0f, 2.0f));
+      const Value k = c.input("k_new", random(rng, {B, a.T, a.Hkv, D}, act(), -2.0f, 2.0f));
+      const Value v = c.input("v_new", random(rng, {B, a.T, a.Hkv, D}, act()));
+      const Value start = c.input("start", ints({}, {int32_t(a.start)}));
+      Value mask = -1;
+      if (a.mask) {
+        // Row 0 masks every other slot; row 1 masks every slot its first query sees, which
+        // must then give zeros.
+        std::vector<int32_t> m(size_t(B * S), 1);
+        for (int64_t j = 0; j < S; j += 2) m[size_t(j)] = 0;
+        for (int64_t j = 0; j <= a.start; ++j) m[size_t(S + j)] = 0;
+        mask = c.input("mask", ints({B, S}, m));
+      }
+      const Value kw = c.b.cache_write(kc, k, start), vw = c.b.cache_write(vc, v, start);
+      c.b.output(c.b.attention(q, kw, vw, start, mask, 0.35f, a.o, "attn"));
+    };
+    expect_consistent_in_both_layouts(act(), build, tol(D + a.start + a.T + 8, 2));
   }
 }
 
@@ -402,19 +455,20 @@ TEST_P(LowerOps, PagedWriteThenAttention) {
   for (const graph::AttentionOptions& o :
        {graph::AttentionOptions{}, graph::AttentionOptions{.sliding_window = 3, .softcap = 0.9f}}) {
     SCOPED_TRACE(o.sliding_window ? "window and softcap" : "plain");
-    std::mt19937 rng(9);
-    Case c(act());
-    const Value kp = c.state("k_pool", random(rng, {NB, Hkv, BS, D}, act()));
-    const Value vp = c.state("v_pool", random(rng, {NB, Hkv, BS, D}, act()));
-    const Value q = c.input("q", random(rng, {B, T, Hq, D}, act(), -2.0f, 2.0f));
-    const Value k = c.input("k_new", random(rng, {B, T, Hkv, D}, act(), -2.0f, 2.0f));
-    const Value v = c.input("v_new", random(rng, {B, T, Hkv, D}, act()));
-    const Value table = c.input("table", ints({B, MB}, {5, 1, 3, 0, 2, 4, 6, 6, 6}));
-    const Value pos = c.input("pos", ints({B, T}, {-1, -1, 9, 2, 3, 4, -1, -1, -1}));
-    const Value kw = c.b.paged_cache_write(kp, k, table, pos, "k_write");
-    const Value vw = c.b.paged_cache_write(vp, v, table, pos, "v_write");
-    c.b.output(c.b.paged_attention(q, kw, vw, table, pos, 0.35f, o, "attn"));
-    expect_consistent(c, tol(D + MB * BS + 8, 2));
+    auto build = [&](Case& c) {
+      std::mt19937 rng(9);
+      const Value kp = c.kv_state("k_pool", random(rng, {NB, Hkv, BS, D}, act()));
+      const Value vp = c.kv_state("v_pool", random(rng, {NB, Hkv, BS, D}, act()));
+      const Value q = c.input("q", random(rng, {B, T, Hq, D}, act(), -2.0f, 2.0f));
+      const Value k = c.input("k_new", random(rng, {B, T, Hkv, D}, act(), -2.0f, 2.0f));
+      const Value v = c.input("v_new", random(rng, {B, T, Hkv, D}, act()));
+      const Value table = c.input("table", ints({B, MB}, {5, 1, 3, 0, 2, 4, 6, 6, 6}));
+      const Value pos = c.input("pos", ints({B, T}, {-1, -1, 9, 2, 3, 4, -1, -1, -1}));
+      const Value kw = c.b.paged_cache_write(kp, k, table, pos, "k_write");
+      const Value vw = c.b.paged_cache_write(vp, v, table, pos, "v_write");
+      c.b.output(c.b.paged_attention(q, kw, vw, table, pos, 0.35f, o, "attn"));
+    };
+    expect_consistent_in_both_layouts(act(), build, tol(D + MB * BS + 8, 2));
   }
 }
 
@@ -429,12 +483,14 @@ TEST_P(LowerOps, LinearInt8OddKWithAndWithoutBias) {
       const Value w = c.param("w", random(rng, {N, K}, DType::i8, -127, 127));
       const Value s = c.param("scale", random(rng, {N, nb}, DType::f32, 0.001f, 0.02f));
       const Value b = bias ? c.param("b", random(rng, {N}, DType::f32)) : -1;
-      c.b.output(c.b.linear_int8(x, w, s, b));
+      c.b.output(c.b.linear_quant(x, w, s, -1, b, {graph::QuantScheme::kInt8}));
       expect_consistent(c, tol(2 * K + 2, 1, cpu_rounds_x_to_bf16(M, true)) + gemv_int8(M));
     }
   }
 }
 
+// One int4 weight, random tiles, run as tiles on the CPU and as the rows PjrtBackend makes of
+// them (backends::to_rows) through the lowering.
 TEST_P(LowerOps, LinearInt4OddKWithAndWithoutZeroAndBias) {
   constexpr int64_t K = 45, N = 16, nb = 2, G = N / graph::kInt4Rows;
   for (int64_t M : {1, 5}) {
@@ -442,14 +498,26 @@ TEST_P(LowerOps, LinearInt4OddKWithAndWithoutZeroAndBias) {
       for (bool bias : {false, true}) {
         SCOPED_TRACE("M " + std::to_string(M) + (zero ? " zero" : "") + (bias ? " bias" : ""));
         std::mt19937 rng(11);
-        Case c(act());
-        const Value x = c.input("x", random(rng, {M, K}, act()));
-        const Value w = c.param("w", random(rng, {G, nb, 128}, DType::u8, 0, 255));
-        const Value s = c.param("scale", random(rng, {G, nb, 8}, DType::f16, 0.001f, 0.02f));
-        const Value z = zero ? c.param("zero", random(rng, {G, nb, 8}, DType::u8, 0, 15)) : -1;
-        const Value b = bias ? c.param("b", random(rng, {N}, DType::f32)) : -1;
-        c.b.output(c.b.linear_int4(x, w, s, z, b));
-        expect_consistent(c, tol(2 * K + 2, 1, cpu_rounds_x_to_bf16(M, true)) + gemv_int8(M));
+        backends::QuantizedLinear tiles{graph::QuantScheme::kInt4,
+                                        graph::QuantLayout::kTiles,
+                                        N,
+                                        K,
+                                        random(rng, {G, nb, 128}, DType::u8, 0, 255),
+                                        random(rng, {G, nb, 8}, DType::f16, 0.001f, 0.02f)};
+        if (zero) tiles.zero = random(rng, {G, nb, 8}, DType::u8, 0, 15);
+        const Tensor x = random(rng, {M, K}, act());
+        const Tensor bt = random(rng, {N}, DType::f32);
+        Case cpu(act()), xla(act());
+        for (auto [c, q] : {std::pair{&cpu, tiles}, std::pair{&xla, backends::to_rows(tiles)}}) {
+          const Value xv = c->input("x", x);
+          const Value w = c->param("w", q.weight), s = c->param("scale", q.scale);
+          const Value z = zero ? c->param("zero", *q.zero) : -1;
+          const Value b = bias ? c->param("b", bt) : -1;
+          c->b.output(c->b.linear_quant(xv, w, s, z, b, q.attrs()));
+        }
+        const graph::Graph cpu_g = cpu.b.finish();
+        expect_consistent(cpu_g, cpu, xla.b.finish(), xla,
+                          tol(2 * K + 2, 1, cpu_rounds_x_to_bf16(M, true)) + gemv_int8(M));
       }
     }
   }

@@ -43,9 +43,6 @@ struct Slot {
 };
 
 constexpr int64_t kAlign = 64;
-static_assert(graph::kInt8Block == cpu::kInt8Block, "the graph and the kernels agree on blocks");
-static_assert(graph::kInt4Block == cpu::kInt4Block && graph::kInt4Rows == cpu::kInt4Rows,
-              "the graph and the kernels agree on int4 tiles");
 
 // Opt-in time per op kind (TFORMERS_PROFILE=1), summed over every run of every CPU executable
 // and printed to stderr at exit, so a user can see where a forward pass spends its time
@@ -109,7 +106,7 @@ class OpProfile {
 graph::Graph legalise(const graph::Graph& g) {
   const DType act = g.activation_dtype();
   if (act == DType::f32) return g;
-  graph::Graph out(DType::f32);
+  graph::Graph out(DType::f32, g.kv_layout());
   for (const Node& n : g.nodes()) {
     Node m = n;
     switch (n.op) {
@@ -192,6 +189,20 @@ class CpuExecutable : public Executable {
 
 CpuExecutable::CpuExecutable(const graph::Graph& g, TransferCounters* stats)
     : Executable(g), graph_(legalise(g)), stats_(stats) {
+  if (g.kv_layout() != graph::KvLayout::kHeadMajor)
+    throw UnsupportedError(std::string("the CPU backend's attention reads head-major KV caches, "
+                                       "not ") +
+                           graph::kv_layout_name(g.kv_layout()) +
+                           " ones; build the graph with the CPU backend's kv_layout()");
+  for (const Node& n : graph_.nodes())
+    if (n.op == Op::kLinearQuant) {
+      const auto& q = n.attrs_as<graph::LinearQuantAttrs>();
+      if ((q.scheme == graph::QuantScheme::kInt4) != (q.layout == graph::QuantLayout::kTiles))
+        throw UnsupportedError("node " + n.name +
+                               ": the CPU backend multiplies int8 rows and int4 tiles, not this "
+                               "layout; prepare the weight with the CPU backend's "
+                               "prepare_quantized_linear");
+    }
   plan();
 }
 
@@ -434,20 +445,20 @@ void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
       cpu::linear(f32(0), in(1), in_type(1).dtype, bias, out, m, s.back(), k, pool);
       return;
     }
-    case Op::kLinearInt8: {
-      int64_t k = in_type(0).shape.back(), m = shape_numel(in_type(0).shape) / k;
-      cpu::linear_int8(f32(0), static_cast<const int8_t*>(in(1)), f32(2),
-                       n.inputs.size() > 3 ? f32(3) : nullptr, out, m, s.back(), k, pool);
-      return;
-    }
-    case Op::kLinearInt4: {
+    case Op::kLinearQuant: {
+      // The layouts prepare_quantized_linear makes: int8 rows, int4 tiles.
       const int64_t k = in_type(0).shape.back(), m = shape_numel(in_type(0).shape) / k;
-      const bool has_zero = n.attrs_as<graph::LinearInt4Attrs>().has_zero;
-      const size_t bias_at = has_zero ? 4 : 3;
-      cpu::linear_int4(
-          f32(0), static_cast<const uint8_t*>(in(1)), static_cast<const uint16_t*>(in(2)),
-          has_zero ? static_cast<const uint8_t*>(in(3)) : nullptr,
-          n.inputs.size() > bias_at ? f32(bias_at) : nullptr, out, m, s.back(), k, pool);
+      const auto& q = n.attrs_as<graph::LinearQuantAttrs>();
+      const size_t bias_at = q.has_zero ? 4 : 3;
+      const float* bias = n.inputs.size() > bias_at ? f32(bias_at) : nullptr;
+      if (q.scheme == graph::QuantScheme::kInt8)
+        cpu::linear_int8(f32(0), static_cast<const int8_t*>(in(1)), f32(2), bias, out, m, s.back(),
+                         k, pool);
+      else
+        cpu::linear_int4(f32(0), static_cast<const uint8_t*>(in(1)),
+                         static_cast<const uint16_t*>(in(2)),
+                         q.has_zero ? static_cast<const uint8_t*>(in(3)) : nullptr, bias, out, m,
+                         s.back(), k, pool);
       return;
     }
     case Op::kRMSNorm: {
@@ -600,11 +611,17 @@ void CpuExecutable::custom_call(const RunContext& c, const Node& n, int id) cons
   }
 }
 
-class CpuBackend : public QuantizedLayoutBackend {
+QuantizedLinear to_tiles_if_int4(const QuantizedLinear& q) {
+  return q.scheme == graph::QuantScheme::kInt4 ? to_tiles(q) : q;
+}
+
+class CpuBackend : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device{"cpu", 0}; }
   int64_t batch_invariant_rows() const override { return cpu::batch_invariant_rows(); }
+  // The attention kernel reads each head's keys and values as one matrix per sequence (or block).
+  graph::KvLayout kv_layout() const override { return graph::KvLayout::kHeadMajor; }
   bool supports(const graph::Node& n) const override {
     return n.op != Op::kCustomCall || n.attrs_as<graph::CustomCallAttrs>().kernel->backend == "cpu";
   }
@@ -623,6 +640,11 @@ class CpuBackend : public QuantizedLayoutBackend {
     std::memcpy(copy.raw(), t.raw(), t.nbytes());
     stats_.device_to_host(t.nbytes());
     return copy;
+  }
+  // The kernels read int8 rows and int4 tiles: those are uploaded as given (a stored checkpoint
+  // stays in its mapping), int4 rows are tiled.
+  PreparedWeight prepare_quantized_linear(const QuantizedLinear& q) override {
+    return upload_quantized(to_tiles_if_int4(q));
   }
   // With every thread of the pool the kernels run on.
   double read_bandwidth_gbs(size_t bytes) override {

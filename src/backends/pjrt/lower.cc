@@ -244,11 +244,13 @@ class Emitter {
                str_cat("stablehlo.dynamic_update_slice ", operands, " : (", types, ") -> ",
                        operand.type()));
   }
-  // operand (NB, H, BS, D) with update[i] (H, D) written at [block[i], :, offset[i], :] for each
-  // row i of at (n, 2) = (block, offset). A row whose block is out of range is skipped: XLA drops
-  // scatter updates whose window falls outside the operand (StableHLO leaves it to the
-  // implementation), and the paged write relies on that for its padding tokens.
-  Val scatter_rows(const Val& operand, const Val& at, const Val& update) {
+  // A 4-d operand with update[i] (2-d) written where dim 0 is block[i] and dim `second` (1 or 2)
+  // is offset[i], for each row i of at (n, 2) = (block, offset): [block, :, offset, :] for a
+  // pool (NB, H, BS, D), [block, offset, :, :] for (NB, BS, H, D). A row whose block is out of
+  // range is skipped: XLA drops scatter updates whose window falls outside the operand
+  // (StableHLO leaves it to the implementation), and the paged write relies on that for its
+  // padding tokens.
+  Val scatter_rows(const Val& operand, const Val& at, const Val& update, int second) {
     const std::string scalar = "tensor<" + operand.elem + ">";
     return def(
         operand.elem, operand.shape,
@@ -256,9 +258,9 @@ class Emitter {
                 ") ({\n    ^bb0(%old: ", scalar, ", %new: ", scalar,
                 "):\n      stablehlo.return %new : ", scalar,
                 "\n    }) {scatter_dimension_numbers = #stablehlo.scatter<update_window_dims "
-                "= [1, 2], inserted_window_dims = [0, 2], scatter_dims_to_operand_dims = "
-                "[0, 2], index_vector_dim = 1>, indices_are_sorted = false, unique_indices "
-                "= false} : (",
+                "= [1, 2], inserted_window_dims = [0, ",
+                second, "], scatter_dims_to_operand_dims = [0, ", second,
+                "], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false} : (",
                 operand.type(), ", ", at.type(), ", ", update.type(), ") -> ", operand.type()));
   }
 
@@ -277,7 +279,10 @@ std::string node_label(const graph::Graph& g, const Node& n) {
 
 class Lowering {
  public:
-  explicit Lowering(const graph::Graph& g) : g_(g), act_(element(g.activation_dtype())) {}
+  explicit Lowering(const graph::Graph& g)
+      : g_(g),
+        act_(element(g.activation_dtype())),
+        head_major_(g.kv_layout() == graph::KvLayout::kHeadMajor) {}
   LoweredModule run();
 
  private:
@@ -288,21 +293,21 @@ class Lowering {
   Val lower_node(const Node& n);
   Val embedding(const Node& n);
   Val linear_out(const Node& n, const Val& x, const Val& w, int bias_at);
-  Val int8_weight(const Node& n);
-  Val int4_weight(const Node& n);
+  Val quant_weight(const Node& n);
   Val rms_norm(const Node& n);
   Val rope(const Node& n);
   Val cache_write(const Node& n);
   Val paged_cache_write(const Node& n);
   Val paged_attention(const Node& n);
-  // Attention of q (B,T,Hq,D) over k, v (B,Hkv,S,D), query (b,t) at slot qpos[b,t] (i32, B,T)
-  // seeing slots j <= qpos within the window where key_valid (B,S) holds (when given); a query
-  // that sees no slot gives zeros.
+  // Attention of q (B,T,Hq,D) over k, v (B,Hkv,S,D) or (B,S,Hkv,D) (the graph's KV layout), query
+  // (b,t) at slot qpos[b,t] (i32, B,T) seeing slots j <= qpos within the window where key_valid
+  // (B,S) holds (when given); a query that sees no slot gives zeros.
   Val attend(const Node& n, const Val& q, const Val& k, const Val& v, const Val& qpos,
              const Val* key_valid);
 
   const graph::Graph& g_;
   std::string act_;
+  bool head_major_;  // the graph's KV layout (graph.h)
   Emitter e_;
   std::vector<Val> vals_;
 };
@@ -336,42 +341,31 @@ Val Lowering::linear_out(const Node& n, const Val& x, const Val& w, int bias_at)
   return out(n, y);
 }
 
-// The int8 weight dequantized in the activation dtype: w[n,k] * scale[n, k / 32].
-Val Lowering::int8_weight(const Node& n) {
-  const Val& w = in(n, 1);  // (N,K) i8
-  const Val& s = in(n, 2);  // (N,nb) f32
-  const int64_t N = w.shape[0], K = w.shape[1], nb = s.shape[1];
-  Val per_k = e_.broadcast(s, {N, nb, graph::kInt8Block}, {0, 1});
-  per_k = e_.slice(e_.reshape(per_k, {N, nb * graph::kInt8Block}), 1, 0, K);
-  return e_.convert(e_.binary("multiply", e_.convert(w, "f32"), per_k), act_);
-}
-
-// The int4 tiles dequantized in the activation dtype (see Op::kLinearInt4 and the tile layout
-// in backends/cpu/kernels.h): byte 32 v + 4 j + t of a tile holds row j's codes at
-// k = 8 v + t (low nibble) and 8 v + 4 + t (high nibble) of its block.
-Val Lowering::int4_weight(const Node& n) {
-  const Val& tiles = in(n, 1);  // (G, nb, 128) u8, G = N / 8
-  const int64_t G = tiles.shape[0], nb = tiles.shape[1], N = G * graph::kInt4Rows;
-  const int64_t K = in(n, 0).shape.back();
-  const Shape parts = {G, nb, 4, graph::kInt4Rows, 1, 4};  // (G, nb, v, j, nibble, t)
-  const Val bytes = e_.reshape(tiles, parts);
-  const Val low = e_.binary("and", bytes, e_.splat(15, "ui8", parts));
-  const Val high = e_.binary("shift_right_logical", bytes, e_.splat(4, "ui8", parts));
-  // (G, nb, v, j, nibble, t) -> (G, j, nb, v, nibble, t): row 8 g + j, k = 32 b + 8 v + 4 h + t.
-  Val codes = e_.transpose(e_.concatenate({low, high}, 4), {0, 3, 1, 2, 4, 5});
-  codes = e_.convert(e_.reshape(codes, {N, nb, graph::kInt4Block}), "f32");
-  // Per-(row, block) values stored at [g, b, j] -> (N, nb).
-  auto per_row = [&](const Val& v) {
-    return e_.convert(e_.reshape(e_.transpose(v, {0, 2, 1}), {N, nb}), "f32");
+// A kLinearQuant weight in rows (the layout PjrtBackend prepares) dequantized in the
+// activation dtype: scale[n, k / 32] * (code[n,k] - zero), int8 codes with zero 0, or 4-bit
+// codes two a byte, the low nibble for even k, with zero 8 where the weight has none.
+Val Lowering::quant_weight(const Node& n) {
+  const auto& q = n.attrs_as<graph::LinearQuantAttrs>();
+  const Val& w = in(n, 1);  // (N,K) i8, or (N, ceil(K / 2)) u8
+  const Val& s = in(n, 2);  // (N,nb)
+  const int64_t K = in(n, 0).shape.back(), N = w.shape[0], nb = s.shape[1];
+  // A per-(row, block) value for every input, (N,K) f32.
+  auto per_k = [&](const Val& v) {
+    const Val b = e_.broadcast(e_.convert(v, "f32"), {N, nb, graph::kQuantBlock}, {0, 1});
+    return e_.slice(e_.reshape(b, {N, nb * graph::kQuantBlock}), 1, 0, K);
   };
-  const bool has_zero = n.attrs_as<graph::LinearInt4Attrs>().has_zero;
-  const Shape full = {N, nb, graph::kInt4Block};
-  const Val zero =
-      has_zero ? e_.broadcast(per_row(in(n, 3)), full, {0, 1}) : e_.splat(8, "f32", full);
-  const Val scale = e_.broadcast(per_row(in(n, 2)), full, {0, 1});
-  Val w = e_.binary("multiply", scale, e_.binary("subtract", codes, zero));
-  w = e_.slice(e_.reshape(w, {N, nb * graph::kInt4Block}), 1, 0, K);
-  return e_.convert(w, act_);
+  Val codes = w;
+  if (q.scheme == graph::QuantScheme::kInt4) {
+    const Shape pairs = {N, w.shape[1], 1};
+    const Val bytes = e_.reshape(w, pairs);
+    const Val low = e_.binary("and", bytes, e_.splat(15, "ui8", pairs));
+    const Val high = e_.binary("shift_right_logical", bytes, e_.splat(4, "ui8", pairs));
+    codes = e_.slice(e_.reshape(e_.concatenate({low, high}, 2), {N, 2 * w.shape[1]}), 1, 0, K);
+  }
+  codes = e_.convert(codes, "f32");
+  if (q.scheme == graph::QuantScheme::kInt4)
+    codes = e_.binary("subtract", codes, q.has_zero ? per_k(in(n, 3)) : e_.splat(8, "f32", {N, K}));
+  return e_.convert(e_.binary("multiply", codes, per_k(s)), act_);
 }
 
 Val Lowering::rms_norm(const Node& n) {
@@ -425,22 +419,28 @@ Val Lowering::rope(const Node& n) {
 }
 
 Val Lowering::cache_write(const Node& n) {
-  const Val& cache = in(n, 0);  // (B,Hkv,S,D)
-  const Val update = e_.convert(e_.transpose(in(n, 1), {0, 2, 1, 3}), cache.elem);
+  const Val& cache = in(n, 0);  // (B,Hkv,S,D) or (B,S,Hkv,D)
+  // The new keys (B,T,Hkv,D) are a token-major block as they come.
+  const Val update =
+      e_.convert(head_major_ ? e_.transpose(in(n, 1), {0, 2, 1, 3}) : in(n, 1), cache.elem);
   // dynamic_update_slice clamps its start into [0, S - T] instead of failing; a start out of
   // range never gets here, since Executable::run (backends/backend.cc) checks it on the host.
   const Val zero = e_.splat(0, "i32", {});
-  return e_.dynamic_update_slice(cache, update, {zero, zero, in(n, 2), zero});
+  const Val& start = in(n, 2);
+  return e_.dynamic_update_slice(cache, update,
+                                 head_major_ ? std::vector<Val>{zero, zero, start, zero}
+                                             : std::vector<Val>{zero, start, zero, zero});
 }
 
 // For each new token with a position p >= 0, its (Hkv, D) row goes to offset p % BS of block
 // table[b, p / BS]. Padding tokens get block NB, out of range, which XLA's scatter skips.
 Val Lowering::paged_cache_write(const Node& n) {
-  const Val& pool = in(n, 0);    // (NB,Hkv,BS,D)
+  const Val& pool = in(n, 0);    // (NB,Hkv,BS,D) or (NB,BS,Hkv,D)
   const Val& update = in(n, 1);  // (B,T,Hkv,D)
   const Val& table = in(n, 2);   // (B,MB)
   const Val& pos = in(n, 3);     // (B,T)
-  const int64_t NB = pool.shape[0], BS = pool.shape[2];
+  const int offset_dim = graph::kv_positions_dim(g_.kv_layout());
+  const int64_t NB = pool.shape[0], BS = pool.shape[size_t(offset_dim)];
   const int64_t B = pos.shape[0], T = pos.shape[1], MB = table.shape[1];
   const Shape bt = {B, T};
   const Val padding = e_.compare("LT", pos, e_.splat(0, "i32", bt));
@@ -454,17 +454,21 @@ Val Lowering::paged_cache_write(const Node& n) {
   const Val offset = e_.with_constant("remainder", p, double(BS));
   const Val at = e_.concatenate({e_.reshape(block, {B * T, 1}), e_.reshape(offset, {B * T, 1})}, 1);
   const Shape rows = {B * T, update.shape[2], update.shape[3]};
-  return e_.scatter_rows(pool, at, e_.convert(e_.reshape(update, rows), pool.elem));
+  return e_.scatter_rows(pool, at, e_.convert(e_.reshape(update, rows), pool.elem), offset_dim);
 }
 
-// Each sequence's blocks gathered into a static cache (B, Hkv, MB * BS, D) in table order, and
-// the static attention over it with the positions as query slots.
+// Each sequence's blocks gathered into a static cache (B, Hkv, MB * BS, D) or (B, MB * BS, Hkv,
+// D) in table order, and the static attention over it with the positions as query slots.
 Val Lowering::paged_attention(const Node& n) {
   const Val& table = in(n, 3);  // (B,MB)
   const int64_t B = table.shape[0], MB = table.shape[1];
-  auto unpage = [&](const Val& pool) {  // (NB,Hkv,BS,D)
-    const int64_t Hkv = pool.shape[1], BS = pool.shape[2], D = pool.shape[3];
+  auto unpage = [&](const Val& pool) {
     const Val blocks = e_.gather_rows(pool, e_.reshape(table, {B * MB}));
+    if (!head_major_) {  // (B * MB, BS, Hkv, D): the blocks of a row are its slots in order
+      const int64_t BS = pool.shape[1], Hkv = pool.shape[2], D = pool.shape[3];
+      return e_.reshape(blocks, {B, MB * BS, Hkv, D});
+    }
+    const int64_t Hkv = pool.shape[1], BS = pool.shape[2], D = pool.shape[3];
     const Val seq = e_.transpose(e_.reshape(blocks, {B, MB, Hkv, BS, D}), {0, 2, 1, 3, 4});
     return e_.reshape(seq, {B, Hkv, MB * BS, D});
   };
@@ -476,10 +480,13 @@ Val Lowering::attend(const Node& n, const Val& q, const Val& k, const Val& v, co
                      const Val* key_valid) {
   const auto& a = n.attrs_as<graph::AttentionAttrs>();
   const int64_t B = q.shape[0], T = q.shape[1], Hq = q.shape[2], D = q.shape[3];
-  const int64_t Hkv = k.shape[1], S = k.shape[2], G = Hq / Hkv;
+  // k and v as the graph's KV layout has them: (B,Hkv,S,D) or (B,S,Hkv,D), contracted in place.
+  const int64_t hd = graph::kv_heads_dim(g_.kv_layout());
+  const int64_t pd = graph::kv_positions_dim(g_.kv_layout());
+  const int64_t Hkv = k.shape[size_t(hd)], S = k.shape[size_t(pd)], G = Hq / Hkv;
   // Query head h reads KV head h / G: q as (B,T,Hkv,G,D), scores (B,Hkv,T,G,S).
   const Val qg = e_.reshape(q, {B, T, Hkv, G, D});
-  Val s = e_.dot(qg, k, {0, 2}, {0, 1}, {4}, {3});
+  Val s = e_.dot(qg, k, {0, 2}, {0, hd}, {4}, {3});
   s = e_.with_constant("multiply", s, a.scale);
   if (a.softcap > 0)
     s = e_.with_constant("multiply", e_.unary("tanh", e_.with_constant("divide", s, a.softcap)),
@@ -503,8 +510,8 @@ Val Lowering::attend(const Node& n, const Val& q, const Val& k, const Val& v, co
   Val sum = e_.reduce(p, "add", 0.0f, {4});  // (B,Hkv,T,G)
   const Val none = e_.compare("EQ", sum, e_.splat(0, "f32", sum.shape));
   sum = e_.select(none, e_.splat(1, "f32", sum.shape), sum);
-  // p (B,Hkv,T,G,S) in the activation dtype . v (B,Hkv,S,D) -> (B,Hkv,T,G,D), then normalised.
-  Val o = e_.dot(e_.convert(p, act_), v, {0, 1}, {0, 1}, {4}, {2});
+  // p (B,Hkv,T,G,S) in the activation dtype . v -> (B,Hkv,T,G,D), then normalised.
+  Val o = e_.dot(e_.convert(p, act_), v, {0, 1}, {0, hd}, {4}, {pd});
   o = e_.binary("divide", o, e_.broadcast(sum, o.shape, {0, 1, 2, 3}));
   o = e_.reshape(e_.transpose(o, {0, 2, 1, 3, 4}), {B, T, Hq, D});
   return out(n, o);
@@ -521,11 +528,9 @@ Val Lowering::lower_node(const Node& n) {
       return embedding(n);
     case Op::kLinear:
       return linear_out(n, in(n, 0), in(n, 1), 2);
-    case Op::kLinearInt8:
-      return linear_out(n, e_.convert(in(n, 0), act_), int8_weight(n), 3);
-    case Op::kLinearInt4:
-      return linear_out(n, e_.convert(in(n, 0), act_), int4_weight(n),
-                        n.attrs_as<graph::LinearInt4Attrs>().has_zero ? 4 : 3);
+    case Op::kLinearQuant:
+      return linear_out(n, e_.convert(in(n, 0), act_), quant_weight(n),
+                        n.attrs_as<graph::LinearQuantAttrs>().has_zero ? 4 : 3);
     case Op::kRMSNorm:
       return rms_norm(n);
     case Op::kRope:
@@ -661,6 +666,8 @@ LoweredModule Lowering::run() {
 }  // namespace
 
 bool can_lower(const graph::Node& node) {
+  if (node.op == Op::kLinearQuant)  // quant_weight reads rows
+    return node.attrs_as<graph::LinearQuantAttrs>().layout == graph::QuantLayout::kRows;
   return node.op != Op::kCustomCall && node.op != Op::kAllReduce && node.op != Op::kAllGather;
 }
 

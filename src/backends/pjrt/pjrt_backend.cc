@@ -284,7 +284,7 @@ class PjrtExecutable : public Executable {
   std::vector<float> gather_scratch_;
 };
 
-class PjrtBackend : public QuantizedLayoutBackend {
+class PjrtBackend : public Backend {
  public:
   PjrtBackend(std::string name, const pjrt::Plugin& plugin,
               const std::vector<pjrt::ClientOption>& options)
@@ -304,6 +304,8 @@ class PjrtBackend : public QuantizedLayoutBackend {
   // bits at K = 256, N = 64 (x W^T, f32, xla-cpu-pjrt 0.0.1). Padding would cost work and buy
   // nothing, so decode batches are not padded.
   int64_t batch_invariant_rows() const override { return 1; }
+  // Cache writes without a transpose (lower.cc); attention contracts over either layout.
+  graph::KvLayout kv_layout() const override { return graph::KvLayout::kTokenMajor; }
 
   std::shared_ptr<Buffer> upload(const Tensor& host) override {
     return std::make_shared<PjrtBuffer>(graph::TensorType{host.dtype(), host.shape()},
@@ -317,6 +319,12 @@ class PjrtBackend : public QuantizedLayoutBackend {
   Tensor download(const Buffer& buffer) override {
     const PjrtBuffer& b = device_buffer_of(buffer, "the buffer to download");
     return download_counted(b.device_buffer(), b.type(), stats_, "the downloaded buffer");
+  }
+  // Quantized weights in rows (graph::QuantLayout::kRows): codes and scales as separate tensors
+  // that the lowering dequantizes with elementwise ops, where the CPU's tiles would need a
+  // six-dimensional transpose in every step.
+  PreparedWeight prepare_quantized_linear(const QuantizedLinear& q) override {
+    return upload_quantized(to_rows(q));
   }
   // XLA's CPU reduction reads host memory at a fraction of what the host's own streaming loop
   // gets (5.6 against 27 GB/s on one 2-core AMD EPYC, 2026-12-03), so there the roofline is the

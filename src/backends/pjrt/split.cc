@@ -61,7 +61,8 @@ Segment build_segment(const graph::Graph& g, const std::vector<int>& root,
   // Leaves in the whole graph's order of each kind (the order bindings come in), then the
   // carried values.
   for (auto* v : {&params, &states, &inputs}) std::sort(v->begin(), v->end());
-  Segment s{graph::Graph(g.activation_dtype()), {}, {}, {}, carried, std::move(produced)};
+  Segment s{
+      graph::Graph(g.activation_dtype(), g.kv_layout()), {}, {}, {}, carried, std::move(produced)};
   std::map<int, int> local;  // whole-graph id -> segment id
   auto leaf = [&](int j, Op op) {
     const Node& n = g.node(j);

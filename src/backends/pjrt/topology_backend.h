@@ -33,6 +33,8 @@ class TopologyBackend : public Backend {
   bool supports(const graph::Node& node) const override;
   std::unique_ptr<Executable> compile(const graph::Graph& graph) override;
   int64_t batch_invariant_rows() const override { return 1; }
+  // As the PJRT backend that would run its programs.
+  graph::KvLayout kv_layout() const override { return graph::KvLayout::kTokenMajor; }
   std::shared_ptr<Buffer> upload(const Tensor& host) override;
   std::shared_ptr<Buffer> allocate(const graph::TensorType& type) override;
   Tensor download(const Buffer& buffer) override;
