@@ -49,9 +49,15 @@ struct ServingConfig {
   // sequences of max_model_len.
   int64_t num_blocks = 0;
   int64_t kv_cache_bytes = 0;
-  // Prompts are padded to the smallest of these; default: powers of two from 16, and
-  // max_model_len. Decode batches are padded to powers of two up to max_num_seqs.
+  // A prefill step's positions are padded to the smallest of these; default: 16, 24, 32, 48, 64,
+  // ... (powers of two and their midpoints) up to the longest chunk a step takes, the smaller of
+  // max_model_len and max_prefill_tokens (block_size if that is more). Each is compiled and run
+  // once at warm-up.
   std::vector<int64_t> prefill_buckets;
+  // A decode step's sequences are padded to the smallest of these; default: from the backend's
+  // batch-invariant rows (4 on the CPU's x86 targets, 1 elsewhere) the same series up to
+  // max_num_seqs. None may be below the batch-invariant rows.
+  std::vector<int64_t> decode_buckets;
   // Prompt positions prefilled per step before the running sequences advance: a bound on how
   // long new requests stall the streams already running (vLLM's max_num_batched_tokens with
   // chunked prefill). A longer prompt is prefilled in chunks of whole KV blocks (at least one),

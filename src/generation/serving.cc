@@ -69,6 +69,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Bucket sizes from `first` to `last` (included): powers of two times `first` and the midpoints
+// between them (first, 1.5 first, 2 first, 3 first, 4 first, ...), so that a step padded to its
+// bucket computes at most a third of padding rather than a half, for about twice the shapes of
+// powers of two alone.
+std::vector<int64_t> bucket_series(int64_t first, int64_t last) {
+  std::vector<int64_t> out;
+  for (int64_t b = first; b < last; b *= 2) {
+    out.push_back(b);
+    if (b >= 2 && b + b / 2 < last) out.push_back(b + b / 2);
+  }
+  out.push_back(last);
+  return out;
+}
+
 // The smallest bucket that holds n (buckets sorted, the last one holds every n that can occur).
 int64_t bucket_for(const std::vector<int64_t>& buckets, int64_t n) {
   return *std::lower_bound(buckets.begin(), buckets.end(), n);
@@ -120,7 +134,6 @@ struct ServingEngine::Impl {
   const void* model_state;  // the model's identity in served_models
   bool serving = false;     // registered there
   int64_t table_blocks = 0;
-  std::vector<int64_t> decode_buckets;
 
   // Shared with the request threads, under mu.
   mutable std::mutex mu;
@@ -253,20 +266,32 @@ void ServingEngine::Impl::configure() {
             std::to_string(cfg.max_model_len) + "; raise the KV memory or lower max_model_len");
   check(cfg.num_blocks <= INT32_MAX, "num_blocks must fit int32");
 
+  // A prefill step takes at most max_prefill_tokens of a prompt, or one block where that is less
+  // (prefill_chunk), and never more than a context: no bucket above that is ever run.
+  const int64_t longest_chunk =
+      std::min(cfg.max_model_len, std::max(cfg.max_prefill_tokens, cfg.block_size));
+  // A context of at most 16 positions has no bucket below it, only that one.
   if (cfg.prefill_buckets.empty())
-    for (int64_t b = 16; b < cfg.max_model_len; b *= 2) cfg.prefill_buckets.push_back(b);
-  std::sort(cfg.prefill_buckets.begin(), cfg.prefill_buckets.end());
-  cfg.prefill_buckets.erase(std::unique(cfg.prefill_buckets.begin(), cfg.prefill_buckets.end()),
-                            cfg.prefill_buckets.end());
-  // A context of at most 16 positions has no bucket below max_model_len, only that one.
-  check(cfg.prefill_buckets.empty() ||
-            (cfg.prefill_buckets.front() >= 1 && cfg.prefill_buckets.back() <= cfg.max_model_len),
+    cfg.prefill_buckets = bucket_series(std::min<int64_t>(16, longest_chunk), longest_chunk);
+  auto sorted_unique = [](std::vector<int64_t>& v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+  };
+  sorted_unique(cfg.prefill_buckets);
+  check(cfg.prefill_buckets.front() >= 1 && cfg.prefill_buckets.back() <= cfg.max_model_len,
         "prefill_buckets must lie in [1, max_model_len]");
-  if (cfg.prefill_buckets.empty() || cfg.prefill_buckets.back() < cfg.max_model_len)
-    cfg.prefill_buckets.push_back(cfg.max_model_len);
+  if (cfg.prefill_buckets.back() < longest_chunk) cfg.prefill_buckets.push_back(longest_chunk);
+  // Decode batches: from the backend's batch-invariant rows, below which a row's numbers would
+  // depend on how many rows share its step.
   const int64_t min_rows = std::max<int64_t>(1, m.batch_invariant_rows());
-  for (int64_t b = min_rows; b < cfg.max_num_seqs; b *= 2) decode_buckets.push_back(b);
-  decode_buckets.push_back(std::max(min_rows, cfg.max_num_seqs));
+  if (cfg.decode_buckets.empty())
+    cfg.decode_buckets = bucket_series(min_rows, std::max(min_rows, cfg.max_num_seqs));
+  sorted_unique(cfg.decode_buckets);
+  check(cfg.decode_buckets.front() >= min_rows,
+        "decode_buckets must be at least " + std::to_string(min_rows) +
+            ": below that the backend's results for a row depend on the rows beside it, so a "
+            "request's tokens would depend on how many others share its step");
+  if (cfg.decode_buckets.back() < cfg.max_num_seqs) cfg.decode_buckets.push_back(cfg.max_num_seqs);
 
   {
     std::lock_guard<std::mutex> lock(served_mu);
@@ -464,7 +489,7 @@ void ServingEngine::Impl::decode() {
     }
   publish_blocks();
   if (running.empty()) return;
-  const int64_t n = int64_t(running.size()), B = bucket_for(decode_buckets, n);
+  const int64_t n = int64_t(running.size()), B = bucket_for(cfg.decode_buckets, n);
   const int64_t V = m.vocab_size();
   // Each sequence's first token not computed: its newest, or one it recomputes.
   std::vector<models::SequenceChunk> next;
@@ -615,7 +640,7 @@ double ServingEngine::warm_up() {
     e.m.run_paged(e.m.prepare_paged(batch, tokens), {}, e.logits_for(batch));
   };
   for (int64_t t : e.cfg.prefill_buckets) run_empty(1, t);
-  for (int64_t b : e.decode_buckets) run_empty(b, 1);
+  for (int64_t b : e.cfg.decode_buckets) run_empty(b, 1);
   e.warm_up_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   e.note_compiles();
   e.compiles_at_ready = e.compiles.load();

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "backends/cpu/kernels.h"
 #include "collector.h"
 #include "common/error_of.h"
 #include "tformers/model.h"
@@ -436,6 +437,49 @@ TEST(Serving, AContextShorterThanTheFirstPrefillBucketServes) {
         EXPECT_EQ(c.tokens()[i], want[0][prompt.size() + i]) << "max_model_len " << len;
     }
   }
+}
+
+// The default buckets: prefill steps from 16 by powers of two and their midpoints up to the
+// longest chunk a step takes (never a bucket that no step can use: each is run at warm-up), and
+// decode batches the same way from the backend's batch-invariant rows; given buckets are sorted,
+// completed up to what a step needs, and none may let a row depend on its batch.
+TEST(Serving, BucketsStepByHalvesUpToWhatAStepTakes) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  const int64_t rows = cpu::batch_invariant_rows();
+  {
+    ServingEngine engine(
+        model,
+        {.max_num_seqs = 20, .max_model_len = 256, .block_size = 8, .max_prefill_tokens = 100});
+    EXPECT_EQ(engine.config().prefill_buckets, (std::vector<int64_t>{16, 24, 32, 48, 64, 96, 100}));
+    std::vector<int64_t> want;
+    for (int64_t b = rows; b < 20; b *= 2) {
+      want.push_back(b);
+      if (b >= 2 && b + b / 2 < 20) want.push_back(b + b / 2);
+    }
+    want.push_back(20);
+    EXPECT_EQ(engine.config().decode_buckets, want);
+  }
+  {  // A context shorter than max_prefill_tokens bounds the chunks.
+    ServingEngine engine(model, {.max_num_seqs = 2, .max_model_len = 40});
+    EXPECT_EQ(engine.config().prefill_buckets, (std::vector<int64_t>{16, 24, 32, 40}));
+  }
+  {
+    ServingEngine engine(model, {.max_num_seqs = 9,
+                                 .max_model_len = 256,
+                                 .prefill_buckets = {64, 16},
+                                 .decode_buckets = {8, rows, 8},
+                                 .max_prefill_tokens = 128});
+    EXPECT_EQ(engine.config().prefill_buckets, (std::vector<int64_t>{16, 64, 128}));
+    const std::vector<int64_t> decode =
+        rows == 8 ? std::vector<int64_t>{8, 9} : std::vector<int64_t>{rows, 8, 9};
+    EXPECT_EQ(engine.config().decode_buckets, decode);
+  }
+  if (rows > 1)
+    EXPECT_CONTAINS(
+        error_of<InvalidArgumentError>([&] {
+          ServingEngine engine(model, {.max_num_seqs = 8, .decode_buckets = {rows - 1, 8}});
+        }),
+        "decode_buckets must be at least " + std::to_string(rows));
 }
 
 // Requests cancelled while others are preempted around them, in a pool of one sequence's
