@@ -76,18 +76,19 @@ struct ArchConfig : PretrainedConfig {
 // Parameter nodes by checkpoint name, created on first use so a tied weight is one node.
 class Params {
  public:
-  // `quant`: the quantized linear weights by name, with the attributes of the op that reads
-  // them (Backend::prepare_linear chose them); their scales and zero points are the weights
+  // `quant` (null: none): the quantized linear weights by name, with the attributes of the op that
+  // reads them (Backend::prepare_linear chose them); their scales and zero points are the weights
   // "<prefix>.weight_scale" and "<prefix>.weight_zero".
   Params(graph::GraphBuilder& b, const std::map<std::string, graph::TensorType>& types,
-         const std::map<std::string, graph::LinearQuantAttrs>& quant = {})
+         const std::map<std::string, graph::LinearQuantAttrs>* quant = nullptr)
       : b_(b), types_(types), quant_(quant) {}
   graph::Value operator()(const std::string& name);
   bool has(const std::string& name) const { return types_.count(name) != 0; }
   // How weight `name` is quantized, or null for a float weight.
   const graph::LinearQuantAttrs* quant(const std::string& name) const {
-    auto it = quant_.find(name);
-    return it == quant_.end() ? nullptr : &it->second;
+    if (!quant_) return nullptr;
+    auto it = quant_->find(name);
+    return it == quant_->end() ? nullptr : &it->second;
   }
   // Tensor parallelism: the model's layout when it is split over ranks, else null.
   void set_tp(const distributed::TpModel* tp) { tp_ = tp; }
@@ -100,7 +101,7 @@ class Params {
   const distributed::TpModel* tp_ = nullptr;
   graph::GraphBuilder& b_;
   const std::map<std::string, graph::TensorType>& types_;
-  const std::map<std::string, graph::LinearQuantAttrs>& quant_;
+  const std::map<std::string, graph::LinearQuantAttrs>* quant_;
   std::map<std::string, graph::Value> nodes_;
 };
 

@@ -439,7 +439,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
 graph::Graph CausalLM::Impl::build_graph(const models::StepShape& shape) const {
   // The model's dtype is the graph's activation dtype; backends decide how to compute it.
   graph::GraphBuilder b(dtype, backend->kv_layout());
-  models::Params params(b, weight_types, quant_attrs);
+  models::Params params(b, weight_types, &quant_attrs);
   params.set_tp(tp.get());
   params.overrides = overrides.get();
   arch->build(b, params, *arch_config, shape, dtype);
