@@ -26,7 +26,7 @@ struct QuantizedLinear {
 // w (N,K), f32, bf16 or f16, quantized on the host: "int8" to int8 rows; "int4" to int4 tiles
 // (the CPU quantizer's own output), or to int8 rows where N does not divide into tiles of 8 (no
 // projection of a released model; a vocabulary such as 32001), as llama.cpp falls back to
-// another type for a tensor its format cannot hold. InvalidArgumentError for another scheme.
+// another type for a tensor its format cannot hold. UnsupportedError for another scheme.
 QuantizedLinear quantize_on_host(const Tensor& w, const std::string& scheme);
 
 // An int4 weight from one code in [0, 15] per byte, codes u8 (N,K), with scale f16 and zero u8

@@ -291,6 +291,9 @@ void ServingEngine::Impl::configure() {
         "decode_buckets must be at least " + std::to_string(min_rows) +
             ": below that the backend's results for a row depend on the rows beside it, so a "
             "request's tokens would depend on how many others share its step");
+  check(cfg.decode_buckets.back() <= std::max(min_rows, cfg.max_num_seqs),
+        "decode_buckets must not exceed max_num_seqs (" + std::to_string(cfg.max_num_seqs) +
+            "): no step decodes more sequences, and each bucket is compiled and run at warm-up");
   if (cfg.decode_buckets.back() < cfg.max_num_seqs) cfg.decode_buckets.push_back(cfg.max_num_seqs);
 
   {

@@ -63,25 +63,15 @@ Value GraphBuilder::linear_quant(Value x, Value w, Value scale, Value zero, Valu
   TF_CHECK(!xt.shape.empty() && q.has_zero == (zero >= 0) &&
                !(q.has_zero && q.scheme == QuantScheme::kInt8),
            name, ": zero point operand and attributes disagree");
-  const int64_t K = xt.shape.back(), nb = (K + kQuantBlock - 1) / kQuantBlock;
-  // The operand types the scheme and layout imply (graph.h), and N from the weight's.
-  int64_t N = 0;
-  TensorType want_w, want_s;
-  if (q.layout == QuantLayout::kTiles) {
-    TF_CHECK(q.scheme == QuantScheme::kInt4 && wt.shape.size() == 3, name, ": w ", wt.str(),
-             " is not int4 tiles");
-    N = wt.shape[0] * kInt4Rows;
-    want_w = {DType::u8, {wt.shape[0], nb, kInt4Rows * kQuantBlock / 2}};
-    want_s = {DType::f16, {wt.shape[0], nb, kInt4Rows}};
-  } else {
-    TF_CHECK(wt.shape.size() == 2, name, ": w ", wt.str(), " is not (N, K) rows");
-    N = wt.shape[0];
-    const bool int8 = q.scheme == QuantScheme::kInt8;
-    want_w = int8 ? TensorType{DType::i8, {N, K}} : TensorType{DType::u8, {N, (K + 1) / 2}};
-    want_s = {int8 ? DType::f32 : DType::f16, {N, nb}};
-  }
-  TF_CHECK(wt == want_w && st == want_s, name, ": x ", xt.str(), " w ", wt.str(), " scale ",
-           st.str(), "; expected w ", want_w.str(), " scale ", want_s.str());
+  // N from the weight's leading dim (a tile holds kInt4Rows rows), then every operand type from
+  // the scheme and layout.
+  const bool tiles = q.layout == QuantLayout::kTiles;
+  TF_CHECK(!wt.shape.empty() && (!tiles || q.scheme == QuantScheme::kInt4), name, ": w ", wt.str(),
+           " is not a quantized weight in this layout");
+  const int64_t N = wt.shape[0] * (tiles ? kInt4Rows : 1);
+  const QuantOperandTypes want = quant_operand_types(q.scheme, q.layout, N, xt.shape.back());
+  TF_CHECK(wt == want.weight && st == want.scale, name, ": x ", xt.str(), " w ", wt.str(),
+           " scale ", st.str(), "; expected w ", want.weight.str(), " scale ", want.scale.str());
   std::vector<int> inputs = {x, w, scale};
   if (zero >= 0) {
     TF_CHECK(type(zero) == (TensorType{DType::u8, st.shape}), name, ": zero ", type(zero).str());

@@ -64,6 +64,19 @@ const char* op_name(Op op) {
 
 std::string TensorType::str() const { return std::string(dtype_name(dtype)) + shape_str(shape); }
 
+QuantOperandTypes quant_operand_types(QuantScheme scheme, QuantLayout layout, int64_t N,
+                                      int64_t K) {
+  const int64_t nb = (K + kQuantBlock - 1) / kQuantBlock;
+  if (layout == QuantLayout::kTiles) {
+    TF_CHECK(scheme == QuantScheme::kInt4 && N % kInt4Rows == 0, "no int4 tiles of ", N,
+             " rows, and no int8 tiles");
+    const int64_t g = N / kInt4Rows;
+    return {{DType::u8, {g, nb, kInt4Rows * kQuantBlock / 2}}, {DType::f16, {g, nb, kInt4Rows}}};
+  }
+  if (scheme == QuantScheme::kInt8) return {{DType::i8, {N, K}}, {DType::f32, {N, nb}}};
+  return {{DType::u8, {N, (K + 1) / 2}}, {DType::f16, {N, nb}}};
+}
+
 const char* kv_layout_name(KvLayout layout) {
   return layout == KvLayout::kHeadMajor ? "head-major" : "token-major";
 }

@@ -81,8 +81,9 @@ enum class QuantScheme : uint8_t { kInt8, kInt4 };
 //   kRows:  w (N, K) i8 for kInt8, or u8 (N, ceil(K / 2)) for kInt4 with the code of input k in
 //           byte k / 2, the low nibble for even k; scale and zero (N, nb).
 //   kTiles: kInt4 only: tiles of kInt4Rows rows by kQuantBlock inputs, w u8 (N / 8, nb, 128),
-//           scale and zero (N / 8, nb, 8) (the byte order is backends/quant.h's; tformers'
-//           int4 checkpoints store this layout, and the CPU kernels read it).
+//           scale and zero (N / 8, nb, 8) (the byte order is backends/cpu/kernels.h's and
+//           docs/quantization.md's; tformers' int4 checkpoints store this layout, and the CPU
+//           kernels read it).
 enum class QuantLayout : uint8_t { kRows, kTiles };
 // Inputs per scale (as llama.cpp's Q8_0 and Q4_0 blocks), and rows per int4 tile.
 constexpr int64_t kQuantBlock = 32;
@@ -94,6 +95,14 @@ struct TensorType {
   bool operator==(const TensorType&) const = default;
   std::string str() const;  // "bfloat16[2, 3]"
 };
+
+// The types of a quantized weight's operands, N outputs by K inputs, in the scheme and layout
+// above; zero points, where there are any, are u8 of the scale's shape. InternalError for int8
+// tiles or tiles of N not a multiple of kInt4Rows, which no layout holds.
+struct QuantOperandTypes {
+  TensorType weight, scale;
+};
+QuantOperandTypes quant_operand_types(QuantScheme scheme, QuantLayout layout, int64_t N, int64_t K);
 
 // How the keys (or values) of a KV cache lie in memory: a property of the graph, chosen by the
 // backend that runs it (Backend::kv_layout), since each backend's attention wants its own.

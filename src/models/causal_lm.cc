@@ -334,14 +334,13 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     if (int4 && N % graph::kInt4Rows != 0)
       throw FormatError("tensor '" + s.name + "' in " + info.file + " holds int4 tiles, but its " +
                         std::to_string(N) + " rows (config.json) do not divide into tiles of 8");
-    const int64_t nb = (K + graph::kQuantBlock - 1) / graph::kQuantBlock;
-    const Shape weight_shape =
-        int4 ? Shape{N / graph::kInt4Rows, nb, graph::kInt4Rows * graph::kQuantBlock / 2}
-             : Shape{N, K};
-    const Shape scale_shape =
-        int4 ? Shape{N / graph::kInt4Rows, nb, graph::kInt4Rows} : Shape{N, nb};
+    const graph::QuantScheme scheme = int4 ? graph::QuantScheme::kInt4 : graph::QuantScheme::kInt8;
+    const graph::QuantLayout layout = int4 ? graph::QuantLayout::kTiles : graph::QuantLayout::kRows;
+    const graph::QuantOperandTypes types = graph::quant_operand_types(scheme, layout, N, K);
     const std::string what = int4 ? "int4" : "int8";
-    auto add = [&](const std::string& name, DType dtype, const Shape& shape) {
+    auto add = [&](const std::string& name, const graph::TensorType& want) {
+      const DType dtype = want.dtype;
+      const Shape& shape = want.shape;
       if (!ckpt.has(name))
         throw NotFoundError("checkpoint " + impl->path + " has no tensor '" + name +
                             "', which the " + what + " weight '" + s.name + "' needs (" +
@@ -358,19 +357,18 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       return host;
     };
     const std::string prefix = prefix_of(s.name);
-    backends::QuantizedLinear q{
-        int4 ? graph::QuantScheme::kInt4 : graph::QuantScheme::kInt8,
-        int4 ? graph::QuantLayout::kTiles : graph::QuantLayout::kRows,
-        N,
-        K,
-        add(s.name, info.dtype, weight_shape),
-        add(prefix + ".weight_scale", int4 ? DType::f16 : DType::f32, scale_shape)};
+    backends::QuantizedLinear q{scheme,
+                                layout,
+                                N,
+                                K,
+                                add(s.name, types.weight),
+                                add(prefix + ".weight_scale", types.scale)};
     if (ckpt.has(prefix + ".weight_zero")) {
       if (!int4)
         throw FormatError("tensor '" + prefix + ".weight_zero' in " +
                           ckpt.info(prefix + ".weight_zero").file +
                           ": zero points belong to int4 weights, and '" + s.name + "' is int8");
-      q.zero = add(prefix + ".weight_zero", DType::u8, scale_shape);
+      q.zero = add(prefix + ".weight_zero", {DType::u8, types.scale.shape});
     }
     bind_prepared(s.name, impl->backend->prepare_quantized_linear(q));
   };
