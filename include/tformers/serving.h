@@ -54,9 +54,8 @@ struct ServingConfig {
   // max_model_len and max_prefill_tokens (block_size if that is more). Each is compiled and run
   // once at warm-up.
   std::vector<int64_t> prefill_buckets;
-  // A decode step's sequences are padded to the smallest of these; default: from the backend's
-  // batch-invariant rows (4 on the CPU's x86 targets, 1 elsewhere) the same series up to
-  // max_num_seqs. None may be below the batch-invariant rows.
+  // A decode step's sequences are padded to the smallest of these; default: 1, 2, 3, 4, 6, 8,
+  // 12, ... (the same series from 1) up to max_num_seqs.
   std::vector<int64_t> decode_buckets;
   // Prompt positions prefilled per step before the running sequences advance: a bound on how
   // long new requests stall the streams already running (vLLM's max_num_batched_tokens with

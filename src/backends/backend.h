@@ -133,10 +133,6 @@ class Backend {
   virtual Device device() const = 0;
   virtual bool supports(const graph::Node& node) const = 0;
   virtual std::unique_ptr<Executable> compile(const graph::Graph& graph) = 0;
-  // The fewest batch rows from which a step gives each row the same numbers whatever the rows
-  // beside it (kernels pick their paths by row count). Serving pads decode batches to at least
-  // this, so a request's tokens do not depend on how many others share its step.
-  virtual int64_t batch_invariant_rows() const = 0;
   // The layout of the KV caches (static and paged) in the graphs this backend runs: the model
   // builds its graphs and allocates its caches in it (graph.h).
   virtual graph::KvLayout kv_layout() const = 0;

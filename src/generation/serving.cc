@@ -31,13 +31,13 @@
 // prompt was split.
 //
 // Shapes: prefill runs one sequence at a time, its uncached tokens left-padded to a bucket;
-// decode runs every running sequence in one step, the batch padded to a bucket. Decode buckets
-// start at the backend's batch_invariant_rows(): a request's tokens must not depend on how many
-// others share its step, and kernels may pick their paths by row count (the CPU backend's x86
-// targets multiply fewer than 4 rows with a GEMV and 4 or more with a GEMM, whose sums are
-// ordered differently). Every row's numbers therefore go through the same kernels in the same
-// order whatever the batch; that also makes the keys and values of a cached block, or of a
-// sequence computed again, the same bits as those it replaces.
+// decode runs every running sequence in one step, the batch padded to a bucket. A request's
+// tokens must not depend on how many others share its step: on the CPU a decode step's linears
+// take the GEMV at any batch size, whose sums for a row do not depend on the other rows
+// (kernels.h's LinearRows), and its attention treats each row alone. Every row's numbers
+// therefore go through the same kernels in the same order whatever the batch; that also makes
+// the keys and values of a cached block, or of a sequence computed again, the same bits as those
+// it replaces.
 #include "tformers/serving.h"
 
 #include <algorithm>
@@ -281,17 +281,12 @@ void ServingEngine::Impl::configure() {
   check(cfg.prefill_buckets.front() >= 1 && cfg.prefill_buckets.back() <= cfg.max_model_len,
         "prefill_buckets must lie in [1, max_model_len]");
   if (cfg.prefill_buckets.back() < longest_chunk) cfg.prefill_buckets.push_back(longest_chunk);
-  // Decode batches: from the backend's batch-invariant rows, below which a row's numbers would
-  // depend on how many rows share its step.
-  const int64_t min_rows = std::max<int64_t>(1, m.batch_invariant_rows());
-  if (cfg.decode_buckets.empty())
-    cfg.decode_buckets = bucket_series(min_rows, std::max(min_rows, cfg.max_num_seqs));
+  // Decode batches from one row: the CPU's decode kernels give a row the same bits whatever the
+  // batch (kernels.h's LinearRows), so a batch is padded only to its bucket.
+  if (cfg.decode_buckets.empty()) cfg.decode_buckets = bucket_series(1, cfg.max_num_seqs);
   sorted_unique(cfg.decode_buckets);
-  check(cfg.decode_buckets.front() >= min_rows,
-        "decode_buckets must be at least " + std::to_string(min_rows) +
-            ": below that the backend's results for a row depend on the rows beside it, so a "
-            "request's tokens would depend on how many others share its step");
-  check(cfg.decode_buckets.back() <= std::max(min_rows, cfg.max_num_seqs),
+  check(cfg.decode_buckets.front() >= 1, "decode_buckets must be at least 1");
+  check(cfg.decode_buckets.back() <= cfg.max_num_seqs,
         "decode_buckets must not exceed max_num_seqs (" + std::to_string(cfg.max_num_seqs) +
             "): no step decodes more sequences, and each bucket is compiled and run at warm-up");
   if (cfg.decode_buckets.back() < cfg.max_num_seqs) cfg.decode_buckets.push_back(cfg.max_num_seqs);

@@ -46,8 +46,6 @@ class ModelRunner {
   int tp_rank() const { return m_.tp ? m_.tp->rank() : 0; }
   const GenerationConfig& generation_config() const { return m_.generation_config; }
   const std::vector<int64_t>& prompt_buckets() const { return m_.prompt_buckets; }
-  // The fewest rows from which the backend's results per row do not depend on the batch.
-  int64_t batch_invariant_rows() const { return m_.backend->batch_invariant_rows(); }
   int64_t kv_bytes_per_position() const { return m_.kv_bytes_per_position(); }
   uint64_t compiles() const { return m_.stats.compiles; }
   // The backend's transfers and, on PJRT devices, its executions and their time since load.

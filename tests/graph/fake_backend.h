@@ -45,7 +45,6 @@ class FakeBackend : public backends::Backend {
   std::string name() const override { return "fake"; }
   Device device() const override { return Device{"cpu", 0}; }
   bool supports(const graph::Node&) const override { return true; }
-  int64_t batch_invariant_rows() const override { return 1; }
   graph::KvLayout kv_layout() const override { return graph::KvLayout::kHeadMajor; }
   std::unique_ptr<backends::Executable> compile(const graph::Graph& g) override {
     ++compiles;

@@ -441,22 +441,16 @@ TEST(Serving, AContextShorterThanTheFirstPrefillBucketServes) {
 
 // The default buckets: prefill steps from 16 by powers of two and their midpoints up to the
 // longest chunk a step takes (never a bucket that no step can use: each is run at warm-up), and
-// decode batches the same way from the backend's batch-invariant rows; given buckets are sorted,
-// completed up to what a step needs, and none may let a row depend on its batch.
+// decode batches the same way from one row; given buckets are sorted and completed up to what a
+// step needs.
 TEST(Serving, BucketsStepByHalvesUpToWhatAStepTakes) {
   CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
-  const int64_t rows = cpu::batch_invariant_rows();
   {
     ServingEngine engine(
         model,
         {.max_num_seqs = 20, .max_model_len = 256, .block_size = 8, .max_prefill_tokens = 100});
     EXPECT_EQ(engine.config().prefill_buckets, (std::vector<int64_t>{16, 24, 32, 48, 64, 96, 100}));
-    // 4 rows on the x86 targets (their GEMM), 1 on the scalar one.
-    ASSERT_TRUE(rows == 4 || rows == 1) << rows;
-    const std::vector<int64_t> want = rows == 4
-                                          ? std::vector<int64_t>{4, 6, 8, 12, 16, 20}
-                                          : std::vector<int64_t>{1, 2, 3, 4, 6, 8, 12, 16, 20};
-    EXPECT_EQ(engine.config().decode_buckets, want);
+    EXPECT_EQ(engine.config().decode_buckets, (std::vector<int64_t>{1, 2, 3, 4, 6, 8, 12, 16, 20}));
   }
   {  // A context shorter than max_prefill_tokens bounds the chunks.
     ServingEngine engine(model, {.max_num_seqs = 2, .max_model_len = 40});
@@ -466,23 +460,19 @@ TEST(Serving, BucketsStepByHalvesUpToWhatAStepTakes) {
     ServingEngine engine(model, {.max_num_seqs = 9,
                                  .max_model_len = 256,
                                  .prefill_buckets = {64, 16},
-                                 .decode_buckets = {8, rows, 8},
+                                 .decode_buckets = {8, 2, 8},
                                  .max_prefill_tokens = 128});
     EXPECT_EQ(engine.config().prefill_buckets, (std::vector<int64_t>{16, 64, 128}));
-    const std::vector<int64_t> decode =
-        rows == 4 ? std::vector<int64_t>{4, 8, 9} : std::vector<int64_t>{1, 8, 9};
-    EXPECT_EQ(engine.config().decode_buckets, decode);
+    EXPECT_EQ(engine.config().decode_buckets, (std::vector<int64_t>{2, 8, 9}));
   }
   EXPECT_CONTAINS(error_of<InvalidArgumentError>([&] {
                     ServingEngine engine(model, {.max_num_seqs = 8, .decode_buckets = {8, 16}});
                   }),
                   "decode_buckets must not exceed max_num_seqs (8)");
-  if (rows > 1)
-    EXPECT_CONTAINS(
-        error_of<InvalidArgumentError>([&] {
-          ServingEngine engine(model, {.max_num_seqs = 8, .decode_buckets = {rows - 1, 8}});
-        }),
-        "decode_buckets must be at least " + std::to_string(rows));
+  EXPECT_CONTAINS(error_of<InvalidArgumentError>([&] {
+                    ServingEngine engine(model, {.max_num_seqs = 8, .decode_buckets = {0, 8}});
+                  }),
+                  "decode_buckets must be at least 1");
 }
 
 // Requests cancelled while others are preempted around them, in a pool of one sequence's

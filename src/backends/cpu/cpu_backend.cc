@@ -134,6 +134,14 @@ graph::Graph legalise(const graph::Graph& g) {
 }
 
 // Host tensors of a 16-bit float dtype to and from the f32 values the kernels use.
+// A linear's input (..., T, K) with T = 1 is one token per sequence, a decode step: its kernel
+// then gives each row the same bits whatever the batch (kernels.h's LinearRows). The models keep
+// (B, T, hidden) activations through every linear, so T tells a decode step from a prompt's.
+cpu::LinearRows linear_rows(const graph::TensorType& x) {
+  const size_t r = x.shape.size();
+  return r >= 3 && x.shape[r - 2] == 1 ? cpu::LinearRows::kDecode : cpu::LinearRows::kAny;
+}
+
 void widen(const void* src, DType dtype, int64_t n, float* dst) {
   const auto* h = static_cast<const uint16_t*>(src);
   for (int64_t i = 0; i < n; ++i)
@@ -442,7 +450,8 @@ void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
       const void* bias = n.inputs.size() > 2 ? in(2) : nullptr;
       DType bias_type = n.inputs.size() > 2 ? in_type(2).dtype : in_type(1).dtype;
       TF_CHECK(bias == nullptr || bias_type == in_type(1).dtype, "bias dtype must match weight");
-      cpu::linear(f32(0), in(1), in_type(1).dtype, bias, out, m, s.back(), k, pool);
+      cpu::linear(f32(0), in(1), in_type(1).dtype, bias, out, m, s.back(), k, pool,
+                  linear_rows(in_type(0)));
       return;
     }
     case Op::kLinearQuant: {
@@ -453,12 +462,12 @@ void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
       const float* bias = n.inputs.size() > bias_at ? f32(bias_at) : nullptr;
       if (q.scheme == graph::QuantScheme::kInt8)
         cpu::linear_int8(f32(0), static_cast<const int8_t*>(in(1)), f32(2), bias, out, m, s.back(),
-                         k, pool);
+                         k, pool, linear_rows(in_type(0)));
       else
         cpu::linear_int4(f32(0), static_cast<const uint8_t*>(in(1)),
                          static_cast<const uint16_t*>(in(2)),
                          q.has_zero ? static_cast<const uint8_t*>(in(3)) : nullptr, bias, out, m,
-                         s.back(), k, pool);
+                         s.back(), k, pool, linear_rows(in_type(0)));
       return;
     }
     case Op::kRMSNorm: {
@@ -619,7 +628,6 @@ class CpuBackend : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device{"cpu", 0}; }
-  int64_t batch_invariant_rows() const override { return cpu::batch_invariant_rows(); }
   // The attention kernel reads each head's keys and values as one matrix per sequence (or block).
   graph::KvLayout kv_layout() const override { return graph::KvLayout::kHeadMajor; }
   bool supports(const graph::Node& n) const override {

@@ -58,7 +58,7 @@ void linear_scalar_t(const float* x, const W* w, const float* scale, const B* bi
 }
 
 void linear_scalar(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
-                   int64_t N, int64_t K, ThreadPool& pool) {
+                   int64_t N, int64_t K, ThreadPool& pool, LinearRows) {
   if (wt == DType::bf16)
     linear_scalar_t(x, static_cast<const uint16_t*>(w), nullptr, static_cast<const uint16_t*>(bias),
                     y, M, N, K, pool);
@@ -68,7 +68,7 @@ void linear_scalar(const float* x, const void* w, DType wt, const void* bias, fl
 }
 
 void linear_int8_scalar(const float* x, const int8_t* w, const float* scale, const float* bias,
-                        float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
+                        float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool, LinearRows) {
   const int64_t nb = int8_blocks(K);
   pool.parallel_for(
       N,
@@ -104,7 +104,7 @@ void dequantize_tile(const uint8_t* tile, const uint16_t* scale, const uint8_t* 
 // blocks' dot products in block order, then gets the bias.
 void linear_int4_scalar(const float* x, const uint8_t* w, const uint16_t* scale,
                         const uint8_t* zero, const float* bias, float* y, int64_t M, int64_t N,
-                        int64_t K, ThreadPool& pool) {
+                        int64_t K, ThreadPool& pool, LinearRows) {
   const int64_t nb = int4_blocks(K);
   pool.parallel_for(
       N / kInt4Rows,
@@ -169,25 +169,24 @@ void* thread_scratch(Scratch slot, size_t bytes) {
 
 const KernelTable& scalar_kernels() {
   static const KernelTable t =
-      make_table<ScalarOps>(/*batch_invariant_rows=*/1, &linear_scalar, &linear_int8_scalar,
-                            &quantize_int8_scalar, &linear_int4_scalar, &quantize_int4_scalar);
+      make_table<ScalarOps>(&linear_scalar, &linear_int8_scalar, &quantize_int8_scalar,
+                            &linear_int4_scalar, &quantize_int4_scalar);
   return t;
 }
 
-int64_t batch_invariant_rows() { return table().batch_invariant_rows; }
-
 void linear(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
-            int64_t N, int64_t K, ThreadPool& pool) {
-  table().linear(x, w, wt, bias, y, M, N, K, pool);
+            int64_t N, int64_t K, ThreadPool& pool, LinearRows rows) {
+  table().linear(x, w, wt, bias, y, M, N, K, pool, rows);
 }
 void linear_int8(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
-                 int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
-  table().linear_int8(x, w, scale, bias, y, M, N, K, pool);
+                 int64_t M, int64_t N, int64_t K, ThreadPool& pool, LinearRows rows) {
+  table().linear_int8(x, w, scale, bias, y, M, N, K, pool, rows);
 }
 
 void linear_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
-                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
-  table().linear_int4(x, w, scale, zero, bias, y, M, N, K, pool);
+                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool,
+                 LinearRows rows) {
+  table().linear_int4(x, w, scale, zero, bias, y, M, N, K, pool, rows);
 }
 
 void put_int4_row(const uint8_t* codes, int64_t j, uint8_t* tile) {

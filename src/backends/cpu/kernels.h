@@ -14,15 +14,18 @@
 
 namespace tformers::cpu {
 
-// The fewest rows from which the active target's linear kernels (every weight type) take one
-// path: below it the x86 targets use their GEMV, whose sums are ordered differently from the
-// GEMM's, so a row's result can depend on how many rows share the call.
-int64_t batch_invariant_rows();
+// What the rows of a linear's x are, which picks its kernel on the x86 targets. kDecode: each
+// row is one sequence's next token (a decode step of any batch size); the GEMV runs at any M, and
+// its sums for a row depend only on K, so a row gets the same bits whatever rows share the call:
+// a sequence's logits do not depend on the batch it decodes in. kAny: rows may be a prompt's
+// tokens; below 4 rows the GEMV runs, from 4 the GEMM, whose sums are ordered otherwise (each
+// row's still independent of the others). The scalar target has one path for both.
+enum class LinearRows { kAny, kDecode };
 
 // y (M,N) = x (M,K) @ w (N,K)^T [+ bias (N), f32 or wt]. w is in checkpoint (PyTorch Linear)
 // layout, dtype wt in {f32, bf16}.
 void linear(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
-            int64_t N, int64_t K, ThreadPool& pool);
+            int64_t N, int64_t K, ThreadPool& pool, LinearRows rows = LinearRows::kAny);
 
 // int8 weight-only quantization works on blocks of kInt8Block consecutive k values of one output
 // channel (row of w), each with its own f32 scale, as llama.cpp's Q8_0: a block is 32 bytes of
@@ -37,11 +40,13 @@ inline int64_t int8_blocks(int64_t K) { return (K + kInt8Block - 1) / kInt8Block
 // (N, int8_blocks(K)): w[n,k] ~ scale[n, k / kInt8Block] * q[n,k]. How x is taken depends on
 // the target: the scalar target, plain AVX-512 and the AVX2 GEMM keep it in f32 (the int8 values
 // widen to f32 exactly, so only the summation order differs from the reference); the AVX2 GEMV
-// rounds it to int16 per 32-block; on AVX-512 BF16 the GEMV (M < 4) rounds it to int8 per block
+// rounds it to int16 per 32-block; on AVX-512 BF16 the GEMV (decode rows, M < 4) rounds it to
+// int8 per block
 // and sums exact integer products (as llama.cpp's Q8_0 x Q8_0), and the GEMM rounds it to bf16
 // as for bf16 weights, each block's scale applied to its partial sums.
 void linear_int8(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
-                 int64_t M, int64_t N, int64_t K, ThreadPool& pool);
+                 int64_t M, int64_t N, int64_t K, ThreadPool& pool,
+                 LinearRows rows = LinearRows::kAny);
 
 // Symmetric quantization of w (N,K) (f32 or bf16) per block: scale = max|block| / 127,
 // q = round(w / scale) in [-127, 127] (ties to even; an all-zero block gets scale 0 and zeros).
@@ -74,13 +79,15 @@ constexpr int64_t kInt4TileBytes = kInt4Rows * kInt4Block / 2;
 inline int64_t int4_blocks(int64_t K) { return (K + kInt4Block - 1) / kInt4Block; }
 
 // y (M,N) = x (M,K) @ w (N,K)^T [+ bias (N)] with w in the int4 tiles above (zero null: 8).
-// The GEMV (M < 4 on the x86 targets) rounds each 32-value block of x to int8 with its own scale
+// The GEMV (decode rows and M < 4 on the x86 targets) rounds each 32-value block of x to int8
+// with its own scale
 // (as llama.cpp's Q8_0 activations; relative error at most 2^-8 of the block's largest |x|) and
 // sums exact integer products; the GEMM and the scalar target multiply the exact f32 weights
 // (the AVX-512 BF16 GEMM exact codes by x rounded to bf16, the block scales applied per block).
 // Either way a row's result does not depend on the other rows of x, in the GEMM for any M.
 void linear_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
-                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool);
+                 const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool,
+                 LinearRows rows = LinearRows::kAny);
 
 // Quantization of w (N,K) (f32 or bf16; N a multiple of 8) into tiles with zero 8, per block as
 // Q4_0 but rounding to nearest: m = the value of largest magnitude, scale = f16(m / -8), and

@@ -32,14 +32,14 @@ struct KvPages {
 
 struct KernelTable {
   void (*linear)(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
-                 int64_t N, int64_t K, ThreadPool& pool);
+                 int64_t N, int64_t K, ThreadPool& pool, LinearRows rows);
   void (*linear_int8)(const float* x, const int8_t* w, const float* scale, const float* bias,
-                      float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool);
+                      float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool, LinearRows rows);
   void (*quantize_int8)(const void* w, DType wt, int8_t* q, float* scale, int64_t N, int64_t K,
                         ThreadPool& pool);
   void (*linear_int4)(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
                       const float* bias, float* y, int64_t M, int64_t N, int64_t K,
-                      ThreadPool& pool);
+                      ThreadPool& pool, LinearRows rows);
   void (*quantize_int4)(const void* w, DType wt, uint8_t* tiles, uint16_t* scale, int64_t N,
                         int64_t K, ThreadPool& pool);
   void (*embedding)(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D,
@@ -62,9 +62,6 @@ struct KernelTable {
                     const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
                     int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
                     float softcap, const int32_t* pos, const KvPages* pages, ThreadPool& pool);
-  // The fewest rows (M) from which `linear` and its quantized forms take one path, so that a
-  // row's result no longer depends on how many rows share the call (batch_invariant_rows()).
-  int64_t batch_invariant_rows;
 };
 
 // paged_attention (kernels.h) through a given target's attention kernel (the op tests run every
@@ -964,7 +961,7 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
 // Builds a table from a target's linear kernels (and attention, where it has its own) and its
 // vector primitives.
 template <class Ops>
-KernelTable make_table(int64_t batch_invariant_rows, decltype(KernelTable::linear) linear,
+KernelTable make_table(decltype(KernelTable::linear) linear,
                        decltype(KernelTable::linear_int8) linear_int8,
                        decltype(KernelTable::quantize_int8) quantize_int8,
                        decltype(KernelTable::linear_int4) linear_int4,
@@ -984,8 +981,7 @@ KernelTable make_table(int64_t batch_invariant_rows, decltype(KernelTable::linea
                      &softcap_impl<Ops>,
                      &add_impl<Ops>,
                      &cache_write_impl<Ops>,
-                     attention,
-                     batch_invariant_rows};
+                     attention};
 }
 
 }  // namespace

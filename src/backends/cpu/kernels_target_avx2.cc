@@ -1,9 +1,10 @@
 // AVX2 + FMA kernels (compiled with -mavx2 -mfma -mf16c; selected only when the CPU has them).
 //
-// linear has two paths:
-// - M < kGemmMinRows (decode): the GEMV of kernels_x86.h (4 streams per core, bf16 pairs of 16
-//   values), with this target's int8 tile: x rounded to int16 per block and vpmaddwd.
-// - M >= kGemmMinRows (prefill): the GEMM of kernels_x86.h with 6 x 16 register tiles.
+// linear has two paths (kernels_x86.h's takes_gemm picks):
+// - decode rows, or M < kGemmMinRows: the GEMV of kernels_x86.h (4 streams per core, bf16 pairs
+//   of 16 values, 2 x rows per pass), with this target's int8 tile: x rounded to int16 per block
+//   and vpmaddwd.
+// - otherwise (prefill): the GEMM of kernels_x86.h with 6 x 16 register tiles.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -16,8 +17,6 @@ namespace tformers::cpu {
 namespace {
 
 // ---------------------------------------------------------------- linear, decode path (GEMV)
-
-constexpr int64_t kGemmMinRows = 4;
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -163,6 +162,9 @@ inline void gemv_tile_q8(const float* x, XQ16 xq, const int8_t* const (&w)[S],
 struct Avx2Vec {
   using T = __m256;
   static constexpr int kWidth = 8, kMR = 6;
+  // Decode GEMV passes take 2 x rows: gemv_tile keeps 4 accumulators per (row, x row), and 16
+  // registers hold no more.
+  static constexpr int kDecodeMR = 2;
   static constexpr int64_t kGroup = 8;
   static T load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
@@ -204,36 +206,37 @@ struct Avx2Vec {
 };
 using Avx2Ops = X86Ops<Avx2Vec>;
 
-// ---------------------------------------------------------------- linear: GEMV or GEMM by M
+// ---------------------------------------------------------------- linear: GEMV or GEMM
 
 template <class W, class B>
 void linear_t(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
-              int64_t N, int64_t K, ThreadPool& pool) {
-  if (M >= kGemmMinRows)
+              int64_t N, int64_t K, ThreadPool& pool, LinearRows rows) {
+  if (takes_gemm(M, rows))
     gemm<Avx2Vec>(x, w, scale, bias, y, M, N, K, pool);
   else
     gemv<Avx2Vec>(x, w, scale, bias, y, M, N, K, pool);
 }
 
 void linear_avx2(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
-                 int64_t N, int64_t K, ThreadPool& pool) {
+                 int64_t N, int64_t K, ThreadPool& pool, LinearRows rows) {
   if (wt == DType::bf16)
     linear_t(x, static_cast<const uint16_t*>(w), nullptr, static_cast<const uint16_t*>(bias), y, M,
-             N, K, pool);
+             N, K, pool, rows);
   else
     linear_t(x, static_cast<const float*>(w), nullptr, static_cast<const float*>(bias), y, M, N, K,
-             pool);
+             pool, rows);
 }
 
 void linear_int8_avx2(const float* x, const int8_t* w, const float* scale, const float* bias,
-                      float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
-  linear_t(x, w, scale, bias, y, M, N, K, pool);
+                      float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool,
+                      LinearRows rows) {
+  linear_t(x, w, scale, bias, y, M, N, K, pool, rows);
 }
 
 void linear_int4_avx2(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
                       const float* bias, float* y, int64_t M, int64_t N, int64_t K,
-                      ThreadPool& pool) {
-  linear_int4_x86<Avx2Vec>(x, w, scale, zero, bias, y, M, N, K, kGemmMinRows, pool);
+                      ThreadPool& pool, LinearRows rows) {
+  linear_int4_x86<Avx2Vec>(x, w, scale, zero, bias, y, M, N, K, rows, pool);
 }
 
 // 32 consecutive weights as f32.
@@ -346,8 +349,8 @@ void quantize_int4_avx2(const void* w, DType wt, uint8_t* tiles, uint16_t* scale
 
 const KernelTable& avx2_kernels() {
   static const KernelTable t =
-      make_table<Avx2Ops>(kGemmMinRows, &linear_avx2, &linear_int8_avx2, &quantize_int8_avx2,
-                          &linear_int4_avx2, &quantize_int4_avx2, &attention_x86<Avx2Vec, Avx2Ops>);
+      make_table<Avx2Ops>(&linear_avx2, &linear_int8_avx2, &quantize_int8_avx2, &linear_int4_avx2,
+                          &quantize_int4_avx2, &attention_x86<Avx2Vec, Avx2Ops>);
   return t;
 }
 

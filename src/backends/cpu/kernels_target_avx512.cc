@@ -4,11 +4,11 @@
 // set), where the prefill path with bf16 weights uses vdpbf16ps instead of converting weights to
 // f32.
 //
-// linear:
-// - M < kGemmMinRows (decode): the GEMV of kernels_x86.h (4 streams per core, bf16 pairs of 32
-//   values); int8 weights widen to f32 exactly here and x stays f32, so products and sums round
-//   in f32 as the reference's do, in another order.
-// - M >= kGemmMinRows (prefill): the GEMM of kernels_x86.h with 8 x 32 register tiles. With BF16
+// linear (kernels_x86.h's takes_gemm picks):
+// - decode rows, or M < kGemmMinRows: the GEMV of kernels_x86.h (4 streams per core, bf16 pairs
+//   of 32 values, 4 x rows per pass); int8 weights widen to f32 exactly here and x stays f32, so
+//   products and sums round in f32 as the reference's do, in another order.
+// - otherwise (prefill): the GEMM of kernels_x86.h with 8 x 32 register tiles. With BF16
 //   and bf16 weights: the panel keeps bf16 pairs along k and x is rounded to bf16 once per call;
 //   vdpbf16ps multiplies pairs and accumulates in f32 (x rounding adds at most 2^-8 relative
 //   error per product, see the op-consistency test's tolerance). vdpbf16ps ignores MXCSR: it
@@ -30,8 +30,6 @@ namespace tformers::cpu {
 namespace {
 
 // ---------------------------------------------------------------- linear, decode path (GEMV)
-
-constexpr int64_t kGemmMinRows = 4;
 
 // int8 weights: 32 values in order (x is not repacked for them), widened exactly.
 inline void load32(const int8_t* p, __m512& lo, __m512& hi) {
@@ -73,7 +71,8 @@ inline void gemv_tile_q8(const float* x, const int8_t* const (&w)[S],
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       float r = _mm512_reduce_add_ps(acc[s][i]), t = 0.0f;
-      for (int64_t k = full; k < K; ++k) t += x[i * K + k] * float(w[s][k]);
+      for (int64_t k = full; k < K; ++k)
+        t = std::fma(x[i * K + k], float(w[s][k]), t);  // as gemv_tile
       if (full < K) r += t * scale[s][full / kInt8Block];
       out[s][i] = r;
     }
@@ -237,6 +236,90 @@ inline void gemv_tile_q8_vnni(Q8X x, const int8_t* const (&w)[S], const float* c
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) out[s][i] = _mm512_reduce_add_ps(acc[s][i]);
 }
+// n f32 values rounded to bf16 (stored at out, 2 bytes each) with the bits of f32_to_bf16 (nearest
+// even, NaN kept quiet), 8 at a time with AVX2 integer operations. One row of a 512 x 1024 prefill
+// input took 1.3 us this way; the scalar conversion on the calling thread alone had cost 0.4-0.9 ms
+// per linear call, a quarter of a 512 x 1024 x 1024 GEMM's time on two threads.
+void round_to_bf16(const float* x, int64_t n, char* out) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+    const __m256i up = _mm256_add_epi32(
+        u, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
+    const __m256i r = _mm256_srli_epi32(
+        _mm256_blendv_epi8(up, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan), 16);
+    // 8 x 32 -> 8 x 16 bits: packus works within 128-bit lanes, so take lanes 0 and 2.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), _mm256_castsi256_si128(packed));
+  }
+  for (; i < n; ++i) {
+    const uint16_t h = f32_to_bf16(x[i]);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
+// ---- bf16 weights with vdpbf16ps in the decode GEMV: x rounded to bf16 once per call (as the
+// GEMM rounds it), each 32-bit lane of a step multiplying one pair of x by the same pair of a
+// weight row, as they lie in memory, and adding both products into f32. Against widening the
+// weights to f32 (gemv_tile) that is a quarter of the multiply instructions per weight and no
+// shifts, which is what a batch of decode rows is bound by (each weight byte feeds every row).
+
+// x rows rounded to bf16 for gemv_tile_dpbf16, a row every K floats of out (its first half used),
+// so that the GEMV's row offsets stay those of f32 x.
+inline void round_x_rows(const float* x, int64_t M, int64_t K, float* out) {
+  for (int64_t m = 0; m < M; ++m) round_to_bf16(x + m * K, K, reinterpret_cast<char*>(out + m * K));
+}
+
+// S weight rows (bf16, each its own stream) against MR x rows rounded by round_x_rows (stride K
+// floats): out[s][i] = w[s] . x_i. Steps of 64 values into two accumulators per (row, x row),
+// then the rest in steps of 32 whose loads stop at K; each sum depends only on K.
+template <int S, int MR>
+inline void gemv_tile_dpbf16(const float* x, const uint16_t* const (&w)[S], int64_t K,
+                             float (&out)[S][MR]) {
+  __m512 acc[S][MR][2];
+#pragma GCC unroll 16
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) acc[s][i][0] = acc[s][i][1] = _mm512_setzero_ps();
+  auto xrow = [&](int i) { return reinterpret_cast<const char*>(x + i * K); };
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) {
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) {
+      prefetch_ahead(w[s] + k);
+      prefetch_ahead(w[s] + k + 32);
+      const __m512i w0 = _mm512_loadu_si512(w[s] + k), w1 = _mm512_loadu_si512(w[s] + k + 32);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const char* xi = xrow(i) + 2 * k;
+        acc[s][i][0] =
+            _mm512_dpbf16_ps(acc[s][i][0], (__m512bh)_mm512_loadu_si512(xi), (__m512bh)w0);
+        acc[s][i][1] =
+            _mm512_dpbf16_ps(acc[s][i][1], (__m512bh)_mm512_loadu_si512(xi + 64), (__m512bh)w1);
+      }
+    }
+  }
+  for (; k < K; k += 32) {  // values past K load as zeros and add nothing
+    const int64_t left = K - k;
+    const __mmask64 live = left >= 32 ? ~__mmask64{0} : (__mmask64{1} << (2 * left)) - 1;
+#pragma GCC unroll 16
+    for (int s = 0; s < S; ++s) {
+      const __m512i wv = _mm512_maskz_loadu_epi8(live, w[s] + k);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+        acc[s][i][0] = _mm512_dpbf16_ps(
+            acc[s][i][0], (__m512bh)_mm512_maskz_loadu_epi8(live, xrow(i) + 2 * k), (__m512bh)wv);
+    }
+  }
+#pragma GCC unroll 16
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+      out[s][i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[s][i][0], acc[s][i][1]));
+}
 #else
 // int8 weights take x as f32: nothing to prepare.
 struct F32X {
@@ -250,6 +333,8 @@ struct Avx512Vec {
   using T = __m512;
   static constexpr int kWidth = 16, kMR = 8;
   static constexpr int64_t kGroup = 4;
+  // Decode GEMV passes take 4 x rows: 16 of gemv_tile's accumulators for one weight row.
+  static constexpr int kDecodeMR = 4;
   static T load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
   static T add(T a, T b) { return _mm512_add_ps(a, b); }
@@ -274,6 +359,17 @@ struct Avx512Vec {
   static constexpr int kInt8Streams = kStreams;
   using Int8X = Q8X;
   static Q8X prepare_int8_x(const float* x, int64_t M, int64_t K) { return prepare_q8_x(x, M, K); }
+  // bf16 weights: the GEMV rounds x to bf16 and multiplies pairs with vdpbf16ps (kernels_x86.h's
+  // Bf16Dot).
+  static constexpr bool kBf16Dot = true;
+  static void prepare_bf16_x(const float* x, int64_t M, int64_t K, float* out) {
+    round_x_rows(x, M, K, out);
+  }
+  template <int S, int MR>
+  static void gemv_tile_bf16(const float* x, const uint16_t* const (&w)[S], int64_t K,
+                             float (&out)[S][MR]) {
+    gemv_tile_dpbf16<S, MR>(x, w, K, out);
+  }
   template <int S, int MR>
   static void gemv_tile_q8(const float*, Q8X xq, const int8_t* const (&w)[S],
                            const float* const (&scale)[S], int64_t K, float (&out)[S][MR]) {
@@ -343,31 +439,6 @@ void pack_panel_pairs(const uint16_t* w, int64_t K, int64_t n0, int rows, int64_
       }
       panel[p * kPairNR + j] = lo | (hi << 16);
     }
-}
-
-// n f32 values rounded to bf16 (stored at out, 2 bytes each) with the bits of f32_to_bf16 (nearest
-// even, NaN kept quiet), 8 at a time with AVX2 integer operations. One row of a 512 x 1024 prefill
-// input took 1.3 us this way; the scalar conversion on the calling thread alone had cost 0.4-0.9 ms
-// per linear call, a quarter of a 512 x 1024 x 1024 GEMM's time on two threads.
-void round_to_bf16(const float* x, int64_t n, char* out) {
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-  const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i));
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
-    const __m256i up = _mm256_add_epi32(
-        u, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
-    const __m256i r = _mm256_srli_epi32(
-        _mm256_blendv_epi8(up, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan), 16);
-    // 8 x 32 -> 8 x 16 bits: packus works within 128-bit lanes, so take lanes 0 and 2.
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i), _mm256_castsi256_si128(packed));
-  }
-  for (; i < n; ++i) {
-    const uint16_t h = f32_to_bf16(x[i]);
-    std::memcpy(out + 2 * i, &h, 2);
-  }
 }
 
 // acc (MR rows x kPairNR columns, zeroed here) = the sums over pair rows [p0, p1) of x's pairs
@@ -645,8 +716,8 @@ struct Bf16AttentionGemms {
 
 template <class W, class B>
 void linear_t(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
-              int64_t N, int64_t K, ThreadPool& pool) {
-  if (M < kGemmMinRows) return gemv<Avx512Vec>(x, w, scale, bias, y, M, N, K, pool);
+              int64_t N, int64_t K, ThreadPool& pool, LinearRows rows) {
+  if (!takes_gemm(M, rows)) return gemv<Avx512Vec>(x, w, scale, bias, y, M, N, K, pool);
 #if defined(TF_AVX512_BF16)
   if constexpr (sizeof(W) == 2)
     return gemm_pairs(x, Bf16Panels{.w = w, .K = K}, bias, y, M, N, K, pool);
@@ -657,30 +728,31 @@ void linear_t(const float* x, const W* w, const float* scale, const B* bias, flo
 }
 
 void linear_avx512(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
-                   int64_t N, int64_t K, ThreadPool& pool) {
+                   int64_t N, int64_t K, ThreadPool& pool, LinearRows rows) {
   if (wt == DType::bf16)
     linear_t(x, static_cast<const uint16_t*>(w), nullptr, static_cast<const uint16_t*>(bias), y, M,
-             N, K, pool);
+             N, K, pool, rows);
   else
     linear_t(x, static_cast<const float*>(w), nullptr, static_cast<const float*>(bias), y, M, N, K,
-             pool);
+             pool, rows);
 }
 
 void linear_int8_avx512(const float* x, const int8_t* w, const float* scale, const float* bias,
-                        float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
-  linear_t(x, w, scale, bias, y, M, N, K, pool);
+                        float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool,
+                        LinearRows rows) {
+  linear_t(x, w, scale, bias, y, M, N, K, pool, rows);
 }
 
 // int4: the GEMV with gemv_int4_pair, the GEMM with this target's 8 x 32 register tiles over
 // panels unpacked from the tiles.
 void linear_int4_avx512(const float* x, const uint8_t* w, const uint16_t* scale,
                         const uint8_t* zero, const float* bias, float* y, int64_t M, int64_t N,
-                        int64_t K, ThreadPool& pool) {
+                        int64_t K, ThreadPool& pool, LinearRows rows) {
 #if defined(TF_AVX512_BF16)
-  if (M >= kGemmMinRows)
+  if (takes_gemm(M, rows))
     return gemm_pairs(x, Int4Panels{{}, w, scale, zero, K}, bias, y, M, N, K, pool);
 #endif
-  linear_int4_x86<Avx512Vec>(x, w, scale, zero, bias, y, M, N, K, kGemmMinRows, pool);
+  linear_int4_x86<Avx512Vec>(x, w, scale, zero, bias, y, M, N, K, rows, pool);
 }
 
 }  // namespace
@@ -696,7 +768,7 @@ const KernelTable& avx512_kernels() {
   using AttentionGemms = F32AttentionGemms;
 #endif
   static const KernelTable t = make_table<Avx512Ops>(
-      kGemmMinRows, &linear_avx512, &linear_int8_avx512, &quantize_int8_avx2, &linear_int4_avx512,
+      &linear_avx512, &linear_int8_avx512, &quantize_int8_avx2, &linear_int4_avx512,
       &quantize_int4_avx2, &attention_x86<Avx512Vec, Avx512Ops, AttentionGemms>);
   return t;
 }

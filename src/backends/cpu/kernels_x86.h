@@ -96,7 +96,14 @@ struct X86Ops {
   }
 };
 
-// ---- The decode GEMV (M < kGemmMinRows of each target): each weight row is streamed once.
+// The x86 targets' linears: the GEMM from kGemmMinRows rows of x, unless the rows are decode
+// rows, which take the GEMV at any M.
+constexpr int64_t kGemmMinRows = 4;
+inline bool takes_gemm(int64_t M, LinearRows rows) {
+  return rows == LinearRows::kAny && M >= kGemmMinRows;
+}
+
+// ---- The decode GEMV (decode rows, or M < kGemmMinRows): each weight row is streamed once.
 //
 // bf16 weights are widened without shuffles: a 32-bit lane holding two bf16 values w[2i], w[2i+1]
 // gives w[2i] as f32 after a left shift by 16 and w[2i+1] after masking the low half, so
@@ -106,6 +113,14 @@ struct X86Ops {
 // call (V::prepare_int8_x); this file only streams their rows and scales.
 template <class V>
 constexpr int64_t kPairBlock = 2 * V::kWidth;
+
+// A target that multiplies bf16 weights by x rounded to bf16 in its GEMV (AVX-512 BF16) has
+// V::prepare_bf16_x (x rows into the packed-x scratch, at the same row offsets as f32 x) and
+// V::gemv_tile_bf16 (gemv_tile's contract).
+template <class V>
+concept Bf16Dot = requires {
+  V::kBf16Dot;
+};
 
 // Each weight row is one sequential stream (rows are contiguous), with a non-temporal software
 // prefetch kPrefetch bytes ahead in it (each weight is used once per call; NTA keeps it from
@@ -193,7 +208,9 @@ inline void gemv_tile(const float* x, const W* const (&w)[S], int64_t K, float (
     for (int i = 0; i < MR; ++i) {
       float r =
           V::hsum(V::add(V::add(acc[s][i][0], acc[s][i][1]), V::add(acc[s][i][2], acc[s][i][3])));
-      for (int64_t t = full; t < K; ++t) r += x[i * K + t] * value_f32(w[s][t]);
+      // std::fma, not r += x * w: the compiler may contract that into an FMA in one unrolling
+      // and not in another, and a row must get the same bits in every pass width.
+      for (int64_t t = full; t < K; ++t) r = std::fma(x[i * K + t], value_f32(w[s][t]), r);
       out[s][i] = r;
     }
 }
@@ -230,6 +247,8 @@ void gemv_rows(const float* x, typename V::Int8X xq, const W* w, const float* sc
       float out[S][MR];
       if constexpr (std::is_same_v<W, int8_t>)
         V::template gemv_tile_q8<S, MR>(x, xq, rows, scales, K, out);
+      else if constexpr (std::is_same_v<W, uint16_t> && Bf16Dot<V>)
+        V::template gemv_tile_bf16<S, MR>(x, rows, K, out);
       else
         gemv_tile<V, S, MR>(x, rows, K, out);
 #pragma GCC unroll 16
@@ -243,8 +262,25 @@ void gemv_rows(const float* x, typename V::Int8X xq, const W* w, const float* sc
   }
 }
 
-// y (M, N) = x (M, K) @ w (N, K)^T + bias for small M: x rows two at a time (each weight read
-// once per pair), then the last one.
+// Weight bytes a thread's pass over several x rows keeps in L2: with more x rows than one pass
+// takes, the rows are cut into chunks of this size and every pass runs over a chunk before the
+// next, so the first pass reads the chunk from memory and the others from L2 (the smallest L2 of
+// the x86 CPUs we target is 512 KiB; x and the scratch share it).
+constexpr int64_t kGemvChunkBytes = int64_t(192) << 10;
+
+// Rows [n0, n1) for rows_bytes bytes per row, cut into L2 chunks when passes > 1: f(c0, c1).
+template <class F>
+inline void for_each_chunk(int64_t n0, int64_t n1, int64_t row_bytes, int64_t passes, F&& f) {
+  const int64_t chunk =
+      passes > 1 ? std::max<int64_t>(kStreams, kGemvChunkBytes / std::max<int64_t>(1, row_bytes))
+                 : n1 - n0;
+  for (int64_t c0 = n0; c0 < n1; c0 += chunk) f(c0, std::min(n1, c0 + chunk));
+}
+
+// y (M, N) = x (M, K) @ w (N, K)^T + bias for decode rows: x rows V::kDecodeMR at a time (each
+// weight read once per pass), then pairs, then the last one. A row's sums depend only on K, not
+// on how many x rows share a pass (gemv_tile and the int8 tiles keep accumulators per x row), so
+// every M gives a row the same bits: the serving engine's batch invariance rests on that.
 template <class V, class W, class B>
 void gemv(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
           int64_t N, int64_t K, ThreadPool& pool) {
@@ -252,26 +288,37 @@ void gemv(const float* x, const W* w, const float* scale, const B* bias, float* 
   if constexpr (sizeof(W) == 2) {
     // Packed on the calling thread; workers only read it during this call.
     float* p = thread_scratch<float>(Scratch::kPackedX, size_t(M * K));
-    for (int64_t m = 0; m < M; ++m) pack_even_odd(x + m * K, K, kPairBlock<V>, p + m * K);
+    if constexpr (Bf16Dot<V>)
+      V::prepare_bf16_x(x, M, K, p);
+    else
+      for (int64_t m = 0; m < M; ++m) pack_even_odd(x + m * K, K, kPairBlock<V>, p + m * K);
     xp = p;
   }
   typename V::Int8X xq{};
   if constexpr (std::is_same_v<W, int8_t>) xq = V::prepare_int8_x(x, M, K);
   const bool shared = pool.num_threads() > 1;
+  constexpr int mr = V::kDecodeMR;
+  const int64_t passes = M / mr + (M % mr) / 2 + (M % 2);
   pool.parallel_for(
       N,
       [&](int64_t n0, int64_t n1, int) {
-        int64_t m = 0;
-        for (; m + 2 <= M; m += 2)
-          gemv_rows<V, kStreams / 2, 2>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N, K,
-                                        n0, n1);
-        if (m == M) return;
-        if (shared)
-          gemv_rows<V, kSharedRowStreams<V, W>, 1>(xp + m * K, xq.row(m, K), w, scale, bias,
-                                                   y + m * N, N, K, n0, n1);
-        else
-          gemv_rows<V, kRowStreams<V, W>, 1>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N,
-                                             K, n0, n1);
+        for_each_chunk(n0, n1, K * int64_t(sizeof(W)), passes, [&](int64_t c0, int64_t c1) {
+          int64_t m = 0;
+          if constexpr (mr > 2)
+            for (; m + mr <= M; m += mr)
+              gemv_rows<V, 1, mr>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N, K, c0,
+                                  c1);
+          for (; m + 2 <= M; m += 2)
+            gemv_rows<V, kStreams / 2, 2>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N, K,
+                                          c0, c1);
+          if (m == M) return;
+          if (shared)
+            gemv_rows<V, kSharedRowStreams<V, W>, 1>(xp + m * K, xq.row(m, K), w, scale, bias,
+                                                     y + m * N, N, K, c0, c1);
+          else
+            gemv_rows<V, kRowStreams<V, W>, 1>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N,
+                                               N, K, c0, c1);
+        });
       },
       32);
 }
@@ -633,24 +680,33 @@ void gemv_int4_groups(Int4X x, const uint8_t* w, const uint16_t* scale, const ui
   }
 }
 
-// y (M, N) for M < the GEMM's rows: x rows two at a time (each tile unpacked once per pair),
-// then the last one, with V::kInt4Streams<MR> row groups read side by side.
+// y (M, N) for decode rows, as gemv: x rows V::kDecodeMR at a time, then pairs, then the last
+// one, with V::kInt4Streams<MR> row groups read side by side, over L2 chunks of row groups when
+// there are several passes.
 template <class V, bool kZero>
 void gemv_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
                const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
   const Int4X xq = prepare_int4_x(x, M, K, int4_blocks(K));
   const int64_t nb = int4_blocks(K), kp = nb * kInt4Block;
   auto rows = [&](int64_t m) { return Int4X{xq.q + m * kp, xq.s + m * nb, xq.sum + m * nb}; };
+  constexpr int mr = V::kDecodeMR;
+  const int64_t passes = M / mr + (M % mr) / 2 + (M % 2);
   pool.parallel_for(
       N / kInt4Rows,
       [&](int64_t g0, int64_t g1, int) {
-        int64_t m = 0;
-        for (; m + 2 <= M; m += 2)
-          gemv_int4_groups<V, V::template kInt4Streams<2>, 2, kZero>(rows(m), w, scale, zero, bias,
-                                                                     y + m * N, N, K, g0, g1);
-        if (m < M)
-          gemv_int4_groups<V, V::template kInt4Streams<1>, 1, kZero>(rows(m), w, scale, zero, bias,
-                                                                     y + m * N, N, K, g0, g1);
+        for_each_chunk(g0, g1, nb * kInt4TileBytes, passes, [&](int64_t c0, int64_t c1) {
+          int64_t m = 0;
+          if constexpr (mr > 2)
+            for (; m + mr <= M; m += mr)
+              gemv_int4_groups<V, V::template kInt4Streams<mr>, mr, kZero>(
+                  rows(m), w, scale, zero, bias, y + m * N, N, K, c0, c1);
+          for (; m + 2 <= M; m += 2)
+            gemv_int4_groups<V, V::template kInt4Streams<2>, 2, kZero>(
+                rows(m), w, scale, zero, bias, y + m * N, N, K, c0, c1);
+          if (m < M)
+            gemv_int4_groups<V, V::template kInt4Streams<1>, 1, kZero>(
+                rows(m), w, scale, zero, bias, y + m * N, N, K, c0, c1);
+        });
       },
       4);
 }
@@ -707,12 +763,12 @@ void gemm_int4(const float* x, const uint8_t* w, const uint16_t* scale, const ui
       bias, y, M, N, K, pool);
 }
 
-// The int4 linear of a target whose GEMM starts at min_gemm_rows rows of x.
+// The int4 linear of a target: the GEMM from kGemmMinRows rows of x that are not decode rows.
 template <class V>
 void linear_int4_x86(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
-                     const float* bias, float* y, int64_t M, int64_t N, int64_t K,
-                     int64_t min_gemm_rows, ThreadPool& pool) {
-  if (M >= min_gemm_rows) return gemm_int4<V>(x, w, scale, zero, bias, y, M, N, K, pool);
+                     const float* bias, float* y, int64_t M, int64_t N, int64_t K, LinearRows rows,
+                     ThreadPool& pool) {
+  if (takes_gemm(M, rows)) return gemm_int4<V>(x, w, scale, zero, bias, y, M, N, K, pool);
   if (zero)
     gemv_int4<V, true>(x, w, scale, zero, bias, y, M, N, K, pool);
   else

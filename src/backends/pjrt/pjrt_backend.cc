@@ -299,11 +299,6 @@ class PjrtBackend : public Backend {
   std::unique_ptr<Executable> compile(const graph::Graph& g) override {
     return std::make_unique<PjrtExecutable>(g, client_, &stats_);
   }
-  // No row count makes XLA's rows independent of the batch: its CPU dot picks a blocking from
-  // the whole shape, so a row alone and the same row among 2 to 32 others differed in the last
-  // bits at K = 256, N = 64 (x W^T, f32, xla-cpu-pjrt 0.0.1). Padding would cost work and buy
-  // nothing, so decode batches are not padded.
-  int64_t batch_invariant_rows() const override { return 1; }
   // Cache writes without a transpose (lower.cc); attention contracts over either layout.
   graph::KvLayout kv_layout() const override { return graph::KvLayout::kTokenMajor; }
 

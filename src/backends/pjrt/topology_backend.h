@@ -32,7 +32,6 @@ class TopologyBackend : public Backend {
   Device device() const override { return Device{topology_.platform_name(), 0}; }
   bool supports(const graph::Node& node) const override;
   std::unique_ptr<Executable> compile(const graph::Graph& graph) override;
-  int64_t batch_invariant_rows() const override { return 1; }
   // As the PJRT backend that would run its programs.
   graph::KvLayout kv_layout() const override { return graph::KvLayout::kTokenMajor; }
   std::shared_ptr<Buffer> upload(const Tensor& host) override;
