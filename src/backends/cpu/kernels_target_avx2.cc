@@ -2,7 +2,7 @@
 //
 // linear has two paths (kernels_x86.h's takes_gemm picks):
 // - decode rows, or M < kGemmMinRows: the GEMV of kernels_x86.h (4 streams per core, bf16 pairs
-//   of 16 values, 2 x rows per pass), with this target's int8 tile: x rounded to int16 per block
+//   of 16 values, 4 x rows per pass), with this target's int8 tile: x rounded to int16 per block
 //   and vpmaddwd.
 // - otherwise (prefill): the GEMM of kernels_x86.h with 6 x 16 register tiles.
 #include <immintrin.h>
@@ -162,9 +162,8 @@ inline void gemv_tile_q8(const float* x, XQ16 xq, const int8_t* const (&w)[S],
 struct Avx2Vec {
   using T = __m256;
   static constexpr int kWidth = 8, kMR = 6;
-  // Decode GEMV passes take 2 x rows: gemv_tile keeps 4 accumulators per (row, x row), and 16
-  // registers hold no more.
-  static constexpr int kDecodeMR = 2;
+  // Decode GEMV passes take 4 x rows, with 2 accumulators per (row, x row) in gemv_tile.
+  static constexpr int kDecodeMR = 4, kGemvAcc = 2;
   static constexpr int64_t kGroup = 8;
   static T load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, T v) { _mm256_storeu_ps(p, v); }

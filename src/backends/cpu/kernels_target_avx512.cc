@@ -334,7 +334,7 @@ struct Avx512Vec {
   static constexpr int kWidth = 16, kMR = 8;
   static constexpr int64_t kGroup = 4;
   // Decode GEMV passes take 4 x rows: 16 of gemv_tile's accumulators for one weight row.
-  static constexpr int kDecodeMR = 4;
+  static constexpr int kDecodeMR = 4, kGemvAcc = 4;
   static T load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
   static T add(T a, T b) { return _mm512_add_ps(a, b); }

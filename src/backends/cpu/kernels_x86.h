@@ -158,17 +158,22 @@ constexpr int kSharedRowStreams = std::is_same_v<W, int8_t>
 
 // S weight rows (each its own stream) against MR packed x rows (stride K): out[s][i] = w[s] . x_i.
 // Two blocks of kPairBlock per step (one cache line of bf16 per row with AVX2, two with AVX-512)
-// into four accumulators per (row, x row), so that FMA latency never limits the streams.
+// into V::kGemvAcc accumulators per (row, x row), so that FMA latency never limits the streams:
+// 4 on AVX-512; 2 on AVX2, whose 16 registers then hold the sums of 4 x rows (8) besides the
+// step's 4 weight vectors.
 template <class V, int S, int MR, class W>
 inline void gemv_tile(const float* x, const W* const (&w)[S], int64_t K, float (&out)[S][MR]) {
   using T = typename V::T;
   constexpr int64_t blk = kPairBlock<V>, vw = V::kWidth;
+  constexpr int A = V::kGemvAcc;
+  static_assert(A == 2 || A == 4);
   T acc[S][MR][4];
 #pragma GCC unroll 16
   for (int s = 0; s < S; ++s)
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
-      acc[s][i][0] = acc[s][i][1] = acc[s][i][2] = acc[s][i][3] = V::zero();
+#pragma GCC unroll 4
+      for (int a = 0; a < A; ++a) acc[s][i][a] = V::zero();
   const int64_t full = K / blk * blk;
   int64_t k = 0;
   for (; k + 2 * blk <= full; k += 2 * blk) {
@@ -185,8 +190,8 @@ inline void gemv_tile(const float* x, const W* const (&w)[S], int64_t K, float (
         const float* xi = x + i * K + k;
         acc[s][i][0] = V::fmadd(lo0, V::load(xi), acc[s][i][0]);
         acc[s][i][1] = V::fmadd(hi0, V::load(xi + vw), acc[s][i][1]);
-        acc[s][i][2] = V::fmadd(lo1, V::load(xi + 2 * vw), acc[s][i][2]);
-        acc[s][i][3] = V::fmadd(hi1, V::load(xi + 3 * vw), acc[s][i][3]);
+        acc[s][i][2 % A] = V::fmadd(lo1, V::load(xi + 2 * vw), acc[s][i][2 % A]);
+        acc[s][i][3 % A] = V::fmadd(hi1, V::load(xi + 3 * vw), acc[s][i][3 % A]);
       }
     }
   }
@@ -206,8 +211,8 @@ inline void gemv_tile(const float* x, const W* const (&w)[S], int64_t K, float (
   for (int s = 0; s < S; ++s)
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      float r =
-          V::hsum(V::add(V::add(acc[s][i][0], acc[s][i][1]), V::add(acc[s][i][2], acc[s][i][3])));
+      const T pair = V::add(acc[s][i][0], acc[s][i][1]);
+      float r = V::hsum(A == 4 ? V::add(pair, V::add(acc[s][i][2], acc[s][i][3])) : pair);
       // std::fma, not r += x * w: the compiler may contract that into an FMA in one unrolling
       // and not in another, and a row must get the same bits in every pass width.
       for (int64_t t = full; t < K; ++t) r = std::fma(x[i * K + t], value_f32(w[s][t]), r);
