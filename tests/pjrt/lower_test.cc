@@ -276,10 +276,14 @@ class LowerOps : public Lower, public ::testing::WithParamInterface<DType> {
   }
 };
 
-// The CPU's own rounding of x in its linear kernels (backends/cpu/kernels.h; tests/ops allows
-// the same): the AVX-512 BF16 GEMM (M >= 4) rounds x to bf16 for bf16 and quantized weights.
-bool cpu_rounds_x_to_bf16(int64_t M, bool bf16_or_quantized) {
-  return cpu::active_target() == cpu::Target::kAVX512BF16 && M >= 4 && bf16_or_quantized;
+// The CPU's own rounding of x (shape xs) in its linear kernels (backends/cpu/kernels.h; tests/ops
+// allows the same) on AVX-512 BF16: the GEMM (prompt rows, M >= 4) rounds x to bf16 for bf16 and
+// quantized weights, the GEMV (decode rows, (..., 1, K), or M < 4) for bf16 weights.
+bool cpu_rounds_x_to_bf16(const Shape& xs, bool bf16_weights, bool quantized) {
+  const int64_t M = shape_numel(xs) / xs.back();
+  const bool decode = xs.size() >= 3 && xs[xs.size() - 2] == 1, gemm = !decode && M >= 4;
+  return cpu::active_target() == cpu::Target::kAVX512BF16 &&
+         (gemm ? bf16_weights || quantized : bf16_weights);
 }
 // The int8 and int4 GEMVs (M < 4) round x to int8 per block on the SIMD targets; tests/ops
 // allows them 2^-14 more.
@@ -335,7 +339,7 @@ TEST_P(LowerOps, LinearWithAndWithoutBias) {
         const Value w = c.param("w", random(rng, {N, K}, wt));
         const Value b = bias ? c.param("b", random(rng, {N}, wt)) : -1;
         c.b.output(c.b.linear(x, w, b));
-        expect_consistent(c, tol(K, 0, cpu_rounds_x_to_bf16(xs[0] * xs[1], wt == DType::bf16)));
+        expect_consistent(c, tol(K, 0, cpu_rounds_x_to_bf16(xs, wt == DType::bf16, false)));
       }
     }
   }
@@ -484,7 +488,8 @@ TEST_P(LowerOps, LinearInt8OddKWithAndWithoutBias) {
       const Value s = c.param("scale", random(rng, {N, nb}, DType::f32, 0.001f, 0.02f));
       const Value b = bias ? c.param("b", random(rng, {N}, DType::f32)) : -1;
       c.b.output(c.b.linear_quant(x, w, s, -1, b, {graph::QuantScheme::kInt8}));
-      expect_consistent(c, tol(2 * K + 2, 1, cpu_rounds_x_to_bf16(M, true)) + gemv_int8(M));
+      expect_consistent(
+          c, tol(2 * K + 2, 1, cpu_rounds_x_to_bf16({M, K}, false, true)) + gemv_int8(M));
     }
   }
 }
@@ -516,8 +521,9 @@ TEST_P(LowerOps, LinearInt4OddKWithAndWithoutZeroAndBias) {
           c->b.output(c->b.linear_quant(xv, w, s, z, b, q.attrs()));
         }
         const graph::Graph cpu_g = cpu.b.finish();
-        expect_consistent(cpu_g, cpu, xla.b.finish(), xla,
-                          tol(2 * K + 2, 1, cpu_rounds_x_to_bf16(M, true)) + gemv_int8(M));
+        expect_consistent(
+            cpu_g, cpu, xla.b.finish(), xla,
+            tol(2 * K + 2, 1, cpu_rounds_x_to_bf16({M, K}, false, true)) + gemv_int8(M));
       }
     }
   }
