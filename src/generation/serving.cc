@@ -285,7 +285,8 @@ void ServingEngine::Impl::configure() {
   // batch (kernels.h's LinearRows), so a batch is padded only to its bucket.
   if (cfg.decode_buckets.empty()) cfg.decode_buckets = bucket_series(1, cfg.max_num_seqs);
   sorted_unique(cfg.decode_buckets);
-  check(cfg.decode_buckets.front() >= 1, "decode_buckets must be at least 1");
+  check(cfg.decode_buckets.front() >= 1, "decode_buckets must be at least 1 (got " +
+                                             std::to_string(cfg.decode_buckets.front()) + ")");
   check(cfg.decode_buckets.back() <= cfg.max_num_seqs,
         "decode_buckets must not exceed max_num_seqs (" + std::to_string(cfg.max_num_seqs) +
             "): no step decodes more sequences, and each bucket is compiled and run at warm-up");

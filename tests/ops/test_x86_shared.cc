@@ -44,7 +44,7 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
 // The vector type of kernels_x86.h with 16 lanes, in GCC vector extensions.
 struct Generic16 {
   using T = f32x16;
-  static constexpr int kWidth = 16, kMR = 8, kDecodeMR = 4, kGemvAcc = 4;
+  static constexpr int kWidth = 16, kMR = 8, kGemvAcc = 4;
   static constexpr int64_t kGroup = 4;
   static T load(const float* p) {
     T v;

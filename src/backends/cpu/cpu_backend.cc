@@ -133,7 +133,6 @@ graph::Graph legalise(const graph::Graph& g) {
   return out;
 }
 
-// Host tensors of a 16-bit float dtype to and from the f32 values the kernels use.
 // A linear's input (..., T, K) with T = 1 is one token per sequence, a decode step: its kernel
 // then gives each row the same bits whatever the batch (kernels.h's LinearRows). The models keep
 // (B, T, hidden) activations through every linear, so T tells a decode step from a prompt's.
@@ -142,6 +141,7 @@ cpu::LinearRows linear_rows(const graph::TensorType& x) {
   return r >= 3 && x.shape[r - 2] == 1 ? cpu::LinearRows::kDecode : cpu::LinearRows::kAny;
 }
 
+// Host tensors of a 16-bit float dtype to and from the f32 values the kernels use.
 void widen(const void* src, DType dtype, int64_t n, float* dst) {
   const auto* h = static_cast<const uint16_t*>(src);
   for (int64_t i = 0; i < n; ++i)

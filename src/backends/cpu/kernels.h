@@ -23,7 +23,8 @@ namespace tformers::cpu {
 enum class LinearRows { kAny, kDecode };
 
 // y (M,N) = x (M,K) @ w (N,K)^T [+ bias (N), f32 or wt]. w is in checkpoint (PyTorch Linear)
-// layout, dtype wt in {f32, bf16}.
+// layout, dtype wt in {f32, bf16}. On AVX-512 BF16, x is rounded to bf16 for bf16 weights (in
+// the GEMV and the GEMM alike); f32 weights keep x in f32.
 void linear(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
             int64_t N, int64_t K, ThreadPool& pool, LinearRows rows = LinearRows::kAny);
 
@@ -41,9 +42,8 @@ inline int64_t int8_blocks(int64_t K) { return (K + kInt8Block - 1) / kInt8Block
 // the target: the scalar target, plain AVX-512 and the AVX2 GEMM keep it in f32 (the int8 values
 // widen to f32 exactly, so only the summation order differs from the reference); the AVX2 GEMV
 // rounds it to int16 per 32-block; on AVX-512 BF16 the GEMV (decode rows, M < 4) rounds it to
-// int8 per block
-// and sums exact integer products (as llama.cpp's Q8_0 x Q8_0), and the GEMM rounds it to bf16
-// as for bf16 weights, each block's scale applied to its partial sums.
+// int8 per block and sums exact integer products (as llama.cpp's Q8_0 x Q8_0), and the GEMM
+// rounds it to bf16 as for bf16 weights, each block's scale applied to its partial sums.
 void linear_int8(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
                  int64_t M, int64_t N, int64_t K, ThreadPool& pool,
                  LinearRows rows = LinearRows::kAny);
@@ -80,11 +80,10 @@ inline int64_t int4_blocks(int64_t K) { return (K + kInt4Block - 1) / kInt4Block
 
 // y (M,N) = x (M,K) @ w (N,K)^T [+ bias (N)] with w in the int4 tiles above (zero null: 8).
 // The GEMV (decode rows and M < 4 on the x86 targets) rounds each 32-value block of x to int8
-// with its own scale
-// (as llama.cpp's Q8_0 activations; relative error at most 2^-8 of the block's largest |x|) and
-// sums exact integer products; the GEMM and the scalar target multiply the exact f32 weights
-// (the AVX-512 BF16 GEMM exact codes by x rounded to bf16, the block scales applied per block).
-// Either way a row's result does not depend on the other rows of x, in the GEMM for any M.
+// with its own scale (as llama.cpp's Q8_0 activations; relative error at most 2^-8 of the block's
+// largest |x|) and sums exact integer products; the GEMM and the scalar target multiply the exact
+// f32 weights (the AVX-512 BF16 GEMM exact codes by x rounded to bf16, the block scales applied
+// per block). Either way a row's result does not depend on the other rows of x.
 void linear_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
                  const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool,
                  LinearRows rows = LinearRows::kAny);

@@ -162,8 +162,8 @@ inline void gemv_tile_q8(const float* x, XQ16 xq, const int8_t* const (&w)[S],
 struct Avx2Vec {
   using T = __m256;
   static constexpr int kWidth = 8, kMR = 6;
-  // Decode GEMV passes take 4 x rows, with 2 accumulators per (row, x row) in gemv_tile.
-  static constexpr int kDecodeMR = 4, kGemvAcc = 2;
+  // 2 accumulators per (row, x row) in gemv_tile, so that a decode pass of 4 x rows fits.
+  static constexpr int kGemvAcc = 2;
   static constexpr int64_t kGroup = 8;
   static T load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, T v) { _mm256_storeu_ps(p, v); }

@@ -333,8 +333,8 @@ struct Avx512Vec {
   using T = __m512;
   static constexpr int kWidth = 16, kMR = 8;
   static constexpr int64_t kGroup = 4;
-  // Decode GEMV passes take 4 x rows: 16 of gemv_tile's accumulators for one weight row.
-  static constexpr int kDecodeMR = 4, kGemvAcc = 4;
+  // 4 accumulators per (row, x row) in gemv_tile: 16 for a decode pass of 4 x rows.
+  static constexpr int kGemvAcc = 4;
   static T load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
   static T add(T a, T b) { return _mm512_add_ps(a, b); }

@@ -267,25 +267,37 @@ void gemv_rows(const float* x, typename V::Int8X xq, const W* w, const float* sc
   }
 }
 
-// Weight bytes a thread's pass over several x rows keeps in L2: with more x rows than one pass
-// takes, the rows are cut into chunks of this size and every pass runs over a chunk before the
-// next, so the first pass reads the chunk from memory and the others from L2 (the smallest L2 of
-// the x86 CPUs we target is 512 KiB; x and the scratch share it).
+// The passes of a decode GEMV over a thread's weight rows [n0, n1) (row_bytes each) for M x rows:
+// 4 x rows at a time (each weight read once per pass), then a pair, then the last one, as
+// f(m, c0, c1, mr) with mr a std::integral_constant of 4, 2 or 1 and [c0, c1) the rows. With
+// several passes the rows are cut into chunks of kGemvChunkBytes and every pass runs over a chunk
+// before the next, so the first pass reads it from memory and the others from L2. 192 KiB leaves
+// room for x and the scratch in the smallest L2 of the x86 CPUs we run on (256 KiB on Intel's
+// client cores); it is not tuned.
 constexpr int64_t kGemvChunkBytes = int64_t(192) << 10;
 
-// Rows [n0, n1) for rows_bytes bytes per row, cut into L2 chunks when passes > 1: f(c0, c1).
 template <class F>
-inline void for_each_chunk(int64_t n0, int64_t n1, int64_t row_bytes, int64_t passes, F&& f) {
+void for_each_decode_pass(int64_t M, int64_t n0, int64_t n1, int64_t row_bytes, F&& f) {
+  const int64_t passes = M / 4 + (M % 4) / 2 + M % 2;
   const int64_t chunk =
       passes > 1 ? std::max<int64_t>(kStreams, kGemvChunkBytes / std::max<int64_t>(1, row_bytes))
                  : n1 - n0;
-  for (int64_t c0 = n0; c0 < n1; c0 += chunk) f(c0, std::min(n1, c0 + chunk));
+  for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
+    const int64_t c1 = std::min(n1, c0 + chunk);
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) f(m, c0, c1, std::integral_constant<int, 4>{});
+    if (m + 2 <= M) {
+      f(m, c0, c1, std::integral_constant<int, 2>{});
+      m += 2;
+    }
+    if (m < M) f(m, c0, c1, std::integral_constant<int, 1>{});
+  }
 }
 
-// y (M, N) = x (M, K) @ w (N, K)^T + bias for decode rows: x rows V::kDecodeMR at a time (each
-// weight read once per pass), then pairs, then the last one. A row's sums depend only on K, not
-// on how many x rows share a pass (gemv_tile and the int8 tiles keep accumulators per x row), so
-// every M gives a row the same bits: the serving engine's batch invariance rests on that.
+// y (M, N) = x (M, K) @ w (N, K)^T + bias for decode rows, in for_each_decode_pass's passes. A
+// row's sums depend only on K, not on how many x rows share a pass (gemv_tile and the int8 tiles
+// keep accumulators per x row), so every M gives a row the same bits: the serving engine's batch
+// invariance rests on that.
 template <class V, class W, class B>
 void gemv(const float* x, const W* w, const float* scale, const B* bias, float* y, int64_t M,
           int64_t N, int64_t K, ThreadPool& pool) {
@@ -302,28 +314,23 @@ void gemv(const float* x, const W* w, const float* scale, const B* bias, float* 
   typename V::Int8X xq{};
   if constexpr (std::is_same_v<W, int8_t>) xq = V::prepare_int8_x(x, M, K);
   const bool shared = pool.num_threads() > 1;
-  constexpr int mr = V::kDecodeMR;
-  const int64_t passes = M / mr + (M % mr) / 2 + (M % 2);
   pool.parallel_for(
       N,
       [&](int64_t n0, int64_t n1, int) {
-        for_each_chunk(n0, n1, K * int64_t(sizeof(W)), passes, [&](int64_t c0, int64_t c1) {
-          int64_t m = 0;
-          if constexpr (mr > 2)
-            for (; m + mr <= M; m += mr)
-              gemv_rows<V, 1, mr>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N, K, c0,
-                                  c1);
-          for (; m + 2 <= M; m += 2)
-            gemv_rows<V, kStreams / 2, 2>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N, N, K,
-                                          c0, c1);
-          if (m == M) return;
-          if (shared)
-            gemv_rows<V, kSharedRowStreams<V, W>, 1>(xp + m * K, xq.row(m, K), w, scale, bias,
-                                                     y + m * N, N, K, c0, c1);
-          else
-            gemv_rows<V, kRowStreams<V, W>, 1>(xp + m * K, xq.row(m, K), w, scale, bias, y + m * N,
-                                               N, K, c0, c1);
-        });
+        for_each_decode_pass(
+            M, n0, n1, K * int64_t(sizeof(W)), [&](int64_t m, int64_t c0, int64_t c1, auto mr) {
+              const float* xm = xp + m * K;
+              float* ym = y + m * N;
+              if constexpr (mr() > 1)  // one stream of 4 rows, or kStreams / 2 of 2
+                gemv_rows<V, mr() == 4 ? 1 : kStreams / 2, mr()>(xm, xq.row(m, K), w, scale, bias,
+                                                                 ym, N, K, c0, c1);
+              else if (shared)
+                gemv_rows<V, kSharedRowStreams<V, W>, 1>(xm, xq.row(m, K), w, scale, bias, ym, N, K,
+                                                         c0, c1);
+              else
+                gemv_rows<V, kRowStreams<V, W>, 1>(xm, xq.row(m, K), w, scale, bias, ym, N, K, c0,
+                                                   c1);
+            });
       },
       32);
 }
@@ -685,33 +692,21 @@ void gemv_int4_groups(Int4X x, const uint8_t* w, const uint16_t* scale, const ui
   }
 }
 
-// y (M, N) for decode rows, as gemv: x rows V::kDecodeMR at a time, then pairs, then the last
-// one, with V::kInt4Streams<MR> row groups read side by side, over L2 chunks of row groups when
-// there are several passes.
+// y (M, N) for decode rows, as gemv, with V::kInt4Streams<MR> row groups read side by side.
 template <class V, bool kZero>
 void gemv_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
                const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool) {
   const Int4X xq = prepare_int4_x(x, M, K, int4_blocks(K));
   const int64_t nb = int4_blocks(K), kp = nb * kInt4Block;
-  auto rows = [&](int64_t m) { return Int4X{xq.q + m * kp, xq.s + m * nb, xq.sum + m * nb}; };
-  constexpr int mr = V::kDecodeMR;
-  const int64_t passes = M / mr + (M % mr) / 2 + (M % 2);
   pool.parallel_for(
       N / kInt4Rows,
       [&](int64_t g0, int64_t g1, int) {
-        for_each_chunk(g0, g1, nb * kInt4TileBytes, passes, [&](int64_t c0, int64_t c1) {
-          int64_t m = 0;
-          if constexpr (mr > 2)
-            for (; m + mr <= M; m += mr)
-              gemv_int4_groups<V, V::template kInt4Streams<mr>, mr, kZero>(
-                  rows(m), w, scale, zero, bias, y + m * N, N, K, c0, c1);
-          for (; m + 2 <= M; m += 2)
-            gemv_int4_groups<V, V::template kInt4Streams<2>, 2, kZero>(
-                rows(m), w, scale, zero, bias, y + m * N, N, K, c0, c1);
-          if (m < M)
-            gemv_int4_groups<V, V::template kInt4Streams<1>, 1, kZero>(
-                rows(m), w, scale, zero, bias, y + m * N, N, K, c0, c1);
-        });
+        for_each_decode_pass(M, g0, g1, nb * kInt4TileBytes,
+                             [&](int64_t m, int64_t c0, int64_t c1, auto mr) {
+                               gemv_int4_groups<V, V::template kInt4Streams<mr()>, mr(), kZero>(
+                                   Int4X{xq.q + m * kp, xq.s + m * nb, xq.sum + m * nb}, w, scale,
+                                   zero, bias, y + m * N, N, K, c0, c1);
+                             });
       },
       4);
 }
