@@ -15,8 +15,10 @@
 //       layer's pool of Qwen3-0.6B-shaped bf16 keys and values.
 //   bench_ab OLD.so NEW.so linear-bf16|linear-int8|linear-int4 [--threads N] [--rounds R]
 //                                                              [--lm-head 1] [--layers NL]
-//       The decode linears (M = 1) of NL (28) Qwen3-0.6B layers, each weight its own buffer; with
-//       --lm-head 1, Qwen3-0.6B's lm_head (151936 x 1024) instead: many short rows.
+//                                                              [--rows M]
+//       The decode linears of NL (28) Qwen3-0.6B layers, each weight its own buffer, for M (1)
+//       decode rows (a serving step of M streams); with --lm-head 1, Qwen3-0.6B's lm_head
+//       (151936 x 1024) instead: many short rows.
 //   bench_ab OLD.so NEW.so decode|prefill --model DIR [--quantize int8|int4] [--threads N]
 //                                           [--rounds R] [--tokens T]
 //       A whole model through each build's public API (AutoModelForCausalLM, CausalLM::forward):
@@ -62,13 +64,15 @@ using AttentionFn = void (*)(const float*, const void*, const void*, uint8_t, co
 using PagedAttentionFn = void (*)(const float*, const void*, const void*, uint8_t, const int32_t*,
                                   const int32_t*, float*, int64_t, int64_t, int64_t, int64_t,
                                   int64_t, int64_t, int64_t, float, int64_t, float, void*);
+// The linears' last argument is cpu::LinearRows (an int-sized enum).
 using LinearFn = void (*)(const float*, const void*, uint8_t, const void*, float*, int64_t, int64_t,
-                          int64_t, void*);
+                          int64_t, void*, int);
 using LinearInt8Fn = void (*)(const float*, const int8_t*, const float*, const float*, float*,
-                              int64_t, int64_t, int64_t, void*);
+                              int64_t, int64_t, int64_t, void*, int);
 using LinearInt4Fn = void (*)(const float*, const uint8_t*, const uint16_t*, const uint8_t*,
-                              const float*, float*, int64_t, int64_t, int64_t, void*);
-constexpr uint8_t kBf16 = 1;  // tformers::DType::bf16
+                              const float*, float*, int64_t, int64_t, int64_t, void*, int);
+constexpr int kDecodeRows = 1;  // tformers::cpu::LinearRows::kDecode
+constexpr uint8_t kBf16 = 1;    // tformers::DType::bf16
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "bench_ab: %s\n", what.c_str());
@@ -112,11 +116,13 @@ struct Build {
         sym("_ZN8tformers3cpu15paged_attentionEPKfPKvS4_NS_5DTypeEPKiS7_PflllllllflfRNS_"
             "10ThreadPoolE"));
     linear = reinterpret_cast<LinearFn>(
-        sym("_ZN8tformers3cpu6linearEPKfPKvNS_5DTypeES4_PflllRNS_10ThreadPoolE"));
+        sym("_ZN8tformers3cpu6linearEPKfPKvNS_5DTypeES4_PflllRNS_10ThreadPoolENS0_10LinearRowsE"));
     linear_int8 = reinterpret_cast<LinearInt8Fn>(
-        sym("_ZN8tformers3cpu11linear_int8EPKfPKaS2_S2_PflllRNS_10ThreadPoolE"));
+        sym("_ZN8tformers3cpu11linear_int8EPKfPKaS2_S2_PflllRNS_10ThreadPoolENS0_"
+            "10LinearRowsE"));
     linear_int4 = reinterpret_cast<LinearInt4Fn>(
-        sym("_ZN8tformers3cpu11linear_int4EPKfPKhPKtS4_S2_PflllRNS_10ThreadPoolE"));
+        sym("_ZN8tformers3cpu11linear_int4EPKfPKhPKtS4_S2_PflllRNS_10ThreadPoolENS0_"
+            "10LinearRowsE"));
     reinterpret_cast<void (*)(void*, int)>(sym("_ZN8tformers10ThreadPoolC1Ei"))(pool, threads);
   }
 };
@@ -193,7 +199,7 @@ const char* const kUsage =
        bench_ab OLD.so NEW.so paged-attention [--threads N] [--rounds R] [--used L]
                                  [--streams B] [--heads HQ] [--layers NL]
        bench_ab OLD.so NEW.so linear-bf16|linear-int8|linear-int4 [--threads N] [--rounds R]
-                                 [--lm-head 1] [--layers NL]
+                                 [--lm-head 1] [--layers NL] [--rows M]
        bench_ab OLD.so NEW.so decode|prefill --model DIR [--quantize int8|int4] [--threads N]
                                  [--rounds R] [--tokens T]
 Two builds of libtformers.so called alternately, round by round; prints each build's median
@@ -273,7 +279,7 @@ int main(int argc, char** argv) {
         "linear-int4 [options]");
   const std::string mode = argv[3];
   int threads = 1, rounds = 11;
-  int64_t used = 0, queries = 1, heads = 16, lm_head = 0, layers = 28, streams = 16;
+  int64_t used = 0, queries = 1, heads = 16, lm_head = 0, layers = 28, streams = 16, rows = 1;
   for (int i = 4; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
@@ -294,6 +300,8 @@ int main(int argc, char** argv) {
       layers = v;
     else if (k == "--streams")
       streams = v;
+    else if (k == "--rows")
+      rows = v;
     else
       die("unknown option " + k);
   }
@@ -367,9 +375,9 @@ int main(int argc, char** argv) {
       shapes = {{151936, 1024}};
       layers = 1;
     }
-    x.resize(3072);
+    x.resize(size_t(rows * 3072));
     for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
-    out_size = lm_head ? 151936 : 3072;
+    out_size = size_t(rows * (lm_head ? 151936 : 3072));
     for (int64_t l = 0; l < layers; ++l)
       for (const auto& s : shapes) {
         const int64_t N = s[0], K = s[1], nb = (K + 31) / 32;
@@ -380,7 +388,8 @@ int main(int argc, char** argv) {
           fill_bf16(reinterpret_cast<uint16_t*>(q), size_t(codes / 2), uint64_t(l));
           for (int64_t i = 0; i < N * nb; ++i) scale[i] = 0x1419;  // f16 1e-3
           calls.push_back([=, &x](Build& bd, float* out) {
-            bd.linear_int4(x.data(), q, scale, nullptr, nullptr, out, 1, N, K, bd.pool);
+            bd.linear_int4(x.data(), q, scale, nullptr, nullptr, out, rows, N, K, bd.pool,
+                           kDecodeRows);
           });
         } else if (int8) {
           int8_t* q = reinterpret_cast<int8_t*>(add_buffer(size_t(N * K + N * nb * 4)));
@@ -388,13 +397,13 @@ int main(int argc, char** argv) {
           fill_bf16(reinterpret_cast<uint16_t*>(q), size_t(N * K / 2), uint64_t(l));
           for (int64_t i = 0; i < N * nb; ++i) scale[i] = 1e-3f;
           calls.push_back([=, &x](Build& bd, float* out) {
-            bd.linear_int8(x.data(), q, scale, nullptr, out, 1, N, K, bd.pool);
+            bd.linear_int8(x.data(), q, scale, nullptr, out, rows, N, K, bd.pool, kDecodeRows);
           });
         } else {
           uint16_t* w = reinterpret_cast<uint16_t*>(add_buffer(size_t(N * K * 2)));
           fill_bf16(w, size_t(N * K), uint64_t(l));
           calls.push_back([=, &x](Build& bd, float* out) {
-            bd.linear(x.data(), w, kBf16, nullptr, out, 1, N, K, bd.pool);
+            bd.linear(x.data(), w, kBf16, nullptr, out, rows, N, K, bd.pool, kDecodeRows);
           });
         }
       }
