@@ -64,11 +64,16 @@ async function one(i) {
            tokens };
 }
 
+// Every request of the run, the warm-up one and those of every level, has a prompt of its own: a
+// prompt sent again would be a prefix-cache hit on servers that keep one (both tformers and
+// llama.cpp do), and its TTFT would not be a prefill's.
+let nextRequest = 0;
+
 async function level(concurrency) {
   const start = performance.now(), end = start + flags.duration * 1000;
   const done = [];
-  await Promise.all(Array.from({ length: concurrency }, async (_, c) => {
-    for (let k = 0; performance.now() < end; k++) done.push(await one(c * 1000 + k));
+  await Promise.all(Array.from({ length: concurrency }, async () => {
+    while (performance.now() < end) done.push(await one(nextRequest++));
   }));
   const seconds = (performance.now() - start) / 1000;
   const ttft = done.map((r) => r.ttft).sort((a, b) => a - b);
@@ -82,7 +87,7 @@ async function level(concurrency) {
 
 // One request first, so that the client's connection and code are warm (the server compiled its
 // shapes at start).
-await one(0);
+await one(nextRequest++);
 const prompts = flags.prompt_tokens > 0 ? `${flags.prompt_tokens} token ids` :
   `${flags.prompt_words} words`;
 console.log(`${flags.model}: ${flags.max_tokens} tokens per request, prompts of ${prompts}, ` +
