@@ -15,10 +15,11 @@
 //       layer's pool of Qwen3-0.6B-shaped bf16 keys and values.
 //   bench_ab OLD.so NEW.so linear-bf16|linear-int8|linear-int4 [--threads N] [--rounds R]
 //                                                              [--lm-head 1] [--layers NL]
-//                                                              [--rows M]
+//                                                              [--rows M] [--prompt-rows 1]
 //       The decode linears of NL (28) Qwen3-0.6B layers, each weight its own buffer, for M (1)
 //       decode rows (a serving step of M streams); with --lm-head 1, Qwen3-0.6B's lm_head
-//       (151936 x 1024) instead: many short rows.
+//       (151936 x 1024) instead: many short rows. --prompt-rows 1 passes the M rows as prompt
+//       rows (LinearRows::kAny: the GEMM from 4 rows), to time the two kernels on one library.
 //   bench_ab OLD.so NEW.so decode|prefill --model DIR [--quantize int8|int4] [--threads N]
 //                                           [--rounds R] [--tokens T]
 //       A whole model through each build's public API (AutoModelForCausalLM, CausalLM::forward):
@@ -71,8 +72,7 @@ using LinearInt8Fn = void (*)(const float*, const int8_t*, const float*, const f
                               int64_t, int64_t, int64_t, void*, int);
 using LinearInt4Fn = void (*)(const float*, const uint8_t*, const uint16_t*, const uint8_t*,
                               const float*, float*, int64_t, int64_t, int64_t, void*, int);
-constexpr int kDecodeRows = 1;  // tformers::cpu::LinearRows::kDecode
-constexpr uint8_t kBf16 = 1;    // tformers::DType::bf16
+constexpr uint8_t kBf16 = 1;  // tformers::DType::bf16
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "bench_ab: %s\n", what.c_str());
@@ -199,7 +199,7 @@ const char* const kUsage =
        bench_ab OLD.so NEW.so paged-attention [--threads N] [--rounds R] [--used L]
                                  [--streams B] [--heads HQ] [--layers NL]
        bench_ab OLD.so NEW.so linear-bf16|linear-int8|linear-int4 [--threads N] [--rounds R]
-                                 [--lm-head 1] [--layers NL] [--rows M]
+                                 [--lm-head 1] [--layers NL] [--rows M] [--prompt-rows 1]
        bench_ab OLD.so NEW.so decode|prefill --model DIR [--quantize int8|int4] [--threads N]
                                  [--rounds R] [--tokens T]
 Two builds of libtformers.so called alternately, round by round; prints each build's median
@@ -279,7 +279,8 @@ int main(int argc, char** argv) {
         "linear-int4 [options]");
   const std::string mode = argv[3];
   int threads = 1, rounds = 11;
-  int64_t used = 0, queries = 1, heads = 16, lm_head = 0, layers = 28, streams = 16, rows = 1;
+  int64_t used = 0, queries = 1, heads = 16, lm_head = 0, layers = 28, streams = 16, rows = 1,
+          prompt_rows = 0;
   for (int i = 4; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const int64_t v = std::atoll(argv[i + 1]);
@@ -302,6 +303,8 @@ int main(int argc, char** argv) {
       streams = v;
     else if (k == "--rows")
       rows = v;
+    else if (k == "--prompt-rows")
+      prompt_rows = v;
     else
       die("unknown option " + k);
   }
@@ -367,6 +370,8 @@ int main(int argc, char** argv) {
     }
   } else if (mode == "linear-bf16" || mode == "linear-int8" || mode == "linear-int4") {
     const bool int8 = mode == "linear-int8", int4 = mode == "linear-int4";
+    // tformers::cpu::LinearRows: kAny (0) or kDecode (1).
+    const int row_kind = prompt_rows ? 0 : 1;
     // q, k, v, o, gate, up, down of Qwen3-0.6B.
     std::vector<std::array<int64_t, 2>> shapes = {{2048, 1024}, {1024, 1024}, {1024, 1024},
                                                   {1024, 2048}, {3072, 1024}, {3072, 1024},
@@ -389,7 +394,7 @@ int main(int argc, char** argv) {
           for (int64_t i = 0; i < N * nb; ++i) scale[i] = 0x1419;  // f16 1e-3
           calls.push_back([=, &x](Build& bd, float* out) {
             bd.linear_int4(x.data(), q, scale, nullptr, nullptr, out, rows, N, K, bd.pool,
-                           kDecodeRows);
+                           row_kind);
           });
         } else if (int8) {
           int8_t* q = reinterpret_cast<int8_t*>(add_buffer(size_t(N * K + N * nb * 4)));
@@ -397,13 +402,13 @@ int main(int argc, char** argv) {
           fill_bf16(reinterpret_cast<uint16_t*>(q), size_t(N * K / 2), uint64_t(l));
           for (int64_t i = 0; i < N * nb; ++i) scale[i] = 1e-3f;
           calls.push_back([=, &x](Build& bd, float* out) {
-            bd.linear_int8(x.data(), q, scale, nullptr, out, rows, N, K, bd.pool, kDecodeRows);
+            bd.linear_int8(x.data(), q, scale, nullptr, out, rows, N, K, bd.pool, row_kind);
           });
         } else {
           uint16_t* w = reinterpret_cast<uint16_t*>(add_buffer(size_t(N * K * 2)));
           fill_bf16(w, size_t(N * K), uint64_t(l));
           calls.push_back([=, &x](Build& bd, float* out) {
-            bd.linear(x.data(), w, kBf16, nullptr, out, rows, N, K, bd.pool, kDecodeRows);
+            bd.linear(x.data(), w, kBf16, nullptr, out, rows, N, K, bd.pool, row_kind);
           });
         }
       }

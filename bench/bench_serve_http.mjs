@@ -9,7 +9,7 @@
 //   node bench/bench_serve_http.mjs --base-url http://127.0.0.1:8080/v1 --model NAME
 //       [--concurrency 1,4,16,32] [--duration 20] [--max-tokens 64] [--prompt-words 50]
 //       [--prompt-tokens 0]
-import { client, parseFlags } from '../tools/serve/client.mjs';
+import { OpenAI, client, parseFlags } from '../tools/serve/client.mjs';
 
 const usage = 'usage: bench_serve_http.mjs --base-url URL --model NAME [--concurrency 1,4,16,32] ' +
   '[--duration 20] [--max-tokens 64] [--prompt-words 50] [--prompt-tokens 0] [--api-key KEY]';
@@ -43,13 +43,28 @@ function promptOf(i) {
 
 // One request: greedy, exactly max_tokens tokens (ignore_eos), timed from the call. A server that
 // ends early or sends no usage fails the run: its numbers would not compare.
+// llama-server at times closes a kept-alive connection just as the next request goes out on it
+// ("other side closed" before any response): such a request is sent again at once, timed from
+// the new send, and counted (printed after each level).
+let resent = 0;
+const kMaxResends = 3;
+
 async function one(i) {
   const prompt = promptOf(i);
-  const start = performance.now();
+  let start = 0, stream = null;
+  for (let attempt = 0; !stream; attempt++) {
+    start = performance.now();
+    try {
+      stream = await openai.completions.create({
+        model: flags.model, prompt, max_tokens: flags.max_tokens, temperature: 0, ignore_eos: true,
+        stream: true, stream_options: { include_usage: true } });
+    } catch (e) {
+      if (!(e instanceof OpenAI.APIConnectionError) || e instanceof OpenAI.APIConnectionTimeoutError ||
+          attempt >= kMaxResends) throw e;
+      resent++;
+    }
+  }
   let first = 0, last = 0, tokens = 0;
-  const stream = await openai.completions.create({
-    model: flags.model, prompt, max_tokens: flags.max_tokens, temperature: 0, ignore_eos: true,
-    stream: true, stream_options: { include_usage: true } });
   for await (const chunk of stream) {
     if (chunk.usage) tokens = chunk.usage.completion_tokens;
     if (chunk.choices[0]?.text) {
@@ -94,4 +109,7 @@ console.log(`${flags.model}: ${flags.max_tokens} tokens per request, prompts of 
             `${flags.duration} s per level\n`);
 console.log('| clients | requests | output tok/s | TTFT ms p50 / p90 / p99 | TPOT ms p50 / p90 / p99 |');
 console.log('|---|---|---|---|---|');
-for (const c of String(flags.concurrency).split(',').map(Number)) console.log(await level(c));
+for (const c of String(flags.concurrency).split(',').map(Number)) {
+  console.log(await level(c));
+  if (resent) console.error(`(${resent} requests sent again after a closed connection so far)`);
+}
