@@ -47,12 +47,12 @@ inline std::string slurp(const std::string& path) {
 
 class ServeProcess {
  public:
-  // Starts `tformers serve -m models/kjv-fortunes-tiny --port 0 ARGS...` from the source tree,
-  // with `env` ("NAME=value") added to the environment, and waits until it is ready. With
-  // `launch` flags ("--nproc-per-node", "2"), under `tformers launch LAUNCH... --`; pid() is then
-  // mpirun's, whose stderr carries rank 0's.
+  // Starts `tformers serve -m MODEL --port 0 ARGS...` from the source tree (MODEL: the shipped
+  // tiny model unless `model` says otherwise), with `env` ("NAME=value") added to the environment,
+  // and waits until it is ready. With `launch` flags ("--nproc-per-node", "2"), under `tformers
+  // launch LAUNCH... --`; pid() is then mpirun's, whose stderr carries rank 0's.
   explicit ServeProcess(std::vector<std::string> args = {}, std::vector<std::string> env = {},
-                        std::vector<std::string> launch = {}) {
+                        std::vector<std::string> launch = {}, std::string model = kModel) {
     log_ =
         (std::filesystem::temp_directory_path() /
          ("tformers_serve_" + std::to_string(::getpid()) + "_" + std::to_string(++count_) + ".log"))
@@ -63,7 +63,7 @@ class ServeProcess {
       argv.insert(argv.end(), launch.begin(), launch.end());
       argv.push_back("--");
     }
-    argv.insert(argv.end(), {TFORMERS_CLI, "serve", "-m", kModel, "--port", "0"});
+    argv.insert(argv.end(), {TFORMERS_CLI, "serve", "-m", model, "--port", "0"});
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<char*> cargv;
     for (std::string& a : argv) cargv.push_back(a.data());

@@ -192,5 +192,37 @@ TEST(Serve, LoadTestOf32StreamingClients) {
   EXPECT_EQ(server.stop(), 0) << server.log();
 }
 
+// The same load with prompts of about 1k tokens, chunked and prefilled beside the others'
+// decodes, on the tiny model with a longer context (its config with max_position_embeddings
+// 2048, its weights and tokenizer linked: rope works at any position). Without prefix caching,
+// so that every request prefills its whole prompt: the load repeats 8 prompts, which the cache
+// would otherwise serve after their first run.
+TEST(Serve, LoadTestOf32StreamingClientsWith1kTokenPrompts) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("tformers_long_context_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path tiny = TFORMERS_SOURCE_DIR "/" + kModel;
+  for (const auto& f : std::filesystem::directory_iterator(tiny))
+    if (f.path().filename() != "config.json")
+      std::filesystem::create_symlink(f.path(), dir / f.path().filename());
+  Json config = Json::parse(slurp((tiny / "config.json").string()));
+  config["max_position_embeddings"] = 2048;
+  std::ofstream(dir / "config.json") << config.dump();
+  {
+    ServeProcess server(
+        {"--max-num-seqs", "16", "--max-model-len", "1100", "--no-enable-prefix-caching"}, {}, {},
+        dir.string());
+    ASSERT_NE(server.port(), 0);
+    EXPECT_EQ(node("load_test.mjs", "--base-url " + server.base_url() + " --model " + dir.string() +
+                                        " --pid " + std::to_string(server.pid()) +
+                                        " --clients 32 --duration 60 --prompt-tokens 1024" +
+                                        " --rss-growth-mib " + std::to_string(kRssGrowthMib)),
+              0);
+    EXPECT_EQ(server.stop(), 0) << server.log();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace tformers::serve::testing

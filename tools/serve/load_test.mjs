@@ -4,6 +4,8 @@
 // seconds. It fails on any error, on any output that differs from the same request run alone
 // beforehand, on a server whose resident memory grows more than --rss-growth-mib above the level
 // it reached during a --warm-up of the same load, and on any compile after the server's warm-up.
+// With --prompt-tokens N, the requests are completions whose prompts are N token ids, or a few
+// fewer (long prompts: chunked prefill beside the decodes of the others).
 //   node tools/serve/load_test.mjs --base-url http://127.0.0.1:8080/v1 --model NAME --pid PID
 import fs from 'node:fs';
 
@@ -11,9 +13,10 @@ import { client, collect, parseFlags } from './client.mjs';
 
 const flags = parseFlags(
   { base_url: 'http://127.0.0.1:8080/v1', model: '', api_key: 'none', pid: 0, clients: 32,
-    duration: 60, warm_up: 10, max_tokens: 32, rss_growth_mib: 8 },
+    duration: 60, warm_up: 10, max_tokens: 32, rss_growth_mib: 8, prompt_tokens: 0 },
   'usage: load_test.mjs --base-url URL --model NAME --pid SERVER_PID [--clients 32] ' +
-  '[--duration 60] [--warm-up 10] [--max-tokens 32] [--rss-growth-mib 8] [--api-key KEY]');
+  '[--duration 60] [--warm-up 10] [--max-tokens 32] [--rss-growth-mib 8] [--prompt-tokens 0] ' +
+  '[--api-key KEY]');
 const openai = client(flags);
 
 function rssMib() {
@@ -21,18 +24,31 @@ function rssMib() {
   return Number(status.match(/^VmRSS:\s+(\d+) kB/m)[1]) / 1024;
 }
 
-// Prompts from a few tokens to most of the context, so that many prefill buckets are used.
-const verse = 'And God said, Let there be light: and there was light. ';
 const variants = [];
-for (const [i, repeat] of [1, 2, 3, 5, 8, 12].entries()) {
-  const text = verse.repeat(repeat).slice(i);
-  variants.push({ kind: 'completion', body: { prompt: text } });
-  variants.push({ kind: 'chat', body: { messages: [{ role: 'user', content: text }] } });
+if (flags.prompt_tokens > 0) {
+  // Token ids below 256 (inside any vocabulary), a sequence of its own for each prompt, which
+  // ends 0 to 14 ids short of --prompt-tokens so that prompts end at several places in a block.
+  for (let v = 0; v < 8; v++) {
+    let seed = 7919 * (v + 1);
+    const ids = Array.from({ length: flags.prompt_tokens - 2 * v }, () => {
+      seed = (seed * 1103515245 + 12345) % 2147483648;
+      return seed % 256;
+    });
+    variants.push({ kind: 'completion', body: { prompt: ids } });
+  }
+} else {
+  // Prompts from a few tokens to most of the context, so that many prefill buckets are used.
+  const verse = 'And God said, Let there be light: and there was light. ';
+  for (const [i, repeat] of [1, 2, 3, 5, 8, 12].entries()) {
+    const text = verse.repeat(repeat).slice(i);
+    variants.push({ kind: 'completion', body: { prompt: text } });
+    variants.push({ kind: 'chat', body: { messages: [{ role: 'user', content: text }] } });
+  }
+  // Stop strings and usage chunks go through the same checks.
+  variants.push({ kind: 'completion', body: { prompt: 'And the LORD said', stop: [' the', ','] } });
+  variants.push({ kind: 'chat', body: { messages: [{ role: 'user', content: 'Why?' }],
+                                        stream_options: { include_usage: true } } });
 }
-// Stop strings and usage chunks go through the same checks.
-variants.push({ kind: 'completion', body: { prompt: 'And the LORD said', stop: [' the', ','] } });
-variants.push({ kind: 'chat', body: { messages: [{ role: 'user', content: 'Why?' }],
-                                      stream_options: { include_usage: true } } });
 
 async function run(variant) {
   const body = { model: flags.model, max_tokens: flags.max_tokens, temperature: 0, stream: true,
