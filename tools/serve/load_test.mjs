@@ -31,8 +31,8 @@ if (flags.prompt_tokens > 0) {
   for (let v = 0; v < 8; v++) {
     let seed = 7919 * (v + 1);
     const ids = Array.from({ length: flags.prompt_tokens - 2 * v }, () => {
-      seed = (seed * 1103515245 + 12345) % 2147483648;
-      return seed % 256;
+      seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;  // 32-bit LCG: exact integers
+      return seed >>> 24;
     });
     variants.push({ kind: 'completion', body: { prompt: ids } });
   }
