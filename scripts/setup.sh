@@ -10,16 +10,20 @@
 #                               installs offline; no test is built here
 #   scripts/setup.sh --dev      also the `reference` group in .venv/ (Transformers and torch, about
 #                               3.5 GB with torch's CUDA libraries), to regenerate the goldens
+#   scripts/setup.sh --peers    also llama.cpp's server for bench/peer_serve.sh, built from the
+#                               sdist pinned in pyproject.toml (tools/peer/build_llama_server.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want_tests=0
 want_dev=0
+want_peers=0
 for arg in "$@"; do
   case "$arg" in
     --tests) want_tests=1 ;;
     --dev) want_dev=1; want_tests=1 ;;
-    *) echo "setup.sh: unknown option '$arg' (use --tests or --dev)" >&2; exit 2 ;;
+    --peers) want_peers=1 ;;
+    *) echo "setup.sh: unknown option '$arg' (use --tests, --dev or --peers)" >&2; exit 2 ;;
   esac
 done
 
@@ -33,6 +37,7 @@ packages=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libpcre2-dev libic
 # clang and libFuzzer (libclang-rt-14-dev) build the fuzz targets (scripts/fuzz.sh); python3-venv
 # makes .venv/ where the machine's python3 is Debian's.
 [ "$want_tests" = 1 ] && packages+=(nodejs npm clang-format clang libclang-rt-14-dev python3-venv)
+[ "$want_peers" = 1 ] && packages+=(curl)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -98,3 +103,8 @@ if [ -n "$tools_pid" ] && ! wait "$tools_pid"; then
   exit 1
 fi
 tools_pid=""
+# The peers' side of bench/peer_serve.sh: its checkpoint writer and llama.cpp's server.
+if [ "$want_peers" = 1 ]; then
+  cmake --build --preset release --target make_shape
+  tools/peer/build_llama_server.sh
+fi
