@@ -63,6 +63,11 @@ max_seqs=$(tr , '\n' <<<"$streams" | sort -n | tail -1)
 max_prompt=$(tr , '\n' <<<"$prompts" | sort -n | tail -1)
 context=$((max_prompt + max_tokens))
 ckpt=$dir/tformers-bench-qwen3-0.6b
+# What a bench/RESULTS.md entry records: when, which commit, which CPU.
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD 2>/dev/null || commit="$commit with uncommitted changes"
+echo "peer_serve.sh $(date -u +%Y-%m-%dT%H:%MZ), tformers $commit," \
+  "$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), $(nproc) CPUs"
 build/release/bench/make_shape qwen3-0.6b "$ckpt"
 for f in tokenizer.json tokenizer_config.json; do [ -f "$ckpt/$f" ] || cp "$tokenizer/$f" "$ckpt/"; done
 
@@ -132,6 +137,7 @@ for s in ${servers//,/ }; do
         .venv/bin/python tools/peer/safetensors_to_gguf.py "$ckpt" "$gguf"
       fi
       # -c is the context of all slots together; -np slots share it evenly.
+      echo "llama.cpp: $("$cmd" --version 2>&1 | grep -m1 -o 'commit [0-9a-f]*' || echo 'version unknown')"
       measure llama.cpp "$cmd" -m "$gguf" --alias peer --port "$port" -t "$threads" \
         -tb "$threads" -np "$max_seqs" -c $((max_seqs * context)) -b 512 -ub 512
       ;;
