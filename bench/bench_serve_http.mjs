@@ -9,7 +9,7 @@
 //   node bench/bench_serve_http.mjs --base-url http://127.0.0.1:8080/v1 --model NAME
 //       [--concurrency 1,4,16,32] [--duration 20] [--max-tokens 64] [--prompt-words 50]
 //       [--prompt-tokens 0]
-import { OpenAI, client, parseFlags } from '../tools/serve/client.mjs';
+import { OpenAI, client, parseFlags, tokenIdPrompt } from '../tools/serve/client.mjs';
 
 const usage = 'usage: bench_serve_http.mjs --base-url URL --model NAME [--concurrency 1,4,16,32] ' +
   '[--duration 20] [--max-tokens 64] [--prompt-words 50] [--prompt-tokens 0] [--api-key KEY]';
@@ -31,12 +31,9 @@ function percentile(sorted, p) {
 }
 
 // Request i's prompt: words of the text, or token ids in [100, 150000) (below every special
-// token of the Qwen and Llama vocabularies) from a multiplicative hash of (i, k).
+// token of the Qwen and Llama vocabularies).
 function promptOf(i) {
-  if (flags.prompt_tokens > 0) {
-    return Array.from({ length: flags.prompt_tokens },
-      (_, k) => 100 + Number((BigInt(i + 1) * 2654435761n + BigInt(k) * 40503n) % 149900n));
-  }
+  if (flags.prompt_tokens > 0) return tokenIdPrompt(i, flags.prompt_tokens, 100, 150000);
   return Array.from({ length: flags.prompt_words }, (_, k) => words[(i + k) % words.length])
     .join(' ');
 }

@@ -126,7 +126,7 @@ for s in ${servers//,/ }; do
       ;;
     llama)
       built=build/peers/llama.cpp/bin/llama-server
-      [ -n "$llama_server" ] || [ ! -x "$built" ] || llama_server=$built
+      if [ -z "$llama_server" ] && [ -x "$built" ]; then llama_server=$built; fi
       cmd=$(find_command "$llama_server" llama-server)
       if [ -z "$cmd" ]; then
         echo "== llama.cpp: skipped (no llama-server: run scripts/setup.sh --peers, or pass --llama-server PATH)"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/error_of.h"
+#include "io/io_test_util.h"
 #include "serve/openai.h"
 #include "serve/serve_process.h"
 
@@ -198,30 +199,25 @@ TEST(Serve, LoadTestOf32StreamingClients) {
 // so that every request prefills its whole prompt: the load repeats 8 prompts, which the cache
 // would otherwise serve after their first run.
 TEST(Serve, LoadTestOf32StreamingClientsWith1kTokenPrompts) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("tformers_long_context_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const io::testing::TempDir dir;
   const std::filesystem::path tiny = TFORMERS_SOURCE_DIR "/" + kModel;
   for (const auto& f : std::filesystem::directory_iterator(tiny))
     if (f.path().filename() != "config.json")
-      std::filesystem::create_symlink(f.path(), dir / f.path().filename());
+      std::filesystem::create_symlink(f.path(), dir.path() / f.path().filename());
   Json config = Json::parse(slurp((tiny / "config.json").string()));
   config["max_position_embeddings"] = 2048;
-  std::ofstream(dir / "config.json") << config.dump();
-  {
-    ServeProcess server(
-        {"--max-num-seqs", "16", "--max-model-len", "1100", "--no-enable-prefix-caching"}, {}, {},
-        dir.string());
-    ASSERT_NE(server.port(), 0);
-    EXPECT_EQ(node("load_test.mjs", "--base-url " + server.base_url() + " --model " + dir.string() +
-                                        " --pid " + std::to_string(server.pid()) +
-                                        " --clients 32 --duration 60 --prompt-tokens 1024" +
-                                        " --rss-growth-mib " + std::to_string(kRssGrowthMib)),
-              0);
-    EXPECT_EQ(server.stop(), 0) << server.log();
-  }
-  std::filesystem::remove_all(dir);
+  std::ofstream(dir.file("config.json")) << config.dump();
+  ServeProcess server(
+      {"--max-num-seqs", "16", "--max-model-len", "1100", "--no-enable-prefix-caching"}, {}, {},
+      dir.path().string());
+  ASSERT_NE(server.port(), 0);
+  EXPECT_EQ(
+      node("load_test.mjs", "--base-url " + server.base_url() + " --model " + dir.path().string() +
+                                " --pid " + std::to_string(server.pid()) +
+                                " --clients 32 --duration 60 --prompt-tokens 1024" +
+                                " --rss-growth-mib " + std::to_string(kRssGrowthMib)),
+      0);
+  EXPECT_EQ(server.stop(), 0) << server.log();
 }
 
 }  // namespace

@@ -20,6 +20,14 @@ export function parseFlags(defaults, usage) {
   return flags;
 }
 
+// Prompt i as `length` token ids in [lo, hi), from a multiplicative hash of (i, k): a sequence
+// of its own for each i, the same on every call.
+export function tokenIdPrompt(i, length, lo, hi) {
+  const span = BigInt(hi - lo);
+  return Array.from({ length },
+    (_, k) => lo + Number((BigInt(i + 1) * 2654435761n + BigInt(k) * 40503n) % span));
+}
+
 // A client that fails fast: a test must see every error, not a retry that hides it.
 export function client(flags) {
   return new OpenAI({ baseURL: flags.base_url, apiKey: flags.api_key, maxRetries: 0, timeout: 120000 });

@@ -9,7 +9,7 @@
 //   node tools/serve/load_test.mjs --base-url http://127.0.0.1:8080/v1 --model NAME --pid PID
 import fs from 'node:fs';
 
-import { client, collect, parseFlags } from './client.mjs';
+import { client, collect, parseFlags, tokenIdPrompt } from './client.mjs';
 
 const flags = parseFlags(
   { base_url: 'http://127.0.0.1:8080/v1', model: '', api_key: 'none', pid: 0, clients: 32,
@@ -26,14 +26,10 @@ function rssMib() {
 
 const variants = [];
 if (flags.prompt_tokens > 0) {
-  // Token ids below 256 (inside any vocabulary), a sequence of its own for each prompt, which
-  // ends 0 to 14 ids short of --prompt-tokens so that prompts end at several places in a block.
+  // Token ids below 256 (inside any vocabulary), ending 0 to 14 ids short of --prompt-tokens so
+  // that prompts end at several places in a block.
   for (let v = 0; v < 8; v++) {
-    let seed = 7919 * (v + 1);
-    const ids = Array.from({ length: flags.prompt_tokens - 2 * v }, () => {
-      seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;  // 32-bit LCG: exact integers
-      return seed >>> 24;
-    });
+    const ids = tokenIdPrompt(v, flags.prompt_tokens - 2 * v, 0, 256);
     variants.push({ kind: 'completion', body: { prompt: ids } });
   }
 } else {
