@@ -1,6 +1,7 @@
 #include "backends/backend.h"
 
 #include <algorithm>
+#include <optional>
 #include <variant>
 #include <vector>
 
@@ -31,7 +32,8 @@ struct CacheFit {  // a static cache write's start, with its new tokens, within 
 struct BlockTable {  // the blocks a paged op reaches through its table, within the pool
   std::string node;
   size_t table, pos;
-  int64_t max_blocks, batch, tokens, num_blocks, block_size;
+  std::optional<size_t> rows;  // the input with each token's table row, when the op has one
+  int64_t max_blocks, table_rows, batch, tokens, num_blocks, block_size;
 };
 using ValueCheck = std::variant<TokenIds, CacheFit, BlockTable>;
 
@@ -72,10 +74,14 @@ ValueCheck block_table(const graph::Graph& g, const Node& n) {
   const Shape& ts = g.node(n.inputs[table_in]).type.shape;         // (B,MB)
   const Shape& ps = g.node(n.inputs[table_in + 1]).type.shape;     // (B,T)
   const Shape& pool = g.node(n.inputs[write ? 0 : 1]).type.shape;  // (NB, ..., BS, ...)
+  std::optional<size_t> rows;
+  if (int(n.inputs.size()) > table_in + 2) rows = input_of(g, n, table_in + 2, "sequence rows");
   return BlockTable{n.name,
                     input_of(g, n, table_in, "block table entries"),
                     input_of(g, n, table_in + 1, "positions"),
+                    rows,
                     ts[1],
+                    ts[0],
                     ps[0],
                     ps[1],
                     pool[0],
@@ -105,19 +111,28 @@ void check_value(const CacheFit& c, std::span<const Tensor* const> inputs) {
                         " positions: allocate a larger cache (max_cache_len)"));
 }
 
-// Every block a paged op reaches through its table (each row's blocks up to its largest
-// position) must be in the pool.
+// Every token's table row must exist, and every block a paged op reaches through its table
+// (each row's blocks up to the largest position of its tokens) must be in the pool.
 void check_value(const BlockTable& c, std::span<const Tensor* const> inputs) {
   const int32_t *table = i32(inputs, c.table), *pos = i32(inputs, c.pos);
-  for (int64_t b = 0; b < c.batch; ++b) {
-    int64_t last = -1;
-    for (int64_t t = 0; t < c.tokens; ++t) last = std::max<int64_t>(last, pos[b * c.tokens + t]);
-    if (last < 0) continue;
-    if (last / c.block_size >= c.max_blocks)
-      throw InvalidArgumentError(detail::str_cat(c.node, ": position ", last, " of row ", b,
-                                                 " is past its block table of ", c.max_blocks,
-                                                 " blocks of ", c.block_size, " positions"));
-    for (int64_t i = 0; i <= last / c.block_size; ++i)
+  const int32_t* rows = c.rows ? i32(inputs, *c.rows) : nullptr;
+  std::vector<int64_t> last(size_t(c.table_rows), -1);
+  for (int64_t i = 0; i < c.batch * c.tokens; ++i) {
+    if (pos[i] < 0) continue;
+    const int64_t r = rows ? rows[i] : i / c.tokens;
+    if (r < 0 || r >= c.table_rows)
+      throw InvalidArgumentError(detail::str_cat(
+          c.node, ": token ", i % c.tokens, " of row ", i / c.tokens, " names sequence ", r,
+          ", outside the block table's ", c.table_rows, " rows"));
+    last[size_t(r)] = std::max<int64_t>(last[size_t(r)], pos[i]);
+  }
+  for (int64_t b = 0; b < c.table_rows; ++b) {
+    if (last[size_t(b)] < 0) continue;
+    if (last[size_t(b)] / c.block_size >= c.max_blocks)
+      throw InvalidArgumentError(detail::str_cat(
+          c.node, ": position ", last[size_t(b)], " of sequence ", b,
+          " is past its block table of ", c.max_blocks, " blocks of ", c.block_size, " positions"));
+    for (int64_t i = 0; i <= last[size_t(b)] / c.block_size; ++i)
       if (table[b * c.max_blocks + i] < 0 || table[b * c.max_blocks + i] >= c.num_blocks)
         throw InvalidArgumentError(detail::str_cat(
             c.node, ": block table row ", b, " entry ", i, " is ", table[b * c.max_blocks + i],

@@ -30,14 +30,17 @@
 // same bits however its prompt is cut (below), so a request's output does not depend on how its
 // prompt was split.
 //
-// Shapes: prefill runs one sequence at a time, its uncached tokens left-padded to a bucket;
-// decode runs every running sequence in one step, the batch padded to a bucket. A request's
-// tokens must not depend on how many others share its step: on the CPU a decode step's linears
-// take the GEMV at any batch size, whose sums for a row do not depend on the other rows
-// (kernels.h's LinearRows), and its attention treats each row alone. Every row's numbers
-// therefore go through the same kernels in the same order whatever the batch; that also makes
-// the keys and values of a cached block, or of a sequence computed again, the same bits as those
-// it replaces.
+// Shapes: a step's prompt chunks run in one packed prefill forward where the backend runs
+// packed steps (the CPU: ModelRunner::packs_sequences), their tokens in one row padded to a
+// prefill bucket, each sequence with its own block table row and its last token's logits;
+// elsewhere each chunk is a forward of its own, left-padded to a bucket. Decode runs every
+// running sequence in one step, the batch padded to a bucket. A request's tokens must not depend
+// on how many others share its step: on the CPU a decode step's linears take the GEMV at any
+// batch size and a prefill's the GEMM, whose sums for a row do not depend on the other rows
+// (kernels.h's LinearRows), and attention treats each sequence alone, on one path for every
+// prefill (kernels_x86.h). Every row's numbers therefore go through the same kernels in the same
+// order whatever the step; that also makes the keys and values of a cached block, or of a
+// sequence computed again, the same bits as those it replaces.
 #include "tformers/serving.h"
 
 #include <algorithm>
@@ -146,11 +149,16 @@ struct ServingEngine::Impl {
   // The scheduler thread's own.
   std::vector<std::unique_ptr<Sequence>> running;
   std::unique_ptr<Sequence> partial;  // admitted, its prompt prefilled up to `computed`
+  // This step's prompt chunks: each sequence and the end of the positions it prefills now.
+  std::vector<std::pair<std::unique_ptr<Sequence>, int64_t>> prefilling;
+  // Whether a prefill step packs several sequences' chunks into one row (ModelRunner's packed
+  // steps, where the backend runs them), and then how many at most for each prefill bucket.
+  bool packing = false;
   std::optional<generation::BlockManager> blocks;
-  // Reused from step to step: the logits of each batch size, the batch rows that choose a token
-  // in a decode step, and each row's choice.
+  // Reused from step to step: the logits of each batch size, the logits of a step's prompt
+  // chunks when each is a forward of its own, and each row's choice.
   std::map<int64_t, Tensor> logits_by_rows;
-  std::vector<int64_t> choosers;
+  std::vector<float> chunk_logits;
   std::vector<ServingEvent> chosen;
   std::thread thread;
 
@@ -185,15 +193,44 @@ struct ServingEngine::Impl {
   void step();
   void cancel_requested();
   enum class Admit { kNoRoom, kPrefilling, kRunning, kDone };
-  // Takes the sequence's blocks (cached ones first) and prefills the first chunk of the prompt
-  // tokens not cached (prefill_chunk).
-  Admit admit(Sequence& s, int64_t& budget);
-  // Prefills the next of s's prompt positions: the rest of the prompt when `budget` positions
-  // allow it, else as many whole blocks as it allows (at least one), taking them from `budget`.
-  // A new request whose prompt is then done chooses its first token.
-  Admit prefill_chunk(Sequence& s, int64_t& budget);
-  // The blocks the running sequences take in the next decode step.
+  // Takes the sequence's blocks (cached ones first) and sees that the first chunk of the prompt
+  // tokens not cached (plan_chunk) fits this step beside the chunks before it (`budget`
+  // positions are left): kPrefilling, or kRunning when none is left to prefill. kNoRoom, its
+  // blocks given back, when the pool lacks them or the chunk does not fit.
+  Admit admit(Sequence& s, int64_t budget);
+  // The end of s's next chunk of prompt positions: the rest of the prompt when `budget`
+  // positions allow it, else as many whole blocks as it allows, taking them from `budget`. The
+  // first chunk of a step takes at least one block; a later one that `budget` cannot hold
+  // gives 0 (it waits for the next step).
+  int64_t plan_chunk(const Sequence& s, int64_t& budget, bool first) const;
+  // Prefills the planned chunks (`prefilling`): one packed forward for all of them when packing,
+  // else a forward each, their tokens left-padded to a prefill bucket. Each sequence whose prompt
+  // is then done chooses its first token; each goes where place() puts it.
+  void prefill();
+  // A packed prefill step of T tokens has places for T / 16 sequences (at least 1, at most
+  // max_num_seqs): the lm_head runs for each place, taken or not, so on at most a sixteenth of
+  // the step's rows. Sequences with fewer tokens than that between them take the bucket that
+  // has their places, padded: no more rows than a 16-token step each would compute.
+  static constexpr int64_t kTokensPerPlace = 16;
+  int64_t packed_sequences(int64_t tokens) const {
+    return std::clamp<int64_t>(tokens / kTokensPerPlace, 1, cfg.max_num_seqs);
+  }
+  int64_t packed_bucket(int64_t sequences, int64_t tokens) const {
+    return bucket_for(cfg.prefill_buckets, std::min(cfg.prefill_buckets.back(),
+                                                    std::max(tokens, sequences * kTokensPerPlace)));
+  }
+  // The blocks the running sequences, and those this step's chunks complete, take in the next
+  // decode step.
   int64_t blocks_needed_by_decode() const;
+  // A sequence that chooses its next token from a row of a step's logits, into chosen[slot].
+  struct Pick {
+    Sequence* s;
+    const float* logits;
+    size_t slot;
+  };
+  // Runs the picks on the pool's threads (between steps they sit idle): processing and sampling
+  // a 150k-token vocabulary costs milliseconds a sequence.
+  void pick_all(const std::vector<Pick>& picks);
   // Gives the newest running sequence's blocks back and puts it at the head of the queue.
   void preempt();
   void decode();
@@ -203,11 +240,6 @@ struct ServingEngine::Impl {
   static void pick(Sequence& s, std::span<float> logits, ServingEvent& e);
   // Appends e's token to s and reports it (or e.error); true when the sequence is done.
   bool report(Sequence& s, ServingEvent e);
-  bool choose(Sequence& s, std::span<float> logits) {
-    ServingEvent e;
-    pick(s, logits, e);
-    return report(s, std::move(e));
-  }
   bool place(std::unique_ptr<Sequence> s, Admit a);
   void finish(Sequence& s, const std::string& reason, const std::string& error = {});
   void release(Sequence& s);
@@ -266,8 +298,8 @@ void ServingEngine::Impl::configure() {
             std::to_string(cfg.max_model_len) + "; raise the KV memory or lower max_model_len");
   check(cfg.num_blocks <= INT32_MAX, "num_blocks must fit int32");
 
-  // A prefill step takes at most max_prefill_tokens of a prompt, or one block where that is less
-  // (prefill_chunk), and never more than a context: no bucket above that is ever run.
+  // A prefill step takes at most max_prefill_tokens prompt positions, or one block where that is
+  // less (plan_chunk), and never more than a context: no bucket above that is ever run.
   const int64_t longest_chunk =
       std::min(cfg.max_model_len, std::max(cfg.max_prefill_tokens, cfg.block_size));
   // A context of at most 16 positions has no bucket below it, only that one.
@@ -301,6 +333,7 @@ void ServingEngine::Impl::configure() {
   }
   m.allocate_pool(cfg.num_blocks, cfg.block_size, table_blocks);
   blocks.emplace(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching);
+  packing = m.packs_sequences();
 }
 
 std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequence(
@@ -418,53 +451,116 @@ bool ServingEngine::Impl::report(Sequence& s, ServingEvent e) {
   return !e.finish_reason.empty();
 }
 
-ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s, int64_t& budget) {
+ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s, int64_t budget) {
   const int64_t L = int64_t(s.tokens.size()), P = s.prompt_len;
   // The last token is computed whatever is cached: its logits choose the next one.
   const int64_t hit = blocks->match_prefix(std::span(s.tokens).first(size_t(L - 1)), P, s.table);
   const int64_t done = std::max(hit, P);  // computed once admitted
   // Room for its next position too, so that the next decode does not preempt it straight away.
   const int64_t need = blocks->blocks_for(done + 1) - int64_t(s.table.blocks.size());
-  if (blocks->free_blocks() - need < blocks_needed_by_decode() || !blocks->grow(s.table, done)) {
+  s.computed = hit;
+  // A packed step has a place for it: a bucket with a place for each sequence.
+  const bool first = prefilling.empty();
+  const int64_t end = hit == P ? P : plan_chunk(s, budget, first);
+  const bool fits = hit == P || (end > 0 && (!packing || first ||
+                                             (int64_t(prefilling.size()) + 1) * kTokensPerPlace <=
+                                                 cfg.prefill_buckets.back()));
+  if (!fits || blocks->free_blocks() - need < blocks_needed_by_decode() ||
+      !blocks->grow(s.table, done)) {
     blocks->release(s.table);
     return Admit::kNoRoom;
   }
   publish_blocks();
-  s.computed = hit;
   prefix_queries += uint64_t(L);
   prefix_hits += uint64_t(hit);
   if (L == P) prompt_tokens += uint64_t(P);
-  if (hit == P) return Admit::kRunning;  // a preempted sequence whose whole prompt is cached
-  return prefill_chunk(s, budget);
+  return hit < P ? Admit::kPrefilling : Admit::kRunning;  // kRunning: its whole prompt cached
 }
 
-ServingEngine::Impl::Admit ServingEngine::Impl::prefill_chunk(Sequence& s, int64_t& budget) {
-  const int64_t L = int64_t(s.tokens.size()), P = s.prompt_len, rest = P - s.computed;
-  const int64_t whole_blocks = std::max(cfg.block_size, budget / cfg.block_size * cfg.block_size);
-  const int64_t n = rest <= budget ? rest : std::min(rest, whole_blocks);
+int64_t ServingEngine::Impl::plan_chunk(const Sequence& s, int64_t& budget, bool first) const {
+  const int64_t rest = s.prompt_len - s.computed;
+  const int64_t whole_blocks = budget / cfg.block_size * cfg.block_size;
+  int64_t n = rest <= budget ? rest : std::min(rest, whole_blocks);
+  if (n == 0 && first) n = std::min(rest, cfg.block_size);
+  if (n == 0) return 0;
   budget = std::max<int64_t>(0, budget - n);
-  // Left-padded to the bucket, so the last position is the chunk's last token.
-  const int64_t T = bucket_for(cfg.prefill_buckets, n);
-  Tensor& logits = logits_for(1);
-  const models::SequenceChunk part = chunk(s, s.computed, s.computed + n);
-  m.run_paged(m.prepare_paged(1, T), {&part, 1}, logits);
-  s.computed += n;
-  blocks->commit(s.table, s.tokens, s.computed, P);
+  return s.computed + n;
+}
+
+void ServingEngine::Impl::prefill() {
+  const int64_t V = m.vocab_size();
+  std::vector<models::SequenceChunk> parts;
+  int64_t total = 0;
+  for (const auto& [s, end] : prefilling) {
+    parts.push_back(chunk(*s, s->computed, end));
+    total += end - s->computed;
+  }
+  // Each chunk's logits: packed, row i of the one forward's; else a copy of its own forward's,
+  // as the next forward of the same bucket reuses the tensor.
+  std::vector<const float*> row_of(parts.size());
+  auto run = [&](size_t first, size_t count, int64_t tokens, int64_t T, int64_t packed) {
+    Tensor& logits = logits_for(packed ? packed : 1);
+    m.run_paged(m.prepare_paged(1, T, packed), std::span(parts).subspan(first, count), logits);
+    note_compiles();
+    ++steps;
+    prefill_tokens += uint64_t(tokens);
+    computed_tokens += uint64_t(T);
+    padded_tokens += uint64_t(T - tokens);
+    return logits.data<float>();
+  };
+  if (packing) {
+    const int64_t T = packed_bucket(int64_t(parts.size()), total);
+    const float* logits = run(0, parts.size(), total, T, packed_sequences(T));
+    for (size_t i = 0; i < parts.size(); ++i) row_of[i] = logits + int64_t(i) * V;
+  } else {
+    chunk_logits.resize(parts.size() * size_t(V));
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const int64_t n = int64_t(parts[i].tokens.size());
+      const float* logits = run(i, 1, n, bucket_for(cfg.prefill_buckets, n), 0);
+      row_of[i] = std::copy_n(logits, V, chunk_logits.data() + i * size_t(V)) - V;
+    }
+  }
+  // Sequences whose prompt is done choose their first token (a recomputed one goes on to its
+  // generated tokens in decode steps).
+  std::vector<Pick> picks;
+  for (size_t i = 0; i < prefilling.size(); ++i) {
+    Sequence& s = *prefilling[i].first;
+    s.computed = prefilling[i].second;
+    blocks->commit(s.table, s.tokens, s.computed, s.prompt_len);
+    if (s.computed == s.prompt_len && int64_t(s.tokens.size()) == s.prompt_len)
+      picks.push_back({&s, row_of[i], i});
+  }
   publish_blocks();
-  note_compiles();
-  ++steps;
-  prefill_tokens += uint64_t(n);
-  computed_tokens += uint64_t(T);
-  padded_tokens += uint64_t(T - n);
-  if (s.computed < P) return Admit::kPrefilling;
-  if (L > P) return Admit::kRunning;  // its generated tokens follow in decode steps
-  return choose(s, {logits.data<float>(), size_t(logits.numel())}) ? Admit::kDone : Admit::kRunning;
+  chosen.assign(prefilling.size(), ServingEvent{});
+  pick_all(picks);
+  auto batch = std::move(prefilling);
+  prefilling.clear();
+  std::vector<bool> chose(batch.size(), false);
+  for (const Pick& p : picks) chose[p.slot] = true;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    std::unique_ptr<Sequence>& s = batch[i].first;
+    Admit a = s->computed < s->prompt_len ? Admit::kPrefilling : Admit::kRunning;
+    if (chose[i] && report(*s, std::move(chosen[i]))) a = Admit::kDone;
+    place(std::move(s), a);
+  }
+}
+
+void ServingEngine::Impl::pick_all(const std::vector<Pick>& picks) {
+  const int64_t V = m.vocab_size();
+  ThreadPool::global().parallel_for(int64_t(picks.size()), [&](int64_t lo, int64_t hi, int) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const Pick& p = picks[size_t(i)];
+      pick(*p.s, {const_cast<float*>(p.logits), size_t(V)}, chosen[p.slot]);
+    }
+  });
 }
 
 int64_t ServingEngine::Impl::blocks_needed_by_decode() const {
   int64_t n = 0;
   for (const auto& s : running)
     n += blocks->blocks_for(s->computed + 1) - int64_t(s->table.blocks.size());
+  for (const auto& [s, end] : prefilling)
+    if (end == s->prompt_len) n += blocks->blocks_for(end + 1) - int64_t(s->table.blocks.size());
   return n;
 }
 
@@ -499,22 +595,17 @@ void ServingEngine::Impl::decode() {
   ++steps;
   computed_tokens += uint64_t(B);
   padded_tokens += uint64_t(B - n);
-  // The sequences whose newest token was computed choose their next one, on the pool's threads
-  // (between steps they sit idle): processing and sampling a 150k-token vocabulary costs
-  // milliseconds a sequence. Reports follow in batch order on this thread.
-  choosers.clear();
+  // The sequences whose newest token was computed choose their next one; reports follow in
+  // batch order on this thread.
+  std::vector<Pick> picks;
   for (int64_t b = 0; b < n; ++b) {
     Sequence& s = *running[size_t(b)];
     blocks->commit(s.table, s.tokens, ++s.computed, s.prompt_len);
-    if (s.computed == int64_t(s.tokens.size())) choosers.push_back(b);
+    if (s.computed == int64_t(s.tokens.size()))
+      picks.push_back({&s, logits.data<float>() + b * V, size_t(b)});
   }
   chosen.resize(size_t(n));
-  ThreadPool::global().parallel_for(int64_t(choosers.size()), [&](int64_t lo, int64_t hi, int) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const size_t b = size_t(choosers[size_t(i)]);
-      pick(*running[b], {logits.data<float>() + int64_t(b) * V, size_t(V)}, chosen[b]);
-    }
-  });
+  pick_all(picks);
   std::vector<std::unique_ptr<Sequence>> still;
   for (size_t b = 0; b < size_t(n); ++b) {
     Sequence& s = *running[b];
@@ -571,26 +662,46 @@ bool ServingEngine::Impl::place(std::unique_ptr<Sequence> s, Admit a) {
 
 void ServingEngine::Impl::step() {
   cancel_requested();
-  int64_t budget = cfg.max_prefill_tokens;
-  // A prompt prefilled over several steps first, then admissions while the budget lasts.
+  // A prompt prefilled over several steps first, then admissions while the budget lasts (and,
+  // packing, while the step has a place for another sequence); then their chunks' prefill.
+  // A packed step's tokens fit its largest bucket.
+  int64_t budget = packing ? std::min(cfg.max_prefill_tokens, cfg.prefill_buckets.back())
+                           : cfg.max_prefill_tokens;
   for (;;) {
+    const bool first = prefilling.empty();
     std::unique_ptr<Sequence> s = std::move(partial);
-    const bool admitting = !s;
-    if (admitting) {
-      if (budget == 0 || int64_t(running.size()) >= cfg.max_num_seqs) break;
-      std::lock_guard<std::mutex> lock(mu);
-      if (waiting.empty()) break;
-      s = std::move(waiting.front());
-      waiting.pop_front();
+    if (!s) {
+      if (budget == 0 || int64_t(running.size() + prefilling.size()) >= cfg.max_num_seqs) break;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (waiting.empty()) break;
+        s = std::move(waiting.front());
+        waiting.pop_front();
+      }
+      Admit a = Admit::kNoRoom;
+      try {
+        a = admit(*s, budget);
+      } catch (const std::exception& e) {
+        finish(*s, "error", e.what());
+        continue;
+      }
+      if (a != Admit::kPrefilling) {
+        if (!place(std::move(s), a)) break;
+        continue;
+      }
     }
-    Admit a = Admit::kDone;
+    const int64_t end = plan_chunk(*s, budget, first);
+    const bool cut = end < s->prompt_len;
+    prefilling.push_back({std::move(s), end});
+    if (cut) break;  // its prompt goes on in the next steps; the budget is spent
+  }
+  if (!prefilling.empty()) {
     try {
-      a = admitting ? admit(*s, budget) : prefill_chunk(*s, budget);
+      prefill();
     } catch (const std::exception& e) {
-      finish(*s, "error", e.what());
-      continue;
+      for (auto& [s, end] : prefilling) finish(*s, "error", e.what());
+      prefilling.clear();
     }
-    if (!place(std::move(s), a) || partial) break;
   }
   if (!running.empty()) {
     try {
@@ -635,11 +746,12 @@ double ServingEngine::warm_up() {
   const auto t0 = Clock::now();
   // Each shape is compiled and run once on padding only (no cache writes, no keys), so that its
   // executable's working memory exists before the first request too.
-  auto run_empty = [&](int64_t batch, int64_t tokens) {
-    e.m.run_paged(e.m.prepare_paged(batch, tokens), {}, e.logits_for(batch));
+  auto run_empty = [&](int64_t batch, int64_t tokens, int64_t packed) {
+    e.m.run_paged(e.m.prepare_paged(batch, tokens, packed), {},
+                  e.logits_for(packed ? packed : batch));
   };
-  for (int64_t t : e.cfg.prefill_buckets) run_empty(1, t);
-  for (int64_t b : e.cfg.decode_buckets) run_empty(b, 1);
+  for (int64_t t : e.cfg.prefill_buckets) run_empty(1, t, e.packing ? e.packed_sequences(t) : 0);
+  for (int64_t b : e.cfg.decode_buckets) run_empty(b, 1, 0);
   e.warm_up_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   e.note_compiles();
   e.compiles_at_ready = e.compiles.load();

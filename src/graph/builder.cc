@@ -192,33 +192,45 @@ Value GraphBuilder::attention(Value q, Value k_cache, Value v_cache, Value start
                   AttentionAttrs{scale, o.softcap, o.sliding_window});
 }
 
+// The paged ops' table, positions and optional rows for new tokens (B,T): a table row per batch
+// row, or with rows a table of any number of rows.
+std::vector<int> GraphBuilder::paged_operands(Value table, Value pos, Value rows, int64_t B,
+                                              int64_t T, const std::string& name) const {
+  const TensorType &tt = type(table), &pt = type(pos);
+  TF_CHECK(tt.dtype == DType::i32 && tt.shape.size() == 2 && tt.shape[0] >= 1 &&
+               (rows >= 0 || tt.shape[0] == B),
+           name, ": table ", tt.str());
+  TF_CHECK(pt.dtype == DType::i32 && pt.shape == Shape({B, T}), name, ": pos ", pt.str());
+  if (rows < 0) return {table, pos};
+  TF_CHECK(type(rows) == pt, name, ": rows ", type(rows).str());
+  return {table, pos, rows};
+}
+
 Value GraphBuilder::paged_cache_write(Value pool, Value update, Value table, Value pos,
-                                      const std::string& name) {
-  const TensorType &c = type(pool), &u = type(update), &tt = type(table), &pt = type(pos);
+                                      const std::string& name, Value rows) {
+  const TensorType &c = type(pool), &u = type(update);
   TF_CHECK(c.shape.size() == 4 && u.shape.size() == 4 &&
                c.shape[kv_heads_dim(kv_layout())] == u.shape[2] && c.shape[3] == u.shape[3],
            name, ": pool ", c.str(), " update ", u.str());
-  TF_CHECK(tt.dtype == DType::i32 && tt.shape.size() == 2 && tt.shape[0] == u.shape[0], name,
-           ": table ", tt.str());
-  TF_CHECK(pt.dtype == DType::i32 && pt.shape == Shape({u.shape[0], u.shape[1]}), name, ": pos ",
-           pt.str());
-  return add_node(Op::kPagedCacheWrite, {pool, update, table, pos}, c, name);
+  std::vector<int> inputs = {pool, update};
+  for (int v : paged_operands(table, pos, rows, u.shape[0], u.shape[1], name)) inputs.push_back(v);
+  return add_node(Op::kPagedCacheWrite, std::move(inputs), c, name);
 }
 
 Value GraphBuilder::paged_attention(Value q, Value k_pool, Value v_pool, Value table, Value pos,
-                                    float scale, AttentionOptions o, const std::string& name) {
-  const TensorType &qt = type(q), &kt = type(k_pool), &tt = type(table), &pt = type(pos);
+                                    float scale, AttentionOptions o, const std::string& name,
+                                    Value rows) {
+  const TensorType &qt = type(q), &kt = type(k_pool);
   TF_CHECK(qt.shape.size() == 4 && kt.shape.size() == 4 && type(v_pool) == kt &&
                qt.shape[3] == kt.shape[3] && qt.shape[2] % kt.shape[kv_heads_dim(kv_layout())] == 0,
            name, ": q ", qt.str(), " pool ", kt.str());
-  TF_CHECK(tt.dtype == DType::i32 && tt.shape.size() == 2 && tt.shape[0] == qt.shape[0], name,
-           ": table ", tt.str());
-  TF_CHECK(pt.dtype == DType::i32 && pt.shape == Shape({qt.shape[0], qt.shape[1]}), name, ": pos ",
-           pt.str());
   TF_CHECK(o.sliding_window >= 0 && o.softcap >= 0.0f && std::isfinite(o.softcap), name,
            ": sliding_window ", o.sliding_window, " softcap ", o.softcap);
-  return add_node(Op::kPagedAttention, {q, k_pool, v_pool, table, pos}, {activation(), qt.shape},
-                  name, AttentionAttrs{scale, o.softcap, o.sliding_window});
+  std::vector<int> inputs = {q, k_pool, v_pool};
+  for (int v : paged_operands(table, pos, rows, qt.shape[0], qt.shape[1], name))
+    inputs.push_back(v);
+  return add_node(Op::kPagedAttention, std::move(inputs), {activation(), qt.shape}, name,
+                  AttentionAttrs{scale, o.softcap, o.sliding_window});
 }
 
 Value GraphBuilder::take_last(Value x, int64_t n) {

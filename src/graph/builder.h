@@ -68,11 +68,12 @@ class GraphBuilder {
                   const std::string& name = "");
   Value attention(Value q, Value k_cache, Value v_cache, Value start, Value key_mask, float scale,
                   AttentionOptions o, const std::string& name);
-  // Paged KV cache (graph.h): table (B,MB) and pos (B,T) are int32 inputs.
+  // Paged KV cache (graph.h): table (B,MB) and pos (B,T) are int32 inputs; with rows (B,T), an
+  // int32 input too, the table has a row per sequence.
   Value paged_cache_write(Value pool, Value update, Value table, Value pos,
-                          const std::string& name = "");
+                          const std::string& name = "", Value rows = -1);
   Value paged_attention(Value q, Value k_pool, Value v_pool, Value table, Value pos, float scale,
-                        AttentionOptions o, const std::string& name);
+                        AttentionOptions o, const std::string& name, Value rows = -1);
   Value take_last(Value x, int64_t n);
   // x in float dtype `to`; x itself when it has that dtype already.
   Value convert(Value x, DType to, const std::string& name = "");
@@ -95,6 +96,8 @@ class GraphBuilder {
   Graph finish() { return std::move(graph_); }
 
  private:
+  std::vector<int> paged_operands(Value table, Value pos, Value rows, int64_t B, int64_t T,
+                                  const std::string& name) const;
   Value add_node(Op op, std::vector<int> inputs, TensorType type, std::string name,
                  Attrs attrs = {});
   Graph graph_;

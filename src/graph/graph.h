@@ -56,13 +56,16 @@ enum class Op : uint8_t {
   kSoftcap,      // (x) -> tanh(x / cap) * cap; SoftcapAttrs
 
   // Paged KV cache (continuous batching): a layer's keys or values for every sequence live in
-  // one pool of blocks (num_blocks, Hkv, block_size, D); sequence b's position p is at offset
-  // p % block_size of block table[b, p / block_size]. pos (B,T) int32 holds each new token's
-  // position, negative for padding.
-  kPagedCacheWrite,  // (pool, new (B,T,Hkv,D), table (B,MB), pos (B,T)) -> pool, in place
-  kPagedAttention,   // (q (B,T,Hq,D), k_pool, v_pool, table (B,MB), pos (B,T)) -> (B,T,Hq,D):
-                     // query (b,t) sees its sequence's positions <= pos[b,t]; AttentionAttrs;
-                     // a padding query gives zeros
+  // one pool of blocks (num_blocks, Hkv, block_size, D); sequence s's position p is at offset
+  // p % block_size of block table[s, p / block_size]. pos (B,T) int32 holds each new token's
+  // position, negative for padding. Token (b,t) belongs to sequence b, or with the optional
+  // rows (B,T) int32 operand to sequence rows[b,t] (a step that packs several sequences' tokens
+  // into a row; the table then has a row per sequence, S of them).
+  kPagedCacheWrite,  // (pool, new (B,T,Hkv,D), table (B|S,MB), pos (B,T)[, rows]) -> pool,
+                     // in place
+  kPagedAttention,   // (q (B,T,Hq,D), k_pool, v_pool, table (B|S,MB), pos (B,T)[, rows]) ->
+                     // (B,T,Hq,D): query (b,t) sees its sequence's positions <= pos[b,t];
+                     // AttentionAttrs; a padding query gives zeros
 
   kConvert,  // (x) -> x in the node's float dtype: a hub kernel's float32 boundary in a graph
              // of other activations, and the float32 logits every graph returns

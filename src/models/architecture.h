@@ -63,6 +63,10 @@ struct StepShape {
   // A paged KV cache (continuous batching) instead of the static one: blocks in each layer's
   // pool, positions per block, and blocks in each sequence's table. 0: the static cache.
   int64_t kv_blocks = 0, block_size = 0, table_blocks = 0;
+  // A paged step of one row that packs up to this many sequences' tokens (0: one sequence per
+  // row): a block table row per sequence, each token's sequence an input, and the logits of
+  // each sequence's last token.
+  int64_t sequences = 0;
   bool paged() const { return kv_blocks > 0; }
   auto operator<=>(const StepShape&) const = default;
 };

@@ -25,7 +25,8 @@ Ctx begin_step(GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype
   c.ids = b.input("input_ids", {DType::i32, {B, T}});
   c.pos = b.input("position_ids", {DType::i32, {B, T}});
   if (s.paged()) {
-    c.table = b.input("block_table", {DType::i32, {B, s.table_blocks}});
+    c.table = b.input("block_table", {DType::i32, {s.sequences ? s.sequences : B, s.table_blocks}});
+    if (s.sequences) c.rows = b.input("sequence_index", {DType::i32, {B, T}});
   } else {
     c.start = b.input("cache_position", {DType::i32, {}});
     // The key mask changes once per generation, not per step: device state, not an input.
@@ -227,10 +228,11 @@ Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t 
     const std::string pool = "kv_pool." + std::to_string(layer);
     const TensorType pt =
         graph::kv_cache_type(b.kv_layout(), c.cache_dtype, c.s.kv_blocks, Hkv, c.s.block_size, D);
-    Value kc = b.paged_cache_write(b.state(pool + ".key", pt), k, c.table, c.pos, pool + ".key");
-    Value vc =
-        b.paged_cache_write(b.state(pool + ".value", pt), v, c.table, c.pos, pool + ".value");
-    att = b.paged_attention(q, kc, vc, c.table, c.pos, s, options, name);
+    Value kc =
+        b.paged_cache_write(b.state(pool + ".key", pt), k, c.table, c.pos, pool + ".key", c.rows);
+    Value vc = b.paged_cache_write(b.state(pool + ".value", pt), v, c.table, c.pos, pool + ".value",
+                                   c.rows);
+    att = b.paged_attention(q, kc, vc, c.table, c.pos, s, options, name, c.rows);
   } else {
     const std::string cache = "past_key_values." + std::to_string(layer);
     const TensorType ct = graph::kv_cache_type(b.kv_layout(), c.cache_dtype, B, Hkv, S, D);
@@ -360,8 +362,15 @@ void DecoderModel::build(GraphBuilder& b, Params& p, const StepShape& s, DType c
         blk.pre_mlp, blk.post_mlp, [&](Value x) { return blk.mlp(c, x, n + "mlp"); },
         "residual_mlp");
   }
-  // Only the kept positions go through the final norm and lm_head: (B,keep,H).
-  if (s.logits_to_keep > 0 && s.logits_to_keep < s.new_tokens) h = b.take_last(h, s.logits_to_keep);
+  // Only the kept positions go through the final norm and lm_head: (B,keep,H). A packed step
+  // keeps its row's last `sequences` positions, where its sequences' last tokens lie (model
+  // runner), as (sequences,1,H): the lm_head then sees one token per sequence, as in a step of
+  // one sequence per row, and gives each the same bits.
+  if (s.sequences) {
+    h = b.reshape(b.take_last(h, s.sequences), {s.sequences, 1, b.type(h).shape[2]});
+  } else if (s.logits_to_keep > 0 && s.logits_to_keep < s.new_tokens) {
+    h = b.take_last(h, s.logits_to_keep);
+  }
   h = norm(c, h, "model.norm");
   // A tied lm_head is bound to embed_tokens' buffer (or its own slice of it when the plan splits
   // the two differently).

@@ -64,7 +64,8 @@ struct Ctx {
   DType cache_dtype;
   Value ids, pos;               // input_ids, position_ids (B,T)
   Value start = -1, mask = -1;  // static cache: cache_position (); attention_mask (B,S)
-  Value table = -1;             // paged cache: block_table (B, table_blocks)
+  Value table = -1;             // paged cache: block_table (B or sequences, table_blocks)
+  Value rows = -1;              // a packed paged step: sequence_index (B,T), each token's table row
 };
 // Declares the step's inputs.
 Ctx begin_step(graph::GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype);

@@ -68,57 +68,97 @@ void ModelRunner::allocate_pool(int64_t blocks, int64_t block_size, int64_t tabl
   m_.allocate_pool(blocks, block_size, table_blocks);
 }
 
-ModelRunner::Step& ModelRunner::prepare_paged(int64_t rows, int64_t tokens) {
-  send(Call::kPreparePaged, rows, tokens, 0);
+ModelRunner::Step& ModelRunner::prepare_paged(int64_t rows, int64_t tokens, int64_t sequences) {
+  if (sequences > 0 && (rows != 1 || sequences > tokens))
+    throw InvalidArgumentError(
+        "prepare_paged: a packed step has one row of at least as many "
+        "tokens as sequences, got " +
+        std::to_string(rows) + " rows of " + std::to_string(tokens) + " tokens for " +
+        std::to_string(sequences) + " sequences");
+  send(Call::kPreparePaged, rows, tokens, sequences);
   return m_.step({.batch = rows,
                   .new_tokens = tokens,
                   .cache_len = 0,
                   .logits_to_keep = 1,
                   .kv_blocks = m_.pool_blocks,
                   .block_size = m_.pool_block_size,
-                  .table_blocks = m_.pool_table_blocks});
+                  .table_blocks = m_.pool_table_blocks,
+                  .sequences = sequences});
+}
+
+bool ModelRunner::packs_sequences() const {
+  // A paged attention node with the rows operand, as a packed step's graph has it.
+  graph::Node probe{.op = graph::Op::kPagedAttention, .inputs = {0, 1, 2, 3, 4, 5}};
+  probe.attrs = graph::AttentionAttrs{};
+  return m_.backend->supports(probe);
 }
 
 void ModelRunner::run_paged(Step& step, std::span<const SequenceChunk> seqs, Tensor& logits) {
   const int64_t rows = step.shape.batch, tokens = step.shape.new_tokens;
-  if (int64_t(seqs.size()) > rows)
+  const int64_t packed = step.shape.sequences, MB = step.shape.table_blocks;
+  const int64_t capacity = packed ? packed : rows;
+  if (int64_t(seqs.size()) > capacity)
     throw InvalidArgumentError("run_paged: " + std::to_string(seqs.size()) +
-                               " sequences do not fit a step of " + std::to_string(rows) + " rows");
-  const int64_t MB = step.shape.table_blocks;
+                               " sequences do not fit a step of " + std::to_string(capacity) +
+                               (packed ? " packed sequences" : " rows"));
   Tensor ids = Tensor::zeros({rows, tokens}, DType::i32);
   Tensor pos = Tensor::zeros({rows, tokens}, DType::i32);
-  Tensor table = Tensor::zeros({rows, MB}, DType::i32);
+  Tensor index = packed ? Tensor::zeros({rows, tokens}, DType::i32) : Tensor();
+  Tensor table = Tensor::zeros({capacity, MB}, DType::i32);
   std::fill_n(pos.data<int32_t>(), pos.numel(), -1);
+  int64_t total = 0;
   for (size_t r = 0; r < seqs.size(); ++r) {
     const SequenceChunk& c = seqs[r];
     const int64_t n = int64_t(c.tokens.size());
+    total += n;
     if (n == 0 || n > tokens || int64_t(c.blocks.size()) > MB)
       throw InvalidArgumentError(
           "run_paged: sequence " + std::to_string(r) + " has " + std::to_string(n) +
           " new tokens and " + std::to_string(c.blocks.size()) +
           " blocks, but this step takes 1 to " + std::to_string(tokens) + " tokens and at most " +
           std::to_string(MB) + " blocks per sequence");
-    int32_t* row_ids = ids.data<int32_t>() + int64_t(r) * tokens + (tokens - n);
-    int32_t* row_pos = pos.data<int32_t>() + int64_t(r) * tokens + (tokens - n);
-    for (int64_t t = 0; t < n; ++t) {
-      row_ids[t] = c.tokens[size_t(t)];
-      row_pos[t] = int32_t(c.position + t);
-    }
     std::copy(c.blocks.begin(), c.blocks.end(), table.data<int32_t>() + int64_t(r) * MB);
   }
-  run_paged_inputs(step, ids, pos, table, logits);
+  if (packed && total > tokens)
+    throw InvalidArgumentError("run_paged: " + std::to_string(total) +
+                               " new tokens do not fit a packed step of " + std::to_string(tokens));
+  auto place = [&](int64_t at, size_t r, int64_t t) {
+    ids.data<int32_t>()[at] = seqs[r].tokens[size_t(t)];
+    pos.data<int32_t>()[at] = int32_t(seqs[r].position + t);
+    if (packed) index.data<int32_t>()[at] = int32_t(r);
+  };
+  if (!packed) {
+    for (size_t r = 0; r < seqs.size(); ++r) {
+      const int64_t n = int64_t(seqs[r].tokens.size());
+      for (int64_t t = 0; t < n; ++t) place(int64_t(r) * tokens + (tokens - n) + t, r, t);
+    }
+  } else {
+    // The row's last `packed` positions are the ones the graph keeps: sequence i's last token
+    // goes to the i-th of them, the other tokens fill the rest of them and then the places
+    // before, right-aligned; the rest is padding. A sequence's tokens need not lie together or
+    // in order: each is written to its own position before any is attended to.
+    for (size_t r = 0; r < seqs.size(); ++r)
+      place(tokens - packed + int64_t(r), r, int64_t(seqs[r].tokens.size()) - 1);
+    int64_t at = tokens - packed + int64_t(seqs.size());
+    const int64_t body = total - int64_t(seqs.size());
+    int64_t before = tokens - packed - std::max<int64_t>(0, body - (packed - int64_t(seqs.size())));
+    for (size_t r = 0; r < seqs.size(); ++r)
+      for (int64_t t = 0; t + 1 < int64_t(seqs[r].tokens.size()); ++t)
+        place(at < tokens ? at++ : before++, r, t);
+  }
+  Tensor* inputs[] = {&ids, &pos, &table, &index};
+  run_paged_inputs(step, std::span(inputs, packed ? 4 : 3), logits);
 }
 
-void ModelRunner::run_paged_inputs(Step& step, Tensor& ids, Tensor& positions, Tensor& table,
-                                   Tensor& logits) {
+void ModelRunner::run_paged_inputs(Step& step, std::span<Tensor* const> inputs, Tensor& logits) {
   if (leading_) {
-    send(Call::kRunPaged, step.shape.batch, step.shape.new_tokens, step.shape.table_blocks);
-    for (Tensor* t : {&ids, &positions, &table})
-      m_.tp->group().broadcast(t->raw(), int64_t(t->nbytes()), 0);
+    send(Call::kRunPaged, step.shape.batch, step.shape.new_tokens, step.shape.table_blocks,
+         step.shape.sequences);
+    for (Tensor* t : inputs) m_.tp->group().broadcast(t->raw(), int64_t(t->nbytes()), 0);
   }
-  const Tensor* inputs[] = {&ids, &positions, &table};
+  std::vector<const Tensor*> in(inputs.begin(), inputs.end());
   Tensor* outputs[] = {&logits};
-  m_.run(step, inputs, outputs);
+  m_.run(step, in, outputs);
 }
 
 ModelRunner::~ModelRunner() {
@@ -131,9 +171,9 @@ ModelRunner::~ModelRunner() {
   }
 }
 
-void ModelRunner::send(Call call, int64_t a, int64_t b, int64_t c) {
+void ModelRunner::send(Call call, int64_t a, int64_t b, int64_t c, int64_t d) {
   if (!leading_) return;
-  int64_t words[4] = {int64_t(call), a, b, c};
+  int64_t words[5] = {int64_t(call), a, b, c, d};
   m_.tp->group().broadcast(words, sizeof words, 0);
 }
 
@@ -156,9 +196,9 @@ void ModelRunner::follow() {
   distributed::ProcessGroup& g = m_.tp->group();
   std::map<int64_t, Tensor> logits_by_rows;  // the logits are rank 0's to read
   for (;;) {
-    int64_t words[4];
+    int64_t words[5];
     g.broadcast(words, sizeof words, 0, distributed::ProcessGroup::Wait::kUnbounded);
-    const auto [call, a, b, c] = words;
+    const auto [call, a, b, c, d] = words;
     try {
       switch (Call(call)) {
         case Call::kStop:
@@ -167,19 +207,25 @@ void ModelRunner::follow() {
           m_.allocate_pool(a, b, c);
           break;
         case Call::kPreparePaged:
-          prepare_paged(a, b);
+          prepare_paged(a, b, c);
           break;
         case Call::kRunPaged: {
+          // (rows a, tokens b, table blocks c, packed sequences d), as run_paged sends them.
+          const int64_t seqs = d ? d : a;
           Tensor ids = Tensor::zeros({a, b}, DType::i32), pos = Tensor::zeros({a, b}, DType::i32),
-                 table = Tensor::zeros({a, c}, DType::i32);
-          for (Tensor* t : {&ids, &pos, &table}) g.broadcast(t->raw(), int64_t(t->nbytes()), 0);
-          Step& step = prepare_paged(a, b);
+                 table = Tensor::zeros({seqs, c}, DType::i32),
+                 index = d ? Tensor::zeros({a, b}, DType::i32) : Tensor();
+          Tensor* inputs[] = {&ids, &pos, &table, &index};
+          const std::span<Tensor* const> used(inputs, d ? 4 : 3);
+          for (Tensor* t : used) g.broadcast(t->raw(), int64_t(t->nbytes()), 0);
+          Step& step = prepare_paged(a, b, d);
           TF_CHECK(step.shape.table_blocks == c, "rank 0 runs steps of ", c,
                    " table blocks, this rank's pool takes ", step.shape.table_blocks);
-          auto it = logits_by_rows.find(a);
+          auto it = logits_by_rows.find(seqs);
           if (it == logits_by_rows.end())
-            it = logits_by_rows.emplace(a, Tensor::zeros({a, 1, vocab_size()}, DType::f32)).first;
-          run_paged_inputs(step, ids, pos, table, it->second);
+            it = logits_by_rows.emplace(seqs, Tensor::zeros({seqs, 1, vocab_size()}, DType::f32))
+                     .first;
+          run_paged_inputs(step, used, it->second);
           break;
         }
         default:

@@ -88,12 +88,19 @@ class ModelRunner {
   // The paged cache: `blocks` blocks of `block_size` positions in each layer's pool (kept if the
   // sizes match); steps take block tables of `table_blocks` entries per sequence.
   void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks);
-  // The step for ragged batches of up to `rows` sequences of up to `tokens` new tokens each.
-  Step& prepare_paged(int64_t rows, int64_t tokens);
-  // Runs one step over a ragged batch: sequence i is row i, its tokens right-aligned (left
-  // padding has position -1: no cache write, no keys); rows past seqs.size() are padding. Fills
-  // logits f32 (rows, 1, V) with each row's last token's logits. With no sequences the step runs
-  // on padding only, so that its working memory exists before the first real step.
+  // The step for ragged batches of up to `rows` sequences of up to `tokens` new tokens each, or
+  // with `sequences` > 0 a packed step: one row of `tokens` tokens from up to `sequences`
+  // sequences (packs_sequences() says whether the backend runs them).
+  Step& prepare_paged(int64_t rows, int64_t tokens, int64_t sequences = 0);
+  // Whether the backend runs packed steps: its attention finds each token's own sequence (the
+  // CPU's); else a step's rows hold a sequence each.
+  bool packs_sequences() const;
+  // Runs one step over a ragged batch. Without packing, sequence i is row i, its tokens
+  // right-aligned (left padding has position -1: no cache write, no keys), rows past
+  // seqs.size() are padding, and logits f32 (rows, 1, V) get each row's last token's logits. A
+  // packed step takes up to `sequences` sequences whose tokens fit its row, and logits
+  // (sequences, 1, V) get sequence i's last token's logits in row i. With no sequences the step
+  // runs on padding only, so that its working memory exists before the first real step.
   void run_paged(Step& step, std::span<const SequenceChunk> seqs, Tensor& logits);
 
   // Tensor parallelism under a scheduler that runs on rank 0 alone (the serving engine, whose
@@ -109,10 +116,11 @@ class ModelRunner {
 
  private:
   enum class Call : int64_t { kStop, kAllocatePool, kPreparePaged, kRunPaged };
-  // To the followers, when leading: a call and its three numbers.
-  void send(Call call, int64_t a, int64_t b, int64_t c);
-  // The step's host inputs: ids and positions (rows, tokens), block table (rows, table_blocks).
-  void run_paged_inputs(Step& step, Tensor& ids, Tensor& positions, Tensor& table, Tensor& logits);
+  // To the followers, when leading: a call and its numbers.
+  void send(Call call, int64_t a, int64_t b, int64_t c, int64_t d = 0);
+  // The step's host inputs: ids, positions and, packed, each token's sequence (rows, tokens);
+  // block table (rows or sequences, table_blocks).
+  void run_paged_inputs(Step& step, std::span<Tensor* const> inputs, Tensor& logits);
 
   CausalLM::Impl& m_;
   bool leading_ = false;

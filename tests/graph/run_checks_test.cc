@@ -92,7 +92,7 @@ TEST_F(RunChecks, BadValuesAreRefusedBeforeTheBackendRuns) {
             "cache position -1 with 3 new tokens does not fit the static cache of 4 positions: "
             "allocate a larger cache (max_cache_len)");
   EXPECT_EQ(run({0, 1, 2}, 0, {0, 1}, {0, 4, 2}),
-            "pool: position 4 of row 0 is past its block table of 2 blocks of 2 positions");
+            "pool: position 4 of sequence 0 is past its block table of 2 blocks of 2 positions");
   EXPECT_EQ(run({0, 1, 2}, 0, {0, 2}, {0, 1, 2}),
             "pool: block table row 0 entry 1 is 2, outside the pool of 2 blocks");
   EXPECT_EQ(run({0, 1, 2}, 0, {-1, 0}, {0, 0, 1}),
@@ -123,6 +123,49 @@ TEST_F(RunChecks, BindingsOfOtherTypesAreInternalErrors) {
   EXPECT_EQ(executes(), 0);
   exe_->run(params, states, inputs, outputs);
   EXPECT_EQ(executes(), 1);
+}
+
+// A packed paged write (the rows operand): each token's sequence picks its row of a table of
+// two; a token whose sequence has no row, or a sequence whose positions pass its own table row,
+// is refused before the backend runs.
+TEST(RunChecksPacked, EachTokensSequenceAndItsBlocksAreChecked) {
+  GraphBuilder b;
+  const Value table = b.input("table", {DType::i32, {2, MB}});
+  const Value pos = b.input("pos", {DType::i32, {1, T}});
+  const Value rows = b.input("rows", {DType::i32, {1, T}});
+  const Value kv = b.input("kv", {DType::f32, {1, T, 1, D}});
+  b.paged_cache_write(b.state("pool", {DType::f32, {NB, 1, BS, D}}), kv, table, pos, "pool", rows);
+  b.output(kv);
+  FakeBackend backend;
+  std::unique_ptr<backends::Executable> exe = backend.compile(b.finish());
+  std::shared_ptr<backends::Buffer> pool = backend.allocate({DType::f32, {NB, 1, BS, D}});
+  auto run = [&](std::vector<int32_t> t, std::vector<int32_t> p, std::vector<int32_t> r) {
+    const Tensor tt = Tensor::from_vector<int32_t>({2, MB}, DType::i32, t);
+    const Tensor pt = Tensor::from_vector<int32_t>({1, T}, DType::i32, p);
+    const Tensor rt = Tensor::from_vector<int32_t>({1, T}, DType::i32, r);
+    const Tensor kt = Tensor::zeros({1, T, 1, D}, DType::f32);
+    Tensor out = Tensor::zeros({1, T, 1, D}, DType::f32);
+    backends::Buffer* states[] = {pool.get()};
+    const Tensor* inputs[] = {&tt, &pt, &rt, &kt};
+    Tensor* outputs[] = {&out};
+    try {
+      exe->run({}, states, inputs, outputs);
+    } catch (const InvalidArgumentError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // Sequence 1 at positions 0 and 1 (its block 0), sequence 0 at position 2 (its block 1); a
+  // padding token's sequence is not read. Sequence 1's second entry is unused.
+  EXPECT_EQ(run({0, 1, 1, -5}, {0, 1, 2}, {1, 1, 0}), "");
+  EXPECT_EQ(run({0, 1, 1, -5}, {0, -1, 2}, {1, 9, 0}), "");
+  EXPECT_EQ(run({0, 1, 1, -5}, {0, 1, 2}, {1, 2, 0}),
+            "pool: token 1 of row 0 names sequence 2, outside the block table's 2 rows");
+  EXPECT_EQ(run({0, 1, 1, -5}, {0, 1, 2}, {1, 1, 1}),
+            "pool: block table row 1 entry 1 is -5, outside the pool of 2 blocks");
+  EXPECT_EQ(run({0, 1, 1, 0}, {0, 1, 4}, {1, 1, 0}),
+            "pool: position 4 of sequence 0 is past its block table of 2 blocks of 2 positions");
+  EXPECT_EQ(static_cast<const FakeExecutable&>(*exe).executes, 2);
 }
 
 // Ids that no input carries cannot be checked before a run: refused when compiling.

@@ -103,6 +103,50 @@ TEST(ModelRunner, RaggedPagedStepMixesPrefillAndDecodeRows) {
   }
 }
 
+// A packed step: three sequences' new tokens in one row (a decode after a cached prefix and two
+// prompts), each with its own block table row, and each sequence's last token's logits in its
+// row of the output. Against each sequence alone (near: a prompt of fewer than 4 tokens runs the
+// GEMV alone and the GEMM packed), and bit for bit against each alone in a packed step of
+// another length, its place among the others changed.
+TEST(ModelRunner, PackedStepGivesEachSequenceItsOwnLogits) {
+  CausalLM lm = load();
+  ModelRunner m(lm);
+  if (!m.packs_sequences()) GTEST_SKIP() << "this backend runs a sequence per row";
+  const int64_t V = m.vocab_size();
+  m.allocate_pool(24, 4, 4);
+  const std::vector<int32_t> a = {5, 77, 300, 2, 41, 7}, b = {9, 8, 123}, c = {4, 3, 2, 1, 6};
+  const std::vector<int32_t> a_blocks = {0, 1}, b_blocks = {2}, c_blocks = {3, 4};
+  const std::vector<float> ref_a = alone(m, a, a_blocks), ref_b = alone(m, b, b_blocks),
+                           ref_c = alone(m, c, c_blocks);
+  const std::vector<int32_t> a_head(a.begin(), a.end() - 1);
+  alone(m, a_head, a_blocks);
+  const SequenceChunk chunks[] = {
+      {.tokens = std::span(a).last(1), .position = int64_t(a.size()) - 1, .blocks = a_blocks},
+      {.tokens = b, .position = 0, .blocks = b_blocks},
+      {.tokens = c, .position = 0, .blocks = c_blocks}};
+  Tensor logits = Tensor::zeros({4, 1, V}, DType::f32);
+  m.run_paged(m.prepare_paged(1, 16, 4), chunks, logits);
+  const float* got = logits.data<float>();
+  for (int64_t v = 0; v < V; ++v) {
+    EXPECT_NEAR(got[v], ref_a[size_t(v)], 1e-4f) << "decode, logit " << v;
+    EXPECT_NEAR(got[V + v], ref_b[size_t(v)], 1e-4f) << "3-token prompt, logit " << v;
+    EXPECT_NEAR(got[2 * V + v], ref_c[size_t(v)], 1e-4f) << "5-token prompt, logit " << v;
+  }
+  for (size_t i = 0; i < std::size(chunks); ++i) {
+    Tensor one = Tensor::zeros({2, 1, V}, DType::f32);
+    m.run_paged(m.prepare_paged(1, 12, 2), {&chunks[i], 1}, one);
+    for (int64_t v = 0; v < V; ++v)
+      ASSERT_EQ(one.data<float>()[v], got[int64_t(i) * V + v])
+          << "sequence " << i << " logit " << v;
+  }
+  // A step of several rows does not pack, and a packed step holds what its row holds.
+  EXPECT_THROW(m.prepare_paged(2, 8, 2), InvalidArgumentError);
+  EXPECT_THROW(m.prepare_paged(1, 2, 3), InvalidArgumentError);
+  const SequenceChunk four[] = {chunks[0], chunks[1], chunks[2], chunks[1]};
+  EXPECT_THROW(m.run_paged(m.prepare_paged(1, 8, 3), four, logits), InvalidArgumentError);
+  EXPECT_THROW(m.run_paged(m.prepare_paged(1, 8, 4), four, logits), InvalidArgumentError);
+}
+
 TEST(ModelRunner, ChunksThatDoNotFitTheStepAreRefused) {
   CausalLM lm = load();
   ModelRunner m(lm);

@@ -709,10 +709,10 @@ TEST(Ops, PagedCacheWriteIsExact) {
         Paged p = shuffled_tables(rng, B, BS, MB);
         std::vector<float> src = random_f32(rng, size_t(B * T * Hkv * D));
         Tensor cache = random_tensor(rng, size_t(p.NB * Hkv * BS * D), dt), want = cache;
-        paged_cache_write(cache.data(), dt, src.data(), p.table.data(), pos.data(), B, T, Hkv, BS,
-                          MB, D, pool);
-        ref::paged_cache_write(want.data(), dt, src.data(), p.table.data(), pos.data(), B, T, Hkv,
-                               BS, MB, D);
+        paged_cache_write(cache.data(), dt, src.data(), p.table.data(), nullptr, pos.data(), B, T,
+                          Hkv, BS, MB, D, pool);
+        ref::paged_cache_write(want.data(), dt, src.data(), p.table.data(), nullptr, pos.data(), B,
+                               T, Hkv, BS, MB, D);
         if (dt == DType::bf16)
           EXPECT_EQ(cache.h, want.h) << what;
         else
@@ -751,17 +751,17 @@ TEST(Ops, PagedAttention) {
       std::vector<float> q = random_f32(rng, size_t(c.B * c.T * c.Hq * c.D), -2.0f, 2.0f);
       const float scale = 1.0f / std::sqrt(float(c.D));
       std::vector<float> out(q.size(), NAN), want(q.size());
-      paged_attention_with(kernels, q.data(), k.data(), v.data(), dt, p.table.data(), c.pos.data(),
-                           out.data(), c.B, c.T, c.Hq, c.Hkv, c.BS, c.MB, c.D, scale, c.window,
-                           c.softcap, pool);
-      ref::paged_attention(q.data(), k.data(), v.data(), dt, p.table.data(), c.pos.data(),
+      paged_attention_with(kernels, q.data(), k.data(), v.data(), dt, p.table.data(), nullptr,
+                           c.pos.data(), out.data(), c.B, c.T, c.Hq, c.Hkv, c.BS, c.MB, c.D, scale,
+                           c.window, c.softcap, pool);
+      ref::paged_attention(q.data(), k.data(), v.data(), dt, p.table.data(), nullptr, c.pos.data(),
                            want.data(), c.B, c.T, c.Hq, c.Hkv, c.BS, c.MB, c.D, scale, c.window,
                            c.softcap);
       const std::string label = what + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
                                 " D=" + std::to_string(c.D) + " window=" + std::to_string(c.window);
-      // As in Ops.Attention: AVX-512 BF16's blocked prefill over bf16 rounds q and p to bf16.
-      const bool bf16_products =
-          t == Target::kAVX512BF16 && dt == DType::bf16 && c.T * (c.Hq / c.Hkv) >= 32;
+      // As in Ops.Attention: AVX-512 BF16's blocked prefill over bf16 rounds q and p to bf16; with
+      // positions it takes that path for every call of several tokens.
+      const bool bf16_products = t == Target::kAVX512BF16 && dt == DType::bf16 && c.T > 1;
       expect_close(out, want, nmse_tolerance(c.D + c.MB * c.BS + 8, bf16_products), label);
       // Each row alone, its blocks unpaged into a static cache (1,Hkv,S,D): the same bits.
       const int64_t S = c.MB * c.BS, elem = int64_t(dtype_size(dt));
@@ -787,6 +787,84 @@ TEST(Ops, PagedAttention) {
           ASSERT_EQ(alone[i], out[size_t(row) + i]) << label << " row " << b << " at " << i;
       }
     }
+  });
+}
+
+// Several sequences' tokens packed into one row (the serving engine's packed prefill steps):
+// each token names its sequence's table row, the sequences' tokens are interleaved out of order
+// with padding between them, and each must get the bits it gets in a row of its own, its tokens in
+// order and left-padded to another length (the step it would run in alone); against the
+// reference too. The cache write of such a row lands where the per-row writes land.
+TEST(Ops, PagedAttentionPacksSequences) {
+  struct Seq {
+    int64_t start, n;  // positions [start, start + n) are new; [0, start) are in the pool
+  };
+  const Seq seqs[] = {{0, 7}, {13, 1}, {5, 20}, {30, 3}};
+  const int64_t Hq = 4, Hkv = 2, BS = 4, MB = 9, D = 24, S = int64_t(std::size(seqs));
+  std::mt19937 rng(23);
+  for_each_config([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
+                      const std::string& what) {
+    Paged p = shuffled_tables(rng, S, BS, MB);
+    const size_t pool_n = size_t(p.NB * Hkv * BS * D);
+    Tensor k = random_tensor(rng, pool_n, dt), v = random_tensor(rng, pool_n, dt);
+    // The packed row: every token of every sequence, shuffled, with 5 padding tokens.
+    std::vector<std::pair<int64_t, int64_t>> order;  // (sequence, token) or (-1, -1)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t i = 0; i < seqs[s].n; ++i) order.push_back({s, i});
+    for (int i = 0; i < 5; ++i) order.push_back({-1, -1});
+    std::shuffle(order.begin(), order.end(), rng);
+    const int64_t T = int64_t(order.size());
+    std::vector<int32_t> pos(static_cast<size_t>(T)), rows(static_cast<size_t>(T));
+    std::vector<float> q(size_t(T * Hq * D), 0.0f);
+    std::vector<std::vector<float>> q_seq(static_cast<size_t>(S));
+    for (int64_t s = 0; s < S; ++s) q_seq[size_t(s)] = random_f32(rng, size_t(seqs[s].n * Hq * D));
+    for (int64_t i = 0; i < T; ++i) {
+      const auto [s, tok] = order[size_t(i)];
+      pos[size_t(i)] = s < 0 ? -1 : int32_t(seqs[s].start + tok);
+      rows[size_t(i)] = s < 0 ? int32_t(rng() % S) : int32_t(s);  // padding's row is unread
+      if (s >= 0)
+        std::copy_n(q_seq[size_t(s)].begin() + tok * Hq * D, Hq * D, q.begin() + i * Hq * D);
+    }
+    const float scale = 1.0f / std::sqrt(float(D));
+    std::vector<float> out(q.size(), NAN), want(q.size());
+    paged_attention_with(kernels, q.data(), k.data(), v.data(), dt, p.table.data(), rows.data(),
+                         pos.data(), out.data(), 1, T, Hq, Hkv, BS, MB, D, scale, 0, 0.0f, pool);
+    ref::paged_attention(q.data(), k.data(), v.data(), dt, p.table.data(), rows.data(), pos.data(),
+                         want.data(), 1, T, Hq, Hkv, BS, MB, D, scale, 0, 0.0f);
+    const bool bf16_products = t == Target::kAVX512BF16 && dt == DType::bf16;
+    expect_close(out, want, nmse_tolerance(D + MB * BS + 8, bf16_products), what + " packed");
+    for (int64_t s = 0; s < S; ++s) {
+      // Alone: its tokens in order, right-aligned in a row of n + 3, with its own table row.
+      const int64_t n = seqs[s].n, Ta = n + 3;
+      std::vector<int32_t> apos(size_t(Ta), -1);
+      std::vector<float> aq(size_t(Ta * Hq * D), 0.0f), aout(aq.size(), NAN);
+      for (int64_t i = 0; i < n; ++i) apos[size_t(3 + i)] = int32_t(seqs[s].start + i);
+      std::copy(q_seq[size_t(s)].begin(), q_seq[size_t(s)].end(), aq.begin() + 3 * Hq * D);
+      paged_attention_with(kernels, aq.data(), k.data(), v.data(), dt, p.table.data() + s * MB,
+                           nullptr, apos.data(), aout.data(), 1, Ta, Hq, Hkv, BS, MB, D, scale, 0,
+                           0.0f, pool);
+      for (int64_t i = 0; i < T; ++i) {
+        if (order[size_t(i)].first != s) continue;
+        const int64_t tok = order[size_t(i)].second;
+        for (int64_t j = 0; j < Hq * D; ++j)
+          ASSERT_EQ(out[size_t(i * Hq * D + j)], aout[size_t((3 + tok) * Hq * D + j)])
+              << what << " sequence " << s << " token " << tok << " at " << j;
+      }
+    }
+    for (int64_t i = 0; i < T; ++i)
+      if (pos[size_t(i)] < 0)
+        for (int64_t j = 0; j < Hq * D; ++j) ASSERT_EQ(out[size_t(i * Hq * D + j)], 0.0f) << what;
+    // The packed cache write against the reference's.
+    std::vector<float> src = random_f32(rng, size_t(T * Hkv * D));
+    Tensor cache = random_tensor(rng, pool_n, dt), expect = cache;
+    paged_cache_write(cache.data(), dt, src.data(), p.table.data(), rows.data(), pos.data(), 1, T,
+                      Hkv, BS, MB, D, pool);
+    ref::paged_cache_write(expect.data(), dt, src.data(), p.table.data(), rows.data(), pos.data(),
+                           1, T, Hkv, BS, MB, D);
+    if (dt == DType::bf16)
+      EXPECT_EQ(cache.h, expect.h) << what;
+    else
+      EXPECT_EQ(cache.f, expect.f) << what;
   });
 }
 

@@ -288,6 +288,9 @@ TEST_F(XlaCpuGenerate, PagedStepsMoveOnlyTablesAndMatchTheCpuBackend) {
                   std::vector<float>(want.data<float>() + r * V, want.data<float>() + (r + 1) * V)),
         1e-4)
         << "row " << r;
+  // The lowering gathers a sequence's blocks per row: no packed steps, which the CPU runs.
+  EXPECT_FALSE(mx.packs_sequences());
+  EXPECT_TRUE(mc.packs_sequences());
   // A decode step of two sequences and two padding rows: ids and positions (rows int32 each) and
   // the tables (rows x table int32) up, each row's logits down; the pools never cross.
   models::ModelRunner::Step& step = mx.prepare_paged(rows, 1);

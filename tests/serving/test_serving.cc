@@ -219,15 +219,20 @@ Output run_alone(ServingEngine& engine, const ServingRequest& r) {
 // A second request sharing a long prefix with a first prefills only its new tokens, and gets the
 // same bits as without the cache: a prompt that extends the first, the same prompt again, one
 // ending on a block's end (whose last token is computed all the same), and a next turn that
-// repeats the first request's prompt and completion.
-TEST(Serving, PrefixHitsPrefillOnlyTheNewTokens) {
-  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+// repeats the first request's prompt and completion. Also for a model with one query head per KV
+// head (tiny-llama-sharded), whose short prefills once took another attention path than long
+// ones.
+class PrefixHits : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PrefixHits, PrefillOnlyTheNewTokens) {
+  const std::string path = GetParam();
+  CausalLM model = AutoModelForCausalLM::from_pretrained(path, {.device_map = "cpu"});
   const int64_t V = model.config().vocab_size;
   const ServingConfig config{.max_num_seqs = 4, .max_model_len = 128, .block_size = 8};
   ServingConfig uncached = config;
   uncached.enable_prefix_caching = false;
   // Its own model: one model has one KV pool, so one engine.
-  CausalLM reference_model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  CausalLM reference_model = AutoModelForCausalLM::from_pretrained(path, {.device_map = "cpu"});
   ServingEngine reference(reference_model, uncached);
   reference.start();
   ServingEngine engine(model, config);
@@ -275,6 +280,10 @@ TEST(Serving, PrefixHitsPrefillOnlyTheNewTokens) {
   EXPECT_EQ(reference.stats().prefix_cache_hits, 0u);
   EXPECT_EQ(reference.stats().kv_blocks_cached, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Serving, PrefixHits,
+                         ::testing::Values(kShipped, std::string(TFORMERS_TEST_DATA) +
+                                                         "/models/tiny-llama-sharded"));
 
 // A pool with room for one full-length sequence and four sequences growing in it at once,
 // arriving at staggered times: the newest are preempted and computed again, with and without
@@ -412,9 +421,38 @@ TEST(Serving, ALongPromptIsPrefilledInChunksBetweenDecodeSteps) {
   EXPECT_EQ(longer.logprobs(), alone.logprobs());
   const ServingStats st = engine.stats();
   EXPECT_EQ(st.prefill_tokens, 104u);
-  // The 4 prompt chunks, the short prompt's prefill and the decode steps (11 tokens of the short
-  // request, 5 of the long one's, together once both run).
-  EXPECT_GE(st.steps, 5u + 11u);
+  // The 4 prompt chunks (the first in one packed step with the short prompt) and the decode
+  // steps (11 tokens of the short request, 5 of the long one's, together once both run).
+  EXPECT_GE(st.steps, 4u + 11u);
+}
+
+// Prompts that wait together are prefilled in one packed step (a row of their tokens, a block
+// table row each), and each request gets the bits it gets alone, whose prefill step has its
+// prompt alone in another bucket. One new token each: the requests end at that step.
+TEST(Serving, WaitingPromptsShareOnePackedPrefillStep) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+  const int64_t V = model.config().vocab_size;
+  const ServingConfig config{.max_num_seqs = 8, .max_model_len = 128, .block_size = 8};
+  const int lengths[] = {3, 17, 40, 1, 9, 24};
+  std::vector<Collector> alone(std::size(lengths)), packed(std::size(lengths));
+  for (size_t i = 0; i < std::size(lengths); ++i) {
+    ServingEngine engine(model, config);
+    engine.start();
+    engine.submit(greedy(prompt_of(int(i) + 20, lengths[i], V), 1), alone[i].callback());
+    ASSERT_EQ(alone[i].wait(), "length") << alone[i].error();
+  }
+  ServingEngine engine(model, config);
+  for (size_t i = 0; i < std::size(lengths); ++i)
+    engine.submit(greedy(prompt_of(int(i) + 20, lengths[i], V), 1), packed[i].callback());
+  engine.start();
+  for (size_t i = 0; i < std::size(lengths); ++i) {
+    ASSERT_EQ(packed[i].wait(), "length") << packed[i].error();
+    EXPECT_EQ(packed[i].tokens(), alone[i].tokens()) << "request " << i;
+    EXPECT_EQ(packed[i].logprobs(), alone[i].logprobs()) << "request " << i;
+  }
+  const ServingStats st = engine.stats();
+  EXPECT_EQ(st.prefill_tokens, 94u);
+  EXPECT_EQ(st.steps, 1u);  // 94 tokens: the 96-token bucket, with places for 6 sequences
 }
 
 // A context shorter than the smallest default prefill bucket (16) gets the one bucket of its own

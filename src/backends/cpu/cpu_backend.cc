@@ -515,18 +515,20 @@ void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
     }
     case Op::kPagedCacheWrite: {
       const Shape& u = in_type(1).shape;  // (B,T,Hkv,D)
+      const auto* rows = n.inputs.size() > 4 ? static_cast<const int32_t*>(in(4)) : nullptr;
       cpu::paged_cache_write(ptr(c, id), n.type.dtype, f32(1), static_cast<const int32_t*>(in(2)),
-                             static_cast<const int32_t*>(in(3)), u[0], u[1], u[2], s[2],
+                             rows, static_cast<const int32_t*>(in(3)), u[0], u[1], u[2], s[2],
                              in_type(2).shape[1], u[3], pool);
       return;
     }
     case Op::kPagedAttention: {
       const Shape& kp = in_type(1).shape;  // (NB,Hkv,BS,D)
       const auto& a = n.attrs_as<graph::AttentionAttrs>();
+      const auto* rows = n.inputs.size() > 5 ? static_cast<const int32_t*>(in(5)) : nullptr;
       cpu::paged_attention(f32(0), in(1), in(2), in_type(1).dtype,
-                           static_cast<const int32_t*>(in(3)), static_cast<const int32_t*>(in(4)),
-                           out, s[0], s[1], s[2], kp[1], kp[2], in_type(3).shape[1], s[3], a.scale,
-                           a.sliding_window, a.softcap, pool);
+                           static_cast<const int32_t*>(in(3)), rows,
+                           static_cast<const int32_t*>(in(4)), out, s[0], s[1], s[2], kp[1], kp[2],
+                           in_type(3).shape[1], s[3], a.scale, a.sliding_window, a.softcap, pool);
       return;
     }
     case Op::kCustomCall:

@@ -326,8 +326,8 @@ void attention(const float* q, const void* k_cache, const void* v_cache, DType c
 }
 
 void paged_cache_write(void* pool_data, DType cache_type, const float* src, const int32_t* table,
-                       const int32_t* pos, int64_t B, int64_t T, int64_t Hkv, int64_t BS,
-                       int64_t MB, int64_t D, ThreadPool& pool) {
+                       const int32_t* rows, const int32_t* pos, int64_t B, int64_t T, int64_t Hkv,
+                       int64_t BS, int64_t MB, int64_t D, ThreadPool& pool) {
   // One unit is one (b, t, h) row of D values, as cache_write.
   pool.parallel_for(
       B * T * Hkv,
@@ -336,7 +336,8 @@ void paged_cache_write(void* pool_data, DType cache_type, const float* src, cons
           const int64_t h = u % Hkv, bt = u / Hkv, b = bt / T;
           const int64_t p = pos[bt];
           if (p < 0) continue;
-          const int64_t dst = ((int64_t(table[b * MB + p / BS]) * Hkv + h) * BS + p % BS) * D;
+          const int64_t seq = rows ? rows[bt] : b;
+          const int64_t dst = ((int64_t(table[seq * MB + p / BS]) * Hkv + h) * BS + p % BS) * D;
           const float* s = src + u * D;
           if (cache_type == DType::bf16) {
             uint16_t* d = static_cast<uint16_t*>(pool_data) + dst;
@@ -350,19 +351,27 @@ void paged_cache_write(void* pool_data, DType cache_type, const float* src, cons
 }
 
 void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
+                     const int32_t* blocks, const int32_t* rows, const int32_t* pos, float* out,
+                     int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB,
+                     int64_t D, float scale, int64_t window, float softcap, ThreadPool& pool) {
+  paged_attention_with(table(), q, k_pool, v_pool, cache_type, blocks, rows, pos, out, B, T, Hq,
+                       Hkv, BS, MB, D, scale, window, softcap, pool);
+}
+
+void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
                      const int32_t* blocks, const int32_t* pos, float* out, int64_t B, int64_t T,
                      int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
                      int64_t window, float softcap, ThreadPool& pool) {
-  paged_attention_with(table(), q, k_pool, v_pool, cache_type, blocks, pos, out, B, T, Hq, Hkv, BS,
-                       MB, D, scale, window, softcap, pool);
+  paged_attention(q, k_pool, v_pool, cache_type, blocks, nullptr, pos, out, B, T, Hq, Hkv, BS, MB,
+                  D, scale, window, softcap, pool);
 }
 
 void paged_attention_with(const KernelTable& kernels, const float* q, const void* k_pool,
                           const void* v_pool, DType cache_type, const int32_t* blocks,
-                          const int32_t* pos, float* out, int64_t B, int64_t T, int64_t Hq,
-                          int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
+                          const int32_t* rows, const int32_t* pos, float* out, int64_t B, int64_t T,
+                          int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
                           int64_t window, float softcap, ThreadPool& pool) {
-  const KvPages pages{.blocks = blocks, .block_size = BS, .table_blocks = MB};
+  const KvPages pages{.blocks = blocks, .block_size = BS, .table_blocks = MB, .rows = rows};
   kernels.attention(q, k_pool, v_pool, cache_type, nullptr, out, B, T, Hq, Hkv, MB * BS, D, 0,
                     scale, window, softcap, pos, &pages, pool);
 }

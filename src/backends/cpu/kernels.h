@@ -167,19 +167,28 @@ void attention(const float* q, const void* k_cache, const void* v_cache, DType c
                int64_t S, int64_t D, int64_t start, float scale, ThreadPool& pool);
 
 // Paged KV cache: keys or values of every sequence live in blocks of one pool
-// (num_blocks, Hkv, BS, D) in cache_type; sequence b's position p is at offset p % BS of block
-// blocks[b * MB + p / BS] (`table` for the writes). pos (B,T) holds each new token's position,
-// negative for padding (skipped). The caller has checked that every block a position reaches is in
-// the pool.
+// (num_blocks, Hkv, BS, D) in cache_type; sequence s's position p is at offset p % BS of block
+// blocks[s * MB + p / BS] (`table` for the writes). Token (b,t) belongs to sequence
+// rows[b * T + t] when rows is given (a step that packs several sequences' tokens into a row),
+// else to sequence b. pos (B,T) holds each new token's position, negative for padding (skipped,
+// its rows entry unread). The caller has checked that every block a position reaches is in the
+// pool.
 void paged_cache_write(void* pool_data, DType cache_type, const float* src, const int32_t* table,
-                       const int32_t* pos, int64_t B, int64_t T, int64_t Hkv, int64_t BS,
-                       int64_t MB, int64_t D, ThreadPool& pool);
-// attention() over paged keys and values: query (b,t) sits at position pos[b,t] and sees the
+                       const int32_t* rows, const int32_t* pos, int64_t B, int64_t T, int64_t Hkv,
+                       int64_t BS, int64_t MB, int64_t D, ThreadPool& pool);
+// attention() over paged keys and values: query (b,t) sits at position pos[b,t] and sees its
 // sequence's positions j <= pos (and within the window); a negative position gets zeros. The
-// static-cache kernel reads the pool through each row's block table, with the same arithmetic in
-// the same order as over a static cache holding the row's positions: a sequence's numbers do not
-// depend on where its blocks lie or on the other rows of the batch, and the cost follows the
-// positions each row attends to, not the batch times the longest row.
+// static-cache kernel reads the pool through each sequence's block table, with the same
+// arithmetic in the same order as over a static cache holding the sequence's positions: a
+// sequence's numbers do not depend on where its blocks lie, on the other sequences of the step or
+// on where its tokens sit in it, and the cost follows the positions each query attends to, not
+// the batch times the longest row.
+void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
+                     const int32_t* blocks, const int32_t* rows, const int32_t* pos, float* out,
+                     int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB,
+                     int64_t D, float scale, int64_t window, float softcap, ThreadPool& pool);
+// One sequence per batch row. Kept as its own symbol: bench_ab reaches two library builds' paged
+// attention through this exported signature.
 void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
                      const int32_t* blocks, const int32_t* pos, float* out, int64_t B, int64_t T,
                      int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
@@ -210,12 +219,12 @@ void attention(const float* q, const void* k_cache, const void* v_cache, DType c
                int64_t S, int64_t D, int64_t start, float scale, int64_t window = 0,
                float softcap = 0.0f);
 void paged_cache_write(void* pool_data, DType cache_type, const float* src, const int32_t* table,
-                       const int32_t* pos, int64_t B, int64_t T, int64_t Hkv, int64_t BS,
-                       int64_t MB, int64_t D);
+                       const int32_t* rows, const int32_t* pos, int64_t B, int64_t T, int64_t Hkv,
+                       int64_t BS, int64_t MB, int64_t D);
 void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
-                     const int32_t* table, const int32_t* pos, float* out, int64_t B, int64_t T,
-                     int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
-                     int64_t window, float softcap);
+                     const int32_t* table, const int32_t* rows, const int32_t* pos, float* out,
+                     int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB,
+                     int64_t D, float scale, int64_t window, float softcap);
 }  // namespace ref
 
 }  // namespace tformers::cpu

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "backends/cpu/kernels.h"
 #include "core/cpu_features.h"
@@ -22,12 +23,14 @@
 
 namespace tformers::cpu {
 
-// A paged KV pool as attention reads it (kernels.h's paged_attention): batch row b's position j
-// of KV head h is row j % block_size of block blocks[b * table_blocks + j / block_size], whose
-// rows of that head lie together.
+// A paged KV pool as attention reads it (kernels.h's paged_attention): sequence s's position j
+// of KV head h is row j % block_size of block blocks[s * table_blocks + j / block_size], whose
+// rows of that head lie together. Token t of batch row b belongs to sequence rows[b * T + t], or
+// to sequence b without rows.
 struct KvPages {
   const int32_t* blocks;
   int64_t block_size, table_blocks;
+  const int32_t* rows = nullptr;
 };
 
 struct KernelTable {
@@ -68,8 +71,8 @@ struct KernelTable {
 // target's).
 void paged_attention_with(const KernelTable& kernels, const float* q, const void* k_pool,
                           const void* v_pool, DType cache_type, const int32_t* blocks,
-                          const int32_t* pos, float* out, int64_t B, int64_t T, int64_t Hq,
-                          int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
+                          const int32_t* rows, const int32_t* pos, float* out, int64_t B, int64_t T,
+                          int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
                           int64_t window, float softcap, ThreadPool& pool);
 
 // int8 quantization at load (kernels.h). The scalar one (kernels.cc) quantizes any block and is
@@ -472,13 +475,13 @@ struct PagedRows {
 };
 
 // The row pointers of slots [lo, hi) of batch row b, KV head h, of a paged pool whose elements are
-// KV, into rows: PagedRows{rows, lo}.
+// KV, into rows: PagedRows{rows, lo}. `seq` is the sequence's row of the block table.
 template <class KV>
-PagedRows<KV> page_rows(const void* pool, const KvPages& pages, int64_t b, int64_t h, int64_t Hkv,
+PagedRows<KV> page_rows(const void* pool, const KvPages& pages, int64_t seq, int64_t h, int64_t Hkv,
                         int64_t D, int64_t lo, int64_t hi, const KV** rows) {
   const KV* base = static_cast<const KV*>(pool);
   const int64_t bs = pages.block_size;
-  const int32_t* table = pages.blocks + b * pages.table_blocks;
+  const int32_t* table = pages.blocks + seq * pages.table_blocks;
   for (int64_t j = lo; j < hi;) {
     const int64_t n = std::min(hi - j, bs - j % bs);  // the rest of j's block
     const KV* row = base + ((int64_t(table[j / bs]) * Hkv + h) * bs + j % bs) * D;
@@ -833,6 +836,41 @@ inline int64_t interleaved_block(int64_t i, int64_t blocks) {
   return i % 2 == 0 ? i / 2 : blocks - 1 - i / 2;
 }
 
+// Queries [t0, t1) of batch row b, all of one sequence: `seq`, its row of a paged pool's block
+// table (b without pages).
+struct QueryBlock {
+  int64_t b, t0, t1, seq;
+};
+
+// A call's query blocks of at most tb queries, each batch row's in interleaved_block order. A
+// row's queries are cut every tb from its start and, where a row packs several sequences
+// (KvPages::rows), also where the sequence changes: a block reads one sequence's keys. A padding
+// query (negative position) stays in the block before it. Without packing a block's queries do
+// not depend on the other rows.
+inline std::vector<QueryBlock> query_blocks(int64_t B, int64_t T, int64_t tb, const int32_t* pos,
+                                            const KvPages* pages) {
+  std::vector<QueryBlock> out, row;
+  for (int64_t b = 0; b < B; ++b) {
+    row.clear();
+    for (int64_t t = 0; t < T; ++t) {
+      const bool live = !pos || pos[b * T + t] >= 0;
+      const int64_t seq = pages && pages->rows && live ? pages->rows[b * T + t] : b;
+      if (row.empty() || row.back().t1 - row.back().t0 == tb ||
+          (live && seq != row.back().seq && row.back().seq >= 0))
+        row.push_back({b, t, t, live ? seq : -1});
+      QueryBlock& q = row.back();
+      ++q.t1;
+      if (q.seq < 0 && live) q.seq = seq;  // a block that began with padding
+    }
+    for (size_t i = 0; i < row.size(); ++i) {
+      QueryBlock q = row[size_t(interleaved_block(int64_t(i), int64_t(row.size())))];
+      if (q.seq < 0) q.seq = b;  // padding only
+      out.push_back(q);
+    }
+  }
+  return out;
+}
+
 // Query t of batch row b sits at position pos[b, t] when positions are given (negative for
 // padding), else at start + t; it sees slots [first_slot(p, window), p + 1): causal, and with a
 // window only (p - window, p].
@@ -876,25 +914,25 @@ inline std::pair<int64_t, int64_t> query_slots(int64_t b, int64_t t0, int64_t t1
   return hi > 0 ? std::pair{lo, hi} : std::pair<int64_t, int64_t>{0, 0};
 }
 
-// f(keys, values) with the rows of KV head kvh of batch row b, as DenseRows of a static cache
-// (B, Hkv, S, D), or with pages as PagedRows over the slots [lo, hi) of a paged pool (their
-// pointers in this thread's kRowPointers scratch).
+// f(keys, values) with the rows of KV head kvh of sequence `seq`, as DenseRows of a static cache
+// (B, Hkv, S, D) whose batch row it is, or with pages as PagedRows over the slots [lo, hi) of a
+// paged pool (their pointers in this thread's kRowPointers scratch).
 template <class F>
 void with_kv_rows(const void* k_cache, const void* v_cache, DType cache_type, const KvPages* pages,
-                  int64_t b, int64_t kvh, int64_t Hkv, int64_t S, int64_t D, int64_t lo, int64_t hi,
-                  F&& f) {
+                  int64_t seq, int64_t kvh, int64_t Hkv, int64_t S, int64_t D, int64_t lo,
+                  int64_t hi, F&& f) {
   auto run = [&](auto tag) {
     using KV = decltype(tag);
     const KV* k = static_cast<const KV*>(k_cache);
     const KV* v = static_cast<const KV*>(v_cache);
     if (!pages) {
-      const int64_t base = (b * Hkv + kvh) * S * D;
+      const int64_t base = (seq * Hkv + kvh) * S * D;
       return f(DenseRows<KV>{k + base, D}, DenseRows<KV>{v + base, D});
     }
     const KV** rows = static_cast<const KV**>(
         thread_scratch(Scratch::kRowPointers, size_t(2 * (hi - lo)) * sizeof(const KV*)));
-    f(page_rows(k, *pages, b, kvh, Hkv, D, lo, hi, rows),
-      page_rows(v, *pages, b, kvh, Hkv, D, lo, hi, rows + (hi - lo)));
+    f(page_rows(k, *pages, seq, kvh, Hkv, D, lo, hi, rows),
+      page_rows(v, *pages, seq, kvh, Hkv, D, lo, hi, rows + (hi - lo)));
   };
   if (cache_type == DType::bf16)
     run(uint16_t{});
@@ -915,10 +953,10 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
   // (b, block', kv head) with block' interleaving early and late blocks (0, last, 1, ...)
   // because a causal query's cost grows with t and the pool hands out contiguous chunks.
   const int64_t tb = std::max<int64_t>(1, kQuerySet / group);
-  const int64_t blocks = (T + tb - 1) / tb;
+  const std::vector<QueryBlock> blocks = query_blocks(B, T, tb, pos, pages);
   // One set holds all of a head's query rows: each value row is read once, from memory.
   const SlotChunks chunks = T * group <= kQuerySet ? kStreamedChunks : kRereadChunks;
-  pool.parallel_for(B * blocks * Hkv, [&](int64_t lo, int64_t hi, int) {
+  pool.parallel_for(int64_t(blocks.size()) * Hkv, [&](int64_t lo, int64_t hi, int) {
     AttendArgs args{.mask = nullptr,
                     .D = D,
                     .scale = scale,
@@ -928,13 +966,14 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
                     .slots = thread_scratch<int32_t>(Scratch::kSlots, size_t(reach)),
                     .chunks = chunks};
     for (int64_t u = lo; u < hi; ++u) {
-      const int64_t kvh = u % Hkv, b = u / (Hkv * blocks);
-      const int64_t t0 = interleaved_block((u / Hkv) % blocks, blocks) * tb,
-                    t1 = std::min(T, t0 + tb);
+      const int64_t kvh = u % Hkv;
+      // Plain variables: the lambda below captures them (see attention_x86).
+      const QueryBlock& qb = blocks[size_t(u / Hkv)];
+      const int64_t b = qb.b, t0 = qb.t0, t1 = qb.t1;
       args.mask = key_mask ? key_mask + b * S : nullptr;
       const auto [slot_lo, slot_hi] =
           pages ? query_slots(b, t0, t1, T, pos, start, window) : std::pair<int64_t, int64_t>{};
-      with_kv_rows(k_cache, v_cache, cache_type, pages, b, kvh, Hkv, S, D, slot_lo, slot_hi,
+      with_kv_rows(k_cache, v_cache, cache_type, pages, qb.seq, kvh, Hkv, S, D, slot_lo, slot_hi,
                    [&](auto k, auto v) {
                      const float* qs[kQuerySet];
                      float* os[kQuerySet];

@@ -201,16 +201,16 @@ std::vector<char> unpage(const void* pool_data, DType t, const int32_t* table, i
 }  // namespace
 
 void paged_cache_write(void* pool_data, DType cache_type, const float* src, const int32_t* table,
-                       const int32_t* pos, int64_t B, int64_t T, int64_t Hkv, int64_t BS,
-                       int64_t MB, int64_t D) {
+                       const int32_t* rows, const int32_t* pos, int64_t B, int64_t T, int64_t Hkv,
+                       int64_t BS, int64_t MB, int64_t D) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t p = pos[b * T + t];
+      const int64_t p = pos[b * T + t], seq = rows ? rows[b * T + t] : b;
       if (p < 0) continue;
       for (int64_t h = 0; h < Hkv; ++h)
         for (int64_t i = 0; i < D; ++i) {
           const float v = src[((b * T + t) * Hkv + h) * D + i];
-          const int64_t dst = ((int64_t(table[b * MB + p / BS]) * Hkv + h) * BS + p % BS) * D + i;
+          const int64_t dst = ((int64_t(table[seq * MB + p / BS]) * Hkv + h) * BS + p % BS) * D + i;
           if (cache_type == DType::bf16)
             static_cast<uint16_t*>(pool_data)[dst] = f32_to_bf16(v);
           else
@@ -220,22 +220,23 @@ void paged_cache_write(void* pool_data, DType cache_type, const float* src, cons
 }
 
 void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
-                     const int32_t* table, const int32_t* pos, float* out, int64_t B, int64_t T,
-                     int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
-                     int64_t window, float softcap) {
+                     const int32_t* table, const int32_t* rows, const int32_t* pos, float* out,
+                     int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB,
+                     int64_t D, float scale, int64_t window, float softcap) {
   // Each query through the static reference, over its sequence's blocks laid out in order.
-  for (int64_t b = 0; b < B; ++b) {
-    const std::vector<char> k = unpage(k_pool, cache_type, table, b, Hkv, BS, MB, D);
-    const std::vector<char> v = unpage(v_pool, cache_type, table, b, Hkv, BS, MB, D);
+  for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
       const int64_t row = (b * T + t) * Hq * D, p = pos[b * T + t];
-      if (p < 0)
+      if (p < 0) {
         std::fill(out + row, out + row + Hq * D, 0.0f);
-      else
-        attention(q + row, k.data(), v.data(), cache_type, nullptr, out + row, 1, 1, Hq, Hkv,
-                  MB * BS, D, p, scale, window, softcap);
+        continue;
+      }
+      const int64_t seq = rows ? rows[b * T + t] : b;
+      const std::vector<char> k = unpage(k_pool, cache_type, table, seq, Hkv, BS, MB, D);
+      const std::vector<char> v = unpage(v_pool, cache_type, table, seq, Hkv, BS, MB, D);
+      attention(q + row, k.data(), v.data(), cache_type, nullptr, out + row, 1, 1, Hq, Hkv, MB * BS,
+                D, p, scale, window, softcap);
     }
-  }
 }
 
 }  // namespace tformers::cpu::ref

@@ -874,13 +874,17 @@ void attention_x86(const float* q, const void* k_cache, const void* v_cache, DTy
                    int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
                    float softcap, const int32_t* pos, const KvPages* pages, ThreadPool& pool) {
   const int64_t group = Hq / Hkv;
-  if (T * group < kAttnMinRows)
+  // With positions (a paged step's), every call of several tokens takes the blocked path: a
+  // prompt chunk's bits then do not depend on the length of the step it is in (the serving
+  // engine's prefix hits and packed prefill steps rest on that).
+  if (T == 1 || (!pos && T * group < kAttnMinRows))
     return attention_impl<Ops>(q, k_cache, v_cache, cache_type, key_mask, out, B, T, Hq, Hkv, S, D,
                                start, scale, window, softcap, pos, pages, pool);
   const int64_t reach = pos ? S : start + T;
   const int64_t tb = std::max<int64_t>(1, kAttnRows / group);  // queries per unit
-  const int64_t rows = tb * group, blocks = (T + tb - 1) / tb;
-  pool.parallel_for(B * blocks * Hkv, [&](int64_t u0, int64_t u1, int) {
+  const int64_t rows = tb * group;
+  const std::vector<QueryBlock> blocks = query_blocks(B, T, tb, pos, pages);
+  pool.parallel_for(int64_t(blocks.size()) * Hkv, [&](int64_t u0, int64_t u1, int) {
     float* xq = thread_scratch<float>(Scratch::kQueries, size_t(rows * (2 * D + 1)));
     float* o = xq + rows * D;
     float* inv = o + rows * D;
@@ -890,9 +894,9 @@ void attention_x86(const float* q, const void* k_cache, const void* v_cache, DTy
     int64_t* dst = len + rows;
     uint8_t* live = reinterpret_cast<uint8_t*>(dst + rows);
     for (int64_t u = u0; u < u1; ++u) {
-      const int64_t kvh = u % Hkv, b = u / (Hkv * blocks);
-      const int64_t t0 = interleaved_block((u / Hkv) % blocks, blocks) * tb,
-                    t1 = std::min(T, t0 + tb);
+      const int64_t kvh = u % Hkv;
+      const QueryBlock& qb = blocks[size_t(u / Hkv)];
+      const int64_t b = qb.b, t0 = qb.t0, t1 = qb.t1;
       int64_t R = 0;
       for_each_query(b, t0, t1, kvh, group, T, Hq, D, pos, start, window, out,
                      [&](int64_t row, int64_t row_first, int64_t row_len) {
@@ -907,7 +911,7 @@ void attention_x86(const float* q, const void* k_cache, const void* v_cache, DTy
       // accepts only from version 16 (the fuzz build's clang is 14).
       const std::pair<int64_t, int64_t> range = slot_union(first, len, R);
       const int64_t lo = range.first, hi = range.second;
-      with_kv_rows(k_cache, v_cache, cache_type, pages, b, kvh, Hkv, S, D, lo, hi,
+      with_kv_rows(k_cache, v_cache, cache_type, pages, qb.seq, kvh, Hkv, S, D, lo, hi,
                    [&](auto k, auto v) {
                      using KV = typename decltype(k)::Value;
                      if constexpr (std::is_same_v<decltype(k), DenseRows<KV>>) {

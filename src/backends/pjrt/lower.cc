@@ -668,6 +668,10 @@ LoweredModule Lowering::run() {
 bool can_lower(const graph::Node& node) {
   if (node.op == Op::kLinearQuant)  // quant_weight reads rows
     return node.attrs_as<graph::LinearQuantAttrs>().layout == graph::QuantLayout::kRows;
+  // Several sequences packed into a row (the rows operand) would need each query's own keys
+  // gathered; the lowering gathers a sequence's blocks per batch row.
+  if (node.op == Op::kPagedCacheWrite) return node.inputs.size() == 4;
+  if (node.op == Op::kPagedAttention) return node.inputs.size() == 5;
   return node.op != Op::kCustomCall && node.op != Op::kAllReduce && node.op != Op::kAllGather;
 }
 
