@@ -225,7 +225,7 @@ struct ServingEngine::Impl {
   // A sequence that chooses its next token from a row of a step's logits, into chosen[slot].
   struct Pick {
     Sequence* s;
-    const float* logits;
+    float* logits;  // the processors change it in place
     size_t slot;
   };
   // Runs the picks on the pool's threads (between steps they sit idle): processing and sampling
@@ -299,9 +299,11 @@ void ServingEngine::Impl::configure() {
   check(cfg.num_blocks <= INT32_MAX, "num_blocks must fit int32");
 
   // A prefill step takes at most max_prefill_tokens prompt positions, or one block where that is
-  // less (plan_chunk), and never more than a context: no bucket above that is ever run.
-  const int64_t longest_chunk =
-      std::min(cfg.max_model_len, std::max(cfg.max_prefill_tokens, cfg.block_size));
+  // less (plan_chunk), and never more than a context each of the sequences it may hold (packed,
+  // up to max_num_seqs; else one): no bucket above that is ever run.
+  packing = m.packs_sequences();
+  const int64_t longest_chunk = std::min((packing ? cfg.max_num_seqs : 1) * cfg.max_model_len,
+                                         std::max(cfg.max_prefill_tokens, cfg.block_size));
   // A context of at most 16 positions has no bucket below it, only that one.
   if (cfg.prefill_buckets.empty())
     cfg.prefill_buckets = bucket_series(std::min<int64_t>(16, longest_chunk), longest_chunk);
@@ -310,8 +312,11 @@ void ServingEngine::Impl::configure() {
     v.erase(std::unique(v.begin(), v.end()), v.end());
   };
   sorted_unique(cfg.prefill_buckets);
-  check(cfg.prefill_buckets.front() >= 1 && cfg.prefill_buckets.back() <= cfg.max_model_len,
-        "prefill_buckets must lie in [1, max_model_len]");
+  check(cfg.prefill_buckets.front() >= 1 &&
+            cfg.prefill_buckets.back() <= std::max(cfg.max_model_len, longest_chunk),
+        "prefill_buckets must lie in [1, " +
+            std::to_string(std::max(cfg.max_model_len, longest_chunk)) +
+            "] (the most prompt positions a step prefills)");
   if (cfg.prefill_buckets.back() < longest_chunk) cfg.prefill_buckets.push_back(longest_chunk);
   // Decode batches from one row: the CPU's decode kernels give a row the same bits whatever the
   // batch (kernels.h's LinearRows), so a batch is padded only to its bucket.
@@ -333,7 +338,6 @@ void ServingEngine::Impl::configure() {
   }
   m.allocate_pool(cfg.num_blocks, cfg.block_size, table_blocks);
   blocks.emplace(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching);
-  packing = m.packs_sequences();
 }
 
 std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequence(
@@ -497,7 +501,7 @@ void ServingEngine::Impl::prefill() {
   }
   // Each chunk's logits: packed, row i of the one forward's; else a copy of its own forward's,
   // as the next forward of the same bucket reuses the tensor.
-  std::vector<const float*> row_of(parts.size());
+  std::vector<float*> row_of(parts.size());
   auto run = [&](size_t first, size_t count, int64_t tokens, int64_t T, int64_t packed) {
     Tensor& logits = logits_for(packed ? packed : 1);
     m.run_paged(m.prepare_paged(1, T, packed), std::span(parts).subspan(first, count), logits);
@@ -510,7 +514,7 @@ void ServingEngine::Impl::prefill() {
   };
   if (packing) {
     const int64_t T = packed_bucket(int64_t(parts.size()), total);
-    const float* logits = run(0, parts.size(), total, T, packed_sequences(T));
+    float* logits = run(0, parts.size(), total, T, packed_sequences(T));
     for (size_t i = 0; i < parts.size(); ++i) row_of[i] = logits + int64_t(i) * V;
   } else {
     chunk_logits.resize(parts.size() * size_t(V));
@@ -539,9 +543,13 @@ void ServingEngine::Impl::prefill() {
   for (const Pick& p : picks) chose[p.slot] = true;
   for (size_t i = 0; i < batch.size(); ++i) {
     std::unique_ptr<Sequence>& s = batch[i].first;
-    Admit a = s->computed < s->prompt_len ? Admit::kPrefilling : Admit::kRunning;
-    if (chose[i] && report(*s, std::move(chosen[i]))) a = Admit::kDone;
-    place(std::move(s), a);
+    try {
+      Admit a = s->computed < s->prompt_len ? Admit::kPrefilling : Admit::kRunning;
+      if (chose[i] && report(*s, std::move(chosen[i]))) a = Admit::kDone;
+      place(std::move(s), a);
+    } catch (const std::exception& e) {  // this sequence alone; the others of its step go on
+      if (s) finish(*s, "error", e.what());
+    }
   }
 }
 
@@ -550,7 +558,7 @@ void ServingEngine::Impl::pick_all(const std::vector<Pick>& picks) {
   ThreadPool::global().parallel_for(int64_t(picks.size()), [&](int64_t lo, int64_t hi, int) {
     for (int64_t i = lo; i < hi; ++i) {
       const Pick& p = picks[size_t(i)];
-      pick(*p.s, {const_cast<float*>(p.logits), size_t(V)}, chosen[p.slot]);
+      pick(*p.s, {p.logits, size_t(V)}, chosen[p.slot]);
     }
   });
 }

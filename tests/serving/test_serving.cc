@@ -490,9 +490,10 @@ TEST(Serving, BucketsStepByHalvesUpToWhatAStepTakes) {
     EXPECT_EQ(engine.config().prefill_buckets, (std::vector<int64_t>{16, 24, 32, 48, 64, 96, 100}));
     EXPECT_EQ(engine.config().decode_buckets, (std::vector<int64_t>{1, 2, 3, 4, 6, 8, 12, 16, 20}));
   }
-  {  // A context shorter than max_prefill_tokens bounds the chunks.
+  {  // A context shorter than max_prefill_tokens bounds the chunks: a packed prefill step holds
+     // at most max_num_seqs of them (on the CPU; elsewhere a step is one chunk).
     ServingEngine engine(model, {.max_num_seqs = 2, .max_model_len = 40});
-    EXPECT_EQ(engine.config().prefill_buckets, (std::vector<int64_t>{16, 24, 32, 40}));
+    EXPECT_EQ(engine.config().prefill_buckets, (std::vector<int64_t>{16, 24, 32, 48, 64, 80}));
   }
   {
     ServingEngine engine(model, {.max_num_seqs = 9,
