@@ -50,9 +50,10 @@ struct ServingConfig {
   int64_t num_blocks = 0;
   int64_t kv_cache_bytes = 0;
   // A prefill step's positions are padded to the smallest of these; default: 16, 24, 32, 48, 64,
-  // ... (powers of two and their midpoints) up to the longest chunk a step takes, the smaller of
-  // max_model_len and max_prefill_tokens (block_size if that is more). Each is compiled and run
-  // once at warm-up.
+  // ... (powers of two and their midpoints) up to the most positions a step takes:
+  // max_prefill_tokens (block_size if that is more), and at most max_model_len for each
+  // sequence the step holds (on the CPU a step packs up to max_num_seqs prompts; elsewhere it
+  // runs one). Each is compiled and run once at warm-up.
   std::vector<int64_t> prefill_buckets;
   // A decode step's sequences are padded to the smallest of these; default: 1, 2, 3, 4, 6, 8,
   // 12, ... (the same series from 1) up to max_num_seqs.
@@ -60,7 +61,8 @@ struct ServingConfig {
   // Prompt positions prefilled per step before the running sequences advance: a bound on how
   // long new requests stall the streams already running (vLLM's max_num_batched_tokens with
   // chunked prefill). A longer prompt is prefilled in chunks of whole KV blocks (at least one),
-  // one chunk a step; its first token comes after its last chunk.
+  // one chunk a step; its first token comes after its last chunk. On the CPU a step's prompts
+  // and chunks run as one packed forward.
   int64_t max_prefill_tokens = 512;
   // Full KV blocks are kept under the hash of their prefix, and a request that begins with
   // cached blocks shares them and prefills only the rest (vLLM's enable_prefix_caching).
