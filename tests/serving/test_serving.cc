@@ -221,7 +221,7 @@ Output run_alone(ServingEngine& engine, const ServingRequest& r) {
 // ending on a block's end (whose last token is computed all the same), and a next turn that
 // repeats the first request's prompt and completion. Also for a model with one query head per KV
 // head (tiny-llama-sharded), whose short prefills once took another attention path than long
-// ones.
+// ones, for sliding windows (tiny-mistral, tiny-gemma3) and partial rotary (tiny-glm).
 class PrefixHits : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PrefixHits, PrefillOnlyTheNewTokens) {
@@ -282,8 +282,12 @@ TEST_P(PrefixHits, PrefillOnlyTheNewTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Serving, PrefixHits,
-                         ::testing::Values(kShipped, std::string(TFORMERS_TEST_DATA) +
-                                                         "/models/tiny-llama-sharded"));
+                         ::testing::Values(kShipped,
+                                           std::string(TFORMERS_TEST_DATA) +
+                                               "/models/tiny-llama-sharded",
+                                           std::string(TFORMERS_TEST_DATA) + "/models/tiny-mistral",
+                                           std::string(TFORMERS_TEST_DATA) + "/models/tiny-gemma3",
+                                           std::string(TFORMERS_TEST_DATA) + "/models/tiny-glm"));
 
 // A pool with room for one full-length sequence and four sequences growing in it at once,
 // arriving at staggered times: the newest are preempted and computed again, with and without
