@@ -16,8 +16,10 @@
 
 #include "bench_help.h"
 #include "core/thread_pool.h"
+#include "generation/padding.h"
 #include "models/model_runner.h"
 #include "tformers/model.h"
+#include "tformers/serving.h"
 
 namespace {
 
@@ -30,14 +32,6 @@ const char* kUsage =
     "Times a burst of --prompts prompts of --tokens tokens prefilled as a paged step each and as\n"
     "one packed step (the CPU serving engine's), alternated --rounds times in one process; prints\n"
     "each round, the medians and their ratio. Exit status 1 when the two give other logits.\n";
-
-// The smallest of the serving engine's default prefill buckets (16, 24, 32, 48, ...) holding n.
-int64_t bucket(int64_t n) {
-  for (int64_t b = 16;; b *= 2) {
-    if (n <= b) return b;
-    if (n <= b + b / 2) return b + b / 2;
-  }
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -70,6 +64,12 @@ int main(int argc, char** argv) {
     return std::fprintf(stderr, "%s", kUsage), 2;
   if (threads > 0) ThreadPool::set_global_threads(threads);
   CausalLM lm = AutoModelForCausalLM::from_pretrained(dir, {.device_map = "cpu"});
+  // The engine's prefill buckets for these prompts (a context each, up to max_prefill_tokens);
+  // the engine goes before the bench's own pool is allocated.
+  const std::vector<int64_t> buckets =
+      ServingEngine(lm, {.max_num_seqs = prompts, .max_model_len = tokens + 1})
+          .config()
+          .prefill_buckets;
   models::ModelRunner m(lm);
   if (!m.packs_sequences()) return std::fprintf(stderr, "this backend runs no packed steps\n"), 2;
   const int64_t V = m.vocab_size(), block = 16, per = (tokens + block - 1) / block;
@@ -83,10 +83,17 @@ int main(int argc, char** argv) {
     for (int64_t b = 0; b < per; ++b) tables[size_t(p)].push_back(int32_t(p * per + b));
     chunks.push_back({.tokens = ids[size_t(p)], .position = 0, .blocks = tables[size_t(p)]});
   }
-  // The engine's packed step: places for one sequence per 16 tokens, in a bucket with a place
-  // for each prompt.
-  const int64_t T = bucket(std::max(prompts * tokens, prompts * 16)), places = T / 16;
-  models::ModelRunner::Step& one = m.prepare_paged(1, bucket(tokens));
+  // The engine's packed step: a bucket with a place for each prompt, and as many places as it
+  // has for its tokens, up to the engine's max_num_seqs (here the prompts).
+  const int64_t per_place = models::ModelRunner::kTokensPerPlace;
+  const int64_t T = generation::bucketed(buckets, std::max(prompts * tokens, prompts * per_place));
+  const int64_t places = std::clamp<int64_t>(T / per_place, 1, prompts);
+  const int64_t each_bucket = generation::bucketed(buckets, tokens);
+  if (T > buckets.back())
+    return std::fprintf(stderr, "%lld prompts of %lld tokens do not fit one step of %lld\n",
+                        (long long)prompts, (long long)tokens, (long long)buckets.back()),
+           2;
+  models::ModelRunner::Step& one = m.prepare_paged(1, each_bucket);
   models::ModelRunner::Step& packed = m.prepare_paged(1, T, places);
   Tensor one_logits = Tensor::zeros({1, 1, V}, DType::f32);
   Tensor packed_logits = Tensor::zeros({places, 1, V}, DType::f32);
@@ -109,7 +116,7 @@ int main(int argc, char** argv) {
   std::printf(
       "%lld prompts of %lld tokens: a step each (bucket %lld) against one packed step "
       "(bucket %lld, %lld places), %d threads\n",
-      (long long)prompts, (long long)tokens, (long long)bucket(tokens), (long long)T,
+      (long long)prompts, (long long)tokens, (long long)each_bucket, (long long)T,
       (long long)places, ThreadPool::global().num_threads());
   std::vector<double> a, b;
   for (int64_t r = 0; r < rounds; ++r) {

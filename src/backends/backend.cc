@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -34,6 +35,11 @@ struct BlockTable {  // the blocks a paged op reaches through its table, within 
   size_t table, pos;
   std::optional<size_t> rows;  // the input with each token's table row, when the op has one
   int64_t max_blocks, table_rows, batch, tokens, num_blocks, block_size;
+  // What the check reads and against what: equal for two ops, one check covers both.
+  auto reach() const {
+    return std::tie(table, pos, rows, max_blocks, table_rows, batch, tokens, num_blocks,
+                    block_size);
+  }
 };
 using ValueCheck = std::variant<TokenIds, CacheFit, BlockTable>;
 
@@ -68,7 +74,7 @@ size_t input_of(const graph::Graph& g, const Node& n, int k, const char* what) {
   return size_t(it - inputs.begin());
 }
 
-ValueCheck block_table(const graph::Graph& g, const Node& n) {
+BlockTable block_table(const graph::Graph& g, const Node& n) {
   const bool write = n.op == Op::kPagedCacheWrite;
   const int table_in = write ? 2 : 3;
   const Shape& ts = g.node(n.inputs[table_in]).type.shape;         // (B,MB)
@@ -156,8 +162,17 @@ Executable::Executable(const graph::Graph& g) {
       c->values.push_back(CacheFit{input_of(g, n, 2, "start positions"),
                                    g.node(n.inputs[1]).type.shape[1],
                                    n.type.shape[size_t(graph::kv_positions_dim(g.kv_layout()))]});
-    else if (n.op == Op::kPagedCacheWrite || n.op == Op::kPagedAttention)
-      c->values.push_back(block_table(g, n));
+    else if (n.op == Op::kPagedCacheWrite || n.op == Op::kPagedAttention) {
+      // Every layer's paged ops read the same table, positions and rows over pools of one size:
+      // the first one's check covers the others, which a step would otherwise repeat per op.
+      BlockTable t = block_table(g, n);
+      const bool covered =
+          std::any_of(c->values.begin(), c->values.end(), [&](const ValueCheck& v) {
+            const auto* o = std::get_if<BlockTable>(&v);
+            return o && o->reach() == t.reach();
+          });
+      if (!covered) c->values.push_back(std::move(t));
+    }
   }
   checks_ = std::move(c);
 }

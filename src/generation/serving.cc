@@ -152,7 +152,7 @@ struct ServingEngine::Impl {
   // This step's prompt chunks: each sequence and the end of the positions it prefills now.
   std::vector<std::pair<std::unique_ptr<Sequence>, int64_t>> prefilling;
   // Whether a prefill step packs several sequences' chunks into one row (ModelRunner's packed
-  // steps, where the backend runs them), and then how many at most for each prefill bucket.
+  // steps, where the backend runs them); else each chunk is a forward of its own.
   bool packing = false;
   std::optional<generation::BlockManager> blocks;
   // Reused from step to step: the logits of each batch size, the logits of a step's prompt
@@ -193,11 +193,11 @@ struct ServingEngine::Impl {
   void step();
   void cancel_requested();
   enum class Admit { kNoRoom, kPrefilling, kRunning, kDone };
-  // Takes the sequence's blocks (cached ones first) and sees that the first chunk of the prompt
-  // tokens not cached (plan_chunk) fits this step beside the chunks before it (`budget`
-  // positions are left): kPrefilling, or kRunning when none is left to prefill. kNoRoom, its
-  // blocks given back, when the pool lacks them or the chunk does not fit.
-  Admit admit(Sequence& s, int64_t budget);
+  // Takes the sequence's blocks (cached ones first) and plans the first chunk of the prompt
+  // tokens not cached (plan_chunk) beside the chunks before it in this step: kPrefilling, its
+  // chunk ending at `end`, or kRunning when none is left to prefill. kNoRoom, its blocks given
+  // back and `budget` untouched, when the pool lacks them or the chunk does not fit.
+  Admit admit(Sequence& s, int64_t& budget, int64_t& end);
   // The end of s's next chunk of prompt positions: the rest of the prompt when `budget`
   // positions allow it, else as many whole blocks as it allows, taking them from `budget`. The
   // first chunk of a step takes at least one block; a later one that `budget` cannot hold
@@ -207,11 +207,9 @@ struct ServingEngine::Impl {
   // else a forward each, their tokens left-padded to a prefill bucket. Each sequence whose prompt
   // is then done chooses its first token; each goes where place() puts it.
   void prefill();
-  // A packed prefill step of T tokens has places for T / 16 sequences (at least 1, at most
-  // max_num_seqs): the lm_head runs for each place, taken or not, so on at most a sixteenth of
-  // the step's rows. Sequences with fewer tokens than that between them take the bucket that
-  // has their places, padded: no more rows than a 16-token step each would compute.
-  static constexpr int64_t kTokensPerPlace = 16;
+  // A packed prefill step's places (ModelRunner::kTokensPerPlace; at least 1, at most
+  // max_num_seqs), and the bucket of a packed step with a place for each of `sequences`.
+  static constexpr int64_t kTokensPerPlace = models::ModelRunner::kTokensPerPlace;
   int64_t packed_sequences(int64_t tokens) const {
     return std::clamp<int64_t>(tokens / kTokensPerPlace, 1, cfg.max_num_seqs);
   }
@@ -455,7 +453,7 @@ bool ServingEngine::Impl::report(Sequence& s, ServingEvent e) {
   return !e.finish_reason.empty();
 }
 
-ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s, int64_t budget) {
+ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s, int64_t& budget, int64_t& end) {
   const int64_t L = int64_t(s.tokens.size()), P = s.prompt_len;
   // The last token is computed whatever is cached: its logits choose the next one.
   const int64_t hit = blocks->match_prefix(std::span(s.tokens).first(size_t(L - 1)), P, s.table);
@@ -463,18 +461,22 @@ ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s, int64_t budge
   // Room for its next position too, so that the next decode does not preempt it straight away.
   const int64_t need = blocks->blocks_for(done + 1) - int64_t(s.table.blocks.size());
   s.computed = hit;
-  // A packed step has a place for it: a bucket with a place for each sequence.
+  // Its chunk fits what is left of the step's budget and, packed, the step's largest bucket has
+  // a place for each sequence with it.
   const bool first = prefilling.empty();
-  const int64_t end = hit == P ? P : plan_chunk(s, budget, first);
-  const bool fits = hit == P || (end > 0 && (!packing || first ||
-                                             (int64_t(prefilling.size()) + 1) * kTokensPerPlace <=
-                                                 cfg.prefill_buckets.back()));
+  int64_t left = budget;
+  end = hit == P ? P : plan_chunk(s, left, first);
+  const bool placed =
+      !packing || first ||
+      (int64_t(prefilling.size()) + 1) * kTokensPerPlace <= cfg.prefill_buckets.back();
+  const bool fits = hit == P || (end > 0 && placed);
   if (!fits || blocks->free_blocks() - need < blocks_needed_by_decode() ||
       !blocks->grow(s.table, done)) {
     blocks->release(s.table);
     return Admit::kNoRoom;
   }
   publish_blocks();
+  budget = left;
   prefix_queries += uint64_t(L);
   prefix_hits += uint64_t(hit);
   if (L == P) prompt_tokens += uint64_t(P);
@@ -676,9 +678,11 @@ void ServingEngine::Impl::step() {
   int64_t budget = packing ? std::min(cfg.max_prefill_tokens, cfg.prefill_buckets.back())
                            : cfg.max_prefill_tokens;
   for (;;) {
-    const bool first = prefilling.empty();
     std::unique_ptr<Sequence> s = std::move(partial);
-    if (!s) {
+    int64_t end = 0;
+    if (s) {
+      end = plan_chunk(*s, budget, true);  // the partly prefilled prompt comes first
+    } else {
       if (budget == 0 || int64_t(running.size() + prefilling.size()) >= cfg.max_num_seqs) break;
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -688,7 +692,7 @@ void ServingEngine::Impl::step() {
       }
       Admit a = Admit::kNoRoom;
       try {
-        a = admit(*s, budget);
+        a = admit(*s, budget, end);
       } catch (const std::exception& e) {
         finish(*s, "error", e.what());
         continue;
@@ -698,7 +702,6 @@ void ServingEngine::Impl::step() {
         continue;
       }
     }
-    const int64_t end = plan_chunk(*s, budget, first);
     const bool cut = end < s->prompt_len;
     prefilling.push_back({std::move(s), end});
     if (cut) break;  // its prompt goes on in the next steps; the budget is spent

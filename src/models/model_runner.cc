@@ -156,9 +156,10 @@ void ModelRunner::run_paged_inputs(Step& step, std::span<Tensor* const> inputs, 
          step.shape.sequences);
     for (Tensor* t : inputs) m_.tp->group().broadcast(t->raw(), int64_t(t->nbytes()), 0);
   }
-  std::vector<const Tensor*> in(inputs.begin(), inputs.end());
+  const Tensor* in[4];
+  std::copy(inputs.begin(), inputs.end(), in);
   Tensor* outputs[] = {&logits};
-  m_.run(step, in, outputs);
+  m_.run(step, std::span(in, inputs.size()), outputs);
 }
 
 ModelRunner::~ModelRunner() {

@@ -95,6 +95,11 @@ class ModelRunner {
   // Whether the backend runs packed steps: its attention finds each token's own sequence (the
   // CPU's); else a step's rows hold a sequence each.
   bool packs_sequences() const;
+  // Tokens per sequence place of a packed step as the serving engine sizes them: T tokens, T / 16
+  // places. The lm_head runs for each place, taken or not, so on at most a sixteenth of the
+  // step's rows; sequences with fewer tokens than that between them take a bucket that has their
+  // places, padded, which computes no more rows than a 16-token step for each would.
+  static constexpr int64_t kTokensPerPlace = 16;
   // Runs one step over a ragged batch. Without packing, sequence i is row i, its tokens
   // right-aligned (left padding has position -1: no cache write, no keys), rows past
   // seqs.size() are padding, and logits f32 (rows, 1, V) get each row's last token's logits. A

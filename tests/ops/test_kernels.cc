@@ -851,9 +851,10 @@ TEST(Ops, PagedAttentionPacksSequences) {
               << what << " sequence " << s << " token " << tok << " at " << j;
       }
     }
-    for (int64_t i = 0; i < T; ++i)
-      if (pos[size_t(i)] < 0)
-        for (int64_t j = 0; j < Hq * D; ++j) ASSERT_EQ(out[size_t(i * Hq * D + j)], 0.0f) << what;
+    for (int64_t i = 0; i < T; ++i) {
+      if (pos[size_t(i)] >= 0) continue;
+      for (int64_t j = 0; j < Hq * D; ++j) ASSERT_EQ(out[size_t(i * Hq * D + j)], 0.0f) << what;
+    }
     // The packed cache write against the reference's.
     std::vector<float> src = random_f32(rng, size_t(T * Hkv * D));
     Tensor cache = random_tensor(rng, pool_n, dt), expect = cache;

@@ -427,7 +427,7 @@ TEST(Serving, ALongPromptIsPrefilledInChunksBetweenDecodeSteps) {
   EXPECT_EQ(st.prefill_tokens, 104u);
   // The 4 prompt chunks (the first in one packed step with the short prompt) and the decode
   // steps (11 tokens of the short request, 5 of the long one's, together once both run).
-  EXPECT_GE(st.steps, 4u + 11u);
+  EXPECT_EQ(st.steps, 4u + 11u);
 }
 
 // Prompts that wait together are prefilled in one packed step (a row of their tokens, a block

@@ -845,28 +845,25 @@ struct QueryBlock {
 // A call's query blocks of at most tb queries, each batch row's in interleaved_block order. A
 // row's queries are cut every tb from its start and, where a row packs several sequences
 // (KvPages::rows), also where the sequence changes: a block reads one sequence's keys. A padding
-// query (negative position) stays in the block before it. Without packing a block's queries do
-// not depend on the other rows.
+// query (negative position) stays in the block before it; padding that opens a row is a block of
+// row b's with no query. Without packing a block's queries do not depend on the other rows.
 inline std::vector<QueryBlock> query_blocks(int64_t B, int64_t T, int64_t tb, const int32_t* pos,
                                             const KvPages* pages) {
-  std::vector<QueryBlock> out, row;
+  std::vector<QueryBlock> out;
   for (int64_t b = 0; b < B; ++b) {
-    row.clear();
+    const size_t first = out.size();
     for (int64_t t = 0; t < T; ++t) {
       const bool live = !pos || pos[b * T + t] >= 0;
       const int64_t seq = pages && pages->rows && live ? pages->rows[b * T + t] : b;
-      if (row.empty() || row.back().t1 - row.back().t0 == tb ||
-          (live && seq != row.back().seq && row.back().seq >= 0))
-        row.push_back({b, t, t, live ? seq : -1});
-      QueryBlock& q = row.back();
-      ++q.t1;
-      if (q.seq < 0 && live) q.seq = seq;  // a block that began with padding
+      if (out.size() == first || out.back().t1 - out.back().t0 == tb ||
+          (live && seq != out.back().seq))
+        out.push_back({b, t, t, seq});
+      ++out.back().t1;
     }
-    for (size_t i = 0; i < row.size(); ++i) {
-      QueryBlock q = row[size_t(interleaved_block(int64_t(i), int64_t(row.size())))];
-      if (q.seq < 0) q.seq = b;  // padding only
-      out.push_back(q);
-    }
+    // Interleaved in place: the row's blocks in the order 0, last, 1, last - 1, ...
+    const std::vector<QueryBlock> row(out.begin() + int64_t(first), out.end());
+    for (size_t i = 0; i < row.size(); ++i)
+      out[first + i] = row[size_t(interleaved_block(int64_t(i), int64_t(row.size())))];
   }
   return out;
 }

@@ -223,7 +223,10 @@ void paged_attention(const float* q, const void* k_pool, const void* v_pool, DTy
                      const int32_t* table, const int32_t* rows, const int32_t* pos, float* out,
                      int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB,
                      int64_t D, float scale, int64_t window, float softcap) {
-  // Each query through the static reference, over its sequence's blocks laid out in order.
+  // Each query through the static reference, over its sequence's blocks laid out in order
+  // (laid out again where the sequence changes).
+  int64_t unpaged = -1;
+  std::vector<char> k, v;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
       const int64_t row = (b * T + t) * Hq * D, p = pos[b * T + t];
@@ -231,9 +234,11 @@ void paged_attention(const float* q, const void* k_pool, const void* v_pool, DTy
         std::fill(out + row, out + row + Hq * D, 0.0f);
         continue;
       }
-      const int64_t seq = rows ? rows[b * T + t] : b;
-      const std::vector<char> k = unpage(k_pool, cache_type, table, seq, Hkv, BS, MB, D);
-      const std::vector<char> v = unpage(v_pool, cache_type, table, seq, Hkv, BS, MB, D);
+      if (const int64_t seq = rows ? rows[b * T + t] : b; seq != unpaged) {
+        k = unpage(k_pool, cache_type, table, seq, Hkv, BS, MB, D);
+        v = unpage(v_pool, cache_type, table, seq, Hkv, BS, MB, D);
+        unpaged = seq;
+      }
       attention(q + row, k.data(), v.data(), cache_type, nullptr, out + row, 1, 1, Hq, Hkv, MB * BS,
                 D, p, scale, window, softcap);
     }
