@@ -196,7 +196,9 @@ std::vector<std::string> describe_backends() {
   std::vector<std::string> out;
   out.push_back("cpu: available, kernels " + std::string(cpu::target_name(cpu::active_target())) +
                 " (best on this CPU: " + std::string(cpu::target_name(cpu::detected_target())) +
-                "), " + std::to_string(ThreadPool::global().num_threads()) + " threads");
+                "), weight prefetch " +
+                std::string(cpu::weight_prefetch_name(cpu::weight_prefetch())) + ", " +
+                std::to_string(ThreadPool::global().num_threads()) + " threads");
   for (const std::string& dev : backends::pjrt::plugin_devices()) {
     backends::pjrt::PluginProbe p = backends::pjrt::probe_plugin(dev);
     if (p.path.empty()) {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "tformers/error.h"
@@ -35,6 +36,34 @@ Target detect() {
   if (avx2) return Target::kAVX2;
 #endif
   return Target::kScalar;
+}
+
+// The CPUID vendor string ("GenuineIntel", "AuthenticAMD", ...).
+std::string vendor() {
+#if defined(__x86_64__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return "";
+  char s[12];
+  std::memcpy(s, &b, 4);
+  std::memcpy(s + 4, &d, 4);
+  std::memcpy(s + 8, &c, 4);
+  return std::string(s, 12);
+#else
+  return "";
+#endif
+}
+
+WeightPrefetch detect_prefetch() {
+  if (const char* env = std::getenv("TFORMERS_CPU_PREFETCH"); env && *env) {
+    const std::string_view s = env;
+    for (WeightPrefetch p : {WeightPrefetch::kNonTemporal, WeightPrefetch::kT0})
+      if (s == weight_prefetch_name(p)) return p;
+    throw InvalidArgumentError(
+        detail::str_cat("TFORMERS_CPU_PREFETCH='", s, "' is not a prefetch: use nta or t0"));
+  }
+  const std::string v = vendor();
+  return v == "AuthenticAMD" || v == "HygonGenuine" ? WeightPrefetch::kNonTemporal
+                                                    : WeightPrefetch::kT0;
 }
 
 Target parse_target(std::string_view s) {
@@ -92,6 +121,15 @@ std::vector<Target> supported_targets() {
   std::vector<Target> out;
   for (int i = 0; i <= int(detected_target()); ++i) out.push_back(Target(i));
   return out;
+}
+
+WeightPrefetch weight_prefetch() {
+  static const WeightPrefetch p = detect_prefetch();
+  return p;
+}
+
+std::string_view weight_prefetch_name(WeightPrefetch p) {
+  return p == WeightPrefetch::kNonTemporal ? "nta" : "t0";
 }
 
 std::string_view feature_string() {

@@ -492,6 +492,34 @@ TEST(Cli, EnvListsBackends) {
   EXPECT_NE(r.out.find("Qwen3ForCausalLM"), std::string::npos) << r.out;
 }
 
+// The weight prefetch hint follows the CPU's vendor, read here from /proc/cpuinfo rather than
+// CPUID: non-temporal on AMD and Hygon, T0 on the rest; TFORMERS_CPU_PREFETCH overrides it, and
+// a value that is neither hint is an error naming the variable and the choices.
+TEST(Cli, WeightPrefetchFollowsTheVendorOrTheEnvironment) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, vendor;
+  while (vendor.empty() && std::getline(cpuinfo, line))
+    if (line.starts_with("vendor_id")) vendor = line.substr(line.find(':') + 2);
+  if (vendor.empty()) GTEST_SKIP() << "no vendor_id in /proc/cpuinfo";
+  const std::string expected = vendor == "AuthenticAMD" || vendor == "HygonGenuine"
+                                   ? "weight prefetch nta"
+                                   : "weight prefetch t0";
+  CmdResult r = sh(std::string(TFORMERS_CLI) + " env");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(expected), std::string::npos) << vendor << "\n" << r.out;
+  for (const char* hint : {"nta", "t0"}) {
+    r = sh("TFORMERS_CPU_PREFETCH=" + std::string(hint) + " " + TFORMERS_CLI + " env");
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("weight prefetch " + std::string(hint) + ","), std::string::npos) << r.out;
+  }
+  r = sh("TFORMERS_CPU_PREFETCH=l2 " + std::string(TFORMERS_CLI) +
+         " generate --model tests/data/models/tiny-qwen3 --prompt-ids 1,2 --max-new-tokens 1");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("TFORMERS_CPU_PREFETCH='l2' is not a prefetch: use nta or t0"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(Cli, BadInputIsAClearErrorAndNonZeroExit) {
   CmdResult r = sh(std::string(TFORMERS_CLI) + " generate --model /nonexistent --prompt-ids 1,2");
   EXPECT_EQ(r.status, 1);

@@ -10,6 +10,7 @@
 
 #include "backends/cpu/kernels.h"
 #include "backends/kernel_registry.h"
+#include "core/cpu_features.h"
 #include "core/memory.h"
 #include "core/stream_read.h"
 #include "distributed/process_group.h"
@@ -628,6 +629,9 @@ QuantizedLinear to_tiles_if_int4(const QuantizedLinear& q) {
 
 class CpuBackend : public Backend {
  public:
+  // Reports a bad TFORMERS_CPU_PREFETCH before any kernel runs (the kernels read the hint while
+  // the library loads, where they cannot).
+  CpuBackend() { cpu::weight_prefetch(); }
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device{"cpu", 0}; }
   // The attention kernel reads each head's keys and values as one matrix per sequence (or block).

@@ -18,10 +18,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <type_traits>
 #include <utility>
 
 #include "backends/cpu/kernels_impl.h"
+#include "core/cpu_features.h"
 
 namespace tformers::cpu {
 namespace {
@@ -122,16 +124,33 @@ concept Bf16Dot = requires {
   V::kBf16Dot;
 };
 
-// Each weight row is one sequential stream (rows are contiguous), with a non-temporal software
-// prefetch kPrefetch bytes ahead in it (each weight is used once per call; NTA keeps it from
-// evicting activations). Over the Qwen3-0.6B linears mmap'd from a checkpoint, one thread: 4
-// interleaved rows (4 streams 2 KiB apart, the first design) read 79 % of what a plain read loop
-// gets from the same mapping; one row at a time with a T0 prefetch 86 %, with NTA 96 % (512 B
-// ahead: 88 %, 1536 B: 82 %). bench/RESULTS.md has the numbers.
+// Each weight row is one sequential stream (rows are contiguous), with a software prefetch
+// kPrefetch bytes ahead in it. On AMD Zen the hint is NTA (each weight is used once per call; NTA
+// keeps it from evicting activations): over the Qwen3-0.6B linears mmap'd from a checkpoint, one
+// thread, 4 interleaved rows (4 streams 2 KiB apart, the first design) read 79 % of what a plain
+// read loop gets from the same mapping; one row at a time with a T0 prefetch 86 %, with NTA 96 %
+// (512 B ahead: 88 %, 1536 B: 82 %). On Intel it is T0 (cpu::weight_prefetch() says why). The
+// hint is read once into a namespace-scope constant: a function-local static would put an
+// initialisation guard, and with it a possible call, in every tile loop (a trial build that did
+// so ran the 16-row GEMV at half speed). bench/RESULTS.md has the numbers. The constant is set
+// while the library loads, where an exception would end the process, so a bad
+// TFORMERS_CPU_PREFETCH gives T0 here and its error from the CPU backend's constructor, which
+// asks again before any kernel runs.
 constexpr int64_t kPrefetch = 1024;
+inline const bool kPrefetchNta = [] {
+  try {
+    return cpu::weight_prefetch() == cpu::WeightPrefetch::kNonTemporal;
+  } catch (const std::exception&) {
+    return false;
+  }
+}();
 
 inline void prefetch_ahead(const void* p) {
-  _mm_prefetch(static_cast<const char*>(p) + kPrefetch, _MM_HINT_NTA);
+  const char* q = static_cast<const char*>(p) + kPrefetch;
+  if (kPrefetchNta)
+    _mm_prefetch(q, _MM_HINT_NTA);
+  else
+    _mm_prefetch(q, _MM_HINT_T0);
 }
 
 // One core reads more when it follows several streams far apart than one: over the same mmap'd
