@@ -3,7 +3,8 @@
 //   2. decode linear (M = 1, bf16 weights) at the Qwen3-0.6B shapes: weight GB/s and the
 //      fraction of (1);
 //   3. prefill linear (M = 128, 512): GFLOP/s against a register-only FMA peak loop (and, on
-//      AVX-512 BF16 machines, the vdpbf16ps peak, which is what bf16 prefill can reach);
+//      AVX-512 BF16 machines, the vdpbf16ps peak, which is what bf16 prefill can reach); on
+//      AVX-512, the same FMAs with a load from L1 each (what bounds a tile that loads x per FMA);
 //   4. attention with a bf16 cache at the Qwen3-0.6B head layout (16 query heads, 8 KV heads,
 //      head_dim 128): prefill of 512 tokens (GFLOP/s), and one decode step at a used length of
 //      256 in a 512-slot and a 32768-slot cache (the cost must follow the used length), and one
@@ -200,6 +201,9 @@ int main(int argc, char** argv) {
     }
     const double peak = bench::peak_gflops(bench::f32_peak_loop(target), pool);
     std::printf("f32 FMA peak (registers only): %.1f GFLOP/s\n", peak);
+    if (target >= cpu::Target::kAVX512)
+      std::printf("f32 FMA with a 64-byte load from L1 each: %.1f GFLOP/s\n",
+                  bench::peak_gflops(&bench::fma_load_loop_avx512, pool));
     double bf16_peak = 0;
     if (target == cpu::Target::kAVX512BF16) {
       bf16_peak = bench::peak_gflops(&bench::dpbf16_loop, pool);
