@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -867,6 +868,61 @@ TEST(Ops, PagedAttentionPacksSequences) {
     else
       EXPECT_EQ(cache.f, expect.f) << what;
   });
+}
+
+// A prompt's queries give the same bits in one call or cut into chunks (a prefix hit's remainder,
+// a chunked prompt), with a sliding window too: the call's earliest window start then moves with
+// the cut, and each row's probabilities must still sum in the same lanes, and its product with the
+// values in the same blocks of slots (the long prompt: windows that start past the GEMM's first
+// block of 256 slots). Against the reference within tolerance, and bit for bit between the cuts.
+TEST(Ops, PagedAttentionChunksGiveTheWholeCallsBitsWithAWindow) {
+  struct Case {
+    int64_t T;
+    std::vector<int64_t> windows;
+    std::vector<std::pair<int64_t, int64_t>> cuts;
+  };
+  const Case cases[] = {{40, {0, 11, 17}, {{13, 40}, {21, 40}, {37, 40}, {5, 19}, {30, 34}}},
+                        {560, {300}, {{301, 560}, {333, 560}, {517, 530}}}};
+  const int64_t Hq = 4, Hkv = 2, BS = 4, D = 24;
+  std::mt19937 rng(29);
+  for (const Case& c : cases) {
+    const int64_t T = c.T, MB = T / BS;
+    for_each_config([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
+                        const std::string& what) {
+      Paged p = shuffled_tables(rng, 1, BS, MB);
+      const size_t pool_n = size_t(p.NB * Hkv * BS * D);
+      Tensor k = random_tensor(rng, pool_n, dt), v = random_tensor(rng, pool_n, dt);
+      const std::vector<float> q = random_f32(rng, size_t(T * Hq * D));
+      const float scale = 1.0f / std::sqrt(float(D));
+      for (int64_t window : c.windows) {
+        const std::string w =
+            what + " T " + std::to_string(T) + " window " + std::to_string(window);
+        auto run = [&](int64_t t0, int64_t t1) {  // queries [t0, t1) in one call
+          std::vector<int32_t> pos(size_t(t1 - t0));
+          std::iota(pos.begin(), pos.end(), int32_t(t0));
+          std::vector<float> out(size_t((t1 - t0) * Hq * D), NAN);
+          paged_attention_with(kernels, q.data() + t0 * Hq * D, k.data(), v.data(), dt,
+                               p.table.data(), nullptr, pos.data(), out.data(), 1, t1 - t0, Hq, Hkv,
+                               BS, MB, D, scale, window, 0.0f, pool);
+          return out;
+        };
+        const std::vector<float> whole = run(0, T);
+        std::vector<int32_t> pos(static_cast<size_t>(T));
+        std::iota(pos.begin(), pos.end(), 0);
+        std::vector<float> want(whole.size());
+        ref::paged_attention(q.data(), k.data(), v.data(), dt, p.table.data(), nullptr, pos.data(),
+                             want.data(), 1, T, Hq, Hkv, BS, MB, D, scale, window, 0.0f);
+        const bool bf16_products = t == Target::kAVX512BF16 && dt == DType::bf16;
+        expect_close(whole, want, nmse_tolerance(D + T + 8, bf16_products), w);
+        for (const auto& [t0, t1] : c.cuts) {
+          const std::vector<float> part = run(t0, t1);
+          for (size_t j = 0; j < part.size(); ++j)
+            ASSERT_EQ(part[j], whole[size_t(t0 * Hq * D) + j])
+                << w << " queries [" << t0 << ", " << t1 << ") at " << j;
+        }
+      }
+    });
+  }
 }
 
 // The vector exp of attention's probabilities against std::exp: within 2^-21 relative (a few

@@ -119,6 +119,7 @@ enum class Scratch {
   kPanel,
   kPagedKV,
   kRowPointers,
+  kShiftedProbabilities,
   kCount
 };
 void* thread_scratch(Scratch slot, size_t bytes);
@@ -726,8 +727,14 @@ inline std::pair<int64_t, int64_t> slot_union(const int64_t* first, const int64_
 // and the causal limit) and where the mask is 0, then exp(s - max) with the row's max subtracted
 // so that large logits cannot overflow. Returns their sum; a row that sees no key gets zeros and
 // 0. Shared by the row-set kernel below and the x86 targets' blocked prefill attention.
+//
+// The sum runs in kF32x8 lanes fixed by the slot: row[j] is slot `first_slot + j` and goes to lane
+// (first_slot + j) % kF32x8. A call's first slot is the earliest window start of the rows that
+// share it, so with lanes counted from the row's start a row's sum, and its bits, would depend on
+// those rows: a prompt's chunk after a prefix hit (or cut elsewhere) would not give the whole
+// prompt's bits with a sliding window.
 inline float row_probabilities(float* row, int64_t L, int64_t b, int64_t e, const int32_t* mask,
-                               float scale, float softcap) {
+                               float scale, float softcap, int64_t first_slot) {
   for (int64_t i = b; i < e; ++i) row[i] *= scale;
   // The soft cap costs nothing measurable in decode (K and V reads dominate) and 7-12 % of
   // prefill attention (512 queries over 1024 slots, same heads, alternated in one process).
@@ -743,7 +750,16 @@ inline float row_probabilities(float* row, int64_t L, int64_t b, int64_t e, cons
     return 0.0f;
   }
   f32x8 acc{};
-  int64_t j = 0;
+  // The slots before the first whole lane group, in their lanes (the others -inf: exp 0).
+  const int64_t lane = first_slot % kF32x8;
+  int64_t j = lane == 0 ? 0 : std::min(L, kF32x8 - lane);
+  if (j > 0) {
+    f32x8 x = f32x8{} - INFINITY;
+    std::memcpy(reinterpret_cast<float*>(&x) + lane, row, size_t(j) * sizeof(float));
+    x = exp_f32x8(x - mx);
+    std::memcpy(row, reinterpret_cast<const float*>(&x) + lane, size_t(j) * sizeof(float));
+    acc += x;
+  }
   for (; j + kF32x8 <= L; j += kF32x8) {
     const f32x8 x = exp_f32x8(load_f32x8(row + j) - mx);
     store_f32x8(row + j, x);
@@ -787,7 +803,8 @@ void attend_set(const float* const* q, const int64_t* first, const int64_t* len,
   // Probabilities in place of the scores, and the slots that any row attends to: a masked slot's
   // value row is never read.
   for (int g = 0; g < N; ++g)
-    sum[g] = row_probabilities(scores + g * L, L, first[g] - lo, len[g] - lo, mask, scale, softcap);
+    sum[g] =
+        row_probabilities(scores + g * L, L, first[g] - lo, len[g] - lo, mask, scale, softcap, lo);
   int64_t n = 0;
   for (int64_t j = 0; j < L; ++j) {
     bool any = false;

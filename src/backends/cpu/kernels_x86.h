@@ -891,9 +891,10 @@ void linear_int4_x86(const float* x, const uint8_t* w, const uint16_t* scale, co
 // with [lo, hi) the union of the rows' slots. A slot that a row does not see has probability
 // exactly 0; one that no row of the unit sees (masked, or outside every window) may hold
 // anything, NaN included, so its value row is never read: its panel row is zeros. Each output is
-// one sum in slot order, as in the row-set kernel, which depends on the other rows of its unit only
-// through lo (sliding windows): the same call shape gives the same bits, so paged and static caches
-// agree exactly (Ops.PagedAttention). Used from kAttnMinRows query rows per KV head; decode (a few
+// one sum in slot order, as in the row-set kernel, and each row's probabilities sum in lanes fixed
+// by the slot (row_probabilities), so a row's bits do not depend on the other rows of its unit:
+// paged and static caches agree exactly (Ops.PagedAttention), and so do a prompt's chunks however
+// it is cut, sliding windows included. Used from kAttnMinRows query rows per KV head; decode (a few
 // rows) keeps the row-set kernel, which streams each key and value row once.
 constexpr int64_t kAttnRows = 128, kAttnMinRows = 32;
 
@@ -958,13 +959,31 @@ void attend_block_gemm(const float* xq, int64_t R, const int64_t* first, const i
   Gemms::template scores<V>(xq, R, k, L, D, scores);
   for (int64_t r = 0; r < R; ++r) {
     const float sum =
-        row_probabilities(scores + r * L, L, first[r] - lo, len[r] - lo, mask, scale, softcap);
+        row_probabilities(scores + r * L, L, first[r] - lo, len[r] - lo, mask, scale, softcap, lo);
     inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;  // no key: zeros
   }
   std::fill(live, live + L, uint8_t{0});
   for (int64_t r = 0; r < R; ++r)
     for (int64_t j = 0; j < L; ++j) live[j] |= scores[r * L + j] != 0.0f;
-  Gemms::template weighted<V>(scores, R, v, live, L, D, o);
+  // The product with the values sums each output in blocks of kKC slots (and bf16 pairs of slots)
+  // counted from the first slot it is given. With a sliding window lo moves with the unit's first
+  // query, so the product starts at the multiple of kKC below it, over slots of probability 0
+  // whose value rows are not read: a row's bits then do not depend on where its prompt was cut.
+  const int64_t shift = lo % kKC;
+  if (shift == 0) {
+    Gemms::template weighted<V>(scores, R, v, live, L, D, o);
+  } else {
+    const int64_t Ls = L + shift;
+    float* p = thread_scratch<float>(Scratch::kShiftedProbabilities, size_t(R * Ls + Ls));
+    uint8_t* live_s = reinterpret_cast<uint8_t*>(p + R * Ls);
+    for (int64_t r = 0; r < R; ++r) {
+      std::fill(p + r * Ls, p + r * Ls + shift, 0.0f);
+      std::memcpy(p + r * Ls + shift, scores + r * L, size_t(L) * sizeof(float));
+    }
+    std::fill(live_s, live_s + shift, uint8_t{0});
+    std::memcpy(live_s + shift, live, size_t(L));
+    Gemms::template weighted<V>(p, R, v - shift * D, live_s, Ls, D, o);
+  }
   for (int64_t r = 0; r < R; ++r)
     for (int64_t d = 0; d < D; ++d) o[r * D + d] *= inv[r];
 }
