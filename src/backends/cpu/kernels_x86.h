@@ -393,12 +393,15 @@ void for_each_decode_pass(int64_t M, int64_t n0, int64_t n1, int64_t row_bytes, 
   }
 }
 
-// Weight rows a pass of 4 x rows reads side by side: 2 where gemv_tile_halves runs them (f32 and
+// Weight rows a pass of 4 x rows reads side by side: 3 where gemv_tile_halves runs them (f32 and
 // bf16 weights widened to f32 on AVX-512), one elsewhere (the int8 tiles, the AVX-512 BF16 tile,
-// AVX2's 16 registers).
+// AVX2's 16 registers). With 3, 24 accumulators, 6 weight vectors, 2 of x and the bf16 mask want
+// 33 registers and GCC keeps one accumulator in memory; against 2 rows, on an Ice Lake Xeon
+// (bench_ab linear-bf16, 9 rounds), it ran 1.07-1.09x at 4, 8, 16 and 32 rows and the lm_head:
+// the first pass, from memory, gains a stream, and each x vector feeds one more row.
 template <class V, class W>
 constexpr int kFourRowStreams =
-    V::kGemvAcc == 4 && !std::is_same_v<W, int8_t> && !(sizeof(W) == 2 && Bf16Dot<V>) ? 2 : 1;
+    V::kGemvAcc == 4 && !std::is_same_v<W, int8_t> && !(sizeof(W) == 2 && Bf16Dot<V>) ? 3 : 1;
 
 // y (M, N) = x (M, K) @ w (N, K)^T + bias for decode rows, in for_each_decode_pass's passes. A
 // row's sums depend only on K, not on how many x rows share a pass (gemv_tile and the int8 tiles
