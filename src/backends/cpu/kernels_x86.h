@@ -194,9 +194,10 @@ inline void in_register(T& v) {
 // (whose (even | odd) halves gemv_tile adds into accumulators 0 and 1) and then the odd ones
 // (accumulators 2 and 3), so every accumulator takes the same products in the same order and a
 // row's bits are gemv_tile's. Each x vector then feeds S weight rows from a register, and each
-// weight vector MR x rows: on an Ice Lake Xeon, 8 GEMV rows of 4 x rows (S = 2) ran at 0.68 of
-// the FMA peak from L2, against 0.33-0.44 for gemv_tile's one row of 4 (loads of x bound it).
-// The second pass reads the rows from L1 (S rows of K bf16 values: 12 KiB at K = 3072). Passes of
+// weight vector MR x rows: on an Ice Lake Xeon, tiles of 2 weight rows by 4 x rows ran at 0.68
+// of the FMA peak from L2 in a standalone loop, against 0.33-0.44 for gemv_tile's one row of 4
+// (loads of x bound it). The second pass reads the rows from L1 (S rows of K bf16 values: 18 KiB
+// for S = 3 at K = 3072). Passes of
 // 2 x rows, bound by memory, keep gemv_tile: with this tile they ran 0.90-0.96x.
 template <class V, int S, int MR, class W>
 inline void gemv_tile_halves(const float* x, const W* const (&w)[S], int64_t K,
