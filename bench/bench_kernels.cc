@@ -205,9 +205,10 @@ int main(int argc, char** argv) {
       std::printf("f32 FMA with a 64-byte load from L1 each: %.1f GFLOP/s\n",
                   bench::peak_gflops(&bench::fma_load_loop_avx512, pool));
     double bf16_peak = 0;
-    if (target == cpu::Target::kAVX512BF16) {
-      bf16_peak = bench::peak_gflops(&bench::dpbf16_loop, pool);
-      std::printf("bf16 dot peak (vdpbf16ps): %.1f GFLOP/s\n", bf16_peak);
+    if (target >= cpu::Target::kAVX512BF16) {
+      bf16_peak = bench::peak_gflops(bench::matmul_peak_loop(target), pool);
+      std::printf("bf16 dot peak (%s): %.1f GFLOP/s\n",
+                  target >= cpu::Target::kAMX ? "AMX tiles" : "vdpbf16ps", bf16_peak);
     }
     for (int64_t M : {128, 512}) {
       for (DType wt : {DType::bf16, DType::f32}) {

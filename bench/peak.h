@@ -76,6 +76,34 @@ __attribute__((target("avx512f,avx512bf16"))) inline double dpbf16_loop() {
   return double(kPeakIters) * 12 * 16 * 4;
 }
 
+// TDPBF16PS into 4 accumulator tiles (16 x 16 f32) from two operand tiles loaded once: each
+// multiply is 16 x 16 x 32 multiply-adds. Only on the AMX target, whose detection has asked the
+// kernel for the tile state.
+__attribute__((target("amx-tile,amx-bf16"))) inline double amx_loop() {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {64, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, 16, 16};
+  } config;
+  alignas(64) static const uint16_t zeros[16 * 32] = {};  // the products do not matter
+  asm volatile("ldtilecfg %0" : : "m"(config));  // as amx::configure says, not _tile_loadconfig
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, zeros, 64);
+  _tile_loadd(5, zeros, 64);
+  const int64_t iters = kPeakIters / 4;
+  for (int64_t it = 0; it < iters; ++it) {
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  _tile_release();
+  return double(iters) * 4 * 16 * 16 * 32 * 2;
+}
+
 inline double scalar_loop() {
   float a[12];
   for (int i = 0; i < 12; ++i) a[i] = float(i) * 1e-3f;
@@ -96,8 +124,10 @@ inline PeakLoop f32_peak_loop(cpu::Target t) {
   return &scalar_loop;
 }
 
-// What bf16 matmuls run at on a target: vdpbf16ps where there is one, else the f32 FMA.
+// What bf16 matmuls run at on a target: AMX tiles, else vdpbf16ps where there is one, else the
+// f32 FMA.
 inline PeakLoop matmul_peak_loop(cpu::Target t) {
+  if (t >= cpu::Target::kAMX) return &amx_loop;
   return t >= cpu::Target::kAVX512BF16 ? &dpbf16_loop : f32_peak_loop(t);
 }
 

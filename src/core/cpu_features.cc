@@ -3,6 +3,10 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <atomic>
 #include <cstdlib>
@@ -21,6 +25,26 @@ bool has_f16c() {
   unsigned a, b, c, d;
   return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
+
+// AMX with bf16 tiles that this process may use: CPUID leaf 7 (EDX bit 22 AMX-BF16, bit 24
+// AMX-TILE), the OS saving the tile state (XCR0 bits 17 and 18), and Linux's per-process leave
+// for the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, since 5.16), without which the first tile
+// instruction kills the process.
+bool amx_usable() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
+    return false;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE)) return false;
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & (3u << 17)) != (3u << 17)) return false;
+#if defined(__linux__)
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
 #endif
 
 Target detect() {
@@ -31,6 +55,7 @@ Target detect() {
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   bool bf16 =
       avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni");
+  if (bf16 && amx_usable()) return Target::kAMX;
   if (bf16) return Target::kAVX512BF16;
   if (avx512) return Target::kAVX512;
   if (avx2) return Target::kAVX2;
@@ -67,11 +92,12 @@ WeightPrefetch detect_prefetch() {
 }
 
 Target parse_target(std::string_view s) {
-  for (Target t : {Target::kScalar, Target::kAVX2, Target::kAVX512, Target::kAVX512BF16})
+  for (Target t :
+       {Target::kScalar, Target::kAVX2, Target::kAVX512, Target::kAVX512BF16, Target::kAMX})
     if (s == target_name(t)) return t;
   throw InvalidArgumentError(detail::str_cat("TFORMERS_CPU_TARGET='", s,
-                                             "' is not a target: use scalar, avx2, avx512 or "
-                                             "avx512bf16"));
+                                             "' is not a target: use scalar, avx2, avx512, "
+                                             "avx512bf16 or amx"));
 }
 
 std::atomic<int>& active_slot() {
@@ -98,6 +124,8 @@ std::string_view target_name(Target t) {
       return "avx512";
     case Target::kAVX512BF16:
       return "avx512bf16";
+    case Target::kAMX:
+      return "amx";
   }
   return "?";
 }
@@ -150,6 +178,7 @@ std::string_view feature_string() {
     TF_FEATURE("avx512dq")
     TF_FEATURE("avx512vnni")
     TF_FEATURE("avx512bf16")
+    if (detected_target() == Target::kAMX) out += " amx-bf16";
 #undef TF_FEATURE
 #endif
     return out;

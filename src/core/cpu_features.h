@@ -1,6 +1,6 @@
 // CPU instruction-set targets, chosen at run time. Kernels are compiled once per target
 // (files named *_target_<name>.cc get that target's flags) and the best one the CPU supports is
-// used, unless TFORMERS_CPU_TARGET names a lower one (scalar, avx2, avx512, avx512bf16).
+// used, unless TFORMERS_CPU_TARGET names a lower one (scalar, avx2, avx512, avx512bf16, amx).
 #pragma once
 
 #include <string_view>
@@ -9,7 +9,9 @@
 namespace tformers::cpu {
 
 // Ordered from least to most capable.
-enum class Target { kScalar = 0, kAVX2 = 1, kAVX512 = 2, kAVX512BF16 = 3 };
+// kAMX is the AVX-512 BF16 target with bf16 linears on AMX tiles (Intel Sapphire Rapids and
+// later): it needs the kernel's leave to use the tile state, which detection asks for once.
+enum class Target { kScalar = 0, kAVX2 = 1, kAVX512 = 2, kAVX512BF16 = 3, kAMX = 4 };
 
 std::string_view target_name(Target t);
 // The best target this CPU supports.

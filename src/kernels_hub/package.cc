@@ -217,7 +217,8 @@ Manifest parse_manifest(const std::string& bytes, const std::string& where) {
 
 int feature_rank(const std::string& feature) {
   if (feature.empty() || feature == "scalar") return 0;
-  for (cpu::Target t : {cpu::Target::kAVX2, cpu::Target::kAVX512, cpu::Target::kAVX512BF16})
+  for (cpu::Target t :
+       {cpu::Target::kAVX2, cpu::Target::kAVX512, cpu::Target::kAVX512BF16, cpu::Target::kAMX})
     if (feature == cpu::target_name(t)) return int(t);
   return -1;
 }
@@ -314,7 +315,7 @@ std::vector<VariantCheck> check_variants(const std::string& package_dir,
     } else if (v.os != platform.os) {
       reject("built for " + v.os + ", this system is " + platform.os);
     } else if (feature_rank(v.feature) < 0) {
-      reject("unknown CPU feature set '" + v.feature + "' (known: avx2, avx512, avx512bf16)");
+      reject("unknown CPU feature set '" + v.feature + "' (known: avx2, avx512, avx512bf16, amx)");
     } else if (feature_rank(v.feature) > have) {
       reject("needs " + v.feature + ", but the CPU target here is " + platform.cpu_target);
     } else if (libs != 1) {

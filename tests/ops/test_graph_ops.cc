@@ -278,7 +278,7 @@ TEST(GraphOps, LinearQuantInt4ChecksPrintsAndRuns) {
                        want.data(), M, N, K);
       const std::vector<float> got(out.data<float>(), out.data<float>() + out.numel());
       const bool x_int8 = active_target() != Target::kScalar && M < 4;
-      const bool x_bf16 = active_target() == Target::kAVX512BF16 && M >= 4;  // the BF16 GEMM
+      const bool x_bf16 = active_target() >= Target::kAVX512BF16 && M >= 4;  // the BF16 GEMM
       expect_close(got, want, nmse_tolerance(2 * K + 2, x_bf16) + (x_int8 ? 0x1p-14 : 0.0),
                    "graph M=" + std::to_string(M) + (with_zero ? " zero" : ""));
     }

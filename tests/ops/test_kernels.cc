@@ -136,7 +136,7 @@ TEST(Ops, Linear) {
         kernels.linear(x.data(), w.data(), dt, bias, y.data(), c.M, c.N, c.K, pool, rows);
         ref::linear(x.data(), w.data(), dt, bias, want.data(), c.M, c.N, c.K);
         // The AVX-512 BF16 target rounds x to bf16 with bf16 weights, in its GEMV and its GEMM.
-        const bool x_bf16 = t == Target::kAVX512BF16 && dt == DType::bf16;
+        const bool x_bf16 = t >= Target::kAVX512BF16 && dt == DType::bf16;
         expect_close(y, want, nmse_tolerance(c.K, x_bf16),
                      what + rows_name(rows) + " M=" + std::to_string(c.M) +
                          " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K));
@@ -169,8 +169,8 @@ TEST(Ops, LinearInt8) {
                             rows);
         // The AVX-512 BF16 GEMM rounds x to bf16, as for bf16 weights in Ops.Linear, and its
         // GEMV to int8 per 32-block, as the int4 GEMVs do: the reference then takes x so rounded.
-        const bool x_bf16 = t == Target::kAVX512BF16 && gemm(c.M, rows);
-        const bool x_int8 = t == Target::kAVX512BF16 && !gemm(c.M, rows);
+        const bool x_bf16 = t >= Target::kAVX512BF16 && gemm(c.M, rows);
+        const bool x_int8 = t >= Target::kAVX512BF16 && !gemm(c.M, rows);
         const std::vector<float> xr = x_int8 ? x_as_int8_blocks(x, c.M, c.K) : x;
         ref::linear_int8(xr.data(), w.data(), scale.data(), bias, want.data(), c.M, c.N, c.K);
         expect_close(y, want, nmse_tolerance(2 * c.K + 2, x_bf16) + 0x1p-30,
@@ -278,7 +278,7 @@ TEST(Ops, LinearInt4) {
           kernels.linear_int4(x.data(), w.data(), scale.data(), z, bias, y.data(), c.M, N, K, pool,
                               rows);
           const bool x_int8 = t != Target::kScalar && !gemm(c.M, rows);
-          const bool x_bf16 = t == Target::kAVX512BF16 && gemm(c.M, rows);  // the BF16 GEMM's x
+          const bool x_bf16 = t >= Target::kAVX512BF16 && gemm(c.M, rows);  // the BF16 GEMM's x
           const std::vector<float> xr = x_int8 ? x_as_int8_blocks(x, c.M, K) : x;
           ref::linear_int4(xr.data(), w.data(), scale.data(), z, bias, want.data(), c.M, N, K);
           expect_close(y, want, nmse_tolerance(2 * K + 2, x_bf16),
@@ -344,6 +344,42 @@ TEST(Ops, LinearRowsIndependentOfM) {
       }
     });
   }
+}
+
+// The AMX target runs every linear of bf16 weights, prompt rows and decode rows, on its tiles,
+// where each output is one accumulator over k in order: any row count gives a row the same bits,
+// past one tile of 16 x rows, a pair of tiles (32) and a group (128), and a prompt's rows those
+// of decode rows. Shapes: blocks of 32 weight rows read in place (N = 64, K = 320), a last block
+// of fewer rows (N = 72) and a K tail (K = 300), both copied with zeros around them.
+TEST(Ops, AmxLinearRowsAgreeForEveryRowCount) {
+  if (detected_target() < Target::kAMX) GTEST_SKIP() << "no AMX on this CPU";
+  std::mt19937 rng(321);
+  const KernelTable& kernels = kernels_for(Target::kAMX);
+  ThreadPool pool1(1), pool3(3);
+  const int64_t all = 150;
+  for (const auto& shape : {std::pair<int64_t, int64_t>{64, 320}, {72, 300}})
+    for (ThreadPool* pool : {&pool1, &pool3}) {
+      const int64_t N = shape.first, K = shape.second;
+      const std::string what = "N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                               " threads=" + std::to_string(pool->num_threads());
+      std::vector<float> x = random_f32(rng, size_t(all * K)), b = random_f32(rng, size_t(N));
+      Tensor w = random_tensor(rng, size_t(N * K), DType::bf16);
+      auto run = [&](int64_t M, LinearRows rows) {
+        std::vector<float> y(size_t(M * N), NAN);
+        kernels.linear(x.data(), w.data(), DType::bf16, b.data(), y.data(), M, N, K, *pool, rows);
+        return y;
+      };
+      const std::vector<float> whole = run(all, LinearRows::kAny);
+      std::vector<float> want(whole.size());
+      ref::linear(x.data(), w.data(), DType::bf16, b.data(), want.data(), all, N, K);
+      expect_close(whole, want, nmse_tolerance(K, true), what);
+      for (int64_t M : {1, 2, 4, 15, 16, 17, 31, 32, 33, 127, 128, 129})
+        for (LinearRows rows : {LinearRows::kAny, LinearRows::kDecode}) {
+          const std::vector<float> part = run(M, rows);
+          EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin()))
+              << what << " M=" << M << (rows == LinearRows::kDecode ? " decode" : "");
+        }
+    }
 }
 
 // quantize_int4: every value within half a step of its block's (stored) scale, except those
@@ -665,7 +701,7 @@ TEST(Ops, Attention) {
       // head, kAttnMinRows of kernels_x86.h) over a bf16 cache rounds q and the
       // probabilities to bf16, as its linears round their inputs.
       const bool bf16_products =
-          t == Target::kAVX512BF16 && dt == DType::bf16 && c.T * (c.Hq / c.Hkv) >= 32;
+          t >= Target::kAVX512BF16 && dt == DType::bf16 && c.T * (c.Hq / c.Hkv) >= 32;
       expect_close(
           out, want, nmse_tolerance(c.D + c.start + c.T + (c.softcap ? 8 : 4), bf16_products),
           what + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
@@ -762,7 +798,7 @@ TEST(Ops, PagedAttention) {
                                 " D=" + std::to_string(c.D) + " window=" + std::to_string(c.window);
       // As in Ops.Attention: AVX-512 BF16's blocked prefill over bf16 rounds q and p to bf16; with
       // positions it takes that path for every call of several tokens.
-      const bool bf16_products = t == Target::kAVX512BF16 && dt == DType::bf16 && c.T > 1;
+      const bool bf16_products = t >= Target::kAVX512BF16 && dt == DType::bf16 && c.T > 1;
       expect_close(out, want, nmse_tolerance(c.D + c.MB * c.BS + 8, bf16_products), label);
       // Each row alone, its blocks unpaged into a static cache (1,Hkv,S,D): the same bits.
       const int64_t S = c.MB * c.BS, elem = int64_t(dtype_size(dt));
@@ -832,7 +868,7 @@ TEST(Ops, PagedAttentionPacksSequences) {
                          pos.data(), out.data(), 1, T, Hq, Hkv, BS, MB, D, scale, 0, 0.0f, pool);
     ref::paged_attention(q.data(), k.data(), v.data(), dt, p.table.data(), rows.data(), pos.data(),
                          want.data(), 1, T, Hq, Hkv, BS, MB, D, scale, 0, 0.0f);
-    const bool bf16_products = t == Target::kAVX512BF16 && dt == DType::bf16;
+    const bool bf16_products = t >= Target::kAVX512BF16 && dt == DType::bf16;
     expect_close(out, want, nmse_tolerance(D + MB * BS + 8, bf16_products), what + " packed");
     for (int64_t s = 0; s < S; ++s) {
       // Alone: its tokens in order, right-aligned in a row of n + 3, with its own table row.
@@ -912,7 +948,7 @@ TEST(Ops, PagedAttentionChunksGiveTheWholeCallsBitsWithAWindow) {
         std::vector<float> want(whole.size());
         ref::paged_attention(q.data(), k.data(), v.data(), dt, p.table.data(), nullptr, pos.data(),
                              want.data(), 1, T, Hq, Hkv, BS, MB, D, scale, window, 0.0f);
-        const bool bf16_products = t == Target::kAVX512BF16 && dt == DType::bf16;
+        const bool bf16_products = t >= Target::kAVX512BF16 && dt == DType::bf16;
         expect_close(whole, want, nmse_tolerance(D + T + 8, bf16_products), w);
         for (const auto& [t0, t1] : c.cuts) {
           const std::vector<float> part = run(t0, t1);

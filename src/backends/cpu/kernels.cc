@@ -137,6 +137,8 @@ const KernelTable& table() { return kernels_for(active_target()); }
 
 const KernelTable& kernels_for(Target t) {
   switch (t) {
+    case Target::kAMX:
+      return amx_kernels();
     case Target::kAVX512BF16:
       return avx512bf16_kernels();
     case Target::kAVX512:

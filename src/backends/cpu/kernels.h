@@ -19,7 +19,8 @@ namespace tformers::cpu {
 // its sums for a row depend only on K, so a row gets the same bits whatever rows share the call:
 // a sequence's logits do not depend on the batch it decodes in. kAny: rows may be a prompt's
 // tokens; below 4 rows the GEMV runs, from 4 the GEMM, whose sums are ordered otherwise (each
-// row's still independent of the others). The scalar target has one path for both.
+// row's still independent of the others). The scalar target has one path for both, and so has
+// the AMX target for bf16 weights (its tiles).
 enum class LinearRows { kAny, kDecode };
 
 // y (M,N) = x (M,K) @ w (N,K)^T [+ bias (N), f32 or wt]. w is in checkpoint (PyTorch Linear)

@@ -101,6 +101,7 @@ const KernelTable& scalar_kernels();
 const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
 const KernelTable& avx512bf16_kernels();
+const KernelTable& amx_kernels();
 // The table of target t (which the caller has checked the CPU supports: building or calling a
 // table the CPU lacks may execute instructions it does not have).
 const KernelTable& kernels_for(Target t);
