@@ -750,9 +750,10 @@ inline void configure(int64_t cols) {
     c.rows[t] = 16;
     c.colsb[t] = uint16_t(t == 0 || t == 1 || t == 3 ? 4 * cols : 64);
   }
-  // Not _tile_loadconfig: GCC 12's passes the operand as 8 bytes of memory, so the stores of
-  // the rows and widths may be dropped as dead.
-  asm volatile("ldtilecfg %0" : : "m"(c));
+  // GCC 12's _tile_loadconfig gives its asm only 8 bytes of the operand as memory it reads, so
+  // the stores of the rows and widths could be dropped as dead: this empty asm reads all 64.
+  asm volatile("" : : "m"(c));
+  _tile_loadconfig(&c);
 }
 
 constexpr int64_t kStep = 32;        // bf16 values of k per tile row
