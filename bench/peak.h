@@ -86,7 +86,8 @@ __attribute__((target("amx-tile,amx-bf16"))) inline double amx_loop() {
     uint8_t rows[16] = {16, 16, 16, 16, 16, 16};
   } config;
   alignas(64) static const uint16_t zeros[16 * 32] = {};  // the products do not matter
-  asm volatile("ldtilecfg %0" : : "m"(config));  // as amx::configure says, not _tile_loadconfig
+  asm volatile("" : : "m"(config));  // all 64 bytes stored first: see amx::configure
+  _tile_loadconfig(&config);
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);

@@ -10,8 +10,12 @@ import pytest
 
 from conftest import KJV, REPO
 
+# The child sets Python's Ctrl-C handler itself: a suite started in the background by a shell
+# without job control (`nohup scripts/test.sh &`) hands its processes SIGINT ignored, and Python
+# then leaves it ignored, so the signal below would do nothing.
 SCRIPT = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from tformers import AutoModelForCausalLM
 model = AutoModelForCausalLM.from_pretrained({kjv!r}, dtype="float32")
 model.generate([[319]], do_sample=False, max_new_tokens=2)
