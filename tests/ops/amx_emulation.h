@@ -76,14 +76,20 @@ inline void tile_dpbf16ps(int c, int a, int b) {
 
 // The AVX-512 intrinsics of the AMX linear that avx512_emulation.h has no stand-in for.
 // Element by element through scalars: clang takes no address of a vector's element.
-inline __m512 maskz_loadu_ps(__mmask16 k, const void* p) {
-  __m512 r{};
+
+// 16 elements of type T from p where k marks them, zero elsewhere.
+template <class V, class T>
+inline V masked_load16(__mmask16 k, const void* p) {
+  V r{};
   for (int i = 0; i < 16; ++i) {
-    float e = 0.0f;
-    if (k >> i & 1) std::memcpy(&e, static_cast<const float*>(p) + i, 4);
+    T e = 0;
+    if (k >> i & 1) std::memcpy(&e, static_cast<const T*>(p) + i, sizeof e);
     r[i] = e;
   }
   return r;
+}
+inline __m512 maskz_loadu_ps(__mmask16 k, const void* p) {
+  return masked_load16<__m512, float>(k, p);
 }
 inline void mask_storeu_ps(void* p, __mmask16 k, __m512 v) {
   for (int i = 0; i < 16; ++i) {
@@ -124,13 +130,7 @@ inline __m512 i32gather_ps(__m512i index, const void* base, int scale) {
   return r;
 }
 inline __m256i maskz_loadu_epi16(__mmask16 k, const void* p) {
-  u16x16 r{};
-  for (int i = 0; i < 16; ++i) {
-    uint16_t e = 0;
-    if (k >> i & 1) std::memcpy(&e, static_cast<const uint16_t*>(p) + i, 2);
-    r[i] = e;
-  }
-  return bits<__m256i>(r);
+  return bits<__m256i>(masked_load16<u16x16, uint16_t>(k, p));
 }
 inline __m512i cvtepu16_epi32(__m256i a) {
   const u16x16 h = bits<u16x16>(a);
