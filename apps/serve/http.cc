@@ -632,7 +632,13 @@ class Server::Loop {
     const Clock::time_point now = Clock::now();
     while (!waiting_.empty()) {
       const auto [fd, since] = waiting_.front();
-      if (s_.live_.load() >= s_.limits_.max_connections) close_longest_idle();
+      if (s_.live_.load() >= s_.limits_.max_connections) {
+        // A connection whose answer is out and which a worker has yet to hand back may be the
+        // one idle longest: wait for it (kAdmitWait at most), then look at all of them.
+        if (returning_.load() > 0 && now - since < kAdmitWait) return;
+        take_returned();
+        close_longest_idle();
+      }
       const bool room = s_.live_.load() < s_.limits_.max_connections;
       if (!room && now - since < kAdmitWait) return;
       waiting_.pop_front();
@@ -871,6 +877,18 @@ class Server::Loop {
       c->counted = false;
       s_.live_.fetch_sub(1);
     }
+    // Called just before the answer's last bytes go out, so before the client can see the answer
+    // and send anything else: a connection answered before another's request arrived has the
+    // earlier idle stamp, and is counted in returning_ until the loop can see it again, however
+    // late this thread gets back to it (close_longest_idle depends on both).
+    Clock::time_point answered;
+    bool returning = false;
+    auto last_bytes = [&] {
+      answered = Clock::now();
+      returning = keep_alive;
+      if (returning) returning_.fetch_add(1);
+    };
+    if (!res.stream) last_bytes();
     bool ok = send_all(
         c->fd, response_head(res, keep_alive, chunked, s_.limits_.keep_alive_timeout) + res.body,
         timeout);
@@ -879,6 +897,7 @@ class Server::Loop {
       try {
         while (res.stream(sink)) {
         }
+        if (!sink.failed()) last_bytes();
         ok = !sink.failed() && (!chunked || send_all(c->fd, "0\r\n\r\n", timeout));
       } catch (const std::exception& e) {
         // The status line is sent: all that is left is to end the connection mid-body, which
@@ -892,12 +911,14 @@ class Server::Loop {
     if (ok && keep_alive) {
       std::lock_guard lock(mu_);
       if (!stopping_) {
-        c->deadline = Clock::now() + seconds(s_.limits_.keep_alive_timeout);
+        c->deadline = answered + seconds(s_.limits_.keep_alive_timeout);
         returned_.push_back(std::move(c));
+        if (returning) returning_.fetch_sub(1);
         wake();
         return;
       }
     }
+    if (returning) returning_.fetch_sub(1);
     close_connection(*c);
   }
 
@@ -925,6 +946,9 @@ class Server::Loop {
   size_t lingering_over_ = 0;
   std::optional<Clock::time_point> accept_paused_until_;
   std::deque<std::pair<int, Clock::time_point>> waiting_;  // accepted, not yet admitted
+  // Connections kept alive whose answer's last bytes a worker has begun to send, until it hands
+  // them back in returned_.
+  std::atomic<size_t> returning_{0};
   uint64_t next_id_ = 0;
   std::mutex mu_;  // guards stopping_ and returned_
   bool stopping_ = false;
