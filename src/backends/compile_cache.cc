@@ -21,9 +21,13 @@ uint64_t CompileCache::budget_from_env(const char* value) {
   return bytes;
 }
 
+// Never destroyed: at exit its PJRT executables would be destroyed after the plugin's own static
+// objects (created later, at its first compile, so destroyed first), and XLA's CPU plugin then
+// spun for ever in its JIT's debugger-registration listener (seen as a two-rank test that hung in
+// exit() once in a few runs). The plugins themselves are never unloaded either (pjrt_api.cc).
 CompileCache& CompileCache::global() {
-  static CompileCache cache(budget_from_env(std::getenv(kBudgetEnv)));
-  return cache;
+  static CompileCache* cache = new CompileCache(budget_from_env(std::getenv(kBudgetEnv)));
+  return *cache;
 }
 
 std::shared_ptr<Executable> CompileCache::get(Backend& backend, const graph::Graph& graph,
