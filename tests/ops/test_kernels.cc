@@ -925,6 +925,8 @@ TEST(Ops, PagedAttentionPacksSequences) {
 // the cut, and each row's probabilities must still sum in the same lanes, and its product with the
 // values in the same blocks of slots (the long prompt: windows that start past the GEMM's first
 // block of 256 slots). Against the reference within tolerance, and bit for bit between the cuts.
+// Head size 40: two 16-column steps and a tail, so that on the scalar target (whose prefill is the
+// row-set kernel) a query row scored in a set of 4 rows and in a set of 2 sums in the same order.
 TEST(Ops, PagedAttentionChunksGiveTheWholeCallsBitsWithAWindow) {
   struct Case {
     int64_t T;
@@ -933,7 +935,7 @@ TEST(Ops, PagedAttentionChunksGiveTheWholeCallsBitsWithAWindow) {
   };
   const Case cases[] = {{40, {0, 11, 17}, {{13, 40}, {21, 40}, {37, 40}, {5, 19}, {30, 34}}},
                         {560, {300}, {{301, 560}, {333, 560}, {517, 530}}}};
-  const int64_t Hq = 4, Hkv = 2, BS = 4, D = 24;
+  const int64_t Hq = 4, Hkv = 2, BS = 4, D = 40;
   std::mt19937 rng(29);
   for (const Case& c : cases) {
     const int64_t T = c.T, MB = T / BS;

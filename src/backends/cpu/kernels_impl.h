@@ -637,27 +637,29 @@ inline void pack_query(const float* q, int64_t D, float* out, float) {
   std::memcpy(out, q, size_t(D) * sizeof(float));
 }
 
-// Keys scored per step for N query rows: N * kKeyBlock sums, at most 8 (N = 3 and 4 take one
-// key and split its sums in two), so that each key vector is widened once for all rows and
-// nothing spills (16 vector registers on AVX2).
+// Keys scored per step for N query rows: 2 * N * kKeyBlock sums, at most 8, so that each key
+// vector is widened once for all rows and nothing spills (16 vector registers on AVX2).
 template <int N>
-constexpr int kKeyBlock = N == 1   ? 8
-                          : N == 2 ? 4
+constexpr int kKeyBlock = N == 1   ? 4
+                          : N == 2 ? 2
                                    : 1;
 
 // scores[g * L + b] = qp[g] . k[j + b] over the first D / 16 * 16 columns, for the KB consecutive
 // key rows k[j .. j + KB); qp in pack_query's order. Each 16-column step widens KB key vectors once
-// and feeds N * KB independent sums, and one transposing reduction gives 4 sums at a time instead
-// of a horizontal sum per query row and key.
+// and feeds 2 * N * KB independent sums, and one transposing reduction gives 4 sums at a time
+// instead of a horizontal sum per query row and key.
+//
+// The first and the second 8 columns of each step (bf16: the even and the odd ones) go to sums of
+// their own, added at the end, whatever N and KB are: a score's bits then depend on the query row
+// and the key alone, not on the rows that share its set or on whether its key falls in a whole
+// block, so a prompt's rows get the same bits however its chunks cut it (the scalar target takes
+// this kernel for prefill too).
 template <int N, int KB, class Rows>
 inline void key_block_scores(const float* const* qp, Rows k, int64_t j, int64_t D, int64_t L,
                              float* scores) {
   const int64_t vec_cols = D / 16 * 16;
   constexpr int kSums = (N * KB + 3) / 4 * 4;
-  // With one key (N > 2, and leftover keys) the even and odd columns go to separate sums, which the
-  // reduction adds, so that 2 * N chains of multiply-adds overlap, as N * KB do otherwise.
-  constexpr bool kSplit = KB == 1;
-  f32x8 acc[kSums] = {}, odd[kSplit ? kSums : 1] = {};
+  f32x8 acc[kSums] = {}, odd[kSums] = {};
   for (int64_t d = 0; d < vec_cols; d += 16) {
 #pragma GCC unroll 8
     for (int b = 0; b < KB; ++b) {
@@ -666,12 +668,11 @@ inline void key_block_scores(const float* const* qp, Rows k, int64_t j, int64_t 
 #pragma GCC unroll 4
       for (int g = 0; g < N; ++g) {
         acc[g * KB + b] += e * load_f32x8(qp[g] + d);
-        (kSplit ? odd[g * KB + b] : acc[g * KB + b]) += o * load_f32x8(qp[g] + d + 8);
+        odd[g * KB + b] += o * load_f32x8(qp[g] + d + 8);
       }
     }
   }
-  if (kSplit)
-    for (int i = 0; i < kSums; ++i) acc[i] += odd[i];
+  for (int i = 0; i < kSums; ++i) acc[i] += odd[i];
 #pragma GCC unroll 4
   for (int i = 0; i < kSums; i += 4) {
     const f32x4 r = hsum4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
