@@ -139,6 +139,10 @@ inline __m512i cvtepu16_epi32(__m256i a) {
   return bits<__m512i>(r);
 }
 
+inline __m512i or_si512(__m512i a, __m512i b) {
+  return bits<__m512i>(bits<i32x16>(a) | bits<i32x16>(b));
+}
+
 }  // namespace tformers::amx_emulation
 
 // Some of these names are macros in the compilers' headers.
@@ -157,6 +161,7 @@ inline __m512i cvtepu16_epi32(__m256i a) {
 #undef _mm512_i32gather_ps
 #undef _mm256_maskz_loadu_epi16
 #undef _mm512_cvtepu16_epi32
+#undef _mm512_or_si512
 #define _tile_loadconfig tformers::amx_emulation::tile_loadconfig
 #define _tile_release tformers::amx_emulation::tile_release
 #define _tile_zero tformers::amx_emulation::tile_zero
@@ -172,3 +177,4 @@ inline __m512i cvtepu16_epi32(__m256i a) {
 #define _mm512_i32gather_ps tformers::amx_emulation::i32gather_ps
 #define _mm256_maskz_loadu_epi16 tformers::amx_emulation::maskz_loadu_epi16
 #define _mm512_cvtepu16_epi32 tformers::amx_emulation::cvtepu16_epi32
+#define _mm512_or_si512 tformers::amx_emulation::or_si512

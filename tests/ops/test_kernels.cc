@@ -53,31 +53,34 @@ class TargetGuard {
 
 // The kernel tables under test: every target this CPU runs, and the AVX-512 BF16 target's code
 // over emulated AVX-512 intrinsics (avx512_emulated.cc), which needs AVX2. The AMX target's code
-// over emulated tiles (amx_emulated.cc) differs from the latter only in its bf16 linears, which
-// Ops.AmxLinearRowsAgreeForEveryRowCount runs; the tiny shapes of Ops.Linear are left to the
-// real tiles, since an emulation's own roundings on them sit at the edge of the bf16 tolerance
-// (K = 5: an NMSE of 2.0e-5 against 1.5e-5 on one draw).
+// over emulated tiles (amx_emulated.cc) differs from the latter in its bf16 linears, which
+// Ops.AmxLinearRowsAgreeForEveryRowCount runs, and in its prefill attention over a bf16 cache,
+// for which the attention tests take it too (kWithAmxEmulation); the tiny shapes of Ops.Linear
+// are left to the real tiles, since an emulation's own roundings on them sit at the edge of the
+// bf16 tolerance (K = 5: an NMSE of 2.0e-5 against 1.5e-5 on one draw).
 struct Config {
   std::string name;
   Target target;  // what the table computes like (tolerances)
   const KernelTable* table;
 };
 
-std::vector<Config> configs() {
+std::vector<Config> configs(bool with_amx_emulation) {
   std::vector<Config> out;
   for (Target t : supported_targets())
     out.push_back({std::string(target_name(t)), t, &kernels_for(t)});
   if (detected_target() >= Target::kAVX2)
     out.push_back({"avx512bf16-emulated", Target::kAVX512BF16, &emulated_avx512bf16_kernels()});
+  if (detected_target() >= Target::kAVX2 && with_amx_emulation)
+    out.push_back({"amx-emulated", Target::kAMX, &emulated_amx_kernels()});
   return out;
 }
 
 // Runs `body(kernels, target, dtype, pool, label)` for every table of configs(), both storage
 // dtypes, and pools of 1 and 3 threads (3 gives uneven chunks).
-template <class Body>
+template <bool kWithAmxEmulation = false, class Body>
 void for_each_config(Body body) {
   ThreadPool pool1(1), pool3(3);
-  for (const Config& c : configs())
+  for (const Config& c : configs(kWithAmxEmulation))
     for (DType dt : {DType::f32, DType::bf16})
       for (ThreadPool* pool : {&pool1, &pool3})
         body(*c.table, c.target, dt, *pool,
@@ -661,8 +664,8 @@ TEST(Ops, Attention) {
       {2, 70, 2, 1, 128, 40, 0, 2, 48, 1.5f},
   };
   std::mt19937 rng(13);
-  for_each_config([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
-                      const std::string& what) {
+  for_each_config<true>([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
+                            const std::string& what) {
     for (const auto& c : cases) {
       const size_t cache_n = size_t(c.B * c.Hkv * c.S * c.D);
       std::vector<float> q = random_f32(rng, size_t(c.B * c.T * c.Hq * c.D), -2.0f, 2.0f);
@@ -793,8 +796,8 @@ TEST(Ops, PagedAttention) {
                                15, 16, 17, 18, 19, 20, 21, 22, -1, -1}},
   };
   std::mt19937 rng(22);
-  for_each_config([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
-                      const std::string& what) {
+  for_each_config<true>([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
+                            const std::string& what) {
     for (const auto& c : cases) {
       Paged p = shuffled_tables(rng, c.B, c.BS, c.MB);
       const size_t pool_n = size_t(p.NB * c.Hkv * c.BS * c.D);
@@ -853,8 +856,8 @@ TEST(Ops, PagedAttentionPacksSequences) {
   const Seq seqs[] = {{0, 7}, {13, 1}, {5, 20}, {30, 3}};
   const int64_t Hq = 4, Hkv = 2, BS = 4, MB = 9, D = 24, S = int64_t(std::size(seqs));
   std::mt19937 rng(23);
-  for_each_config([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
-                      const std::string& what) {
+  for_each_config<true>([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
+                            const std::string& what) {
     Paged p = shuffled_tables(rng, S, BS, MB);
     const size_t pool_n = size_t(p.NB * Hkv * BS * D);
     Tensor k = random_tensor(rng, pool_n, dt), v = random_tensor(rng, pool_n, dt);
@@ -939,8 +942,8 @@ TEST(Ops, PagedAttentionChunksGiveTheWholeCallsBitsWithAWindow) {
   std::mt19937 rng(29);
   for (const Case& c : cases) {
     const int64_t T = c.T, MB = T / BS;
-    for_each_config([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
-                        const std::string& what) {
+    for_each_config<true>([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
+                              const std::string& what) {
       Paged p = shuffled_tables(rng, 1, BS, MB);
       const size_t pool_n = size_t(p.NB * Hkv * BS * D);
       Tensor k = random_tensor(rng, pool_n, dt), v = random_tensor(rng, pool_n, dt);

@@ -894,57 +894,181 @@ inline void rows32_times_x(const uint16_t* a, int64_t lda, const uint32_t* xp, i
   }
 }
 
+// How linear cuts its work: x's rows in blocks of 16, packed as tiles `cols` wide (M below 16
+// rows), and w's rows in blocks of 16 (decode) or 32.
+struct LinearPlan {
+  int64_t chunks, width, row_blocks, rows, cols;
+  LinearPlan(int64_t M, int64_t K)
+      : chunks((K + kStep - 1) / kStep),
+        width(chunks * kStep),
+        row_blocks((M + 15) / 16),
+        rows(M <= 16 ? 16 : 32),
+        cols(std::min<int64_t>(M, 16)) {}
+  size_t packed_x() const { return size_t(row_blocks * chunks * 16 * cols); }
+};
+
+// The weight row blocks [b0, b1) of y (M, N) = x (M, K) @ w (N, K)^T + bias against every x row,
+// with x packed (pack_x) in xp, on tiles configured for plan.cols.
+template <class B>
+void linear_blocks(const LinearPlan& plan, const uint32_t* xp, const uint16_t* w, const B* bias,
+                   float* y, int64_t M, int64_t N, int64_t K, int64_t b0, int64_t b1) {
+  const int64_t rows = plan.rows, width = plan.width, chunks = plan.chunks;
+  for (int64_t g = 0; g < plan.row_blocks; g += kGroupRows / 16) {
+    const int64_t g1 = std::min(plan.row_blocks, g + kGroupRows / 16);
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t n = blk * rows;
+      // A block the tiles cannot read in place (fewer rows, or rows whose last step would run
+      // past them) is copied with zeros around it.
+      const uint16_t* a = w + n * K;
+      int64_t lda = K;
+      if (N - n < rows || K != width) {
+        uint16_t* pad = thread_scratch<uint16_t>(Scratch::kPanel, size_t(rows * width));
+        std::memset(pad, 0, size_t(rows * width) * sizeof(uint16_t));
+        for (int64_t r = 0; r < std::min(rows, N - n); ++r)
+          std::memcpy(pad + r * width, w + (n + r) * K, size_t(K) * sizeof(uint16_t));
+        a = pad;
+        lda = width;
+      }
+      if (rows == 16) {
+        rows16_times_x(a, lda, xp, chunks, bias, y, M, N, n);
+        continue;
+      }
+      for (int64_t b = g; b < g1; b += 2) {
+        if (b + 1 < g1)
+          rows32_times_x<true>(a, lda, xp, chunks, b, bias, y, M, N, n);
+        else
+          rows32_times_x<false>(a, lda, xp, chunks, b, bias, y, M, N, n);
+      }
+    }
+  }
+}
+
 // y (M, N) = x (M, K) @ w (N, K)^T + bias for every M.
 template <class B>
 void linear(const float* x, const uint16_t* w, const B* bias, float* y, int64_t M, int64_t N,
             int64_t K, ThreadPool& pool) {
-  const int64_t chunks = (K + kStep - 1) / kStep, width = chunks * kStep;
-  const int64_t row_blocks = (M + 15) / 16, rows = M <= 16 ? 16 : 32,
-                cols = std::min<int64_t>(M, 16);
+  const LinearPlan plan(M, K);
   // The calling thread's scratch: workers only use it during this call. A prompt's row blocks
   // are packed by the pool.
-  uint32_t* xp =
-      thread_scratch<uint32_t>(Scratch::kPackedX, size_t(row_blocks * chunks * 16 * cols));
-  if (row_blocks == 1)
-    pack_x(x, M, K, cols, xp, 0, 1);
+  uint32_t* xp = thread_scratch<uint32_t>(Scratch::kPackedX, plan.packed_x());
+  if (plan.row_blocks == 1)
+    pack_x(x, M, K, plan.cols, xp, 0, 1);
   else
-    pool.parallel_for(row_blocks,
-                      [&](int64_t b0, int64_t b1, int) { pack_x(x, M, K, cols, xp, b0, b1); });
-  pool.parallel_for((N + rows - 1) / rows, [&](int64_t b0, int64_t b1, int) {
-    configure(cols);
-    for (int64_t g = 0; g < row_blocks; g += kGroupRows / 16) {
-      const int64_t g1 = std::min(row_blocks, g + kGroupRows / 16);
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        const int64_t n = blk * rows;
-        // A block the tiles cannot read in place (fewer rows, or rows whose last step would run
-        // past them) is copied with zeros around it.
-        const uint16_t* a = w + n * K;
-        int64_t lda = K;
-        if (N - n < rows || K != width) {
-          uint16_t* pad = thread_scratch<uint16_t>(Scratch::kPanel, size_t(rows * width));
-          std::memset(pad, 0, size_t(rows * width) * sizeof(uint16_t));
-          for (int64_t r = 0; r < std::min(rows, N - n); ++r)
-            std::memcpy(pad + r * width, w + (n + r) * K, size_t(K) * sizeof(uint16_t));
-          a = pad;
-          lda = width;
-        }
-        if (rows == 16) {
-          rows16_times_x(a, lda, xp, chunks, bias, y, M, N, n);
-          continue;
-        }
-        for (int64_t b = g; b < g1; b += 2) {
-          if (b + 1 < g1)
-            rows32_times_x<true>(a, lda, xp, chunks, b, bias, y, M, N, n);
-          else
-            rows32_times_x<false>(a, lda, xp, chunks, b, bias, y, M, N, n);
-        }
-      }
-    }
+    pool.parallel_for(plan.row_blocks,
+                      [&](int64_t b0, int64_t b1, int) { pack_x(x, M, K, plan.cols, xp, b0, b1); });
+  pool.parallel_for((N + plan.rows - 1) / plan.rows, [&](int64_t b0, int64_t b1, int) {
+    configure(plan.cols);
+    linear_blocks(plan, xp, w, bias, y, M, N, K, b0, b1);
     _tile_release();
   });
 }
 
+// ---- Prefill attention over a bf16 cache on the tiles: attention_x86's blocked kernel with both
+// products as tile multiplies, q and the probabilities rounded to bf16 once (as the AVX-512 BF16
+// target rounds them). Each score is one accumulator over the 32-value steps of the head in order
+// (the linear above, with the keys as weights), and each output one accumulator over 32-slot
+// steps counted from attend_block_gemm's kKC-aligned start, so a query row's bits depend on
+// neither the other rows of its unit nor where its prompt was cut, as on the other targets.
+
+// s (R, L) = q (R, D) @ k (L, D)^T on the calling thread.
+inline void attention_scores(const float* q, int64_t R, const uint16_t* k, int64_t L, int64_t D,
+                             float* s) {
+  const LinearPlan plan(R, D);
+  uint32_t* xp = thread_scratch<uint32_t>(Scratch::kPackedX, plan.packed_x());
+  pack_x(q, R, D, plan.cols, xp, 0, plan.row_blocks);
+  const float* no_bias = nullptr;
+  configure(plan.cols);
+  linear_blocks(plan, xp, k, no_bias, s, R, L, D, 0, (L + plan.rows - 1) / plan.rows);
+  _tile_release();
+}
+
+// o (R, D) = p (R, L) @ v (L, D), reading only the rows of v whose live flag is set, on the calling
+// thread. p's rows as bf16 pairs of slots are the first operand (16 query rows by 32 slots), and
+// v's as tiles of 16 slot pairs by 16 columns the second: v is packed once, zeros for the rows
+// not read, and the 16 x 16 outputs are stored as they lie. Row and column blocks go two by two
+// (four accumulators for four loads), padded with zeros to an even count.
+inline void attention_values(const float* p, int64_t R, const uint16_t* v, const uint8_t* live,
+                             int64_t L, int64_t D, float* o) {
+  const int64_t chunks = (L + kStep - 1) / kStep, lp = chunks * 16;  // u32 per packed p row
+  const int64_t mb = (R + 31) / 32 * 2, db = (D + 31) / 32 * 2;      // 16-row and -column blocks
+  uint32_t* pb = thread_scratch<uint32_t>(Scratch::kPackedX, size_t(mb * 16 * lp));
+  for (int64_t r = 0; r < R; ++r) {
+    char* row = reinterpret_cast<char*>(pb + r * lp);  // written through char: no aliasing
+    round_to_bf16(p + r * L, L, row);
+    std::memset(row + 2 * L, 0, size_t(2 * (2 * lp - L)));
+  }
+  std::memset(pb + R * lp, 0, size_t((mb * 16 - R) * lp) * sizeof(uint32_t));
+  // Tile (q, t): slot pairs [16 q, 16 q + 16) by columns [16 t, 16 t + 16), entry (i, j) the pair
+  // (v[32 q + 2 i][16 t + j], v[32 q + 2 i + 1][16 t + j]).
+  uint32_t* vb = thread_scratch<uint32_t>(Scratch::kPanel, size_t(chunks * db * kXTile));
+  for (int64_t q = 0; q < chunks; ++q)
+    for (int64_t t = 0; t < db; ++t) {
+      uint32_t* tile = vb + (q * db + t) * kXTile;
+      const int64_t d = 16 * t, cols = std::clamp<int64_t>(D - d, 0, 16);
+      const __mmask16 in = cols == 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t j = 32 * q + 2 * i;
+        const bool a = j < L && live[j], b = j + 1 < L && live[j + 1];
+        const __m512i lo = a ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, v + j * D + d))
+                             : _mm512_setzero_si512();
+        const __m512i hi =
+            b ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, v + (j + 1) * D + d))
+              : _mm512_setzero_si512();
+        _mm512_storeu_si512(tile + 16 * i, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+      }
+    }
+  configure(16);
+  alignas(64) float c[4][16][16];
+  for (int64_t m = 0; m < mb; m += 2)
+    for (int64_t t = 0; t < db; t += 2) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t q = 0; q < chunks; ++q) {
+        _tile_loadd(4, pb + 16 * m * lp + 16 * q, 4 * lp);
+        _tile_loadd(5, pb + 16 * (m + 1) * lp + 16 * q, 4 * lp);
+        _tile_loadd(6, vb + (q * db + t) * kXTile, 64);
+        _tile_loadd(7, vb + (q * db + t + 1) * kXTile, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, c[0], 64);
+      _tile_stored(1, c[1], 64);
+      _tile_stored(2, c[2], 64);
+      _tile_stored(3, c[3], 64);
+      for (int i = 0; i < 4; ++i) {
+        const int64_t r0 = 16 * (m + i / 2), d0 = 16 * (t + i % 2);
+        const int64_t rows = std::min<int64_t>(16, R - r0), cols = std::min<int64_t>(16, D - d0);
+        for (int64_t r = 0; r < rows; ++r)
+          if (cols > 0) std::memcpy(o + (r0 + r) * D + d0, c[i][r], size_t(cols) * sizeof(float));
+      }
+    }
+  _tile_release();
+}
+
 }  // namespace amx
+
+// The AMX target's attention products: the tiles over a bf16 cache, the f32 GEMMs over an f32 one.
+struct AmxAttentionGemms {
+  template <class V, class KV>
+  static void scores(const float* xq, int64_t R, const KV* k, int64_t L, int64_t D, float* s) {
+    if constexpr (std::is_same_v<KV, uint16_t>)
+      amx::attention_scores(xq, R, k, L, D, s);
+    else
+      F32AttentionGemms::scores<V>(xq, R, k, L, D, s);
+  }
+  template <class V, class KV>
+  static void weighted(const float* p, int64_t R, const KV* v, const uint8_t* live, int64_t L,
+                       int64_t D, float* o) {
+    if constexpr (std::is_same_v<KV, uint16_t>)
+      amx::attention_values(p, R, v, live, L, D, o);
+    else
+      F32AttentionGemms::weighted<V>(p, R, v, live, L, D, o);
+  }
+};
 #endif
 
 template <class W, class B>
@@ -1000,7 +1124,9 @@ const KernelTable& avx512bf16_kernels() {
 #else
 const KernelTable& avx512_kernels() {
 #endif
-#if defined(TF_AVX512_BF16)
+#if defined(TF_AMX)
+  using AttentionGemms = AmxAttentionGemms;
+#elif defined(TF_AVX512_BF16)
   using AttentionGemms = Bf16AttentionGemms;
 #else
   using AttentionGemms = F32AttentionGemms;
