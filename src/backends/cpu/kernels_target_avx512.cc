@@ -983,14 +983,17 @@ inline void attention_scores(const float* q, int64_t R, const uint16_t* k, int64
 }
 
 // o (R, D) = p (R, L) @ v (L, D), reading only the rows of v whose live flag is set, on the calling
-// thread. p's rows as bf16 pairs of slots are the first operand (16 query rows by 32 slots), and
-// v's as tiles of 16 slot pairs by 16 columns the second: v is packed once, zeros for the rows
-// not read, and the 16 x 16 outputs are stored as they lie. Row and column blocks go two by two
-// (four accumulators for four loads), padded with zeros to an even count.
+// thread. p's rows as bf16 pairs of slots are the first operand (16 query rows by 32 slots); v is
+// packed once into the AVX-512 BF16 GEMM's value panels (ValuePanels: 16 slot pairs by 32
+// columns for each 32 slots, zeros for the rows not read), whose left and right 16 columns are
+// the second operand's tiles. Two row blocks against one panel's two column blocks: four
+// accumulators for four loads, rows padded with zeros to an even count of 16-row blocks.
 inline void attention_values(const float* p, int64_t R, const uint16_t* v, const uint8_t* live,
                              int64_t L, int64_t D, float* o) {
   const int64_t chunks = (L + kStep - 1) / kStep, lp = chunks * 16;  // u32 per packed p row
-  const int64_t mb = (R + 31) / 32 * 2, db = (D + 31) / 32 * 2;      // 16-row and -column blocks
+  const int64_t mb = (R + 31) / 32 * 2;                              // 16-row blocks
+  static_assert(kPairNR == 32, "a value panel is two tiles of 16 columns");
+  const int64_t panels = (D + kPairNR - 1) / kPairNR, panel_words = 16 * kPairNR;
   uint32_t* pb = thread_scratch<uint32_t>(Scratch::kPackedX, size_t(mb * 16 * lp));
   for (int64_t r = 0; r < R; ++r) {
     char* row = reinterpret_cast<char*>(pb + r * lp);  // written through char: no aliasing
@@ -998,38 +1001,33 @@ inline void attention_values(const float* p, int64_t R, const uint16_t* v, const
     std::memset(row + 2 * L, 0, size_t(2 * (2 * lp - L)));
   }
   std::memset(pb + R * lp, 0, size_t((mb * 16 - R) * lp) * sizeof(uint32_t));
-  // Tile (q, t): slot pairs [16 q, 16 q + 16) by columns [16 t, 16 t + 16), entry (i, j) the pair
-  // (v[32 q + 2 i][16 t + j], v[32 q + 2 i + 1][16 t + j]).
-  uint32_t* vb = thread_scratch<uint32_t>(Scratch::kPanel, size_t(chunks * db * kXTile));
-  for (int64_t q = 0; q < chunks; ++q)
-    for (int64_t t = 0; t < db; ++t) {
-      uint32_t* tile = vb + (q * db + t) * kXTile;
-      const int64_t d = 16 * t, cols = std::clamp<int64_t>(D - d, 0, 16);
-      const __mmask16 in = cols == 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
-      for (int64_t i = 0; i < 16; ++i) {
-        const int64_t j = 32 * q + 2 * i;
-        const bool a = j < L && live[j], b = j + 1 < L && live[j + 1];
-        const __m512i lo = a ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, v + j * D + d))
-                             : _mm512_setzero_si512();
-        const __m512i hi =
-            b ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(in, v + (j + 1) * D + d))
-              : _mm512_setzero_si512();
-        _mm512_storeu_si512(tile + 16 * i, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-      }
+  // Panel (q, u): slots [32 q, 32 q + 32) by columns [32 u, 32 u + 32); a last chunk's pair rows
+  // past its slots are zeros.
+  uint32_t* vb = thread_scratch<uint32_t>(Scratch::kPanel, size_t(chunks * panels * panel_words));
+  const ValuePanels values{{}, v, live, D};
+  for (int64_t q = 0; q < chunks; ++q) {
+    const int64_t kc = std::min(kStep, L - q * kStep), pairs = (kc + 1) / 2;
+    for (int64_t u = 0; u < panels; ++u) {
+      uint32_t* panel = vb + (q * panels + u) * panel_words;
+      values.pack(u * kPairNR, int(std::min<int64_t>(kPairNR, D - u * kPairNR)), q * kStep, kc,
+                  panel);
+      std::memset(panel + pairs * kPairNR, 0, size_t((16 - pairs) * kPairNR) * sizeof(uint32_t));
     }
+  }
   configure(16);
   alignas(64) float c[4][16][16];
   for (int64_t m = 0; m < mb; m += 2)
-    for (int64_t t = 0; t < db; t += 2) {
+    for (int64_t u = 0; u < panels; ++u) {
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
       for (int64_t q = 0; q < chunks; ++q) {
+        const uint32_t* panel = vb + (q * panels + u) * panel_words;
         _tile_loadd(4, pb + 16 * m * lp + 16 * q, 4 * lp);
         _tile_loadd(5, pb + 16 * (m + 1) * lp + 16 * q, 4 * lp);
-        _tile_loadd(6, vb + (q * db + t) * kXTile, 64);
-        _tile_loadd(7, vb + (q * db + t + 1) * kXTile, 64);
+        _tile_loadd(6, panel, 4 * kPairNR);
+        _tile_loadd(7, panel + 16, 4 * kPairNR);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
         _tile_dpbf16ps(2, 5, 6);
@@ -1040,7 +1038,7 @@ inline void attention_values(const float* p, int64_t R, const uint16_t* v, const
       _tile_stored(2, c[2], 64);
       _tile_stored(3, c[3], 64);
       for (int i = 0; i < 4; ++i) {
-        const int64_t r0 = 16 * (m + i / 2), d0 = 16 * (t + i % 2);
+        const int64_t r0 = 16 * (m + i / 2), d0 = kPairNR * u + 16 * (i % 2);
         const int64_t rows = std::min<int64_t>(16, R - r0), cols = std::min<int64_t>(16, D - d0);
         for (int64_t r = 0; r < rows; ++r)
           if (cols > 0) std::memcpy(o + (r0 + r) * D + d0, c[i][r], size_t(cols) * sizeof(float));
