@@ -364,10 +364,8 @@ TEST(Ops, LinearRowsIndependentOfM) {
 // with zeros around them.
 TEST(Ops, AmxLinearRowsAgreeForEveryRowCount) {
   std::vector<Config> amx;
-  if (detected_target() >= Target::kAMX)
-    amx.push_back({"amx", Target::kAMX, &kernels_for(Target::kAMX)});
-  if (detected_target() >= Target::kAVX2)
-    amx.push_back({"amx-emulated", Target::kAMX, &emulated_amx_kernels()});
+  for (const Config& c : configs(/*with_amx_emulation=*/true))
+    if (c.target == Target::kAMX) amx.push_back(c);
   if (amx.empty()) GTEST_SKIP() << "no AMX and no AVX2 on this CPU";
   std::mt19937 rng(321);
   ThreadPool pool1(1), pool3(3);
@@ -548,44 +546,24 @@ TEST(Ops, Softcap) {
       });
 }
 
-// Values whose bf16 rounding has its own rule, placed at the start of src: NaNs of both signs,
-// quiet and signalling (kept NaN, made quiet), infinities, zeros, ties to even both ways, the
-// largest float (rounds to infinity), subnormals.
-void put_rounding_cases(std::vector<float>& src) {
-  const uint32_t bits[] = {0x7fc00000, 0xffc00001, 0x7f800001, 0xff800001, 0x7f800000, 0xff800000,
-                           0x00000000, 0x80000000, 0x3f808000, 0x3f818000, 0xbf808000, 0x7f7fffff,
-                           0xff7fffff, 0x00000001, 0x807fffff, 0x3f80ffff};
-  for (size_t i = 0; i < std::size(bits) && i < src.size(); ++i)
-    src[i] = std::bit_cast<float>(bits[i]);
-}
-
-// The bits of f32 values, so that NaNs compare equal to themselves.
-std::vector<uint32_t> bits_of(const std::vector<float>& x) {
-  std::vector<uint32_t> out(x.size());
-  std::memcpy(out.data(), x.data(), x.size() * sizeof(float));
-  return out;
-}
-
 TEST(Ops, CacheWriteIsExact) {
   std::mt19937 rng(10);
   struct Case {
     int64_t B, T, Hkv, S, D, start;
   };
-  const Case cases[] = {
-      {1, 1, 2, 8, 4, 5}, {2, 3, 3, 10, 5, 7}, {1, 6, 1, 6, 16, 0}, {2, 2, 2, 5, 20, 1}};
+  const Case cases[] = {{1, 1, 2, 8, 4, 5}, {2, 3, 3, 10, 5, 7}, {1, 6, 1, 6, 16, 0}};
   for_each_config([&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool,
                       const std::string& what) {
     for (const auto& c : cases) {
       const size_t cache_n = size_t(c.B * c.Hkv * c.S * c.D);
       std::vector<float> src = random_f32(rng, size_t(c.B * c.T * c.Hkv * c.D));
-      put_rounding_cases(src);
       Tensor cache = random_tensor(rng, cache_n, dt), want = cache;
       kernels.cache_write(cache.data(), dt, src.data(), c.B, c.T, c.Hkv, c.S, c.D, c.start, pool);
       ref::cache_write(want.data(), dt, src.data(), c.B, c.T, c.Hkv, c.S, c.D, c.start);
       if (dt == DType::bf16)
         EXPECT_EQ(cache.h, want.h) << what;
       else
-        EXPECT_EQ(bits_of(cache.f), bits_of(want.f)) << what;
+        EXPECT_EQ(cache.f, want.f) << what;
     }
   });
 }
@@ -776,14 +754,13 @@ Paged shuffled_tables(std::mt19937& rng, int64_t B, int64_t BS, int64_t MB) {
 TEST(Ops, PagedCacheWriteIsExact) {
   std::mt19937 rng(21);
   // Rows at different positions, one padding token (-1), writes that cross a block boundary.
-  const int64_t B = 3, T = 3, Hkv = 2, BS = 4, MB = 3, D = 12;
+  const int64_t B = 3, T = 3, Hkv = 2, BS = 4, MB = 3, D = 8;
   const std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, -1, 9, 10};
   // One implementation for every target (no vector code): each dtype and pool size.
   for_each_config(
       [&](const KernelTable&, Target, DType dt, ThreadPool& pool, const std::string& what) {
         Paged p = shuffled_tables(rng, B, BS, MB);
         std::vector<float> src = random_f32(rng, size_t(B * T * Hkv * D));
-        put_rounding_cases(src);
         Tensor cache = random_tensor(rng, size_t(p.NB * Hkv * BS * D), dt), want = cache;
         paged_cache_write(cache.data(), dt, src.data(), p.table.data(), nullptr, pos.data(), B, T,
                           Hkv, BS, MB, D, pool);
@@ -792,7 +769,7 @@ TEST(Ops, PagedCacheWriteIsExact) {
         if (dt == DType::bf16)
           EXPECT_EQ(cache.h, want.h) << what;
         else
-          EXPECT_EQ(bits_of(cache.f), bits_of(want.f)) << what;
+          EXPECT_EQ(cache.f, want.f) << what;
       });
 }
 
@@ -1317,6 +1294,25 @@ TEST(Reference, CacheWriteRoundsToNearestEven) {
   EXPECT_EQ(cache[2], 0x3f80);  // 1.0
   EXPECT_EQ(cache[3], 0x3f82);  // 1.015625
   EXPECT_EQ(cache[4], 0);
+}
+
+// The other rules of f32 -> bf16 that a cache write follows, each input's bits beside the bf16
+// bits the rule gives: a NaN stays a NaN of its sign with the quiet bit set (a signalling one
+// too, whose payload would otherwise truncate to infinity), infinities and zeros keep their sign,
+// the largest finite float rounds up to infinity, a subnormal rounds to the nearest bf16 (the
+// smallest to +0, the largest up to the smallest normal), and above a tie the nearer one wins.
+TEST(Reference, CacheWriteRoundsSpecialValues) {
+  const std::pair<uint32_t, uint16_t> cases[] = {
+      {0x7fc00000, 0x7fc0}, {0xffc00001, 0xffc0}, {0x7f800001, 0x7fc0}, {0xff800001, 0xffc0},
+      {0x7f800000, 0x7f80}, {0xff800000, 0xff80}, {0x00000000, 0x0000}, {0x80000000, 0x8000},
+      {0x7f7fffff, 0x7f80}, {0xff7fffff, 0xff80}, {0x00000001, 0x0000}, {0x807fffff, 0x8080},
+      {0x3f80ffff, 0x3f81}, {0xbf808001, 0xbf81}};
+  for (const auto& [in, want] : cases) {
+    const float src = std::bit_cast<float>(in);
+    uint16_t cache = 0x1234;  // (B=1, T=1, Hkv=1, S=1, D=1)
+    ref::cache_write(&cache, DType::bf16, &src, 1, 1, 1, 1, 1, 0);
+    EXPECT_EQ(cache, want) << std::hex << "input 0x" << in;
+  }
 }
 
 TEST(Reference, EmbeddingGathersRows) {
