@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "backends/quant.h"
 #include "graph/graph.h"
@@ -126,16 +127,35 @@ struct PreparedWeight {
   std::optional<graph::LinearQuantAttrs> quant;  // absent: a float weight for Op::kLinear
 };
 
+// What a backend does, in one place: models and the serving engine ask for what they need and
+// the backend says what it gives.
+struct Capabilities {
+  // The layout of the KV caches (static and paged) in the graphs this backend runs: the model
+  // builds its graphs and allocates its caches in it (graph.h).
+  graph::KvLayout kv_layout = graph::KvLayout::kHeadMajor;
+  // The activation dtypes it computes in; a graph of another float dtype is computed in float32
+  // and rounded at its boundary (the CPU backend's bfloat16 and float16 graphs).
+  std::vector<DType> compute_dtypes;
+  // A paged step may pack several sequences' tokens into one row (the rows operand of the paged
+  // ops, graph.h): the serving engine then fills a step's tokens without padding.
+  bool packs_sequences = false;
+  // A row's results are the same bits whatever else shares its step (batch size, other rows'
+  // tokens): the serving engine's preemption and prefix hits then give a request exactly what it
+  // gets alone.
+  bool batch_invariant = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;  // "cpu"
   virtual Device device() const = 0;
+  // Whether its rule table runs the node (graph/ops.h): a composite it has no rule for runs
+  // through its decomposition when its primitives have rules.
   virtual bool supports(const graph::Node& node) const = 0;
   virtual std::unique_ptr<Executable> compile(const graph::Graph& graph) = 0;
-  // The layout of the KV caches (static and paged) in the graphs this backend runs: the model
-  // builds its graphs and allocates its caches in it (graph.h).
-  virtual graph::KvLayout kv_layout() const = 0;
+  virtual Capabilities capabilities() const = 0;
+  graph::KvLayout kv_layout() const { return capabilities().kv_layout; }
   // A device buffer with the host tensor's contents. The CPU backend uses the host bytes as
   // they are (an mmap'd weight stays mapped and is never copied).
   virtual std::shared_ptr<Buffer> upload(const Tensor& host) = 0;

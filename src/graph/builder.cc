@@ -284,4 +284,170 @@ Value GraphBuilder::shard_last(Value x, int64_t width, int group, const std::str
   return add_node(Op::kSlice, {x}, {xt.dtype, out}, name, SliceAttrs{0, width, group});
 }
 
+// ---- Primitives ----
+
+namespace {
+// NumPy's broadcast of two shapes (right-aligned, a dim of 1 stretches); false when they clash.
+bool broadcast_shapes(const Shape& a, const Shape& b, Shape& out) {
+  const size_t r = std::max(a.size(), b.size());
+  out.assign(r, 1);
+  for (size_t i = 0; i < r; ++i) {
+    const int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+    const int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+    if (da != db && da != 1 && db != 1) return false;
+    out[i] = da == 1 ? db : da;
+  }
+  return true;
+}
+}  // namespace
+
+DType GraphBuilder::elementwise_dtype(std::initializer_list<Value> operands,
+                                      const std::string& name) const {
+  const bool floats = is_float(type(*operands.begin()).dtype);
+  for (Value v : operands)
+    TF_CHECK(floats ? is_float(type(v).dtype) : type(v).dtype == DType::i32, name, ": operands ",
+             type(v).str(), " and ", type(*operands.begin()).str(),
+             " are not all float or all int32");
+  return floats ? activation() : DType::i32;
+}
+
+Value GraphBuilder::constant(double value, TensorType type, const std::string& name) {
+  TF_CHECK(std::isfinite(value), name, ": constant ", value);
+  return add_node(Op::kConstant, {}, std::move(type), name, ConstantAttrs{value});
+}
+
+Value GraphBuilder::unary(UnaryFn fn, Value x, const std::string& name) {
+  TF_CHECK(is_float(type(x).dtype), name, ": ", unary_name(fn), " of ", type(x).str());
+  return add_node(Op::kUnary, {x}, {activation(), type(x).shape}, name, UnaryAttrs{fn});
+}
+
+Value GraphBuilder::binary(BinaryFn fn, Value a, Value b, const std::string& name) {
+  Shape out;
+  TF_CHECK(broadcast_shapes(type(a).shape, type(b).shape, out), name, ": ", binary_name(fn), " of ",
+           type(a).str(), " and ", type(b).str());
+  return add_node(Op::kBinary, {a, b}, {elementwise_dtype({a, b}, name), out}, name,
+                  BinaryAttrs{fn});
+}
+
+Value GraphBuilder::select(Value pred, Value a, Value b, const std::string& name) {
+  Shape ab, out;
+  TF_CHECK(type(pred).dtype == DType::i32 && broadcast_shapes(type(a).shape, type(b).shape, ab) &&
+               broadcast_shapes(type(pred).shape, ab, out),
+           name, ": select ", type(pred).str(), " ? ", type(a).str(), " : ", type(b).str());
+  return add_node(Op::kSelect, {pred, a, b}, {elementwise_dtype({a, b}, name), out}, name);
+}
+
+Value GraphBuilder::reduce(ReduceFn fn, Value x, int64_t axis, const std::string& name) {
+  Shape out = type(x).shape;
+  TF_CHECK(is_float(type(x).dtype) && axis >= 0 && axis < int64_t(out.size()), name, ": reduce ",
+           type(x).str(), " over ", axis);
+  out[size_t(axis)] = 1;
+  return add_node(Op::kReduce, {x}, {activation(), out}, name, ReduceAttrs{fn, axis});
+}
+
+Value GraphBuilder::softmax(Value x, const std::string& name) {
+  TF_CHECK(is_float(type(x).dtype) && !type(x).shape.empty(), name, ": softmax of ", type(x).str());
+  return add_node(Op::kSoftmax, {x}, {activation(), type(x).shape}, name);
+}
+
+Value GraphBuilder::top_k(Value x, int64_t k, const std::string& name) {
+  Shape out = type(x).shape;
+  TF_CHECK(is_float(type(x).dtype) && !out.empty() && k >= 1 && k <= out.back(), name, ": top ", k,
+           " of ", type(x).str());
+  out.back() = k;
+  return add_node(Op::kTopK, {x}, {DType::i32, out}, name, TopKAttrs{k});
+}
+
+Value GraphBuilder::take_along(Value x, Value idx, const std::string& name) {
+  const TensorType &xt = type(x), &it = type(idx);
+  TF_CHECK(it.dtype == DType::i32 && !xt.shape.empty() && it.shape.size() == xt.shape.size() &&
+               std::equal(xt.shape.begin(), xt.shape.end() - 1, it.shape.begin()),
+           name, ": take ", it.str(), " along ", xt.str());
+  return add_node(Op::kTakeAlong, {x, idx}, {xt.dtype, it.shape}, name);
+}
+
+Value GraphBuilder::scatter_add(Value base, Value idx, Value src, const std::string& name) {
+  const TensorType &bt = type(base), &it = type(idx);
+  TF_CHECK(it.dtype == DType::i32 && type(src).shape == it.shape && !bt.shape.empty() &&
+               it.shape.size() == bt.shape.size() &&
+               std::equal(bt.shape.begin(), bt.shape.end() - 1, it.shape.begin()),
+           name, ": scatter ", type(src).str(), " at ", it.str(), " into ", bt.str());
+  return add_node(Op::kScatterAdd, {base, idx, src},
+                  {elementwise_dtype({base, src}, name), bt.shape}, name);
+}
+
+Value GraphBuilder::concat(const std::vector<Value>& parts, int64_t axis, const std::string& name) {
+  TF_CHECK(!parts.empty(), name, ": concat of nothing");
+  Shape out = type(parts[0]).shape;
+  TF_CHECK(axis >= 0 && axis < int64_t(out.size()), name, ": concat along ", axis);
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const TensorType& t = type(parts[i]);
+    Shape same = t.shape;
+    TF_CHECK(t.dtype == type(parts[0]).dtype && same.size() == out.size(), name, ": concat ",
+             t.str(), " to ", type(parts[0]).str());
+    same[size_t(axis)] = out[size_t(axis)];
+    TF_CHECK(same == out, name, ": concat ", t.str(), " to ", type(parts[0]).str());
+    out[size_t(axis)] += t.shape[size_t(axis)];
+  }
+  return add_node(Op::kConcat, parts, {type(parts[0]).dtype, out}, name, AxisAttrs{axis});
+}
+
+Value GraphBuilder::transpose(Value x, std::vector<int64_t> perm, const std::string& name) {
+  const Shape& in = type(x).shape;
+  std::vector<bool> seen(in.size());
+  Shape out;
+  TF_CHECK(perm.size() == in.size(), name, ": transpose ", type(x).str(), " by ", perm.size(),
+           " dims");
+  for (int64_t p : perm) {
+    TF_CHECK(p >= 0 && p < int64_t(in.size()) && !seen[size_t(p)], name, ": bad permutation");
+    seen[size_t(p)] = true;
+    out.push_back(in[size_t(p)]);
+  }
+  return add_node(Op::kTranspose, {x}, {type(x).dtype, out}, name, TransposeAttrs{std::move(perm)});
+}
+
+Value GraphBuilder::broadcast(Value x, Shape shape, const std::string& name) {
+  Shape out;
+  TF_CHECK(broadcast_shapes(type(x).shape, shape, out) && out == shape, name, ": broadcast ",
+           type(x).str(), " to ", shape_str(shape));
+  return add_node(Op::kBroadcast, {x}, {type(x).dtype, std::move(shape)}, name);
+}
+
+Value GraphBuilder::iota(TensorType type, int64_t axis, const std::string& name) {
+  TF_CHECK((type.dtype == DType::i32 || is_float(type.dtype)) && axis >= 0 &&
+               axis < int64_t(type.shape.size()),
+           name, ": iota ", type.str(), " along ", axis);
+  return add_node(Op::kIota, {}, std::move(type), name, AxisAttrs{axis});
+}
+
+Value GraphBuilder::cumsum(Value x, int64_t axis, const std::string& name) {
+  TF_CHECK(axis >= 0 && axis < int64_t(type(x).shape.size()), name, ": cumsum ", type(x).str(),
+           " along ", axis);
+  return add_node(Op::kCumsum, {x}, {elementwise_dtype({x}, name), type(x).shape}, name,
+                  AxisAttrs{axis});
+}
+
+Value GraphBuilder::matmul(Value a, Value b, const std::string& name) {
+  const Shape &as = type(a).shape, &bs = type(b).shape;
+  const size_t r = as.size();
+  TF_CHECK(r >= 2 && bs.size() == r && std::equal(as.begin(), as.end() - 2, bs.begin()) &&
+               as[r - 1] == bs[r - 2],
+           name, ": matmul ", type(a).str(), " by ", type(b).str());
+  Shape out = as;
+  out.back() = bs.back();
+  return add_node(Op::kMatMul, {a, b}, {elementwise_dtype({a, b}, name), out}, name);
+}
+
+Value GraphBuilder::linear_id(Value x, Value w, Value idx, const std::string& name) {
+  const TensorType &xt = type(x), &wt = type(w), &it = type(idx);
+  TF_CHECK(is_float(xt.dtype) && is_float(wt.dtype) && wt.shape.size() == 3 && !xt.shape.empty() &&
+               xt.shape.back() == wt.shape[2] && it.dtype == DType::i32 &&
+               it.shape.size() == xt.shape.size() &&
+               std::equal(xt.shape.begin(), xt.shape.end() - 1, it.shape.begin()),
+           name, ": x ", xt.str(), " experts ", wt.str(), " idx ", it.str());
+  Shape out = it.shape;
+  out.push_back(wt.shape[1]);
+  return add_node(Op::kLinearId, {x, w, idx}, {activation(), out}, name);
+}
+
 }  // namespace tformers::graph

@@ -4,7 +4,9 @@
 // dtype; reshape, take_last, slice_last and the collectives keep their input's.
 #pragma once
 
+#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "graph/graph.h"
 
@@ -90,6 +92,33 @@ class GraphBuilder {
   // `group`, zeros past x's end.
   Value shard_last(Value x, int64_t width, int group, const std::string& name = "");
 
+  // ---- Primitives (graph.h) ----
+  // A value of `type` filled with `value`.
+  Value constant(double value, TensorType type, const std::string& name = "");
+  Value unary(UnaryFn fn, Value x, const std::string& name = "");
+  // Both operands float (of any float dtypes: the result is an activation) or both int32 (an
+  // int32 result); their shapes broadcast.
+  Value binary(BinaryFn fn, Value a, Value b, const std::string& name = "");
+  Value select(Value pred, Value a, Value b, const std::string& name = "");
+  // fn over `axis`, kept as a dim of 1.
+  Value reduce(ReduceFn fn, Value x, int64_t axis, const std::string& name = "");
+  Value softmax(Value x, const std::string& name = "");  // over the last dim
+  Value top_k(Value x, int64_t k, const std::string& name = "");
+  Value take_along(Value x, Value idx, const std::string& name = "");
+  Value scatter_add(Value base, Value idx, Value src, const std::string& name = "");
+  Value concat(const std::vector<Value>& parts, int64_t axis, const std::string& name = "");
+  Value transpose(Value x, std::vector<int64_t> perm, const std::string& name = "");
+  Value broadcast(Value x, Shape shape, const std::string& name = "");
+  // int32 or float `type` counting along `axis`.
+  Value iota(TensorType type, int64_t axis, const std::string& name = "");
+  Value cumsum(Value x, int64_t axis, const std::string& name = "");
+  Value matmul(Value a, Value b, const std::string& name = "");
+  // x (..., K) through the experts idx (..., k) of w (E, N, K): (..., k, N).
+  Value linear_id(Value x, Value w, Value idx, const std::string& name = "");
+  // A node of another graph, its operands already renumbered into this one (graph/ops.h's
+  // decompose()).
+  Value copy(Node node) { return graph_.add(std::move(node)); }
+
   const TensorType& type(Value v) const { return graph_.node(v).type; }
   Op op(Value v) const { return graph_.node(v).op; }
   void output(Value v) { graph_.mark_output(v); }
@@ -100,6 +129,8 @@ class GraphBuilder {
                                   const std::string& name) const;
   Value add_node(Op op, std::vector<int> inputs, TensorType type, std::string name,
                  Attrs attrs = {});
+  // The dtype of an elementwise result from float operands (an activation) or int32 ones.
+  DType elementwise_dtype(std::initializer_list<Value> operands, const std::string& name) const;
   Graph graph_;
 };
 

@@ -4,62 +4,20 @@
 #include <sstream>
 #include <type_traits>
 
+#include "graph/ops.h"
 #include "tformers/error.h"
 
 namespace tformers::graph {
 
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::kParameter:
-      return "parameter";
-    case Op::kState:
-      return "state";
-    case Op::kInput:
-      return "input";
-    case Op::kEmbedding:
-      return "embedding";
-    case Op::kLinear:
-      return "linear";
-    case Op::kRMSNorm:
-      return "rms_norm";
-    case Op::kRope:
-      return "rope";
-    case Op::kSiluMul:
-      return "silu_mul";
-    case Op::kAdd:
-      return "add";
-    case Op::kReshape:
-      return "reshape";
-    case Op::kCacheWrite:
-      return "cache_write";
-    case Op::kAttention:
-      return "attention";
-    case Op::kTakeLast:
-      return "take_last";
-    case Op::kCustomCall:
-      return "custom_call";
-    case Op::kAllReduce:
-      return "all_reduce";
-    case Op::kAllGather:
-      return "all_gather";
-    case Op::kSlice:
-      return "slice";
-    case Op::kLinearQuant:
-      return "linear_quant";
-    case Op::kGeluTanhMul:
-      return "gelu_tanh_mul";
-    case Op::kScale:
-      return "scale";
-    case Op::kSoftcap:
-      return "softcap";
-    case Op::kPagedCacheWrite:
-      return "paged_cache_write";
-    case Op::kPagedAttention:
-      return "paged_attention";
-    case Op::kConvert:
-      return "convert";
-  }
-  return "?";
+const char* unary_name(UnaryFn fn) {
+  static constexpr const char* kNames[] = {"exp",  "log",     "neg",  "sqrt",      "rsqrt",
+                                           "tanh", "sigmoid", "silu", "gelu_tanh", "softplus"};
+  return kNames[size_t(fn)];
+}
+
+const char* binary_name(BinaryFn fn) {
+  static constexpr const char* kNames[] = {"add", "sub", "mul", "div", "max", "min"};
+  return kNames[size_t(fn)];
 }
 
 std::string TensorType::str() const { return std::string(dtype_name(dtype)) + shape_str(shape); }
@@ -102,48 +60,6 @@ std::vector<int> Graph::leaves(Op kind) const {
 
 namespace {
 
-// The position of attribute kind A in Attrs.
-template <class A, size_t I = 0>
-constexpr size_t attrs_index() {
-  if constexpr (std::is_same_v<A, std::variant_alternative_t<I, Attrs>>)
-    return I;
-  else
-    return attrs_index<A, I + 1>();
-}
-
-// The attribute kind each op carries, as its position in Attrs.
-size_t op_attrs_index(Op op) {
-  switch (op) {
-    case Op::kEmbedding:
-      return attrs_index<EmbeddingAttrs>();
-    case Op::kRMSNorm:
-      return attrs_index<RMSNormAttrs>();
-    case Op::kRope:
-      return attrs_index<RopeAttrs>();
-    case Op::kAttention:
-    case Op::kPagedAttention:
-      return attrs_index<AttentionAttrs>();
-    case Op::kTakeLast:
-      return attrs_index<TakeLastAttrs>();
-    case Op::kScale:
-      return attrs_index<ScaleAttrs>();
-    case Op::kSoftcap:
-      return attrs_index<SoftcapAttrs>();
-    case Op::kSlice:
-      return attrs_index<SliceAttrs>();
-    case Op::kAllReduce:
-      return attrs_index<AllReduceAttrs>();
-    case Op::kAllGather:
-      return attrs_index<AllGatherAttrs>();
-    case Op::kLinearQuant:
-      return attrs_index<LinearQuantAttrs>();
-    case Op::kCustomCall:
-      return attrs_index<CustomCallAttrs>();
-    default:
-      return attrs_index<std::monostate>();
-  }
-}
-
 const char* attrs_name(const Attrs& a) {
   return std::visit(
       [](const auto& v) -> const char* {
@@ -164,8 +80,12 @@ void Node::wrong_attrs(const char* wanted) const {
 
 int Graph::add(Node node) {
   for (int in : node.inputs) TF_CHECK(in >= 0 && in < int(nodes_.size()), "bad input id ", in);
-  TF_CHECK(node.attrs.index() == op_attrs_index(node.op), op_name(node.op), " node '", node.name,
-           "' has ", attrs_name(node.attrs), ", not the op's kind");
+  const OpDef& def = op_def(node.op);
+  TF_CHECK(node.attrs.index() == def.attrs, def.name, " node '", node.name, "' has ",
+           attrs_name(node.attrs), ", not the op's kind");
+  const int count = int(node.inputs.size());
+  TF_CHECK(count >= def.min_inputs && (def.max_inputs < 0 || count <= def.max_inputs), def.name,
+           " node '", node.name, "' has ", count, " operands");
   if (const auto* c = std::get_if<CustomCallAttrs>(&node.attrs))
     TF_CHECK(c->kernel && !c->kernel->target.empty(), "custom call '", node.name,
              "' names no kernel");
@@ -277,6 +197,36 @@ std::string attributes(const Node& n) {
       a.push_back(q.scheme == QuantScheme::kInt8 ? "int8" : "int4");
       a.push_back(q.layout == QuantLayout::kRows ? "rows" : "tiles");
       if (q.has_zero) a.push_back("zero");
+      break;
+    }
+    case Op::kConstant:
+      show("value", n.attrs_as<ConstantAttrs>().value);
+      break;
+    case Op::kUnary:
+      a.push_back(unary_name(n.attrs_as<UnaryAttrs>().fn));
+      break;
+    case Op::kBinary:
+      a.push_back(binary_name(n.attrs_as<BinaryAttrs>().fn));
+      break;
+    case Op::kReduce: {
+      const auto& r = n.attrs_as<ReduceAttrs>();
+      a.push_back(r.fn == ReduceFn::kSum ? "sum" : "max");
+      show("axis", r.axis);
+      break;
+    }
+    case Op::kConcat:
+    case Op::kIota:
+    case Op::kCumsum:
+      show("axis", n.attrs_as<AxisAttrs>().axis);
+      break;
+    case Op::kTopK:
+      show("k", n.attrs_as<TopKAttrs>().k);
+      break;
+    case Op::kTranspose: {
+      std::string perm;
+      for (int64_t p : n.attrs_as<TransposeAttrs>().perm)
+        perm += (perm.empty() ? "" : " ") + std::to_string(p);
+      show("perm", perm);
       break;
     }
     default:

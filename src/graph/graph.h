@@ -69,9 +69,38 @@ enum class Op : uint8_t {
 
   kConvert,  // (x) -> x in the node's float dtype: a hub kernel's float32 boundary in a graph
              // of other activations, and the float32 logits every graph returns
+
+  // Primitives: the ops that composites decompose into and that new layers are written in
+  // (mixtures of experts, gated linear attention). Float operands and results are in the graph's
+  // activation dtype; indices are int32. Shapes broadcast as NumPy's do (right-aligned; a dim
+  // of 1 stretches) where an op says so.
+  kConstant,    // () -> the node's type filled with ConstantAttrs::value
+  kUnary,       // (x) -> fn(x) elementwise; UnaryAttrs
+  kBinary,      // (a, b) -> fn(a, b) elementwise, broadcast; BinaryAttrs
+  kSelect,      // (pred i32, a, b) -> pred != 0 ? a : b, broadcast
+  kReduce,      // (x) -> fn over AxisAttrs::axis, kept as a dim of 1; ReduceAttrs
+  kSoftmax,     // (x) -> softmax over the last dim (composite: exp(x - max) / sum)
+  kTopK,        // (x (..., N)) -> (..., k) int32: indices of the k largest along the last dim,
+                // largest first, the lower index first among equals; TopKAttrs
+  kTakeAlong,   // (x (..., N), idx (..., k) int32) -> (..., k): x[..., idx[..., j]]
+  kScatterAdd,  // (base (..., N), idx (..., k) int32, src (..., k)) -> base with src[..., j]
+                // added at [..., idx[..., j]]
+  kConcat,      // (x0, x1, ...) -> joined along AxisAttrs::axis
+  kTranspose,   // (x) -> x with its dims permuted; TransposeAttrs
+  kBroadcast,   // (x) -> x stretched to the node's shape, broadcast
+  kIota,        // () -> int32 or float counting 0, 1, ... along AxisAttrs::axis
+  kCumsum,      // (x) -> inclusive running sums along AxisAttrs::axis
+  kMatMul,      // (a (..., M, K), b (..., K, N)) -> (..., M, N), equal batch dims
+  kLinearId,    // (x (..., K), w (E, N, K), idx (..., k) int32) -> (..., k, N): x times the
+                // transpose of expert idx[..., j]'s weight, for each j (a mixture of experts)
 };
 
+// The number of ops: every Op is below it.
+constexpr size_t kOpCount = size_t(Op::kLinearId) + 1;
+
 const char* op_name(Op op);
+// Parameters, states and inputs: the leaves a graph binds.
+inline bool is_leaf(Op op) { return op == Op::kParameter || op == Op::kState || op == Op::kInput; }
 
 // Weight-only quantization of kLinearQuant: w[n,k] ~ scale[n, b] * (code[n,k] - zero[n, b]) for
 // block b = k / kQuantBlock of row n (the last block of a row may be short).
@@ -220,9 +249,65 @@ struct CustomCallAttrs {
   auto fields() const { return std::tie(kernel->target, floats); }
 };
 
-using Attrs = std::variant<std::monostate, EmbeddingAttrs, RMSNormAttrs, RopeAttrs, AttentionAttrs,
-                           TakeLastAttrs, ScaleAttrs, SoftcapAttrs, SliceAttrs, AllReduceAttrs,
-                           AllGatherAttrs, LinearQuantAttrs, CustomCallAttrs>;
+// The primitives' attributes.
+struct ConstantAttrs {
+  static constexpr const char* kName = "ConstantAttrs";
+  double value = 0;  // exact for int32 constants too
+  auto fields() const { return std::tie(value); }
+};
+enum class UnaryFn : uint8_t {
+  kExp,
+  kLog,
+  kNeg,
+  kSqrt,
+  kRsqrt,
+  kTanh,
+  kSigmoid,
+  kSilu,
+  kGeluTanh,
+  kSoftplus
+};
+const char* unary_name(UnaryFn fn);  // "exp", ..., "gelu_tanh", "softplus"
+struct UnaryAttrs {
+  static constexpr const char* kName = "UnaryAttrs";
+  UnaryFn fn = UnaryFn::kExp;
+  auto fields() const { return std::tie(fn); }
+};
+enum class BinaryFn : uint8_t { kAdd, kSub, kMul, kDiv, kMax, kMin };
+const char* binary_name(BinaryFn fn);  // "add", "sub", "mul", "div", "max", "min"
+struct BinaryAttrs {
+  static constexpr const char* kName = "BinaryAttrs";
+  BinaryFn fn = BinaryFn::kAdd;
+  auto fields() const { return std::tie(fn); }
+};
+struct AxisAttrs {  // kConcat, kIota, kCumsum
+  static constexpr const char* kName = "AxisAttrs";
+  int64_t axis = 0;
+  auto fields() const { return std::tie(axis); }
+};
+enum class ReduceFn : uint8_t { kSum, kMax };
+struct ReduceAttrs {
+  static constexpr const char* kName = "ReduceAttrs";
+  ReduceFn fn = ReduceFn::kSum;
+  int64_t axis = 0;
+  auto fields() const { return std::tie(fn, axis); }
+};
+struct TopKAttrs {
+  static constexpr const char* kName = "TopKAttrs";
+  int64_t k = 1;
+  auto fields() const { return std::tie(k); }
+};
+struct TransposeAttrs {
+  static constexpr const char* kName = "TransposeAttrs";
+  std::vector<int64_t> perm;  // output dim i is input dim perm[i]
+  auto fields() const { return std::tie(perm); }
+};
+
+using Attrs =
+    std::variant<std::monostate, EmbeddingAttrs, RMSNormAttrs, RopeAttrs, AttentionAttrs,
+                 TakeLastAttrs, ScaleAttrs, SoftcapAttrs, SliceAttrs, AllReduceAttrs,
+                 AllGatherAttrs, LinearQuantAttrs, CustomCallAttrs, ConstantAttrs, UnaryAttrs,
+                 BinaryAttrs, AxisAttrs, ReduceAttrs, TopKAttrs, TransposeAttrs>;
 
 struct Node {
   Op op;

@@ -86,12 +86,7 @@ ModelRunner::Step& ModelRunner::prepare_paged(int64_t rows, int64_t tokens, int6
                   .sequences = sequences});
 }
 
-bool ModelRunner::packs_sequences() const {
-  // A paged attention node with the rows operand, as a packed step's graph has it.
-  graph::Node probe{.op = graph::Op::kPagedAttention, .inputs = {0, 1, 2, 3, 4, 5}};
-  probe.attrs = graph::AttentionAttrs{};
-  return m_.backend->supports(probe);
-}
+bool ModelRunner::packs_sequences() const { return m_.backend->capabilities().packs_sequences; }
 
 void ModelRunner::run_paged(Step& step, std::span<const SequenceChunk> seqs, Tensor& logits) {
   const int64_t rows = step.shape.batch, tokens = step.shape.new_tokens;

@@ -222,15 +222,28 @@ TEST(ActivationDtype, ConvertToFloat32OutputsTheFloat32GraphsValues) {
 
 // The CPU converts only where its float32 twin meets the graph's boundary; a convert inside the
 // graph that changes the dtype is refused when the graph compiles, with the node named.
-TEST(ActivationDtype, CpuRefusesAConvertThatChangesTheDtype) {
+// A convert to or from float32 runs (a weight widened for a primitive, a value rounded to another
+// dtype); one between two 16-bit dtypes is refused at compile, naming the node.
+TEST(ActivationDtype, CpuConvertsToAndFromFloat32) {
+  auto cpu = backends::make_cpu_backend();
   GraphBuilder b;
-  Value w = b.parameter("w", {DType::f32, {kDim}});
-  b.output(b.convert(w, DType::f16, "narrow"));
+  const Value x = b.input("x", {DType::f32, {4}});
+  b.output(b.convert(x, DType::f16, "narrow"));
+  const std::vector<float> v = {1.0f, 1.0f / 3.0f, -65504.0f, 1e-6f};
+  const Tensor in = Tensor::from_vector<float>({4}, DType::f32, v);
+  Tensor out = Tensor::zeros({4}, DType::f16);
+  const Tensor* inputs[] = {&in};
+  Tensor* outputs[] = {&out};
+  cpu->compile(b.finish())->run({}, {}, inputs, outputs);
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(out.data<uint16_t>()[i], f32_to_f16(v[i])) << i;
+
+  GraphBuilder w;
+  w.output(w.convert(w.parameter("w", {DType::bf16, {kDim}}), DType::f16, "sideways"));
   try {
-    backends::make_cpu_backend()->compile(b.finish());
+    cpu->compile(w.finish());
     ADD_FAILURE() << "no error";
   } catch (const UnsupportedError& e) {
-    EXPECT_NE(std::string(e.what()).find("convert of float32[16] to float16 at narrow"),
+    EXPECT_NE(std::string(e.what()).find("convert of bfloat16[16] to float16 at sideways"),
               std::string::npos)
         << e.what();
   }

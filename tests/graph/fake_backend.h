@@ -45,7 +45,7 @@ class FakeBackend : public backends::Backend {
   std::string name() const override { return "fake"; }
   Device device() const override { return Device{"cpu", 0}; }
   bool supports(const graph::Node&) const override { return true; }
-  graph::KvLayout kv_layout() const override { return graph::KvLayout::kHeadMajor; }
+  backends::Capabilities capabilities() const override { return {}; }
   std::unique_ptr<backends::Executable> compile(const graph::Graph& g) override {
     ++compiles;
     const std::vector<int> inputs = g.leaves(graph::Op::kInput);

@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "core/cpu_features.h"
 #include "distributed/fake_group.h"
 #include "graph/builder.h"
+#include "graph/ops.h"
 #include "models/causal_lm_impl.h"
 #include "ops/ops_test_util.h"
 #include "test_device.h"
@@ -101,6 +104,10 @@ Tensor swap_middle(const Tensor& t) {
 
 Tensor ints(Shape shape, std::vector<int32_t> v) {
   return Tensor::from_vector<int32_t>(std::move(shape), DType::i32, v);
+}
+
+std::vector<int32_t> int32s(const Tensor& t) {
+  return {t.data<int32_t>(), t.data<int32_t>() + t.numel()};
 }
 
 // The host values of a graph's leaves, in the order of leaves(kParameter), (kState), (kInput).
@@ -228,6 +235,11 @@ class Lower : public ::testing::Test {
     for (size_t i = 0; i < want.outputs.size(); ++i) {
       const Op op = g.node(g.outputs()[i]).op;
       const bool cache = op == Op::kCacheWrite || op == Op::kPagedCacheWrite;
+      if (want.outputs[i].dtype() == DType::i32) {  // indices: exact
+        EXPECT_EQ(int32s(got.outputs[i]), int32s(want.outputs[i])) << "output " << i << " of\n"
+                                                                   << g.to_string();
+        continue;
+      }
       expect_close((swap && cache ? swap_middle(got.outputs[i]) : got.outputs[i]).to_f32_vector(),
                    want.outputs[i].to_f32_vector(), nmse_tol,
                    "output " + std::to_string(i) + " of\n" + g.to_string());
@@ -529,6 +541,139 @@ TEST_P(LowerOps, LinearInt4OddKWithAndWithoutZeroAndBias) {
   }
 }
 
+// ---- The primitives (graph.h), each on both backends ----
+
+TEST_P(LowerOps, UnaryFunctions) {
+  std::mt19937 rng(20);
+  Case c(act());
+  const Value x = c.input("x", random(rng, {3, 17}, act(), -3.0f, 3.0f));
+  const Value pos = c.input("pos", random(rng, {3, 17}, act(), 0.1f, 4.0f));  // log, sqrt
+  for (graph::UnaryFn fn :
+       {graph::UnaryFn::kExp, graph::UnaryFn::kNeg, graph::UnaryFn::kTanh, graph::UnaryFn::kSigmoid,
+        graph::UnaryFn::kSilu, graph::UnaryFn::kGeluTanh, graph::UnaryFn::kSoftplus})
+    c.b.output(c.b.unary(fn, x, graph::unary_name(fn)));
+  for (graph::UnaryFn fn : {graph::UnaryFn::kLog, graph::UnaryFn::kSqrt, graph::UnaryFn::kRsqrt})
+    c.b.output(c.b.unary(fn, pos, graph::unary_name(fn)));
+  expect_consistent(c, tol(4));
+}
+
+// Every binary function, on equal shapes, a row broadcast, a column broadcast and a scalar
+// constant; int32 operands too.
+TEST_P(LowerOps, BinaryFunctionsBroadcastAndConstants) {
+  std::mt19937 rng(21);
+  Case c(act());
+  const Value a = c.input("a", random(rng, {2, 3, 8}, act(), -2.0f, 2.0f));
+  const Value row = c.input("row", random(rng, {8}, act(), 0.5f, 2.0f));
+  const Value col = c.param("col", random(rng, {2, 3, 1}, DType::f32, 0.5f, 2.0f));
+  const Value k = c.b.constant(1.25, {act(), {}});
+  for (graph::BinaryFn fn : {graph::BinaryFn::kAdd, graph::BinaryFn::kSub, graph::BinaryFn::kMul,
+                             graph::BinaryFn::kDiv, graph::BinaryFn::kMax, graph::BinaryFn::kMin}) {
+    c.b.output(c.b.binary(fn, a, row));
+    c.b.output(c.b.binary(fn, col, a));
+    c.b.output(c.b.binary(fn, a, k));
+  }
+  const Value i = c.input("i", ints({2, 4}, {5, -3, 7, 0, 2, 9, -8, 4}));
+  const Value j = c.input("j", ints({4}, {3, 2, -5, 1}));
+  for (graph::BinaryFn fn : {graph::BinaryFn::kAdd, graph::BinaryFn::kSub, graph::BinaryFn::kMul,
+                             graph::BinaryFn::kDiv, graph::BinaryFn::kMax, graph::BinaryFn::kMin})
+    c.b.output(c.b.binary(fn, i, j));
+  c.b.output(c.b.constant(-7, {DType::i32, {3}}));
+  expect_consistent(c, tol(2));
+}
+
+TEST_P(LowerOps, SelectReduceAndSoftmax) {
+  std::mt19937 rng(22);
+  Case c(act());
+  const Value x = c.input("x", random(rng, {2, 5, 9}, act(), -4.0f, 4.0f));
+  const Value y = c.input("y", random(rng, {9}, act()));
+  const Value p =
+      c.input("p", ints({2, 1, 9}, {1, 0, 0, 1, 1, 0, 1, 0, 0, 0, 1, 1, 0, 0, 1, 0, 1, 1}));
+  c.b.output(c.b.select(p, x, y));
+  for (int64_t axis : {0, 1, 2}) {
+    c.b.output(c.b.reduce(graph::ReduceFn::kSum, x, axis));
+    c.b.output(c.b.reduce(graph::ReduceFn::kMax, x, axis));
+  }
+  c.b.output(c.b.softmax(x));
+  expect_consistent(c, tol(9));
+}
+
+// Indices are exact: top-k with ties (the lower index first), gathers and scatters along the last
+// dim (out-of-row indices clamped by a gather and dropped by a scatter, as XLA does).
+TEST_P(LowerOps, TopKTakeAlongAndScatterAdd) {
+  Case c(act());
+  const std::vector<float> v = {0.5f, -1.0f, 2.0f,  0.5f, 3.0f, 2.0f, -0.25f, 1.0f,
+                                1.0f, 1.0f,  -2.0f, 1.0f, 0.0f, 4.0f, 4.0f,   -1.0f};
+  Tensor xs = Tensor::from_vector<float>({2, 8}, DType::f32, v);
+  const Value x = c.input("x", act() == DType::f32 ? xs : xs.to(act()));
+  const Value top = c.b.top_k(x, 3);
+  c.b.output(top);
+  c.b.output(c.b.take_along(x, top));
+  const Value idx = c.input("idx", ints({2, 3}, {7, 0, 7, 9, -1, 2}));
+  c.b.output(c.b.take_along(x, idx));
+  const Value src = c.input(
+      "src", Tensor::from_vector<float>({2, 3}, DType::f32, {1.0f, 2.0f, 4.0f, 8.0f, 16.0f, 32.0f})
+                 .to(act()));
+  c.b.output(c.b.scatter_add(x, idx, src));
+  expect_consistent(c, 0.0);
+}
+
+TEST_P(LowerOps, ConcatTransposeBroadcastIotaCumsum) {
+  std::mt19937 rng(23);
+  Case c(act());
+  const Value a = c.input("a", random(rng, {2, 3, 4}, act()));
+  const Value b = c.input("b", random(rng, {2, 1, 4}, act()));
+  c.b.output(c.b.concat({a, b, a}, 1));
+  c.b.output(c.b.transpose(a, {2, 0, 1}));
+  c.b.output(c.b.broadcast(b, {5, 2, 3, 4}));
+  c.b.output(c.b.iota({DType::i32, {3, 4}}, 1));
+  c.b.output(c.b.iota({act(), {3, 4}}, 0));
+  c.b.output(c.b.cumsum(c.input("i", ints({2, 3}, {1, 2, 3, 4, 5, 6})), 1));
+  expect_consistent(c, 0.0);
+  Case s(act());
+  s.b.output(s.b.cumsum(s.input("x", random(rng, {3, 7, 2}, act())), 1));
+  expect_consistent(s, tol(7));
+}
+
+TEST_P(LowerOps, MatMulAndExpertLinear) {
+  std::mt19937 rng(24);
+  Case c(act());
+  c.b.output(c.b.matmul(c.input("a", random(rng, {2, 3, 16}, act())),
+                        c.input("b", random(rng, {2, 16, 5}, act()))));
+  // 4 tokens, each through 2 of 3 experts of 6 outputs by 16 inputs.
+  const Value x = c.input("x", random(rng, {1, 4, 16}, act()));
+  const Value w = c.param("experts", random(rng, {3, 6, 16}, act()));
+  c.b.output(c.b.linear_id(x, w, c.input("idx", ints({1, 4, 2}, {0, 2, 1, 0, 2, 2, 1, 1}))));
+  expect_consistent(c, tol(16, 0, cpu_rounds_x_to_bf16({1, 1, 16}, bf16(), false)));
+}
+
+// Each composite through its decomposition into primitives, on both backends, against the CPU's
+// fused rule: the decompositions compute what the fused ops compute.
+TEST_P(LowerOps, CompositesThroughTheirDecompositions) {
+  std::mt19937 rng(25);
+  Case c(act());
+  const Value x = c.input("x", random(rng, {2, 3, 24}, act(), -3.0f, 3.0f));
+  const Value y = c.input("y", random(rng, {2, 3, 24}, act(), -3.0f, 3.0f));
+  const Value w = c.param("w", random(rng, {24}, act()));
+  c.b.output(c.b.add(x, y));
+  c.b.output(c.b.scale(x, 1.7f));
+  c.b.output(c.b.softcap(x, 0.8f));
+  c.b.output(c.b.silu_mul(x, y));
+  c.b.output(c.b.gelu_tanh_mul(x, y));
+  c.b.output(c.b.rms_norm(x, w, 1e-5f));
+  c.b.output(c.b.rms_norm(x, w, 1e-6f, {.unit_offset = true}, "gemma"));
+  c.b.output(c.b.softmax(x));
+  const graph::Graph fused = c.b.finish();
+  const graph::Graph primitive =
+      graph::decompose(fused, [](const graph::Node& n) { return !graph::op_def(n.op).decompose; });
+  for (const graph::Node& n : primitive.nodes())
+    EXPECT_FALSE(graph::op_def(n.op).decompose) << graph::op_name(n.op) << " left";
+  expect_consistent(fused, c, primitive, c, tol(24, 4));
+  const Results cpu_fused = run_cpu(fused, c), cpu_primitive = run_cpu(primitive, c);
+  for (size_t i = 0; i < cpu_fused.outputs.size(); ++i)
+    expect_close(cpu_primitive.outputs[i].to_f32_vector(), cpu_fused.outputs[i].to_f32_vector(),
+                 tol(24, 4), "CPU output " + std::to_string(i));
+}
+
 INSTANTIATE_TEST_SUITE_P(Activations, LowerOps, ::testing::Values(DType::f32, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
@@ -547,6 +692,22 @@ TEST_F(Lower, ComparisonCatchesAWrongConstant) {
   const std::vector<float> got = run_xla(*client_, m.mlir, g, c).outputs[0].to_f32_vector();
   const cpu::ErrorStats s = cpu::compare(got, want);
   EXPECT_GT(s.nmse, nmse_tolerance(8)) << "a scale of 1.5 + 2^-10 passed for 1.5";
+}
+
+// And a broken primitive rule is caught too: top-k's comparator made to sort ascending gives other
+// indices than the CPU's reference.
+TEST_F(Lower, ComparisonCatchesABrokenTopK) {
+  std::mt19937 rng(14);
+  Case c(DType::f32);
+  c.b.output(c.b.top_k(c.input("x", random(rng, {4, 16}, DType::f32)), 3));
+  const graph::Graph g = c.b.finish();
+  LoweredModule m = lower(g);
+  const size_t at = m.mlir.find("compare GT, %a, %b");
+  ASSERT_NE(at, std::string::npos) << m.mlir;
+  const std::vector<int32_t> want = int32s(run_cpu(g, c).outputs[0]);
+  EXPECT_EQ(int32s(run_xla(*client_, m.mlir, g, c).outputs[0]), want);
+  m.mlir.replace(at, 10, "compare LT");
+  EXPECT_NE(int32s(run_xla(*client_, m.mlir, g, c).outputs[0]), want);
 }
 
 // The leaves of a model's step: its weights as loaded, a cache holding a random history of
@@ -709,6 +870,76 @@ TEST(LowerModule, CustomCallsAndCollectivesNeedTheCpuBackend) {
       EXPECT_NE(what.find(r.label), std::string::npos) << what;
       EXPECT_NE(what.find("needs the CPU backend"), std::string::npos) << what;
     }
+  }
+}
+
+// Every registered op has a case that runs it on both backends: a test of this file (all of the
+// ops the lowering has a rule for), or the suite that covers one the lowering leaves to the CPU
+// (hub kernels, and the collectives that the PJRT backend runs on the host between segments).
+// Registering an op fails this test until its case is named here and exists.
+TEST(OpRegistry, EveryOpHasACase) {
+  const std::map<Op, std::string> cases = {
+      {Op::kEmbedding, "LowerOps.EmbeddingWholeTableAndShard"},
+      {Op::kLinear, "LowerOps.LinearWithAndWithoutBias"},
+      {Op::kRMSNorm, "LowerOps.RMSNorm"},
+      {Op::kRope, "LowerOps.RopeWholePartialAndInterleaved"},
+      {Op::kSiluMul, "LowerOps.Elementwise"},
+      {Op::kAdd, "LowerOps.Elementwise"},
+      {Op::kReshape, "LowerOps.ReshapeTakeLastAndSliceMoveValuesExactly"},
+      {Op::kCacheWrite, "LowerOps.CacheWriteAtAStart"},
+      {Op::kAttention, "LowerOps.CacheWriteThenAttention"},
+      {Op::kTakeLast, "LowerOps.ReshapeTakeLastAndSliceMoveValuesExactly"},
+      {Op::kCustomCall, "LowerModule.CustomCallsAndCollectivesNeedTheCpuBackend"},
+      {Op::kAllReduce, "LowerModule.CustomCallsAndCollectivesNeedTheCpuBackend"},
+      {Op::kAllGather, "LowerModule.CustomCallsAndCollectivesNeedTheCpuBackend"},
+      {Op::kSlice, "LowerOps.ReshapeTakeLastAndSliceMoveValuesExactly"},
+      {Op::kLinearQuant, "LowerOps.LinearInt8OddKWithAndWithoutBias"},
+      {Op::kGeluTanhMul, "LowerOps.Elementwise"},
+      {Op::kScale, "LowerOps.Elementwise"},
+      {Op::kSoftcap, "LowerOps.Elementwise"},
+      {Op::kPagedCacheWrite, "LowerOps.PagedWriteThenAttention"},
+      {Op::kPagedAttention, "LowerOps.PagedWriteThenAttention"},
+      {Op::kConvert, "Lower.TinyModelStepsMatchTheCpuBackend"},
+      {Op::kConstant, "LowerOps.BinaryFunctionsBroadcastAndConstants"},
+      {Op::kUnary, "LowerOps.UnaryFunctions"},
+      {Op::kBinary, "LowerOps.BinaryFunctionsBroadcastAndConstants"},
+      {Op::kSelect, "LowerOps.SelectReduceAndSoftmax"},
+      {Op::kReduce, "LowerOps.SelectReduceAndSoftmax"},
+      {Op::kSoftmax, "LowerOps.SelectReduceAndSoftmax"},
+      {Op::kTopK, "LowerOps.TopKTakeAlongAndScatterAdd"},
+      {Op::kTakeAlong, "LowerOps.TopKTakeAlongAndScatterAdd"},
+      {Op::kScatterAdd, "LowerOps.TopKTakeAlongAndScatterAdd"},
+      {Op::kConcat, "LowerOps.ConcatTransposeBroadcastIotaCumsum"},
+      {Op::kTranspose, "LowerOps.ConcatTransposeBroadcastIotaCumsum"},
+      {Op::kBroadcast, "LowerOps.ConcatTransposeBroadcastIotaCumsum"},
+      {Op::kIota, "LowerOps.ConcatTransposeBroadcastIotaCumsum"},
+      {Op::kCumsum, "LowerOps.ConcatTransposeBroadcastIotaCumsum"},
+      {Op::kMatMul, "LowerOps.MatMulAndExpertLinear"},
+      {Op::kLinearId, "LowerOps.MatMulAndExpertLinear"},
+  };
+  // The tests of this binary by "Suite.Name", parameterised ones without their instance prefix
+  // and parameter suffix.
+  std::set<std::string> tests;
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+  for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+    const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+    std::string name = suite.name();
+    name = name.substr(name.find('/') + 1);  // "Activations/LowerOps" -> "LowerOps"
+    for (int j = 0; j < suite.total_test_count(); ++j) {
+      const std::string test = suite.GetTestInfo(j)->name();
+      tests.insert(name + "." + test.substr(0, test.find('/')));
+    }
+  }
+  for (size_t i = 0; i < graph::kOpCount; ++i) {
+    const Op op = Op(i);
+    if (graph::is_leaf(op)) continue;
+    const auto it = cases.find(op);
+    if (it == cases.end()) {
+      ADD_FAILURE() << graph::op_name(op) << " has no case: write one in lower_test.cc";
+      continue;
+    }
+    EXPECT_TRUE(tests.count(it->second))
+        << graph::op_name(op) << "'s case " << it->second << " is not a test of this binary";
   }
 }
 

@@ -9,13 +9,12 @@
 #include <mutex>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/rules.h"
 #include "backends/kernel_registry.h"
 #include "core/cpu_features.h"
 #include "core/memory.h"
 #include "core/stream_read.h"
-#include "distributed/process_group.h"
 #include "tformers/error.h"
-#include "tformers/kernel_abi.h"
 
 namespace tformers::backends {
 
@@ -104,12 +103,51 @@ class OpProfile {
 // at the boundary. Results equal the f32 graph's up to the final rounding of the outputs to the
 // activation dtype. The graph converts a hub kernel's activations to the float32 its layer
 // contract names, and the logits to float32: those converts become float32 to float32, no-ops.
+// A primitive's 16-bit float operand (a weight) gets a convert to float32 of its own.
+//
+// Whether the rule of `op` reads operand k as float32 activations (backends/cpu/rules.cc): a
+// 16-bit float there (a weight, a value converted to another dtype) is widened first.
+bool reads_f32(Op op, size_t k) {
+  switch (op) {
+    case Op::kUnary:
+    case Op::kBinary:
+    case Op::kReduce:
+    case Op::kSoftmax:
+    case Op::kTopK:
+    case Op::kCumsum:
+    case Op::kMatMul:
+      return true;
+    case Op::kSelect:
+      return k > 0;
+    case Op::kScatterAdd:
+      return k != 1;
+    case Op::kLinearId:
+      return k == 0;
+    default:
+      return false;
+  }
+}
+
 graph::Graph legalise(const graph::Graph& g) {
   const DType act = g.activation_dtype();
-  if (act == DType::f32) return g;
   graph::Graph out(DType::f32, g.kv_layout());
-  for (const Node& n : g.nodes()) {
+  std::vector<int> to(g.nodes().size());
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.node(int(i));
     Node m = n;
+    for (size_t k = 0; k < m.inputs.size(); ++k) {
+      int& in = m.inputs[k];
+      in = to[size_t(in)];
+      const graph::TensorType t = out.node(in).type;
+      if (reads_f32(n.op, k) && t.dtype != DType::f32 && is_float(t.dtype)) {
+        Node widen;
+        widen.op = Op::kConvert;
+        widen.inputs = {in};
+        widen.type = {DType::f32, t.shape};
+        widen.name = n.name + ".widen";
+        in = out.add(std::move(widen));
+      }
+    }
     switch (n.op) {
       case Op::kParameter:
       case Op::kState:
@@ -121,37 +159,21 @@ graph::Graph legalise(const graph::Graph& g) {
       case Op::kSlice:
       case Op::kAllReduce:
       case Op::kAllGather:
-        m.type.dtype = out.node(n.inputs[0]).type.dtype;
+      case Op::kTakeAlong:
+      case Op::kConcat:
+      case Op::kTranspose:
+      case Op::kBroadcast:
+        m.type.dtype = out.node(m.inputs[0]).type.dtype;
         break;
       case Op::kCustomCall:  // its dtypes are the kernel's
         break;
       default:
         if (m.type.dtype == act) m.type.dtype = DType::f32;
     }
-    out.add(std::move(m));
+    to[i] = out.add(std::move(m));
   }
-  for (int o : g.outputs()) out.mark_output(o);
+  for (int o : g.outputs()) out.mark_output(to[size_t(o)]);
   return out;
-}
-
-// A linear's input (..., T, K) with T = 1 is one token per sequence, a decode step: its kernel
-// then gives each row the same bits whatever the batch (kernels.h's LinearRows). The models keep
-// (B, T, hidden) activations through every linear, so T tells a decode step from a prompt's.
-cpu::LinearRows linear_rows(const graph::TensorType& x) {
-  const size_t r = x.shape.size();
-  return r >= 3 && x.shape[r - 2] == 1 ? cpu::LinearRows::kDecode : cpu::LinearRows::kAny;
-}
-
-// Host tensors of a 16-bit float dtype to and from the f32 values the kernels use.
-void widen(const void* src, DType dtype, int64_t n, float* dst) {
-  const auto* h = static_cast<const uint16_t*>(src);
-  for (int64_t i = 0; i < n; ++i)
-    dst[i] = dtype == DType::bf16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
-}
-void narrow(const float* src, int64_t n, DType dtype, void* dst) {
-  auto* h = static_cast<uint16_t*>(dst);
-  for (int64_t i = 0; i < n; ++i)
-    h[i] = dtype == DType::bf16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
 }
 
 // What one run needs besides the plan. A run checks one out of its executable for its duration,
@@ -180,7 +202,6 @@ class CpuExecutable : public Executable {
               std::span<Tensor* const> outputs) const;
   void* ptr(const RunContext& c, int id) const;
   void execute_node(RunContext& c, const Node& n, int id) const;
-  void custom_call(const RunContext& c, const Node& n, int id) const;
 
   // The compiled plan, fixed by the constructor and only read after.
   graph::Graph graph_;       // legalised: activations are f32
@@ -191,6 +212,7 @@ class CpuExecutable : public Executable {
   // Per node, the hub kernel a custom call resolved to at compile (empty for other ops); each
   // holds its library loaded for as long as the executable lives.
   std::vector<KernelEntry> kernels_;
+  std::vector<cpu_rules::Rule> rules_;  // per node, its op's rule
 
   std::mutex mu_;
   std::vector<std::unique_ptr<RunContext>> idle_;  // finished runs' contexts, guarded by mu_
@@ -223,17 +245,20 @@ void CpuExecutable::plan() {
   state_ids_ = graph_.leaves(Op::kState);
   input_ids_ = graph_.leaves(Op::kInput);
 
-  // Reshapes, converts (float32 to float32 once legalised) and cache writes alias their first
-  // input; everything else that is not a parameter or state gets its own arena block.
+  // Reshapes, converts to their input's dtype (float32 to float32 once legalised) and cache
+  // writes alias their first input; everything else that is not a parameter or state gets its own
+  // arena block.
   std::vector<int> root(n);
   for (int i = 0; i < n; ++i) {
     const Node& nd = nodes[i];
-    if (nd.op == Op::kConvert && nd.type.dtype != graph_.node(nd.inputs[0]).type.dtype)
+    const DType from = nd.inputs.empty() ? nd.type.dtype : graph_.node(nd.inputs[0]).type.dtype;
+    if (nd.op == Op::kConvert && from != nd.type.dtype && from != DType::f32 &&
+        nd.type.dtype != DType::f32)
       throw UnsupportedError(detail::str_cat(
           "CPU backend: convert of ", graph_.node(nd.inputs[0]).type.str(), " to ",
-          dtype_name(nd.type.dtype), " at ", nd.name,
-          " (it computes activations in float32 and converts only at the graph's boundary)"));
-    const bool in_place = nd.op == Op::kReshape || nd.op == Op::kConvert ||
+          dtype_name(nd.type.dtype), " at ", nd.name, " (it converts to and from float32)"));
+    const bool in_place = nd.op == Op::kReshape ||
+                          (nd.op == Op::kConvert && from == nd.type.dtype) ||
                           nd.op == Op::kCacheWrite || nd.op == Op::kPagedCacheWrite;
     root[i] = in_place ? root[nd.inputs[0]] : i;
   }
@@ -281,12 +306,16 @@ void CpuExecutable::plan() {
     placed.push_back(b);
   }
   kernels_.resize(n);
+  rules_.resize(n);
   for (int i = 0; i < n; ++i) {
     const Node& nd = nodes[i];
+    rules_[i] = cpu_rules::rule(nd.op);
+    TF_CHECK(rules_[i] && nd.inputs.size() <= cpu_rules::kMaxOperands,
+             "CPU backend: ", graph::op_name(nd.op), " node ", nd.name, " with ", nd.inputs.size(),
+             " operands has no rule");
     if (nd.op == Op::kCustomCall) {
       const graph::CustomCall& k = *nd.attrs_as<graph::CustomCallAttrs>().kernel;
-      TF_CHECK(k.backend == "cpu" && nd.inputs.size() <= 8, "CPU backend cannot run custom call ",
-               nd.name);
+      TF_CHECK(k.backend == "cpu", "CPU backend cannot run custom call ", nd.name);
       kernels_[i] = find_kernel("cpu", k.target);
       if (!kernels_[i].fn)
         throw NotFoundError(detail::str_cat(
@@ -379,7 +408,8 @@ void CpuExecutable::run_in(RunContext& c, std::span<const Tensor* const> inputs,
     if (graph_.node(input_ids_[k]).type.dtype == inputs[k]->dtype())
       std::memcpy(dst, inputs[k]->raw(), inputs[k]->nbytes());
     else
-      widen(inputs[k]->raw(), inputs[k]->dtype(), inputs[k]->numel(), static_cast<float*>(dst));
+      cpu_rules::widen(inputs[k]->raw(), inputs[k]->dtype(), inputs[k]->numel(),
+                       static_cast<float*>(dst));
     stats_->host_to_device(inputs[k]->nbytes());
   }
   const auto& nodes = graph_.nodes();
@@ -406,221 +436,16 @@ void CpuExecutable::run_in(RunContext& c, std::span<const Tensor* const> inputs,
     if (graph_.node(graph_.outputs()[k]).type.dtype == outputs[k]->dtype())
       std::memcpy(outputs[k]->raw(), src, outputs[k]->nbytes());
     else
-      narrow(static_cast<const float*>(src), outputs[k]->numel(), outputs[k]->dtype(),
-             outputs[k]->raw());
+      cpu_rules::narrow(static_cast<const float*>(src), outputs[k]->numel(), outputs[k]->dtype(),
+                        outputs[k]->raw());
     stats_->device_to_host(outputs[k]->nbytes());
   }
 }
 
 void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
-  ThreadPool& pool = ThreadPool::global();
-  auto in_type = [&](int k) -> const graph::TensorType& { return graph_.node(n.inputs[k]).type; };
-  auto in = [&](int k) { return ptr(c, n.inputs[k]); };
-  auto f32 = [&](int k) { return static_cast<const float*>(ptr(c, n.inputs[k])); };
-  float* out = static_cast<float*>(ptr(c, id));
-  const Shape& s = n.type.shape;
-  switch (n.op) {
-    case Op::kParameter:
-    case Op::kState:
-    case Op::kInput:
-    case Op::kReshape:
-    case Op::kConvert:
-      return;
-    case Op::kEmbedding: {
-      int64_t count = shape_numel(in_type(1).shape);
-      const auto* ids = static_cast<const int32_t*>(in(1));
-      const auto& a = n.attrs_as<graph::EmbeddingAttrs>();
-      const int64_t rows = in_type(0).shape[0], d = s.back();
-      const int64_t lo = distributed::rank_offset(a.group, rows);
-      if (lo == 0 && rows == a.vocab) {
-        cpu::embedding(in(0), in_type(0).dtype, ids, count, d, out, pool);
-        return;
-      }
-      // A vocabulary shard: rows owned here are looked up, the rest are zero.
-      for (int64_t i = 0; i < count; ++i) {
-        const int32_t local = int32_t(ids[i] - lo);
-        if (local >= 0 && local < rows)
-          cpu::embedding(in(0), in_type(0).dtype, &local, 1, d, out + i * d, pool);
-        else
-          std::memset(out + i * d, 0, size_t(d) * sizeof(float));
-      }
-      return;
-    }
-    case Op::kLinear: {
-      int64_t k = in_type(0).shape.back(), m = shape_numel(in_type(0).shape) / k;
-      const void* bias = n.inputs.size() > 2 ? in(2) : nullptr;
-      DType bias_type = n.inputs.size() > 2 ? in_type(2).dtype : in_type(1).dtype;
-      TF_CHECK(bias == nullptr || bias_type == in_type(1).dtype, "bias dtype must match weight");
-      cpu::linear(f32(0), in(1), in_type(1).dtype, bias, out, m, s.back(), k, pool,
-                  linear_rows(in_type(0)));
-      return;
-    }
-    case Op::kLinearQuant: {
-      // The layouts prepare_quantized_linear makes: int8 rows, int4 tiles.
-      const int64_t k = in_type(0).shape.back(), m = shape_numel(in_type(0).shape) / k;
-      const auto& q = n.attrs_as<graph::LinearQuantAttrs>();
-      const size_t bias_at = q.has_zero ? 4 : 3;
-      const float* bias = n.inputs.size() > bias_at ? f32(bias_at) : nullptr;
-      if (q.scheme == graph::QuantScheme::kInt8)
-        cpu::linear_int8(f32(0), static_cast<const int8_t*>(in(1)), f32(2), bias, out, m, s.back(),
-                         k, pool, linear_rows(in_type(0)));
-      else
-        cpu::linear_int4(f32(0), static_cast<const uint8_t*>(in(1)),
-                         static_cast<const uint16_t*>(in(2)),
-                         q.has_zero ? static_cast<const uint8_t*>(in(3)) : nullptr, bias, out, m,
-                         s.back(), k, pool, linear_rows(in_type(0)));
-      return;
-    }
-    case Op::kRMSNorm: {
-      int64_t d = s.back(), m = shape_numel(s) / d;
-      const auto& a = n.attrs_as<graph::RMSNormAttrs>();
-      cpu::rms_norm(f32(0), in(1), in_type(1).dtype, out, m, d, a.eps, a.unit_offset, pool);
-      return;
-    }
-    case Op::kRope: {
-      if (out != f32(0)) std::memcpy(out, f32(0), shape_numel(s) * sizeof(float));
-      const auto& a = n.attrs_as<graph::RopeAttrs>();
-      cpu::rope(out, static_cast<const int32_t*>(in(1)), a.inv_freq.data(), s[0] * s[1], s[2], s[3],
-                a.rotary_dim, a.interleaved, pool);
-      return;
-    }
-    case Op::kSiluMul:
-      cpu::silu_mul(f32(0), f32(1), out, shape_numel(s), pool);
-      return;
-    case Op::kGeluTanhMul:
-      cpu::gelu_tanh_mul(f32(0), f32(1), out, shape_numel(s), pool);
-      return;
-    case Op::kAdd:
-      cpu::add(f32(0), f32(1), out, shape_numel(s), pool);
-      return;
-    case Op::kScale:
-      cpu::scale(f32(0), n.attrs_as<graph::ScaleAttrs>().factor, out, shape_numel(s), pool);
-      return;
-    case Op::kSoftcap:
-      cpu::softcap(f32(0), n.attrs_as<graph::SoftcapAttrs>().cap, out, shape_numel(s), pool);
-      return;
-    case Op::kCacheWrite: {
-      const Shape& u = in_type(1).shape;  // (B,T,Hkv,D)
-      int32_t start = *static_cast<const int32_t*>(in(2));
-      cpu::cache_write(ptr(c, id), n.type.dtype, f32(1), u[0], u[1], u[2], s[2], u[3], start, pool);
-      return;
-    }
-    case Op::kAttention: {
-      const Shape& c = in_type(1).shape;  // (B,Hkv,S,D)
-      int32_t start = *static_cast<const int32_t*>(in(3));
-      const int32_t* mask = n.inputs.size() > 4 ? static_cast<const int32_t*>(in(4)) : nullptr;
-      const auto& a = n.attrs_as<graph::AttentionAttrs>();
-      cpu::attention(f32(0), in(1), in(2), in_type(1).dtype, mask, out, s[0], s[1], s[2], c[1],
-                     c[2], s[3], start, a.scale, a.sliding_window, a.softcap, pool);
-      return;
-    }
-    case Op::kPagedCacheWrite: {
-      const Shape& u = in_type(1).shape;  // (B,T,Hkv,D)
-      const auto* rows = n.inputs.size() > 4 ? static_cast<const int32_t*>(in(4)) : nullptr;
-      cpu::paged_cache_write(ptr(c, id), n.type.dtype, f32(1), static_cast<const int32_t*>(in(2)),
-                             rows, static_cast<const int32_t*>(in(3)), u[0], u[1], u[2], s[2],
-                             in_type(2).shape[1], u[3], pool);
-      return;
-    }
-    case Op::kPagedAttention: {
-      const Shape& kp = in_type(1).shape;  // (NB,Hkv,BS,D)
-      const auto& a = n.attrs_as<graph::AttentionAttrs>();
-      const auto* rows = n.inputs.size() > 5 ? static_cast<const int32_t*>(in(5)) : nullptr;
-      cpu::paged_attention(f32(0), in(1), in(2), in_type(1).dtype,
-                           static_cast<const int32_t*>(in(3)), rows,
-                           static_cast<const int32_t*>(in(4)), out, s[0], s[1], s[2], kp[1], kp[2],
-                           in_type(3).shape[1], s[3], a.scale, a.sliding_window, a.softcap, pool);
-      return;
-    }
-    case Op::kCustomCall:
-      custom_call(c, n, id);
-      return;
-    case Op::kTakeLast: {
-      const Shape& x = in_type(0).shape;  // (B,T,D)
-      int64_t keep = n.attrs_as<graph::TakeLastAttrs>().n, d = x[2];
-      for (int64_t b = 0; b < x[0]; ++b)
-        std::memcpy(out + b * keep * d, f32(0) + (b * x[1] + x[1] - keep) * d,
-                    keep * d * sizeof(float));
-      return;
-    }
-    case Op::kAllReduce: {
-      const int64_t numel = shape_numel(s), d = s.back();
-      distributed::group(n.attrs_as<graph::AllReduceAttrs>().group)
-          .all_reduce_sum(f32(0), out, numel);
-      if (n.inputs.size() > 1) {
-        // The bias of a rowwise layer, added once after the sum (on every rank alike).
-        const DType bt = in_type(1).dtype;
-        TF_CHECK(bt == DType::f32 || bt == DType::bf16, "all_reduce bias dtype");
-        for (int64_t i = 0; i < numel; ++i)
-          out[i] += bt == DType::f32 ? f32(1)[i % d]
-                                     : bf16_to_f32(static_cast<const uint16_t*>(in(1))[i % d]);
-      }
-      return;
-    }
-    case Op::kAllGather: {
-      const auto& a = n.attrs_as<graph::AllGatherAttrs>();
-      distributed::ProcessGroup& g = distributed::group(a.group);
-      TF_CHECK(a.ranks == g.size(), "all_gather over ", a.ranks, " ranks in a group of ", g.size());
-      g.all_gather_last_dim(f32(0), out, shape_numel(s) / s.back(), in_type(0).shape.back(),
-                            c.gather_scratch);
-      return;
-    }
-    case Op::kSlice: {
-      const auto& a = n.attrs_as<graph::SliceAttrs>();
-      const int64_t k = in_type(0).shape.back(), w = s.back(), rows = shape_numel(s) / w;
-      const int64_t begin = a.begin + distributed::rank_offset(a.group, w);
-      const int64_t have = std::clamp<int64_t>(k - begin, 0, w);  // the rest is padding
-      for (int64_t i = 0; i < rows; ++i) {
-        std::memcpy(out + i * w, f32(0) + i * k + begin, size_t(have) * sizeof(float));
-        std::fill(out + i * w + have, out + (i + 1) * w, 0.0f);
-      }
-      return;
-    }
-  }
-  TF_CHECK(false, "CPU backend: no kernel for op ", graph::op_name(n.op));
-}
-
-static_assert(int(DType::f32) == TF_KERNEL_F32 && int(DType::bf16) == TF_KERNEL_BF16 &&
-                  int(DType::f16) == TF_KERNEL_F16 && int(DType::i32) == TF_KERNEL_I32 &&
-                  int(DType::i64) == TF_KERNEL_I64,
-              "kernel_abi.h dtype codes follow tformers::DType");
-
-// The host side of TfKernelCall::parallel_for: the kernel's C body over the global pool.
-void kernel_parallel_for(void* host, int64_t n, int64_t grain,
-                         void (*body)(void* arg, int64_t begin, int64_t end), void* arg) {
-  static_cast<ThreadPool*>(host)->parallel_for(
-      n, [&](int64_t begin, int64_t end, int) { body(arg, begin, end); },
-      std::max<int64_t>(grain, 1));
-}
-
-// A hub kernel through its C entry point. Tensors and attributes point into the graph and the
-// arena; nothing is allocated per call.
-void CpuExecutable::custom_call(const RunContext& c, const Node& n, int id) const {
-  TfKernelTensor inputs[8];
-  const int count = int(n.inputs.size());
-  for (int k = 0; k < count; ++k) {
-    const graph::TensorType& t = graph_.node(n.inputs[k]).type;
-    inputs[k] = {ptr(c, n.inputs[k]), int32_t(t.dtype), int32_t(t.shape.size()), t.shape.data()};
-  }
-  const TfKernelTensor output = {ptr(c, id), int32_t(n.type.dtype), int32_t(n.type.shape.size()),
-                                 n.type.shape.data()};
-  char error[512] = {0};
-  TfKernelCall call = {};
-  call.inputs = inputs;
-  call.num_inputs = count;
-  call.output = &output;
-  const auto& a = n.attrs_as<graph::CustomCallAttrs>();
-  call.float_attrs = a.floats.data();
-  call.num_float_attrs = int32_t(a.floats.size());
-  call.parallel_for = &kernel_parallel_for;
-  call.host = &ThreadPool::global();
-  call.error = error;
-  call.error_size = sizeof error;
-  if (reinterpret_cast<TfKernelFn>(const_cast<void*>(kernels_[size_t(id)].fn))(&call) != 0) {
-    error[sizeof error - 1] = 0;
-    throw Error(detail::str_cat("hub kernel ", a.kernel->target, " failed at node ", n.name, ": ",
-                                error[0] ? error : "(no message)"));
-  }
+  void* in[cpu_rules::kMaxOperands];
+  for (size_t k = 0; k < n.inputs.size(); ++k) in[k] = ptr(c, n.inputs[k]);
+  rules_[size_t(id)]({graph_, n, in, ptr(c, id), c.gather_scratch, kernels_[size_t(id)].fn});
 }
 
 QuantizedLinear to_tiles_if_int4(const QuantizedLinear& q) {
@@ -634,10 +459,18 @@ class CpuBackend : public Backend {
   CpuBackend() { cpu::weight_prefetch(); }
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device{"cpu", 0}; }
-  // The attention kernel reads each head's keys and values as one matrix per sequence (or block).
-  graph::KvLayout kv_layout() const override { return graph::KvLayout::kHeadMajor; }
+  // The attention kernel reads each head's keys and values as one matrix per sequence (or block);
+  // the kernels compute in float32; the paged kernels take each token's sequence; a decode row's
+  // sums are ordered by K alone (kernels.h's LinearRows), attention's by its own sequence.
+  Capabilities capabilities() const override {
+    return {.kv_layout = graph::KvLayout::kHeadMajor,
+            .compute_dtypes = {DType::f32},
+            .packs_sequences = true,
+            .batch_invariant = true};
+  }
   bool supports(const graph::Node& n) const override {
-    return n.op != Op::kCustomCall || n.attrs_as<graph::CustomCallAttrs>().kernel->backend == "cpu";
+    return cpu_rules::rule(n.op) && (n.op != Op::kCustomCall ||
+                                     n.attrs_as<graph::CustomCallAttrs>().kernel->backend == "cpu");
   }
   std::unique_ptr<Executable> compile(const graph::Graph& g) override {
     return std::make_unique<CpuExecutable>(g, &stats_);

@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "backends/pjrt/lowering.h"
 #include "distributed/process_group.h"
+#include "graph/ops.h"
 #include "tformers/error.h"
 
 // Values keep the dtypes the graph gives them (the activation dtype for computed values), so
@@ -15,302 +17,6 @@
 // f32 (elementwise ops, norms, rope, softmax) and dots accumulate in f32, as the CPU backend
 // does; XLA fuses the converts into the surrounding ops.
 namespace tformers::backends::pjrt {
-
-namespace {
-
-using detail::str_cat;
-using graph::Node;
-using graph::Op;
-
-// MLIR's name of an element type.
-std::string element(DType t) { return t == DType::u8 ? "ui8" : std::string(dtype_short_name(t)); }
-
-std::string join(const std::vector<int64_t>& v) {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
-  return out;
-}
-
-std::string tensor_type(const std::string& elem, const Shape& shape) {
-  std::string t = "tensor<";
-  for (int64_t d : shape) t += std::to_string(d) + "x";
-  return t + elem + ">";
-}
-
-// A value of the module being written: its SSA name and its type.
-struct Val {
-  std::string ssa;
-  std::string elem;  // "f32", "bf16", "i1", "ui8", ...
-  Shape shape;
-
-  std::string type() const { return tensor_type(elem, shape); }
-  int64_t rank() const { return int64_t(shape.size()); }
-};
-
-bool is_float_elem(const std::string& e) { return e == "f32" || e == "bf16" || e == "f16"; }
-
-// A float as MLIR reads it bit-exactly: the hexadecimal bit pattern of its element type.
-std::string float_literal(float v, const std::string& elem) {
-  char buf[16];
-  if (elem == "f32") {
-    uint32_t bits;
-    std::memcpy(&bits, &v, 4);
-    std::snprintf(buf, sizeof buf, "0x%08X", bits);
-  } else {
-    const uint16_t bits = elem == "bf16" ? f32_to_bf16(v) : f32_to_f16(v);
-    std::snprintf(buf, sizeof buf, "0x%04X", unsigned(bits));
-  }
-  return buf;
-}
-
-// Writes the body of @main one op at a time; each method returns the value it defines, with its
-// shape worked out here so that every op's type signature is spelled in full.
-class Emitter {
- public:
-  const std::string& body() const { return body_; }
-
-  Val def(std::string elem, Shape shape, const std::string& rhs) {
-    Val v{"%v" + std::to_string(next_++), std::move(elem), std::move(shape)};
-    body_ += "    " + v.ssa + " = " + rhs + "\n";
-    return v;
-  }
-
-  // A constant of any shape: `value` is a double so that integer constants (row offsets, block
-  // counts) stay exact.
-  Val splat(double value, const std::string& elem, const Shape& shape) {
-    const std::string lit =
-        is_float_elem(elem) ? float_literal(float(value), elem) : std::to_string(int64_t(value));
-    return def(elem, shape,
-               str_cat("stablehlo.constant dense<", lit, "> : ", tensor_type(elem, shape)));
-  }
-  Val floats(const std::vector<float>& values) {  // a 1-d f32 constant
-    std::string lit;
-    for (size_t i = 0; i < values.size(); ++i)
-      lit += (i ? ", " : "") + float_literal(values[i], "f32");
-    const Shape shape = {int64_t(values.size())};
-    return def("f32", shape,
-               str_cat("stablehlo.constant dense<[", lit, "]> : ", tensor_type("f32", shape)));
-  }
-
-  Val convert(const Val& a, const std::string& elem) {
-    if (a.elem == elem) return a;
-    return def(elem, a.shape,
-               str_cat("stablehlo.convert ", a.ssa, " : (", a.type(), ") -> ",
-                       tensor_type(elem, a.shape)));
-  }
-  Val unary(const char* op, const Val& a) {
-    return def(a.elem, a.shape, str_cat("stablehlo.", op, " ", a.ssa, " : ", a.type()));
-  }
-  Val binary(const char* op, const Val& a, const Val& b) {
-    TF_CHECK(a.type() == b.type(), "StableHLO lowering: ", op, " of ", a.type(), " and ", b.type());
-    return def(a.elem, a.shape,
-               str_cat("stablehlo.", op, " ", a.ssa, ", ", b.ssa, " : ", a.type()));
-  }
-  // a op (scalar constant c), in a's type.
-  Val with_constant(const char* op, const Val& a, double c) {
-    return binary(op, a, splat(c, a.elem, a.shape));
-  }
-  Val broadcast(const Val& a, const Shape& shape, const std::vector<int64_t>& dims) {
-    if (a.shape == shape) return a;
-    return def(a.elem, shape,
-               str_cat("stablehlo.broadcast_in_dim ", a.ssa, ", dims = [", join(dims), "] : (",
-                       a.type(), ") -> ", tensor_type(a.elem, shape)));
-  }
-  Val reshape(const Val& a, const Shape& shape) {
-    if (a.shape == shape) return a;
-    return def(a.elem, shape,
-               str_cat("stablehlo.reshape ", a.ssa, " : (", a.type(), ") -> ",
-                       tensor_type(a.elem, shape)));
-  }
-  Val transpose(const Val& a, const std::vector<int64_t>& perm) {
-    Shape shape;
-    for (int64_t p : perm) shape.push_back(a.shape[size_t(p)]);
-    return def(a.elem, shape,
-               str_cat("stablehlo.transpose ", a.ssa, ", dims = [", join(perm), "] : (", a.type(),
-                       ") -> ", tensor_type(a.elem, shape)));
-  }
-  // a[begin:end] along dimension `dim`, every other dimension whole.
-  Val slice(const Val& a, int64_t dim, int64_t begin, int64_t end) {
-    std::string ranges;
-    Shape shape = a.shape;
-    for (int64_t d = 0; d < a.rank(); ++d) {
-      const int64_t lo = d == dim ? begin : 0, hi = d == dim ? end : a.shape[size_t(d)];
-      ranges += str_cat(d ? ", " : "", lo, ":", hi);
-      shape[size_t(d)] = hi - lo;
-    }
-    return def(a.elem, shape,
-               str_cat("stablehlo.slice ", a.ssa, " [", ranges, "] : (", a.type(), ") -> ",
-                       tensor_type(a.elem, shape)));
-  }
-  Val concatenate(const std::vector<Val>& parts, int64_t dim) {
-    Shape shape = parts[0].shape;
-    shape[size_t(dim)] = 0;
-    std::string operands, types;
-    for (const Val& p : parts) {
-      shape[size_t(dim)] += p.shape[size_t(dim)];
-      operands += (operands.empty() ? "" : ", ") + p.ssa;
-      types += (types.empty() ? "" : ", ") + p.type();
-    }
-    return def(parts[0].elem, shape,
-               str_cat("stablehlo.concatenate ", operands, ", dim = ", dim, " : (", types, ") -> ",
-                       tensor_type(parts[0].elem, shape)));
-  }
-  Val iota(int64_t dim, const Shape& shape) {
-    return def("i32", shape,
-               str_cat("stablehlo.iota dim = ", dim, " : ", tensor_type("i32", shape)));
-  }
-  // a dir b elementwise ("LE", "GT", ...), as i1.
-  Val compare(const char* dir, const Val& a, const Val& b) {
-    TF_CHECK(a.type() == b.type(), "StableHLO lowering: compare of ", a.type(), " and ", b.type());
-    return def("i1", a.shape,
-               str_cat("stablehlo.compare ", dir, ", ", a.ssa, ", ", b.ssa, ", ",
-                       is_float_elem(a.elem) ? "FLOAT" : "SIGNED", " : (", a.type(), ", ", b.type(),
-                       ") -> ", tensor_type("i1", a.shape)));
-  }
-  Val select(const Val& pred, const Val& a, const Val& b) {
-    return def(a.elem, a.shape,
-               str_cat("stablehlo.select ", pred.ssa, ", ", a.ssa, ", ", b.ssa, " : ", pred.type(),
-                       ", ", a.type()));
-  }
-  // Reduces `dims` of a with `op` ("add", "maximum") from `init`.
-  Val reduce(const Val& a, const char* op, double init, const std::vector<int64_t>& dims) {
-    const Val zero = splat(init, a.elem, {});
-    Shape shape;
-    for (int64_t d = 0; d < a.rank(); ++d)
-      if (std::find(dims.begin(), dims.end(), d) == dims.end()) shape.push_back(a.shape[size_t(d)]);
-    return def(a.elem, shape,
-               str_cat("stablehlo.reduce(", a.ssa, " init: ", zero.ssa, ") applies stablehlo.", op,
-                       " across dimensions = [", join(dims), "] : (", a.type(), ", ", zero.type(),
-                       ") -> ", tensor_type(a.elem, shape)));
-  }
-  // A dot_general accumulating in f32: batch dims, then a's free dims, then b's. Operands of
-  // different element types (f32 activations, bf16 weights) both widen to f32, which is exact.
-  // f32 operands ask for HIGHEST precision: DEFAULT lets a TPU or GPU round them to bf16 or tf32,
-  // where the CPU backend multiplies in full f32.
-  Val dot(Val a, Val b, const std::vector<int64_t>& batch_a, const std::vector<int64_t>& batch_b,
-          const std::vector<int64_t>& contract_a, const std::vector<int64_t>& contract_b) {
-    if (a.elem != b.elem) {
-      a = convert(a, "f32");
-      b = convert(b, "f32");
-    }
-    Shape shape;
-    for (int64_t d : batch_a) shape.push_back(a.shape[size_t(d)]);
-    auto free_dims = [&](const Val& x, const std::vector<int64_t>& batch,
-                         const std::vector<int64_t>& contract) {
-      for (int64_t d = 0; d < x.rank(); ++d)
-        if (std::find(batch.begin(), batch.end(), d) == batch.end() &&
-            std::find(contract.begin(), contract.end(), d) == contract.end())
-          shape.push_back(x.shape[size_t(d)]);
-    };
-    free_dims(a, batch_a, contract_a);
-    free_dims(b, batch_b, contract_b);
-    const char* precision = a.elem == "f32" ? "HIGHEST" : "DEFAULT";
-    std::string dims;
-    if (!batch_a.empty())
-      dims = str_cat("batching_dims = [", join(batch_a), "] x [", join(batch_b), "], ");
-    return def(
-        "f32", shape,
-        str_cat("stablehlo.dot_general ", a.ssa, ", ", b.ssa, ", ", dims, "contracting_dims = [",
-                join(contract_a), "] x [", join(contract_b), "], precision = [", precision, ", ",
-                precision, "] : (", a.type(), ", ", b.type(), ") -> ", tensor_type("f32", shape)));
-  }
-  // Rows of table (R, ...) at idx (n) (clamped into range, as XLA's gather does): (n, ...).
-  Val gather_rows(const Val& table, const Val& idx) {
-    const Val at = reshape(idx, {idx.shape[0], 1});
-    Shape shape = table.shape;
-    shape[0] = idx.shape[0];
-    std::vector<int64_t> offset_dims, sizes = {1};
-    for (int64_t d = 1; d < table.rank(); ++d) {
-      offset_dims.push_back(d);
-      sizes.push_back(table.shape[size_t(d)]);
-    }
-    return def(
-        table.elem, shape,
-        str_cat("\"stablehlo.gather\"(", table.ssa, ", ", at.ssa,
-                ") {dimension_numbers = #stablehlo.gather<offset_dims = [", join(offset_dims),
-                "], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = "
-                "1>, indices_are_sorted = false, slice_sizes = array<i64: ",
-                join(sizes), ">} : (", table.type(), ", ", at.type(), ") -> ",
-                tensor_type(table.elem, shape)));
-  }
-  Val dynamic_update_slice(const Val& operand, const Val& update, const std::vector<Val>& starts) {
-    std::string operands = operand.ssa + ", " + update.ssa,
-                types = operand.type() + ", " + update.type();
-    for (const Val& s : starts) {
-      operands += ", " + s.ssa;
-      types += ", " + s.type();
-    }
-    return def(operand.elem, operand.shape,
-               str_cat("stablehlo.dynamic_update_slice ", operands, " : (", types, ") -> ",
-                       operand.type()));
-  }
-  // A 4-d operand with update[i] (2-d) written where dim 0 is block[i] and dim `second` (1 or 2)
-  // is offset[i], for each row i of at (n, 2) = (block, offset): [block, :, offset, :] for a
-  // pool (NB, H, BS, D), [block, offset, :, :] for (NB, BS, H, D). A row whose block is out of
-  // range is skipped: XLA drops scatter updates whose window falls outside the operand
-  // (StableHLO leaves it to the implementation), and the paged write relies on that for its
-  // padding tokens.
-  Val scatter_rows(const Val& operand, const Val& at, const Val& update, int second) {
-    const std::string scalar = "tensor<" + operand.elem + ">";
-    return def(
-        operand.elem, operand.shape,
-        str_cat("\"stablehlo.scatter\"(", operand.ssa, ", ", at.ssa, ", ", update.ssa,
-                ") ({\n    ^bb0(%old: ", scalar, ", %new: ", scalar,
-                "):\n      stablehlo.return %new : ", scalar,
-                "\n    }) {scatter_dimension_numbers = #stablehlo.scatter<update_window_dims "
-                "= [1, 2], inserted_window_dims = [0, ",
-                second, "], scatter_dims_to_operand_dims = [0, ", second,
-                "], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false} : (",
-                operand.type(), ", ", at.type(), ", ", update.type(), ") -> ", operand.type()));
-  }
-
- private:
-  std::string body_;
-  int next_ = 0;
-};
-
-// How a node is named in errors: "%12 all_reduce  # layers.0.mlp.down_proj".
-std::string node_label(const graph::Graph& g, const Node& n) {
-  const int id = int(&n - g.nodes().data());
-  std::string s = str_cat("%", id, " ", graph::op_name(n.op));
-  if (!n.name.empty()) s += "  # " + n.name;
-  return s;
-}
-
-class Lowering {
- public:
-  explicit Lowering(const graph::Graph& g)
-      : g_(g),
-        act_(element(g.activation_dtype())),
-        head_major_(g.kv_layout() == graph::KvLayout::kHeadMajor) {}
-  LoweredModule run();
-
- private:
-  const Val& in(const Node& n, size_t k) const { return vals_[size_t(n.inputs[k])]; }
-  Val f32(const Node& n, size_t k) { return e_.convert(in(n, k), "f32"); }
-  // The node's value from its f32 computation, rounded to the node's dtype.
-  Val out(const Node& n, const Val& v) { return e_.convert(v, element(n.type.dtype)); }
-  Val lower_node(const Node& n);
-  Val embedding(const Node& n);
-  Val linear_out(const Node& n, const Val& x, const Val& w, int bias_at);
-  Val quant_weight(const Node& n);
-  Val rms_norm(const Node& n);
-  Val rope(const Node& n);
-  Val cache_write(const Node& n);
-  Val paged_cache_write(const Node& n);
-  Val paged_attention(const Node& n);
-  // Attention of q (B,T,Hq,D) over k, v (B,Hkv,S,D) or (B,S,Hkv,D) (the graph's KV layout), query
-  // (b,t) at slot qpos[b,t] (i32, B,T) seeing slots j <= qpos within the window where key_valid
-  // (B,S) holds (when given); a query that sees no slot gives zeros.
-  Val attend(const Node& n, const Val& q, const Val& k, const Val& v, const Val& qpos,
-             const Val* key_valid);
-
-  const graph::Graph& g_;
-  std::string act_;
-  bool head_major_;  // the graph's KV layout (graph.h)
-  Emitter e_;
-  std::vector<Val> vals_;
-};
 
 Val Lowering::embedding(const Node& n) {
   const auto& a = n.attrs_as<graph::EmbeddingAttrs>();
@@ -517,97 +223,130 @@ Val Lowering::attend(const Node& n, const Val& q, const Val& k, const Val& v, co
   return out(n, o);
 }
 
-Val Lowering::lower_node(const Node& n) {
-  const Shape& s = n.type.shape;
-  switch (n.op) {
-    case Op::kParameter:
-    case Op::kState:
-    case Op::kInput:
-      break;  // arguments, named in run()
-    case Op::kEmbedding:
-      return embedding(n);
-    case Op::kLinear:
-      return linear_out(n, in(n, 0), in(n, 1), 2);
-    case Op::kLinearQuant:
-      return linear_out(n, e_.convert(in(n, 0), act_), quant_weight(n),
-                        n.attrs_as<graph::LinearQuantAttrs>().has_zero ? 4 : 3);
-    case Op::kRMSNorm:
-      return rms_norm(n);
-    case Op::kRope:
-      return rope(n);
-    case Op::kSiluMul: {
-      const Val g = f32(n, 0);
-      return out(
-          n, e_.binary("multiply", e_.binary("multiply", g, e_.unary("logistic", g)), f32(n, 1)));
-    }
-    case Op::kGeluTanhMul: {
-      // 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) * up
-      const Val g = f32(n, 0);
-      const Val g3 = e_.binary("multiply", e_.binary("multiply", g, g), g);
-      const Val inner = e_.with_constant(
-          "multiply", e_.binary("add", g, e_.with_constant("multiply", g3, 0.044715f)),
-          0.7978845608028654f);
-      const Val t = e_.with_constant("add", e_.unary("tanh", inner), 1.0f);
-      const Val gelu = e_.binary("multiply", e_.with_constant("multiply", g, 0.5f), t);
-      return out(n, e_.binary("multiply", gelu, f32(n, 1)));
-    }
-    case Op::kAdd:
-      return out(n, e_.binary("add", f32(n, 0), f32(n, 1)));
-    case Op::kScale:
-      return out(n,
-                 e_.with_constant("multiply", f32(n, 0), n.attrs_as<graph::ScaleAttrs>().factor));
-    case Op::kSoftcap: {
-      const float cap = n.attrs_as<graph::SoftcapAttrs>().cap;
-      return out(
-          n, e_.with_constant("multiply",
-                              e_.unary("tanh", e_.with_constant("divide", f32(n, 0), cap)), cap));
-    }
-    case Op::kReshape:
-      return e_.reshape(in(n, 0), s);
-    case Op::kConvert:
-      return out(n, in(n, 0));
-    case Op::kTakeLast:
-      return e_.slice(in(n, 0), 1, in(n, 0).shape[1] - s[1], in(n, 0).shape[1]);
-    case Op::kSlice: {
-      const auto& a = n.attrs_as<graph::SliceAttrs>();
-      const Val& x = in(n, 0);
-      const int64_t dim = x.rank() - 1, k = x.shape.back(), w = a.end - a.begin;
-      const int64_t begin = a.begin + distributed::rank_offset(a.group, w);
-      const int64_t have = std::clamp<int64_t>(k - begin, 0, w);  // the rest is padding
-      if (have == w) return e_.slice(x, dim, begin, begin + w);
-      Shape pad = s;
-      pad.back() = w - have;
-      const Val zeros = e_.splat(0, x.elem, pad);
-      if (have == 0) return zeros;
-      return e_.concatenate({e_.slice(x, dim, begin, k), zeros}, dim);
-    }
-    case Op::kCacheWrite:
-      return cache_write(n);
-    case Op::kAttention: {
-      const Val& q = in(n, 0);
-      const Shape bt = {q.shape[0], q.shape[1]};
-      const Val qpos = e_.binary("add", e_.iota(1, bt), e_.broadcast(in(n, 3), bt, {}));
-      if (n.inputs.size() < 5) return attend(n, q, in(n, 1), in(n, 2), qpos, nullptr);
-      const Val& mask = in(n, 4);
-      const Val valid = e_.compare("NE", mask, e_.splat(0, "i32", mask.shape));
-      return attend(n, q, in(n, 1), in(n, 2), qpos, &valid);
-    }
-    case Op::kPagedCacheWrite:
-      return paged_cache_write(n);
-    case Op::kPagedAttention:
-      return paged_attention(n);
-    case Op::kCustomCall:
-    case Op::kAllReduce:
-    case Op::kAllGather:
-      break;  // refused by run() before any node is lowered
-  }
-  throw InternalError(str_cat("StableHLO lowering: no rule for ", node_label(g_, n)));
+Val Lowering::linear(const Node& n) { return linear_out(n, in(n, 0), in(n, 1), 2); }
+
+Val Lowering::linear_quant(const Node& n) {
+  return linear_out(n, e_.convert(in(n, 0), act_), quant_weight(n),
+                    n.attrs_as<graph::LinearQuantAttrs>().has_zero ? 4 : 3);
+}
+
+Val Lowering::silu_mul(const Node& n) {
+  return out(n, e_.binary("multiply", e_.silu(f32(n, 0)), f32(n, 1)));
+}
+
+Val Lowering::gelu_tanh_mul(const Node& n) {
+  return out(n, e_.binary("multiply", e_.gelu_tanh(f32(n, 0)), f32(n, 1)));
+}
+
+Val Lowering::add(const Node& n) { return out(n, e_.binary("add", f32(n, 0), f32(n, 1))); }
+
+Val Lowering::scale(const Node& n) {
+  return out(n, e_.with_constant("multiply", f32(n, 0), n.attrs_as<graph::ScaleAttrs>().factor));
+}
+
+Val Lowering::softcap(const Node& n) {
+  const float cap = n.attrs_as<graph::SoftcapAttrs>().cap;
+  return out(n, e_.with_constant(
+                    "multiply", e_.unary("tanh", e_.with_constant("divide", f32(n, 0), cap)), cap));
+}
+
+Val Lowering::reshape(const Node& n) { return e_.reshape(in(n, 0), n.type.shape); }
+
+Val Lowering::convert(const Node& n) { return out(n, in(n, 0)); }
+
+Val Lowering::take_last(const Node& n) {
+  const Val& x = in(n, 0);
+  return e_.slice(x, 1, x.shape[1] - n.type.shape[1], x.shape[1]);
+}
+
+Val Lowering::slice(const Node& n) {
+  const auto& a = n.attrs_as<graph::SliceAttrs>();
+  const Val& x = in(n, 0);
+  const int64_t dim = x.rank() - 1, k = x.shape.back(), w = a.end - a.begin;
+  const int64_t begin = a.begin + distributed::rank_offset(a.group, w);
+  const int64_t have = std::clamp<int64_t>(k - begin, 0, w);  // the rest is padding
+  if (have == w) return e_.slice(x, dim, begin, begin + w);
+  Shape pad = n.type.shape;
+  pad.back() = w - have;
+  const Val zeros = e_.splat(0, x.elem, pad);
+  if (have == 0) return zeros;
+  return e_.concatenate({e_.slice(x, dim, begin, k), zeros}, dim);
+}
+
+Val Lowering::attention(const Node& n) {
+  const Val& q = in(n, 0);
+  const Shape bt = {q.shape[0], q.shape[1]};
+  const Val qpos = e_.binary("add", e_.iota(1, bt), e_.broadcast(in(n, 3), bt, {}));
+  if (n.inputs.size() < 5) return attend(n, q, in(n, 1), in(n, 2), qpos, nullptr);
+  const Val& mask = in(n, 4);
+  const Val valid = e_.compare("NE", mask, e_.splat(0, "i32", mask.shape));
+  return attend(n, q, in(n, 1), in(n, 2), qpos, &valid);
+}
+
+namespace {
+
+// quant_weight reads rows.
+bool rows_layout(const Node& n) {
+  return n.attrs_as<graph::LinearQuantAttrs>().layout == graph::QuantLayout::kRows;
+}
+// Several sequences packed into a row (the rows operand) would need each query's own keys
+// gathered; the lowering gathers a sequence's blocks per batch row.
+bool one_sequence_per_row(const Node& n) {
+  return n.inputs.size() == (n.op == Op::kPagedCacheWrite ? 4u : 5u);
+}
+
+}  // namespace
+
+// The table, in Op's order. Custom calls and the collectives have no rule: the PJRT backend runs
+// collectives on the host between the segments of their graph (split.h).
+const Lowering::Rule& Lowering::rule(Op op) {
+  using L = Lowering;
+  static const Rule kNone{};
+  static const std::pair<Op, Rule> kRules[] = {
+      {Op::kEmbedding, {&L::embedding}},
+      {Op::kLinear, {&L::linear}},
+      {Op::kRMSNorm, {&L::rms_norm}},
+      {Op::kRope, {&L::rope}},
+      {Op::kSiluMul, {&L::silu_mul}},
+      {Op::kAdd, {&L::add}},
+      {Op::kReshape, {&L::reshape}},
+      {Op::kCacheWrite, {&L::cache_write}},
+      {Op::kAttention, {&L::attention}},
+      {Op::kTakeLast, {&L::take_last}},
+      {Op::kSlice, {&L::slice}},
+      {Op::kLinearQuant, {&L::linear_quant, rows_layout}},
+      {Op::kGeluTanhMul, {&L::gelu_tanh_mul}},
+      {Op::kScale, {&L::scale}},
+      {Op::kSoftcap, {&L::softcap}},
+      {Op::kPagedCacheWrite, {&L::paged_cache_write, one_sequence_per_row}},
+      {Op::kPagedAttention, {&L::paged_attention, one_sequence_per_row}},
+      {Op::kConvert, {&L::convert}},
+      {Op::kConstant, {&L::constant}},
+      {Op::kUnary, {&L::unary}},
+      {Op::kBinary, {&L::binary}},
+      {Op::kSelect, {&L::select}},
+      {Op::kReduce, {&L::reduce}},
+      {Op::kSoftmax, {&L::softmax}},
+      {Op::kTopK, {&L::top_k}},
+      {Op::kTakeAlong, {&L::take_along}},
+      {Op::kScatterAdd, {&L::scatter_add}},
+      {Op::kConcat, {&L::concat}},
+      {Op::kTranspose, {&L::transpose}},
+      {Op::kBroadcast, {&L::broadcast}},
+      {Op::kIota, {&L::iota}},
+      {Op::kCumsum, {&L::cumsum}},
+      {Op::kMatMul, {&L::matmul}},
+      {Op::kLinearId, {&L::linear_id}},
+  };
+  for (const auto& [o, r] : kRules)
+    if (o == op) return r;
+  return kNone;
 }
 
 LoweredModule Lowering::run() {
   const auto& nodes = g_.nodes();
   for (const Node& n : nodes)
-    if (!can_lower(n))
+    if (!is_leaf(n.op) && !can_lower(n))
       throw UnsupportedError(str_cat("StableHLO lowering: ", node_label(g_, n),
                                      " has no StableHLO form; a graph with this op needs the CPU "
                                      "backend"));
@@ -640,8 +379,7 @@ LoweredModule Lowering::run() {
     root[i] = in_place ? root[size_t(n.inputs[0])] : int(i);
     latest[i] = int(i);
     if (n.op == Op::kCacheWrite || n.op == Op::kPagedCacheWrite) latest[size_t(root[i])] = int(i);
-    if (n.op != Op::kParameter && n.op != Op::kState && n.op != Op::kInput)
-      vals_[i] = lower_node(n);
+    if (!is_leaf(n.op)) vals_[i] = (this->*rule(n.op).lower)(n);
   }
   std::vector<Val> results;
   for (int o : outputs) results.push_back(vals_[size_t(o)]);
@@ -663,18 +401,21 @@ LoweredModule Lowering::run() {
   return m;
 }
 
-}  // namespace
-
-bool can_lower(const graph::Node& node) {
-  if (node.op == Op::kLinearQuant)  // quant_weight reads rows
-    return node.attrs_as<graph::LinearQuantAttrs>().layout == graph::QuantLayout::kRows;
-  // Several sequences packed into a row (the rows operand) would need each query's own keys
-  // gathered; the lowering gathers a sequence's blocks per batch row.
-  if (node.op == Op::kPagedCacheWrite) return node.inputs.size() == 4;
-  if (node.op == Op::kPagedAttention) return node.inputs.size() == 5;
-  return node.op != Op::kCustomCall && node.op != Op::kAllReduce && node.op != Op::kAllGather;
+Capabilities capabilities() {
+  return {.kv_layout = graph::KvLayout::kTokenMajor,
+          .compute_dtypes = {DType::f32, DType::bf16, DType::f16},
+          .packs_sequences = false,
+          .batch_invariant = false};
 }
 
-LoweredModule lower(const graph::Graph& graph) { return Lowering(graph).run(); }
+bool can_lower(const graph::Node& node) {
+  const Lowering::Rule& r = Lowering::rule(node.op);
+  return r.lower && (!r.accepts || r.accepts(node));
+}
+
+LoweredModule lower(const graph::Graph& graph) {
+  const graph::Graph primitive = graph::decompose(graph, can_lower);
+  return Lowering(primitive).run();
+}
 
 }  // namespace tformers::backends::pjrt

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <string>
 
+#include "backends/backend.h"
 #include "graph/graph.h"
 
 namespace tformers::backends::pjrt {
@@ -19,12 +20,18 @@ struct LoweredModule {
   size_t num_states = 0;
 };
 
-// Whether lower() handles this node.
+// Whether the lowering's rule table (lowering.h) has a rule that takes this node.
 bool can_lower(const graph::Node& node);
+
+// What the PJRT backends give (backend.h): token-major caches, so that a cache write copies whole
+// rows without a transpose; computing in the graph's float dtype; one sequence per paged row;
+// results that XLA may sum in another order at another batch size.
+Capabilities capabilities();
 
 // The graph as a StableHLO module. Compute runs in the graph's activation dtype, accumulating in
 // float32 where the CPU backend does (dots, norms, softmax). UnsupportedError naming the node
-// and its op for a node can_lower() rejects.
+// and its op for a node can_lower() rejects; a composite without a rule is lowered through its
+// decomposition (graph/ops.h).
 LoweredModule lower(const graph::Graph& graph);
 
 }  // namespace tformers::backends::pjrt

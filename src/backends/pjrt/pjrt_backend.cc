@@ -300,7 +300,7 @@ class PjrtBackend : public Backend {
     return std::make_unique<PjrtExecutable>(g, client_, &stats_);
   }
   // Cache writes without a transpose (lower.cc); attention contracts over either layout.
-  graph::KvLayout kv_layout() const override { return graph::KvLayout::kTokenMajor; }
+  Capabilities capabilities() const override { return pjrt::capabilities(); }
 
   std::shared_ptr<Buffer> upload(const Tensor& host) override {
     return std::make_shared<PjrtBuffer>(graph::TensorType{host.dtype(), host.shape()},

@@ -15,8 +15,6 @@ bool is_collective(Op op) { return op == Op::kAllReduce || op == Op::kAllGather;
 
 namespace {
 
-bool is_leaf(Op op) { return op == Op::kParameter || op == Op::kState || op == Op::kInput; }
-
 std::vector<size_t> iota(size_t n) {
   std::vector<size_t> v(n);
   std::iota(v.begin(), v.end(), size_t{0});
@@ -116,7 +114,7 @@ Split split_at_collectives(const graph::Graph& g) {
   std::vector<std::vector<int>> members;
   std::vector<bool> collective;
   for (size_t i = 0; i < nodes.size(); ++i) {
-    if (is_leaf(nodes[i].op)) continue;
+    if (graph::is_leaf(nodes[i].op)) continue;
     const bool c = is_collective(nodes[i].op);
     if (c || members.empty() || collective.back()) {
       members.emplace_back();

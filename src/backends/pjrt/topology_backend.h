@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/pjrt/lower.h"
 #include "backends/pjrt/pjrt_api.h"
 
 namespace tformers::backends {
@@ -33,7 +34,7 @@ class TopologyBackend : public Backend {
   bool supports(const graph::Node& node) const override;
   std::unique_ptr<Executable> compile(const graph::Graph& graph) override;
   // As the PJRT backend that would run its programs.
-  graph::KvLayout kv_layout() const override { return graph::KvLayout::kTokenMajor; }
+  Capabilities capabilities() const override { return pjrt::capabilities(); }
   std::shared_ptr<Buffer> upload(const Tensor& host) override;
   std::shared_ptr<Buffer> allocate(const graph::TensorType& type) override;
   Tensor download(const Buffer& buffer) override;

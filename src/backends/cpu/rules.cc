@@ -1,0 +1,626 @@
+#include "backends/cpu/rules.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "backends/cpu/kernels.h"
+#include "core/thread_pool.h"
+#include "distributed/process_group.h"
+#include "tformers/error.h"
+#include "tformers/kernel_abi.h"
+
+namespace tformers::backends::cpu_rules {
+
+namespace {
+
+using graph::Node;
+using graph::Op;
+
+ThreadPool& pool() { return ThreadPool::global(); }
+
+// A linear's input (..., T, K) with T = 1 is one token per sequence, a decode step: its kernel
+// then gives each row the same bits whatever the batch (kernels.h's LinearRows). The models keep
+// (B, T, hidden) activations through every linear, so T tells a decode step from a prompt's.
+cpu::LinearRows linear_rows(const graph::TensorType& x) {
+  const size_t r = x.shape.size();
+  return r >= 3 && x.shape[r - 2] == 1 ? cpu::LinearRows::kDecode : cpu::LinearRows::kAny;
+}
+
+// ---- The fused ops ----
+
+void nothing(const OpCall&) {}  // leaves and aliases: the planner placed them
+
+void embedding(const OpCall& c) {
+  const int64_t count = shape_numel(c.in_type(1).shape);
+  const int32_t* ids = c.i32(1);
+  const auto& a = c.n.attrs_as<graph::EmbeddingAttrs>();
+  const int64_t rows = c.in_type(0).shape[0], d = c.n.type.shape.back();
+  const int64_t lo = distributed::rank_offset(a.group, rows);
+  float* out = c.out_f32();
+  if (lo == 0 && rows == a.vocab) {
+    cpu::embedding(c.in[0], c.in_type(0).dtype, ids, count, d, out, pool());
+    return;
+  }
+  // A vocabulary shard: rows owned here are looked up, the rest are zero.
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t local = int32_t(ids[i] - lo);
+    if (local >= 0 && local < rows)
+      cpu::embedding(c.in[0], c.in_type(0).dtype, &local, 1, d, out + i * d, pool());
+    else
+      std::memset(out + i * d, 0, size_t(d) * sizeof(float));
+  }
+}
+
+void linear(const OpCall& c) {
+  const int64_t k = c.in_type(0).shape.back(), m = shape_numel(c.in_type(0).shape) / k;
+  const bool has_bias = c.n.inputs.size() > 2;
+  TF_CHECK(!has_bias || c.in_type(2).dtype == c.in_type(1).dtype, "bias dtype must match weight");
+  cpu::linear(c.f32(0), c.in[1], c.in_type(1).dtype, has_bias ? c.in[2] : nullptr, c.out_f32(), m,
+              c.n.type.shape.back(), k, pool(), linear_rows(c.in_type(0)));
+}
+
+// The layouts prepare_quantized_linear makes: int8 rows, int4 tiles.
+void linear_quant(const OpCall& c) {
+  const int64_t k = c.in_type(0).shape.back(), m = shape_numel(c.in_type(0).shape) / k;
+  const auto& q = c.n.attrs_as<graph::LinearQuantAttrs>();
+  const size_t bias_at = q.has_zero ? 4 : 3;
+  const float* bias = c.n.inputs.size() > bias_at ? c.f32(bias_at) : nullptr;
+  const int64_t n = c.n.type.shape.back();
+  if (q.scheme == graph::QuantScheme::kInt8)
+    cpu::linear_int8(c.f32(0), static_cast<const int8_t*>(c.in[1]), c.f32(2), bias, c.out_f32(), m,
+                     n, k, pool(), linear_rows(c.in_type(0)));
+  else
+    cpu::linear_int4(c.f32(0), static_cast<const uint8_t*>(c.in[1]),
+                     static_cast<const uint16_t*>(c.in[2]),
+                     q.has_zero ? static_cast<const uint8_t*>(c.in[3]) : nullptr, bias, c.out_f32(),
+                     m, n, k, pool(), linear_rows(c.in_type(0)));
+}
+
+void rms_norm(const OpCall& c) {
+  const Shape& s = c.n.type.shape;
+  const int64_t d = s.back(), m = shape_numel(s) / d;
+  const auto& a = c.n.attrs_as<graph::RMSNormAttrs>();
+  cpu::rms_norm(c.f32(0), c.in[1], c.in_type(1).dtype, c.out_f32(), m, d, a.eps, a.unit_offset,
+                pool());
+}
+
+void rope(const OpCall& c) {
+  const Shape& s = c.n.type.shape;
+  if (c.out != c.in[0]) std::memcpy(c.out, c.in[0], shape_numel(s) * sizeof(float));
+  const auto& a = c.n.attrs_as<graph::RopeAttrs>();
+  cpu::rope(c.out_f32(), c.i32(1), a.inv_freq.data(), s[0] * s[1], s[2], s[3], a.rotary_dim,
+            a.interleaved, pool());
+}
+
+void silu_mul(const OpCall& c) {
+  cpu::silu_mul(c.f32(0), c.f32(1), c.out_f32(), shape_numel(c.n.type.shape), pool());
+}
+void gelu_tanh_mul(const OpCall& c) {
+  cpu::gelu_tanh_mul(c.f32(0), c.f32(1), c.out_f32(), shape_numel(c.n.type.shape), pool());
+}
+void add(const OpCall& c) {
+  cpu::add(c.f32(0), c.f32(1), c.out_f32(), shape_numel(c.n.type.shape), pool());
+}
+void scale(const OpCall& c) {
+  cpu::scale(c.f32(0), c.n.attrs_as<graph::ScaleAttrs>().factor, c.out_f32(),
+             shape_numel(c.n.type.shape), pool());
+}
+void softcap(const OpCall& c) {
+  cpu::softcap(c.f32(0), c.n.attrs_as<graph::SoftcapAttrs>().cap, c.out_f32(),
+               shape_numel(c.n.type.shape), pool());
+}
+
+void cache_write(const OpCall& c) {
+  const Shape &u = c.in_type(1).shape, &s = c.n.type.shape;  // (B,T,Hkv,D), (B,Hkv,S,D)
+  const int32_t start = *c.i32(2);
+  cpu::cache_write(c.out, c.n.type.dtype, c.f32(1), u[0], u[1], u[2], s[2], u[3], start, pool());
+}
+
+void attention(const OpCall& c) {
+  const Shape &k = c.in_type(1).shape, &s = c.n.type.shape;  // (B,Hkv,S,D)
+  const int32_t start = *c.i32(3);
+  const int32_t* mask = c.n.inputs.size() > 4 ? c.i32(4) : nullptr;
+  const auto& a = c.n.attrs_as<graph::AttentionAttrs>();
+  cpu::attention(c.f32(0), c.in[1], c.in[2], c.in_type(1).dtype, mask, c.out_f32(), s[0], s[1],
+                 s[2], k[1], k[2], s[3], start, a.scale, a.sliding_window, a.softcap, pool());
+}
+
+void paged_cache_write(const OpCall& c) {
+  const Shape &u = c.in_type(1).shape, &s = c.n.type.shape;  // (B,T,Hkv,D)
+  const int32_t* rows = c.n.inputs.size() > 4 ? c.i32(4) : nullptr;
+  cpu::paged_cache_write(c.out, c.n.type.dtype, c.f32(1), c.i32(2), rows, c.i32(3), u[0], u[1],
+                         u[2], s[2], c.in_type(2).shape[1], u[3], pool());
+}
+
+void paged_attention(const OpCall& c) {
+  const Shape &kp = c.in_type(1).shape, &s = c.n.type.shape;  // (NB,Hkv,BS,D)
+  const auto& a = c.n.attrs_as<graph::AttentionAttrs>();
+  const int32_t* rows = c.n.inputs.size() > 5 ? c.i32(5) : nullptr;
+  cpu::paged_attention(c.f32(0), c.in[1], c.in[2], c.in_type(1).dtype, c.i32(3), rows, c.i32(4),
+                       c.out_f32(), s[0], s[1], s[2], kp[1], kp[2], c.in_type(3).shape[1], s[3],
+                       a.scale, a.sliding_window, a.softcap, pool());
+}
+
+void take_last(const OpCall& c) {
+  const Shape& x = c.in_type(0).shape;  // (B,T,D)
+  const int64_t keep = c.n.attrs_as<graph::TakeLastAttrs>().n, d = x[2];
+  for (int64_t b = 0; b < x[0]; ++b)
+    std::memcpy(c.out_f32() + b * keep * d, c.f32(0) + (b * x[1] + x[1] - keep) * d,
+                keep * d * sizeof(float));
+}
+
+void all_reduce(const OpCall& c) {
+  const Shape& s = c.n.type.shape;
+  const int64_t numel = shape_numel(s), d = s.back();
+  float* out = c.out_f32();
+  distributed::group(c.n.attrs_as<graph::AllReduceAttrs>().group)
+      .all_reduce_sum(c.f32(0), out, numel);
+  if (c.n.inputs.size() < 2) return;
+  // The bias of a rowwise layer, added once after the sum (on every rank alike).
+  const DType bt = c.in_type(1).dtype;
+  TF_CHECK(bt == DType::f32 || bt == DType::bf16, "all_reduce bias dtype");
+  for (int64_t i = 0; i < numel; ++i)
+    out[i] += bt == DType::f32 ? c.f32(1)[i % d]
+                               : bf16_to_f32(static_cast<const uint16_t*>(c.in[1])[i % d]);
+}
+
+void all_gather(const OpCall& c) {
+  const auto& a = c.n.attrs_as<graph::AllGatherAttrs>();
+  distributed::ProcessGroup& g = distributed::group(a.group);
+  TF_CHECK(a.ranks == g.size(), "all_gather over ", a.ranks, " ranks in a group of ", g.size());
+  const Shape& s = c.n.type.shape;
+  g.all_gather_last_dim(c.f32(0), c.out_f32(), shape_numel(s) / s.back(), c.in_type(0).shape.back(),
+                        c.gather_scratch);
+}
+
+void slice(const OpCall& c) {
+  const auto& a = c.n.attrs_as<graph::SliceAttrs>();
+  const int64_t k = c.in_type(0).shape.back(), w = c.n.type.shape.back();
+  const int64_t rows = shape_numel(c.n.type.shape) / w;
+  const int64_t begin = a.begin + distributed::rank_offset(a.group, w);
+  const int64_t have = std::clamp<int64_t>(k - begin, 0, w);  // the rest is padding
+  float* out = c.out_f32();
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(out + i * w, c.f32(0) + i * k + begin, size_t(have) * sizeof(float));
+    std::fill(out + i * w + have, out + (i + 1) * w, 0.0f);
+  }
+}
+
+// A convert between dtypes (one of the same dtype aliases its input and runs nothing).
+void convert(const OpCall& c) {
+  const DType from = c.in_type(0).dtype, to = c.n.type.dtype;
+  const int64_t n = shape_numel(c.n.type.shape);
+  if (from == to) return;
+  if (to == DType::f32)
+    widen(c.in[0], from, n, c.out_f32());
+  else
+    narrow(c.f32(0), n, to, c.out);
+}
+
+static_assert(int(DType::f32) == TF_KERNEL_F32 && int(DType::bf16) == TF_KERNEL_BF16 &&
+                  int(DType::f16) == TF_KERNEL_F16 && int(DType::i32) == TF_KERNEL_I32 &&
+                  int(DType::i64) == TF_KERNEL_I64,
+              "kernel_abi.h dtype codes follow tformers::DType");
+
+// The host side of TfKernelCall::parallel_for: the kernel's C body over the global pool.
+void kernel_parallel_for(void* host, int64_t n, int64_t grain,
+                         void (*body)(void* arg, int64_t begin, int64_t end), void* arg) {
+  static_cast<ThreadPool*>(host)->parallel_for(
+      n, [&](int64_t begin, int64_t end, int) { body(arg, begin, end); },
+      std::max<int64_t>(grain, 1));
+}
+
+// A hub kernel through its C entry point. Tensors and attributes point into the graph and the
+// arena; nothing is allocated per call.
+void custom_call(const OpCall& c) {
+  TfKernelTensor inputs[kMaxOperands];
+  const int count = int(c.n.inputs.size());
+  for (int k = 0; k < count; ++k) {
+    const graph::TensorType& t = c.in_type(size_t(k));
+    inputs[k] = {c.in[k], int32_t(t.dtype), int32_t(t.shape.size()), t.shape.data()};
+  }
+  const TfKernelTensor output = {c.out, int32_t(c.n.type.dtype), int32_t(c.n.type.shape.size()),
+                                 c.n.type.shape.data()};
+  char error[512] = {0};
+  TfKernelCall call = {};
+  call.inputs = inputs;
+  call.num_inputs = count;
+  call.output = &output;
+  const auto& a = c.n.attrs_as<graph::CustomCallAttrs>();
+  call.float_attrs = a.floats.data();
+  call.num_float_attrs = int32_t(a.floats.size());
+  call.parallel_for = &kernel_parallel_for;
+  call.host = &pool();
+  call.error = error;
+  call.error_size = sizeof error;
+  if (reinterpret_cast<TfKernelFn>(const_cast<void*>(c.kernel))(&call) != 0) {
+    error[sizeof error - 1] = 0;
+    throw Error(detail::str_cat("hub kernel ", a.kernel->target, " failed at node ", c.n.name, ": ",
+                                error[0] ? error : "(no message)"));
+  }
+}
+
+// ---- The primitives: plain loops over float32 (or int32) values, the reference kernels ----
+
+constexpr size_t kMaxRank = 8;
+using Index = std::array<int64_t, kMaxRank>;
+
+// Element strides of an operand of shape `in` read at each index of `out` (NumPy's broadcast: 0
+// along the dims it stretches or lacks).
+Index broadcast_strides(const Shape& in, const Shape& out) {
+  TF_CHECK(out.size() <= kMaxRank, "CPU backend: ", out.size(), " dims (at most ", kMaxRank, ")");
+  Index st{};
+  int64_t stride = 1;
+  for (size_t i = in.size(); i-- > 0;) {
+    const size_t o = i + (out.size() - in.size());
+    st[o] = in[i] == 1 ? 0 : stride;
+    stride *= in[i];
+  }
+  return st;
+}
+
+// Calls f(i, offsets...) for each element i of `out` in order, with each operand's element offset.
+template <size_t N, class F>
+void for_each_broadcast(const Shape& out, const std::array<Index, N>& strides, F f) {
+  const int64_t total = shape_numel(out);
+  Index at{};
+  std::array<int64_t, N> off{};
+  for (int64_t i = 0; i < total; ++i) {
+    f(i, off);
+    for (size_t d = out.size(); d-- > 0;) {  // the odometer
+      for (size_t k = 0; k < N; ++k) off[k] += strides[k][d];
+      if (++at[d] < out[d]) break;
+      for (size_t k = 0; k < N; ++k) off[k] -= strides[k][d] * out[d];
+      at[d] = 0;
+    }
+  }
+}
+
+// Rows (outer), the axis and the elements after it (inner) of a shape split at `axis`.
+struct Split {
+  int64_t outer = 1, axis = 1, inner = 1;
+};
+Split split_at(const Shape& s, int64_t axis) {
+  Split p;
+  for (int64_t d = 0; d < int64_t(s.size()); ++d)
+    (d < axis ? p.outer : d == axis ? p.axis : p.inner) *= s[size_t(d)];
+  return p;
+}
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+float apply(graph::UnaryFn fn, float x) {
+  switch (fn) {
+    case graph::UnaryFn::kExp:
+      return std::exp(x);
+    case graph::UnaryFn::kLog:
+      return std::log(x);
+    case graph::UnaryFn::kNeg:
+      return -x;
+    case graph::UnaryFn::kSqrt:
+      return std::sqrt(x);
+    case graph::UnaryFn::kRsqrt:
+      return 1.0f / std::sqrt(x);
+    case graph::UnaryFn::kTanh:
+      return std::tanh(x);
+    case graph::UnaryFn::kSigmoid:
+      return sigmoid(x);
+    case graph::UnaryFn::kSilu:
+      return x * sigmoid(x);
+    case graph::UnaryFn::kGeluTanh:  // PyTorch's tanh approximation
+      return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    case graph::UnaryFn::kSoftplus:  // PyTorch's threshold: linear above 20
+      return x > 20.0f ? x : std::log1p(std::exp(x));
+  }
+  return x;
+}
+
+template <class T>
+T apply(graph::BinaryFn fn, T a, T b) {
+  switch (fn) {
+    case graph::BinaryFn::kAdd:
+      return a + b;
+    case graph::BinaryFn::kSub:
+      return a - b;
+    case graph::BinaryFn::kMul:
+      return a * b;
+    case graph::BinaryFn::kDiv:
+      return b == T(0) && !std::is_floating_point_v<T> ? T(0) : a / b;
+    case graph::BinaryFn::kMax:
+      return std::max(a, b);
+    case graph::BinaryFn::kMin:
+      return std::min(a, b);
+  }
+  return a;
+}
+
+void constant(const OpCall& c) {
+  const auto v = c.n.attrs_as<graph::ConstantAttrs>().value;
+  const int64_t n = shape_numel(c.n.type.shape);
+  if (c.n.type.dtype == DType::i32)
+    std::fill_n(static_cast<int32_t*>(c.out), n, int32_t(v));
+  else
+    std::fill_n(c.out_f32(), n, float(v));
+}
+
+void unary(const OpCall& c) {
+  const auto fn = c.n.attrs_as<graph::UnaryAttrs>().fn;
+  const int64_t n = shape_numel(c.n.type.shape);
+  for (int64_t i = 0; i < n; ++i) c.out_f32()[i] = apply(fn, c.f32(0)[i]);
+}
+
+template <class T>
+void binary_as(const OpCall& c) {
+  const auto fn = c.n.attrs_as<graph::BinaryAttrs>().fn;
+  const Shape& out = c.n.type.shape;
+  const auto* a = static_cast<const T*>(c.in[0]);
+  const auto* b = static_cast<const T*>(c.in[1]);
+  for_each_broadcast<2>(
+      out, {broadcast_strides(c.in_type(0).shape, out), broadcast_strides(c.in_type(1).shape, out)},
+      [&](int64_t i, const std::array<int64_t, 2>& o) {
+        static_cast<T*>(c.out)[i] = apply(fn, a[o[0]], b[o[1]]);
+      });
+}
+void binary(const OpCall& c) {
+  c.n.type.dtype == DType::i32 ? binary_as<int32_t>(c) : binary_as<float>(c);
+}
+
+template <class T>
+void select_as(const OpCall& c) {
+  const Shape& out = c.n.type.shape;
+  const auto* a = static_cast<const T*>(c.in[1]);
+  const auto* b = static_cast<const T*>(c.in[2]);
+  for_each_broadcast<3>(
+      out,
+      {broadcast_strides(c.in_type(0).shape, out), broadcast_strides(c.in_type(1).shape, out),
+       broadcast_strides(c.in_type(2).shape, out)},
+      [&](int64_t i, const std::array<int64_t, 3>& o) {
+        static_cast<T*>(c.out)[i] = c.i32(0)[o[0]] ? a[o[1]] : b[o[2]];
+      });
+}
+void select(const OpCall& c) {
+  c.n.type.dtype == DType::i32 ? select_as<int32_t>(c) : select_as<float>(c);
+}
+
+void reduce(const OpCall& c) {
+  const auto& a = c.n.attrs_as<graph::ReduceAttrs>();
+  const Split p = split_at(c.in_type(0).shape, a.axis);
+  for (int64_t o = 0; o < p.outer; ++o)
+    for (int64_t i = 0; i < p.inner; ++i) {
+      const float* x = c.f32(0) + o * p.axis * p.inner + i;
+      float acc = a.fn == graph::ReduceFn::kSum ? 0.0f : -INFINITY;
+      for (int64_t j = 0; j < p.axis; ++j)
+        acc = a.fn == graph::ReduceFn::kSum ? acc + x[j * p.inner] : std::max(acc, x[j * p.inner]);
+      c.out_f32()[o * p.inner + i] = acc;
+    }
+}
+
+void softmax(const OpCall& c) {
+  const int64_t n = c.n.type.shape.back(), rows = shape_numel(c.n.type.shape) / n;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = c.f32(0) + r * n;
+    float* y = c.out_f32() + r * n;
+    const float m = *std::max_element(x, x + n);
+    float sum = 0;
+    for (int64_t j = 0; j < n; ++j) sum += y[j] = std::exp(x[j] - m);
+    for (int64_t j = 0; j < n; ++j) y[j] /= sum;
+  }
+}
+
+void top_k(const OpCall& c) {
+  const int64_t n = c.in_type(0).shape.back(), k = c.n.type.shape.back();
+  const int64_t rows = shape_numel(c.n.type.shape) / k;
+  std::vector<int32_t> order(size_t(n), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = c.f32(0) + r * n;
+    std::iota(order.begin(), order.end(), 0);
+    // Largest first, the lower index first among equals (a NaN counts as the largest).
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      const bool na = std::isnan(x[a]), nb = std::isnan(x[b]);
+      if (na != nb) return na;
+      return x[a] > x[b] || (!(x[b] > x[a]) && a < b);
+    });
+    std::copy_n(order.begin(), k, static_cast<int32_t*>(c.out) + r * k);
+  }
+}
+
+// An index along a dim of n, clamped into it as XLA's gather clamps.
+int64_t clamp_index(int32_t i, int64_t n) { return std::clamp<int64_t>(i, 0, n - 1); }
+
+void take_along(const OpCall& c) {
+  const int64_t n = c.in_type(0).shape.back(), k = c.n.type.shape.back();
+  const int64_t rows = shape_numel(c.n.type.shape) / k, size = int64_t(dtype_size(c.n.type.dtype));
+  const auto* x = static_cast<const char*>(c.in[0]);
+  auto* out = static_cast<char*>(c.out);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < k; ++j)
+      std::memcpy(out + (r * k + j) * size,
+                  x + (r * n + clamp_index(c.i32(1)[r * k + j], n)) * size, size_t(size));
+}
+
+template <class T>
+void scatter_add_as(const OpCall& c) {
+  const int64_t n = c.n.type.shape.back(), k = c.in_type(1).shape.back();
+  const int64_t rows = shape_numel(c.n.type.shape) / n;
+  auto* out = static_cast<T*>(c.out);
+  const auto* src = static_cast<const T*>(c.in[2]);
+  if (c.out != c.in[0]) std::memcpy(out, c.in[0], size_t(rows * n) * sizeof(T));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t i = c.i32(1)[r * k + j];
+      if (i >= 0 && i < n) out[r * n + i] += src[r * k + j];  // XLA drops the rest
+    }
+}
+void scatter_add(const OpCall& c) {
+  c.n.type.dtype == DType::i32 ? scatter_add_as<int32_t>(c) : scatter_add_as<float>(c);
+}
+
+void concat(const OpCall& c) {
+  const int64_t axis = c.n.attrs_as<graph::AxisAttrs>().axis;
+  const Split p = split_at(c.n.type.shape, axis);
+  const size_t size = dtype_size(c.n.type.dtype);
+  auto* out = static_cast<char*>(c.out);
+  int64_t at = 0;  // along the axis
+  for (size_t k = 0; k < c.n.inputs.size(); ++k) {
+    const int64_t len = c.in_type(k).shape[size_t(axis)] * p.inner;
+    for (int64_t o = 0; o < p.outer; ++o)
+      std::memcpy(out + (o * p.axis * p.inner + at) * size,
+                  static_cast<const char*>(c.in[k]) + o * len * size, size_t(len) * size);
+    at += len;
+  }
+}
+
+// Copies elements of `size` bytes from x to each index of `out`, x read at `strides`.
+void gather_strided(const void* x, const Index& strides, const Shape& out, size_t size, void* y) {
+  for_each_broadcast<1>(out, {strides}, [&](int64_t i, const std::array<int64_t, 1>& o) {
+    std::memcpy(static_cast<char*>(y) + i * size, static_cast<const char*>(x) + o[0] * size, size);
+  });
+}
+
+void transpose(const OpCall& c) {
+  const auto& perm = c.n.attrs_as<graph::TransposeAttrs>().perm;
+  const Shape& in = c.in_type(0).shape;
+  const Index contiguous = broadcast_strides(in, in);
+  Index strides{};
+  for (size_t d = 0; d < perm.size(); ++d) strides[d] = contiguous[size_t(perm[d])];
+  gather_strided(c.in[0], strides, c.n.type.shape, dtype_size(c.n.type.dtype), c.out);
+}
+
+void broadcast(const OpCall& c) {
+  gather_strided(c.in[0], broadcast_strides(c.in_type(0).shape, c.n.type.shape), c.n.type.shape,
+                 dtype_size(c.n.type.dtype), c.out);
+}
+
+void iota(const OpCall& c) {
+  const Split p = split_at(c.n.type.shape, c.n.attrs_as<graph::AxisAttrs>().axis);
+  const int64_t n = shape_numel(c.n.type.shape);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = i / p.inner % p.axis;
+    if (c.n.type.dtype == DType::i32)
+      static_cast<int32_t*>(c.out)[i] = int32_t(v);
+    else
+      c.out_f32()[i] = float(v);
+  }
+}
+
+template <class T>
+void cumsum_as(const OpCall& c) {
+  const Split p = split_at(c.n.type.shape, c.n.attrs_as<graph::AxisAttrs>().axis);
+  const auto* x = static_cast<const T*>(c.in[0]);
+  auto* y = static_cast<T*>(c.out);
+  for (int64_t o = 0; o < p.outer; ++o)
+    for (int64_t i = 0; i < p.inner; ++i) {
+      T acc = 0;
+      for (int64_t j = 0; j < p.axis; ++j) {
+        const int64_t at = (o * p.axis + j) * p.inner + i;
+        y[at] = acc += x[at];
+      }
+    }
+}
+void cumsum(const OpCall& c) {
+  c.n.type.dtype == DType::i32 ? cumsum_as<int32_t>(c) : cumsum_as<float>(c);
+}
+
+void matmul(const OpCall& c) {
+  const Shape& a = c.in_type(0).shape;
+  const int64_t M = a[a.size() - 2], K = a.back(), N = c.n.type.shape.back();
+  const int64_t batch = shape_numel(a) / (M * K);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        float acc = 0;
+        for (int64_t k = 0; k < K; ++k)
+          acc += c.f32(0)[(b * M + m) * K + k] * c.f32(1)[(b * K + k) * N + n];
+        c.out_f32()[(b * M + m) * N + n] = acc;
+      }
+}
+
+// Each (row, slot) through its expert's weight with the linear kernel, one row at a time: a
+// row's result depends only on its own x and expert, whatever else the step holds.
+void linear_id(const OpCall& c) {
+  const Shape& w = c.in_type(1).shape;  // (E, N, K)
+  const int64_t E = w[0], N = w[1], K = w[2], k = c.in_type(2).shape.back();
+  const int64_t rows = shape_numel(c.in_type(0).shape) / K;
+  const size_t expert_bytes = size_t(N * K) * dtype_size(c.in_type(1).dtype);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = clamp_index(c.i32(2)[r * k + j], E);
+      cpu::linear(c.f32(0) + r * K, static_cast<const char*>(c.in[1]) + e * expert_bytes,
+                  c.in_type(1).dtype, nullptr, c.out_f32() + (r * k + j) * N, 1, N, K, pool(),
+                  cpu::LinearRows::kDecode);
+    }
+}
+
+// The table, in Op's order (checked below).
+constexpr std::pair<Op, Rule> kRules[] = {
+    {Op::kParameter, nothing},
+    {Op::kState, nothing},
+    {Op::kInput, nothing},
+    {Op::kEmbedding, embedding},
+    {Op::kLinear, linear},
+    {Op::kRMSNorm, rms_norm},
+    {Op::kRope, rope},
+    {Op::kSiluMul, silu_mul},
+    {Op::kAdd, add},
+    {Op::kReshape, nothing},
+    {Op::kCacheWrite, cache_write},
+    {Op::kAttention, attention},
+    {Op::kTakeLast, take_last},
+    {Op::kCustomCall, custom_call},
+    {Op::kAllReduce, all_reduce},
+    {Op::kAllGather, all_gather},
+    {Op::kSlice, slice},
+    {Op::kLinearQuant, linear_quant},
+    {Op::kGeluTanhMul, gelu_tanh_mul},
+    {Op::kScale, scale},
+    {Op::kSoftcap, softcap},
+    {Op::kPagedCacheWrite, paged_cache_write},
+    {Op::kPagedAttention, paged_attention},
+    {Op::kConvert, convert},
+    {Op::kConstant, constant},
+    {Op::kUnary, unary},
+    {Op::kBinary, binary},
+    {Op::kSelect, select},
+    {Op::kReduce, reduce},
+    {Op::kSoftmax, softmax},
+    {Op::kTopK, top_k},
+    {Op::kTakeAlong, take_along},
+    {Op::kScatterAdd, scatter_add},
+    {Op::kConcat, concat},
+    {Op::kTranspose, transpose},
+    {Op::kBroadcast, broadcast},
+    {Op::kIota, iota},
+    {Op::kCumsum, cumsum},
+    {Op::kMatMul, matmul},
+    {Op::kLinearId, linear_id},
+};
+static_assert(std::size(kRules) == graph::kOpCount, "the CPU has a rule for every op");
+constexpr bool in_order() {
+  for (size_t i = 0; i < std::size(kRules); ++i)
+    if (size_t(kRules[i].first) != i) return false;
+  return true;
+}
+static_assert(in_order(), "kRules lists the ops in Op's order");
+
+}  // namespace
+
+Rule rule(graph::Op op) {
+  return size_t(op) < std::size(kRules) ? kRules[size_t(op)].second : nullptr;
+}
+
+void widen(const void* src, DType dtype, int64_t n, float* dst) {
+  const auto* h = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = dtype == DType::bf16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+}
+
+void narrow(const float* src, int64_t n, DType dtype, void* dst) {
+  auto* h = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i)
+    h[i] = dtype == DType::bf16 ? f32_to_bf16(src[i]) : f32_to_f16(src[i]);
+}
+
+}  // namespace tformers::backends::cpu_rules
