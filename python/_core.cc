@@ -314,6 +314,8 @@ NB_MODULE(_core, m) {
   m.def("accelerator_is_available", &tformers::accelerator::is_available);
   m.def("accelerator_device_count", &tformers::accelerator::device_count);
   m.def("current_accelerator", &tformers::accelerator::current_accelerator);
+  m.def("set_python_site_packages", &tformers::accelerator::set_python_site_packages, "dirs"_a,
+        "Where PJRT plugin packages are looked for first: this interpreter's site-packages.");
   m.def("world_rank", &tformers::distributed::world_rank);
   m.def("world_size", &tformers::distributed::world_size);
   m.def("is_main_process", &tformers::distributed::is_main_process);
