@@ -119,7 +119,7 @@ void add_serve_flags(CLI::App* s, ServeArgs& a) {
   s->add_option("--max-num-seqs", a.max_num_seqs, "Sequences decoded together")
       ->check(int_in(1, 1024))
       ->capture_default_str();
-  s->add_option("--max-model-len", a.max_model_len,
+  s->add_option("--max-model-len,--ctx-size,-c", a.max_model_len,
                 "Prompt + completion tokens of one request (default: the model's positions, up "
                 "to 4096)")
       ->check(int_in(0, kInt64Max));

@@ -78,6 +78,7 @@ TEST(CommandLine, ReadsLlamaCppFlags) {
   EXPECT_EQ(parse({"tokenize", "-m", "DIR", "TEXT", "-t", "3"}).cl.threads, 3);
   EXPECT_EQ(parse({"perplexity", "-m", "DIR", "-f", "FILE", "-t", "3"}).cl.threads, 3);
   EXPECT_EQ(parse({"serve", "-m", "DIR", "-t", "3"}).cl.threads, 3);
+  EXPECT_EQ(parse({"serve", "-m", "DIR", "-c", "2048"}).cl.serve.max_model_len, 2048);
   EXPECT_EQ(parse({"-t", "3", "env"}).cl.threads, 3);
   for (const std::vector<std::string>& gpu :
        {std::vector<std::string>{"-ngl", "99"}, {"--n-gpu-layers=99"}, {"--gpu-layers", "99"}}) {
