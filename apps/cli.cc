@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -118,7 +119,7 @@ void add_serve_flags(CLI::App* s, ServeArgs& a) {
   s->add_option("--max-num-seqs", a.max_num_seqs, "Sequences decoded together")
       ->check(int_in(1, 1024))
       ->capture_default_str();
-  s->add_option("--max-model-len", a.max_model_len,
+  s->add_option("--max-model-len,--ctx-size,-c", a.max_model_len,
                 "Prompt + completion tokens of one request (default: the model's positions, up "
                 "to 4096)")
       ->check(int_in(0, kInt64Max));
@@ -205,11 +206,56 @@ std::string unexpected_arguments_message(const CLI::App& where, const CLI::App& 
   return message + " (" + command + " --help lists the options)";
 }
 
+// llama.cpp's -ngl/--n-gpu-layers N: how many layers it offloads to a GPU. tformers runs the
+// whole model on one device (--device), so the flag and its value are taken out of the arguments
+// with a note; CLI11 would read -ngl as -n with the value "gl". Returns the other arguments, or
+// sets `error` for a flag without a value.
+std::vector<const char*> take_gpu_layers(int argc, const char* const* argv, std::ostream& err,
+                                         std::string& error) {
+  std::vector<const char*> kept(argv, argv + std::min(argc, 1));  // the program
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") {  // what follows is not ours to read
+      kept.insert(kept.end(), argv + i, argv + argc);
+      break;
+    }
+    const std::string_view name = arg.substr(0, arg.find('='));
+    if (name != "-ngl" && name != "--n-gpu-layers" && name != "--gpu-layers") {
+      kept.push_back(argv[i]);
+      continue;
+    }
+    std::string value;
+    if (name.size() < arg.size())
+      value = arg.substr(name.size() + 1);
+    else if (i + 1 < argc)
+      value = argv[++i];
+    if (value.empty() || value[0] == '-') {
+      error =
+          std::string(name) + " needs a number of layers (it is llama.cpp's; tformers ignores it)";
+      return kept;
+    }
+    err << "tformers: note: " << escape_for_terminal(std::string(name) + " " + value)
+        << " is ignored: tformers runs the whole model on one device, chosen with --device "
+           "(auto, cpu, cuda, tpu or xla-cpu); there are no GPU layers on this backend\n"
+        << std::flush;
+  }
+  return kept;
+}
+
 }  // namespace
 
-CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& out,
+CommandLine parse_command_line(int raw_argc, const char* const* raw_argv, std::ostream& out,
                                std::ostream& err) {
   CommandLine cl;
+  std::string gpu_layers_error;
+  const std::vector<const char*> args = take_gpu_layers(raw_argc, raw_argv, err, gpu_layers_error);
+  if (!gpu_layers_error.empty()) {
+    err << "error: " << escape_for_terminal(gpu_layers_error) << "\n" << std::flush;
+    cl.exit_code = kUsageExitCode;
+    return cl;
+  }
+  const int argc = int(args.size());
+  const char* const* argv = args.data();
   CLI::App app{"tformers: run Hugging Face causal language models natively"};
   app.set_version_flag("--version", std::string("tformers ") + TFORMERS_VERSION,
                        "Print the version and exit");
@@ -217,10 +263,11 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
   int64_t& threads = cl.threads;
   const std::string threads_help = "CPU threads, 1 to " + std::to_string(kMaxThreads) +
                                    " (default: TFORMERS_NUM_THREADS or all cores)";
-  app.add_option("--threads", threads, threads_help);
+  app.add_option("--threads,-t", threads, threads_help);
 
   CLI::App* env =
       app.add_subcommand("env", "Print the version, CPU features, backends and accelerators");
+  env->add_flag("--json", cl.env_json, "Print one JSON object instead of lines");
   CLI::App* launch =
       app.add_subcommand("launch", tformers::distributed::kLaunchHelp)->allow_extras();
 
@@ -240,17 +287,17 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
   CLI::App* serve = app.add_subcommand(
       "serve", "Serve the model over HTTP with OpenAI's API (chat/completions, completions)");
   for (CLI::App* sub : {gen, chat, tokz, ppl, serve})
-    sub->add_option("--threads", threads, threads_help);
+    sub->add_option("--threads,-t", threads, threads_help);
   for (CLI::App* sub : {gen, chat}) {
     add_model_flags(sub, g.model, g.revision, g.dtype, g.quantize, g.load_mode);
     sub->add_option("--system", g.system, "System message");
-    sub->add_option("--max-new-tokens,-n", g.max_new_tokens,
+    sub->add_option("--max-new-tokens,--n-predict,-n", g.max_new_tokens,
                     "Tokens to generate (generate: default from generation_config.json, else up "
                     "to 20 in all; chat, per reply: generation_config.json's max_new_tokens, "
                     "else 256 or half of --ctx-size if less)")
         ->check(int_in(1, kInt64Max));
     sub->add_flag("--do-sample", g.do_sample, "Sample instead of greedy decoding");
-    sub->add_option("--temperature", g.temperature,
+    sub->add_option("--temperature,--temp", g.temperature,
                     "Sampling temperature (1: unchanged); 0 means greedy decoding")
         ->check(number_in(0, std::numeric_limits<float>::max()));
     sub->add_option("--top-k", g.top_k, "Sample from the K most likely tokens only (0: all)")
@@ -262,13 +309,13 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
         ->check(number_in(0, 1));
     sub->add_option("--typical-p", g.typical_p, "Locally typical sampling mass (1: off)")
         ->check(number_in(0, 1, /*lo_open=*/true));
-    sub->add_option("--repetition-penalty", g.repetition_penalty,
+    sub->add_option("--repetition-penalty,--repeat-penalty", g.repetition_penalty,
                     "Divide the scores of tokens already seen by this (1: off)")
         ->check(number_in(std::numeric_limits<float>::min(), std::numeric_limits<float>::max()));
     sub->add_option("--no-repeat-ngram-size", g.no_repeat_ngram_size,
                     "Never repeat an n-gram of this size (0: off)")
         ->check(int_in(0, kInt64Max));
-    sub->add_option("--seed", g.seed,
+    sub->add_option("--seed,-s", g.seed,
                     "Sampling seed: the same seed gives the same text; -1 draws a fresh one "
                     "(shown with --verbose)")
         ->check(int_in(-1, kInt64Max));
@@ -309,6 +356,8 @@ CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& 
       ->capture_default_str();
   tokz->add_option("text", tok_text, "Text to tokenize")->required();
   tokz->add_flag("--add-special-tokens", tok_special, "Add the post-processor's special tokens");
+  tokz->add_flag("--json", cl.tokenize.json,
+                 "Print one JSON object {\"ids\": [...], \"tokens\": [...]} instead of lines");
 
   add_model_flags(bench, b.model);
   bench

@@ -45,7 +45,7 @@ struct GenerateArgs {
 
 struct TokenizeArgs {
   std::string model, revision = "main", text;
-  bool add_special_tokens = false;
+  bool add_special_tokens = false, json = false;
 };
 
 // How bench and perplexity load their model: generate's flags of the same names.
@@ -118,6 +118,7 @@ struct CommandLine {
   std::string command;
   int exit_code = 0;
   int64_t threads = 0;               // --threads, 1 to kMaxThreads; 0: the default
+  bool env_json = false;             // env --json
   GenerateArgs generate;             // generate and chat
   TokenizeArgs tokenize;             // tokenize
   BenchArgs bench;                   // bench
@@ -132,7 +133,10 @@ struct CommandLine {
 // errors to `err` (as CLI11 writes them; "error: unknown subcommand ..." for a first argument
 // that names none; "error: unknown option --promt; did you mean --prompt?" for a flag the
 // command lacks; a value out of its range names the range), and then exit_code is
-// kUsageExitCode. `launch` is run by main() before this, which only knows it as a subcommand.
+// kUsageExitCode. llama.cpp's flags are read too: -t, --temp, -s, --n-predict, --repeat-penalty
+// as aliases, and -ngl/--n-gpu-layers N with a note on `err` that it is ignored (tformers puts
+// the whole model on one device). `launch` is run by main() before this, which only knows it as
+// a subcommand.
 CommandLine parse_command_line(int argc, const char* const* argv, std::ostream& out,
                                std::ostream& err);
 

@@ -7,6 +7,7 @@
 // warning never lands inside a line of text. Arguments are checked, and the model's generation
 // config resolved, before anything is printed.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -127,7 +128,17 @@ std::optional<tformers::Tokenizer> maybe_tokenizer(const std::string& model,
   return tformers::AutoTokenizer::from_pretrained(dir);
 }
 
-int cmd_env() {
+int cmd_env(bool json) {
+  if (json) {
+    const nlohmann::ordered_json out = {
+        {"version", TFORMERS_VERSION},
+        {"cpu_features", std::string(tformers::cpu::feature_string())},
+        {"backends", tformers::accelerator::describe_backends()},
+        {"accelerator_available", tformers::accelerator::is_available()},
+        {"architectures", tformers::supported_architectures()}};
+    std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
   std::printf("tformers %s\n", TFORMERS_VERSION);
   std::printf("cpu features: %s\n", std::string(tformers::cpu::feature_string()).c_str());
   // Backend lines name the plugin files found on disk.
@@ -394,7 +405,18 @@ bool read_line(std::string& line) {
 const char* const kChatHelp =
     "tformers: chat: commands: /help shows this; /reset clears the history (the system message "
     "is kept); /exit or /quit ends the session, as Ctrl-D does. Ctrl-C stops a reply, and at "
-    "the prompt discards the line being typed. Any other line is a message.\n";
+    "the prompt discards the line being typed. Any other line is a message (start it with a "
+    "space to send one that begins with /).\n";
+
+// The command a chat line starts with: "/" and letters as its first word ("/foo", "/save x"),
+// else "" (a message, such as "/usr/bin is where?" or " /help").
+std::string chat_command(const std::string& line) {
+  const std::string word = line.substr(0, line.find_first_of(" \t"));
+  if (word.size() < 2 || word[0] != '/') return "";
+  const bool letters =
+      std::all_of(word.begin() + 1, word.end(), [](unsigned char c) { return std::isalpha(c); });
+  return letters ? word : "";
+}
 
 int cmd_chat(const GenerateArgs& a) {
   check_args(a);
@@ -458,6 +480,13 @@ int cmd_chat(const GenerateArgs& a) {
       continue;
     }
     if (line.empty()) continue;
+    if (const std::string command = chat_command(line); !command.empty()) {
+      std::fprintf(stderr,
+                   "tformers: chat: unknown command %s (/help lists them); to send a message "
+                   "that starts with /, start it with a space\n",
+                   escape_for_terminal(command).c_str());
+      continue;
+    }
     messages.push_back({{"role", "user"}, {"content", line}});
     std::vector<int32_t> ids = render();
     // Drop the oldest turns (a user message and the reply to it), never the system message or
@@ -526,11 +555,15 @@ int cmd_chat(const GenerateArgs& a) {
   return 0;
 }
 
-int cmd_tokenize(const std::string& model, const std::string& revision, const std::string& text,
-                 bool special) {
-  tformers::Tokenizer tok = tformers::AutoTokenizer::from_pretrained(model, revision);
-  std::vector<int32_t> ids = tok.encode(text, special);
+int cmd_tokenize(const tformers::cli::TokenizeArgs& a) {
+  tformers::Tokenizer tok = tformers::AutoTokenizer::from_pretrained(a.model, a.revision);
+  std::vector<int32_t> ids = tok.encode(a.text, a.add_special_tokens);
   std::vector<std::string> pieces = tok.convert_ids_to_tokens(ids);
+  if (a.json) {
+    const nlohmann::ordered_json out = {{"ids", ids}, {"tokens", pieces}};
+    std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
   std::string line;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (i) line += ',';
@@ -602,13 +635,11 @@ int run(int argc, char** argv) {
       tformers::cli::parse_command_line(argc, argv, std::cout, std::cerr);
   if (cl.command.empty()) return cl.exit_code;
   if (cl.threads != 0) tformers::ThreadPool::set_global_threads(int(cl.threads));
-  if (cl.command == "env") return cmd_env();
+  if (cl.command == "env") return cmd_env(cl.env_json);
   if (cl.command == "kernels") return tformers::kernels_hub::kernels_cli(cl.kernels);
   if (cl.command == "generate") return cmd_generate(cl.generate);
   if (cl.command == "chat") return cmd_chat(cl.generate);
-  if (cl.command == "tokenize")
-    return cmd_tokenize(cl.tokenize.model, cl.tokenize.revision, cl.tokenize.text,
-                        cl.tokenize.add_special_tokens);
+  if (cl.command == "tokenize") return cmd_tokenize(cl.tokenize);
   if (cl.command == "bench") return tformers::cli::run_bench(cl.bench);
   if (cl.command == "perplexity") return tformers::cli::run_perplexity(cl.perplexity);
   if (cl.command == "serve")

@@ -281,6 +281,18 @@ NB_MODULE(_core, m) {
       .def_prop_rw("padding_side", &tformers::Tokenizer::padding_side,
                    &tformers::Tokenizer::set_padding_side)
       .def_prop_ro("chat_template", &tformers::Tokenizer::chat_template)
+      .def_prop_ro("folder", &tformers::Tokenizer::folder)
+      .def(
+          "token_bytes",
+          [](const tformers::Tokenizer& t, int32_t id) -> std::optional<nb::bytes> {
+            const std::optional<std::string> b = t.token_bytes(id);
+            if (!b) return std::nullopt;
+            return nb::bytes(b->data(), b->size());
+          },
+          "id"_a, "The bytes a vocabulary token stands for; None for added tokens.")
+      .def("encode_pair", &tformers::Tokenizer::encode_pair, "text"_a, "pair"_a,
+           "add_special_tokens"_a = true, nb::call_guard<nb::gil_scoped_release>(),
+           "Token ids of a text and its pair, with the post-processor's pair template.")
       .def_prop_ro(
           "config_json", [](const tformers::Tokenizer& t) { return t.config().dump(); },
           "tokenizer_config.json as read, as JSON text.");
@@ -304,6 +316,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("config_json",
                    [](const tformers::CausalLM& c) { return c.config().json.dump(); })
       .def_prop_ro("device", &tformers::CausalLM::device)
+      .def_prop_ro("folder", &tformers::CausalLM::folder)
       .def_prop_ro(
           "dtype",
           [](const tformers::CausalLM& c) { return std::string(tformers::dtype_name(c.dtype())); })
@@ -314,6 +327,8 @@ NB_MODULE(_core, m) {
   m.def("accelerator_is_available", &tformers::accelerator::is_available);
   m.def("accelerator_device_count", &tformers::accelerator::device_count);
   m.def("current_accelerator", &tformers::accelerator::current_accelerator);
+  m.def("set_python_site_packages", &tformers::accelerator::set_python_site_packages, "dirs"_a,
+        "Where PJRT plugin packages are looked for first: this interpreter's site-packages.");
   m.def("world_rank", &tformers::distributed::world_rank);
   m.def("world_size", &tformers::distributed::world_size);
   m.def("is_main_process", &tformers::distributed::is_main_process);

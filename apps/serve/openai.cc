@@ -285,7 +285,10 @@ void parse_sampling(const Fields& f, ApiRequest& r) {
 }
 
 // One chat message as the template takes it: content parts joined into one string (with "\n",
-// as vLLM does) and OpenAI's "developer" role read as "system", which templates know.
+// as vLLM does), OpenAI's "developer" role read as "system", which templates know, and an
+// assistant message without content (the openai SDK sends back a tool call's as null) given an
+// empty one, as vLLM and llama.cpp's server do: templates such as Qwen3's and DeepSeek-V3's read
+// message.content on every message, and fail on the missing key (Transformers drops null keys).
 Json parse_message(const Json& m, const std::string& where) {
   if (!m.is_object()) throw bad_field(where, "expected a message object, got " + shown(m));
   Fields f(m);
@@ -302,6 +305,7 @@ Json parse_message(const Json& m, const std::string& where) {
   if (!content) {
     // An assistant message that only calls tools has no content.
     if (*role != "assistant") throw bad_field(where + ".content", "required");
+    out["content"] = "";
   } else if (content->is_array()) {
     std::string text;
     for (size_t i = 0; i < content->size(); ++i) {

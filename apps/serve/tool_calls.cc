@@ -1,5 +1,6 @@
 #include "serve/tool_calls.h"
 
+#include <cctype>
 #include <mutex>
 #include <random>
 
@@ -32,6 +33,50 @@ std::optional<Json> parse_json(std::string_view text) {
   } catch (const std::exception&) {
     return std::nullopt;
   }
+}
+
+// JSON text cut short (a forced call that reached max_tokens), closed where it was cut: an open
+// value string is ended there, a value that does not parse cut (with the key or comma before
+// it), and the open objects and arrays closed. nullopt when no beginning of it parses.
+std::optional<Json> parse_cut_json(std::string_view text) {
+  std::string closers;  // what closes the containers open at each point, innermost first
+  std::vector<std::pair<size_t, std::string>> cuts;  // (length, closers) where a value may end
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false, cuts.emplace_back(i + 1, closers);
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (c == '{' || c == '[') closers.insert(closers.begin(), c == '{' ? '}' : ']');
+    if ((c == '}' || c == ']') && !closers.empty()) closers.erase(closers.begin());
+    if (c == '{' || c == '[' || c == '}' || c == ']' || std::isalnum(static_cast<unsigned char>(c)))
+      cuts.emplace_back(i + 1, closers);
+  }
+  std::vector<std::string> tries;
+  // Cut inside a string: end it there, less an escape sequence begun.
+  if (in_string) {
+    std::string_view head = text;
+    if (escaped) head.remove_suffix(1);
+    if (const size_t u = head.rfind("\\u"); u != std::string_view::npos && head.size() - u < 6)
+      head = head.substr(0, u);
+    tries.push_back(std::string(head) + "\"" + closers);
+  }
+  constexpr size_t kMaxTries = 32;  // each a parse of the text; the answer is a few cuts back
+  for (auto it = cuts.rbegin(); it != cuts.rend() && tries.size() < kMaxTries; ++it) {
+    std::string_view head = text.substr(0, it->first);
+    while (!head.empty() && (is_space(head.back()) || head.back() == ',')) head.remove_suffix(1);
+    tries.push_back(std::string(head) + it->second);
+  }
+  for (const std::string& t : tries)
+    if (std::optional<Json> j = parse_json(t)) return j;
+  return std::nullopt;
 }
 
 // {"name": "...", <args_key>: {...}}: the call, else nullopt. The arguments may also come as JSON
@@ -245,19 +290,21 @@ void ToolCallParser::take_calls(Output& out, std::vector<ToolCall> calls) {
 }
 
 void ToolCallParser::end_forced(Output& out) {
-  std::optional<std::vector<ToolCall>> calls;
-  if (const std::optional<Json> j = parse_json(buf_)) {
-    if (forced_.kind == ForcedCalls::kArguments) {
-      if (std::optional<ToolCall> call =
-              one_call(Json{{"name", forced_.name}, {"arguments", *j}}, "arguments"))
-        calls = std::vector<ToolCall>{std::move(*call)};
-    } else if (j->is_array()) {
-      // The list of "required" is Mistral's body without its marker.
-      calls = parse_body(ToolCallFormat::kMistral, buf_);
-    }
+  std::optional<Json> j = parse_json(buf_);
+  // Cut short (max_tokens, finish_reason "length"): the calls as far as they were written.
+  if (!j) j = parse_cut_json(buf_);
+  std::vector<ToolCall> calls;
+  if (j && forced_.kind == ForcedCalls::kArguments) {
+    if (std::optional<ToolCall> call =
+            one_call(Json{{"name", forced_.name}, {"arguments", *j}}, "arguments"))
+      calls.push_back(std::move(*call));
+  } else if (j && j->is_array()) {
+    // A call cut before its name is not one.
+    for (const Json& item : *j)
+      if (std::optional<ToolCall> call = one_call(item, "arguments")) calls.push_back(*call);
   }
-  if (calls)
-    take_calls(out, std::move(*calls));
+  if (!calls.empty())
+    take_calls(out, std::move(calls));
   else
     add_content(out, buf_);
 }

@@ -68,8 +68,9 @@ nlohmann::ordered_json forced_calls_schema(const ForcedCalls& forced,
 class ToolCallParser {
  public:
   // parallel = false keeps only the first call (OpenAI's parallel_tool_calls). With `forced`,
-  // the whole output is held and read as what it forces (text that is not, a reply cut short by
-  // max_tokens say, is content).
+  // the whole output is held and read as what it forces; one cut short by max_tokens gives its
+  // calls as far as they were written, their JSON closed where it was cut (text that holds no
+  // call is content).
   explicit ToolCallParser(ToolCallFormat format, bool parallel = true, ForcedCalls forced = {});
 
   struct Output {
@@ -86,7 +87,7 @@ class ToolCallParser {
  private:
   void scan(Output& out, bool final);
   void scan_llama(Output& out, bool final);
-  // A forced output ended: its calls, or the text as content.
+  // A forced output ended: its calls (those of a cut one, closed), or the text as content.
   void end_forced(Output& out);
   // A call's markup ended (or the output did): its calls, else the markup as content.
   void end_call(Output& out, std::string_view body, std::string_view markup);

@@ -13,6 +13,11 @@ int device_count();
 // "tpu", "cuda", or "" when none.
 std::string current_accelerator();
 
+// The running Python interpreter's site-packages folders (sys.prefix's), where PJRT plugin
+// packages are looked for first: a virtual environment run as venv/bin/python, not activated,
+// sets no VIRTUAL_ENV. The Python package calls this when imported.
+void set_python_site_packages(const std::vector<std::string>& dirs);
+
 // What `tformers env` prints: one line per backend, with where each runtime was looked for.
 std::vector<std::string> describe_backends();
 

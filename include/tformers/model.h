@@ -88,6 +88,7 @@ class CausalLM {
  public:
   const PretrainedConfig& config() const;
   const std::string& device() const;  // the backend it runs on: "cpu"
+  const std::string& folder() const;  // the model folder read (a Hub id's cache snapshot)
   DType dtype() const;
 
   // Allocates (or resets and reuses) the static KV cache for (batch, max_cache_len).

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import struct
 import threading
 from typing import Any
 
@@ -60,6 +62,12 @@ class CausalLM:
         self._core = core
         self.name_or_path = name_or_path
         self.config = PretrainedConfig(json.loads(core.config_json))
+        # generation_config.json as a GenerationConfig, which callers may change, as in
+        # Transformers; the library applies the file itself, so generate() passes on only what
+        # differs from it.
+        has_file = os.path.exists(os.path.join(core.folder, "generation_config.json"))
+        self.generation_config = GenerationConfig.from_pretrained(core.folder) if has_file else GenerationConfig()
+        self._file_generation_fields = self.generation_config.to_dict()
         # One KV cache per model: calls from several threads take turns (the engine runs without
         # the GIL, so without this they would share the cache).
         self._lock = threading.Lock()
@@ -107,7 +115,9 @@ class CausalLM:
         if mask is not None and mask.shape != ids.shape:
             raise ValueError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}: they must match")
         prompts = [_prompt(ids[b], None if mask is None else mask[b], b) for b in range(len(ids))]
-        fields = {**(generation_config.to_dict() if generation_config is not None else {}), **kwargs}
+        changed = {k: v for k, v in self.generation_config.to_dict().items()
+                   if k not in self._file_generation_fields or self._file_generation_fields[k] != v}
+        fields = {**changed, **(generation_config.to_dict() if generation_config is not None else {}), **kwargs}
         # The output's form is the Python layer's choice; the library computes scores only when
         # they are returned (a generation_config.json that asks for them without the dict would
         # otherwise keep every step's logits for nothing).
@@ -159,8 +169,94 @@ class CausalLM:
 
     forward = __call__
 
+    def eval(self) -> "CausalLM":
+        """The model itself: it always runs in inference mode (no dropout)."""
+        return self
+
+    def to(self, *args, **kwargs) -> "CausalLM":
+        """The model itself when asked for the device and dtype it already has (model.to("cpu"),
+        model.to(torch.bfloat16)); the device and dtype are chosen when loading, so asking for
+        others is a ValueError saying which from_pretrained argument to use. nn.Module.to's other
+        arguments (non_blocking, copy, memory_format) change nothing here."""
+        asked = [*args, kwargs.get("device"), kwargs.get("dtype")]
+        for value in (v for v in asked if v is not None and not isinstance(v, bool)):
+            if _is_dtype(value):
+                have = self._core.dtype
+                want = _dtype_name(value).removeprefix("torch.")
+                if want != have:
+                    raise ValueError(f"the model's weights are {have}; load them as {want} with "
+                                     f"from_pretrained(..., dtype={want!r}) instead of .to()")
+                continue
+            device = str(value).split(":")[0] if not isinstance(value, int) else "cuda"
+            if device != self.device:
+                raise ValueError(f"the model runs on {self.device!r}; load it there with from_pretrained(..., "
+                                 f"device_map={device!r}) instead of .to() (inputs may stay on the host)")
+        return self
+
+    @classmethod
+    def can_generate(cls) -> bool:
+        """True: every model tformers loads is a causal LM with generate()."""
+        return True
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """The parameters of the checkpoint read (a tied output head counted once, as Transformers
+        counts it); exclude_embeddings leaves out the input embeddings. All are trainable."""
+        sizes = _checkpoint_sizes(self._core.folder)
+        if self.config.to_dict().get("tie_word_embeddings", False) and any(n.endswith("embed_tokens.weight")
+                                                                           for n in sizes):
+            sizes.pop("lm_head.weight", None)
+        return sum(size for name, size in sizes.items()
+                   if not (exclude_embeddings and name.endswith("embed_tokens.weight")))
+
+    def compute_transition_scores(self, sequences, scores, beam_indices=None, normalize_logits: bool = False):
+        """Each generated token's score, as Transformers computes it: sequences and scores from
+        generate(..., return_dict_in_generate=True, output_scores=True), and beam_indices for
+        beam search. normalize_logits takes the log-softmax of each step's scores first.
+        Returns (batch, new tokens) float32, a torch tensor when scores are."""
+        return_tensors = "pt" if is_torch_tensor(scores[0]) else "np"
+        steps = np.stack([_numpy(s) for s in scores]).astype(np.float32)  # (steps, rows, vocab)
+        if normalize_logits:
+            shifted = steps - steps.max(-1, keepdims=True)
+            steps = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        seqs = _numpy(sequences)
+        if beam_indices is None:
+            beams = np.broadcast_to(np.arange(steps.shape[1])[:, None], (steps.shape[1], len(scores)))
+        else:
+            beams = _numpy(beam_indices)
+        finished = beams < 0
+        length = int((~finished).sum(-1).max())
+        beams, finished = np.where(finished, 0, beams)[:, :length], finished[:, :length]
+        tokens = seqs[:, seqs.shape[-1] - length:]
+        out = steps[np.arange(length)[None, :], beams, tokens]
+        out[finished] = 0
+        return convert(np.ascontiguousarray(out, dtype=np.float32), return_tensors)
+
     def __repr__(self) -> str:
         return f"{self.config.architectures[0]}(name_or_path={self.name_or_path!r}, device={self.device!r})"
+
+
+def _is_dtype(value) -> bool:
+    torch = torch_module()
+    return (torch is not None and isinstance(value, torch.dtype)) or value in ("float32", "bfloat16", "float16")
+
+
+def _numpy(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if is_torch_tensor(x) else np.asarray(x)
+
+
+def _checkpoint_sizes(folder: str) -> dict[str, int]:
+    """Every tensor's element count in a folder's .safetensors files, read from their headers."""
+    sizes = {}
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".safetensors"):
+            continue
+        with open(os.path.join(folder, name), "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        for tensor, info in header.items():
+            if tensor != "__metadata__":
+                sizes[tensor] = int(np.prod(info["shape"], dtype=np.int64))
+    return sizes
 
 
 def _prompt(row: np.ndarray, mask: np.ndarray | None, b: int) -> list[int]:

@@ -192,6 +192,10 @@ std::string current_accelerator() {
   return b->name() == "cpu" ? "" : b->name();
 }
 
+void set_python_site_packages(const std::vector<std::string>& dirs) {
+  backends::pjrt::set_python_site_packages(dirs);
+}
+
 std::vector<std::string> describe_backends() {
   std::vector<std::string> out;
   out.push_back("cpu: available, kernels " + std::string(cpu::target_name(cpu::active_target())) +

@@ -576,6 +576,7 @@ void CausalLM::save_pretrained(const std::string& dir) const {
 
 const PretrainedConfig& CausalLM::config() const { return *impl_->arch_config; }
 const std::string& CausalLM::device() const { return impl_->device; }
+const std::string& CausalLM::folder() const { return impl_->path; }
 DType CausalLM::dtype() const { return impl_->dtype; }
 int64_t CausalLM::cache_batch() const { return impl_->cache_batch; }
 int64_t CausalLM::max_cache_len() const { return impl_->cache_len; }

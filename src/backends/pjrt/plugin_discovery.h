@@ -1,6 +1,7 @@
 // Finds PJRT C-API plugins (libtpu for "tpu", the XLA CUDA plugin for "cuda", XLA's CPU plugin
 // for "xla-cpu") without loading any framework: TFORMERS_PJRT_PLUGIN_<NAME> first, then the
-// Python environments' installed plugin packages, then the usual library paths.
+// Python environments' installed plugin packages (the running interpreter's first), then the
+// usual library paths.
 #pragma once
 
 #include <string>
@@ -23,6 +24,10 @@ struct PluginProbe {
 };
 
 PluginProbe probe_plugin(const std::string& device);
+
+// The running Python interpreter's site-packages folders, searched before any other Python
+// environment (accelerator::set_python_site_packages).
+void set_python_site_packages(std::vector<std::string> dirs);
 
 // libtpu asks the cloud metadata server for the host's TPU configuration when it starts,
 // retrying each key 30 times: over 5 minutes on a host that is not a TPU VM. It also takes a
