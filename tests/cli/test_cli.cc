@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/missing_dependency.h"
 #include "common/run_command.h"
 #include "io/json.h"
 
@@ -349,7 +350,8 @@ TEST(Cli, LaunchRejectsHugeProcessCounts) {
 }
 
 TEST(Cli, UnderLaunchOnlyRankZeroWrites) {
-  if (std::system("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
+  if (std::system("command -v mpirun >/dev/null") != 0)
+    TF_SKIP_MISSING_DEPENDENCY("no mpirun (Debian: openmpi-bin)");
   const std::string ranks = " --nproc-per-node 2 -- " + kCli + " generate" + kKjv +
                             " --prompt And -n 5 --seed 1 --verbose";
   // Under AddressSanitizer, Open MPI's own allocations need the suppressions the distributed
