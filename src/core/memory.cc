@@ -31,6 +31,10 @@ uint64_t memory_limit_bytes() {
   return limit;
 }
 
+std::string planned_bytes(double bytes) {
+  return bytes < 1.8e19 ? std::to_string(uint64_t(bytes)) : "more than 2^64";
+}
+
 std::shared_ptr<void> allocate_pages(size_t bytes) {
   const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
   if (size < bytes) throw Error("cannot allocate " + std::to_string(bytes) + " bytes");

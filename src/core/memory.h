@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "core/thread_pool.h"
 #include "tformers/tensor.h"
@@ -22,6 +23,10 @@ constexpr size_t kHugePage = size_t(2) << 20;
 // memory.max. Plans (how many rows, how long a cache) are checked against it before they
 // allocate, so that an absurd one is refused at once instead of after the machine swaps.
 uint64_t memory_limit_bytes();
+
+// A planned byte count, multiplied out in doubles so that absurd sizes cannot wrap: the count,
+// or "more than 2^64".
+std::string planned_bytes(double bytes);
 
 // `bytes` of zero-filled memory aligned to 2 MiB (fresh anonymous pages are zero, so nothing is
 // written); released when the last owner goes. Error when the system has no memory for it.

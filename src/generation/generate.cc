@@ -23,23 +23,20 @@ using generation::bucketed;
 
 namespace {
 
-// Bytes as a count, or a bound when the product of a plan's sizes passes what 64 bits count.
-std::string byte_count(double bytes) {
-  return bytes < 1.8e19 ? std::to_string(uint64_t(bytes)) : "more than 2^64";
-}
-
 // What a plan holds from its first step, checked before any of it is allocated: a million beams
 // or return sequences otherwise grew the process past 8 GB before anything refused them. The
 // sizes are multiplied as doubles, so absurd ones cannot wrap around: each row's KV cache and
 // logits, the scores and logits kept per step when asked for, and beam search's candidates (an
-// index per token of every beam of a prompt).
-void check_plan_memory(const models::ModelRunner& m, int64_t prompts,
+// index per token of every beam of a prompt). The KV cache counts where it lives in host memory
+// (the CPU backend, XLA's CPU plugin); an accelerator's allocation of it fails on its own.
+void check_plan_memory(const CausalLM& model, const models::ModelRunner& m, int64_t prompts,
                        const ResolvedGenerationConfig& rc, int64_t cache_len) {
+  const bool kv_on_host = model.device() == "cpu" || model.device() == "xla-cpu";
   const bool beams = rc.num_beams > 1;
   const char* field = beams ? "num_beams" : "num_return_sequences";
   const int64_t per_prompt = beams ? rc.num_beams : rc.num_return_sequences;
   const double rows = double(prompts) * double(per_prompt), V = double(m.vocab_size());
-  const double kv = rows * double(cache_len) * double(m.kv_bytes_per_position());
+  const double kv = kv_on_host ? rows * double(cache_len) * double(m.kv_bytes_per_position()) : 0.0;
   const double kept_steps =
       double(int(rc.output_scores) + int(rc.output_logits)) * double(rc.max_new_tokens);
   const double logits = rows * V * sizeof(float) * (1 + kept_steps);
@@ -47,11 +44,13 @@ void check_plan_memory(const models::ModelRunner& m, int64_t prompts,
   const uint64_t limit = memory_limit_bytes();
   if (kv + logits + candidates <= double(limit)) return;
   throw ResourceError(detail::str_cat(
-      "generate: ", prompts, " prompt(s) x ", field, " ", per_prompt, " = ", byte_count(rows),
-      " rows need ", byte_count(kv + logits + candidates), " bytes (KV cache: ", byte_count(kv),
-      " for ", cache_len, " positions of ", m.kv_bytes_per_position(), " bytes per row; logits",
-      kept_steps > 0 ? " kept per step" : "", " over ", m.vocab_size(),
-      " tokens: ", byte_count(logits), beams ? "; beam candidates: " + byte_count(candidates) : "",
+      "generate: ", prompts, " prompt(s) x ", field, " ", per_prompt, " = ", planned_bytes(rows),
+      " rows need ", planned_bytes(kv + logits + candidates), " bytes of host memory (",
+      kv_on_host ? detail::str_cat("KV cache: ", planned_bytes(kv), " for ", cache_len,
+                                   " positions of ", m.kv_bytes_per_position(), " bytes per row; ")
+                 : std::string(),
+      "logits", kept_steps > 0 ? " kept per step" : "", " over ", m.vocab_size(), " tokens: ",
+      planned_bytes(logits), beams ? "; beam candidates: " + planned_bytes(candidates) : "",
       "), more than the ", limit, " bytes this process can have (memory, ulimit, cgroup); lower ",
       field, ", the number of prompts, max_new_tokens or max_cache_len"));
 }
@@ -106,7 +105,7 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
     int64_t S = merged.max_cache_len
                     ? rc.max_cache_len
                     : bucketed(m.prompt_buckets(), longest + rc.max_new_tokens - 1);
-    check_plan_memory(m, int64_t(prompts.size()), rc, S);
+    check_plan_memory(model, m, int64_t(prompts.size()), rc, S);
     return generation::beam_search(
         m, prompts, rc, S,
         [&](int64_t len) { return std::min(bucketed(m.prompt_buckets(), len), S); }, on_step);
@@ -128,7 +127,7 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
                                " new tokens needs " + std::to_string(longest + rc.max_new_tokens) +
                                " cache positions, but max_cache_len is " + std::to_string(S) +
                                "; raise max_cache_len or lower max_new_tokens");
-  check_plan_memory(m, int64_t(prompts.size()), rc, S);
+  check_plan_memory(model, m, int64_t(prompts.size()), rc, S);
 
   // Rows: each prompt num_return_sequences times, consecutively (as repeat_interleave).
   std::vector<const std::vector<int32_t>*> rows;

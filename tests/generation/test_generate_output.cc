@@ -65,6 +65,9 @@ TEST(GenerateOutput, PlansBeyondMemoryAreRefusedBeforeAllocating) {
   });
   EXPECT_CONTAINS(msg, "1000 prompt(s)");
   EXPECT_CONTAINS(msg, "kept per step");
+  // The cache alone, as a caller of reset_cache sizes it.
+  msg = testing::error_of<ResourceError>([&] { lm.reset_cache(huge, 512); });
+  EXPECT_CONTAINS(msg, "batch 1000000000000 x max_cache_len 512");
 }
 
 TEST(GenerateOutput, OnStepCancelsGreedyAndBeamSearch) {
