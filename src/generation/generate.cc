@@ -29,9 +29,9 @@ namespace {
 // logits, the scores and logits kept per step when asked for, and beam search's candidates (an
 // index per token of every beam of a prompt). The KV cache counts where it lives in host memory
 // (the CPU backend, XLA's CPU plugin); an accelerator's allocation of it fails on its own.
-void check_plan_memory(const CausalLM& model, const models::ModelRunner& m, int64_t prompts,
+void check_plan_memory(const models::ModelRunner& m, int64_t prompts,
                        const ResolvedGenerationConfig& rc, int64_t cache_len) {
-  const bool kv_on_host = model.device() == "cpu" || model.device() == "xla-cpu";
+  const bool kv_on_host = m.state_on_host();
   const bool beams = rc.num_beams > 1;
   const char* field = beams ? "num_beams" : "num_return_sequences";
   const int64_t per_prompt = beams ? rc.num_beams : rc.num_return_sequences;
@@ -105,7 +105,7 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
     int64_t S = merged.max_cache_len
                     ? rc.max_cache_len
                     : bucketed(m.prompt_buckets(), longest + rc.max_new_tokens - 1);
-    check_plan_memory(model, m, int64_t(prompts.size()), rc, S);
+    check_plan_memory(m, int64_t(prompts.size()), rc, S);
     return generation::beam_search(
         m, prompts, rc, S,
         [&](int64_t len) { return std::min(bucketed(m.prompt_buckets(), len), S); }, on_step);
@@ -127,7 +127,7 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
                                " new tokens needs " + std::to_string(longest + rc.max_new_tokens) +
                                " cache positions, but max_cache_len is " + std::to_string(S) +
                                "; raise max_cache_len or lower max_new_tokens");
-  check_plan_memory(model, m, int64_t(prompts.size()), rc, S);
+  check_plan_memory(m, int64_t(prompts.size()), rc, S);
 
   // Rows: each prompt num_return_sequences times, consecutively (as repeat_interleave).
   std::vector<const std::vector<int32_t>*> rows;

@@ -604,7 +604,7 @@ void CausalLM::reset_cache(int64_t batch, int64_t max_cache_len) {
   const double bytes =
       double(batch) * double(max_cache_len) * double(impl_->kv_bytes_per_position());
   const uint64_t limit = memory_limit_bytes();
-  if ((device() == "cpu" || device() == "xla-cpu") && bytes > double(limit))
+  if (impl_->state_on_host() && bytes > double(limit))
     throw ResourceError(detail::str_cat(
         "reset_cache: a KV cache of batch ", batch, " x max_cache_len ", max_cache_len, " x ",
         impl_->kv_bytes_per_position(), " bytes per position needs ", planned_bytes(bytes),
