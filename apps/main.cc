@@ -329,14 +329,15 @@ int prompt_getc(FILE*) {
 // (English averages about 4), so a longer line could never fit and is refused unread.
 constexpr uint64_t kChatBytesPerToken = 32;
 
-// A line of chat input longer than `max_bytes`: off a terminal (a pipe, a file, /dev/zero) an
-// error, before more of it is read; on a terminal the rest of the typed or pasted line is
-// skipped and the session goes on at a fresh prompt.
+// What is wrong with a chat line longer than `max_bytes`.
 std::string long_line(uint64_t max_bytes) {
   return "chat: a line of input is longer than " + std::to_string(max_bytes) +
          " bytes, more than the context (--ctx-size) can hold";
 }
 
+// A line of chat input longer than `max_bytes`: off a terminal (a pipe, a file, /dev/zero) an
+// error, before more of it is read; on a terminal the rest of the typed or pasted line is
+// skipped and the session goes on at a fresh prompt.
 void refuse_long_line(bool terminal, uint64_t max_bytes) {
   const std::string what = long_line(max_bytes);
   if (!terminal)
