@@ -201,8 +201,9 @@ TEST(Safetensors, HeadersOfVeryManyTensorsOpenInLinearTime) {
   EXPECT_EQ(f->tensors()[1].name, detail::str_cat("t", kTensors - 2));
   EXPECT_EQ(f->tensors().back().name, "t0");
   EXPECT_EQ(f->get("t5").data<uint8_t>()[0], 5);
-  // Linear parsing takes well under a second in a release build; a quadratic one took minutes.
-  EXPECT_LT(open_s, 10.0) << "opening a header of " << kTensors << " tensors";
+  // Linear parsing takes under a second in a release build (a few under AddressSanitizer, or on
+  // a loaded machine); the quadratic parser took over a minute. The bound leaves room for both.
+  EXPECT_LT(open_s, 30.0) << "opening a header of " << kTensors << " tensors";
 
   std::vector<std::pair<std::string, Tensor>> ts;
   for (const auto& info : f->tensors()) ts.emplace_back(info.name, f->get(info.name));
@@ -210,7 +211,7 @@ TEST(Safetensors, HeadersOfVeryManyTensorsOpenInLinearTime) {
   save_safetensors(dir.file("copy.safetensors"), ts);
   const double save_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
-  EXPECT_LT(save_s, 10.0) << "writing " << kTensors << " tensors";
+  EXPECT_LT(save_s, 30.0) << "writing " << kTensors << " tensors";
   EXPECT_EQ(SafetensorsFile::open(dir.file("copy.safetensors"))->tensors().front().name,
             f->tensors().front().name);
 }
