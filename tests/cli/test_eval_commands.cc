@@ -214,7 +214,7 @@ TEST(Perplexity, CtrlCStopsAtTheNextWindowAndSaysHowFarItGot) {
     text = ss.str();
   }
   std::ofstream(file) << text << text << text << text;  // about 20,000 windows of 8 tokens
-  const Streams r = interrupted(kCli + " perplexity" + kKjv + " -f " + file + " --ctx 8", 1.5);
+  const Streams r = interrupted(kCli + " perplexity" + kKjv + " -f " + file + " --ctx 8", 3);
   std::filesystem::remove(file);
   EXPECT_EQ(r.status, 130) << r.err;
   EXPECT_CONTAINS(r.err, "tformers: perplexity: stopped (Ctrl-C) after ");
@@ -223,7 +223,7 @@ TEST(Perplexity, CtrlCStopsAtTheNextWindowAndSaysHowFarItGot) {
 
 // Ctrl-C stops bench between timed runs; the rows measured so far are still printed.
 TEST(Bench, CtrlCStopsBetweenRunsAndPrintsWhatWasMeasured) {
-  const Streams r = interrupted(kCli + " bench" + kKjv + " -p 16 -n 4 -t 1 -r 100000 -o json", 1.5);
+  const Streams r = interrupted(kCli + " bench" + kKjv + " -p 16 -n 4 -t 1 -r 100000 -o json", 3);
   EXPECT_EQ(r.status, 130) << r.err;
   EXPECT_CONTAINS(r.err, "tformers: bench: stopped (Ctrl-C) after ");
   EXPECT_TRUE(Json::parse(r.out, nullptr, false).is_array()) << r.out;
