@@ -121,6 +121,8 @@ std::string mean_pm(const Row& r) {
 
 int run_bench(const BenchArgs& a) {
   check_bench_args(a);
+  // From the start, so that a Ctrl-C during the load stops before the first run.
+  const StopOnCtrlC stop;
   CausalLM lm = load_with_progress(a.model, a.device);
   check_positions(a, lm.config().max_position_embeddings);
   const models::ModelRunner runner(lm);
@@ -185,7 +187,6 @@ int run_bench(const BenchArgs& a) {
   const int64_t runs = int64_t(threads.size()) * rows * (1 + a.repetitions);
   int64_t run = 0;
   ProgressBar bar(stderr, isatty(fileno(stderr)), 0.5, "runs");
-  const StopOnCtrlC stop;
   auto timed = [&](const char* test, const auto& seconds) {
     stop.throw_if_requested();
     bar.update(test, run, runs);
