@@ -1,9 +1,9 @@
 // Ctrl-C in a long command (perplexity, quantize, bench). Left to its default, SIGINT ends the
-// process at once: a progress bar stays half drawn, a quantized folder half written, the work
-// done so far unsaid. While a StopOnCtrlC lives, the first Ctrl-C only raises a flag that the
-// command polls between its steps; there it stops cleanly (erases its bar, says what it had
-// done, removes what it half wrote) and exits with 130, 128 + SIGINT, as a shell expects of an
-// interrupted command. The handler resets itself, so a second Ctrl-C ends the process at once.
+// process at once: a progress bar stays half drawn, a quantized folder may be half written, the
+// work done so far goes unsaid. While a StopOnCtrlC lives, the first Ctrl-C only raises a flag
+// that the command polls between its steps; there it stops cleanly (erases its bar, says what
+// it had done) and exits with 130, 128 + SIGINT, as a shell expects of an interrupted command.
+// The handler resets itself, so a second Ctrl-C ends the process at once.
 #pragma once
 
 #include <signal.h>

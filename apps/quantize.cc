@@ -33,7 +33,8 @@ int run_quantize(const QuantizeArgs& a) {
     stop.throw_if_requested();
     bar.update(stage, done, total);
   };
-  const bool out_existed = fs::exists(a.out);
+  // Ctrl-C stops the conversion, before anything is written; once writing has begun it ends
+  // the writing first, so the folder is never left half written.
   try {
     CausalLM lm = AutoModelForCausalLM::from_pretrained(source, opt);
     bar.finish();
@@ -41,14 +42,7 @@ int run_quantize(const QuantizeArgs& a) {
     lm.save_pretrained(a.out);
   } catch (const StopOnCtrlC::Stopped&) {
     bar.finish();
-    // Nothing half written stays: the folder as it was (absent, or empty).
-    std::error_code ec;
-    if (out_existed) {
-      for (const auto& e : fs::directory_iterator(a.out, ec)) fs::remove_all(e.path(), ec);
-    } else {
-      fs::remove_all(a.out, ec);
-    }
-    std::fprintf(stderr, "tformers: quantize: stopped (Ctrl-C); %s was left as it was\n",
+    std::fprintf(stderr, "tformers: quantize: stopped (Ctrl-C); nothing was written to %s\n",
                  a.out.c_str());
     return StopOnCtrlC::kExitCode;
   }
