@@ -19,10 +19,14 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "core/cpu_features.h"
+#include "core/progress.h"
 #include "core/stream_read.h"
 #include "core/thread_pool.h"
 #include "eval.h"
+#include "interrupt.h"
 #include "models/model_runner.h"
 #include "tformers/error.h"
 
@@ -117,6 +121,8 @@ std::string mean_pm(const Row& r) {
 
 int run_bench(const BenchArgs& a) {
   check_bench_args(a);
+  // From the start, so that a Ctrl-C during the load stops before the first run.
+  const StopOnCtrlC stop;
   CausalLM lm = load_with_progress(a.model, a.device);
   check_positions(a, lm.config().max_position_embeddings);
   const models::ModelRunner runner(lm);
@@ -173,29 +179,55 @@ int run_bench(const BenchArgs& a) {
     j["roofline_ratio"] = tg ? nlohmann::json(r.mean / r.roofline) : nlohmann::json();
     results.push_back(j);
   };
-  for (int64_t n : threads) {
-    ThreadPool::set_global_threads(int(n));
-    for (int64_t p : a.prompt) {
-      if (p == 0) continue;
-      Row r{.threads = n, .prompt = p};
-      prompt_seconds(lm, p);
-      for (int64_t i = 0; i < a.repetitions; ++i)
-        r.samples.push_back(double(p) / prompt_seconds(lm, p));
-      summarize(r);
-      report(r);
+  // Progress by timed runs (a warm-up and the repetitions per row); Ctrl-C stops between runs,
+  // and the rows measured so far are reported.
+  int64_t rows = 0;
+  for (int64_t p : a.prompt) rows += p != 0;
+  for (int64_t g : a.gen) rows += g != 0;
+  const int64_t runs = int64_t(threads.size()) * rows * (1 + a.repetitions);
+  int64_t run = 0;
+  ProgressBar bar(stderr, isatty(fileno(stderr)), 0.5, "runs");
+  auto timed = [&](const char* test, const auto& seconds) {
+    stop.throw_if_requested();
+    bar.update(test, run, runs);
+    const double s = seconds();
+    bar.update(test, ++run, runs);
+    return s;
+  };
+  try {
+    for (int64_t n : threads) {
+      ThreadPool::set_global_threads(int(n));
+      for (int64_t p : a.prompt) {
+        if (p == 0) continue;
+        Row r{.threads = n, .prompt = p};
+        timed("bench pp", [&] { return prompt_seconds(lm, p); });
+        for (int64_t i = 0; i < a.repetitions; ++i)
+          r.samples.push_back(double(p) / timed("bench pp", [&] { return prompt_seconds(lm, p); }));
+        summarize(r);
+        bar.finish();
+        report(r);
+      }
+      double read_gbs = 0;
+      for (int64_t g : a.gen) {
+        if (g == 0) continue;
+        if (read_gbs == 0) read_gbs = runner.read_bandwidth_gbs(kReadBandwidthBytes);
+        Row r{.threads = n, .gen = g, .read_gbs = read_gbs};
+        r.roofline = read_gbs * 1e9 / double(weight_bytes);
+        timed("bench tg", [&] { return generation_seconds(lm, g); });
+        for (int64_t i = 0; i < a.repetitions; ++i)
+          r.samples.push_back(double(g) /
+                              timed("bench tg", [&] { return generation_seconds(lm, g); }));
+        summarize(r);
+        bar.finish();
+        report(r);
+      }
     }
-    double read_gbs = 0;
-    for (int64_t g : a.gen) {
-      if (g == 0) continue;
-      if (read_gbs == 0) read_gbs = runner.read_bandwidth_gbs(kReadBandwidthBytes);
-      Row r{.threads = n, .gen = g, .read_gbs = read_gbs};
-      r.roofline = read_gbs * 1e9 / double(weight_bytes);
-      generation_seconds(lm, g);
-      for (int64_t i = 0; i < a.repetitions; ++i)
-        r.samples.push_back(double(g) / generation_seconds(lm, g));
-      summarize(r);
-      report(r);
-    }
+  } catch (const StopOnCtrlC::Stopped&) {
+    bar.finish();
+    if (!md) std::printf("%s\n", results.dump(2).c_str());
+    std::fprintf(stderr, "tformers: bench: stopped (Ctrl-C) after %lld of %lld runs\n",
+                 (long long)run, (long long)runs);
+    return StopOnCtrlC::kExitCode;
   }
   if (md) {
     // XLA's CPU plugin keeps its buffers in host memory (Backend::read_bandwidth_gbs).

@@ -336,11 +336,49 @@ int prompt_getc(FILE*) {
 }
 #endif
 
+// Bytes of one chat line per token of the context: more than any real text spends on a token
+// (English averages about 4), so a longer line could never fit and is refused unread.
+constexpr uint64_t kChatBytesPerToken = 32;
+
+// What is wrong with a chat line longer than `max_bytes`.
+std::string long_line(uint64_t max_bytes) {
+  return "chat: a line of input is longer than " + std::to_string(max_bytes) +
+         " bytes, more than the context (--ctx-size) can hold";
+}
+
+// A line of chat input longer than `max_bytes`: off a terminal (a pipe, a file, /dev/zero) an
+// error, before more of it is read; on a terminal the rest of the typed or pasted line is
+// skipped and the session goes on at a fresh prompt.
+void refuse_long_line(bool terminal, uint64_t max_bytes) {
+  const std::string what = long_line(max_bytes);
+  if (!terminal)
+    throw tformers::InvalidArgumentError(what + "; send shorter messages, or raise --ctx-size");
+  for (int c = std::getc(stdin); c != EOF && c != '\n';) c = std::getc(stdin);
+  std::fprintf(stderr, "tformers: %s; it was skipped\n", what.c_str());
+}
+
+// Reads one line of at most `max_bytes` from stdin, so that an endless line never grows past
+// that (refuse_long_line; an empty line then); the newline is dropped. False when nothing was
+// read: end of input, an error, or a read interrupted by a signal.
+bool read_bounded_line(std::string& line, uint64_t max_bytes, bool terminal) {
+  line.clear();
+  for (int c = std::getc(stdin); c != EOF; c = std::getc(stdin)) {
+    if (c == '\n') return true;
+    if (line.size() == max_bytes) {
+      refuse_long_line(terminal, max_bytes);
+      line.clear();
+      return true;
+    }
+    line += char(c);
+  }
+  return !line.empty();
+}
+
 // One line of chat input with the prompt shown; false at end of input (Ctrl-D), after ending
 // the prompt's line so that the shell's prompt starts on its own. On a terminal, Ctrl-C
 // discards the line being typed and gives an empty one; with libedit, the line can be edited
-// and earlier lines recalled.
-bool read_line(std::string& line) {
+// and earlier lines recalled. A line over `max_bytes` is refused (refuse_long_line).
+bool read_line(std::string& line, uint64_t max_bytes) {
   const bool terminal = isatty(STDIN_FILENO);
   g_interrupted = 0;
   // Off a terminal there is no line being typed: Ctrl-C (SIGINT) ends the program as usual.
@@ -375,15 +413,18 @@ bool read_line(std::string& line) {
     }
     line = g_line_discarded ? std::string() : std::string(got);
     std::free(got);
+    if (line.size() > max_bytes) {
+      std::fprintf(stderr, "tformers: %s; it was skipped\n", long_line(max_bytes).c_str());
+      line.clear();
+    }
     if (!line.empty()) add_history(line.c_str());
     return true;
   }
 #endif
   g_out.write("> ");
-  if (!std::getline(std::cin, line)) {
+  if (!read_bounded_line(line, max_bytes, terminal)) {
     if (!terminal || !g_interrupted) return false;
     // The terminal dropped the typed line itself (canonical mode flushes input on SIGINT).
-    std::cin.clear();
     std::clearerr(stdin);
     g_out.write("\n");
     line.clear();
@@ -468,7 +509,8 @@ int cmd_chat(const GenerateArgs& a) {
   const size_t first_turn = a.system.empty() ? 0 : 1;
   std::string line;
   for (uint64_t turn = 0;; ++turn) {
-    if (!read_line(line) || line == "/exit" || line == "/quit") break;
+    if (!read_line(line, uint64_t(ctx) * kChatBytesPerToken) || line == "/exit" || line == "/quit")
+      break;
     if (line == "/help") {
       std::fputs(kChatHelp, stderr);
       continue;

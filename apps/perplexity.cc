@@ -27,6 +27,7 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "eval.h"
+#include "interrupt.h"
 #include "io/file.h"
 #include "tformers/error.h"
 #include "tformers/tokenizer.h"
@@ -35,6 +36,8 @@ namespace tformers::cli {
 namespace {
 
 constexpr uint64_t kMaxTextBytes = uint64_t(256) << 20;
+// From this size up, encoding the text takes seconds, so a terminal is told it runs.
+constexpr size_t kTokenizeNoteBytes = size_t(1) << 20;
 
 // -log softmax(row)[target], in double.
 double token_nll(const float* row, int64_t vocab, int32_t target) {
@@ -54,7 +57,14 @@ int run_perplexity(const PerplexityArgs& a) {
   if (!std::filesystem::exists(a.file))
     throw NotFoundError("perplexity: --file " + a.file + ": no such file");
   const std::string text = io::read_regular_file(a.file, kMaxTextBytes, "--file text");
+  const StopOnCtrlC stop;
+  const bool terminal = isatty(fileno(stderr));
   Tokenizer tok = AutoTokenizer::from_pretrained(a.model.model, a.model.revision);
+  // Encoding is one call with no progress of its own (seconds to a minute for 10 MB, by
+  // tokenizer), so a terminal is told what runs.
+  if (terminal && text.size() >= kTokenizeNoteBytes)
+    std::fprintf(stderr, "tformers: perplexity: tokenizing %.1f MB of text...\n",
+                 double(text.size()) / 1e6);
   const std::vector<int32_t> ids = tok.encode(text, /*add_special_tokens=*/false);
   const int64_t n = int64_t(ids.size());
   if (n < 2)
@@ -71,10 +81,21 @@ int run_perplexity(const PerplexityArgs& a) {
                                std::to_string(positions));
   const int64_t windows = n / ctx + (n % ctx >= 2 ? 1 : 0), vocab = lm.config().vocab_size;
 
-  ProgressBar bar(stderr, isatty(fileno(stderr)), 0.5, "windows");
+  ProgressBar bar(stderr, terminal, 0.5, "windows");
   double sum = 0, sum_sq = 0;
   int64_t scored = 0;
   for (int64_t w = 0; w < windows; ++w) {
+    if (stop.requested()) {
+      bar.finish();
+      std::fprintf(stderr,
+                   "tformers: perplexity: stopped (Ctrl-C) after %lld of %lld windows; %s\n",
+                   (long long)w, (long long)windows,
+                   scored ? ("perplexity so far " + std::to_string(std::exp(sum / double(scored))) +
+                             " over " + std::to_string(scored) + " tokens")
+                                .c_str()
+                          : "nothing scored yet");
+      return StopOnCtrlC::kExitCode;
+    }
     const int64_t start = w * ctx, len = std::min(ctx, n - start);
     // A fresh sequence: nothing of the previous window stays in the cache.
     lm.reset_cache(1, ctx);

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "core/progress.h"
+#include "interrupt.h"
 #include "io/hub.h"
 #include "tformers/error.h"
 #include "tformers/model.h"
@@ -27,12 +28,24 @@ int run_quantize(const QuantizeArgs& a) {
       .device_map = "cpu", .revision = a.revision, .quantize = a.to, .load_mode = "mmap"};
   if (!a.dtype.empty()) opt.dtype = parse_dtype(a.dtype);
   ProgressBar bar(stderr, isatty(fileno(stderr)));
-  opt.progress = [&bar](std::string_view stage, int64_t done, int64_t total) {
+  const StopOnCtrlC stop;
+  opt.progress = [&](std::string_view stage, int64_t done, int64_t total) {
+    stop.throw_if_requested();
     bar.update(stage, done, total);
   };
-  CausalLM lm = AutoModelForCausalLM::from_pretrained(source, opt);
-  bar.finish();
-  lm.save_pretrained(a.out);
+  // Ctrl-C stops the conversion, before anything is written; once writing has begun it ends
+  // the writing first, so the folder is never left half written.
+  try {
+    CausalLM lm = AutoModelForCausalLM::from_pretrained(source, opt);
+    bar.finish();
+    stop.throw_if_requested();
+    lm.save_pretrained(a.out);
+  } catch (const StopOnCtrlC::Stopped&) {
+    bar.finish();
+    std::fprintf(stderr, "tformers: quantize: stopped (Ctrl-C); nothing was written to %s\n",
+                 a.out.c_str());
+    return StopOnCtrlC::kExitCode;
+  }
   // The rest of the folder (tokenizer, generation_config.json, chat template, README) as is;
   // the source's weights and config.json are what was just rewritten.
   uintmax_t in_bytes = 0;

@@ -37,6 +37,9 @@ stage() {  # stage NAME: closes the running stage and opens NAME
 
 stage "setup (apt, npm, .venv)"
 scripts/setup.sh --tests
+# Everything the tests use is installed now, so a test that finds a PJRT plugin, node's packages
+# or mpirun missing fails instead of skipping (tests/common/missing_dependency.h).
+export TFORMERS_REQUIRE_PLUGINS=1
 # The Python package's parity tests need torch and Transformers: the `reference` group, 3.5 GB
 # with torch's CUDA wheels. Where .venv/ lacks it (setup.sh --dev adds it there), it goes into an
 # environment of its own in the background, a download beside the CPU-bound builds, and the

@@ -4,7 +4,11 @@
 #include <mutex>
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
 
 #include <cstdint>
 #include <cstring>
@@ -12,6 +16,24 @@
 #include "tformers/error.h"
 
 namespace tformers {
+
+uint64_t memory_limit_bytes() {
+  uint64_t limit = uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGESIZE));
+  for (int resource : {RLIMIT_AS, RLIMIT_DATA}) {
+    struct rlimit rl;
+    if (getrlimit(resource, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+      limit = std::min<uint64_t>(limit, rl.rlim_cur);
+  }
+  // cgroup v2 as a container sees it; the file reads "max" (no number) when there is no limit.
+  uint64_t cgroup = 0;
+  if (std::ifstream("/sys/fs/cgroup/memory.max") >> cgroup && cgroup > 0)
+    limit = std::min(limit, cgroup);
+  return limit;
+}
+
+std::string planned_bytes(double bytes) {
+  return bytes < 1.8e19 ? std::to_string(uint64_t(bytes)) : "more than 2^64";
+}
 
 std::shared_ptr<void> allocate_pages(size_t bytes) {
   const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;

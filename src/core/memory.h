@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "core/thread_pool.h"
 #include "tformers/tensor.h"
@@ -15,6 +17,16 @@ namespace tformers {
 
 // Buffers from this size up get their own 2 MiB-aligned pages; smaller ones come from malloc.
 constexpr size_t kHugePage = size_t(2) << 20;
+
+// The bytes of memory this process can have: the machine's physical memory, lowered by its
+// address-space and data limits (ulimit -v, ulimit -d) and, in a container, by its cgroup's
+// memory.max. Plans (how many rows, how long a cache) are checked against it before they
+// allocate, so that an absurd one is refused at once instead of after the machine swaps.
+uint64_t memory_limit_bytes();
+
+// A planned byte count, multiplied out in doubles so that absurd sizes cannot wrap: the count,
+// or "more than 2^64".
+std::string planned_bytes(double bytes);
 
 // `bytes` of zero-filled memory aligned to 2 MiB (fresh anonymous pages are zero, so nothing is
 // written); released when the last owner goes. Error when the system has no memory for it.

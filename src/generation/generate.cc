@@ -6,6 +6,7 @@
 // serves every step. Beam search (num_beams > 1) runs in beam_search.cc.
 #include <algorithm>
 
+#include "core/memory.h"
 #include "generation/beam_search.h"
 #include "generation/logits_process.h"
 #include "generation/padding.h"
@@ -19,6 +20,42 @@
 namespace tformers {
 
 using generation::bucketed;
+
+namespace {
+
+// What a plan holds from its first step, checked before any of it is allocated: a million beams
+// or return sequences otherwise grew the process past 8 GB before anything refused them. The
+// sizes are multiplied as doubles, so absurd ones cannot wrap around: each row's KV cache and
+// logits, the scores and logits kept per step when asked for, and beam search's candidates (an
+// index per token of every beam of a prompt). The KV cache counts where it lives in host memory
+// (the CPU backend, XLA's CPU plugin); an accelerator's allocation of it fails on its own.
+void check_plan_memory(const models::ModelRunner& m, int64_t prompts,
+                       const ResolvedGenerationConfig& rc, int64_t cache_len) {
+  const bool kv_on_host = m.state_on_host();
+  const bool beams = rc.num_beams > 1;
+  const char* field = beams ? "num_beams" : "num_return_sequences";
+  const int64_t per_prompt = beams ? rc.num_beams : rc.num_return_sequences;
+  const double rows = double(prompts) * double(per_prompt), V = double(m.vocab_size());
+  const double kv = kv_on_host ? rows * double(cache_len) * double(m.kv_bytes_per_position()) : 0.0;
+  const double kept_steps =
+      double(int(rc.output_scores) + int(rc.output_logits)) * double(rc.max_new_tokens);
+  const double logits = rows * V * sizeof(float) * (1 + kept_steps);
+  const double candidates = beams ? double(rc.num_beams) * V * sizeof(int64_t) : 0;
+  const uint64_t limit = memory_limit_bytes();
+  if (kv + logits + candidates <= double(limit)) return;
+  throw ResourceError(detail::str_cat(
+      "generate: ", prompts, " prompt(s) x ", field, " ", per_prompt, " = ", planned_bytes(rows),
+      " rows need ", planned_bytes(kv + logits + candidates), " bytes of host memory (",
+      kv_on_host ? detail::str_cat("KV cache: ", planned_bytes(kv), " for ", cache_len,
+                                   " positions of ", m.kv_bytes_per_position(), " bytes per row; ")
+                 : std::string(),
+      "logits", kept_steps > 0 ? " kept per step" : "", " over ", m.vocab_size(), " tokens: ",
+      planned_bytes(logits), beams ? "; beam candidates: " + planned_bytes(candidates) : "",
+      "), more than the ", limit, " bytes this process can have (memory, ulimit, cgroup); lower ",
+      field, ", the number of prompts, max_new_tokens or max_cache_len"));
+}
+
+}  // namespace
 
 std::vector<std::vector<int32_t>> CausalLM::generate(
     const std::vector<std::vector<int32_t>>& prompts, const GenerationConfig& call,
@@ -68,10 +105,29 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
     int64_t S = merged.max_cache_len
                     ? rc.max_cache_len
                     : bucketed(m.prompt_buckets(), longest + rc.max_new_tokens - 1);
+    check_plan_memory(m, int64_t(prompts.size()), rc, S);
     return generation::beam_search(
         m, prompts, rc, S,
         [&](int64_t len) { return std::min(bucketed(m.prompt_buckets(), len), S); }, on_step);
   }
+
+  // Prompt length padded to its bucket, unless the cache cannot hold the padding. The cache
+  // length is rounded up to a bucket as well, so that calls with different max_new_tokens
+  // share their compiled steps (on an accelerator a compile costs seconds). The unused slots cost
+  // memory only: attention reads the slots written so far.
+  int64_t P = bucketed(m.prompt_buckets(), longest);
+  int64_t S =
+      merged.max_cache_len ? rc.max_cache_len : bucketed(m.prompt_buckets(), P + rc.max_new_tokens);
+  // A bucket that overflows the cache falls back to the longest prompt the cache allows: still
+  // one shape for every such prompt.
+  if (P + rc.max_new_tokens > S) P = std::max(longest, S - rc.max_new_tokens);
+  if (P + rc.max_new_tokens > S)
+    throw InvalidArgumentError("generate: a prompt of " + std::to_string(longest) +
+                               " tokens plus " + std::to_string(rc.max_new_tokens) +
+                               " new tokens needs " + std::to_string(longest + rc.max_new_tokens) +
+                               " cache positions, but max_cache_len is " + std::to_string(S) +
+                               "; raise max_cache_len or lower max_new_tokens");
+  check_plan_memory(m, int64_t(prompts.size()), rc, S);
 
   // Rows: each prompt num_return_sequences times, consecutively (as repeat_interleave).
   std::vector<const std::vector<int32_t>*> rows;
@@ -89,22 +145,6 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
         "token, but the model has neither pad_token_id nor eos_token_id; set pad_token_id in the "
         "generation config");
 
-  // Prompt length padded to its bucket, unless the cache cannot hold the padding. The cache
-  // length is rounded up to a bucket as well, so that calls with different max_new_tokens share
-  // their compiled steps (on an accelerator a compile costs seconds). The unused slots cost
-  // memory only: attention reads the slots written so far.
-  int64_t P = bucketed(m.prompt_buckets(), longest);
-  int64_t S =
-      merged.max_cache_len ? rc.max_cache_len : bucketed(m.prompt_buckets(), P + new_tokens);
-  // A bucket that overflows the cache falls back to the longest prompt the cache allows: still
-  // one shape for every such prompt.
-  if (P + new_tokens > S) P = std::max(longest, S - new_tokens);
-  if (P + new_tokens > S)
-    throw InvalidArgumentError("generate: a prompt of " + std::to_string(longest) +
-                               " tokens plus " + std::to_string(new_tokens) + " new tokens needs " +
-                               std::to_string(longest + new_tokens) +
-                               " cache positions, but max_cache_len is " + std::to_string(S) +
-                               "; raise max_cache_len or lower max_new_tokens");
   const bool keeps = kept && kept->cache_len == S && kept->cache_writes == m.cache_writes();
   m.reset_cache(B, S);
 

@@ -55,6 +55,7 @@
 #include <set>
 #include <thread>
 
+#include "core/memory.h"
 #include "core/thread_pool.h"
 #include "generation/block_manager.h"
 #include "generation/json_grammar.h"
@@ -295,6 +296,16 @@ void ServingEngine::Impl::configure() {
             " bytes each) cannot hold one sequence of max_model_len " +
             std::to_string(cfg.max_model_len) + "; raise the KV memory or lower max_model_len");
   check(cfg.num_blocks <= INT32_MAX, "num_blocks must fit int32");
+  // Checked before the pool is allocated: kv_cache_bytes or num_blocks from a command line may
+  // be absurd. On an accelerator the pool is device memory, whose allocation fails on its own.
+  const double pool_bytes = double(cfg.num_blocks) * double(block_bytes);
+  const uint64_t limit = memory_limit_bytes();
+  check(!m.state_on_host() || pool_bytes <= double(limit),
+        "a KV pool of " + std::to_string(cfg.num_blocks) + " blocks of " +
+            std::to_string(block_bytes) + " bytes needs " + planned_bytes(pool_bytes) +
+            " bytes, more than the " + std::to_string(limit) +
+            " bytes this process can have (memory, ulimit, cgroup); lower kv_cache_bytes or "
+            "num_blocks");
 
   // A prefill step takes at most max_prefill_tokens prompt positions, or one block where that is
   // less (plan_chunk), and never more than a context each of the sequences it may hold (packed,

@@ -146,7 +146,7 @@ const char* safetensors_dtype_name(DType t) {
   TF_CHECK(false, "no safetensors name for dtype ", int(t));
 }
 
-std::string json_type(const OrderedJson& v) {
+std::string json_type(const Json& v) {
   if (v.is_number_unsigned() || v.is_number_integer()) return "integer";
   if (v.is_number_float()) return "number " + v.dump();
   if (v.is_string()) {
@@ -164,6 +164,40 @@ std::string strip_prefix(const std::string& what) {
   return p == std::string::npos ? what.substr(what.find(']') + 1) : what.substr(p + 2);
 }
 
+// nlohmann's linear DOM builder, watching the top-level keys: it records them in file order (the
+// header's order; the document is a sorted map) and catches a duplicated one, which nlohmann
+// would silently overwrite although it makes the file ambiguous. Neither an insertion-ordered
+// object nor a parser callback will do: each scans the whole object per member, so a header of
+// 200,000 tensors took minutes.
+class TopLevelKeys : public nlohmann::detail::json_sax_dom_parser<Json> {
+  using Dom = nlohmann::detail::json_sax_dom_parser<Json>;
+
+ public:
+  explicit TopLevelKeys(Json& root) : Dom(root, /*allow_exceptions=*/true) {}
+  // Hide the builder's methods of the same names (sax_parse calls them on this type).
+  bool start_object(size_t len) { return ++depth_, Dom::start_object(len); }
+  bool end_object() { return --depth_, Dom::end_object(); }
+  bool start_array(size_t len) { return ++depth_, Dom::start_array(len); }
+  bool end_array() { return --depth_, Dom::end_array(); }
+  bool key(std::string& k) {
+    if (depth_ == 1) {
+      auto [it, fresh] = seen_.insert(k);
+      if (fresh)
+        order.push_back(&*it);
+      else if (duplicate.empty())
+        duplicate = k;
+    }
+    return Dom::key(k);
+  }
+
+  std::vector<const std::string*> order;  // into seen_
+  std::string duplicate;                  // the first top-level key seen twice
+
+ private:
+  int depth_ = 0;
+  std::set<std::string> seen_;
+};
+
 // Parses and validates one safetensors header. `data_size` is the byte count after the header.
 class HeaderParser {
  public:
@@ -176,43 +210,36 @@ class HeaderParser {
 
   void parse(const char* text, size_t n, std::vector<TensorInfo>& tensors,
              std::map<std::string, std::string>& metadata) {
-    // nlohmann keeps the last of duplicated keys silently; a duplicated tensor name is an
-    // ambiguous file, so watch the top-level keys as they are parsed.
-    std::set<std::string> seen;
-    std::string duplicate;
-    auto cb = [&](int depth, OrderedJson::parse_event_t event, OrderedJson& parsed) {
-      if (event == OrderedJson::parse_event_t::key && depth == 1 && duplicate.empty()) {
-        const std::string& k = parsed.get_ref<const std::string&>();
-        if (!seen.insert(k).second) duplicate = k;
-      }
-      return true;
-    };
     n = strip_padding(text, n);
     check_json_depth(std::string_view(text, n), str_cat(path_, " (header)"));
-    OrderedJson header;
+    Json header;
+    TopLevelKeys sax(header);
     try {
-      header = OrderedJson::parse(text, text + n, cb);
-    } catch (const OrderedJson::parse_error& e) {
+      Json::sax_parse(text, text + n, &sax);
+    } catch (const Json::parse_error& e) {
       // nlohmann counts bytes read, 1-based; the header starts at file byte 8.
       uint64_t at = 8 + std::min<uint64_t>(e.byte == 0 ? 0 : e.byte - 1, n);
       fail(str_cat("the JSON header (file bytes 8..", 8 + n, ") is malformed at file byte ", at,
                    ": ", strip_prefix(e.what()),
                    "; the file is corrupt or not a safetensors file"));
-    } catch (const OrderedJson::exception& e) {
+    } catch (const Json::exception& e) {
       fail(str_cat("the JSON header (file bytes 8..", 8 + n, ") is malformed: ",
                    strip_prefix(e.what()), "; the file is corrupt or not a safetensors file"));
     }
-    if (!duplicate.empty())
-      fail(str_cat("tensor '", duplicate, "' appears twice in the header; names must be unique"));
+    if (!sax.duplicate.empty())
+      fail(str_cat("tensor '", sax.duplicate,
+                   "' appears twice in the header; names must be unique"));
     if (!header.is_object())
       fail(str_cat("the JSON header must be an object of tensors, got ", json_type(header)));
     check_object_bounds(text, n);
 
-    for (auto it = header.begin(); it != header.end(); ++it) {
-      if (it.key() == "__metadata__") {
-        parse_metadata(it.value(), metadata);
+    tensors.reserve(sax.order.size());
+    for (const std::string* key : sax.order) {
+      const Json& value = header.find(*key).value();
+      if (*key == "__metadata__") {
+        parse_metadata(value, metadata);
       } else {
-        tensors.push_back(parse_entry(it.key(), it.value()));
+        tensors.push_back(parse_entry(*key, value));
       }
     }
     check_layout(tensors);
@@ -248,7 +275,7 @@ class HeaderParser {
     return {digits[uint8_t(c) >> 4], digits[uint8_t(c) & 15]};
   }
 
-  void parse_metadata(const OrderedJson& m, std::map<std::string, std::string>& metadata) const {
+  void parse_metadata(const Json& m, std::map<std::string, std::string>& metadata) const {
     if (!m.is_object())
       fail(str_cat("'__metadata__' must be an object of strings, got ", json_type(m)));
     for (auto it = m.begin(); it != m.end(); ++it) {
@@ -259,7 +286,7 @@ class HeaderParser {
     }
   }
 
-  TensorInfo parse_entry(const std::string& name, const OrderedJson& e) const {
+  TensorInfo parse_entry(const std::string& name, const Json& e) const {
     auto where = [&] { return str_cat("tensor '", name, "'"); };
     if (!e.is_object())
       fail(str_cat(where(), ": entry must be an object {dtype, shape, data_offsets}, got ",
@@ -271,7 +298,7 @@ class HeaderParser {
     info.name = name;
     info.file = path_;
 
-    const OrderedJson& dt = e["dtype"];
+    const Json& dt = e["dtype"];
     if (!dt.is_string()) fail(str_cat(where(), ": 'dtype' must be a string, got ", json_type(dt)));
     const std::string& dts = dt.get_ref<const std::string&>();
     bool found = false;
@@ -286,12 +313,12 @@ class HeaderParser {
       fail(str_cat(where(), ": unknown dtype '", shown, "' (supported: ", kSupportedDtypes, ")"));
     }
 
-    const OrderedJson& sh = e["shape"];
+    const Json& sh = e["shape"];
     if (!sh.is_array())
       fail(str_cat(where(), ": 'shape' must be an array of integers, got ", json_type(sh)));
     uint64_t numel = 1;
     for (size_t i = 0; i < sh.size(); ++i) {
-      const OrderedJson& d = sh[i];
+      const Json& d = sh[i];
       if (!d.is_number_integer() && !d.is_number_unsigned())
         fail(str_cat(where(), ": shape[", i, "] must be a non-negative integer, got ",
                      json_type(d)));
@@ -307,7 +334,7 @@ class HeaderParser {
         __builtin_mul_overflow(numel, dtype_size(info.dtype), &nbytes))
       fail(str_cat(where(), ": shape ", sh.dump(), " of ", dts, " is larger than 2^64 bytes"));
 
-    const OrderedJson& off = e["data_offsets"];
+    const Json& off = e["data_offsets"];
     if (!off.is_array() || off.size() != 2)
       fail(str_cat(where(), ": 'data_offsets' must be an array [begin, end], got ",
                    off.is_array() ? str_cat("an array of ", off.size()) : json_type(off)));
@@ -704,12 +731,14 @@ void save_safetensors(const std::string& path,
     return dtype_size(tensors[a].second.dtype()) > dtype_size(tensors[b].second.dtype());
   });
 
-  OrderedJson header = OrderedJson::object();
-  if (!metadata.empty()) {
-    OrderedJson m = OrderedJson::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    header["__metadata__"] = std::move(m);
-  }
+  // The header is written member by member, in this order: an insertion-ordered JSON object
+  // would look each new name up by a linear scan, quadratic over many tensors.
+  std::string text = "{";
+  auto member = [&](const std::string& name, const OrderedJson& value) {
+    if (text.size() > 1) text += ',';
+    text += OrderedJson(name).dump() + ':' + value.dump();
+  };
+  if (!metadata.empty()) member("__metadata__", OrderedJson(metadata));
   uint64_t pos = 0;
   for (size_t i : order) {
     const auto& [name, t] = tensors[i];
@@ -718,9 +747,9 @@ void save_safetensors(const std::string& path,
     e["shape"] = t.shape();
     e["data_offsets"] = {pos, pos + t.nbytes()};
     pos += t.nbytes();
-    header[name] = std::move(e);
+    member(name, e);
   }
-  std::string text = header.dump();
+  text += '}';
   // Pad with spaces so the data buffer starts 8-byte aligned in the file (and in the mapping).
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
 

@@ -599,6 +599,19 @@ void CausalLM::reset_cache(int64_t batch, int64_t max_cache_len) {
   if (batch <= 0 || max_cache_len <= 0)
     throw InvalidArgumentError("reset_cache: batch and max_cache_len must be positive, got " +
                                std::to_string(batch) + " and " + std::to_string(max_cache_len));
+  // Checked before allocating, where the cache lives in host memory (an accelerator's
+  // allocation fails on its own): an absurd batch or length would otherwise grow the process
+  // until the system stops it. As doubles, so the product cannot wrap.
+  const double bytes =
+      double(batch) * double(max_cache_len) * double(impl_->kv_bytes_per_position());
+  const uint64_t limit = memory_limit_bytes();
+  if (impl_->state_on_host() && bytes > double(limit))
+    throw ResourceError(detail::str_cat(
+        "reset_cache: a KV cache of batch ", batch, " x max_cache_len ", max_cache_len, " x ",
+        impl_->kv_bytes_per_position(), " bytes per position needs ", planned_bytes(bytes),
+        " bytes, more than the ", limit,
+        " bytes this process can have (memory, ulimit, cgroup); lower the batch or "
+        "max_cache_len"));
   impl_->reset_cache(batch, max_cache_len);
 }
 

@@ -67,6 +67,9 @@ struct CausalLM::Impl {
   void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks);
   // Bytes of keys and values one position takes over all layers, in the cache dtype.
   int64_t kv_bytes_per_position() const;
+  // Whether the KV cache and pools live in host memory (the CPU backend, XLA's CPU plugin), so
+  // that plans are checked against memory_limit_bytes() before allocating them.
+  bool state_on_host() const { return device == "cpu" || device == "xla-cpu"; }
 
   // The weight bytes one decode step streams, for rooflines (tformers bench, bench/): every
   // weight buffer once (a tied head that is the embedding counts once), but not an embedding of

@@ -166,6 +166,30 @@ TEST(Cli, ChatHelpAndQuitAreCommandsNotMessages) {
 
 // Ctrl-C while a reply streams stops that reply and gives the prompt back; Ctrl-C at the
 // prompt discards the half-typed line (the session goes on: it used to end).
+// On a terminal a line longer than the context can hold (32 bytes per position) is skipped
+// with a note, and the session goes on at a fresh prompt.
+TEST(Cli, ChatSkipsATypedLineLongerThanTheContextCanHold) {
+  const std::string model = std::string(TFORMERS_TEST_DATA) + "/models/tiny-qwen3";
+  int fd = -1;
+  pid_t pid = start_chat(
+      fd, {"--model", model.c_str(), "-n", "2", "--dtype", "float32", "--ctx-size", "64", "-v"});
+  ASSERT_GE(pid, 0);
+  std::string out;
+  ASSERT_TRUE(read_until(fd, out, "> ", 1)) << out;
+  ASSERT_TRUE(wait_raw(fd));
+  const std::string line = std::string(3000, 'a') + "\n";
+  ASSERT_EQ(write(fd, line.data(), line.size()), ssize_t(line.size()));
+  ASSERT_TRUE(read_until(fd, out, "it was skipped", 1)) << out;
+  ASSERT_TRUE(read_until(fd, out, "> ", 2)) << out;
+  ASSERT_TRUE(wait_raw(fd));
+  ASSERT_EQ(write(fd, "/quit\n", 6), 6);
+  const int status = wait_exit(pid, fd, out);
+  close(fd);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("a line of input is longer than 2048 bytes"), std::string::npos) << out;
+  EXPECT_EQ(out.find("chat: prompt"), std::string::npos) << out;
+}
+
 TEST(Cli, ChatCtrlCStopsAReplyAndClearsALine) {
   const std::string model = std::string(TFORMERS_SOURCE_DIR) + "/models/kjv-fortunes-tiny";
   int fd = -1;

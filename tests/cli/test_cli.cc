@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "common/error_of.h"
+#include "common/missing_dependency.h"
 #include "common/run_command.h"
 #include "io/json.h"
 
@@ -349,7 +351,8 @@ TEST(Cli, LaunchRejectsHugeProcessCounts) {
 }
 
 TEST(Cli, UnderLaunchOnlyRankZeroWrites) {
-  if (std::system("command -v mpirun >/dev/null") != 0) GTEST_SKIP() << "no mpirun";
+  if (std::system("command -v mpirun >/dev/null") != 0)
+    TF_SKIP_MISSING_DEPENDENCY("no mpirun (Debian: openmpi-bin)");
   const std::string ranks = " --nproc-per-node 2 -- " + kCli + " generate" + kKjv +
                             " --prompt And -n 5 --seed 1 --verbose";
   // Under AddressSanitizer, Open MPI's own allocations need the suppressions the distributed
@@ -451,6 +454,17 @@ TEST(Cli, ChatKeepsItsCacheTrimsHistoryAndConfirmsReset) {
   // Once trimming holds the prompt at its longest, the decode step never recompiles.
   EXPECT_NE(turns.back().find("compiles +0"), std::string::npos) << turns.back();
   EXPECT_EQ(r.out.find("tformers"), std::string::npos) << r.out;
+}
+
+// A chat line is read in bounded pieces: an endless one (stdin from /dev/zero) is refused once it
+// passes what the context can hold, instead of growing the process by gigabytes first.
+TEST(Cli, ChatRefusesALineLongerThanTheContextCanHold) {
+  const Streams r = run("(" + kCli +
+                        " chat -m tests/data/models/tiny-qwen3 --dtype float32 -n 8 "
+                        "--ctx-size 64 </dev/zero)");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_CONTAINS(r.err, "a line of input is longer than 2048 bytes");
+  EXPECT_CONTAINS(r.err, "--ctx-size");
 }
 
 // One seed per session: the same message after /reset gets a new reply (turn i samples with

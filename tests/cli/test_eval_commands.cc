@@ -195,6 +195,40 @@ TEST(Perplexity, PrintsOneLineAndASummary) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
+// Runs `command`, sends it SIGINT (Ctrl-C) after `seconds` (timeout(1)) and returns what it did;
+// its own exit status is kept, so a command killed by the signal reads 130 too, and only what
+// it wrote tells a clean stop.
+Streams interrupted(const std::string& command, double seconds) {
+  return run("timeout -s INT --preserve-status " + std::to_string(seconds) + " " + command);
+}
+
+// Ctrl-C stops a long perplexity run at the next window: what was scored is reported, the
+// progress is tidied up, and the exit status is 130, as for any interrupted command.
+TEST(Perplexity, CtrlCStopsAtTheNextWindowAndSaysHowFarItGot) {
+  const std::string file = heldout_excerpt(1 << 20);
+  std::string text;
+  {
+    std::ifstream in(file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  std::ofstream(file) << text << text << text << text;  // about 20,000 windows of 8 tokens
+  const Streams r = interrupted(kCli + " perplexity" + kKjv + " -f " + file + " --ctx 8", 3);
+  std::filesystem::remove(file);
+  EXPECT_EQ(r.status, 130) << r.err;
+  EXPECT_CONTAINS(r.err, "tformers: perplexity: stopped (Ctrl-C) after ");
+  EXPECT_EQ(r.out, "");
+}
+
+// Ctrl-C stops bench between timed runs; the rows measured so far are still printed.
+TEST(Bench, CtrlCStopsBetweenRunsAndPrintsWhatWasMeasured) {
+  const Streams r = interrupted(kCli + " bench" + kKjv + " -p 16 -n 4 -t 1 -r 100000 -o json", 3);
+  EXPECT_EQ(r.status, 130) << r.err;
+  EXPECT_CONTAINS(r.err, "tformers: bench: stopped (Ctrl-C) after ");
+  EXPECT_TRUE(Json::parse(r.out, nullptr, false).is_array()) << r.out;
+}
+
 // Weight-only int8 (one scale per 32 weights) and bfloat16 weights may cost a little quality,
 // not much: within 1 % of the float32 perplexity, on the first 2,400 or so held-out tokens.
 TEST(Perplexity, Int8AndBfloat16StayCloseToFloat32) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error_of.h"
+#include "common/missing_dependency.h"
 #include "serve/serve_process.h"
 
 namespace tformers::serve::testing {
@@ -37,7 +38,7 @@ const std::vector<std::string> kPrompts = {"And God said", "Blessed are the", "I
                                            "Thou shalt not", "The LORD is my"};
 
 TEST(ServeTp, TwoRanksAnswerWhatOneProcessAnswersAndDrainOnSigterm) {
-  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (Debian: openmpi-bin)";
+  if (!have_mpirun()) TF_SKIP_MISSING_DEPENDENCY("mpirun not found (Debian: openmpi-bin)");
   std::vector<std::string> want;
   {
     ServeProcess one({"--device", "cpu"});
@@ -69,7 +70,7 @@ TEST(ServeTp, TwoRanksAnswerWhatOneProcessAnswersAndDrainOnSigterm) {
 }
 
 TEST(ServeTp, RanksWithoutTpAreRefusedBeforeLoading) {
-  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (Debian: openmpi-bin)";
+  if (!have_mpirun()) TF_SKIP_MISSING_DEPENDENCY("mpirun not found (Debian: openmpi-bin)");
   const std::string cmd = std::string(TFORMERS_CLI) + " launch --nproc-per-node 2 -- " +
                           TFORMERS_CLI + " serve -m " + TFORMERS_SOURCE_DIR + "/" + kModel +
                           " --port 0 2>&1";

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "backends/pjrt/plugin_discovery.h"
+#include "common/missing_dependency.h"
 #include "models/causal_lm_impl.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
@@ -249,7 +250,7 @@ class TpMpi : public ::testing::Test {
  protected:
   void SetUp() override {
     if (env("TFORMERS_TP_WORKER")) GTEST_SKIP() << "driver tests do not run inside a rank";
-    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found (Debian: openmpi-bin)";
+    if (!have_mpirun()) TF_SKIP_MISSING_DEPENDENCY("mpirun not found (Debian: openmpi-bin)");
   }
 };
 
@@ -577,7 +578,8 @@ class TpMpiXlaCpu : public TpMpi, public ::testing::WithParamInterface<std::stri
 #endif
     setenv("VIRTUAL_ENV", TFORMERS_SOURCE_DIR "/.venv", 0);
     if (backends::pjrt::probe_plugin("xla-cpu").path.empty())
-      GTEST_SKIP() << "XLA's CPU PJRT plugin is not installed (scripts/setup.sh --tests)";
+      TF_SKIP_MISSING_DEPENDENCY(
+          "XLA's CPU PJRT plugin is not installed (scripts/setup.sh --tests)");
   }
 };
 

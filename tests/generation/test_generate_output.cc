@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/error_of.h"
 #include "tformers/model.h"
 
 namespace tformers {
@@ -36,6 +37,37 @@ TEST(GenerateOutput, FinishReasons) {
       generate(lm, {prompt}, {.max_new_tokens = 5}, [&](int64_t, int32_t) { return ++calls < 2; });
   EXPECT_EQ(cut.finish_reasons, std::vector<std::string>{"callback"});
   EXPECT_EQ(cut.sequences[0].size(), prompt.size() + 2);
+}
+
+// A plan far beyond any machine's memory is refused before it allocates, naming its field and
+// bytes; a million beams or return sequences used to grow the process past 8 GB first.
+TEST(GenerateOutput, PlansBeyondMemoryAreRefusedBeforeAllocating) {
+  CausalLM lm = tiny();
+  const std::vector<int32_t> prompt = {1, 17, 300, 45};
+  const int64_t huge = 1'000'000'000'000;
+  std::string msg = testing::error_of<ResourceError>([&] {
+    generate(lm, {prompt}, {.max_new_tokens = 4, .do_sample = true, .num_return_sequences = huge});
+  });
+  EXPECT_CONTAINS(msg, "num_return_sequences 1000000000000");
+  EXPECT_CONTAINS(msg, "bytes this process can have");
+  msg = testing::error_of<ResourceError>(
+      [&] { generate(lm, {prompt}, {.max_new_tokens = 4, .num_beams = huge}); });
+  EXPECT_CONTAINS(msg, "num_beams 1000000000000");
+  EXPECT_CONTAINS(msg, "beam candidates");
+  // Many prompts multiply too; so do the logits kept per step.
+  const std::vector<std::vector<int32_t>> many(1000, prompt);
+  msg = testing::error_of<ResourceError>([&] {
+    generate(lm, many,
+             {.max_new_tokens = 400,
+              .do_sample = true,
+              .num_return_sequences = 1'000'000,
+              .output_scores = true});
+  });
+  EXPECT_CONTAINS(msg, "1000 prompt(s)");
+  EXPECT_CONTAINS(msg, "kept per step");
+  // The cache alone, as a caller of reset_cache sizes it.
+  msg = testing::error_of<ResourceError>([&] { lm.reset_cache(huge, 512); });
+  EXPECT_CONTAINS(msg, "batch 1000000000000 x max_cache_len 512");
 }
 
 TEST(GenerateOutput, OnStepCancelsGreedyAndBeamSearch) {

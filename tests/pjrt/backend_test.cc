@@ -17,6 +17,7 @@
 #include "backends/pjrt/pjrt_backend.h"
 #include "backends/pjrt/plugin_discovery.h"
 #include "backends/registry.h"
+#include "common/missing_dependency.h"
 #include "common/random_floats.h"
 #include "graph/builder.h"
 #include "test_device.h"
@@ -34,7 +35,7 @@ class PjrtBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string missing = tformers::testing::missing_pjrt_plugin();
-    if (!missing.empty()) GTEST_SKIP() << missing;
+    if (!missing.empty()) TF_SKIP_MISSING_DEPENDENCY(missing);
     backend_ = &backend_for(tformers::testing::pjrt_test_device(), false);
   }
   Backend& backend() { return *backend_; }

@@ -3,16 +3,23 @@
 // a second `tformers generate --device xla-cpu` compiles nothing and prints the same text.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backends/pjrt/executable_cache.h"
 #include "backends/pjrt/plugin_discovery.h"
+#include "common/missing_dependency.h"
 
 namespace tformers::backends::pjrt {
 namespace {
@@ -90,6 +97,33 @@ TEST(ExecutableCache, TornOrFlippedEntriesAreNotLoaded) {
   EXPECT_EQ(cache.load("key"), "the payload");
 }
 
+// What the folder holds in place of an entry is checked before a byte is read: a link (to a
+// device that never ends, or to a valid entry outside the folder), a FIFO (opening it would wait
+// for a writer), a sparse file of a terabyte. Each is a miss, and storing replaces it.
+TEST(ExecutableCache, EntriesThatAreNotPlainFilesAreNotRead) {
+  TempFolder dir, elsewhere;
+  const ExecutableCache cache(dir.str()), other(elsewhere.str());
+  ASSERT_TRUE(other.store("key", "outside"));
+  const std::string path = cache.path_of("key");
+  const std::vector<std::pair<std::string, std::function<bool()>>> impostors = {
+      {"a link to /dev/zero", [&] { return ::symlink("/dev/zero", path.c_str()) == 0; }},
+      {"a link out of the folder",
+       [&] { return ::symlink(other.path_of("key").c_str(), path.c_str()) == 0; }},
+      {"a FIFO", [&] { return ::mkfifo(path.c_str(), 0600) == 0; }},
+      {"a sparse file of 1 TiB", [&] {
+         std::ofstream(path, std::ios::binary).close();
+         return ::truncate(path.c_str(), off_t(1) << 40) == 0;
+       }}};
+  for (const auto& [what, make] : impostors) {
+    SCOPED_TRACE(what);
+    fs::remove(path);
+    ASSERT_TRUE(make());
+    EXPECT_EQ(cache.load("key"), std::nullopt);
+    ASSERT_TRUE(cache.store("key", "fresh"));
+    EXPECT_EQ(cache.load("key"), "fresh");
+  }
+}
+
 TEST(ExecutableCache, AFolderThatCannotBeMadeIsNoError) {
   TempFolder dir;
   write(dir.str() + "/a-file", "");
@@ -160,7 +194,8 @@ std::vector<std::string> entries(const std::string& dir) {
 }
 
 TEST(XlaCpuCompileCache, ASecondProcessCompilesNothingAndBadEntriesAreCompiledAgain) {
-  if (probe_plugin("xla-cpu").path.empty()) GTEST_SKIP() << "XLA's CPU PJRT plugin is missing";
+  if (probe_plugin("xla-cpu").path.empty())
+    TF_SKIP_MISSING_DEPENDENCY("XLA's CPU PJRT plugin is missing");
   TempFolder dir;
   const Generated first = generate(dir.str());
   ASSERT_EQ(first.status, 0) << first.out;

@@ -17,6 +17,7 @@
 #include "../models/golden_util.h"
 #include "backends/compile_cache.h"
 #include "backends/pjrt/plugin_discovery.h"
+#include "common/missing_dependency.h"
 #include "core/cpu_features.h"
 #include "io/json.h"
 #include "models/model_runner.h"
@@ -35,15 +36,10 @@ using testing::row_error;
 // "xla-cpu" unless TFORMERS_PJRT_TEST_DEVICE says otherwise (test_device.h).
 const std::string& device() { return tformers::testing::pjrt_test_device(); }
 
-bool plugin_absent(std::string* why) {
-  *why = tformers::testing::missing_pjrt_plugin();
-  return !why->empty();
-}
-
-#define SKIP_WITHOUT_PLUGIN()                     \
-  do {                                            \
-    std::string why;                              \
-    if (plugin_absent(&why)) GTEST_SKIP() << why; \
+#define SKIP_WITHOUT_PLUGIN()                                         \
+  do {                                                                \
+    const std::string why = tformers::testing::missing_pjrt_plugin(); \
+    if (!why.empty()) TF_SKIP_MISSING_DEPENDENCY(why);                \
   } while (0)
 
 CausalLM load(const std::string& name, DType dtype, const std::string& device) {

@@ -6,6 +6,7 @@
 
 #include "../kernels_hub/hub_test_util.h"
 #include "backends/pjrt/plugin_discovery.h"
+#include "common/missing_dependency.h"
 #include "models/causal_lm_impl.h"
 #include "tformers/error.h"
 #include "tformers/kernels.h"
@@ -44,7 +45,7 @@ class XlaCpuKernels : public ::testing::Test {
   void SetUp() override {
     const backends::pjrt::PluginProbe probe = backends::pjrt::probe_plugin("xla-cpu");
     if (probe.path.empty())
-      GTEST_SKIP() << "XLA's CPU PJRT plugin is not installed (" << probe.package << ")";
+      TF_SKIP_MISSING_DEPENDENCY("XLA's CPU PJRT plugin is not installed (" + probe.package + ")");
     testing::install_package(cache_.path(), kRepo, 1, "rev1", testing::fused_norms(1));
     opt_.kernel_options = testing::cache_options(cache_);
     testing::pin(opt_.kernel_options, kRepo, 1);

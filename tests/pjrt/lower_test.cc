@@ -20,6 +20,7 @@
 #include "backends/pjrt/pjrt_api.h"
 #include "backends/pjrt/plugin_discovery.h"
 #include "backends/quant.h"
+#include "common/missing_dependency.h"
 #include "core/cpu_features.h"
 #include "distributed/fake_group.h"
 #include "graph/builder.h"
@@ -208,7 +209,7 @@ class Lower : public ::testing::Test {
     client_ = nullptr;
   }
   void SetUp() override {
-    if (!client_) GTEST_SKIP() << skip_reason_;
+    if (!client_) TF_SKIP_MISSING_DEPENDENCY(skip_reason_);
   }
 
   // Runs the case both ways and compares every output and every state's new value at

@@ -14,6 +14,7 @@
 
 #include "backends/pjrt/pjrt_api.h"
 #include "backends/pjrt/plugin_discovery.h"
+#include "common/missing_dependency.h"
 #include "tformers/dtype.h"
 #include "tformers/error.h"
 
@@ -43,7 +44,7 @@ class PjrtCpu : public ::testing::Test {
     client_ = nullptr;
   }
   void SetUp() override {
-    if (!client_) GTEST_SKIP() << skip_reason_;
+    if (!client_) TF_SKIP_MISSING_DEPENDENCY(skip_reason_);
   }
   static Client& client() { return *client_; }
 

@@ -9,6 +9,7 @@
 
 #include "backends/pjrt/plugin_discovery.h"
 #include "common/error_of.h"
+#include "common/missing_dependency.h"
 #include "io/json.h"
 #include "serve/serve_process.h"
 
@@ -39,9 +40,9 @@ std::string greedy_tokens(const ServeProcess& server, const std::string& prompt)
 TEST(XlaCpuServe, OpenAiClientRunsWithNoCompilesAfterWarmUpAndCpuTokens) {
   const backends::pjrt::PluginProbe probe = backends::pjrt::probe_plugin("xla-cpu");
   if (probe.path.empty())
-    GTEST_SKIP() << "XLA's CPU PJRT plugin is not installed (" << probe.package << ")";
+    TF_SKIP_MISSING_DEPENDENCY("XLA's CPU PJRT plugin is not installed (" + probe.package + ")");
   if (!std::filesystem::exists(TFORMERS_NPM_DIR "/openai"))
-    GTEST_SKIP() << "the openai npm package is missing: run scripts/setup.sh --tests";
+    TF_SKIP_MISSING_DEPENDENCY("the openai npm package is missing: run scripts/setup.sh --tests");
   ServeProcess xla(plan_on("xla-cpu"));
   ASSERT_NE(xla.port(), 0);
   EXPECT_CONTAINS(xla.log(), "ready: warm-up took");

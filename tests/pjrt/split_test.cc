@@ -15,6 +15,7 @@
 #include "backends/pjrt/plugin_discovery.h"
 #include "backends/pjrt/split.h"
 #include "backends/registry.h"
+#include "common/missing_dependency.h"
 #include "common/random_floats.h"
 #include "distributed/process_group.h"
 #include "graph/builder.h"
@@ -143,7 +144,7 @@ std::vector<Tensor> run_on(Backend& backend, const graph::Graph& g,
 
 TEST(SplitAtCollectives, PiecesOnXlaCpuGiveTheCpuBackendsNumbers) {
   const std::string missing = tformers::testing::missing_pjrt_plugin();
-  if (!missing.empty()) GTEST_SKIP() << missing;
+  if (!missing.empty()) TF_SKIP_MISSING_DEPENDENCY(missing);
   const Built t = two_collectives(distributed::tp_group(1)->id());
   const std::vector<Tensor> weights = {
       Tensor::from_vector<float>({8, 8}, DType::f32, random_floats(64, 1)),

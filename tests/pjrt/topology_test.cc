@@ -11,6 +11,7 @@
 #include "backends/pjrt/pjrt_api.h"
 #include "backends/pjrt/plugin_discovery.h"
 #include "common/error_of.h"
+#include "common/missing_dependency.h"
 #include "common/run_command.h"
 #include "models/model_runner.h"
 #include "tformers/error.h"
@@ -31,7 +32,7 @@ class TpuTopology : public ::testing::Test {
     plugin_ = &Plugin::load(probe.path);
   }
   void SetUp() override {
-    if (!plugin_) GTEST_SKIP() << skip_reason_;
+    if (!plugin_) TF_SKIP_MISSING_DEPENDENCY(skip_reason_);
   }
 
   static inline const Plugin* plugin_ = nullptr;

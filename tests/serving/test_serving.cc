@@ -516,6 +516,10 @@ TEST(Serving, BucketsStepByHalvesUpToWhatAStepTakes) {
                     ServingEngine engine(model, {.max_num_seqs = 8, .decode_buckets = {0, 8}});
                   }),
                   "decode_buckets must be at least 1");
+  // A pool far beyond the process's memory is refused before it is allocated.
+  EXPECT_CONTAINS(error_of<InvalidArgumentError>(
+                      [&] { ServingEngine engine(model, {.num_blocks = INT32_MAX - 1}); }),
+                  "bytes this process can have");
 }
 
 // Requests cancelled while others are preempted around them, in a pool of one sequence's

@@ -1,15 +1,17 @@
 #include "backends/pjrt/executable_cache.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 
 #include "core/paths.h"
 
@@ -37,8 +39,36 @@ uint64_t read_u64(const std::string& s, size_t at) {
   return v;
 }
 
+// Far above a compiled program of any real model (a serialized XLA executable holds code, not
+// weights); a larger file is not an entry this cache wrote.
+constexpr uint64_t kMaxEntryBytes = uint64_t(1) << 30;
+
 void append_u64(std::string& s, uint64_t v) {
   s.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// The bytes of the entry file `path`, or nothing when it is not one this process wrote: the
+// file is opened without following a link (an entry linked to /dev/zero would never end) and
+// without blocking (a FIFO would wait for a writer for ever), and only a regular file of at most
+// kMaxEntryBytes is read (a sparse file of a terabyte would fill the memory with zeros).
+std::optional<std::string> read_entry_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::optional<std::string> bytes;
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && uint64_t(st.st_size) <= kMaxEntryBytes) {
+    bytes.emplace(size_t(st.st_size), '\0');
+    size_t got = 0;
+    while (got < bytes->size()) {
+      const ssize_t n = ::read(fd, bytes->data() + got, bytes->size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += size_t(n);
+    }
+    if (got != bytes->size()) bytes.reset();  // it shrank while read: torn
+  }
+  ::close(fd);
+  return bytes;
 }
 
 }  // namespace
@@ -60,9 +90,9 @@ std::string ExecutableCache::path_of(const std::string& key) const {
 
 std::optional<std::pair<std::string, std::string>> ExecutableCache::read_entry(
     const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::optional<std::string> bytes = read_entry_file(path);
+  if (!bytes) return std::nullopt;
+  const std::string& s = *bytes;
   constexpr size_t kHead = sizeof kMagic + 16, kTail = 8;
   if (s.size() < kHead + kTail || std::memcmp(s.data(), kMagic, sizeof kMagic) != 0)
     return std::nullopt;

@@ -1,8 +1,9 @@
 // Compiled programs kept on disk between processes, so that a second run of the same model on
 // the same plugin compiles nothing (XLA takes seconds per shape on a CPU and minutes for a large
 // model on a TPU). Entries are the plugin's own serialization, keyed by everything that decides
-// it (the module's text and the client's build identity); an entry that is truncated, corrupt or
-// made under another key is ignored and rewritten, never loaded.
+// it (the module's text and the client's build identity); an entry that is truncated, corrupt,
+// made under another key, or not a regular file of a plausible size (a link, a FIFO, a huge
+// sparse file) is ignored and rewritten, never loaded.
 #pragma once
 
 #include <optional>
