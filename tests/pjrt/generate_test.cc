@@ -123,6 +123,8 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, XlaCpuModel,
                                            "tiny-llama", "tiny-llama-sharded", "tiny-mistral",
                                            "tiny-glm4", "tiny-glm", "tiny-gemma3"),
                          param_name);
+// A mixture of experts that Transformers 5 built and saved with its per-expert tensor names.
+INSTANTIATE_TEST_SUITE_P(HfModels, XlaCpuModel, ::testing::Values("hf-qwen3-moe"), param_name);
 
 // AWQ and GPTQ checkpoints: XLA multiplies the dequantized f32 weights, so the goldens computed
 // from those weights hold to float32's 1e-4 at every prompt length, greedy tokens included.
