@@ -102,7 +102,7 @@ stage "asan tests"
 # unwinder that LSan needs under Open MPI, see tests/CMakeLists.txt), libtpu's whole-model
 # compile and the grammar's comparison with llguidance.
 heavy='Perplexity\.MatchesThePyTorch|DefaultModel\.(Int4Perplexity|HeldOutLoss)|Serve\.LoadTest'
-heavy+='|Cli\.ReadmeCommandLineExamplesRun|XlaCpuModel\.|XlaCpuImported\.|XlaCpuServe\.'
+heavy+='|Cli\.ReadmeCommandLineExamplesRun|XlaCpuModel\.|XlaCpuRoutedModel\.|XlaCpuImported\.|XlaCpuServe\.'
 heavy+='|XlaCpuCompileCache\.|Lower\.TinyModelSteps|TpuTopology\.CompilesEveryStep'
 heavy+='|JsonGrammarOracle\.|TpMpiXlaCpu\.'
 ctest --preset asan -j2 -LE 'tokenizer|packaging|layering' -E "$heavy"

@@ -312,7 +312,10 @@ DType GraphBuilder::elementwise_dtype(std::initializer_list<Value> operands,
 }
 
 Value GraphBuilder::constant(double value, TensorType type, const std::string& name) {
-  TF_CHECK(std::isfinite(value), name, ": constant ", value);
+  TF_CHECK(std::isfinite(value) && (is_float(type.dtype) || type.dtype == DType::i32), name,
+           ": constant ", value, " of ", type.str());
+  TF_CHECK(type.dtype != DType::i32 || (value == std::trunc(value) && std::abs(value) < 0x1p31),
+           name, ": int32 constant ", value);
   return add_node(Op::kConstant, {}, std::move(type), name, ConstantAttrs{value});
 }
 
@@ -440,10 +443,14 @@ Value GraphBuilder::matmul(Value a, Value b, const std::string& name) {
 
 Value GraphBuilder::linear_id(Value x, Value w, Value idx, const std::string& name) {
   const TensorType &xt = type(x), &wt = type(w), &it = type(idx);
+  // x (..., K) goes through each of its row's experts; x (..., k, K), one input per slot.
+  const bool per_slot = xt.shape.size() == it.shape.size() + 1;
+  const size_t rows = it.shape.size() - (per_slot ? 0 : 1);
   TF_CHECK(is_float(xt.dtype) && is_float(wt.dtype) && wt.shape.size() == 3 && !xt.shape.empty() &&
-               xt.shape.back() == wt.shape[2] && it.dtype == DType::i32 &&
-               it.shape.size() == xt.shape.size() &&
-               std::equal(xt.shape.begin(), xt.shape.end() - 1, it.shape.begin()),
+               xt.shape.back() == wt.shape[2] && it.dtype == DType::i32 && !it.shape.empty() &&
+               xt.shape.size() >= rows + 1 &&
+               std::equal(it.shape.begin(), it.shape.begin() + ptrdiff_t(rows), xt.shape.begin()) &&
+               (per_slot || xt.shape.size() == it.shape.size()),
            name, ": x ", xt.str(), " experts ", wt.str(), " idx ", it.str());
   Shape out = it.shape;
   out.push_back(wt.shape[1]);

@@ -113,7 +113,8 @@ class GraphBuilder {
   Value iota(TensorType type, int64_t axis, const std::string& name = "");
   Value cumsum(Value x, int64_t axis, const std::string& name = "");
   Value matmul(Value a, Value b, const std::string& name = "");
-  // x (..., K) through the experts idx (..., k) of w (E, N, K): (..., k, N).
+  // x (..., K) through the experts idx (..., k) of w (E, N, K): (..., k, N); or x (..., k, K), a
+  // row for each slot, each through its own expert.
   Value linear_id(Value x, Value w, Value idx, const std::string& name = "");
   // A node of another graph, its operands already renumbered into this one (graph/ops.h's
   // decompose()).

@@ -92,7 +92,8 @@ enum class Op : uint8_t {
   kCumsum,      // (x) -> inclusive running sums along AxisAttrs::axis
   kMatMul,      // (a (..., M, K), b (..., K, N)) -> (..., M, N), equal batch dims
   kLinearId,    // (x (..., K), w (E, N, K), idx (..., k) int32) -> (..., k, N): x times the
-                // transpose of expert idx[..., j]'s weight, for each j (a mixture of experts)
+                // transpose of expert idx[..., j]'s weight, for each j (a mixture of experts);
+                // or x (..., k, K), each slot's own row through its expert
 };
 
 // The number of ops: every Op is below it.

@@ -30,6 +30,9 @@ enum class WeightRole : uint8_t {
   kLinear,     // (out, in) multiplied by activations; may be quantized; packed/fused ones too
   kBias,       // (out) of the linear named by WeightSpec::linear; f32 when that one is quantized
   kNorm,       // per-feature scale of a norm
+  kRouter,     // (experts, in): a mixture's router, used as stored in the model dtype (as
+               // llama.cpp keeps it): a quantized router would send tokens to other experts
+  kExperts,    // (experts, out, in): one linear weight per expert, for linear_id; as stored
 };
 
 // One weight the architecture reads, with the checkpoint's own name.
@@ -44,6 +47,10 @@ struct WeightSpec {
   bool required = true;
   std::string tied_to;  // when absent from the checkpoint, use this weight instead
   std::string linear;   // kBias: the ".weight" of the linear layer it belongs to
+  // kExperts: when the checkpoint does not hold this weight whole, the tensors whose rows, in
+  // order, make it (Hub checkpoints name each expert's projections: "experts.0.gate_proj.weight",
+  // ...); the loader copies them into one tensor.
+  std::vector<std::string> stacked_from;
 };
 
 // The KV cache of one layer: past_key_values.{layer}.key and .value, each B sequences by S slots

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -240,9 +241,14 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       }
     return false;
   };
+  // The pieces of the weights that the checkpoint holds in pieces (each expert's projections).
+  std::set<std::string> pieces;
+  for (const auto& s : specs)
+    if (!ckpt.has(s.name)) pieces.insert(s.stacked_from.begin(), s.stacked_from.end());
   std::vector<std::string> unexpected;
   for (const auto& name : ckpt.names())
-    if (!by_name.count(name) && !impl->arch->ignorable(name) && !stored_part(name))
+    if (!by_name.count(name) && !impl->arch->ignorable(name) && !stored_part(name) &&
+        !pieces.count(name))
       unexpected.push_back(name);
   if (!unexpected.empty()) {
     if (unexpected.size() > 5) {
@@ -293,7 +299,8 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
            !quantized(*by_name.at(s.tied_to));
   };
   for (const auto& name : ckpt.names())
-    if (by_name.count(name) || stored_part(name)) bytes_total += int64_t(ckpt.info(name).nbytes);
+    if (by_name.count(name) || stored_part(name) || pieces.count(name))
+      bytes_total += int64_t(ckpt.info(name).nbytes);
   for (const auto& s : specs)
     if (prepared_copy(s) && ckpt.has(s.tied_to))
       bytes_total += int64_t(ckpt.info(s.tied_to).nbytes);
@@ -372,6 +379,33 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     }
     bind_prepared(s.name, impl->backend->prepare_quantized_linear(q));
   };
+  // A weight held in pieces: their rows, in order, copied into one tensor of the model dtype.
+  auto add_stacked = [&](const models::WeightSpec& s) {
+    Tensor whole = Tensor::zeros(s.shape, impl->dtype);
+    size_t at = 0;
+    for (const std::string& piece : s.stacked_from) {
+      if (!ckpt.has(piece))
+        throw NotFoundError("checkpoint " + impl->path + " has neither tensor '" + s.name +
+                            "' nor '" + piece + "', one of the pieces it is made of");
+      const io::TensorInfo& info = ckpt.info(piece);
+      if (!is_float(info.dtype) || info.shape.empty() || info.shape.back() != s.shape.back() ||
+          at + shape_numel(info.shape) * dtype_size(impl->dtype) > whole.nbytes())
+        throw FormatError("tensor '" + piece + "' in " + info.file + " is " +
+                          std::string(dtype_name(info.dtype)) + shape_str(info.shape) +
+                          "; as a piece of '" + s.name + "' " + shape_str(s.shape) +
+                          " (config.json) it must be a float tensor of rows of " +
+                          std::to_string(s.shape.back()));
+      const Tensor rows = ckpt.get(piece).to(impl->dtype);
+      std::memcpy(static_cast<char*>(whole.raw()) + at, rows.raw(), rows.nbytes());
+      at += rows.nbytes();
+      advance(piece);
+    }
+    if (at != whole.nbytes())
+      throw FormatError("the pieces of '" + s.name + "' in " + impl->path + " hold " +
+                        std::to_string(at / dtype_size(impl->dtype)) + " values; config.json " +
+                        "implies " + shape_str(s.shape));
+    bind(s.name, impl->backend->upload(whole));
+  };
   for (const auto& s : specs) {
     if (stored_quantized(s)) {
       add_stored(s);
@@ -379,6 +413,10 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     }
     if (!ckpt.has(s.name)) {
       if (!s.tied_to.empty()) continue;  // bound below, once its target is loaded
+      if (!s.stacked_from.empty()) {
+        add_stacked(s);
+        continue;
+      }
       throw NotFoundError("checkpoint " + impl->path + " has no tensor '" + s.name + "', which " +
                           c.architecture + " requires (shape " + shape_str(s.shape) + ")");
     }

@@ -285,6 +285,48 @@ Value GatedMLP::operator()(Ctx& c, Value x, const std::string& prefix) const {
   return linear(c, act, prefix + ".down_proj");
 }
 
+// ---- Mixture of experts ----
+
+void SparseMoE::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
+  w.push_back({prefix + ".gate.weight", {experts, hidden}, WeightRole::kRouter});
+  WeightSpec gate_up{
+      prefix + ".experts.gate_up_proj", {experts, 2 * intermediate, hidden}, WeightRole::kExperts};
+  WeightSpec down{
+      prefix + ".experts.down_proj", {experts, hidden, intermediate}, WeightRole::kExperts};
+  for (int64_t e = 0; e < experts; ++e) {
+    const std::string expert = prefix + ".experts." + std::to_string(e);
+    gate_up.stacked_from.push_back(expert + ".gate_proj.weight");
+    gate_up.stacked_from.push_back(expert + ".up_proj.weight");
+    down.stacked_from.push_back(expert + ".down_proj.weight");
+  }
+  w.push_back(std::move(gate_up));
+  w.push_back(std::move(down));
+}
+
+Value SparseMoE::operator()(Ctx& c, Value x, const std::string& prefix) const {
+  GraphBuilder& b = c.b;
+  const Shape xs = b.type(x).shape;  // (B,T,H)
+  // Routing: a softmax over every expert's logit, the top k's probabilities as weights.
+  const Value probs = b.softmax(linear(c, x, prefix + ".gate"), prefix + ".gate.softmax");
+  const Value idx = b.top_k(probs, top_k, prefix + ".gate.top_k");  // (B,T,k)
+  Value weights = b.take_along(probs, idx, prefix + ".gate.weights");
+  if (norm_topk_prob)
+    weights = b.binary(graph::BinaryFn::kDiv, weights, b.reduce(graph::ReduceFn::kSum, weights, 2),
+                       prefix + ".gate.norm");
+  // Each token's k experts: (B,T,k,2I) -> (B,T,k,I) -> (B,T,k,H).
+  const Value gate_up =
+      b.linear_id(x, c.p(prefix + ".experts.gate_up_proj"), idx, prefix + ".experts.gate_up_proj");
+  const Value act =
+      b.silu_mul(b.slice_last(gate_up, 0, intermediate),
+                 b.slice_last(gate_up, intermediate, 2 * intermediate), prefix + ".experts.act");
+  const Value y =
+      b.linear_id(act, c.p(prefix + ".experts.down_proj"), idx, prefix + ".experts.down_proj");
+  const Value weighted =
+      b.binary(graph::BinaryFn::kMul, y, b.reshape(weights, {xs[0], xs[1], top_k, 1}),
+               prefix + ".experts.weighted");
+  return b.reshape(b.reduce(graph::ReduceFn::kSum, weighted, 2, prefix + ".experts.sum"), xs);
+}
+
 // ---- Embedding and the stack ----
 
 void Embedding::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
@@ -323,7 +365,10 @@ std::vector<WeightSpec> DecoderModel::weights() const {
     for (const std::string* norm : {&blk.pre_attn, &blk.post_attn, &blk.pre_mlp, &blk.post_mlp})
       if (!norm->empty()) blk.norm.declare(w, n + *norm);
     blk.attn.declare(w, n + "self_attn");
-    blk.mlp.declare(w, n + "mlp");
+    if (blk.moe)
+      blk.moe->declare(w, n + "mlp");
+    else
+      blk.mlp.declare(w, n + "mlp");
   }
   norm.declare(w, "model.norm");
   WeightSpec head{
@@ -359,7 +404,8 @@ void DecoderModel::build(GraphBuilder& b, Params& p, const StepShape& s, DType c
         blk.pre_attn, blk.post_attn,
         [&](Value x) { return blk.attn(c, x, n + "self_attn", int64_t(l)); }, "residual_attn");
     sublayer(
-        blk.pre_mlp, blk.post_mlp, [&](Value x) { return blk.mlp(c, x, n + "mlp"); },
+        blk.pre_mlp, blk.post_mlp,
+        [&](Value x) { return blk.moe ? (*blk.moe)(c, x, n + "mlp") : blk.mlp(c, x, n + "mlp"); },
         "residual_mlp");
   }
   // Only the kept positions go through the final norm and lm_head: (B,keep,H). A packed step

@@ -140,6 +140,19 @@ struct GatedMLP {
   void validate_tp(const distributed::TpModel& tp, const std::string& prefix) const;
 };
 
+// A mixture of experts as Qwen3-MoE routes it: the router "<prefix>.gate" (experts by hidden)
+// scores every expert, a softmax over them, the top k kept (renormalised to sum to 1 with
+// norm_topk_prob), and each token through its k experts' gated MLPs, summed with the router's
+// weights. The experts are "<prefix>.experts.gate_up_proj" (experts, 2 intermediate, hidden) and
+// ".down_proj" (experts, hidden, intermediate) as Transformers 5 holds them, stacked at load
+// from the per-expert tensors of Hub checkpoints ("<prefix>.experts.3.gate_proj.weight").
+struct SparseMoE {
+  int64_t hidden = 0, intermediate = 0, experts = 0, top_k = 0;
+  bool norm_topk_prob = false;
+  void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
+  Value operator()(Ctx& c, Value x, const std::string& prefix) const;
+};
+
 // The token embedding "<prefix>.weight" (vocab, hidden), times `scale` when set (Gemma scales by
 // sqrt(hidden), rounded to the weight dtype as Transformers does).
 struct Embedding {
@@ -156,7 +169,8 @@ struct Embedding {
 struct DecoderBlock {
   Attention attn;
   GatedMLP mlp;
-  RMSNorm norm;  // all of the block's norms are alike
+  std::optional<SparseMoE> moe;  // instead of mlp, under the same "mlp" prefix
+  RMSNorm norm;                  // all of the block's norms are alike
   std::string pre_attn = "input_layernorm", post_attn;
   std::string pre_mlp = "post_attention_layernorm", post_mlp;
 };

@@ -151,6 +151,10 @@ void DecoderModel::validate_tp(const TpModel& tp) const {
     for (const std::string* norm : {&blk.pre_attn, &blk.post_attn, &blk.pre_mlp, &blk.post_mlp})
       if (!norm->empty()) ck.whole(n + *norm + ".weight", "a norm over features");
     blk.attn.validate_tp(tp, n + "self_attn");
+    if (blk.moe)
+      throw UnsupportedError("layer " + std::to_string(l) +
+                             " is a mixture of experts, which tensor parallelism does not split "
+                             "yet: load the model without distributed_config");
     blk.mlp.validate_tp(tp, n + "mlp");
     // One cache layout for every layer (the generation loop allocates them alike).
     const int64_t kv = blk.attn.cache(&tp, n + "self_attn").kv_heads;

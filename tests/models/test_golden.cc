@@ -51,7 +51,11 @@ TEST_P(Golden, Bfloat16LogitsMatchTransformers) {
       // all-bf16 computation the rounding points differ, so the reference README measures a
       // correct implementation at up to ~2.3e-2 there: 5e-2.
       EXPECT_LT(row_error(row, f32[i].logits[t]), 2e-2) << name << " position " << t;
-      EXPECT_LT(row_error(row, bf16[i].logits[t]), 5e-2) << name << " position " << t;
+      // A mixture of experts routes each token by a discrete top-k: where PyTorch's bf16 router
+      // logits round a near-tie the other way it picks another expert (hf-qwen3-moe: 0.15 at
+      // one position), so for it only the bound against the exact model holds.
+      if (name.find("moe") == std::string::npos)
+        EXPECT_LT(row_error(row, bf16[i].logits[t]), 5e-2) << name << " position " << t;
     }
     // Greedy tokens agree with the bf16 golden until the first near-tie.
     auto out = lm.generate({bf16[i].input_ids}, {.max_new_tokens = int64_t(bf16[i].greedy.size()),
@@ -82,7 +86,7 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, Golden,
 // its config layout (rope_parameters, dtype, layer_types) and its tensor names.
 INSTANTIATE_TEST_SUITE_P(HfModels, Golden,
                          ::testing::Values("hf-llama", "hf-qwen2", "hf-qwen3", "hf-mistral",
-                                           "hf-glm", "hf-glm4", "hf-gemma3"),
+                                           "hf-glm", "hf-glm4", "hf-gemma3", "hf-qwen3-moe"),
                          param_name);
 
 }  // namespace

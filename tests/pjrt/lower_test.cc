@@ -643,7 +643,11 @@ TEST_P(LowerOps, MatMulAndExpertLinear) {
   // 4 tokens, each through 2 of 3 experts of 6 outputs by 16 inputs.
   const Value x = c.input("x", random(rng, {1, 4, 16}, act()));
   const Value w = c.param("experts", random(rng, {3, 6, 16}, act()));
-  c.b.output(c.b.linear_id(x, w, c.input("idx", ints({1, 4, 2}, {0, 2, 1, 0, 2, 2, 1, 1}))));
+  const Value idx = c.input("idx", ints({1, 4, 2}, {0, 2, 1, 0, 2, 2, 1, 1}));
+  c.b.output(c.b.linear_id(x, w, idx));
+  // Each slot's own input (an expert's hidden units into its down projection).
+  const Value h = c.input("h", random(rng, {1, 4, 2, 6}, act()));
+  c.b.output(c.b.linear_id(h, c.param("down", random(rng, {3, 16, 6}, act())), idx));
   expect_consistent(c, tol(16, 0, cpu_rounds_x_to_bf16({1, 1, 16}, bf16(), false)));
 }
 

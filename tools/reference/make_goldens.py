@@ -35,7 +35,8 @@ TINY_MODELS = [
     "tiny-qwen3", "tiny-qwen3-sharded", "tiny-qwen2", "tiny-llama", "tiny-llama-sharded",
     "tiny-mistral", "tiny-glm4", "tiny-glm", "tiny-gemma3",
 ]
-HF_MODELS = ["hf-llama", "hf-qwen2", "hf-qwen3", "hf-mistral", "hf-glm", "hf-glm4", "hf-gemma3"]
+HF_MODELS = ["hf-llama", "hf-qwen2", "hf-qwen3", "hf-mistral", "hf-glm", "hf-glm4", "hf-gemma3",
+             "hf-qwen3-moe"]
 MODELS = TINY_MODELS + HF_MODELS
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MAX_NEW_TOKENS = 16

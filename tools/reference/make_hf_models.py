@@ -19,6 +19,8 @@ heads on 2 KV heads, head_dim 32 != 64 / 4), each with the features of its archi
 | hf-glm4    | as GLM plus post-attention and post-MLP norms                         | bf16   |
 | hf-gemma3  | local (window 4, base 1e4) / global (1e6, linear x8) layers, final   | bf16   |
 |            | logit soft-capping 4, query_pre_attn_scalar 24, tied, 3 layers       |        |
+| hf-qwen3-moe | 8 experts of 32, top 2 renormalised, layer 1 dense (mlp_only_layers), | bf16 |
+|            | q_norm / k_norm, 3 layers; saved with per-expert tensor names        |        |
 
 Weights: Transformers' initialisation (std 0.02) makes the logits nearly flat and greedy a
 sequence of near-ties, so every parameter is redrawn: normal with std 0.3 for embeddings and an
@@ -83,6 +85,10 @@ MODELS = {
             "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1000000.0),
             "sliding_attention": dict(rope_type="default", rope_theta=10000.0)}),
         torch.bfloat16),
+    "hf-qwen3-moe": (2008, T.Qwen3MoeConfig, T.Qwen3MoeForCausalLM, dict(
+        num_hidden_layers=3, tie_word_embeddings=False, moe_intermediate_size=32, num_experts=8,
+        num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), torch.bfloat16),
 }
 
 

@@ -318,8 +318,7 @@ float apply(graph::UnaryFn fn, float x) {
   return x;
 }
 
-template <class T>
-T apply(graph::BinaryFn fn, T a, T b) {
+float apply(graph::BinaryFn fn, float a, float b) {
   switch (fn) {
     case graph::BinaryFn::kAdd:
       return a + b;
@@ -328,7 +327,30 @@ T apply(graph::BinaryFn fn, T a, T b) {
     case graph::BinaryFn::kMul:
       return a * b;
     case graph::BinaryFn::kDiv:
-      return b == T(0) && !std::is_floating_point_v<T> ? T(0) : a / b;
+      return a / b;
+    case graph::BinaryFn::kMax:
+      return std::max(a, b);
+    case graph::BinaryFn::kMin:
+      return std::min(a, b);
+  }
+  return a;
+}
+
+// int32 as XLA computes it: sums and products wrap, x / 0 is -1 and INT32_MIN / -1 is INT32_MIN
+// (StableHLO's divide), where C++ leaves each undefined.
+int32_t apply(graph::BinaryFn fn, int32_t a, int32_t b) {
+  const auto ua = uint32_t(a), ub = uint32_t(b);
+  switch (fn) {
+    case graph::BinaryFn::kAdd:
+      return int32_t(ua + ub);
+    case graph::BinaryFn::kSub:
+      return int32_t(ua - ub);
+    case graph::BinaryFn::kMul:
+      return int32_t(ua * ub);
+    case graph::BinaryFn::kDiv:
+      if (b == 0) return -1;
+      if (a == INT32_MIN && b == -1) return INT32_MIN;
+      return a / b;
     case graph::BinaryFn::kMax:
       return std::max(a, b);
     case graph::BinaryFn::kMin:
@@ -451,7 +473,8 @@ void scatter_add_as(const OpCall& c) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < k; ++j) {
       const int32_t i = c.i32(1)[r * k + j];
-      if (i >= 0 && i < n) out[r * n + i] += src[r * k + j];  // XLA drops the rest
+      if (i >= 0 && i < n)  // XLA drops the rest
+        out[r * n + i] = apply(graph::BinaryFn::kAdd, out[r * n + i], src[r * k + j]);
     }
 }
 void scatter_add(const OpCall& c) {
@@ -516,7 +539,7 @@ void cumsum_as(const OpCall& c) {
       T acc = 0;
       for (int64_t j = 0; j < p.axis; ++j) {
         const int64_t at = (o * p.axis + j) * p.inner + i;
-        y[at] = acc += x[at];
+        y[at] = acc = apply(graph::BinaryFn::kAdd, acc, x[at]);
       }
     }
 }
@@ -543,14 +566,15 @@ void matmul(const OpCall& c) {
 void linear_id(const OpCall& c) {
   const Shape& w = c.in_type(1).shape;  // (E, N, K)
   const int64_t E = w[0], N = w[1], K = w[2], k = c.in_type(2).shape.back();
-  const int64_t rows = shape_numel(c.in_type(0).shape) / K;
+  const int64_t rows = shape_numel(c.in_type(2).shape) / k;
+  const bool per_slot = c.in_type(0).shape.size() == c.in_type(2).shape.size() + 1;
   const size_t expert_bytes = size_t(N * K) * dtype_size(c.in_type(1).dtype);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = clamp_index(c.i32(2)[r * k + j], E);
-      cpu::linear(c.f32(0) + r * K, static_cast<const char*>(c.in[1]) + e * expert_bytes,
-                  c.in_type(1).dtype, nullptr, c.out_f32() + (r * k + j) * N, 1, N, K, pool(),
-                  cpu::LinearRows::kDecode);
+      cpu::linear(c.f32(0) + (per_slot ? r * k + j : r) * K,
+                  static_cast<const char*>(c.in[1]) + e * expert_bytes, c.in_type(1).dtype, nullptr,
+                  c.out_f32() + (r * k + j) * N, 1, N, K, pool(), cpu::LinearRows::kDecode);
     }
 }
 

@@ -227,7 +227,10 @@ Val Lowering::linear_id(const Node& n) {
   at = e_.binary("minimum", e_.binary("maximum", at, e_.splat(0, "i32", {rk})),
                  e_.splat(double(E - 1), "i32", {rk}));
   const Val experts = e_.gather_rows(w, at);
-  const Val xs = e_.reshape(e_.broadcast(e_.reshape(x, {rows, K}), {rows, k, K}, {0, 2}), {rk, K});
+  const bool per_slot = x.rank() == idx.rank() + 1;
+  const Val xs =
+      per_slot ? e_.reshape(x, {rk, K})
+               : e_.reshape(e_.broadcast(e_.reshape(x, {rows, K}), {rows, k, K}, {0, 2}), {rk, K});
   const Val y = e_.dot(e_.convert(xs, w.elem), experts, {0}, {0}, {1}, {2});  // (rk, N)
   return out(n, e_.reshape(y, n.type.shape));
 }
