@@ -103,7 +103,7 @@ void check_positions(const BenchArgs& a, int64_t positions) {
                                  " positions (max_position_embeddings); give at most " +
                                  std::to_string(positions));
   for (int64_t n : a.gen)
-    if (n > 0 && kBenchGenPrompt + n > positions)
+    if (n > 0 && n > positions - kBenchGenPrompt)  // not kBenchGenPrompt + n: it may overflow
       throw InvalidArgumentError(
           "bench: -n/--n-gen " + std::to_string(n) + " after the " +
           std::to_string(kBenchGenPrompt) + "-token prompt is more than the model's " +

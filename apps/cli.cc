@@ -11,7 +11,6 @@
 #include <random>
 #include <sstream>
 #include <string_view>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -115,14 +114,21 @@ void add_serve_flags(CLI::App* s, ServeArgs& a) {
       ->capture_default_str();
   s->add_option("--api-key", a.api_key,
                 "Requests to /v1 must send Authorization: Bearer KEY (default: TFORMERS_API_KEY; "
-                "none: no key needed)");
+                "none: no key needed)")
+      ->check(CLI::Validator(
+          [](std::string& key) -> std::string {
+            // An empty key would serve without authentication while the command line asks for
+            // it.
+            return key.empty() ? "an empty key; give one, or leave --api-key out to need none" : "";
+          },
+          "KEY"));
   s->add_option("--max-num-seqs", a.max_num_seqs, "Sequences decoded together")
       ->check(int_in(1, 1024))
       ->capture_default_str();
   s->add_option("--max-model-len,--ctx-size,-c", a.max_model_len,
                 "Prompt + completion tokens of one request (default: the model's positions, up "
                 "to 4096)")
-      ->check(int_in(0, kInt64Max));
+      ->check(int_in(1, kInt64Max));
   s->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a.enable_prefix_caching,
               "Keep full KV blocks by prefix, so that a prompt repeating a cached prefix prefills "
               "only the rest (default on)");
@@ -263,7 +269,7 @@ CommandLine parse_command_line(int raw_argc, const char* const* raw_argv, std::o
   int64_t& threads = cl.threads;
   const std::string threads_help = "CPU threads, 1 to " + std::to_string(kMaxThreads) +
                                    " (default: TFORMERS_NUM_THREADS or all cores)";
-  app.add_option("--threads,-t", threads, threads_help);
+  app.add_option("--threads,-t", threads, threads_help)->check(int_in(1, kMaxThreads));
 
   CLI::App* env =
       app.add_subcommand("env", "Print the version, CPU features, backends and accelerators");
@@ -287,7 +293,7 @@ CommandLine parse_command_line(int raw_argc, const char* const* raw_argv, std::o
   CLI::App* serve = app.add_subcommand(
       "serve", "Serve the model over HTTP with OpenAI's API (chat/completions, completions)");
   for (CLI::App* sub : {gen, chat, tokz, ppl, serve})
-    sub->add_option("--threads,-t", threads, threads_help);
+    sub->add_option("--threads,-t", threads, threads_help)->check(int_in(1, kMaxThreads));
   for (CLI::App* sub : {gen, chat}) {
     add_model_flags(sub, g.model, g.revision, g.dtype, g.quantize, g.load_mode);
     sub->add_option("--system", g.system, "System message");
@@ -484,15 +490,7 @@ CommandLine parse_command_line(int raw_argc, const char* const* raw_argv, std::o
           << std::flush;
       cl.exit_code = kUsageExitCode;
     }
-    cl.threads = 0;  // unchecked, and nothing runs
-    return cl;
-  }
-  if (threads != 0 && (threads < 1 || threads > kMaxThreads)) {
-    err << "error: --threads " << threads << " is out of range: give 1 to " << kMaxThreads
-        << " (this machine has " << std::thread::hardware_concurrency() << " cores)\n"
-        << std::flush;
-    cl.exit_code = kUsageExitCode;
-    cl.threads = 0;
+    cl.threads = 0;  // nothing runs
     return cl;
   }
   for (const CLI::App* sub : subs)

@@ -12,13 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "core/thread_limit.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/generation.h"
 
 namespace tformers::cli {
 
-constexpr int64_t kMaxThreads = 1024;
+using tformers::kMaxThreads;  // core/thread_limit.h: --threads and TFORMERS_NUM_THREADS
 
 // Exit statuses: 0 success, 1 a runtime failure (a model that does not load, a failed
 // generation), 2 a usage error (a flag unknown, missing or out of its range), as in sh and grep.

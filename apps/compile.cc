@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "backends/pjrt/pjrt_api.h"
 #include "backends/pjrt/topology_backend.h"
 #include "backends/registry.h"
 #include "eval.h"
@@ -40,6 +41,11 @@ int run_compile(const CompileArgs& a) {
                      ": only tpu compiles for a topology without the device (libtpu); on "
                      "xla-cpu and cuda, run the model (tformers generate --device " +
                      a.device + ")");
+  try {
+    backends::pjrt::check_topology_name(a.topology);  // before loading the model, or libtpu
+  } catch (const InvalidArgumentError& e) {
+    throw UsageError(std::string("--topology: ") + e.what());
+  }
   const std::string device_map = "tpu-topology:" + a.topology;
   ModelFlags flags = a.model;
   flags.load_mode = "mmap";  // the weights are never read: their types are all a compile needs

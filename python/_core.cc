@@ -166,6 +166,11 @@ nb::ndarray<nb::numpy, float, nb::ndim<3>> forward(tformers::CausalLM& model, Id
                                          std::to_string(batch) + ", " + std::to_string(len) +
                                          "), got (" + std::to_string(attention_mask->shape(0)) +
                                          ", " + std::to_string(attention_mask->shape(1)) + ")");
+  const int64_t positions = model.config().max_position_embeddings;
+  if (len > positions)
+    throw tformers::InvalidArgumentError(
+        "forward(): input_ids has " + std::to_string(len) + " tokens, more than the model's " +
+        std::to_string(positions) + " positions (max_position_embeddings)");
   tformers::Tensor* logits = nullptr;
   {
     nb::gil_scoped_release unlocked;
@@ -321,7 +326,8 @@ NB_MODULE(_core, m) {
           "dtype",
           [](const tformers::CausalLM& c) { return std::string(tformers::dtype_name(c.dtype())); })
       .def_prop_ro("max_position_embeddings",
-                   [](const tformers::CausalLM& c) { return c.config().max_position_embeddings; });
+                   [](const tformers::CausalLM& c) { return c.config().max_position_embeddings; })
+      .def_prop_ro("vocab_size", [](const tformers::CausalLM& c) { return c.config().vocab_size; });
 
   m.def("supported_architectures", &tformers::supported_architectures);
   m.def("accelerator_is_available", &tformers::accelerator::is_available);

@@ -17,6 +17,7 @@
 
 #include <unistd.h>
 
+#include "io/safetensors.h"
 #include "serve/http.h"
 #include "serve/metrics.h"
 #include "serve/openai.h"
@@ -236,6 +237,16 @@ class Server {
     if (!ready_)
       throw ApiError(503, "the model is warming up; GET /health answers 200 once it is ready", "",
                      "warming_up");
+  }
+  // A checkpoint served under --load-mode mmap that shrank reads as zeros from then on and every
+  // generation fails, even once its bytes are back: the server must be restarted, which /health
+  // says rather than 200.
+  static void refuse_unless_weights_intact() {
+    try {
+      io::check_mapped_files();
+    } catch (const IoError& e) {
+      throw ApiError(503, std::string(e.what()) + "; restart the server", "", "model_unusable");
+    }
   }
   void enter() {
     std::lock_guard lock(in_flight_mu_);
@@ -561,6 +572,7 @@ http::Response Server::handle(const http::Request& req) {
       res.body = dump({{"object", "list"}, {"data", Json::array({model})}});
     } else if (method == "GET" && path == "/health") {
       refuse_unless_ready();
+      refuse_unless_weights_intact();
       res.body = dump({{"status", "ok"}});
     } else if (method == "GET" && path == "/metrics") {
       res.content_type = "text/plain; version=0.0.4";

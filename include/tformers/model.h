@@ -84,6 +84,12 @@ struct ForwardArgs {
   int64_t logits_to_keep = 1;  // last positions whose logits are returned; 0 = all
 };
 
+// Threads: one model may be shared by several threads. The calls that run it (generate,
+// tformers::generate, forward, reset_cache) take turns on a lock inside the model, since they
+// share its one KV cache; models loaded separately run in parallel. A call made from inside
+// another on the same model and thread (from a token callback) throws InvalidArgumentError.
+// forward() continues from what the cache holds, so a decode loop of forward calls is one
+// thread's at a time; a ServingEngine owns its model while it runs.
 class CausalLM {
  public:
   const PretrainedConfig& config() const;
@@ -91,11 +97,13 @@ class CausalLM {
   const std::string& folder() const;  // the model folder read (a Hub id's cache snapshot)
   DType dtype() const;
 
-  // Allocates (or resets and reuses) the static KV cache for (batch, max_cache_len).
+  // Allocates (or resets and reuses) the static KV cache for (batch, max_cache_len), at most the
+  // model's max_position_embeddings.
   void reset_cache(int64_t batch, int64_t max_cache_len);
   int64_t cache_batch() const;
   int64_t max_cache_len() const;
-  // One forward step; returns float32 logits (B, logits_to_keep or T, V).
+  // One forward step; returns float32 logits (B, logits_to_keep or T, V). Token ids outside
+  // [0, vocab_size) are refused.
   Tensor forward(const ForwardArgs& args);
 
   // Generates from prompts of any lengths (rows are left-padded internally and masked, so each

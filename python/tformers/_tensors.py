@@ -20,8 +20,10 @@ def is_torch_tensor(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def as_id_array(x, name: str) -> np.ndarray:
-    """A 2-D int32 array of token ids from a list, a list of rows, numpy or torch (1-D is one row)."""
+def as_id_array(x, name: str, vocab_size: int | None = None) -> np.ndarray:
+    """A 2-D int32 array of token ids from a list, a list of rows, numpy or torch (1-D is one row).
+    Every value is checked before it is narrowed to int32 (which turned 2**32 + 5 into 5):
+    against [0, vocab_size) when vocab_size is given (ids), else against int32 (masks)."""
     if is_torch_tensor(x):
         x = x.detach().cpu().numpy()
     try:
@@ -32,9 +34,25 @@ def as_id_array(x, name: str) -> np.ndarray:
         a = a[None, :]
     if a.ndim != 2:
         raise ValueError(f"{name} must have shape (batch, sequence_length), got shape {a.shape}")
-    if a.size and not np.issubdtype(a.dtype, np.integer):
-        raise ValueError(f"{name} must hold integer token ids, got dtype {a.dtype}")
+    if a.size:
+        _check_ids(a, name, vocab_size)
     return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def _check_ids(a: np.ndarray, name: str, vocab_size: int | None) -> None:
+    """Raises unless every value of `a` is an integer within its use's range: TypeError for
+    other values (1.5 was taken as 1), ValueError for integers outside it."""
+    if a.dtype == object and all(isinstance(v, int) and not isinstance(v, bool) for v in a.flat):
+        raise ValueError(f"{name} holds {max(a.flat, key=abs)}, which does not fit in 64 bits")
+    if not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
+        raise TypeError(f"{name} must hold integer token ids, got dtype {a.dtype}")
+    low, high = int(a.min()), int(a.max())
+    if vocab_size is not None and (low < 0 or high >= vocab_size):
+        raise ValueError(f"{name} has token id {low if low < 0 else high}, outside the vocabulary "
+                         f"[0, {vocab_size}); use ids of this model's tokenizer")
+    limits = np.iinfo(np.int32)
+    if low < limits.min or high > limits.max:
+        raise ValueError(f"{name} holds {low if low < limits.min else high}, outside int32")
 
 
 def id_list(x) -> list[int]:
@@ -44,7 +62,10 @@ def id_list(x) -> list[int]:
     a = np.asarray(x)
     if a.ndim > 1:
         raise ValueError(f"decode() takes one sequence of ids, got shape {a.shape}; use batch_decode() for a batch")
-    return a.reshape(-1).astype(np.int64).tolist()
+    a = a.reshape(-1)
+    if a.size:
+        _check_ids(a, "token_ids", None)
+    return a.astype(np.int64).tolist()
 
 
 def convert(array: np.ndarray, return_tensors: str | None):

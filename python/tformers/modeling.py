@@ -110,7 +110,7 @@ class CausalLM:
         if input_ids is None:
             raise ValueError("generate() needs input_ids (model.generate(**tokenizer(text, return_tensors=\"pt\")))")
         return_tensors = "pt" if is_torch_tensor(input_ids) else "np"
-        ids = as_id_array(input_ids, "input_ids")
+        ids = as_id_array(input_ids, "input_ids", self._core.vocab_size)
         mask = None if attention_mask is None else as_id_array(attention_mask, "attention_mask")
         if mask is not None and mask.shape != ids.shape:
             raise ValueError(f"attention_mask has shape {mask.shape}, input_ids {ids.shape}: they must match")
@@ -161,7 +161,7 @@ class CausalLM:
         if kwargs:
             raise TypeError(f"model() takes input_ids and attention_mask; not supported: {sorted(kwargs)}")
         return_tensors = "pt" if is_torch_tensor(input_ids) else "np"
-        ids = as_id_array(input_ids, "input_ids")
+        ids = as_id_array(input_ids, "input_ids", self._core.vocab_size)
         mask = None if attention_mask is None else as_id_array(attention_mask, "attention_mask")
         with self._exclusive():
             logits = self._core.forward(ids, mask)

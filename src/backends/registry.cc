@@ -44,7 +44,7 @@ std::string join(const std::vector<std::string>& v) {
            ") or set " + pjrt::plugin_env_var(p.device) +
            " to the plugin library, or use device_map=\"cpu\".";
   else
-    msg += "Found " + p.path + ", but " + p.problem + ". Use device_map=\"cpu\".";
+    msg += "The plugin " + p.path + " cannot be used: " + p.problem + ". Use device_map=\"cpu\".";
   throw DeviceError(msg);
 }
 

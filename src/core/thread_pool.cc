@@ -1,16 +1,29 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+
+#include "core/thread_limit.h"
+#include "tformers/error.h"
 
 namespace tformers {
 
 namespace {
+// TFORMERS_NUM_THREADS when set and not empty; a value that is no count in range is refused
+// rather than ignored (1025 started 1,025 threads; -1 and "abc" fell back to every core).
 int default_threads() {
-  if (const char* s = std::getenv("TFORMERS_NUM_THREADS")) {
-    int n = std::atoi(s);
-    if (n > 0) return n;
+  if (const char* s = std::getenv("TFORMERS_NUM_THREADS"); s && *s) {
+    int n = 0;
+    const char* end = s + std::strlen(s);
+    const auto [ptr, ec] = std::from_chars(s, end, n);
+    if (ec != std::errc() || ptr != end || n < 1 || n > kMaxThreads)
+      throw InvalidArgumentError(detail::str_cat("TFORMERS_NUM_THREADS=", s,
+                                                 ": give a thread count from 1 to ", kMaxThreads,
+                                                 ", or unset it to use every core"));
+    return n;
   }
   unsigned hw = std::thread::hardware_concurrency();
   return hw ? int(hw) : 1;

@@ -1,5 +1,6 @@
 #include "distributed/launcher.h"
 
+#include "core/thread_limit.h"
 #include "distributed/process_group.h"
 
 #include <sys/prctl.h>
@@ -151,7 +152,8 @@ int rank_step(int argc, char** argv) {
   // CPU ranks share the node's cores instead of each spinning a thread per core.
   long nlocal = std::max(1L, std::atol(local_size.c_str()));
   long cores = long(std::thread::hardware_concurrency());
-  std::string threads = std::to_string(std::max(1L, cores / nlocal));
+  // At most kMaxThreads, which TFORMERS_NUM_THREADS may not exceed.
+  std::string threads = std::to_string(std::clamp(cores / nlocal, 1L, long(kMaxThreads)));
   setenv("TFORMERS_NUM_THREADS", threads.c_str(), 0);
   end_with_parent();
   exec_or_die(std::vector<std::string>(argv + sep + 1, argv + argc));

@@ -12,6 +12,7 @@
 #include "generation/padding.h"
 #include "generation/sampling.h"
 #include "generation/stop_strings.h"
+#include "models/causal_lm_impl.h"
 #include "models/model_runner.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
@@ -66,6 +67,7 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
 GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
                         const GenerationConfig& call, const TokenCallback& on_token,
                         const Tokenizer* tokenizer, const StepCallback& on_step, KeptCache* kept) {
+  const models::ExclusiveCall exclusive(models::state_of(model));
   models::ModelRunner m(model);
   const int64_t V = m.vocab_size();
   if (prompts.empty()) throw InvalidArgumentError("generate: input_ids has no rows");

@@ -161,6 +161,8 @@ ResolvedGenerationConfig resolve(const GenerationConfig& c, int64_t prompt_len, 
   }
   r.suppress_tokens = c.suppress_tokens.value_or(std::vector<int64_t>{});
   check_token_ids(r.suppress_tokens, "suppress_tokens", vocab_size);
+  // The pad id fills finished rows and the left padding the model reads, so it must be a token.
+  if (c.pad_token_id) check_token_ids({*c.pad_token_id}, "pad_token_id", vocab_size);
   // Transformers pads finished rows with the first eos id when no pad id is set.
   r.pad_token_id = c.pad_token_id;
   if (!r.pad_token_id && !r.eos_token_id.empty()) r.pad_token_id = r.eos_token_id[0];

@@ -18,6 +18,7 @@
 #include "core/paths.h"
 #include "io/file.h"
 #include "io/json.h"
+#include "io/shared_library.h"
 #include "kernels_hub/package.h"
 #include "kernels_hub/sha256.h"
 #include "tformers/error.h"
@@ -157,6 +158,7 @@ LockFile load_lock(const KernelOptions& o, std::string& path) {
 // "/proc/self/fd/<fd>" is only unique while the descriptor is held.
 void* load_library_bytes(const std::vector<char>& bytes, const std::string& name,
                          const std::string& where, int& fd_out) {
+  io::check_shared_library(bytes, where);  // a truncated library would fault inside dlopen
   int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
   if (fd < 0) {
     // No memfd (old kernel, seccomp): an unlinked temporary file serves the same purpose.

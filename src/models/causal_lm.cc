@@ -637,6 +637,11 @@ void CausalLM::reset_cache(int64_t batch, int64_t max_cache_len) {
   if (batch <= 0 || max_cache_len <= 0)
     throw InvalidArgumentError("reset_cache: batch and max_cache_len must be positive, got " +
                                std::to_string(batch) + " and " + std::to_string(max_cache_len));
+  const int64_t positions = impl_->arch_config->max_position_embeddings;
+  if (max_cache_len > positions)
+    throw InvalidArgumentError("reset_cache: max_cache_len " + std::to_string(max_cache_len) +
+                               " is more than the model's " + std::to_string(positions) +
+                               " positions (max_position_embeddings)");
   // Checked before allocating, where the cache lives in host memory (an accelerator's
   // allocation fails on its own): an absurd batch or length would otherwise grow the process
   // until the system stops it. As doubles, so the product cannot wrap.
@@ -650,6 +655,7 @@ void CausalLM::reset_cache(int64_t batch, int64_t max_cache_len) {
         " bytes, more than the ", limit,
         " bytes this process can have (memory, ulimit, cgroup); lower the batch or "
         "max_cache_len"));
+  const models::ExclusiveCall exclusive(*impl_);
   impl_->reset_cache(batch, max_cache_len);
 }
 
@@ -676,6 +682,7 @@ void CausalLM::Impl::reset_cache(int64_t batch, int64_t max_cache_len) {
 
 Tensor CausalLM::forward(const ForwardArgs& a) {
   Impl& m = *impl_;
+  const models::ExclusiveCall exclusive(m);
   const Tensor& ids = a.input_ids;
   if (ids.ndim() != 2 || ids.dtype() != DType::i32)
     throw InvalidArgumentError("forward: input_ids must be int32 (batch, tokens), got " +
@@ -689,6 +696,13 @@ Tensor CausalLM::forward(const ForwardArgs& a) {
     throw InvalidArgumentError("forward: " + std::to_string(T) + " tokens at cache_position " +
                                std::to_string(a.cache_position) + " do not fit max_cache_len " +
                                std::to_string(m.cache_len));
+  const int64_t V = m.arch_config->vocab_size;
+  const int32_t* id = ids.data<int32_t>();
+  if (const int32_t* bad =
+          std::find_if(id, id + ids.numel(), [&](int32_t t) { return t < 0 || t >= V; });
+      bad != id + ids.numel())
+    throw InvalidArgumentError("forward: input_ids has token id " + std::to_string(*bad) +
+                               ", outside the vocabulary [0, " + std::to_string(V) + ")");
   if (a.logits_to_keep < 0 || a.logits_to_keep > T)
     throw InvalidArgumentError("forward: logits_to_keep must be in [0, " + std::to_string(T) +
                                "], got " + std::to_string(a.logits_to_keep));
@@ -713,6 +727,24 @@ Tensor CausalLM::forward(const ForwardArgs& a) {
 }
 
 namespace models {
+
+namespace {
+// The model's mutex, once it is sure that this thread does not hold it already.
+std::mutex& not_held_by_this_thread(CausalLM::Impl& m) {
+  if (m.caller.load() == std::this_thread::get_id())
+    throw InvalidArgumentError(
+        "the model was called again from inside one of its own calls on this thread (from a "
+        "token callback or streamer); a model runs one call at a time: use a second model");
+  return m.call_mutex;
+}
+}  // namespace
+
+ExclusiveCall::ExclusiveCall(CausalLM::Impl& model)
+    : model_(model), lock_(not_held_by_this_thread(model)) {
+  model_.caller = std::this_thread::get_id();
+}
+
+ExclusiveCall::~ExclusiveCall() { model_.caller = std::thread::id(); }
 
 void set_layer_overrides(CausalLM& model, std::shared_ptr<const LayerOverrides> overrides) {
   CausalLM::Impl& m = state_of(model);

@@ -2,10 +2,13 @@
 // compiled steps. Shared by models/ (loading, forward) and generation/ (the decoding loop).
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/backend.h"
@@ -87,6 +90,13 @@ struct CausalLM::Impl {
   // The graph of one step, as step() compiles it (also for tests and debugging).
   graph::Graph build_graph(const models::StepShape& shape) const;
 
+  // The calls that run the model (generate, forward, reset_cache) take turns: they share the
+  // static cache and the steps' bound state. `caller` is the thread inside one, so that a call
+  // made from within it (a token callback calling the model) is refused rather than waiting on
+  // itself forever (models::ExclusiveCall).
+  std::mutex call_mutex;
+  std::atomic<std::thread::id> caller;
+
   std::map<models::StepShape, Step> steps;
   CompileStats stats;
   GenerationConfig generation_config;
@@ -110,6 +120,20 @@ struct CausalLMAccess {
   static CausalLM::Impl& state(CausalLM& model) { return *model.impl_; }
   static const CausalLM::Impl& state(const CausalLM& model) { return *model.impl_; }
   static CausalLM wrap(std::shared_ptr<CausalLM::Impl> impl) { return CausalLM(std::move(impl)); }
+};
+
+// Holds a model for one call that runs it, for its scope (CausalLM::Impl::call_mutex).
+// InvalidArgumentError when the thread is already inside a call on the same model.
+class ExclusiveCall {
+ public:
+  explicit ExclusiveCall(CausalLM::Impl& model);
+  ~ExclusiveCall();
+  ExclusiveCall(const ExclusiveCall&) = delete;
+  ExclusiveCall& operator=(const ExclusiveCall&) = delete;
+
+ private:
+  CausalLM::Impl& model_;
+  std::lock_guard<std::mutex> lock_;
 };
 
 inline CausalLM::Impl& state_of(CausalLM& model) { return CausalLMAccess::state(model); }

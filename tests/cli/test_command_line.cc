@@ -199,9 +199,30 @@ TEST(CommandLine, ThreadsOutOfRangeIsAUsageError) {
   EXPECT_EQ(p.cl.command, "");
   EXPECT_EQ(p.cl.exit_code, kUsageExitCode);
   EXPECT_EQ(p.cl.threads, 0);
-  p = parse({"--threads", "-1", "env"});
+  EXPECT_NE(p.err.find("--threads: '100000' is outside the range [1, 1024]"), std::string::npos)
+      << p.err;
+  // 0 and an empty value used to pass as "not given" (every core).
+  for (const std::string bad : {"-1", "0", "", "abc"}) {
+    p = parse({"--threads", bad, "env"});
+    EXPECT_EQ(p.cl.command, "") << bad;
+    EXPECT_EQ(p.cl.exit_code, kUsageExitCode) << bad;
+    EXPECT_NE(p.err.find("--threads: '" + bad + "'"), std::string::npos) << p.err;
+    p = parse({"generate", "-m", "DIR", "--threads", bad});
+    EXPECT_EQ(p.cl.exit_code, kUsageExitCode) << bad;
+  }
+  p = parse({"--threads", "1024", "env"});
+  EXPECT_EQ(p.cl.threads, 1024) << p.err;
+}
+
+TEST(CommandLine, AnEmptyApiKeyIsRefused) {
+  // It started a server without authentication although the command line asked for a key.
+  Parsed p = parse({"serve", "-m", "D", "--api-key", ""});
+  EXPECT_EQ(p.cl.command, "");
   EXPECT_EQ(p.cl.exit_code, kUsageExitCode);
-  EXPECT_EQ(p.err.rfind("error: --threads -1 is out of range: give 1 to 1024", 0), 0u) << p.err;
+  EXPECT_NE(p.err.find("--api-key: an empty key"), std::string::npos) << p.err;
+  p = parse({"serve", "-m", "D", "--api-key", "k"});
+  EXPECT_EQ(p.cl.command, "serve") << p.err;
+  EXPECT_EQ(p.cl.serve.api_key, "k");
 }
 
 // One convention: 2 for every usage error, where CLI11 gave its own codes (106 for a missing
@@ -252,7 +273,8 @@ TEST(CommandLine, NumbersOutsideTheirRangeAreRefusedWithIt) {
       {{"serve", "-m", "D", "--read-timeout", "-5"}, "'-5' is outside the range (0, 1e+08]"},
       {{"serve", "-m", "D", "--shutdown-timeout", "inf"}, "'inf' is outside the range [0, 1e+08]"},
       {{"serve", "-m", "D", "--max-model-len", "99999999999999999999"},
-       "outside the range [0, 2^63-1]"},
+       "outside the range [1, 2^63-1]"},
+      {{"serve", "-m", "D", "--max-model-len", "0"}, "'0' is outside the range [1, 2^63-1]"},
       {{"bench", "-m", "D", "-r", "0"}, "'0' is outside the range [1, 1000000]"},
       {{"perplexity", "-m", "D", "-f", "x", "--ctx", "1"}, "'1' is outside the range [2, "},
   };
@@ -272,10 +294,10 @@ TEST(CommandLine, NumbersOutsideTheirRangeAreRefusedWithIt) {
   EXPECT_EQ(p.cl.serve.request_timeout, 1e8);
 }
 
-// --threads is range-checked only once parsing succeeds; when parsing ends early (with the help
-// or a usage error) the unchecked value is dropped, so nothing can act on it.
+// When parsing ends early (with the help or a usage error) the value of --threads is dropped, so
+// nothing can act on it.
 TEST(CommandLine, ThreadsAreDroppedWhenNothingRuns) {
-  Parsed p = parse({"generate", "--threads", "100000", "--help"});
+  Parsed p = parse({"generate", "--threads", "7", "--help"});
   EXPECT_EQ(p.cl.command, "");
   EXPECT_EQ(p.cl.exit_code, 0);
   EXPECT_EQ(p.cl.threads, 0);

@@ -113,6 +113,10 @@ TEST(Bench, BadFlagsAreErrorsThatNameTheFlag) {
       {" -p 0 -n 250",
        "-n/--n-gen 250 after the 8-token prompt is more than the model's 256 "
        "positions (max_position_embeddings); give at most 248"},
+      // The prompt plus this wrapped to a negative sum that passed the check.
+      {" -p 0 -n 9223372036854775807",
+       "-n/--n-gen 9223372036854775807 after the 8-token prompt is more than the model's 256 "
+       "positions"},
       {" -o csv", "--output"},
       {" -p x", "--n-prompt"},
       {" --load-mode disk", "--load-mode"},

@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "graph/builder.h"
 #include "models/golden_util.h"
+#include "tformers/error.h"
 #include "tformers/model.h"
 
 namespace tformers {
@@ -63,6 +64,47 @@ TEST(Concurrency, TwoModelsSharingExecutablesOnTwoThreads) {
   on_threads(2, [&](int t) {
     for (int r = 0; r < kRounds; ++r) EXPECT_EQ(decode(*models[t]), expect) << "thread " << t;
   });
+}
+
+// One model, one KV cache, two threads calling generate(): the calls take turns inside the
+// library, so each gets what it gets alone (before, 47 outputs of 60 were wrong, and some calls
+// failed with an internal error when the other reset the cache).
+TEST(Concurrency, TwoThreadsGenerateOnOneModel) {
+  CausalLM lm =
+      AutoModelForCausalLM::from_pretrained(testing::model_dir("tiny-qwen3"), {.dtype = float32});
+  // Different batch sizes and lengths, so that every call reshapes the cache.
+  const std::vector<std::vector<std::vector<int32_t>>> prompts = {
+      {{5, 77, 300, 12}}, {{9, 401, 23}, {150, 8, 45, 1, 17}}};
+  GenerationConfig gc{.max_new_tokens = 10, .pad_token_id = 0};
+  gc.eos_token_id = std::vector<int64_t>{};
+  const std::vector<std::vector<int32_t>> alone[] = {lm.generate(prompts[0], gc),
+                                                     lm.generate(prompts[1], gc)};
+  on_threads(2, [&](int t) {
+    for (int r = 0; r < 5 * kRounds; ++r) {
+      try {
+        EXPECT_EQ(lm.generate(prompts[size_t(t)], gc), alone[t]) << "thread " << t;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "thread " << t << ": " << e.what();
+      }
+    }
+  });
+}
+
+// A call on the model from inside its own generate() (a token callback) would wait for itself.
+TEST(Concurrency, CallingTheModelFromItsOwnCallbackIsRefused) {
+  CausalLM lm =
+      AutoModelForCausalLM::from_pretrained(testing::model_dir("tiny-qwen3"), {.dtype = float32});
+  std::string error;
+  lm.generate({{5, 77}}, {.max_new_tokens = 2}, [&](int64_t, int32_t) {
+    try {
+      lm.generate({{5}}, {.max_new_tokens = 1});
+    } catch (const InvalidArgumentError& e) {
+      error = e.what();
+    }
+    return false;
+  });
+  EXPECT_NE(error.find("called again from inside one of its own calls"), std::string::npos)
+      << error;
 }
 
 // One executable, two KV caches: the state sets are separate, the arena must be too.

@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "tformers/error.h"
 
 namespace tformers {
 namespace {
@@ -47,6 +50,26 @@ TEST(ThreadPool, BackToBackCallsStaySeparate) {
     });
     for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], call) << "call " << call;
   }
+}
+
+// TFORMERS_NUM_THREADS=1025 started 1,025 threads; -1 and "abc" were ignored for every core.
+TEST(ThreadPool, TheEnvironmentVariableIsRangeChecked) {
+  for (const char* bad : {"1025", "-1", "0", "abc", "4x"}) {
+    ::setenv("TFORMERS_NUM_THREADS", bad, 1);
+    try {
+      ThreadPool pool;
+      ADD_FAILURE() << "TFORMERS_NUM_THREADS=" << bad << " gave " << pool.num_threads()
+                    << " threads";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("TFORMERS_NUM_THREADS=") + bad +
+                                           ": give a thread count from 1 to 1024"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  ::setenv("TFORMERS_NUM_THREADS", "3", 1);
+  EXPECT_EQ(ThreadPool().num_threads(), 3);
+  ::unsetenv("TFORMERS_NUM_THREADS");
 }
 
 }  // namespace

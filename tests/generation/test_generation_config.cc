@@ -443,6 +443,12 @@ TEST(ResolveErrors, TokenIdsOutsideTheVocabulary) {
   c = {};
   c.suppress_tokens = std::vector<int64_t>{1000};
   expect_invalid(c, {"suppress_tokens[0] = 1000", "[0, 512)"});
+  // 2**32 became pad id 0 on its way to int32, and other ids read past the embedding.
+  c = {};
+  c.pad_token_id = int64_t(1) << 32;
+  expect_invalid(c, {"pad_token_id[0] = 4294967296", "[0, 512)"});
+  c.pad_token_id = 512;
+  expect_invalid(c, {"pad_token_id[0] = 512"});
 }
 
 TEST(ResolveErrors, PromptTooLongForTheModel) {

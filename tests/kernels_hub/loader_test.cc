@@ -313,6 +313,21 @@ TEST_F(BadPackage, FileThatIsNotASharedLibrary) {
                   "is not a loadable shared library");
 }
 
+TEST_F(BadPackage, TruncatedLibraryIsRefusedBeforeDlopen) {
+  // dlopen maps the segments the headers name; past the end of a cut file the first touch of a
+  // page ended the process with SIGBUS.
+  make_fixture_package(pkg_.path(), "good");
+  const fs::path lib = pkg_.path() / "build" / "cabi1-cpu-x86_64-linux" / "libfixture_good.so";
+  fs::resize_file(lib, fs::file_size(lib) / 2);
+  KernelOptions o;
+  o.local_overrides["test/fixture"] = pkg_.str();
+  o.allow_unpinned = true;
+  o.lock_file = (pkg_.path() / "none.lock").string();
+  const std::string e = error_of<FormatError>([&] { get_kernel("test/fixture", 1, o); });
+  EXPECT_CONTAINS(e, lib.string());
+  EXPECT_CONTAINS(e, "truncated");
+}
+
 TEST(LockFileFormat, RoundTripAndMalformedInput) {
   TempDir dir;
   LockEntry e;

@@ -341,8 +341,54 @@ TEST(PjrtPlugin, EnvironmentVariableComesFirst) {
   EXPECT_EQ(probe.path, path);
   ASSERT_FALSE(probe.looked.empty());
   EXPECT_EQ(probe.looked[0], "$TFORMERS_PJRT_PLUGIN_XLA_CPU");
-  EXPECT_NE(probe.problem.find("dlopen failed"), std::string::npos) << probe.problem;
+  EXPECT_NE(probe.problem.find("too few for an ELF header"), std::string::npos) << probe.problem;
   EXPECT_THROW(probe_plugin("xla-gpu"), InvalidArgumentError);
+}
+
+TEST(PjrtPlugin, EnvironmentVariableNamingNoFileIsAnError) {
+  // It used to be skipped, and the plugin of .venv/ used in its place without a word.
+  const std::string path = "/nonexistent/dir/xla_cpu_pjrt.so";
+  ::setenv("TFORMERS_PJRT_PLUGIN_XLA_CPU", path.c_str(), 1);
+  PluginProbe probe = probe_plugin("xla-cpu");
+  ::unsetenv("TFORMERS_PJRT_PLUGIN_XLA_CPU");
+  EXPECT_EQ(probe.path, path);
+  EXPECT_NE(probe.problem.find("TFORMERS_PJRT_PLUGIN_XLA_CPU names no existing file"),
+            std::string::npos)
+      << probe.problem;
+}
+
+// The first `bytes` of the real plugin, as a half-finished copy leaves it, in the temporary
+// folder.
+std::string truncated_plugin(const std::string& real, uint64_t bytes) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("tformers_cut_plugin_" + std::to_string(bytes) + ".so"))
+                               .string();
+  std::vector<char> head(bytes);
+  std::ifstream(real, std::ios::binary).read(head.data(), std::streamsize(bytes));
+  std::ofstream(path, std::ios::binary).write(head.data(), std::streamsize(bytes));
+  return path;
+}
+
+TEST(PjrtPlugin, TruncatedPluginIsAnErrorNamingTheFile) {
+  // dlopen maps segments past the end of a cut file, and the first touch ended the process with
+  // SIGBUS.
+  const std::string real = probe_plugin("xla-cpu").path;
+  if (real.empty()) GTEST_SKIP() << "XLA's CPU PJRT plugin is not installed";
+  for (uint64_t bytes : {uint64_t(1) << 20, std::filesystem::file_size(real) / 2}) {
+    const std::string path = truncated_plugin(real, bytes);
+    try {
+      Plugin::load(path);
+      ADD_FAILURE() << "a plugin cut to " << bytes << " bytes loaded";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+    }
+    ::setenv("TFORMERS_PJRT_PLUGIN_XLA_CPU", path.c_str(), 1);
+    const PluginProbe probe = probe_plugin("xla-cpu");
+    ::unsetenv("TFORMERS_PJRT_PLUGIN_XLA_CPU");
+    EXPECT_NE(probe.problem.find("truncated"), std::string::npos) << probe.problem;
+    std::filesystem::remove(path);
+  }
 }
 
 }  // namespace

@@ -92,14 +92,14 @@ TEST_F(TpuTopology, CompilesForOtherGenerationsAndSlices) {
   }
 }
 
-TEST_F(TpuTopology, AnUnknownTopologyIsAnErrorQuotingLibtpu) {
+TEST_F(TpuTopology, ASliceLibtpuCannotLayOutIsAnErrorQuotingIt) {
   try {
-    Topology(*plugin_, "v5litepod-1");
+    Topology(*plugin_, "v5e:3x3");
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("PJRT_TopologyDescription_Create"), std::string::npos)
         << e.what();
-    EXPECT_NE(std::string(e.what()).find("v5litepod-1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("v5e:3x3"), std::string::npos) << e.what();
   }
 }
 
@@ -183,8 +183,37 @@ TEST_F(TpuTopology, CompileNamesWhatItCannotDo) {
   const testing::Streams bad_topology =
       testing::run(std::string("VIRTUAL_ENV=") + TFORMERS_SOURCE_DIR + "/.venv " + TFORMERS_CLI +
                    " compile -m " + kModel + " --topology v9z:1x1");
-  EXPECT_EQ(bad_topology.status, 1);
+  EXPECT_EQ(bad_topology.status, 2);
   EXPECT_CONTAINS(bad_topology.err, "v9z:1x1");
+}
+
+// libtpu divides by the dimensions it is given: "v5e:0x0" ended the process with SIGFPE inside
+// it. Names are checked first, without libtpu.
+TEST(TopologyName, IsCheckedBeforeLibtpuSeesIt) {
+  const std::pair<const char*, const char*> bad[] = {
+      {"v5e:0x0", "dimension 0 must be from 1 to 4096"},
+      {"v5e:2x0", "dimension 0 must be from 1 to 4096"},
+      {"v4:2x2x99999", "dimension 99999 must be from 1 to 4096"},
+      {"v5e:-1x2", "dimension -1 must be from 1 to 4096"},
+      {"v5e:x2", "'' is not a number of chips"},
+      {"v5e:2x", "'' is not a number of chips"},
+      {"v5e:2x2x2x2", "4 dimensions; a slice has 2 or 3"},
+      {"v5e:4", "1 dimensions; a slice has 2 or 3"},
+      {"v9z:1x1", "'v9z' is not a TPU generation"},
+      {"v5litepod-1", "no ':' between the TPU generation and the chips"},
+  };
+  for (const auto& [name, says] : bad) {
+    const std::string e =
+        testing::error_of<InvalidArgumentError>([&] { check_topology_name(name); });
+    EXPECT_CONTAINS(e, std::string("topology \"") + name + "\"");
+    EXPECT_CONTAINS(e, says);
+  }
+  for (const char* good : {"v5e:1x1", "v5e:2x2", "v4:2x2x1", "v6e:1x1", "v5p:2x2x1", "tpu7x:2x2x1"})
+    EXPECT_NO_THROW(check_topology_name(good)) << good;
+  const testing::Streams r =
+      testing::run(std::string(TFORMERS_CLI) + " compile -m " + kModel + " --topology v5e:0x0");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_CONTAINS(r.err, "--topology: topology \"v5e:0x0\": dimension 0 must be from 1 to 4096");
 }
 
 }  // namespace

@@ -240,7 +240,7 @@ def test_bad_inputs_raise_clearly(kjv_model):
         kjv_model.generate()
     with pytest.raises(ValueError, match="shape"):
         kjv_model.generate(np.zeros((1, 2, 3), dtype=np.int64))
-    with pytest.raises(ValueError, match="integer"):
+    with pytest.raises(TypeError, match="integer"):
         kjv_model.generate(np.zeros((1, 2)), max_new_tokens=1)
     with pytest.raises(ValueError, match="all zeros"):
         kjv_model.generate(np.ones((1, 2), dtype=np.int64), attention_mask=np.zeros((1, 2), dtype=np.int64))

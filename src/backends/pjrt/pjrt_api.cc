@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <utility>
 
+#include "io/shared_library.h"
 #include "tformers/error.h"
 
 namespace tformers::backends::pjrt {
@@ -255,6 +257,11 @@ const Plugin& Plugin::load(const std::string& path) {
   std::lock_guard lock(mu);
   if (auto it = loaded->find(key); it != loaded->end()) return *it->second;
 
+  try {
+    io::check_shared_library(key);
+  } catch (const FormatError& e) {
+    throw DeviceError(str_cat("cannot load PJRT plugin ", path, ": ", e.what()));
+  }
   // Never dlclose'd: the function table and every object the plugin hands out live inside it.
   void* lib = ::dlopen(key.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!lib) throw DeviceError(str_cat("cannot load PJRT plugin ", path, ": ", ::dlerror()));
@@ -691,9 +698,40 @@ std::vector<Buffer> LoadedExecutable::execute(const std::vector<const Buffer*>& 
 
 // ---- Topology ----
 
+void check_topology_name(const std::string& name) {
+  static constexpr std::string_view kGenerations[] = {"v2",  "v3",  "v4",   "v5e",
+                                                      "v5p", "v6e", "tpu7x"};
+  const size_t colon = name.find(':');
+  const std::string_view generation = std::string_view(name).substr(0, colon);
+  auto refuse = [&](const std::string& why) {
+    throw InvalidArgumentError(str_cat("topology \"", name, "\": ", why,
+                                       "; give GENERATION:CHIPS, e.g. v5e:2x2 or v4:2x2x1"));
+  };
+  if (colon == std::string::npos) refuse("no ':' between the TPU generation and the chips");
+  if (std::ranges::find(kGenerations, generation) == std::end(kGenerations))
+    refuse(str_cat("'", generation,
+                   "' is not a TPU generation: use v2, v3, v4, v5e, v5p, v6e or tpu7x"));
+  std::string_view rest = std::string_view(name).substr(colon + 1);
+  int dims = 0;
+  for (;;) {
+    const size_t x = rest.find('x');
+    const std::string_view part = rest.substr(0, x);
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    if (part.empty() || ec != std::errc() || end != part.data() + part.size())
+      refuse(str_cat("'", part, "' is not a number of chips"));
+    if (v < 1 || v > 4096) refuse(str_cat("dimension ", v, " must be from 1 to 4096"));
+    ++dims;
+    if (x == std::string_view::npos) break;
+    rest.remove_prefix(x + 1);
+  }
+  if (dims != 2 && dims != 3) refuse(str_cat(dims, " dimensions; a slice has 2 or 3"));
+}
+
 Topology::Topology(const Plugin& plugin, const std::string& name,
                    const std::vector<ClientOption>& options)
     : plugin_(&plugin), name_(name) {
+  check_topology_name(name);
   const std::vector<capi::PJRT_NamedValue> values = named_values(options);
   auto a = capi::make<capi::PJRT_TopologyDescription_Create_Args>();
   a.topology_name = name.data();

@@ -211,6 +211,11 @@ struct CompiledProgram {
   std::vector<std::pair<std::string, double>> cost;
 };
 
+// Checks a topology name before libtpu parses it (libtpu divides by the dimensions: "v5e:0x0"
+// ended the process with SIGFPE): GENERATION:AxB or GENERATION:AxBxC, a TPU generation
+// libtpu knows and every dimension from 1 to 4096. InvalidArgumentError naming the part at fault.
+void check_topology_name(const std::string& name);
+
 // Devices described by name rather than found: compiling for a topology needs no device, which
 // is how libtpu compiles for a TPU slice ("v5e:2x2") on any x86 host, as JAX's ahead-of-time
 // compilation does. Move-only.

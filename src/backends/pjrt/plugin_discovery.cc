@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "io/shared_library.h"
 #include "tformers/error.h"
 
 namespace tformers::backends::pjrt {
@@ -138,9 +139,24 @@ PluginProbe probe_plugin(const std::string& device) {
   PluginProbe probe;
   probe.device = device;
   probe.package = src.package;
+  // A variable set to a path is what the user asked for: a typo there must not fall back to
+  // another plugin found elsewhere without a word.
+  const std::string var = plugin_env_var(device);
+  if (const char* v = std::getenv(var.c_str()); v && *v && !std::filesystem::exists(v)) {
+    probe.looked.push_back("$" + var);
+    probe.path = v;
+    probe.problem = var + " names no existing file; set it to the plugin library, or unset it";
+    return probe;
+  }
   for (const std::string& path : candidates(src, probe.looked)) {
     if (!std::filesystem::exists(path)) continue;
     probe.path = path;
+    try {
+      io::check_shared_library(path);  // a truncated copy would end the process in dlopen
+    } catch (const Error& e) {
+      probe.problem = e.what();
+      return probe;
+    }
     // Never dlclose'd: unloading a PJRT plugin is unsafe, and the client loads it again anyway.
     void* handle = ::dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL);
     if (!handle)
