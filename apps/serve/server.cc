@@ -206,6 +206,7 @@ class Server {
   // Binds the address (IoError when it cannot) and returns the port taken.
   int bind() { return http_.bind(args_.host, args_.port); }
   void listen_in_background() { http_.start(); }
+  size_t max_sockets() const { return http_.max_sockets(); }
   void set_ready() { ready_ = true; }
 
   // Stops admitting requests, lets the running ones finish for up to `grace` (then they are
@@ -576,16 +577,16 @@ http::Response Server::handle(const http::Request& req) {
   }
 }
 
-// What the HTTP layer answers by itself: a malformed request, one over a limit, or a connection
+// What the HTTP layer answers by itself: a malformed request, one over a limit, or a request
 // over --max-connections; each with OpenAI's error body, and the flag to change where one
 // applies.
 http::Response Server::refused(int status, const std::string& message) const {
   if (status == 503) {
     http::Response res =
         error_response(ApiError(503,
-                                "the server has " + std::to_string(args_.max_connections) +
-                                    " connections open, its limit (--max-connections); retry later",
-                                "", "too_many_connections"));
+                                "the server is serving " + std::to_string(args_.max_connections) +
+                                    " requests, its limit (--max-connections); retry later",
+                                "", "too_many_requests"));
     res.headers.emplace_back("Retry-After", "1");
     return res;
   }
@@ -687,8 +688,10 @@ int run_serve(const ServeArgs& args, const ModelLoader& load_model) {
   Server server(args, engine, tokenizer, model.config().vocab_size, api_key);
   const int port = server.bind();
   server.listen_in_background();
-  std::fprintf(stderr, "tformers: serve: listening on http://%s:%d (warming up)\n",
-               args.host.c_str(), port);
+  std::fprintf(stderr,
+               "tformers: serve: listening on http://%s:%d (warming up); holds up to %zu "
+               "connections\n",
+               args.host.c_str(), port, server.max_sockets());
   if (api_key.empty() && args.host != "127.0.0.1" && args.host != "localhost" && args.host != "::1")
     std::fprintf(stderr,
                  "tformers: serve: warning: listening beyond this machine without an API key; "

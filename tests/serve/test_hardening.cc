@@ -1,8 +1,10 @@
 // tformers serve under clients that do not behave: no or a wrong API key, bodies over the limit
-// (with a length or chunked), bad fields, too many connections, a client that hangs up
-// mid-stream, requests past --request-timeout, and SIGTERM while streams run.
+// (with a length or chunked), bad fields, too many requests, a client that hangs up mid-stream,
+// requests past --request-timeout, and SIGTERM while streams run.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -126,29 +128,31 @@ TEST(ServeHardening, BadRequestsAre400sNamingTheField) {
   EXPECT_EQ(server.stop(), 0);
 }
 
-TEST(ServeHardening, ConnectionsOverTheLimitAre503ThenServedAgain) {
-  // Idle connections are held for a minute, not the default 5 s, so that all four still hold
-  // their threads however long a loaded run takes to reach the 503 below.
-  ServeProcess server({"--max-connections", "4", "--keep-alive-timeout", "60"});
+// A stream that runs for a while, its first text read: a request being served.
+std::unique_ptr<RawConnection> running_stream(const ServeProcess& server) {
+  auto stream = std::make_unique<RawConnection>(server.port());
+  stream->send(
+      post_request("/v1/completions",
+                   completion_body({{"stream", true}, {"ignore_eos", true}, {"max_tokens", 240}})));
+  stream->read_until("data: {");
+  return stream;
+}
+
+TEST(ServeHardening, RequestsOverTheLimitAre503ThenServedAgain) {
+  ServeProcess server({"--max-connections", "2"});
   {
-    // Four idle connections hold the four connection threads.
-    std::vector<std::unique_ptr<RawConnection>> idle;
-    for (int i = 0; i < 4; ++i) idle.push_back(std::make_unique<RawConnection>(server.port()));
-    // Until the server has accepted all four (under a loaded sanitizer run that took longer
-    // than 200 ms), a fifth connection may still be served; from then on it gets a 503.
-    std::string answer;
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      std::this_thread::sleep_for(100ms);
-      RawConnection over(server.port());
-      over.send(post_request("/v1/completions", completion_body()));
-      answer = over.read_until();
-      if (answer.rfind("HTTP/1.1 503", 0) == 0) break;
-    }
+    // Two streams are the two requests being served; a third request is refused at once.
+    auto first = running_stream(server);
+    auto second = running_stream(server);
+    RawConnection over(server.port());
+    over.send(post_request("/v1/completions", completion_body()));
+    const std::string answer = over.read_until();
     EXPECT_EQ(answer.rfind("HTTP/1.1 503", 0), 0u) << answer.substr(0, 300);
-    EXPECT_CONTAINS(answer, "too_many_connections");
+    EXPECT_CONTAINS(answer, "too_many_requests");
+    EXPECT_CONTAINS(answer, "serving 2 requests, its limit (--max-connections)");
     EXPECT_CONTAINS(answer, "Retry-After: 1");
   }
-  // Once they close, requests are served again.
+  // Once they end, requests are served again.
   int status = 0;
   for (int i = 0; i < 100 && status != 200; ++i) {
     auto r = server.client().Post("/v1/completions", completion_body(), "application/json");
