@@ -545,6 +545,43 @@ http::Response Server::complete(Endpoint endpoint, const http::Request& req) {
   return res;
 }
 
+// The routes, each with the one method it takes.
+struct Route {
+  const char* method;
+  const char* path;
+};
+constexpr Route kRoutes[] = {{"POST", "/v1/chat/completions"},
+                             {"POST", "/v1/completions"},
+                             {"GET", "/v1/models"},
+                             {"GET", "/health"},
+                             {"GET", "/metrics"}};
+
+// The methods of HTTP (RFC 9110 section 9 and RFC 5789's PATCH); methods are case-sensitive.
+bool is_http_method(const std::string& method) {
+  for (const char* known :
+       {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+    if (method == known) return true;
+  return false;
+}
+
+// A request no route takes: 501 for a method this server does not implement, 405 with Allow
+// for a path that takes another method, else 404.
+http::Response no_route(const std::string& method, const std::string& path) {
+  if (!is_http_method(method))
+    return error_response(ApiError(501, "the method '" + method +
+                                            "' is not implemented; this server answers GET and "
+                                            "POST (methods are case-sensitive)"));
+  for (const Route& r : kRoutes)
+    if (path == r.path) {
+      http::Response res =
+          error_response(ApiError(405, method + " is not allowed on " + path + "; use " + r.method,
+                                  "", "method_not_allowed"));
+      res.headers.emplace_back("Allow", r.method);
+      return res;
+    }
+  return error_response(ApiError(404, "no route for " + method + " " + path));
+}
+
 http::Response Server::handle(const http::Request& req) {
   const std::string& method = req.head.method;
   const std::string& path = req.head.path;
@@ -567,7 +604,7 @@ http::Response Server::handle(const http::Request& req) {
       res.content_type = "text/plain; version=0.0.4";
       res.body = metrics_.render(engine_.stats());
     } else {
-      throw ApiError(404, "no route for " + method + " " + path);
+      return no_route(method, path);
     }
     return res;
   } catch (const ApiError& e) {

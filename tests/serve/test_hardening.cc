@@ -1,6 +1,7 @@
 // tformers serve under clients that do not behave: no or a wrong API key, bodies over the limit
-// (with a length or chunked), bad fields, too many requests, a client that hangs up mid-stream,
-// requests past --request-timeout, and SIGTERM while streams run.
+// (with a length or chunked), bad fields, too many requests, methods the server does not take,
+// a client that hangs up mid-stream, requests past --request-timeout, and SIGTERM while streams
+// run.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -160,6 +161,39 @@ TEST(ServeHardening, RequestsOverTheLimitAre503ThenServedAgain) {
     if (status != 200) std::this_thread::sleep_for(50ms);
   }
   EXPECT_EQ(status, 200);
+  EXPECT_EQ(server.stop(), 0);
+}
+
+TEST(ServeHardening, MethodsAre405WithAllowOr501) {
+  ServeProcess server;
+  struct Case {
+    std::string method, path;
+    int status;
+    std::string allow;
+  };
+  // Methods are case-sensitive: `get` is no method this server implements.
+  const std::vector<Case> cases = {{"FOO", "/health", 501, ""},
+                                   {"get", "/health", 501, ""},
+                                   {"POST", "/health", 405, "GET"},
+                                   {"DELETE", "/v1/models", 405, "GET"},
+                                   {"GET", "/v1/chat/completions", 405, "POST"},
+                                   {"PUT", "/v1/completions", 405, "POST"},
+                                   {"DELETE", "/nothing", 404, ""}};
+  for (const Case& c : cases) {
+    RawConnection raw(server.port());
+    raw.send(c.method + " " + c.path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    const std::string answer = raw.read_until();
+    const std::string what = c.method + " " + c.path + ": " + answer.substr(0, 300);
+    EXPECT_EQ(answer.rfind("HTTP/1.1 " + std::to_string(c.status), 0), 0u) << what;
+    if (c.allow.empty()) {
+      EXPECT_EQ(answer.find("Allow:"), std::string::npos) << what;
+    } else {
+      EXPECT_CONTAINS(answer, "\r\nAllow: " + c.allow + "\r\n");
+    }
+    if (c.status == 501) {
+      EXPECT_CONTAINS(answer, "'" + c.method + "' is not implemented");
+    }
+  }
   EXPECT_EQ(server.stop(), 0);
 }
 
