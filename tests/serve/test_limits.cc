@@ -53,7 +53,7 @@ TEST(ServeLimits, SlowClientsDoNotHoldUpOthers) {
   // 200 slow clients (each a socket; 1,000 were measured by hand, see docs/serving.md) send their
   // heads a byte at a time, far more slowly than a client should, for longer than --read-timeout.
   constexpr int kSlow = 200;
-  ServeProcess server({"--max-connections", "1000", "--read-timeout", "3"});
+  ServeProcess server({"--read-timeout", "3"});
   const auto [baseline_status, baseline] = timed_completion(server);
   ASSERT_EQ(baseline_status, 200);
   std::vector<std::unique_ptr<RawConnection>> slow;
@@ -97,8 +97,7 @@ TEST(ServeLimits, UnauthenticatedConnectionsHoldBoundedMemory) {
   // ends it. A server that buffered every header (or a line without its end) grew by what each
   // sent; this one holds at most max_head bytes of each.
   constexpr int kConnections = 300;
-  ServeProcess server({"--max-connections", "1000", "--read-timeout", "60"},
-                      {"TFORMERS_API_KEY=k"});
+  ServeProcess server({"--read-timeout", "60"}, {"TFORMERS_API_KEY=k"});
   const long before = rss_kib(server.pid());
   std::vector<std::unique_ptr<RawConnection>> held;
   const std::string line = "x-filler: " + std::string(90, 'f') + "\r\n";
