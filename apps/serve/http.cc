@@ -463,7 +463,7 @@ class SocketSink : public Sink {
 // How long a connection that was answered and is being closed is still read from (its unread
 // bytes discarded), so that closing it does not reset it before the client has read the answer.
 constexpr auto kLinger = std::chrono::seconds(2);
-// How long accepting stops when every socket is a request being served.
+// How long accepting stops when every socket is a request being served, or memory is short.
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 // How often deadlines are looked at.
 constexpr auto kTick = std::chrono::milliseconds(50);
@@ -606,10 +606,11 @@ class Server::Loop {
       const int fd = ::accept4(s_.listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          if (make_room()) continue;
+        // Out of descriptors below max_sockets (files opened elsewhere): make room as at the
+        // limit. Out of memory: wait.
+        if ((errno == EMFILE || errno == ENFILE) && make_room()) continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
           pause_accepting();
-        }
         return;
       }
       s_.sockets_.fetch_add(1);

@@ -92,6 +92,35 @@ TEST(ServeLimits, SlowClientsDoNotHoldUpOthers) {
   EXPECT_EQ(server.stop(), 0);
 }
 
+TEST(ServeLimits, ASlowButSteadyBodyArrivesAndADribbledOneIsClosed) {
+  // A body's deadline is --read-timeout past its head plus a second for each 1,024 bytes that
+  // came: a steady upload may take longer than --read-timeout, a dribbled body may not.
+  ServeProcess server({"--read-timeout", "1"});
+  std::string body = completion_body();
+  body += std::string(8000 - body.size(), ' ');
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 8000\r\nConnection: "
+      "close\r\n\r\n";
+  RawConnection steady(server.port()), dribbled(server.port());
+  steady.send(head);
+  dribbled.send(head);
+  // 500 bytes every 200 ms (2,500 bytes a second) for 3.2 s; and a byte every 200 ms until the
+  // answer comes.
+  const Clock::time_point start = Clock::now();
+  for (size_t sent = 0; sent < body.size(); sent += 500) {
+    steady.send(body.substr(sent, 500));
+    if (dribbled.read_available().empty()) dribbled.send(" ");
+    std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_GT(seconds_since(start), 3.0);
+  const std::string answer = steady.read_until();
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer.substr(0, 300);
+  const std::string closed = dribbled.read_until();
+  EXPECT_EQ(closed.rfind("HTTP/1.1 408", 0), 0u) << closed.substr(0, 300);
+  EXPECT_CONTAINS(closed, "body came at under 1024 bytes a second");
+  EXPECT_EQ(server.stop(), 0);
+}
+
 TEST(ServeLimits, UnauthenticatedConnectionsHoldBoundedMemory) {
   // Each of these sends a head as large as the limit allows (16 KiB less a little) and never
   // ends it. A server that buffered every header (or a line without its end) grew by what each
