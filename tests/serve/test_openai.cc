@@ -304,12 +304,13 @@ double parse_seconds(const std::string& body, int runs) {
 
 TEST(OpenAiRequest, BodiesParseInTimeLinearInTheirKeys) {
   // ordered_json's own parser scanned an object's keys for each new one: 80,000 keys took 17 s,
-  // 4.1 s for 40,000. Four times the keys must take about four times as long, not sixteen (the
-  // best of three runs of each, so that a loaded machine's pauses count less).
+  // 4.1 s for 40,000. Four times the keys must take about four times as long, not sixteen: under
+  // ten times, since the larger object outgrows the caches (6 times was seen on a loaded machine;
+  // the best of three runs of each, so that its pauses count less).
   const double small = parse_seconds(body_with_keys(20000), 3);
   const double large = parse_seconds(body_with_keys(80000), 3);
   std::printf("20,000 keys: %.4f s; 80,000 keys: %.4f s\n", small, large);
-  EXPECT_LT(large, 8 * std::max(small, 1e-3)) << small << " s, then " << large << " s";
+  EXPECT_LT(large, 10 * std::max(small, 1e-3)) << small << " s, then " << large << " s";
   // The 3.5 MB body of 300,000 keys that held a worker for minutes: 0.24 s in a release build
   // (2026-12-07); the bound leaves room for a loaded machine, and AddressSanitizer's more.
 #if defined(__SANITIZE_ADDRESS__)
