@@ -92,15 +92,13 @@ cmake --build --preset asan
 stage "asan tests"
 # Left to the release stage: the tests whose time goes into long numeric runs over paths that
 # smaller tests take under the sanitizers too (AddressSanitizer at -O1 runs the kernels 10 to 20
-# times slower): perplexity over the held-out text, the 32-client load test, the storm of 2,000
-# slow and silent sockets (ServeLimits covers its paths with fewer), every README
+# times slower): perplexity over the held-out text, the 32-client load test, every README
 # command line at once, the XLA CPU plugin's whole-model sweeps (XLA's own compiles, which the
 # sanitizers do not see, dominate them; PjrtBackendTest and LowerOps cover the client and the
 # lowering; split over ranks, each of the plugin's compile threads then waits for the slow
 # unwinder that LSan needs under Open MPI, see tests/CMakeLists.txt), libtpu's whole-model
 # compile and the grammar's comparison with llguidance.
 heavy='Perplexity\.MatchesThePyTorch|DefaultModel\.(Int4Perplexity|HeldOutLoss)|Serve\.LoadTest'
-heavy+='|ServeStorm\.'
 heavy+='|Cli\.ReadmeCommandLineExamplesRun|XlaCpuModel\.|XlaCpuImported\.|XlaCpuServe\.'
 heavy+='|XlaCpuCompileCache\.|Lower\.TinyModelSteps|TpuTopology\.CompilesEveryStep'
 heavy+='|JsonGrammarOracle\.|TpMpiXlaCpu\.'
