@@ -312,13 +312,9 @@ TEST(OpenAiRequest, BodiesParseInTimeLinearInTheirKeys) {
   std::printf("20,000 keys: %.4f s; 80,000 keys: %.4f s\n", small, large);
   EXPECT_LT(large, 10 * std::max(small, 1e-3)) << small << " s, then " << large << " s";
   // The 3.5 MB body of 300,000 keys that held a worker for minutes: 0.24 s in a release build
-  // (2026-12-07); the bound leaves room for a loaded machine, and AddressSanitizer's more.
-#if defined(__SANITIZE_ADDRESS__)
-  constexpr double kBound = 30;
-#else
-  constexpr double kBound = 5;
-#endif
-  EXPECT_LT(parse_seconds(body_with_keys(300000), 1), kBound);
+  // (2026-12-07), and up to 6 s under AddressSanitizer on a loaded machine; the bound is for
+  // those minutes.
+  EXPECT_LT(parse_seconds(body_with_keys(300000), 1), 60);
 }
 
 TEST(OpenAiRequest, KeysKeepTheirOrderAndARepeatedKeyItsLastValue) {
