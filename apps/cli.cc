@@ -136,8 +136,8 @@ void add_serve_flags(CLI::App* s, ServeArgs& a) {
       ->check(int_in(1024, int64_t(1) << 30))
       ->capture_default_str();
   s->add_option("--max-connections", a.max_connections,
-                "Open connections at once (503 beyond); an idle or slow one holds a socket and "
-                "at most 16 KiB, not a thread")
+                "Requests served at once (503 beyond); a connection still sending its request, "
+                "or idle, holds a socket and at most 16 KiB, not a place")
       ->check(int_in(1, 65536))
       ->capture_default_str();
   s->add_option("--request-timeout", a.request_timeout,

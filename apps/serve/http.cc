@@ -463,27 +463,33 @@ class SocketSink : public Sink {
 // How long a connection that was answered and is being closed is still read from (its unread
 // bytes discarded), so that closing it does not reset it before the client has read the answer.
 constexpr auto kLinger = std::chrono::seconds(2);
-// Connections over max_connections being closed that way at once; more are closed at once.
-constexpr size_t kMaxLingeringOver = 256;
-// How long a connection over max_connections waits for a place before its 503.
-constexpr auto kAdmitWait = std::chrono::milliseconds(200);
-// How long accepting stops when the process is out of descriptors.
+// How long accepting stops when every socket is a request being served, or memory is short.
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 // How often deadlines are looked at.
 constexpr auto kTick = std::chrono::milliseconds(50);
+// Connections closed at once to make room at the socket limit (as nginx frees up to 32 kept-alive
+// connections when it runs short): one scan of the connections serves many newcomers.
+constexpr size_t kEvictBatch = 32;
+// Descriptors kept for the process's own files (the model, logs, pipes) below its limit.
+constexpr size_t kReservedDescriptors = 64;
+// Sockets at most, whatever the descriptor limit: with a full head each, about 17 KiB apiece.
+constexpr size_t kMaxSockets = 16384;
+// Bytes read from a socket at once.
+constexpr size_t kRead = 16384;
 
 }  // namespace
 
 struct Server::Connection {
   enum Phase { kIdle, kHead, kBody, kLinger };
   int fd = -1;
-  bool counted = true;  // counts in live_
-  bool over = false;    // over the limit, being refused
-  bool served = false;  // has had an answer: idle now means kept alive between requests
   Phase phase = kIdle;
   std::string in;  // received, not yet taken by a request
   size_t scanned = 0;
-  Clock::time_point deadline, first_byte;
+  // Progress, for choosing whom to close at the socket limit: bytes received since `since`, when
+  // the connection was accepted or last answered.
+  Clock::time_point since;
+  size_t received = 0;
+  Clock::time_point deadline, first_byte, body_start;
   RequestHead head;
   std::optional<ChunkedDecoder> chunked;
   std::string body;
@@ -540,14 +546,11 @@ class Server::Loop {
     [[maybe_unused]] const ssize_t n = ::write(wake_fd_, &one, sizeof one);
   }
 
-  // live_ drops before the socket closes, so that a client that sees the close can count on a
-  // free place at once.
   void close_connection(Connection& c) {
     if (c.fd < 0) return;
-    if (c.counted) s_.live_.fetch_sub(1);
-    if (c.over) --lingering_over_;
     ::close(c.fd);
     c.fd = -1;
+    s_.sockets_.fetch_sub(1);
   }
   void drop(int fd) {
     auto it = conns_.find(fd);
@@ -578,7 +581,6 @@ class Server::Loop {
           readable(fd);
         }
       }
-      admit_waiting();
       const Clock::time_point now = Clock::now();
       if (accept_paused_until_ && now >= *accept_paused_until_) {
         accept_paused_until_.reset();
@@ -592,102 +594,70 @@ class Server::Loop {
     std::vector<int> fds;
     for (auto& [fd, c] : conns_) fds.push_back(fd);
     for (const int fd : fds) drop(fd);
-    for (const auto& [fd, since] : waiting_) ::close(fd);
-    waiting_.clear();
   }
 
+  // Takes every connection waiting in the backlog. At the socket limit (or when the process is
+  // out of descriptors), the connections that have made the least progress are closed to make
+  // room: a newcomer is never the one turned away. When every socket is a request being served,
+  // accepting pauses and newcomers wait in the backlog.
   void accept_all() {
     for (;;) {
+      if (s_.sockets_.load() >= s_.max_sockets_ && !make_room()) return pause_accepting();
       const int fd = ::accept4(s_.listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-          // Out of descriptors or memory: the listener would stay readable and spin the loop;
-          // stop watching it for a moment, and the rest wait in the backlog.
-          ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s_.listen_fd_, nullptr);
-          accept_paused_until_ = Clock::now() + kAcceptPause;
-        }
+        // Out of descriptors below max_sockets (files opened elsewhere): make room as at the
+        // limit. Out of memory: wait.
+        if ((errno == EMFILE || errno == ENFILE) && make_room()) continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+          pause_accepting();
         return;
       }
+      s_.sockets_.fetch_add(1);
       const int yes = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
-      if (waiting_.size() >= kMaxLingeringOver) {
-        ::close(fd);
-        continue;
-      }
-      waiting_.push_back({fd, Clock::now()});
-    }
-  }
-
-  // Admits waiting connections while there is room, and refuses (503) those that waited
-  // kAdmitWait. A connection that just closed may not be counted out yet (its close waits in
-  // this round's events, or its worker is between the last write and the close): the short wait
-  // makes the limit count only connections still open.
-  void admit_waiting() {
-    if (waiting_.empty()) return;
-    if (s_.live_.load() >= s_.limits_.max_connections) {
-      take_returned();
-      reap_closed();
-    }
-    const Clock::time_point now = Clock::now();
-    while (!waiting_.empty()) {
-      const auto [fd, since] = waiting_.front();
-      if (s_.live_.load() >= s_.limits_.max_connections) {
-        // A connection whose answer is out and which a worker has yet to hand back may be the
-        // one idle longest: wait for it (kAdmitWait at most), then look at all of them.
-        if (returning_.load() > 0 && now - since < kAdmitWait) return;
-        take_returned();
-        close_longest_idle();
-      }
-      const bool room = s_.live_.load() < s_.limits_.max_connections;
-      if (!room && now - since < kAdmitWait) return;
-      waiting_.pop_front();
       auto c = std::make_unique<Connection>();
       c->fd = fd;
-      c->deadline = now + seconds(s_.limits_.keep_alive_timeout);
-      Connection& ref = *c;
-      if (room) {
-        s_.live_.fetch_add(1);
-        conns_.emplace(fd, std::move(c));
-        watch(fd);
-        continue;
-      }
-      if (lingering_over_ >= kMaxLingeringOver) {
-        ::close(fd);
-        continue;
-      }
-      c->counted = false;
-      c->over = true;
-      ++lingering_over_;
+      c->since = Clock::now();
+      c->deadline = c->since + seconds(s_.limits_.keep_alive_timeout);
       conns_.emplace(fd, std::move(c));
       watch(fd);
-      Request none;
-      none.arrival = now;
-      respond_and_close(ref, none, s_.handlers_.error(503, ""));
     }
   }
 
-  // Makes a place for a new connection, as nginx reuses keep-alive connections: the kept-alive
-  // connection that has waited longest for its next request is closed (HTTP lets a server close
-  // an idle persistent connection at any time; clients open a new one). So the limit bounds the
-  // connections that are doing something, and idle keep-alive never refuses a client. Sockets
-  // that have sent nothing yet, and requests under way, are never closed for this.
-  void close_longest_idle() {
-    Connection* oldest = nullptr;
-    for (auto& [fd, c] : conns_)
-      if (c->counted && c->served && c->phase == Connection::kIdle && c->in.empty() &&
-          (!oldest || c->deadline < oldest->deadline))
-        oldest = c.get();
-    if (oldest) drop(oldest->fd);
+  // The listener would stay readable and spin the loop: stop watching it for a moment.
+  void pause_accepting() {
+    if (accept_paused_until_) return;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, s_.listen_fd_, nullptr);
+    accept_paused_until_ = Clock::now() + kAcceptPause;
   }
 
-  // A client that closed an idle connection may not have been seen yet (its event waits in this
-  // round): look, so that the limit counts only connections still open.
-  void reap_closed() {
-    std::vector<int> gone;
-    for (auto& [fd, c] : conns_)
-      if (c->counted && c->phase == Connection::kIdle && !peer_open(fd)) gone.push_back(fd);
-    for (const int fd : gone) drop(fd);
+  // Closes up to kEvictBatch of the connections the loop is reading, those that have made the
+  // least progress first: answered ones lingering before their close, then by the bytes a second
+  // they sent since they were accepted or last answered (an idle keep-alive connection, or a
+  // socket that sent nothing, has sent none; a slowloris a byte now and then), the longest
+  // waiting first among equals. False when there is none (every socket is being served).
+  bool make_room() {
+    const Clock::time_point now = Clock::now();
+    struct Candidate {
+      double rate;
+      Clock::time_point since;
+      int fd;
+    };
+    std::vector<Candidate> all;
+    all.reserve(conns_.size());
+    for (auto& [fd, c] : conns_) {
+      const double age = std::max(1e-3, std::chrono::duration<double>(now - c->since).count());
+      all.push_back(
+          {c->phase == Connection::kLinger ? -1.0 : double(c->received) / age, c->since, fd});
+    }
+    if (all.empty()) return false;
+    const size_t n = std::min(kEvictBatch, all.size());
+    std::partial_sort(all.begin(), all.begin() + ptrdiff_t(n), all.end(), [](auto& a, auto& b) {
+      return a.rate != b.rate ? a.rate < b.rate : a.since < b.since;
+    });
+    for (size_t i = 0; i < n; ++i) drop(all[i].fd);
+    return true;
   }
 
   void sweep(Clock::time_point now) {
@@ -701,10 +671,15 @@ class Server::Loop {
         Request partial;
         partial.head = c.head;
         partial.arrival = c.first_byte;
-        char message[96];
-        std::snprintf(message, sizeof message,
-                      "the request did not arrive within %g s of its first byte",
-                      s_.limits_.read_timeout);
+        char message[160];
+        if (c.phase == Connection::kHead)
+          std::snprintf(message, sizeof message,
+                        "the request's head did not arrive within %g s of its first byte",
+                        s_.limits_.read_timeout);
+        else
+          std::snprintf(message, sizeof message,
+                        "the request's body came at under %lld bytes a second past its first %g s",
+                        (long long)s_.limits_.min_body_rate, s_.limits_.read_timeout);
         respond_and_close(c, partial, s_.handlers_.error(408, message));
       } else {
         drop(fd);
@@ -715,30 +690,23 @@ class Server::Loop {
   void readable(int fd) {
     Connection& c = *conns_.at(fd);
     // Level-triggered: what is left after this round's reads comes back in the next one.
-    constexpr size_t kRead = 16384;
     for (int round = 0; round < 4; ++round) {
-      if (c.phase == Connection::kLinger) {
-        char discard[kRead];
-        const ssize_t n = ::recv(fd, discard, sizeof discard, 0);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-          return drop(fd);
-        if (n < 0) return;
-        continue;
-      }
-      // While the head arrives, no more than one byte past its limit is held.
+      // While the head arrives, no more than one byte past its limit is held. Bytes are read into
+      // the loop's buffer and only what came is kept, so that a connection's buffer is as large
+      // as what it sent (a slowloris holds a few bytes, not a read's worth).
       size_t want = kRead;
-      if (c.phase != Connection::kBody)
+      if (c.phase == Connection::kIdle || c.phase == Connection::kHead)
         want =
             std::min(kRead, s_.limits_.max_head + 1 - std::min(c.in.size(), s_.limits_.max_head));
-      const size_t old = c.in.size();
-      c.in.resize(old + want);
-      const ssize_t n = ::recv(fd, c.in.data() + old, want, 0);
-      c.in.resize(old + size_t(std::max<ssize_t>(n, 0)));
+      const ssize_t n = ::recv(fd, scratch_, want, 0);
       if (n == 0) return drop(fd);  // closed; a half-sent request has no one to answer
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
         return drop(fd);
       }
+      if (c.phase == Connection::kLinger) continue;  // discarded
+      c.in.append(scratch_, size_t(n));
+      c.received += size_t(n);
       if (!advance(c)) return;  // handed to a worker, or answered
     }
   }
@@ -746,48 +714,16 @@ class Server::Loop {
   // Reads requests out of c.in. False once the connection has left the loop's reading (given to
   // a worker, or answered and closing).
   bool advance(Connection& c) {
-    const Limits& limits = s_.limits_;
     if (c.phase == Connection::kIdle || c.phase == Connection::kHead) {
-      if (c.in.empty()) return true;
-      if (c.phase == Connection::kIdle) {
-        c.phase = Connection::kHead;
-        c.first_byte = Clock::now();
-        c.deadline = c.first_byte + seconds(limits.read_timeout);
-        c.scanned = 0;
-      }
-      HeadResult r = parse_head(c.in, limits, c.scanned);
-      if (r.status == HeadResult::kIncomplete) return true;
-      if (r.status == HeadResult::kError) {
-        Request partial;
-        partial.arrival = c.first_byte;
-        respond_and_close(c, partial, s_.handlers_.error(r.error.status, r.error.message));
-        return false;
-      }
-      c.in.erase(0, r.consumed);
-      c.head = std::move(r.head);
-      if (s_.handlers_.on_head) {
-        if (std::optional<Response> refused = s_.handlers_.on_head(c.head)) {
-          Request request;
-          request.head = c.head;
-          request.arrival = c.first_byte;
-          refused->close = true;  // its body, if any, is never read
-          respond_and_close(c, request, *refused);
-          return false;
-        }
-      }
-      c.phase = Connection::kBody;
-      c.body.clear();
-      c.chunked.reset();
-      if (c.head.chunked) c.chunked.emplace();
-      if (c.head.expect_continue)
-        send_all(c.fd, "HTTP/1.1 100 Continue\r\n\r\n", seconds(limits.write_timeout));
+      if (!read_head(c)) return false;
+      if (c.phase != Connection::kBody) return true;
     }
     // kBody
+    const Limits& limits = s_.limits_;
     if (c.chunked) {
       size_t consumed = 0;
       const ChunkedDecoder::Status st = c.chunked->feed(c.in, limits.max_body, c.body, consumed);
       c.in.erase(0, consumed);
-      if (st == ChunkedDecoder::kIncomplete) return true;
       if (st == ChunkedDecoder::kError) {
         Request partial;
         partial.head = c.head;
@@ -796,15 +732,68 @@ class Server::Loop {
         respond_and_close(c, partial, s_.handlers_.error(e.status, e.message));
         return false;
       }
+      if (st == ChunkedDecoder::kIncomplete) return body_wait(c);
     } else {
       const size_t need = size_t(c.head.content_length) - c.body.size();
       const size_t take = std::min(need, c.in.size());
       c.body.append(c.in, 0, take);
       c.in.erase(0, take);
-      if (c.body.size() < size_t(c.head.content_length)) return true;
+      if (c.body.size() < size_t(c.head.content_length)) return body_wait(c);
     }
     dispatch(c);
     return false;
+  }
+
+  // The head, from c.in: true while it is incomplete or once it is read (the phase is then
+  // kBody); false when it was refused (answered and closing).
+  bool read_head(Connection& c) {
+    const Limits& limits = s_.limits_;
+    if (c.in.empty()) return true;
+    if (c.phase == Connection::kIdle) {
+      c.phase = Connection::kHead;
+      c.first_byte = Clock::now();
+      c.deadline = c.first_byte + seconds(limits.read_timeout);
+      c.scanned = 0;
+    }
+    HeadResult r = parse_head(c.in, limits, c.scanned);
+    if (r.status == HeadResult::kIncomplete) return true;
+    if (r.status == HeadResult::kError) {
+      Request partial;
+      partial.arrival = c.first_byte;
+      respond_and_close(c, partial, s_.handlers_.error(r.error.status, r.error.message));
+      return false;
+    }
+    c.in.erase(0, r.consumed);
+    c.head = std::move(r.head);
+    if (s_.handlers_.on_head) {
+      if (std::optional<Response> refused = s_.handlers_.on_head(c.head)) {
+        Request request;
+        request.head = c.head;
+        request.arrival = c.first_byte;
+        refused->close = true;  // its body, if any, is never read
+        respond_and_close(c, request, *refused);
+        return false;
+      }
+    }
+    c.phase = Connection::kBody;
+    c.body_start = Clock::now();
+    c.body.clear();
+    c.chunked.reset();
+    if (c.head.chunked) c.chunked.emplace();
+    if (c.head.expect_continue)
+      send_all(c.fd, "HTTP/1.1 100 Continue\r\n\r\n", seconds(limits.write_timeout));
+    return true;
+  }
+
+  // A body still arriving: its deadline moves with its bytes, as Apache's mod_reqtimeout does
+  // (body=N,MinRate=R), so that a large upload on a slow link arrives while a client that
+  // dribbles its body is closed: read_timeout past the head, plus a second for every
+  // min_body_rate bytes that came.
+  bool body_wait(Connection& c) {
+    const Limits& limits = s_.limits_;
+    c.deadline = c.body_start + seconds(limits.read_timeout +
+                                        double(c.body.size()) / double(limits.min_body_rate));
+    return true;
   }
 
   // Sends a response from the loop (small: an error) and closes the connection: the write side
@@ -820,7 +809,17 @@ class Server::Loop {
     if (s_.handlers_.log) s_.handlers_.log(request, res);
   }
 
+  // Hands a whole request to a worker, or answers 503 when max_connections requests are being
+  // served already.
   void dispatch(Connection& c) {
+    if (s_.serving_.load() >= s_.limits_.max_connections) {
+      Request request;
+      request.head = c.head;
+      request.arrival = c.first_byte;
+      respond_and_close(c, request, s_.handlers_.error(503, ""));
+      return;
+    }
+    s_.serving_.fetch_add(1);
     const int fd = c.fd;
     auto it = conns_.find(fd);
     std::unique_ptr<Connection> owned = std::move(it->second);
@@ -832,13 +831,12 @@ class Server::Loop {
     request.arrival = owned->first_byte;
     request.id = "req-" + std::to_string(++next_id_);
     owned->phase = Connection::kIdle;
-    owned->served = true;
     owned->chunked.reset();
     {
       std::lock_guard lock(work_mu_);
       work_.emplace_back(std::move(owned), std::move(request));
-      // Each connection has at most one request in a worker, so the threads never pass the
-      // connection limit; they are started as the load needs them, and kept.
+      // Workers are started as the load needs them, and kept; there are never more than the
+      // requests being served.
       if (idle_workers_ < work_.size()) workers_.emplace_back([this] { work(); });
     }
     work_cv_.notify_one();
@@ -871,22 +869,15 @@ class Server::Loop {
     // HTTP/1.0 has no chunked encoding: a stream there is the body up to the close.
     const bool chunked = res.stream && request.head.minor_version == 1;
     bool keep_alive = request.head.keep_alive && !res.close && (!res.stream || chunked);
-    if (!keep_alive && !res.stream && c->counted) {
-      // This answer ends the connection: its place is free from here, so that a client which
-      // reads it and connects again at once finds the place.
-      c->counted = false;
-      s_.live_.fetch_sub(1);
-    }
-    // Called just before the answer's last bytes go out, so before the client can see the answer
-    // and send anything else: a connection answered before another's request arrived has the
-    // earlier idle stamp, and is counted in returning_ until the loop can see it again, however
-    // late this thread gets back to it (close_longest_idle depends on both).
+    // The request's place among max_connections is freed just before its answer's last bytes
+    // go out, so before the client can see the answer: a client that sends its next request at
+    // once finds the place free.
     Clock::time_point answered;
-    bool returning = false;
+    bool served = false;
     auto last_bytes = [&] {
       answered = Clock::now();
-      returning = keep_alive;
-      if (returning) returning_.fetch_add(1);
+      if (!served) s_.serving_.fetch_sub(1);
+      served = true;
     };
     if (!res.stream) last_bytes();
     bool ok = send_all(
@@ -907,18 +898,18 @@ class Server::Loop {
         ok = false;
       }
     }
+    if (!served) s_.serving_.fetch_sub(1);
     if (s_.handlers_.log) s_.handlers_.log(request, res);
     if (ok && keep_alive) {
       std::lock_guard lock(mu_);
       if (!stopping_) {
+        c->since = answered;
         c->deadline = answered + seconds(s_.limits_.keep_alive_timeout);
         returned_.push_back(std::move(c));
-        if (returning) returning_.fetch_sub(1);
         wake();
         return;
       }
     }
-    if (returning) returning_.fetch_sub(1);
     close_connection(*c);
   }
 
@@ -933,6 +924,7 @@ class Server::Loop {
     for (auto& owned : back) {
       const int fd = owned->fd;
       Connection& c = *owned;
+      c.received = c.in.size();
       conns_.emplace(fd, std::move(owned));
       watch(fd);
       advance(c);
@@ -943,12 +935,8 @@ class Server::Loop {
   int epoll_fd_ = -1, wake_fd_ = -1;
   std::thread thread_;
   std::unordered_map<int, std::unique_ptr<Connection>> conns_;  // the loop's own
-  size_t lingering_over_ = 0;
+  char scratch_[kRead];
   std::optional<Clock::time_point> accept_paused_until_;
-  std::deque<std::pair<int, Clock::time_point>> waiting_;  // accepted, not yet admitted
-  // Connections kept alive whose answer's last bytes a worker has begun to send, until it hands
-  // them back in returned_.
-  std::atomic<size_t> returning_{0};
   uint64_t next_id_ = 0;
   std::mutex mu_;  // guards stopping_ and returned_
   bool stopping_ = false;
@@ -1012,14 +1000,20 @@ int Server::bind(const std::string& host, int port) {
 }
 
 void Server::start() {
-  // Each connection takes a descriptor: raise the soft limit towards the hard one when the
-  // connection limit needs it (a default soft limit of 1024 is common).
+  // Each connection takes a descriptor, and the limit on them is what bounds the connections
+  // held: raise the soft limit to the hard one (a default soft limit of 1024 is common). The
+  // sockets are those descriptors less a reserve for the process's own files.
   rlimit files{};
-  const rlim_t want = rlim_t(limits_.max_connections + kMaxLingeringOver + 64);
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < want) {
-    files.rlim_cur = std::min(want, files.rlim_max);
-    ::setrlimit(RLIMIT_NOFILE, &files);
+  size_t descriptors = 1024;
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    if (files.rlim_cur < files.rlim_max) {
+      files.rlim_cur = files.rlim_max;
+      ::setrlimit(RLIMIT_NOFILE, &files);
+      ::getrlimit(RLIMIT_NOFILE, &files);
+    }
+    descriptors = size_t(std::min<rlim_t>(files.rlim_cur, kMaxSockets + kReservedDescriptors));
   }
+  max_sockets_ = std::max(descriptors, 2 * kReservedDescriptors) - kReservedDescriptors;
   loop_ = std::make_unique<Loop>(*this);
   loop_->start();
 }

@@ -7,9 +7,13 @@
 //   - a request line over Limits::max_line bytes is refused (414) as it arrives, a head over
 //     max_head bytes or with more than max_headers fields is refused (431), so a client that
 //     never ends its head costs at most max_head bytes;
-//   - the whole request (head and body) must arrive within Limits::read_timeout of its first
-//     byte, and an idle connection is closed after keep_alive_timeout: a slow client holds a
-//     socket and a small buffer, never a thread;
+//   - a request's head must arrive within Limits::read_timeout of its first byte, and its body
+//     at Limits::min_body_rate bytes a second once read_timeout has passed; an idle connection
+//     is closed after keep_alive_timeout: a slow client holds a socket and a buffer the size of
+//     what it sent, never a thread;
+//   - requests being served (in worker threads) are limited, not sockets: the loop holds as many
+//     connections as the descriptor limit allows, and at that limit closes those that have made
+//     the least progress, never the newcomer;
 //   - framing that two parsers could read differently (Content-Length with Transfer-Encoding,
 //     two different Content-Lengths, a length that is not digits) is refused (400) at once;
 //   - the authorization check (on_head) runs on the head, before a byte of the body is read.
@@ -33,10 +37,11 @@ struct Limits {
   size_t max_head = 16384;        // request line and headers together, with their line ends
   size_t max_headers = 100;       // header fields
   int64_t max_body = 4 << 20;     // body bytes, by Content-Length or chunked
-  double read_timeout = 30;       // seconds from a request's first byte to its last
+  double read_timeout = 30;       // seconds for a head from its first byte, and see below
   double write_timeout = 30;      // seconds one write may wait for a client that does not read
   double keep_alive_timeout = 5;  // seconds an idle connection waits for its next request
-  size_t max_connections = 64;    // open connections; one more is answered 503 and closed
+  int64_t min_body_rate = 1024;   // bytes a second a body must average past read_timeout
+  size_t max_connections = 64;    // requests being served at once; one more is answered 503
 };
 
 struct Header {
@@ -131,7 +136,7 @@ struct Handlers {
   // request (its head may be partial when parsing failed), the status and the response.
   std::function<void(const Request&, const Response&)> log;
   // The response for a request refused by the server (malformed, over a limit, over
-  // max_connections).
+  // max_connections: status 503).
   std::function<Response(int status, const std::string& message)> error;
 };
 
@@ -154,8 +159,8 @@ class Server {
   // handled finish first (their writes then fail).
   void stop();
 
-  // Connections open now, those over the limit excluded.
-  size_t live_connections() const { return live_.load(); }
+  // The connections it holds at most (known once started).
+  size_t max_sockets() const { return max_sockets_; }
 
  private:
   struct Connection;
@@ -165,7 +170,9 @@ class Server {
   Limits limits_;
   Handlers handlers_;
   int listen_fd_ = -1;
-  std::atomic<size_t> live_{0};
+  size_t max_sockets_ = 0;
+  std::atomic<size_t> sockets_{0};  // client sockets open
+  std::atomic<size_t> serving_{0};  // requests in workers, until their answer's last bytes
   std::unique_ptr<Loop> loop_;
 };
 

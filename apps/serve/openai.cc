@@ -12,6 +12,7 @@
 #include <random>
 
 #include "generation/json_grammar.h"
+#include "io/json.h"
 #include "tformers/error.h"
 
 namespace tformers::serve {
@@ -39,7 +40,7 @@ namespace {
 
 // Clients nest a few levels (messages, content parts, tool schemas); deeper input is refused
 // before anything recurses over it (the chat template, dump).
-constexpr int kMaxJsonDepth = 64;
+constexpr size_t kMaxJsonDepth = 64;
 // OpenAI's limits: stop strings per request, and alternatives per token with logprobs.
 constexpr size_t kMaxStop = 4;
 constexpr int64_t kMaxTopLogprobs = 20;
@@ -116,14 +117,9 @@ class Fields {
 Json parse_body(std::string_view body) {
   Json j;
   try {
-    j = Json::parse(body, [](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth)
-        throw ApiError(
-            400, "the request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-      return true;
-    });
-  } catch (const Json::exception& e) {  // a syntax error, or a number beyond a double
-    throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
+    j = io::parse_ordered_json(body, "the request body", kMaxJsonDepth);
+  } catch (const FormatError& e) {  // a syntax error, too deep, or a number beyond a double
+    throw ApiError(400, e.what());
   }
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
   return j;

@@ -207,6 +207,7 @@ class Server {
   // Binds the address (IoError when it cannot) and returns the port taken.
   int bind() { return http_.bind(args_.host, args_.port); }
   void listen_in_background() { http_.start(); }
+  size_t max_sockets() const { return http_.max_sockets(); }
   void set_ready() { ready_ = true; }
 
   // Stops admitting requests, lets the running ones finish for up to `grace` (then they are
@@ -555,6 +556,43 @@ http::Response Server::complete(Endpoint endpoint, const http::Request& req) {
   return res;
 }
 
+// The routes, each with the one method it takes.
+struct Route {
+  const char* method;
+  const char* path;
+};
+constexpr Route kRoutes[] = {{"POST", "/v1/chat/completions"},
+                             {"POST", "/v1/completions"},
+                             {"GET", "/v1/models"},
+                             {"GET", "/health"},
+                             {"GET", "/metrics"}};
+
+// The methods of HTTP (RFC 9110 section 9 and RFC 5789's PATCH); methods are case-sensitive.
+bool is_http_method(const std::string& method) {
+  for (const char* known :
+       {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
+    if (method == known) return true;
+  return false;
+}
+
+// A request no route takes: 501 for a method this server does not implement, 405 with Allow
+// for a path that takes another method, else 404.
+http::Response no_route(const std::string& method, const std::string& path) {
+  if (!is_http_method(method))
+    return error_response(ApiError(501, "the method '" + method +
+                                            "' is not implemented; this server answers GET and "
+                                            "POST (methods are case-sensitive)"));
+  for (const Route& r : kRoutes)
+    if (path == r.path) {
+      http::Response res =
+          error_response(ApiError(405, method + " is not allowed on " + path + "; use " + r.method,
+                                  "", "method_not_allowed"));
+      res.headers.emplace_back("Allow", r.method);
+      return res;
+    }
+  return error_response(ApiError(404, "no route for " + method + " " + path));
+}
+
 http::Response Server::handle(const http::Request& req) {
   const std::string& method = req.head.method;
   const std::string& path = req.head.path;
@@ -578,7 +616,7 @@ http::Response Server::handle(const http::Request& req) {
       res.content_type = "text/plain; version=0.0.4";
       res.body = metrics_.render(engine_.stats());
     } else {
-      throw ApiError(404, "no route for " + method + " " + path);
+      return no_route(method, path);
     }
     return res;
   } catch (const ApiError& e) {
@@ -588,16 +626,16 @@ http::Response Server::handle(const http::Request& req) {
   }
 }
 
-// What the HTTP layer answers by itself: a malformed request, one over a limit, or a connection
+// What the HTTP layer answers by itself: a malformed request, one over a limit, or a request
 // over --max-connections; each with OpenAI's error body, and the flag to change where one
 // applies.
 http::Response Server::refused(int status, const std::string& message) const {
   if (status == 503) {
     http::Response res =
         error_response(ApiError(503,
-                                "the server has " + std::to_string(args_.max_connections) +
-                                    " connections open, its limit (--max-connections); retry later",
-                                "", "too_many_connections"));
+                                "the server is serving " + std::to_string(args_.max_connections) +
+                                    " requests, its limit (--max-connections); retry later",
+                                "", "too_many_requests"));
     res.headers.emplace_back("Retry-After", "1");
     return res;
   }
@@ -699,8 +737,10 @@ int run_serve(const ServeArgs& args, const ModelLoader& load_model) {
   Server server(args, engine, tokenizer, model.config().vocab_size, api_key);
   const int port = server.bind();
   server.listen_in_background();
-  std::fprintf(stderr, "tformers: serve: listening on http://%s:%d (warming up)\n",
-               args.host.c_str(), port);
+  std::fprintf(stderr,
+               "tformers: serve: listening on http://%s:%d (warming up); holds up to %zu "
+               "connections\n",
+               args.host.c_str(), port, server.max_sockets());
   if (api_key.empty() && args.host != "127.0.0.1" && args.host != "localhost" && args.host != "::1")
     std::fprintf(stderr,
                  "tformers: serve: warning: listening beyond this machine without an API key; "

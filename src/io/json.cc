@@ -1,8 +1,10 @@
 #include "io/json.h"
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "io/file.h"
@@ -139,6 +141,111 @@ const Json* lookup(const Json& obj, const std::string& key, const std::string& w
   return &*it;
 }
 
+// Builds an ordered_json from nlohmann's parse events, each value moved into its parent when it
+// is whole. An object's members are gathered in a vector of their own and moved into the
+// ordered map once, when the object ends (the map's pairs hold const keys, so that growing it
+// would copy them); a hash table of member numbers finds a repeated key without a scan of the
+// keys before it.
+class OrderedJsonBuilder {
+ public:
+  OrderedJsonBuilder(std::string_view text, const std::string& where)
+      : text_(text), where_(where) {}
+
+  bool null() { return put(nullptr); }
+  bool boolean(bool v) { return put(v); }
+  bool number_integer(int64_t v) { return put(v); }
+  bool number_unsigned(uint64_t v) { return put(v); }
+  bool number_float(double v, const std::string&) { return put(v); }
+  bool string(std::string& v) { return put(std::move(v)); }
+  bool binary(OrderedJson::binary_t& v) { return put(OrderedJson::binary(std::move(v))); }
+  bool start_object(size_t) {
+    stack_.emplace_back().is_object = true;
+    return true;
+  }
+  bool key(std::string& k) {
+    stack_.back().key = std::move(k);
+    return true;
+  }
+  bool end_object() {
+    Open& object = stack_.back();
+    OrderedJson done = OrderedJson::object();
+    auto& map = done.get_ref<OrderedJson::object_t&>();
+    map.reserve(object.members.size());
+    for (auto& [k, v] : object.members) map.Container::emplace_back(std::move(k), std::move(v));
+    stack_.pop_back();
+    return put(std::move(done));
+  }
+  bool start_array(size_t) {
+    stack_.emplace_back().is_object = false;
+    return true;
+  }
+  bool end_array() {
+    OrderedJson done(std::move(stack_.back().elements));
+    stack_.pop_back();
+    return put(std::move(done));
+  }
+  [[noreturn]] bool parse_error(size_t byte, const std::string&, const OrderedJson::exception& e) {
+    auto [line, col] = line_col(text_, byte);
+    throw FormatError(str_cat(where_, ":", line, ":", col,
+                              ": malformed JSON: ", strip_nlohmann_prefix(e.what())));
+  }
+
+  OrderedJson take() { return std::move(root_); }
+
+ private:
+  struct Open {
+    bool is_object = false;
+    OrderedJson::array_t elements;                             // an array's
+    std::vector<std::pair<std::string, OrderedJson>> members;  // an object's
+    std::vector<size_t> hashes;                                // of each member's key
+    std::vector<uint32_t> slots;  // member number + 1 (0: empty), by hash, probed linearly
+    std::string key;              // the member whose value comes next
+  };
+
+  bool put(OrderedJson v) {
+    if (stack_.empty())
+      root_ = std::move(v);
+    else if (Open& parent = stack_.back(); parent.is_object)
+      add_member(parent, std::move(v));
+    else
+      parent.elements.push_back(std::move(v));
+    return true;
+  }
+
+  static void add_member(Open& object, OrderedJson v) {
+    // At most half the slots are taken, so that a probe ends soon.
+    if (2 * (object.members.size() + 1) > object.slots.size()) rehash(object);
+    const size_t hash = std::hash<std::string>{}(object.key);
+    const size_t mask = object.slots.size() - 1;
+    size_t slot = hash & mask;
+    for (; object.slots[slot] != 0; slot = (slot + 1) & mask) {
+      const size_t m = object.slots[slot] - 1;
+      if (object.hashes[m] == hash && object.members[m].first == object.key) {
+        object.members[m].second = std::move(v);  // a repeated key: its last value, first place
+        return;
+      }
+    }
+    object.slots[slot] = uint32_t(object.members.size() + 1);
+    object.hashes.push_back(hash);
+    object.members.emplace_back(std::move(object.key), std::move(v));
+  }
+
+  static void rehash(Open& object) {
+    object.slots.assign(std::bit_ceil(std::max<size_t>(8, 4 * (object.members.size() + 1))), 0);
+    const size_t mask = object.slots.size() - 1;
+    for (size_t m = 0; m < object.members.size(); ++m) {
+      size_t slot = object.hashes[m] & mask;
+      while (object.slots[slot] != 0) slot = (slot + 1) & mask;
+      object.slots[slot] = uint32_t(m + 1);
+    }
+  }
+
+  std::string_view text_;
+  const std::string& where_;
+  std::vector<Open> stack_;
+  OrderedJson root_;
+};
+
 }  // namespace
 
 void check_json_depth(std::string_view text, const std::string& where, size_t max_depth) {
@@ -176,6 +283,13 @@ Json parse_json(std::string_view text, const std::string& where) {
   } catch (const Json::exception& e) {
     throw FormatError(str_cat(where, ": malformed JSON: ", strip_nlohmann_prefix(e.what())));
   }
+}
+
+OrderedJson parse_ordered_json(std::string_view text, const std::string& where, size_t max_depth) {
+  check_json_depth(text, where, max_depth);
+  OrderedJsonBuilder builder(text, where);
+  OrderedJson::sax_parse(text.data(), text.data() + text.size(), &builder);
+  return builder.take();
 }
 
 Json load_json_file(const std::string& path, size_t max_bytes) {

@@ -7,7 +7,7 @@
                         it; prints the server's RSS before and after (give --pid)
 
 Only the standard library; loopback only. Example:
-  tformers serve -m models/kjv-fortunes-tiny --port 8080 --max-connections 2000 &
+  tformers serve -m models/kjv-fortunes-tiny --port 8080 &
   python3 tests/serve/hostile_clients.py --port 8080 --pid $! slowloris 1000 30
 """
 

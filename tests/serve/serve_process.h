@@ -50,14 +50,16 @@ class ServeProcess {
   // Starts `tformers serve -m MODEL --port 0 ARGS...` from the source tree (MODEL: the shipped
   // tiny model unless `model` says otherwise), with `env` ("NAME=value") added to the environment,
   // and waits until it is ready. With `launch` flags ("--nproc-per-node", "2"), under `tformers
-  // launch LAUNCH... --`; pid() is then mpirun's, whose stderr carries rank 0's.
+  // launch LAUNCH... --`; pid() is then mpirun's, whose stderr carries rank 0's. `prefix` is a
+  // command that execs the rest (a shell setting a limit, say).
   explicit ServeProcess(std::vector<std::string> args = {}, std::vector<std::string> env = {},
-                        std::vector<std::string> launch = {}, std::string model = kModel) {
+                        std::vector<std::string> launch = {}, std::string model = kModel,
+                        std::vector<std::string> prefix = {}) {
     log_ =
         (std::filesystem::temp_directory_path() /
          ("tformers_serve_" + std::to_string(::getpid()) + "_" + std::to_string(++count_) + ".log"))
             .string();
-    std::vector<std::string> argv;
+    std::vector<std::string> argv = prefix;
     if (!launch.empty()) {
       argv = {TFORMERS_CLI, "launch"};
       argv.insert(argv.end(), launch.begin(), launch.end());

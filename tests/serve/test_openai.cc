@@ -3,10 +3,14 @@
 // strings cut the text as OpenAI cuts it, and responses and stream chunks have OpenAI's shape.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "common/error_of.h"
+#include "io/json.h"
 #include "serve/openai.h"
 #include "tformers/tokenizer.h"
 
@@ -276,6 +280,57 @@ TEST(OpenAiRequest, MalformedBodiesAre400s) {
   EXPECT_CONTAINS(
       error_of(Endpoint::kChatCompletions, chat().insert(1, "\"x\": " + deep + ", ")).what(),
       "nests deeper");
+}
+
+// A completion body with `keys` top-level fields beyond its own ("k0": 0, ...).
+std::string body_with_keys(size_t keys) {
+  std::string body = completion();
+  body.pop_back();
+  for (size_t i = 0; i < keys; ++i) body += ",\"k" + std::to_string(i) + "\":" + std::to_string(i);
+  return body + "}";
+}
+
+// The best of `runs` parses of a body, in seconds.
+double parse_seconds(const std::string& body, int runs) {
+  double best = 1e9;
+  for (int i = 0; i < runs; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    parse_request(Endpoint::kCompletions, body);
+    best = std::min(
+        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
+
+TEST(OpenAiRequest, BodiesParseInTimeLinearInTheirKeys) {
+  // ordered_json's own parser scanned an object's keys for each new one: 80,000 keys took 17 s,
+  // 4.1 s for 40,000. Four times the keys must take about four times as long, not sixteen: under
+  // ten times, since the larger object outgrows the caches (6 times was seen on a loaded machine;
+  // the best of three runs of each, so that its pauses count less).
+  const double small = parse_seconds(body_with_keys(20000), 3);
+  const double large = parse_seconds(body_with_keys(80000), 3);
+  std::printf("20,000 keys: %.4f s; 80,000 keys: %.4f s\n", small, large);
+  EXPECT_LT(large, 10 * std::max(small, 1e-3)) << small << " s, then " << large << " s";
+  // The 3.5 MB body of 300,000 keys that held a worker for minutes: 0.24 s in a release build
+  // (2026-12-07), and up to 6 s under AddressSanitizer on a loaded machine; the bound is for
+  // those minutes.
+  EXPECT_LT(parse_seconds(body_with_keys(300000), 1), 60);
+}
+
+TEST(OpenAiRequest, KeysKeepTheirOrderAndARepeatedKeyItsLastValue) {
+  // As ordered_json's own parser reads them: document order; a key given twice keeps its first
+  // place and its last value; in small objects and in those past the index's threshold alike.
+  std::string many = "{";
+  for (int i = 0; i < 40; ++i)
+    many += "\"k" + std::to_string(i % 30) + "\":" + std::to_string(i) + ",";
+  many += "\"nested\":{\"b\":[1,{\"z\":1,\"a\":2,\"z\":3}],\"a\":null}}";
+  for (const std::string& text :
+       {many, std::string(R"({"b": 1, "a": 2, "b": 3})"), std::string(R"([{"x": {}}, [], "s"])")}) {
+    const Json got = io::parse_ordered_json(text, "body");
+    EXPECT_EQ(got.dump(), Json::parse(text).dump()) << text;
+  }
+  EXPECT_CONTAINS(error_of(Endpoint::kCompletions, R"({"model": "m", "a": })").what(),
+                  "the request body:1:21: malformed JSON");
 }
 
 TEST(OpenAiRequest, ErrorBodyHasOpenAisShape) {
