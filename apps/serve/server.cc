@@ -709,6 +709,10 @@ http::Handlers Server::handlers() {
 
 int run_serve(const ServeArgs& args, const ModelLoader& load_model) {
   const char* env_key = std::getenv("TFORMERS_API_KEY");
+  // Set but empty asks for a key and gives none: refused, as --api-key "" is.
+  if (args.api_key.empty() && env_key && !*env_key)
+    throw InvalidArgumentError(
+        "serve: TFORMERS_API_KEY is set but empty; give it a key, or unset it to need none");
   const std::string api_key = !args.api_key.empty() ? args.api_key : env_key ? env_key : "";
   install_stop_signals();
   // Under tformers launch: one server for one tensor-parallel group. Rank 0 takes the requests

@@ -582,4 +582,13 @@ TEST(Cli, BadInputIsAClearErrorAndNonZeroExit) {
   EXPECT_NE(r.out.find("Use device_map=\"cpu\""), std::string::npos) << r.out;
 }
 
+// TFORMERS_API_KEY set but empty asks for a key and gives none: refused before the model loads,
+// as --api-key "" is, rather than serving without authentication.
+TEST(Cli, ServeRefusesAnEmptyApiKeyVariable) {
+  const Streams r = run("TFORMERS_API_KEY= " + kCli +
+                        " serve -m models/kjv-fortunes-tiny --port 0 --max-model-len 64");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("TFORMERS_API_KEY is set but empty"), std::string::npos) << r.err;
+}
+
 }  // namespace
