@@ -1,6 +1,7 @@
 #include "graph/builder.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 
 #include "tformers/error.h"
@@ -314,8 +315,9 @@ DType GraphBuilder::elementwise_dtype(std::initializer_list<Value> operands,
 Value GraphBuilder::constant(double value, TensorType type, const std::string& name) {
   TF_CHECK(std::isfinite(value) && (is_float(type.dtype) || type.dtype == DType::i32), name,
            ": constant ", value, " of ", type.str());
-  TF_CHECK(type.dtype != DType::i32 || (value == std::trunc(value) && std::abs(value) < 0x1p31),
-           name, ": int32 constant ", value);
+  TF_CHECK(type.dtype == DType::i32 ? value == std::trunc(value) && std::abs(value) < 0x1p31
+                                    : std::abs(value) <= double(FLT_MAX),
+           name, ": constant ", value, " out of ", type.str(), "'s range");
   return add_node(Op::kConstant, {}, std::move(type), name, ConstantAttrs{value});
 }
 
