@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 
 #include "backends/cpu/kernels.h"
 #include "core/thread_pool.h"
@@ -318,45 +319,24 @@ float apply(graph::UnaryFn fn, float x) {
   return x;
 }
 
-float apply(graph::BinaryFn fn, float a, float b) {
-  switch (fn) {
-    case graph::BinaryFn::kAdd:
-      return a + b;
-    case graph::BinaryFn::kSub:
-      return a - b;
-    case graph::BinaryFn::kMul:
-      return a * b;
-    case graph::BinaryFn::kDiv:
-      return a / b;
-    case graph::BinaryFn::kMax:
-      return std::max(a, b);
-    case graph::BinaryFn::kMin:
-      return std::min(a, b);
+// float32 as IEEE computes it; int32 as XLA does: sums and products wrap, x / 0 is -1 and
+// INT32_MIN / -1 is INT32_MIN (StableHLO's divide), where C++ leaves each undefined.
+template <class T>
+T apply(graph::BinaryFn fn, T a, T b) {
+  using graph::BinaryFn;
+  if constexpr (std::is_integral_v<T>) {
+    const auto ua = uint32_t(a), ub = uint32_t(b);
+    if (fn == BinaryFn::kAdd) return T(ua + ub);
+    if (fn == BinaryFn::kSub) return T(ua - ub);
+    if (fn == BinaryFn::kMul) return T(ua * ub);
+    if (fn == BinaryFn::kDiv) return b == 0 ? -1 : a == INT32_MIN && b == -1 ? INT32_MIN : a / b;
+  } else {
+    if (fn == BinaryFn::kAdd) return a + b;
+    if (fn == BinaryFn::kSub) return a - b;
+    if (fn == BinaryFn::kMul) return a * b;
+    if (fn == BinaryFn::kDiv) return a / b;
   }
-  return a;
-}
-
-// int32 as XLA computes it: sums and products wrap, x / 0 is -1 and INT32_MIN / -1 is INT32_MIN
-// (StableHLO's divide), where C++ leaves each undefined.
-int32_t apply(graph::BinaryFn fn, int32_t a, int32_t b) {
-  const auto ua = uint32_t(a), ub = uint32_t(b);
-  switch (fn) {
-    case graph::BinaryFn::kAdd:
-      return int32_t(ua + ub);
-    case graph::BinaryFn::kSub:
-      return int32_t(ua - ub);
-    case graph::BinaryFn::kMul:
-      return int32_t(ua * ub);
-    case graph::BinaryFn::kDiv:
-      if (b == 0) return -1;
-      if (a == INT32_MIN && b == -1) return INT32_MIN;
-      return a / b;
-    case graph::BinaryFn::kMax:
-      return std::max(a, b);
-    case graph::BinaryFn::kMin:
-      return std::min(a, b);
-  }
-  return a;
+  return fn == BinaryFn::kMax ? std::max(a, b) : std::min(a, b);
 }
 
 void constant(const OpCall& c) {
