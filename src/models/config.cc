@@ -267,13 +267,10 @@ std::string rope_type(const io::Json& rs, const std::string& w) {
 
 // The positions read_decoder_config allows a LongRoPE model: its pretraining length (longrope()).
 std::optional<int64_t> longrope_position_limit(const io::Json& j, const std::string& where) {
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    auto it = j.find(key);
-    if (it == j.end() || !it->is_object() || it->contains("full_attention")) continue;
-    if (rope_type(*it, where + ": " + key) == "longrope")
-      return longrope_original_length(j, *it, where);
-  }
-  return std::nullopt;
+  auto it = j.find("rope_parameters");  // wins over rope_scaling, as in with_legacy_rope_fields
+  if (it == j.end() || it->is_null()) it = j.find("rope_scaling");
+  if (it == j.end() || !it->is_object() || rope_type(*it, where) != "longrope") return std::nullopt;
+  return longrope_original_length(j, *it, where);
 }
 
 }  // namespace
@@ -305,6 +302,10 @@ RopeConfig read_rope(const io::Json& config, const std::string& where, int64_t h
   // Rounded to float32 before any scaling, as there.
   std::vector<double> inv = default_frequencies(theta, r.rotary_dim / 2, r.rotary_dim);
   auto finish = [&] {
+    // The attention factor scales q.k as a whole (layers.cc), which equals scaling cos and sin
+    // only when every feature rotates.
+    if (r.attention_factor != 1 && r.rotary_dim != head_dim)
+      throw UnsupportedError(w + ": " + type + " with partial_rotary_factor < 1 is not supported");
     r.inv_freq.assign(inv.begin(), inv.end());
     return r;
   };
@@ -313,6 +314,10 @@ RopeConfig read_rope(const io::Json& config, const std::string& where, int64_t h
     longrope(j, rs, where, theta, r, inv);
     return finish();
   }
+  if (type != "linear" && type != "llama3" && type != "yarn" && type != "dynamic")
+    throw UnsupportedError(w + ".rope_type '" + type +
+                           "' is not supported: supported types are default, linear, dynamic, "
+                           "llama3, yarn, longrope and proportional");
   const double factor = positive(rs, "factor", w);
   if (type == "linear") {
     for (double& f : inv) f /= factor;
@@ -320,18 +325,11 @@ RopeConfig read_rope(const io::Json& config, const std::string& where, int64_t h
     llama3(rs, w, factor, inv);
   } else if (type == "yarn") {
     yarn(j, rs, where, theta, factor, r, inv);
-    if (r.attention_factor != 1 && r.rotary_dim != head_dim)
-      throw UnsupportedError(w + ": yarn with partial_rotary_factor < 1 is not supported");
-  } else if (type == "dynamic") {
-    // Dynamic NTK: Transformers raises theta for a step whose positions pass
-    // max_position_embeddings and uses the plain frequencies up to it. No step here passes it
-    // (generation and serving refuse longer sequences), so these are the frequencies of every
-    // step; the factor is checked above all the same.
-  } else {
-    throw UnsupportedError(w + ".rope_type '" + type +
-                           "' is not supported: supported types are default, linear, dynamic, "
-                           "llama3, yarn, longrope and proportional");
   }
+  // Dynamic NTK raises theta in Transformers for a step whose positions pass
+  // max_position_embeddings and uses the plain frequencies up to it. No step here passes it
+  // (generation and serving refuse longer sequences), so the plain ones are those of every
+  // step; its factor is checked above all the same.
   return finish();
 }
 

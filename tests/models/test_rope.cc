@@ -116,6 +116,14 @@ TEST(Rope, BadRopeParametersAreRefusedWithTheField) {
             std::string::npos);
   EXPECT_NE(message({{"rope_parameters", {{"rope_type", "ntk"}}}}).find("dynamic, llama3"),
             std::string::npos);
+  // An attention factor scales all of q.k: with half the features rotated it cannot be applied.
+  const nlohmann::json partial = {{"rope_type", "longrope"},
+                                  {"partial_rotary_factor", 0.5},
+                                  {"factor", 4.0},
+                                  {"short_factor", std::vector<double>(8, 1.0)},
+                                  {"long_factor", std::vector<double>(8, 1.0)}};
+  EXPECT_NE(message({{"rope_parameters", partial}}).find("longrope with partial_rotary_factor"),
+            std::string::npos);
 }
 
 }  // namespace
