@@ -460,6 +460,15 @@ TEST(Ops, QuantizeInt4RoundTrip) {
 
 // -------------------------------------------------------------------- embedding, add, cache
 
+// The kernels' branchless f16 widening gives f16_to_f32's bits for every f16 value: zeros of
+// both signs, subnormals, normals, infinities and NaNs with their payloads.
+TEST(Ops, F16WideningIsExactForEveryValue) {
+  for (uint32_t h = 0; h < 65536; ++h)
+    ASSERT_EQ(std::bit_cast<uint32_t>(f16_as_f32(uint16_t(h))),
+              std::bit_cast<uint32_t>(f16_to_f32(uint16_t(h))))
+        << std::hex << h;
+}
+
 TEST(Ops, EmbeddingIsExact) {
   std::mt19937 rng(7);
   const int64_t V = 50, D = 37;
