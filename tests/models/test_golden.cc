@@ -107,7 +107,8 @@ std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
 INSTANTIATE_TEST_SUITE_P(TinyModels, Golden,
                          ::testing::Values("tiny-qwen3", "tiny-qwen3-sharded", "tiny-qwen2",
                                            "tiny-llama", "tiny-llama-sharded", "tiny-mistral",
-                                           "tiny-glm4", "tiny-glm", "tiny-gemma3"),
+                                           "tiny-glm4", "tiny-glm", "tiny-gemma3",
+                                           "tiny-llama-longrope"),
                          param_name);
 
 // Checkpoints that Transformers 5 itself built and saved (tools/reference/make_hf_models.py):
