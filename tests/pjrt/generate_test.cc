@@ -143,7 +143,8 @@ std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
 INSTANTIATE_TEST_SUITE_P(TinyModels, XlaCpuModel,
                          ::testing::Values("tiny-qwen3", "tiny-qwen3-sharded", "tiny-qwen2",
                                            "tiny-llama", "tiny-llama-sharded", "tiny-mistral",
-                                           "tiny-glm4", "tiny-glm", "tiny-gemma3"),
+                                           "tiny-glm4", "tiny-glm", "tiny-gemma3",
+                                           "tiny-llama-longrope"),
                          param_name);
 
 // AWQ and GPTQ checkpoints: XLA multiplies the dequantized f32 weights, so the goldens computed
