@@ -506,7 +506,7 @@ void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size, int64_t t
 int64_t CausalLM::Impl::kv_bytes_per_position() const {
   int64_t bytes = 0;
   for (const models::KvCacheSpec& l : arch->states(*arch_config, tp.get()))
-    bytes += 2 * l.kv_heads * l.head_dim * int64_t(dtype_size(dtype));
+    bytes += 2 * l.kv_heads * l.head_dim * int64_t(dtype_size(cache_dtype));
   return bytes;
 }
 
