@@ -78,7 +78,9 @@ void add_model_flags(CLI::App* sub, std::string& model, std::string& revision, s
   sub->add_option("--model,-m", model, "Model folder or Hub id in the local cache")->required();
   sub->add_option("--revision", revision, "Hub revision (branch, tag or commit) of a cached model")
       ->capture_default_str();
-  sub->add_option("--dtype", dtype, "float32 or bfloat16 (default: the checkpoint's torch_dtype)");
+  sub->add_option("--dtype", dtype,
+                  "auto (the checkpoint's torch_dtype, the default), float32, bfloat16 or "
+                  "float16");
   sub->add_option("--quantize", quantize,
                   "Weight-only linears, one scale per 32 weights: int8 (as Q8_0) or int4 (as "
                   "Q4_0)");
@@ -418,8 +420,8 @@ CommandLine parse_command_line(int raw_argc, const char* const* raw_argv, std::o
       ->required()
       ->check(CLI::IsMember({"int8", "int4"}));
   quant->add_option("--dtype", q.dtype,
-                    "float32 or bfloat16 for the weights that stay floats (embeddings, norms; "
-                    "default: the checkpoint's torch_dtype)");
+                    "auto, float32, bfloat16 or float16 for the weights that stay floats "
+                    "(embeddings, norms; default: the checkpoint's torch_dtype)");
   quant->add_option("out", q.out, "Folder to write; it must not exist or be empty")->required();
 
   CompileArgs& c = cl.compile;
@@ -546,6 +548,16 @@ std::optional<DistributedConfig> distributed_config(int64_t tp, const std::strin
   if (tp > 0) dc.tp_size = tp;
   if (!tp_plan.empty()) dc.tp_plan = parse_tp_plan(tp_plan);
   return dc;
+}
+
+std::optional<DType> parse_dtype_flag(const std::string& s) {
+  if (s.empty() || s == "auto") return std::nullopt;
+  try {
+    return parse_dtype(s);
+  } catch (const InvalidArgumentError&) {
+    throw UsageError("--dtype " + s +
+                     ": use auto (the checkpoint's torch_dtype), float32, bfloat16 or float16");
+  }
 }
 
 void check_args(const GenerateArgs& a) {

@@ -14,6 +14,7 @@
 
 #include "core/thread_limit.h"
 #include "tformers/distributed.h"
+#include "tformers/dtype.h"
 #include "tformers/error.h"
 #include "tformers/generation.h"
 
@@ -148,6 +149,10 @@ std::vector<int32_t> parse_ids(const std::string& s);
 std::map<std::string, std::string> parse_tp_plan(const std::string& text);
 // What --tp and --tp-plan ask for; none when neither is given (the whole model in each process).
 std::optional<DistributedConfig> distributed_config(int64_t tp, const std::string& tp_plan);
+
+// --dtype: "auto" or nothing is none (the checkpoint's torch_dtype, as dtype="auto" in
+// Transformers); else a float dtype name (parse_dtype). UsageError naming the accepted ones.
+std::optional<DType> parse_dtype_flag(const std::string& s);
 
 // Checks what can be checked without the model, so that a bad flag fails before loading.
 void check_args(const GenerateArgs& a);

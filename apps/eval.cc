@@ -17,7 +17,7 @@ CausalLM load_with_progress(const ModelFlags& flags, const std::string& device_m
   opt.revision = flags.revision;
   opt.quantize = flags.quantize;
   opt.load_mode = flags.load_mode;
-  if (!flags.dtype.empty()) opt.dtype = parse_dtype(flags.dtype);
+  opt.dtype = parse_dtype_flag(flags.dtype);
   ProgressBar bar(stderr, isatty(fileno(stderr)) && distributed::is_main_process());
   opt.progress = [&bar](std::string_view stage, int64_t done, int64_t total) {
     bar.update(stage, done, total);

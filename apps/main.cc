@@ -160,7 +160,7 @@ tformers::CausalLM load_model(const GenerateArgs& a) {
   opt.verbose = a.verbose;
   opt.quantize = a.quantize;
   opt.load_mode = a.load_mode;
-  if (!a.dtype.empty()) opt.dtype = tformers::parse_dtype(a.dtype);
+  opt.dtype = tformers::cli::parse_dtype_flag(a.dtype);
   opt.distributed_config = tformers::cli::distributed_config(a.tp, a.tp_plan);
   tformers::ProgressBar bar(stderr,
                             isatty(fileno(stderr)) && tformers::distributed::is_main_process());

@@ -26,7 +26,7 @@ int run_quantize(const QuantizeArgs& a) {
   // The weights are read once from the mapping, so it need not be copied first.
   LoadOptions opt{
       .device_map = "cpu", .revision = a.revision, .quantize = a.to, .load_mode = "mmap"};
-  if (!a.dtype.empty()) opt.dtype = parse_dtype(a.dtype);
+  opt.dtype = parse_dtype_flag(a.dtype);
   ProgressBar bar(stderr, isatty(fileno(stderr)));
   const StopOnCtrlC stop;
   opt.progress = [&](std::string_view stage, int64_t done, int64_t total) {

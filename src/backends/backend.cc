@@ -205,6 +205,13 @@ void Executable::run(std::span<Buffer* const> params, std::span<Buffer* const> s
   execute(params, states, inputs, outputs);
 }
 
+DType Backend::cache_dtype(DType activation) const {
+  const std::vector<DType> reads = capabilities().cache_dtypes;
+  const bool read =
+      reads.empty() || std::find(reads.begin(), reads.end(), activation) != reads.end();
+  return read ? activation : DType::f32;
+}
+
 PreparedWeight Backend::prepare_linear(const Tensor& w, const std::string& quantize) {
   if (quantize.empty()) return {upload(w), nullptr, nullptr, std::nullopt};
   return prepare_quantized_linear(quantize_on_host(w, quantize));

@@ -136,6 +136,8 @@ struct Capabilities {
   // The activation dtypes it computes in; a graph of another float dtype is computed in float32
   // and rounded at its boundary (the CPU backend's bfloat16 and float16 graphs).
   std::vector<DType> compute_dtypes;
+  // The KV cache dtypes its attention reads; empty: every dtype it is given.
+  std::vector<DType> cache_dtypes;
   // A paged step may pack several sequences' tokens into one row (the rows operand of the paged
   // ops, graph.h): the serving engine then fills a step's tokens without padding.
   bool packs_sequences = false;
@@ -156,6 +158,9 @@ class Backend {
   virtual std::unique_ptr<Executable> compile(const graph::Graph& graph) = 0;
   virtual Capabilities capabilities() const = 0;
   graph::KvLayout kv_layout() const { return capabilities().kv_layout; }
+  // The dtype of the KV caches of a model whose activations are `activation`: that dtype where
+  // the backend's attention reads it (Capabilities::cache_dtypes), else float32.
+  DType cache_dtype(DType activation) const;
   // A device buffer with the host tensor's contents. The CPU backend uses the host bytes as
   // they are (an mmap'd weight stays mapped and is never copied).
   virtual std::shared_ptr<Buffer> upload(const Tensor& host) = 0;

@@ -125,15 +125,16 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   const models::ArchConfig& c = *impl->arch_config;
   const StoredQuantization stored = stored_quantization(c.json, config_path);
   // AWQ and GPTQ checkpoints keep their float tensors (embeddings, norms, the head) in float16,
-  // which the CPU backend does not compute in: bfloat16 unless asked otherwise.
+  // which the CPU backend reads on a slow path: bfloat16 unless asked otherwise.
   const std::optional<DType> stored_dtype =
       stored.import && c.torch_dtype == DType::f16 ? DType::bf16 : c.torch_dtype;
   impl->dtype = opt.dtype.value_or(stored_dtype.value_or(DType::f32));
-  if (impl->dtype != DType::f32 && impl->dtype != DType::bf16)
+  if (!is_float(impl->dtype))
     throw UnsupportedError(std::string("dtype ") + std::string(dtype_name(impl->dtype)) +
-                           " is not supported: use float32 or bfloat16");
+                           " is not supported: use float32, bfloat16 or float16");
   impl->backend = &backends::backend_for(opt.device_map, opt.verbose);
   impl->device = impl->backend->name();
+  impl->cache_dtype = impl->backend->cache_dtype(impl->dtype);
   if (!opt.quantize.empty() && opt.quantize != "int8" && opt.quantize != "int4")
     throw InvalidArgumentError("quantize '" + opt.quantize +
                                "' is not supported: use \"int8\" or \"int4\" (weight-only, one "
@@ -478,7 +479,7 @@ graph::Graph CausalLM::Impl::build_graph(const models::StepShape& shape) const {
   models::Params params(b, weight_types, &quant_attrs);
   params.set_tp(tp.get());
   params.overrides = overrides.get();
-  arch->build(b, params, *arch_config, shape, dtype);
+  arch->build(b, params, *arch_config, shape, cache_dtype);
   return b.finish();
 }
 
@@ -530,8 +531,9 @@ void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size, int64_t t
   std::erase_if(steps, [](const auto& s) { return s.first.paged(); });  // bound to the old pools
   const std::vector<models::KvCacheSpec> layers = arch->states(*arch_config, tp.get());
   for (size_t l = 0; l < layers.size(); ++l) {
-    const graph::TensorType t = graph::kv_cache_type(
-        backend->kv_layout(), dtype, blocks, layers[l].kv_heads, block_size, layers[l].head_dim);
+    const graph::TensorType t =
+        graph::kv_cache_type(backend->kv_layout(), cache_dtype, blocks, layers[l].kv_heads,
+                             block_size, layers[l].head_dim);
     for (const char* kv : {".key", ".value"})
       kv_pool["kv_pool." + std::to_string(l) + kv] = backend->allocate(t);
   }
@@ -542,7 +544,7 @@ void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size, int64_t t
 int64_t CausalLM::Impl::kv_bytes_per_position() const {
   int64_t bytes = 0;
   for (const models::KvCacheSpec& l : arch->states(*arch_config, tp.get()))
-    bytes += 2 * l.kv_heads * l.head_dim * int64_t(dtype_size(dtype));
+    bytes += 2 * l.kv_heads * l.head_dim * int64_t(dtype_size(cache_dtype));
   return bytes;
 }
 
@@ -668,8 +670,9 @@ void CausalLM::Impl::reset_cache(int64_t batch, int64_t max_cache_len) {
   std::erase_if(steps, [](const auto& s) { return !s.first.paged(); });
   const std::vector<models::KvCacheSpec> layers = arch->states(*arch_config, tp.get());
   for (size_t l = 0; l < layers.size(); ++l) {
-    const graph::TensorType t = graph::kv_cache_type(
-        backend->kv_layout(), dtype, batch, layers[l].kv_heads, max_cache_len, layers[l].head_dim);
+    const graph::TensorType t =
+        graph::kv_cache_type(backend->kv_layout(), cache_dtype, batch, layers[l].kv_heads,
+                             max_cache_len, layers[l].head_dim);
     for (const char* kv : {".key", ".value"})
       cache["past_key_values." + std::to_string(l) + kv] = backend->allocate(t);
   }

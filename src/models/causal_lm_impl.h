@@ -38,6 +38,7 @@ struct CausalLM::Impl {
   std::string device;  // the backend's name
   std::string path;
   DType dtype = DType::f32;
+  DType cache_dtype = DType::f32;  // the KV caches', as the backend keeps them for dtype
   // The linear weights' quantization ("", "int8", "int4"): asked for at load, or as stored.
   std::string quantize;
   bool verbose = false;

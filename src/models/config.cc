@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <optional>
 
 #include "models/layers.h"
 #include "tformers/error.h"
@@ -19,6 +20,8 @@ constexpr int64_t kMaxWidth = int64_t(1) << 20;  // hidden, intermediate, head_d
 constexpr int64_t kMaxHeads = 4096;
 constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxPositions = int64_t(1) << 30;
+
+std::optional<int64_t> longrope_position_limit(const io::Json& j, const std::string& where);
 
 // A field in [lo, hi]; absent or null gives the fallback when there is one.
 int64_t int_in(const io::Json& j, const std::string& key, int64_t lo, int64_t hi,
@@ -51,6 +54,8 @@ void read_decoder_config(const io::Json& j, const std::string& where, DecoderCon
     throw FormatError(where + ": head_dim must be even (RoPE rotates pairs), got " +
                       std::to_string(c.head_dim));
   c.max_position_embeddings = int_in(j, "max_position_embeddings", 1, kMaxPositions, where, 2048);
+  if (auto limit = longrope_position_limit(j, where))
+    c.max_position_embeddings = std::min(c.max_position_embeddings, *limit);
   c.rms_norm_eps = io::get_double_in_or(j, "rms_norm_eps", 1e-6, 1e-12, 1.0, where);
   c.tie_word_embeddings = io::get_or<bool>(j, "tie_word_embeddings", false, where);
   // Transformers 5 writes "dtype" where earlier versions wrote "torch_dtype".
@@ -121,6 +126,153 @@ io::Json with_legacy_rope_fields(const io::Json& j, const std::string& where) {
   return out;
 }
 
+// inv_freq[i] = 1 / theta^(2i / dim) for i < n, as Transformers computes it in float32 (the
+// exponent and the result rounded to float32).
+std::vector<double> default_frequencies(double theta, int64_t n, int64_t dim) {
+  std::vector<double> inv(static_cast<size_t>(n));
+  for (size_t i = 0; i < inv.size(); ++i)
+    inv[i] = float(1.0 / std::pow(theta, double(float(2 * i) / float(dim))));
+  return inv;
+}
+
+// A required positive finite number of rope_scaling.
+double positive(const io::Json& rs, const std::string& key, const std::string& w) {
+  const double v = io::get_required<double>(rs, key, w);
+  if (!(v > 0) || !std::isfinite(v))
+    throw FormatError(w + "." + key + " must be a positive number, got " + std::to_string(v));
+  return v;
+}
+
+void llama3(const io::Json& rs, const std::string& w, double factor, std::vector<double>& inv) {
+  const double low = io::get_required<double>(rs, "low_freq_factor", w);
+  const double high = io::get_required<double>(rs, "high_freq_factor", w);
+  const double old_len = io::get_required<double>(rs, "original_max_position_embeddings", w);
+  if (!(high > low) || !(low > 0) || !(old_len > 0))
+    throw FormatError(w +
+                      ": needs 0 < low_freq_factor < high_freq_factor and a positive "
+                      "original_max_position_embeddings");
+  const double low_wavelen = old_len / low, high_wavelen = old_len / high;
+  for (double& f : inv) {
+    const double wavelen = 2 * std::numbers::pi / f;
+    if (wavelen > low_wavelen) {
+      f = f / factor;
+    } else if (wavelen >= high_wavelen) {
+      double smooth = (old_len / wavelen - low) / (high - low);
+      f = (1 - smooth) * f / factor + smooth * f;
+    }
+  }
+}
+
+// YaRN (arXiv 2309.00071) as Transformers resolves it: frequencies below a correction range are
+// interpolated by `factor`, those above kept, a linear ramp between; cos and sin are scaled by
+// an attention factor.
+void yarn(const io::Json& j, const io::Json& rs, const std::string& where, double theta,
+          double factor, RopeConfig& r, std::vector<double>& inv) {
+  const std::string w = where + ": rope_scaling";
+  const double dim = double(r.rotary_dim);
+  const double orig =
+      io::get_or<double>(rs, "original_max_position_embeddings",
+                         double(io::get_or<int64_t>(j, "max_position_embeddings", 2048, where)), w);
+  const double beta_fast = io::get_or<double>(rs, "beta_fast", 32, w);
+  const double beta_slow = io::get_or<double>(rs, "beta_slow", 1, w);
+  if (!(orig > 0) || !(beta_fast > 0) || !(beta_slow > 0))
+    throw FormatError(w +
+                      ": original_max_position_embeddings, beta_fast and beta_slow must be "
+                      "positive");
+  auto mscale = [](double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+  };
+  auto attention = io::get_optional<double>(rs, "attention_factor", w);
+  auto ms = io::get_optional<double>(rs, "mscale", w);
+  auto ms_all = io::get_optional<double>(rs, "mscale_all_dim", w);
+  r.attention_factor = float(attention ? *attention
+                                       : (ms && ms_all && *ms != 0 && *ms_all != 0
+                                              ? mscale(factor, *ms) / mscale(factor, *ms_all)
+                                              : mscale(factor, 1)));
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(orig / (rotations * 2 * std::numbers::pi)) / (2 * std::log(theta));
+  };
+  double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+  if (io::get_or<bool>(rs, "truncate", true, w)) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;  // a ramp of zero width
+  for (size_t i = 0; i < inv.size(); ++i) {
+    const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+    const double keep = 1 - ramp;  // 1: extrapolate (keep the frequency)
+    inv[i] = inv[i] / factor * (1 - keep) + inv[i] * keep;
+  }
+}
+
+// The pretraining length of a LongRoPE model as Transformers 5 resolves it: the top-level field
+// (Phi-3's config.json) first, then rope_scaling's, else max_position_embeddings.
+int64_t longrope_original_length(const io::Json& j, const io::Json& rs, const std::string& where) {
+  const std::string key = "original_max_position_embeddings";
+  if (j.contains(key) && !j[key].is_null()) return io::get_int_in(j, key, 2, kMaxPositions, where);
+  return io::get_int_in_or(rs, key, io::get_or<int64_t>(j, "max_position_embeddings", 2048, where),
+                           2, kMaxPositions, where + ": rope_scaling");
+}
+
+// LongRoPE (Phi-3): each frequency divided by its own short factor; an attention factor from
+// the length ratio. Transformers switches to the long factors for a step whose positions pass
+// original_max_position_embeddings; read_decoder_config keeps positions below that length (see
+// longrope_position_limit), so the short factors are the ones every step uses.
+void longrope(const io::Json& j, const io::Json& rs, const std::string& where, double theta,
+              RopeConfig& r, std::vector<double>& inv) {
+  const std::string w = where + ": rope_scaling";
+  const double orig = double(longrope_original_length(j, rs, where));
+  for (const char* key : {"long_factor", "short_factor"}) {
+    const io::Json list = io::get_required<io::Json>(rs, key, w);
+    if (!list.is_array() || list.size() != inv.size())
+      throw FormatError(w + "." + key + " must be a list of " + std::to_string(inv.size()) +
+                        " numbers (one per rotated pair), got " + list.dump().substr(0, 80));
+    for (const io::Json& v : list)
+      if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+        throw FormatError(w + "." + key + " must hold positive numbers, got " + v.dump());
+  }
+  // 1 / (short_factor * theta^(2i / dim)), each product rounded to float32 as there.
+  const io::Json& shorts = rs["short_factor"];
+  const double dim = double(r.rotary_dim);
+  for (size_t i = 0; i < inv.size(); ++i) {
+    const float wavelength = float(std::pow(theta, double(float(2 * i) / float(dim))));
+    inv[i] = float(1.0 / double(float(shorts[i].get<double>()) * wavelength));
+  }
+  auto factor = io::get_optional<double>(rs, "factor", w);
+  const double f =
+      factor ? *factor
+             : double(io::get_or<int64_t>(j, "max_position_embeddings", 2048, where)) / orig;
+  auto attention = io::get_optional<double>(rs, "attention_factor", w);
+  r.attention_factor =
+      float(attention ? *attention : (f <= 1 ? 1.0 : std::sqrt(1 + std::log(f) / std::log(orig))));
+}
+
+// Gemma 4's proportional RoPE: the first partial_rotary_factor of the head's pairs rotate with
+// exponents over the whole head_dim, the rest do not rotate (frequency 0), all of the head in
+// the rotate-half pairing; every frequency is divided by factor (default 1).
+RopeConfig proportional(const io::Json& rs, const std::string& w, int64_t head_dim, double theta,
+                        double partial, RopeConfig r) {
+  const double factor = rs.contains("factor") ? positive(rs, "factor", w) : 1.0;
+  const int64_t rotated = int64_t(std::floor(partial * double(head_dim) / 2));
+  std::vector<double> inv = default_frequencies(theta, rotated, head_dim);
+  inv.resize(size_t(head_dim / 2), 0.0);
+  r.rotary_dim = head_dim;
+  for (double f : inv) r.inv_freq.push_back(float(f / factor));
+  return r;
+}
+
+std::string rope_type(const io::Json& rs, const std::string& w) {
+  return rs.contains("rope_type") ? io::get_required<std::string>(rs, "rope_type", w)
+                                  : io::get_or<std::string>(rs, "type", "default", w);
+}
+
+// The positions read_decoder_config allows a LongRoPE model: its pretraining length (longrope()).
+std::optional<int64_t> longrope_position_limit(const io::Json& j, const std::string& where) {
+  auto it = j.find("rope_parameters");  // wins over rope_scaling, as in with_legacy_rope_fields
+  if (it == j.end() || it->is_null()) it = j.find("rope_scaling");
+  if (it == j.end() || !it->is_object() || rope_type(*it, where) != "longrope") return std::nullopt;
+  return longrope_original_length(j, *it, where);
+}
+
 }  // namespace
 
 RopeConfig read_rope(const io::Json& config, const std::string& where, int64_t head_dim,
@@ -133,103 +285,52 @@ RopeConfig read_rope(const io::Json& config, const std::string& where, int64_t h
   if (!(partial > 0 && partial <= 1))
     throw FormatError(where + ": field 'partial_rotary_factor' must be in (0, 1], got " +
                       std::to_string(partial));
+  auto it = j.find("rope_scaling");
+  const bool scaled = it != j.end() && !it->is_null();
+  const std::string w = where + ": rope_scaling";
+  if (scaled && !it->is_object()) throw FormatError(w + " must be an object or null");
+  const io::Json none = io::Json::object();
+  const io::Json& rs = scaled ? *it : none;
+  const std::string type = rope_type(rs, w);
+  if (type == "proportional") return proportional(rs, w, head_dim, theta, partial, r);
   r.rotary_dim = int64_t(double(head_dim) * partial);
   if (r.rotary_dim < 2 || r.rotary_dim % 2)
     throw FormatError(where + ": partial_rotary_factor " + std::to_string(partial) +
                       " of head_dim " + std::to_string(head_dim) + " rotates " +
                       std::to_string(r.rotary_dim) +
                       " features; it must be a positive even number");
-  const int64_t dim = r.rotary_dim;
-  // As Transformers: inv_freq[i] = 1 / theta^(2i / dim), in float32.
   // Rounded to float32 before any scaling, as there.
-  std::vector<double> base(size_t(dim / 2));
-  for (size_t i = 0; i < base.size(); ++i)
-    base[i] = float(1.0 / std::pow(theta, double(float(2 * i) / float(dim))));
-  auto finish = [&](const std::vector<double>& inv) {
+  std::vector<double> inv = default_frequencies(theta, r.rotary_dim / 2, r.rotary_dim);
+  auto finish = [&] {
+    // The attention factor scales q.k as a whole (layers.cc), which equals scaling cos and sin
+    // only when every feature rotates.
+    if (r.attention_factor != 1 && r.rotary_dim != head_dim)
+      throw UnsupportedError(w + ": " + type + " with partial_rotary_factor < 1 is not supported");
     r.inv_freq.assign(inv.begin(), inv.end());
     return r;
   };
-
-  auto it = j.find("rope_scaling");
-  if (it == j.end() || it->is_null()) return finish(base);
-  const io::Json& rs = *it;
-  const std::string w = where + ": rope_scaling";
-  if (!rs.is_object()) throw FormatError(w + " must be an object or null");
-  std::string type = rs.contains("rope_type") ? io::get_required<std::string>(rs, "rope_type", w)
-                                              : io::get_or<std::string>(rs, "type", "default", w);
-  if (type == "default") return finish(base);
-  const double factor = io::get_required<double>(rs, "factor", w);
-  if (!(factor > 0) || !std::isfinite(factor))
-    throw FormatError(w + ".factor must be a positive number");
-  std::vector<double> inv = base;
+  if (type == "default") return finish();
+  if (type == "longrope") {
+    longrope(j, rs, where, theta, r, inv);
+    return finish();
+  }
+  if (type != "linear" && type != "llama3" && type != "yarn" && type != "dynamic")
+    throw UnsupportedError(w + ".rope_type '" + type +
+                           "' is not supported: supported types are default, linear, dynamic, "
+                           "llama3, yarn, longrope and proportional");
+  const double factor = positive(rs, "factor", w);
   if (type == "linear") {
     for (double& f : inv) f /= factor;
-    return finish(inv);
+  } else if (type == "llama3") {
+    llama3(rs, w, factor, inv);
+  } else if (type == "yarn") {
+    yarn(j, rs, where, theta, factor, r, inv);
   }
-  if (type == "llama3") {
-    double low = io::get_required<double>(rs, "low_freq_factor", w);
-    double high = io::get_required<double>(rs, "high_freq_factor", w);
-    double old_len = io::get_required<double>(rs, "original_max_position_embeddings", w);
-    if (!(high > low) || !(low > 0) || !(old_len > 0))
-      throw FormatError(w +
-                        ": needs 0 < low_freq_factor < high_freq_factor and a positive "
-                        "original_max_position_embeddings");
-    const double low_wavelen = old_len / low, high_wavelen = old_len / high;
-    for (double& f : inv) {
-      const double wavelen = 2 * std::numbers::pi / f;
-      if (wavelen > low_wavelen) {
-        f = f / factor;
-      } else if (wavelen >= high_wavelen) {
-        double smooth = (old_len / wavelen - low) / (high - low);
-        f = (1 - smooth) * f / factor + smooth * f;
-      }
-    }
-    return finish(inv);
-  }
-  if (type == "yarn") {
-    // YaRN (arXiv 2309.00071) as Transformers resolves it: frequencies below a correction range
-    // are interpolated by `factor`, those above kept, a linear ramp between; cos and sin are
-    // scaled by an attention factor.
-    const double orig = io::get_or<double>(
-        rs, "original_max_position_embeddings",
-        double(io::get_or<int64_t>(j, "max_position_embeddings", 2048, where)), w);
-    const double beta_fast = io::get_or<double>(rs, "beta_fast", 32, w);
-    const double beta_slow = io::get_or<double>(rs, "beta_slow", 1, w);
-    if (!(orig > 0) || !(beta_fast > 0) || !(beta_slow > 0))
-      throw FormatError(w +
-                        ": original_max_position_embeddings, beta_fast and beta_slow must be "
-                        "positive");
-    auto mscale = [](double scale, double m) {
-      return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
-    };
-    auto attention = io::get_optional<double>(rs, "attention_factor", w);
-    auto ms = io::get_optional<double>(rs, "mscale", w);
-    auto ms_all = io::get_optional<double>(rs, "mscale_all_dim", w);
-    r.attention_factor = float(attention ? *attention
-                                         : (ms && ms_all && *ms != 0 && *ms_all != 0
-                                                ? mscale(factor, *ms) / mscale(factor, *ms_all)
-                                                : mscale(factor, 1)));
-    auto correction_dim = [&](double rotations) {
-      return double(dim) * std::log(orig / (rotations * 2 * std::numbers::pi)) /
-             (2 * std::log(theta));
-    };
-    double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
-    if (io::get_or<bool>(rs, "truncate", true, w)) low = std::floor(low), high = std::ceil(high);
-    low = std::max(low, 0.0);
-    high = std::min(high, double(dim - 1));
-    if (low == high) high += 0.001;  // a ramp of zero width
-    for (size_t i = 0; i < inv.size(); ++i) {
-      const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
-      const double keep = 1 - ramp;  // 1: extrapolate (keep the frequency)
-      inv[i] = base[i] / factor * (1 - keep) + base[i] * keep;
-    }
-    if (r.attention_factor != 1 && r.rotary_dim != head_dim)
-      throw UnsupportedError(w + ": yarn with partial_rotary_factor < 1 is not supported");
-    return finish(inv);
-  }
-  throw UnsupportedError(w + ".rope_type '" + type +
-                         "' is not supported: supported types are default, linear, llama3 and "
-                         "yarn");
+  // Dynamic NTK raises theta in Transformers for a step whose positions pass
+  // max_position_embeddings and uses the plain frequencies up to it. No step here passes it
+  // (generation and serving refuse longer sequences), so the plain ones are those of every
+  // step; its factor is checked above all the same.
+  return finish();
 }
 
 }  // namespace tformers::models

@@ -20,16 +20,16 @@ using graph::Value;
 // ---- Config ----
 
 // RoPE as config.json describes it, resolved once: the rotated features per head, their
-// inverse frequencies after rope_scaling, the pairing, and yarn's attention factor.
+// inverse frequencies after rope_scaling, the pairing, and the attention factor (yarn, longrope).
 struct RopeConfig {
   std::vector<float> inv_freq;  // rotary_dim / 2 entries
   int64_t rotary_dim = 0;       // features rotated per head (partial_rotary_factor * head_dim)
   bool interleaved = false;     // pairs (2i, 2i+1) as GLM; else rotate-half (i, i + rotary_dim/2)
-  float attention_factor = 1;   // yarn: cos and sin are scaled by this
+  float attention_factor = 1;   // yarn, longrope: cos and sin are scaled by this
 };
 
-// rope_theta (or `theta`), partial_rotary_factor and rope_scaling (default, linear, llama3, yarn)
-// of a config.json; UnsupportedError for other types.
+// rope_theta (or `theta`), partial_rotary_factor and rope_scaling (default, linear, dynamic,
+// llama3, yarn, longrope, proportional) of a config.json; UnsupportedError for other types.
 RopeConfig read_rope(const io::Json& j, const std::string& where, int64_t head_dim, double theta,
                      bool interleaved);
 

@@ -167,7 +167,8 @@ TEST(Cli, UsageErrorsAfterParsingExitTwo) {
       {" --prompt And --prompt-ids 1,2", "give exactly one of --prompt, --file and --prompt-ids"},
       {" --prompt-ids 1,x", "--prompt-ids: 'x' is not a token id"},
       {" --prompt And --tp-plan '{'", "--tp-plan: not valid JSON"},
-      {" --prompt And --tp-plan '[1]'", "--tp-plan must be a JSON object"}};
+      {" --prompt And --tp-plan '[1]'", "--tp-plan must be a JSON object"},
+      {" --prompt And --dtype float7", "--dtype float7: use auto"}};
   for (const auto& [flags, message] : cases) {
     Streams r = run(kCli + " generate" + kKjv + flags);
     EXPECT_EQ(r.status, 2) << flags << ": " << r.err;

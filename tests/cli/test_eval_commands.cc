@@ -233,6 +233,16 @@ TEST(Bench, CtrlCStopsBetweenRunsAndPrintsWhatWasMeasured) {
   EXPECT_TRUE(Json::parse(r.out, nullptr, false).is_array()) << r.out;
 }
 
+// --dtype auto is the checkpoint's torch_dtype (float32 here); float16 loads and runs.
+TEST(Bench, DtypeAutoIsTheCheckpointsAndFloat16Runs) {
+  for (const auto& [flag, want] :
+       {std::pair{" --dtype auto", "float32"}, std::pair{" --dtype float16", "float16"}}) {
+    const Json rows = bench_json(" -p 16 -n 4 -t 1 -r 1" + std::string(flag));
+    ASSERT_EQ(rows.size(), 2u) << flag;
+    EXPECT_EQ(rows[0]["dtype"], want) << flag;
+  }
+}
+
 // Weight-only int8 (one scale per 32 weights) and bfloat16 weights may cost a little quality,
 // not much: within 1 % of the float32 perplexity, on the first 2,400 or so held-out tokens.
 TEST(Perplexity, Int8AndBfloat16StayCloseToFloat32) {

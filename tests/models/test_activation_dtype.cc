@@ -61,6 +61,21 @@ TEST_P(ModelActivationDtype, Float32ModelsBuildFloat32GraphsWithoutConverts) {
   }
 }
 
+// The CPU's attention reads f32 and bf16 caches: a float16 model keeps its keys and values in
+// float32 there, in every graph and in what the memory checks count per position.
+TEST(ModelCacheDtype, Float16ModelsKeepFloat32CachesOnTheCpu) {
+  CausalLM half = load("tiny-qwen3", DType::f16), full = load("tiny-qwen3", DType::f32);
+  const auto& impl = models::state_of(half);
+  EXPECT_EQ(impl.cache_dtype, DType::f32);
+  EXPECT_EQ(impl.kv_bytes_per_position(), models::state_of(full).kv_bytes_per_position());
+  for (const models::StepShape& s : kShapes) {
+    const graph::Graph g = impl.build_graph(s);
+    EXPECT_EQ(g.activation_dtype(), DType::f16);
+    for (const graph::Node& n : g.nodes())
+      if (n.op == Op::kState && n.type.dtype != DType::i32) EXPECT_EQ(n.type.dtype, DType::f32);
+  }
+}
+
 // Three families with different layers: Qwen3 (q/k norms), Gemma 3 (scaled embedding, sliding
 // windows, softcaps), GLM (partial interleaved rotary, fused gate/up).
 INSTANTIATE_TEST_SUITE_P(TinyModels, ModelActivationDtype,

@@ -163,9 +163,10 @@ TEST_F(BadCheckpoint, OutOfRangeFieldsAreFormatErrorsNamingTheField) {
 
 TEST_F(BadCheckpoint, UnsupportedRopeScaling) {
   auto j = config();
-  j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
+  // Qwen2-VL's multimodal RoPE, which no architecture here reads.
+  j["rope_scaling"] = {{"rope_type", "mrope"}, {"factor", 4.0}};
   write_config(j);
-  EXPECT_HAS(load_error<UnsupportedError>(), "longrope");
+  EXPECT_HAS(load_error<UnsupportedError>(), "mrope");
 }
 
 TEST(Devices, MissingAcceleratorIsAClearError) {

@@ -1,6 +1,6 @@
 // Logits and greedy tokens of the tiny checkpoints against Transformers itself (goldens from
-// tools/reference/make_goldens.py), in float32 and bfloat16, single and sharded files, tied and
-// untied, hand-made and saved by Transformers.
+// tools/reference/make_goldens.py), in float32 and bfloat16 (and float16 against float32),
+// single and sharded files, tied and untied, hand-made and saved by Transformers.
 #include <gtest/gtest.h>
 
 #include "golden_util.h"
@@ -15,6 +15,10 @@ using testing::prefill_logits;
 using testing::row_error;
 
 class Golden : public ::testing::TestWithParam<std::string> {};
+
+// f16 keeps 11 significant bits to bf16's 8: the bfloat16 bound below (2e-2 from the exact
+// model) over 8.
+constexpr double kF16Tolerance = 2.5e-3;
 
 TEST_P(Golden, Float32LogitsAndGreedyMatchTransformers) {
   const std::string name = GetParam();
@@ -69,6 +73,34 @@ TEST_P(Golden, Bfloat16LogitsMatchTransformers) {
   }
 }
 
+// float16 weights with float32 math (the CPU backend's float16): within f16's rounding of the
+// exact model, in a prefill and in the decode step after it (which reads the keys and values
+// the prefill cached).
+TEST_P(Golden, Float16LogitsMatchFloat32) {
+  const std::string name = GetParam();
+  CausalLM lm = AutoModelForCausalLM::from_pretrained(model_dir(name),
+                                                      {.dtype = float16, .device_map = "cpu"});
+  EXPECT_EQ(lm.dtype(), float16);
+  const int64_t V = lm.config().vocab_size;
+  for (const auto& c : load_goldens(name, "float32")) {
+    const Tensor logits = prefill_logits(lm, c.input_ids);
+    for (size_t t = 0; t < c.logits.size(); ++t)
+      EXPECT_LT(row_error(logits.data<float>() + t * V, c.logits[t]), kF16Tolerance)
+          << name << " prompt of " << c.input_ids.size() << " tokens, position " << t;
+    const int64_t T = int64_t(c.input_ids.size());
+    if (T < 2) continue;
+    lm.reset_cache(1, T);
+    ForwardArgs a;
+    a.input_ids = Tensor::from_vector<int32_t>(
+        {1, T - 1}, DType::i32, std::vector<int32_t>(c.input_ids.begin(), c.input_ids.end() - 1));
+    lm.forward(a);
+    a.input_ids = Tensor::from_vector<int32_t>({1, 1}, DType::i32, {c.input_ids.back()});
+    a.cache_position = T - 1;
+    const Tensor last = lm.forward(a);
+    EXPECT_LT(row_error(last.data<float>(), c.logits.back()), kF16Tolerance) << name << " decode";
+  }
+}
+
 std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
   std::string s = info.param;
   std::replace(s.begin(), s.end(), '-', '_');
@@ -79,7 +111,8 @@ std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
 INSTANTIATE_TEST_SUITE_P(TinyModels, Golden,
                          ::testing::Values("tiny-qwen3", "tiny-qwen3-sharded", "tiny-qwen2",
                                            "tiny-llama", "tiny-llama-sharded", "tiny-mistral",
-                                           "tiny-glm4", "tiny-glm", "tiny-gemma3"),
+                                           "tiny-glm4", "tiny-glm", "tiny-gemma3",
+                                           "tiny-llama-longrope"),
                          param_name);
 
 // Checkpoints that Transformers 5 itself built and saved (tools/reference/make_hf_models.py):

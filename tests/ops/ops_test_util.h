@@ -53,13 +53,13 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   EXPECT_LE(s.max_rel, 8.0 * std::sqrt(nmse_tol)) << what;
 }
 
-// Random values; `dt` bf16 means they are rounded to bf16 and stored as such.
+// Random values; `dt` bf16 or f16 means they are rounded to it and stored as such.
 struct Tensor {
   DType dt = DType::f32;
-  std::vector<float> f;     // values as f32 (exact for bf16 storage)
-  std::vector<uint16_t> h;  // bf16 storage
-  const void* data() const { return dt == DType::bf16 ? (const void*)h.data() : f.data(); }
-  void* data() { return dt == DType::bf16 ? (void*)h.data() : f.data(); }
+  std::vector<float> f;     // values as f32 (exact for bf16 and f16 storage)
+  std::vector<uint16_t> h;  // bf16 or f16 storage
+  const void* data() const { return dt == DType::f32 ? (const void*)f.data() : h.data(); }
+  void* data() { return dt == DType::f32 ? (void*)f.data() : h.data(); }
 };
 
 Tensor random_tensor(std::mt19937& rng, size_t n, DType dt, float lo = -1.0f, float hi = 1.0f) {
@@ -73,6 +73,12 @@ Tensor random_tensor(std::mt19937& rng, size_t n, DType dt, float lo = -1.0f, fl
     for (size_t i = 0; i < n; ++i) {
       t.h[i] = f32_to_bf16(t.f[i]);
       t.f[i] = bf16_to_f32(t.h[i]);
+    }
+  } else if (dt == DType::f16) {
+    t.h.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      t.h[i] = f32_to_f16(t.f[i]);
+      t.f[i] = f16_to_f32(t.h[i]);
     }
   }
   return t;

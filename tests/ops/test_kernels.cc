@@ -1,6 +1,7 @@
 // Op-consistency tests: every CPU kernel, on every target this CPU supports, for f32 and bf16
-// weights / caches, against the scalar references in kernels_ref.cc; and the references
-// themselves against small cases computed by hand, so a wrong reference cannot hide.
+// weights / caches (and f16 weights where the kernels take them), against the scalar references
+// in kernels_ref.cc; and the references themselves against small cases computed by hand, so a
+// wrong reference cannot hide.
 //
 // Error measure (as llama.cpp's test-backend-ops): normalized mean squared error
 //   NMSE = sum_i (y_i - r_i)^2 / sum_i r_i^2
@@ -23,6 +24,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -76,17 +78,30 @@ std::vector<Config> configs(bool with_amx_emulation) {
   return out;
 }
 
-// Runs `body(kernels, target, dtype, pool, label)` for every table of configs(), both storage
-// dtypes, and pools of 1 and 3 threads (3 gives uneven chunks).
+// The storage dtypes of weights and KV caches; the weights of linear, embedding and rms_norm
+// may also be f16.
+constexpr DType kStored[] = {DType::f32, DType::bf16};
+constexpr DType kF16[] = {DType::f16};
+
+// Runs `body(kernels, target, dtype, pool, label)` for every table of configs(), each of
+// `dtypes`, and pools of 1 and 3 threads (3 gives uneven chunks).
 template <bool kWithAmxEmulation = false, class Body>
-void for_each_config(Body body) {
+void for_each_config(Body body, std::span<const DType> dtypes = kStored) {
   ThreadPool pool1(1), pool3(3);
   for (const Config& c : configs(kWithAmxEmulation))
-    for (DType dt : {DType::f32, DType::bf16})
+    for (DType dt : dtypes)
       for (ThreadPool* pool : {&pool1, &pool3})
         body(*c.table, c.target, dt, *pool,
              c.name + "/" + std::string(dtype_name(dt)) +
                  "/threads=" + std::to_string(pool->num_threads()));
+}
+
+// for_each_config over f32 and bf16 weights, then over f16 ones: the f16 draws come last, so the
+// others' random values stay those their tolerances were checked on.
+template <class Body>
+void for_each_weight_config(Body body) {
+  for_each_config(body);
+  for_each_config(body, kF16);
 }
 
 // ------------------------------------------------------------------------------------ dispatch
@@ -134,8 +149,8 @@ std::vector<float> x_as_int8_blocks(const std::vector<float>& x, int64_t M, int6
 
 TEST(Ops, Linear) {
   std::mt19937 rng(1234);
-  for_each_config([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
-                      const std::string& what) {
+  for_each_weight_config([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
+                             const std::string& what) {
     for (const auto& c : kLinearCases)
       for (LinearRows rows : {LinearRows::kAny, LinearRows::kDecode}) {
         std::vector<float> x = random_f32(rng, size_t(c.M * c.K));
@@ -445,11 +460,20 @@ TEST(Ops, QuantizeInt4RoundTrip) {
 
 // -------------------------------------------------------------------- embedding, add, cache
 
+// The kernels' branchless f16 widening gives f16_to_f32's bits for every f16 value: zeros of
+// both signs, subnormals, normals, infinities and NaNs with their payloads.
+TEST(Ops, F16WideningIsExactForEveryValue) {
+  for (uint32_t h = 0; h < 65536; ++h)
+    ASSERT_EQ(std::bit_cast<uint32_t>(f16_as_f32(uint16_t(h))),
+              std::bit_cast<uint32_t>(f16_to_f32(uint16_t(h))))
+        << std::hex << h;
+}
+
 TEST(Ops, EmbeddingIsExact) {
   std::mt19937 rng(7);
   const int64_t V = 50, D = 37;
   const std::vector<int32_t> ids = {0, 49, 3, 3, 17};
-  for_each_config(
+  for_each_weight_config(
       [&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool, const std::string& what) {
         Tensor table = random_tensor(rng, size_t(V * D), dt);
         std::vector<float> out(ids.size() * D, NAN), want(out.size());
@@ -572,7 +596,7 @@ TEST(Ops, CacheWriteIsExact) {
 
 TEST(Ops, RmsNorm) {
   std::mt19937 rng(11);
-  for_each_config(
+  for_each_weight_config(
       [&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool, const std::string& what) {
         for (int64_t D : {1, 7, 128, 1024, 1031})
           for (bool unit_offset : {false, true}) {

@@ -60,6 +60,8 @@ const std::vector<std::vector<int32_t>> kPrompts = {{5, 77, 300},
 // Two bf16 computations with different rounding points, as tests/models/test_golden.cc bounds
 // the CPU backend's float32 math against PyTorch's bf16 (max |a - b| / max |b| per row).
 constexpr double kBf16Tolerance = 5e-2;
+// The same for f16, whose 11 significant bits are bf16's 8 plus 3: over 8.
+constexpr double kF16Tolerance = kBf16Tolerance / 8;
 
 class XlaCpuModel : public ::testing::TestWithParam<std::string> {
  protected:
@@ -112,6 +114,30 @@ TEST_P(XlaCpuModel, Bfloat16ComputesInBfloat16WithinToleranceOfTransformersAndTh
   EXPECT_GT(from_cpu, 1e-3) << name << ": as close to the float32 math as float32 is";
 }
 
+// A float16 model's graphs compute in float16 on XLA: within f16's tolerance of the exact
+// (float32) model, Transformers' float32 goldens, and of the CPU backend's float16 (f16 weights,
+// float32 math), and not equal to the latter.
+TEST_P(XlaCpuModel, Float16ComputesInFloat16NearFloat32AndTheCpuBackend) {
+  const std::string name = GetParam();
+  CausalLM xla = load(name, float16, device()), cpu = load(name, float16, "cpu");
+  EXPECT_EQ(xla.dtype(), float16);
+  const int64_t V = xla.config().vocab_size;
+  double from_cpu = 0;
+  for (const auto& c : load_goldens(name, "float32")) {
+    const Tensor got = prefill_logits(xla, c.input_ids), want = prefill_logits(cpu, c.input_ids);
+    for (size_t t = 0; t < c.logits.size(); ++t) {
+      const float* row = got.data<float>() + t * V;
+      EXPECT_LT(row_error(row, c.logits[t]), kF16Tolerance) << name << " position " << t;
+      const std::vector<float> cpu_row(want.data<float>() + t * V,
+                                       want.data<float>() + (t + 1) * V);
+      const double e = row_error(row, cpu_row);
+      EXPECT_LT(e, kF16Tolerance) << name << " position " << t;
+      from_cpu = std::max(from_cpu, e);
+    }
+  }
+  EXPECT_GT(from_cpu, 1e-4) << name << ": as close to the float32 math as float32 is";
+}
+
 std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
   std::string s = info.param;
   std::replace(s.begin(), s.end(), '-', '_');
@@ -122,7 +148,8 @@ std::string param_name(const ::testing::TestParamInfo<std::string>& info) {
 INSTANTIATE_TEST_SUITE_P(TinyModels, XlaCpuModel,
                          ::testing::Values("tiny-qwen3", "tiny-qwen3-sharded", "tiny-qwen2",
                                            "tiny-llama", "tiny-llama-sharded", "tiny-mistral",
-                                           "tiny-glm4", "tiny-glm", "tiny-gemma3"),
+                                           "tiny-glm4", "tiny-glm", "tiny-gemma3",
+                                           "tiny-llama-longrope"),
                          param_name);
 // Mixtures of experts that Transformers 5 built and saved with their per-expert tensor names. In
 // bfloat16 a router's near-tie may round to another expert than PyTorch's does (a discrete

@@ -65,6 +65,21 @@ def test_the_first_new_token_is_the_forward_passs_argmax(kjv_model, kjv_tokenize
     assert out[0, -1] == logits[0, -1].argmax()
 
 
+def test_float16_is_near_float32_and_auto_is_the_checkpoints_dtype(kjv_model, kjv_tokenizer):
+    ids = kjv_tokenizer("And the LORD said unto", return_tensors="np")["input_ids"]
+    want = kjv_model(ids).logits
+    half = tformers.AutoModelForCausalLM.from_pretrained(KJV, dtype="float16")
+    got = half(ids).logits
+    assert got.dtype == np.float32
+    # f16 weights, float32 math: f16's 11 significant bits (tests/models/test_golden.cc).
+    assert np.abs(got - want).max() / np.abs(want).max() < 2.5e-3
+    assert not np.array_equal(got, want)
+    auto = tformers.AutoModelForCausalLM.from_pretrained(KJV, dtype="auto")
+    assert auto.dtype == kjv_model.dtype  # config.json's torch_dtype, float32
+    torch = pytest.importorskip("torch")
+    assert tformers.AutoModelForCausalLM.from_pretrained(KJV, dtype=torch.float16).dtype == torch.float16
+
+
 def test_a_left_padded_batch_gives_each_row_what_it_gets_alone(kjv_model, kjv_tokenizer):
     texts = ["And", "And the LORD said unto Moses"]
     batch = kjv_tokenizer(texts, padding=True, padding_side="left", return_tensors="np")

@@ -33,7 +33,7 @@ MODELS_DIR = os.path.join(ROOT, "tests", "data", "models")
 OUT_DIR = os.path.join(ROOT, "tests", "data", "goldens")
 TINY_MODELS = [
     "tiny-qwen3", "tiny-qwen3-sharded", "tiny-qwen2", "tiny-llama", "tiny-llama-sharded",
-    "tiny-mistral", "tiny-glm4", "tiny-glm", "tiny-gemma3",
+    "tiny-mistral", "tiny-glm4", "tiny-glm", "tiny-gemma3", "tiny-llama-longrope",
 ]
 HF_MODELS = ["hf-llama", "hf-qwen2", "hf-qwen3", "hf-mistral", "hf-glm", "hf-glm4", "hf-gemma3",
              "hf-qwen3-moe"]

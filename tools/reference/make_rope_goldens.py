@@ -1,9 +1,13 @@
 """Writes tests/data/goldens/rope.json: RoPE inverse frequencies and attention factors for
-config.json rope settings, computed in float32 torch as Transformers' rope initialisation
-functions define them (default, linear, llama3, yarn; partial_rotary_factor), written from
-their definitions here, independently of tformers' C++ (src/models/config.cc).
+config.json rope settings, independently of tformers' C++ (src/models/config.cc). Default,
+linear, llama3 and yarn (and partial_rotary_factor) are computed in float32 torch as
+Transformers' rope initialisation functions define them, written from their definitions here.
+dynamic, longrope and proportional come from Transformers itself: the frequencies its
+LlamaRotaryEmbedding uses for a step whose last position is the last one tformers runs
+("positions" in the case: max_position_embeddings for dynamic, the pretraining length for
+longrope), after its per-step update (dynamic_rope_update).
 
-Run: .venv/bin/python tools/reference/make_rope_goldens.py
+Run: /work/refvenv/bin/python tools/reference/make_rope_goldens.py (torch and transformers 5.23)
 """
 
 import json
@@ -69,18 +73,46 @@ def llama3(config, dim):
     return torch.where(medium, smoothed, scaled), 1.0
 
 
+def positions_run(kind, rope_parameters, config):
+    """The longest sequence tformers runs (src/models/config.cc read_decoder_config)."""
+    if kind == "longrope":
+        return rope_parameters["original_max_position_embeddings"]
+    return config["max_position_embeddings"]
+
+
+def from_transformers(config, head_dim):
+    """Transformers' frequencies and attention factor at the last position tformers runs."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    heads = 4
+    cfg = LlamaConfig.from_dict({**config, "head_dim": head_dim, "num_attention_heads": heads,
+                                 "hidden_size": heads * head_dim})
+    rotary = LlamaRotaryEmbedding(cfg)
+    kind = cfg.rope_parameters["rope_type"]
+    positions = positions_run(kind, cfg.rope_parameters, config)
+    at_init = rotary.inv_freq.clone()
+    x = torch.zeros(1, 1, head_dim)
+    rotary(x, torch.tensor([[positions - 1]]))
+    # One frequency set serves every step tformers runs: the one Transformers starts with.
+    assert torch.equal(rotary.inv_freq, at_init), kind
+    return rotary.inv_freq, rotary.attention_scaling, positions
+
+
 def compute(config, head_dim):
     dim = int(head_dim * config.get("partial_rotary_factor", 1.0))
     rs = config.get("rope_scaling")
     kind = (rs or {}).get("rope_type", (rs or {}).get("type", "default"))
+    if kind in ("dynamic", "longrope", "proportional"):
+        return from_transformers(config, head_dim)
     if kind == "yarn":
-        return yarn(config, dim)
+        return (*yarn(config, dim), None)
     if kind == "llama3":
-        return llama3(config, dim)
+        return (*llama3(config, dim), None)
     inv = base_inv_freq(config["rope_theta"], dim)
     if kind == "linear":
         inv = inv / rs["factor"]
-    return inv, 1.0
+    return inv, 1.0, None
 
 
 CASES = [
@@ -104,16 +136,42 @@ CASES = [
                                                                "factor": 2.0,
                                                                "attention_factor": 1.25,
                                                                "truncate": False}}),
+    ("dynamic", 64, {"rope_theta": 10000.0, "max_position_embeddings": 4096,
+                     "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}),
+    ("dynamic, partial 0.5", 128, {"rope_theta": 500000.0, "partial_rotary_factor": 0.5,
+                                   "max_position_embeddings": 2048,
+                                   "rope_scaling": {"type": "dynamic", "factor": 2.0}}),
+    ("longrope, Phi-3 layout", 32, {
+        "rope_theta": 10000.0, "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096,
+        "rope_scaling": {"type": "longrope",
+                         "short_factor": [1.0 + 0.05 * i for i in range(16)],
+                         "long_factor": [1.5 + 0.4 * i for i in range(16)]}}),
+    ("longrope, given factors", 32, {
+        "rope_theta": 250000.0, "max_position_embeddings": 8192,
+        "rope_scaling": {"rope_type": "longrope", "factor": 2.0, "attention_factor": 1.3,
+                         "original_max_position_embeddings": 2048,
+                         "short_factor": [1.0 + 0.1 * i for i in range(16)],
+                         "long_factor": [4.0] * 16}}),
+    ("proportional, Gemma 4 full attention", 64, {
+        "rope_theta": 1e6, "partial_rotary_factor": 0.25, "max_position_embeddings": 8192,
+        "rope_scaling": {"rope_type": "proportional"}}),
+    ("proportional, factor", 32, {
+        "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "max_position_embeddings": 8192,
+        "rope_scaling": {"rope_type": "proportional", "factor": 8.0}}),
 ]
 
 
 def main():
     out = []
     for name, head_dim, config in CASES:
-        inv, attention_factor = compute(config, head_dim)
-        out.append({"name": name, "head_dim": head_dim, "config": config,
-                    "inv_freq": [float(x) for x in inv.float()],
-                    "attention_factor": float(attention_factor)})
+        inv, attention_factor, positions = compute(config, head_dim)
+        case = {"name": name, "head_dim": head_dim, "config": config,
+                "inv_freq": [float(x) for x in inv.float()],
+                "attention_factor": float(attention_factor)}
+        if positions is not None:
+            case["positions"] = positions
+        out.append(case)
         print(f"{name:36s} {len(inv):3d} frequencies, attention factor {attention_factor:.6f}")
     with open(OUT, "w") as f:
         json.dump({"generator": "tools/reference/make_rope_goldens.py", "cases": out}, f,

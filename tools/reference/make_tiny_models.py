@@ -141,6 +141,36 @@ MODELS = {
         ),
         1,
     ),
+    # Llama with Phi-3's LongRoPE layout: a short factor per rotated pair, the pretraining length
+    # top-level, and max_position_embeddings 4 times it (attention factor sqrt(1 + ln 4 / ln 64)).
+    # Every golden stays within the 64 positions where Transformers uses the short factors.
+    "tiny-llama-longrope": (
+        1004,
+        dict(
+            architectures=["LlamaForCausalLM"],
+            model_type="llama",
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_theta=10000.0,
+            rope_scaling={
+                "type": "longrope",
+                "short_factor": [1.0, 1.25, 1.5, 2.0, 3.0, 4.5, 6.0, 8.0],
+                "long_factor": [1.5, 2.0, 3.0, 4.0, 6.0, 9.0, 12.0, 16.0],
+            },
+            original_max_position_embeddings=64,
+            max_position_embeddings=256,
+            tie_word_embeddings=False,
+            attention_bias=False,
+            mlp_bias=False,
+            torch_dtype="float32",
+        ),
+        1,
+    ),
     "tiny-llama-sharded": (
         1054,
         dict(

@@ -459,12 +459,15 @@ class CpuBackend : public Backend {
   CpuBackend() { cpu::weight_prefetch(); }
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device{"cpu", 0}; }
-  // The attention kernel reads each head's keys and values as one matrix per sequence (or block);
-  // the kernels compute in float32; the paged kernels take each token's sequence; a decode row's
-  // sums are ordered by K alone (kernels.h's LinearRows), attention's by its own sequence.
+  // The attention kernel reads each head's keys and values as one matrix per sequence (or block),
+  // from f32 or bf16 caches (an f16 model's keys and values, computed in f32, are kept in f32:
+  // bf16 would drop three of f16's mantissa bits); the kernels compute in float32; the paged
+  // kernels take each token's sequence; a decode row's sums are ordered by K alone (kernels.h's
+  // LinearRows), attention's by its own sequence.
   Capabilities capabilities() const override {
     return {.kv_layout = graph::KvLayout::kHeadMajor,
             .compute_dtypes = {DType::f32},
+            .cache_dtypes = {DType::f32, DType::bf16},
             .packs_sequences = true,
             .batch_invariant = true};
   }

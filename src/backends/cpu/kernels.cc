@@ -59,6 +59,7 @@ void linear_scalar_t(const float* x, const W* w, const float* scale, const B* bi
 
 void linear_scalar(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
                    int64_t N, int64_t K, ThreadPool& pool, LinearRows) {
+  if (wt == DType::f16) return linear_f16(x, w, bias, y, M, N, K, pool);
   if (wt == DType::bf16)
     linear_scalar_t(x, static_cast<const uint16_t*>(w), nullptr, static_cast<const uint16_t*>(bias),
                     y, M, N, K, pool);

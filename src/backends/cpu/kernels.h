@@ -1,7 +1,8 @@
 // CPU kernels used by the CPU executor. All activations are f32; weights and the KV cache are
-// f32 or bf16 as stored. Each function validates nothing (the graph checked shapes when it was
-// built); each dispatches to the best implementation for cpu::active_target() and splits work
-// over the given pool. Shapes are written outermost first.
+// f32 or bf16 as stored, and the weights of linear, embedding and rms_norm may also be f16
+// (widened to f32 as they are read: correct everywhere, fast nowhere). Each function validates
+// nothing (the graph checked shapes when it was built); each dispatches to the best implementation
+// for cpu::active_target() and splits work over the given pool. Shapes are written outermost first.
 //
 // Every kernel has a plain scalar reference in kernels_ref.cc (namespace ref), used by the
 // op-consistency tests as the ground truth on every CPU target.
@@ -24,7 +25,7 @@ namespace tformers::cpu {
 enum class LinearRows { kAny, kDecode };
 
 // y (M,N) = x (M,K) @ w (N,K)^T [+ bias (N), f32 or wt]. w is in checkpoint (PyTorch Linear)
-// layout, dtype wt in {f32, bf16}. On AVX-512 BF16, x is rounded to bf16 for bf16 weights (in
+// layout, dtype wt in {f32, bf16, f16}. On AVX-512 BF16, x is rounded to bf16 for bf16 weights (in
 // the GEMV and the GEMM alike); f32 weights keep x in f32.
 void linear(const float* x, const void* w, DType wt, const void* bias, float* y, int64_t M,
             int64_t N, int64_t K, ThreadPool& pool, LinearRows rows = LinearRows::kAny);

@@ -121,6 +121,7 @@ enum class Scratch {
   kPagedKV,
   kRowPointers,
   kShiftedProbabilities,
+  kWidenedRow,
   kCount
 };
 void* thread_scratch(Scratch slot, size_t bytes);
@@ -135,10 +136,24 @@ namespace {
 // more than the work.
 constexpr int64_t kElementwiseGrain = 1 << 14;
 
-// One stored value (f32, bf16 bits or an int8 code) as f32.
+// One stored value (f32, bf16 bits or an int8 code) as f32. f16 weights are widened to f32
+// before they reach a template of these (linear_f16, norm_row).
 inline float value_f32(float v) { return v; }
 inline float value_f32(uint16_t v) { return bf16_to_f32(v); }
 inline float value_f32(int8_t v) { return float(v); }
+
+// f16 bits as f32, exactly as f16_to_f32, without branches, so that loops of it vectorize: the
+// exponent and mantissa moved to f32's places are the value over 2^112 (subnormals included,
+// as f32 subnormals), then scaled; an all-ones exponent (inf, NaN) keeps its payload.
+inline float f16_as_f32(uint16_t h) {
+  const uint32_t em = uint32_t(h & 0x7fffu) << 13, sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t finite = std::bit_cast<uint32_t>(std::bit_cast<float>(em) * 0x1p112f);
+  return std::bit_cast<float>(sign | (em >= (0x7c00u << 13) ? em | 0x7f800000u : finite));
+}
+inline void widen_f16(const void* src, float* dst, int64_t n) {
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_as_f32(h[i]);
+}
 
 // ---- Shared kernel bodies. `Ops` supplies the target's vector primitive:
 //   float sum_sq(const float* x, int64_t n)
@@ -154,6 +169,8 @@ void embedding_impl(const void* table, DType dt, const int32_t* ids, int64_t n, 
           if (dt == DType::bf16) {
             const uint16_t* src = static_cast<const uint16_t*>(table) + int64_t(ids[r]) * D;
             for (int64_t i = 0; i < D; ++i) o[i] = bf16_to_f32(src[i]);
+          } else if (dt == DType::f16) {
+            widen_f16(static_cast<const uint16_t*>(table) + int64_t(ids[r]) * D, o, D);
           } else {
             const float* src = static_cast<const float*>(table) + int64_t(ids[r]) * D;
             std::memcpy(o, src, size_t(D) * sizeof(float));
@@ -174,10 +191,15 @@ void norm_row(const float* xr, float inv, const W* w, float* yr, int64_t D) {
 
 template <bool kUnitOffset>
 void norm_row(const float* xr, float inv, const void* w, DType wt, float* yr, int64_t D) {
-  if (wt == DType::bf16)
+  if (wt == DType::bf16) {
     norm_row<kUnitOffset>(xr, inv, static_cast<const uint16_t*>(w), yr, D);
-  else
+  } else if (wt == DType::f16) {
+    float* wf = thread_scratch<float>(Scratch::kWidenedRow, size_t(D));
+    widen_f16(w, wf, D);
+    norm_row<kUnitOffset>(xr, inv, wf, yr, D);
+  } else {
     norm_row<kUnitOffset>(xr, inv, static_cast<const float*>(w), yr, D);
+  }
 }
 
 template <class Ops>
@@ -300,6 +322,33 @@ inline float hsum_f32x8(f32x8 v) {
   float s = 0.0f;
   for (int i = 0; i < kF32x8; ++i) s += v[i];
   return s;
+}
+
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+  f32x8 acc = {};
+  int64_t i = 0;
+  for (; i + kF32x8 <= n; i += kF32x8) acc += load_f32x8(a + i) * load_f32x8(b + i);
+  float s = hsum_f32x8(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// A linear of f16 weights (and bias), which no target's GEMV or GEMM reads: each weight row is
+// widened to f32 once, then multiplied by every row of x. Correct on every target, and each row
+// of y independent of M as LinearRows asks; not fast (README: float16 on the CPU).
+inline void linear_f16(const float* x, const void* w, const void* bias, float* y, int64_t M,
+                       int64_t N, int64_t K, ThreadPool& pool) {
+  pool.parallel_for(
+      N,
+      [&](int64_t n0, int64_t n1, int) {
+        float* row = thread_scratch<float>(Scratch::kWidenedRow, size_t(K));
+        for (int64_t n = n0; n < n1; ++n) {
+          widen_f16(static_cast<const uint16_t*>(w) + n * K, row, K);
+          const float b = bias ? f16_as_f32(static_cast<const uint16_t*>(bias)[n]) : 0.0f;
+          for (int64_t m = 0; m < M; ++m) y[m * N + n] = dot_f32(x + m * K, row, K) + b;
+        }
+      },
+      16);
 }
 
 // The largest of x[0, n), -inf for none; NaNs are passed over, as std::max(m, NaN) does.

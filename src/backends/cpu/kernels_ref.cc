@@ -11,9 +11,10 @@
 namespace tformers::cpu::ref {
 
 namespace {
-// Element i of a float tensor stored as f32 or bf16.
+// Element i of a float tensor stored as f32, bf16 or f16.
 double load(const void* p, DType t, int64_t i) {
   if (t == DType::bf16) return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  if (t == DType::f16) return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
   return static_cast<const float*>(p)[i];
 }
 }  // namespace
