@@ -281,6 +281,12 @@ TEST_F(TpMpi, DefaultPlanTwoRanksBfloat16Weights) {
   expect_ok(run_worker(2, "tiny-qwen3-sharded", "", "", "bfloat16"));
 }
 
+// float16 weights with rowwise biases (hf-llama's o_proj): each rank's bias joins after the sum,
+// widened to float32 as the CPU computes.
+TEST_F(TpMpi, DefaultPlanTwoRanksFloat16WeightsAndRowwiseBiases) {
+  expect_ok(run_worker(2, "hf-llama", "", "", "float16"));
+}
+
 // Quantized at load, each rank its own slice: int8 and int4 with a tied head (its quantized copy
 // split over the vocabulary) and untied, q/k/v biases kept in f32 (Qwen2), and a tied head whole
 // on every rank while its embedding is split (its own slice, quantized).

@@ -123,6 +123,8 @@ bool reads_f32(Op op, size_t k) {
       return k != 1;
     case Op::kLinearId:
       return k == 0;
+    case Op::kAllReduce:  // its bias
+      return k == 1;
     default:
       return false;
   }

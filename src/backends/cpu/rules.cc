@@ -160,12 +160,9 @@ void all_reduce(const OpCall& c) {
   distributed::group(c.n.attrs_as<graph::AllReduceAttrs>().group)
       .all_reduce_sum(c.f32(0), out, numel);
   if (c.n.inputs.size() < 2) return;
-  // The bias of a rowwise layer, added once after the sum (on every rank alike).
-  const DType bt = c.in_type(1).dtype;
-  TF_CHECK(bt == DType::f32 || bt == DType::bf16, "all_reduce bias dtype");
-  for (int64_t i = 0; i < numel; ++i)
-    out[i] += bt == DType::f32 ? c.f32(1)[i % d]
-                               : bf16_to_f32(static_cast<const uint16_t*>(c.in[1])[i % d]);
+  // The bias of a rowwise layer (float32: the legaliser widens a 16-bit one), added once after
+  // the sum (on every rank alike).
+  for (int64_t i = 0; i < numel; ++i) out[i] += c.f32(1)[i % d];
 }
 
 void all_gather(const OpCall& c) {
