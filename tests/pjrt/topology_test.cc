@@ -203,8 +203,10 @@ TEST(TopologyName, IsCheckedBeforeLibtpuSeesIt) {
       {"v5litepod-1", "no ':' between the TPU generation and the chips"},
   };
   for (const auto& [name, says] : bad) {
+    // A copy to capture: clang 14 does not capture structured bindings.
+    const std::string topology = name;
     const std::string e =
-        testing::error_of<InvalidArgumentError>([&] { check_topology_name(name); });
+        testing::error_of<InvalidArgumentError>([&] { check_topology_name(topology); });
     EXPECT_CONTAINS(e, std::string("topology \"") + name + "\"");
     EXPECT_CONTAINS(e, says);
   }
