@@ -295,9 +295,9 @@ void SparseMoE::declare(std::vector<WeightSpec>& w, const std::string& prefix) c
       prefix + ".experts.down_proj", {experts, hidden, intermediate}, WeightRole::kExperts};
   for (int64_t e = 0; e < experts; ++e) {
     const std::string expert = prefix + ".experts." + std::to_string(e);
-    gate_up.stacked_from.push_back(expert + ".gate_proj.weight");
-    gate_up.stacked_from.push_back(expert + ".up_proj.weight");
-    down.stacked_from.push_back(expert + ".down_proj.weight");
+    gate_up.stacked_from.push_back(expert + "." + gate_proj + ".weight");
+    gate_up.stacked_from.push_back(expert + "." + up_proj + ".weight");
+    down.stacked_from.push_back(expert + "." + down_proj + ".weight");
   }
   w.push_back(std::move(gate_up));
   w.push_back(std::move(down));
@@ -366,9 +366,9 @@ std::vector<WeightSpec> DecoderModel::weights() const {
       if (!norm->empty()) blk.norm.declare(w, n + *norm);
     blk.attn.declare(w, n + "self_attn");
     if (blk.moe)
-      blk.moe->declare(w, n + "mlp");
+      blk.moe->declare(w, n + blk.mlp_name);
     else
-      blk.mlp.declare(w, n + "mlp");
+      blk.mlp.declare(w, n + blk.mlp_name);
   }
   norm.declare(w, "model.norm");
   WeightSpec head{
@@ -405,7 +405,10 @@ void DecoderModel::build(GraphBuilder& b, Params& p, const StepShape& s, DType c
         [&](Value x) { return blk.attn(c, x, n + "self_attn", int64_t(l)); }, "residual_attn");
     sublayer(
         blk.pre_mlp, blk.post_mlp,
-        [&](Value x) { return blk.moe ? (*blk.moe)(c, x, n + "mlp") : blk.mlp(c, x, n + "mlp"); },
+        [&](Value x) {
+          const std::string mlp = n + blk.mlp_name;
+          return blk.moe ? (*blk.moe)(c, x, mlp) : blk.mlp(c, x, mlp);
+        },
         "residual_mlp");
   }
   // Only the kept positions go through the final norm and lm_head: (B,keep,H). A packed step

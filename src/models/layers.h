@@ -149,6 +149,8 @@ struct GatedMLP {
 struct SparseMoE {
   int64_t hidden = 0, intermediate = 0, experts = 0, top_k = 0;
   bool norm_topk_prob = false;
+  // Each expert's projections as the Hub checkpoint names them (Mixtral's w1, w3, w2).
+  std::string gate_proj = "gate_proj", up_proj = "up_proj", down_proj = "down_proj";
   void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
   Value operator()(Ctx& c, Value x, const std::string& prefix) const;
 };
@@ -169,7 +171,8 @@ struct Embedding {
 struct DecoderBlock {
   Attention attn;
   GatedMLP mlp;
-  std::optional<SparseMoE> moe;  // instead of mlp, under the same "mlp" prefix
+  std::optional<SparseMoE> moe;  // instead of mlp, under the same prefix
+  std::string mlp_name = "mlp";  // the checkpoint's module (Mixtral's block_sparse_moe)
   RMSNorm norm;                  // all of the block's norms are alike
   std::string pre_attn = "input_layernorm", post_attn;
   std::string pre_mlp = "post_attention_layernorm", post_mlp;

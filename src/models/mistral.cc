@@ -1,7 +1,9 @@
 // MistralForCausalLM (Mistral 7B, Mistral Small, Ministral): the Llama decoder without biases,
 // with head_dim from config.json when set (Mistral Small's 128 is not hidden_size / heads) and,
 // when sliding_window is set, the same window on every layer (Mistral 7B v0.1's 4096; null in
-// the later releases).
+// the later releases). MixtralForCausalLM (Mixtral 8x7B, 8x22B): Mistral's decoder with a mixture
+// of experts on every layer, the checkpoint's block_sparse_moe: a softmax router, the top k
+// renormalised, each expert's w1 (gate), w3 (up) and w2 (down).
 #include "models/layers.h"
 #include "tformers/error.h"
 
@@ -13,19 +15,53 @@ struct MistralConfig : DecoderConfig {
   int64_t sliding_window = 0;  // 0: full attention
 };
 
+void read_mistral(const io::Json& j, const std::string& where, MistralConfig& c) {
+  read_decoder_config(j, where, c);
+  c.rope = read_rope(j, where, c.head_dim, 10000.0, false);
+  c.sliding_window = io::get_or<int64_t>(j, "sliding_window", 0, where);
+  if (c.sliding_window < 0)
+    throw FormatError(where + ": field 'sliding_window' must be positive or null, got " +
+                      std::to_string(c.sliding_window));
+}
+
+DecoderModel mistral_model(const MistralConfig& c) {
+  DecoderModel m = llama_model(c);
+  for (DecoderBlock& blk : m.blocks) blk.attn.sliding_window = c.sliding_window;
+  return m;
+}
+
 class MistralForCausalLM : public DecoderArchitecture<MistralConfig> {
  public:
   void read(const io::Json& j, const std::string& where, MistralConfig& c) const override {
-    read_decoder_config(j, where, c);
-    c.rope = read_rope(j, where, c.head_dim, 10000.0, false);
-    c.sliding_window = io::get_or<int64_t>(j, "sliding_window", 0, where);
-    if (c.sliding_window < 0)
-      throw FormatError(where + ": field 'sliding_window' must be positive or null, got " +
-                        std::to_string(c.sliding_window));
+    read_mistral(j, where, c);
   }
-  DecoderModel model(const MistralConfig& c) const override {
-    DecoderModel m = llama_model(c);
-    for (DecoderBlock& blk : m.blocks) blk.attn.sliding_window = c.sliding_window;
+  DecoderModel model(const MistralConfig& c) const override { return mistral_model(c); }
+};
+
+struct MixtralConfig : MistralConfig {
+  int64_t num_local_experts = 0, num_experts_per_tok = 0;
+};
+
+class MixtralForCausalLM : public DecoderArchitecture<MixtralConfig> {
+ public:
+  void read(const io::Json& j, const std::string& where, MixtralConfig& c) const override {
+    read_mistral(j, where, c);
+    c.num_local_experts = io::get_int_in(j, "num_local_experts", 1, 1 << 16, where);
+    c.num_experts_per_tok = io::get_int_in(j, "num_experts_per_tok", 1, c.num_local_experts, where);
+  }
+  DecoderModel model(const MixtralConfig& c) const override {
+    DecoderModel m = mistral_model(c);
+    for (DecoderBlock& blk : m.blocks) {
+      blk.mlp_name = "block_sparse_moe";
+      blk.moe = SparseMoE{.hidden = c.hidden_size,
+                          .intermediate = c.intermediate_size,
+                          .experts = c.num_local_experts,
+                          .top_k = c.num_experts_per_tok,
+                          .norm_topk_prob = true,
+                          .gate_proj = "w1",
+                          .up_proj = "w3",
+                          .down_proj = "w2"};
+    }
     return m;
   }
 };
@@ -33,5 +69,6 @@ class MistralForCausalLM : public DecoderArchitecture<MistralConfig> {
 }  // namespace
 
 TFORMERS_REGISTER_ARCHITECTURE("MistralForCausalLM", MistralForCausalLM);
+TFORMERS_REGISTER_ARCHITECTURE("MixtralForCausalLM", MixtralForCausalLM);
 
 }  // namespace tformers::models

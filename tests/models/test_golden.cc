@@ -119,7 +119,8 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, Golden,
 // its config layout (rope_parameters, dtype, layer_types) and its tensor names.
 INSTANTIATE_TEST_SUITE_P(HfModels, Golden,
                          ::testing::Values("hf-llama", "hf-qwen2", "hf-qwen3", "hf-mistral",
-                                           "hf-glm", "hf-glm4", "hf-gemma3", "hf-qwen3-moe"),
+                                           "hf-glm", "hf-glm4", "hf-gemma3", "hf-qwen3-moe",
+                                           "hf-mixtral"),
                          param_name);
 
 }  // namespace

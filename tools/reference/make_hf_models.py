@@ -21,6 +21,7 @@ heads on 2 KV heads, head_dim 32 != 64 / 4), each with the features of its archi
 |            | logit soft-capping 4, query_pre_attn_scalar 24, tied, 3 layers       |        |
 | hf-qwen3-moe | 8 experts of 32, top 2 renormalised, layer 1 dense (mlp_only_layers), | bf16 |
 |            | q_norm / k_norm, 3 layers; saved with per-expert tensor names        |        |
+| hf-mixtral | 4 experts of 64 (w1, w3, w2 under block_sparse_moe), top 2           | f32    |
 
 Weights: Transformers' initialisation (std 0.02) makes the logits nearly flat and greedy a
 sequence of near-ties, so every parameter is redrawn: normal with std 0.3 for embeddings and an
@@ -89,6 +90,10 @@ MODELS = {
         num_hidden_layers=3, tie_word_embeddings=False, moe_intermediate_size=32, num_experts=8,
         num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
         rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), torch.bfloat16),
+    "hf-mixtral": (2009, T.MixtralConfig, T.MixtralForCausalLM, dict(
+        tie_word_embeddings=False, intermediate_size=64, num_local_experts=4,
+        num_experts_per_tok=2, rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+        torch.float32),
 }
 
 
