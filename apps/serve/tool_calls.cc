@@ -35,25 +35,40 @@ std::optional<Json> parse_json(std::string_view text) {
   }
 }
 
+// Where a JSON text's strings are, read one character at a time: what a scanner keeps to tell
+// brackets and markers from the same characters inside a string.
+struct JsonStrings {
+  bool in_string = false, escaped = false;
+  // Takes the next character; true when it belongs to a string (its quotes included).
+  bool take(char c) {
+    if (!in_string) {
+      in_string = c == '"';
+      return in_string;
+    }
+    if (escaped)
+      escaped = false;
+    else if (c == '\\')
+      escaped = true;
+    else if (c == '"')
+      in_string = false;
+    return true;
+  }
+};
+
 // JSON text cut short (a forced call that reached max_tokens), closed where it was cut: an open
 // value string is ended there, a value that does not parse cut (with the key or comma before
 // it), and the open objects and arrays closed. nullopt when no beginning of it parses.
 std::optional<Json> parse_cut_json(std::string_view text) {
   std::string closers;  // what closes the containers open at each point, innermost first
   std::vector<std::pair<size_t, std::string>> cuts;  // (length, closers) where a value may end
-  bool in_string = false, escaped = false;
+  JsonStrings strings;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false, cuts.emplace_back(i + 1, closers);
+    const bool was_in_string = strings.in_string;
+    if (strings.take(c)) {
+      if (was_in_string && !strings.in_string) cuts.emplace_back(i + 1, closers);
       continue;
     }
-    if (c == '"') in_string = true;
     if (c == '{' || c == '[') closers.insert(closers.begin(), c == '{' ? '}' : ']');
     if ((c == '}' || c == ']') && !closers.empty()) closers.erase(closers.begin());
     if (c == '{' || c == '[' || c == '}' || c == ']' || std::isalnum(static_cast<unsigned char>(c)))
@@ -61,9 +76,9 @@ std::optional<Json> parse_cut_json(std::string_view text) {
   }
   std::vector<std::string> tries;
   // Cut inside a string: end it there, less an escape sequence begun.
-  if (in_string) {
+  if (strings.in_string) {
     std::string_view head = text;
-    if (escaped) head.remove_suffix(1);
+    if (strings.escaped) head.remove_suffix(1);
     if (const size_t u = head.rfind("\\u"); u != std::string_view::npos && head.size() - u < 6)
       head = head.substr(0, u);
     tries.push_back(std::string(head) + "\"" + closers);
@@ -130,22 +145,9 @@ size_t partial_marker(std::string_view text, std::string_view marker) {
 // Where `marker` first occurs outside the JSON strings of `body` (an argument's value may hold the
 // closing marker's text), or npos.
 size_t find_outside_strings(std::string_view body, std::string_view marker) {
-  bool in_string = false, escaped = false;
-  for (size_t i = 0; i < body.size(); ++i) {
-    const char c = body[i];
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (body.substr(i).starts_with(marker)) {
-      return i;
-    }
-  }
+  JsonStrings strings;
+  for (size_t i = 0; i < body.size(); ++i)
+    if (!strings.take(body[i]) && body.substr(i).starts_with(marker)) return i;
   return std::string_view::npos;
 }
 
