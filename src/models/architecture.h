@@ -47,9 +47,9 @@ struct WeightSpec {
   bool required = true;
   std::string tied_to;  // when absent from the checkpoint, use this weight instead
   std::string linear;   // kBias: the ".weight" of the linear layer it belongs to
-  // kExperts: when the checkpoint does not hold this weight whole, the tensors whose rows, in
+  // When the checkpoint does not hold this weight under its name, the tensors whose rows, in
   // order, make it (Hub checkpoints name each expert's projections: "experts.0.gate_proj.weight",
-  // ...); the loader copies them into one tensor.
+  // ...), or the one tensor of its older name; the loader copies them into one tensor.
   std::vector<std::string> stacked_from;
 };
 
@@ -127,8 +127,9 @@ class Architecture {
   // The KV cache, one entry per layer (tp: this rank's layout, or null for a whole model).
   virtual std::vector<KvCacheSpec> states(const ArchConfig& config,
                                           const distributed::TpModel* tp) const = 0;
-  // Checkpoint tensors that are known and deliberately not used (e.g. cached RoPE tables).
-  virtual bool ignorable(const std::string& name) const { return false; }
+  // Checkpoint tensors that are known and deliberately not used (cached RoPE tables, the
+  // multi-token-prediction layers some checkpoints append).
+  virtual bool ignorable(const ArchConfig& config, const std::string& name) const = 0;
   // Builds the forward pass: inputs input_ids, position_ids (B,T), cache_position (); states
   // attention_mask (B,S) and past_key_values.{i}.{key,value}; output logits
   // (B, keep, V). With a paged shape the inputs are input_ids, position_ids (negative for
@@ -156,6 +157,7 @@ class ArchitectureFor : public Architecture {
   virtual void validate_tp(const Config& config, const distributed::TpModel& tp) const {
     Architecture::validate_tp(config, tp);
   }
+  virtual bool ignorable(const Config& config, const std::string& name) const { return false; }
 
   std::unique_ptr<ArchConfig> config(const io::Json& json, const std::string& where) const final {
     auto c = std::make_unique<Config>();
@@ -172,6 +174,9 @@ class ArchitectureFor : public Architecture {
   }
   void validate_tp(const ArchConfig& c, const distributed::TpModel& tp) const final {
     validate_tp(cast(c), tp);
+  }
+  bool ignorable(const ArchConfig& c, const std::string& name) const final {
+    return ignorable(cast(c), name);
   }
 
  private:

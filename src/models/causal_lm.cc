@@ -248,7 +248,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     if (!ckpt.has(s.name)) pieces.insert(s.stacked_from.begin(), s.stacked_from.end());
   std::vector<std::string> unexpected;
   for (const auto& name : ckpt.names())
-    if (!by_name.count(name) && !impl->arch->ignorable(name) && !stored_part(name) &&
+    if (!by_name.count(name) && !impl->arch->ignorable(c, name) && !stored_part(name) &&
         !pieces.count(name))
       unexpected.push_back(name);
   if (!unexpected.empty()) {

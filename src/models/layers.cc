@@ -288,31 +288,76 @@ Value GatedMLP::operator()(Ctx& c, Value x, const std::string& prefix) const {
 // ---- Mixture of experts ----
 
 void SparseMoE::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
-  w.push_back({prefix + ".gate.weight", {experts, hidden}, WeightRole::kRouter});
+  const std::string hub =
+      hub_module.empty() ? prefix : prefix.substr(0, prefix.rfind('.') + 1) + hub_module;
+  WeightSpec router{prefix + ".gate.weight", {experts, hidden}, WeightRole::kRouter};
+  if (hub != prefix) router.stacked_from = {hub + ".gate.weight"};
+  w.push_back(std::move(router));
+  if (score_bias)
+    w.push_back({prefix + ".gate.e_score_correction_bias", {experts}, WeightRole::kRouter});
   WeightSpec gate_up{
       prefix + ".experts.gate_up_proj", {experts, 2 * intermediate, hidden}, WeightRole::kExperts};
   WeightSpec down{
       prefix + ".experts.down_proj", {experts, hidden, intermediate}, WeightRole::kExperts};
   for (int64_t e = 0; e < experts; ++e) {
-    const std::string expert = prefix + ".experts." + std::to_string(e);
+    const std::string expert = hub + ".experts." + std::to_string(e);
     gate_up.stacked_from.push_back(expert + "." + gate_proj + ".weight");
     gate_up.stacked_from.push_back(expert + "." + up_proj + ".weight");
     down.stacked_from.push_back(expert + "." + down_proj + ".weight");
   }
   w.push_back(std::move(gate_up));
   w.push_back(std::move(down));
+  if (shared) shared->declare(w, prefix + ".shared_experts");
+}
+
+Value SparseMoE::keep_top_groups(Ctx& c, Value choice, const std::string& prefix) const {
+  GraphBuilder& b = c.b;
+  const Shape cs = b.type(choice).shape;  // (B,T,E)
+  const int64_t B = cs[0], T = cs[1], per = experts / groups;
+  // A group scores the sum of its two best choices.
+  const Value grouped = b.reshape(choice, {B, T, groups, per});
+  const Value best2 = b.take_along(grouped, b.top_k(grouped, 2, prefix + ".group_top2"));
+  const Value score = b.reshape(b.reduce(graph::ReduceFn::kSum, best2, 3), {B, T, groups});
+  const Value kept = b.top_k(score, topk_groups, prefix + ".group_top_k");  // (B,T,topk_groups)
+  // 1 for a kept group, else 0; then 0 or -1e30 added to each of its experts' choices.
+  const Value mask = b.scatter_add(b.constant(0, {DType::f32, {B, T, groups}}), kept,
+                                   b.constant(1, {DType::f32, {B, T, topk_groups}}));
+  const Value penalty = b.binary(
+      graph::BinaryFn::kMul, b.binary(graph::BinaryFn::kSub, mask, b.constant(1, {DType::f32, {}})),
+      b.constant(1e30, {DType::f32, {}}), prefix + ".group_mask");
+  return b.reshape(b.binary(graph::BinaryFn::kAdd, grouped, b.reshape(penalty, {B, T, groups, 1})),
+                   cs);
+}
+
+std::pair<Value, Value> SparseMoE::route(Ctx& c, Value x, const std::string& prefix) const {
+  GraphBuilder& b = c.b;
+  const std::string gate = prefix + ".gate";
+  const Value logits = linear(c, x, gate);  // (B,T,E)
+  Value scores, choice;
+  if (scoring == Scoring::kSoftmax) {
+    scores = choice = b.softmax(logits, gate + ".softmax");
+  } else {
+    // GLM-4.5 routes in float32; the bias moves which experts are chosen, not their weights.
+    scores = choice =
+        b.unary(graph::UnaryFn::kSigmoid, b.convert(logits, DType::f32), gate + ".sigmoid");
+    if (score_bias)
+      choice = b.binary(graph::BinaryFn::kAdd, scores, c.p(gate + ".e_score_correction_bias"),
+                        gate + ".choice");
+    if (groups > 1) choice = keep_top_groups(c, choice, gate);
+  }
+  const Value idx = b.top_k(choice, top_k, gate + ".top_k");  // (B,T,k)
+  Value weights = b.take_along(scores, idx, gate + ".weights");
+  if (norm_topk_prob)
+    weights = b.binary(graph::BinaryFn::kDiv, weights, b.reduce(graph::ReduceFn::kSum, weights, 2),
+                       gate + ".norm");
+  if (scaling != 1) weights = b.scale(weights, scaling, gate + ".scaling");
+  return {idx, weights};
 }
 
 Value SparseMoE::operator()(Ctx& c, Value x, const std::string& prefix) const {
   GraphBuilder& b = c.b;
   const Shape xs = b.type(x).shape;  // (B,T,H)
-  // Routing: a softmax over every expert's logit, the top k's probabilities as weights.
-  const Value probs = b.softmax(linear(c, x, prefix + ".gate"), prefix + ".gate.softmax");
-  const Value idx = b.top_k(probs, top_k, prefix + ".gate.top_k");  // (B,T,k)
-  Value weights = b.take_along(probs, idx, prefix + ".gate.weights");
-  if (norm_topk_prob)
-    weights = b.binary(graph::BinaryFn::kDiv, weights, b.reduce(graph::ReduceFn::kSum, weights, 2),
-                       prefix + ".gate.norm");
+  const auto [idx, weights] = route(c, x, prefix);
   // Each token's k experts: (B,T,k,2I) -> (B,T,k,I) -> (B,T,k,H).
   const Value gate_up =
       b.linear_id(x, c.p(prefix + ".experts.gate_up_proj"), idx, prefix + ".experts.gate_up_proj");
@@ -324,7 +369,10 @@ Value SparseMoE::operator()(Ctx& c, Value x, const std::string& prefix) const {
   const Value weighted =
       b.binary(graph::BinaryFn::kMul, y, b.reshape(weights, {xs[0], xs[1], top_k, 1}),
                prefix + ".experts.weighted");
-  return b.reshape(b.reduce(graph::ReduceFn::kSum, weighted, 2, prefix + ".experts.sum"), xs);
+  Value out = b.reshape(b.reduce(graph::ReduceFn::kSum, weighted, 2, prefix + ".experts.sum"), xs);
+  if (shared)
+    out = b.add(out, (*shared)(c, x, prefix + ".shared_experts"), prefix + ".shared_experts.add");
+  return out;
 }
 
 // ---- Embedding and the stack ----
@@ -366,9 +414,9 @@ std::vector<WeightSpec> DecoderModel::weights() const {
       if (!norm->empty()) blk.norm.declare(w, n + *norm);
     blk.attn.declare(w, n + "self_attn");
     if (blk.moe)
-      blk.moe->declare(w, n + blk.mlp_name);
+      blk.moe->declare(w, n + "mlp");
     else
-      blk.mlp.declare(w, n + blk.mlp_name);
+      blk.mlp.declare(w, n + "mlp");
   }
   norm.declare(w, "model.norm");
   WeightSpec head{
@@ -406,7 +454,7 @@ void DecoderModel::build(GraphBuilder& b, Params& p, const StepShape& s, DType c
     sublayer(
         blk.pre_mlp, blk.post_mlp,
         [&](Value x) {
-          const std::string mlp = n + blk.mlp_name;
+          const std::string mlp = n + "mlp";
           return blk.moe ? (*blk.moe)(c, x, mlp) : blk.mlp(c, x, mlp);
         },
         "residual_mlp");

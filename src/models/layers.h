@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/architecture.h"
@@ -140,19 +141,37 @@ struct GatedMLP {
   void validate_tp(const distributed::TpModel& tp, const std::string& prefix) const;
 };
 
-// A mixture of experts as Qwen3-MoE routes it: the router "<prefix>.gate" (experts by hidden)
-// scores every expert, a softmax over them, the top k kept (renormalised to sum to 1 with
-// norm_topk_prob), and each token through its k experts' gated MLPs, summed with the router's
-// weights. The experts are "<prefix>.experts.gate_up_proj" (experts, 2 intermediate, hidden) and
-// ".down_proj" (experts, hidden, intermediate) as Transformers 5 holds them, stacked at load
-// from the per-expert tensors of Hub checkpoints ("<prefix>.experts.3.gate_proj.weight").
+// A mixture of experts. The router "<prefix>.gate" (experts by hidden) scores every expert: a
+// softmax over them (Qwen3-MoE, Mixtral), or each expert's sigmoid (GLM-4.5) whose choice adds the
+// per-expert "<prefix>.gate.e_score_correction_bias" and, with groups, keeps only the experts of
+// the topk_groups groups whose two best choices score highest. The top k are kept, their scores
+// renormalised to sum to 1 with norm_topk_prob and times `scaling`, and each token goes through
+// its k experts' gated MLPs, summed with those weights; a shared expert (GLM-4.5's
+// "<prefix>.shared_experts") adds its output for every token. The experts are
+// "<prefix>.experts.gate_up_proj" (experts, 2 intermediate, hidden) and ".down_proj" (experts,
+// hidden, intermediate) as Transformers 5 holds them, stacked at load from the per-expert tensors
+// of Hub checkpoints ("<prefix>.experts.3.gate_proj.weight").
 struct SparseMoE {
+  enum class Scoring : uint8_t { kSoftmax, kSigmoid };
   int64_t hidden = 0, intermediate = 0, experts = 0, top_k = 0;
   bool norm_topk_prob = false;
-  // Each expert's projections as the Hub checkpoint names them (Mixtral's w1, w3, w2).
+  Scoring scoring = Scoring::kSoftmax;
+  bool score_bias = false;              // kSigmoid: e_score_correction_bias
+  int64_t groups = 1, topk_groups = 1;  // group-limited choice (n_group, topk_group)
+  float scaling = 1;                    // routed_scaling_factor
+  std::optional<GatedMLP> shared;       // "<prefix>.shared_experts"
+  // The module and each expert's projections as Hub checkpoints name them, where Transformers 5
+  // renamed them (Mixtral's block_sparse_moe with w1, w3, w2; its "mlp" holds gate and experts).
+  std::string hub_module;  // "": the module's own name
   std::string gate_proj = "gate_proj", up_proj = "up_proj", down_proj = "down_proj";
   void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
   Value operator()(Ctx& c, Value x, const std::string& prefix) const;
+
+ private:
+  // (B,T,k) int32 experts and (B,T,k) weights of each token.
+  std::pair<Value, Value> route(Ctx& c, Value x, const std::string& prefix) const;
+  // `choice` (B,T,E) f32 with the experts outside each token's best topk_groups groups at -1e30.
+  Value keep_top_groups(Ctx& c, Value choice, const std::string& prefix) const;
 };
 
 // The token embedding "<prefix>.weight" (vocab, hidden), times `scale` when set (Gemma scales by
@@ -172,7 +191,6 @@ struct DecoderBlock {
   Attention attn;
   GatedMLP mlp;
   std::optional<SparseMoE> moe;  // instead of mlp, under the same prefix
-  std::string mlp_name = "mlp";  // the checkpoint's module (Mixtral's block_sparse_moe)
   RMSNorm norm;                  // all of the block's norms are alike
   std::string pre_attn = "input_layernorm", post_attn;
   std::string pre_mlp = "post_attention_layernorm", post_mlp;

@@ -155,7 +155,7 @@ void DecoderModel::validate_tp(const TpModel& tp) const {
       throw UnsupportedError("layer " + std::to_string(l) +
                              " is a mixture of experts, which tensor parallelism does not split "
                              "yet: load the model without distributed_config");
-    blk.mlp.validate_tp(tp, n + blk.mlp_name);
+    blk.mlp.validate_tp(tp, n + "mlp");
     // One cache layout for every layer (the generation loop allocates them alike).
     const int64_t kv = blk.attn.cache(&tp, n + "self_attn").kv_heads;
     if (kv_local >= 0 && kv != kv_local)

@@ -27,7 +27,7 @@ class LlamaForCausalLM : public DecoderArchitecture<LlamaConfig> {
     }
     return m;
   }
-  bool ignorable(const std::string& name) const override {
+  bool ignorable(const LlamaConfig&, const std::string& name) const override {
     // Old conversions saved the RoPE table; it is recomputed from the config.
     return name.ends_with(".rotary_emb.inv_freq");
   }

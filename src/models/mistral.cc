@@ -2,8 +2,9 @@
 // with head_dim from config.json when set (Mistral Small's 128 is not hidden_size / heads) and,
 // when sliding_window is set, the same window on every layer (Mistral 7B v0.1's 4096; null in
 // the later releases). MixtralForCausalLM (Mixtral 8x7B, 8x22B): Mistral's decoder with a mixture
-// of experts on every layer, the checkpoint's block_sparse_moe: a softmax router, the top k
-// renormalised, each expert's w1 (gate), w3 (up) and w2 (down).
+// of experts on every layer: a softmax router, the top k renormalised, the experts' fused
+// tensors as Transformers 5 holds them (mlp.gate, mlp.experts.gate_up_proj) or, as Hub
+// checkpoints store them, block_sparse_moe.gate and each expert's w1 (gate), w3 (up), w2 (down).
 #include "models/layers.h"
 #include "tformers/error.h"
 
@@ -52,12 +53,12 @@ class MixtralForCausalLM : public DecoderArchitecture<MixtralConfig> {
   DecoderModel model(const MixtralConfig& c) const override {
     DecoderModel m = mistral_model(c);
     for (DecoderBlock& blk : m.blocks) {
-      blk.mlp_name = "block_sparse_moe";
       blk.moe = SparseMoE{.hidden = c.hidden_size,
                           .intermediate = c.intermediate_size,
                           .experts = c.num_local_experts,
                           .top_k = c.num_experts_per_tok,
                           .norm_topk_prob = true,
+                          .hub_module = "block_sparse_moe",
                           .gate_proj = "w1",
                           .up_proj = "w3",
                           .down_proj = "w2"};

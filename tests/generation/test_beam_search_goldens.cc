@@ -51,7 +51,8 @@ TEST_P(BeamSearchGoldens, SequencesAndScores) {
 INSTANTIATE_TEST_SUITE_P(TinyModels, BeamSearchGoldens,
                          ::testing::Values("tiny-llama", "tiny-qwen3", "hf-llama", "hf-qwen2",
                                            "hf-qwen3", "hf-mistral", "hf-glm", "hf-glm4",
-                                           "hf-gemma3", "hf-qwen3-moe", "hf-mixtral"),
+                                           "hf-gemma3", "hf-qwen3-moe", "hf-mixtral",
+                                           "hf-glm4-moe"),
                          [](const auto& info) {
                            std::string s = info.param;
                            std::replace(s.begin(), s.end(), '-', '_');

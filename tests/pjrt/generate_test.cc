@@ -159,7 +159,8 @@ TEST_P(XlaCpuRoutedModel, Float32MatchesTransformersAndTheCpuBackend) {
   expect_float32_matches(GetParam());
 }
 INSTANTIATE_TEST_SUITE_P(HfModels, XlaCpuRoutedModel,
-                         ::testing::Values("hf-qwen3-moe", "hf-mixtral"), param_name);
+                         ::testing::Values("hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe"),
+                         param_name);
 
 // AWQ and GPTQ checkpoints: XLA multiplies the dequantized f32 weights, so the goldens computed
 // from those weights hold to float32's 1e-4 at every prompt length, greedy tokens included.

@@ -19,21 +19,25 @@ import make_hf_models  # noqa: E402
 import tformers  # noqa: E402
 
 PROMPT = [3, 141, 59, 265, 358, 97, 93, 238, 46, 264, 338, 327]
-ARCHS = sorted(make_hf_models.MODELS)
+# Each architecture as save_pretrained writes it; a mixture of experts also with its experts fused
+# as Transformers 5 holds them (save_pretrained writes one tensor per expert and projection).
+ARCHS = sorted(make_hf_models.MODELS) + sorted(f"{m}:fused" for m in make_hf_models.MOE_MODELS)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
 def pair(request, tmp_path_factory):
     """(Transformers' model, tformers' model) of one architecture, the same float32 weights."""
-    name = request.param
+    name, _, layout = request.param.partition(":")
     seed, config_cls, model_cls, overrides, _ = make_hf_models.MODELS[name]
     config = config_cls(**{**make_hf_models.COMMON, **overrides})
     torch.manual_seed(seed)
     ref = model_cls(config).to(torch.float32).eval()
     make_hf_models.redraw(ref, seed, config.tie_word_embeddings, name == "hf-gemma3")
     ref.generation_config = transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    folder = tmp_path_factory.mktemp(name)
+    folder = tmp_path_factory.mktemp(request.param.replace(":", "-"))
     ref.save_pretrained(folder, safe_serialization=True)
+    if layout == "fused":
+        make_hf_models.save_fused(ref, folder, mtp=False)
     ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
                                                             attn_implementation="eager").eval()
     return ref, tformers.AutoModelForCausalLM.from_pretrained(folder, dtype="float32")

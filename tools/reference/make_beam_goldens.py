@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_goldens import OUT_DIR, check_versions, fmt, generate, load, setup_torch  # noqa: E402
 
 MODELS = ["tiny-llama", "tiny-qwen3", "hf-llama", "hf-qwen2", "hf-qwen3", "hf-mistral", "hf-glm",
-          "hf-glm4", "hf-gemma3"]
+          "hf-glm4", "hf-gemma3", "hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe"]
 PROMPT_A = [1, 17, 300, 45]
 PROMPT_B = [1, 400, 3, 3, 3, 9, 200, 51, 7, 7, 128]
 GENERATOR = (f"tools/reference/make_beam_goldens.py (transformers {transformers.__version__}, "

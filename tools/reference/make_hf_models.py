@@ -22,6 +22,12 @@ heads on 2 KV heads, head_dim 32 != 64 / 4), each with the features of its archi
 | hf-qwen3-moe | 8 experts of 32, top 2 renormalised, layer 1 dense (mlp_only_layers), | bf16 |
 |            | q_norm / k_norm, 3 layers; saved with per-expert tensor names        |        |
 | hf-mixtral | 4 experts of 64 (w1, w3, w2 under block_sparse_moe), top 2           | f32    |
+| hf-glm4-moe | layer 0 dense (first_k_dense_replace), then 8 experts of 32 in 2    | f32    |
+|            | groups (top 2 from the best group), sigmoid scores with a correction |        |
+|            | bias, routed_scaling_factor 2.5, a shared expert, q/k/v biases,      |        |
+|            | partial rotary 0.5 (rotate-half), 3 layers; saved with the fused    |        |
+|            | expert tensors of Transformers 5 (gate_up_proj, down_proj) and a     |        |
+|            | stand-in MTP layer (model.layers.3.*) that loaders must skip          |        |
 
 Weights: Transformers' initialisation (std 0.02) makes the logits nearly flat and greedy a
 sequence of near-ties, so every parameter is redrawn: normal with std 0.3 for embeddings and an
@@ -38,6 +44,7 @@ import os
 import shutil
 import sys
 
+import safetensors.torch
 import torch
 import transformers as T
 
@@ -94,7 +101,19 @@ MODELS = {
         tie_word_embeddings=False, intermediate_size=64, num_local_experts=4,
         num_experts_per_tok=2, rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
         torch.float32),
+    "hf-glm4-moe": (2010, T.Glm4MoeConfig, T.Glm4MoeForCausalLM, dict(
+        num_hidden_layers=3, tie_word_embeddings=False, attention_bias=True, use_qk_norm=False,
+        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+        topk_group=1, n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True, rms_norm_eps=1e-5,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                             partial_rotary_factor=0.5)), torch.float32),
 }
+
+# Mixtures of experts, and those saved as Transformers 5 holds them in memory (one gate_up_proj and
+# one down_proj per layer) rather than in the per-expert layout save_pretrained converts them to.
+MOE_MODELS = {"hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe"}
+FUSED_EXPERTS = {"hf-glm4-moe"}
 
 
 def redraw(model, seed, tied, gemma):
@@ -110,6 +129,25 @@ def redraw(model, seed, tied, gemma):
                 p.copy_(torch.randn_like(p) * 0.4)
             else:
                 p.copy_(torch.randn_like(p) * 0.1)
+        # GLM-4.5's correction bias is a buffer: drawn too, so that it changes which experts win.
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(torch.randn_like(buf) * 0.1)
+
+
+def save_fused(model, out, mtp):
+    """Rewrites out/model.safetensors from the model's own state dict (fused experts); with mtp, a
+    stand-in multi-token-prediction layer after the last decoder layer, as GLM-4.5 ships one."""
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if mtp:
+        prefix = f"model.layers.{model.config.num_hidden_layers}."
+        hidden = model.config.hidden_size
+        generator = torch.Generator().manual_seed(7)
+        for name, shape in [("eh_proj.weight", (hidden, 2 * hidden)), ("enorm.weight", (hidden,)),
+                            ("hnorm.weight", (hidden,)), ("shared_head.norm.weight", (hidden,))]:
+            state[prefix + name] = torch.randn(shape, generator=generator).to(model.dtype)
+    safetensors.torch.save_file(state, os.path.join(out, "model.safetensors"),
+                                metadata={"format": "pt"})
 
 
 def build(name):
@@ -126,6 +164,8 @@ def build(name):
     out = os.path.join(MODELS_DIR, name)
     shutil.rmtree(out, ignore_errors=True)
     model.save_pretrained(out, safe_serialization=True)
+    if name in FUSED_EXPERTS:
+        save_fused(model, out, mtp=True)
     size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
     print(f"{name:11s} {model_cls.__name__:20s} {str(storage):15s} {size / 1024:6.1f} KiB "
           f"-> {out}")
