@@ -137,6 +137,11 @@ void add_serve_flags(CLI::App* s, ServeArgs& a) {
   s->add_option("--max-body-bytes", a.max_body_bytes, "Largest request body (413 beyond)")
       ->check(int_in(1024, int64_t(1) << 30))
       ->capture_default_str();
+  s->add_option("--max-buffered-bytes", a.max_buffered_bytes,
+                "Bytes of requests still arriving, over all connections; past it the connections "
+                "that have sent slowest are closed")
+      ->check(int_in(1 << 20, int64_t(1) << 40))
+      ->capture_default_str();
   s->add_option("--max-connections", a.max_connections,
                 "Requests served at once (503 beyond); a connection still sending its request, "
                 "or idle, holds a socket and at most 16 KiB, not a place")

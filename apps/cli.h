@@ -100,6 +100,7 @@ struct ServeArgs {
   bool enable_prefix_caching = true;  // vLLM's flag and default
   int64_t max_body_bytes = int64_t(4) << 20;
   int64_t max_connections = 64;
+  int64_t max_buffered_bytes = int64_t(256) << 20;
   double request_timeout = 600;  // seconds from arrival to the last token; then cancelled
   double read_timeout = 30, write_timeout = 30, keep_alive_timeout = 5;
   double shutdown_timeout = 10;  // how long running requests may finish after SIGTERM

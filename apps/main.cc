@@ -100,6 +100,9 @@ constexpr const char* kVerboseAllRanksEnv = "TFORMERS_VERBOSE_ALL_RANKS";
 
 // A prompt file: a regular file (never a FIFO or device) of at most this many bytes.
 constexpr uint64_t kMaxPromptFileBytes = uint64_t(64) << 20;
+// Bytes of text per token of the context: more than any real text spends on a token (English
+// averages about 4), so a longer chat line or prompt file could never fit and is refused unread.
+constexpr uint64_t kBytesPerToken = 32;
 
 // Under tformers launch every rank runs the same command; only rank 0 prints, and its stderr is
 // the only one unless --verbose-all-ranks.
@@ -174,26 +177,49 @@ double seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
+// The text of an opened prompt file, unless it is longer than a context of `positions` tokens
+// could hold.
+std::string read_prompt_file(const tformers::io::RegularFile& file, int64_t positions) {
+  const uint64_t most = uint64_t(std::max<int64_t>(positions, 1)) * kBytesPerToken;
+  if (file.size() > most)
+    throw tformers::InvalidArgumentError(
+        "generate: --file prompt " + file.path() + " is " + std::to_string(file.size()) +
+        " bytes, more than the model's context of " + std::to_string(positions) +
+        " tokens (max_position_embeddings) can hold (at most " + std::to_string(most) +
+        " bytes of text at " + std::to_string(kBytesPerToken) +
+        " bytes a token); give the part of it the prompt needs");
+  return file.read_all();
+}
+
 int cmd_generate(const GenerateArgs& a) {
   check_args(a);
   if (int(!a.prompt.empty()) + int(!a.prompt_file.empty()) + int(!a.prompt_ids.empty()) != 1)
     throw tformers::cli::UsageError(
         "generate: give exactly one of --prompt, --file and --prompt-ids");
   quiet_other_ranks(a);
-  const std::string prompt =
-      a.prompt_file.empty()
-          ? a.prompt
-          : tformers::io::read_regular_file(a.prompt_file, kMaxPromptFileBytes, "--file prompt");
+  // A prompt file is opened (and checked to be a regular file) before the model loads, and read
+  // once the model's context says how much of it could be used.
+  std::optional<tformers::io::RegularFile> prompt_file;
+  if (!a.prompt_file.empty())
+    prompt_file.emplace(a.prompt_file, kMaxPromptFileBytes, "--file prompt");
   auto t0 = Clock::now();
   std::optional<tformers::Tokenizer> tok = maybe_tokenizer(a.model, a.revision);
+  if (a.prompt_ids.empty() && !tok)
+    throw tformers::NotFoundError("generate: " + a.model +
+                                  " has no tokenizer.json, so a text prompt cannot be encoded; "
+                                  "use --prompt-ids");
+  if (!a.stop.empty() && !tok)
+    throw tformers::InvalidArgumentError(
+        "generate: --stop needs the model's tokenizer.json to read the text; " + a.model +
+        " has none");
+  tformers::CausalLM lm = load_model(a);
+  auto t1 = Clock::now();
+  const std::string prompt =
+      prompt_file ? read_prompt_file(*prompt_file, lm.config().max_position_embeddings) : a.prompt;
   std::vector<int32_t> ids;
   if (!a.prompt_ids.empty()) {
     ids = parse_ids(a.prompt_ids);
   } else {
-    if (!tok)
-      throw tformers::NotFoundError("generate: " + a.model +
-                                    " has no tokenizer.json, so a text prompt cannot be encoded; "
-                                    "use --prompt-ids");
     std::string text = prompt;
     if (a.chat) {
       nlohmann::ordered_json messages = nlohmann::ordered_json::array();
@@ -204,12 +230,6 @@ int cmd_generate(const GenerateArgs& a) {
     // A rendered chat template already holds its special tokens.
     ids = tok->encode(text, /*add_special_tokens=*/!a.chat);
   }
-  if (!a.stop.empty() && !tok)
-    throw tformers::InvalidArgumentError(
-        "generate: --stop needs the model's tokenizer.json to read the text; " + a.model +
-        " has none");
-  tformers::CausalLM lm = load_model(a);
-  auto t1 = Clock::now();
 
   tformers::GenerationConfig gc = generation_config(a);
   if (!gc.seed && !lm.generation_config().seed) gc.seed = random_seed();
@@ -335,10 +355,6 @@ int prompt_getc(FILE*) {
   }
 }
 #endif
-
-// Bytes of one chat line per token of the context: more than any real text spends on a token
-// (English averages about 4), so a longer line could never fit and is refused unread.
-constexpr uint64_t kChatBytesPerToken = 32;
 
 // What is wrong with a chat line longer than `max_bytes`.
 std::string long_line(uint64_t max_bytes) {
@@ -509,7 +525,7 @@ int cmd_chat(const GenerateArgs& a) {
   const size_t first_turn = a.system.empty() ? 0 : 1;
   std::string line;
   for (uint64_t turn = 0;; ++turn) {
-    if (!read_line(line, uint64_t(ctx) * kChatBytesPerToken) || line == "/exit" || line == "/quit")
+    if (!read_line(line, uint64_t(ctx) * kBytesPerToken) || line == "/exit" || line == "/quit")
       break;
     if (line == "/help") {
       std::fputs(kChatHelp, stderr);

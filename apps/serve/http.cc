@@ -493,6 +493,7 @@ struct Server::Connection {
   RequestHead head;
   std::optional<ChunkedDecoder> chunked;
   std::string body;
+  size_t held = 0;  // of in and body, the bytes counted in the loop's buffered_
 };
 
 class Server::Loop {
@@ -557,6 +558,7 @@ class Server::Loop {
     if (it == conns_.end()) return;
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
     close_connection(*it->second);
+    buffered_ -= it->second->held;
     conns_.erase(it);
   }
 
@@ -579,6 +581,7 @@ class Server::Loop {
           take_returned();
         } else if (conns_.count(fd)) {
           readable(fd);
+          after_reading(fd);
         }
       }
       const Clock::time_point now = Clock::now();
@@ -632,12 +635,13 @@ class Server::Loop {
     accept_paused_until_ = Clock::now() + kAcceptPause;
   }
 
-  // Closes up to kEvictBatch of the connections the loop is reading, those that have made the
-  // least progress first: answered ones lingering before their close, then by the bytes a second
-  // they sent since they were accepted or last answered (an idle keep-alive connection, or a
-  // socket that sent nothing, has sent none; a slowloris a byte now and then), the longest
-  // waiting first among equals. False when there is none (every socket is being served).
-  bool make_room() {
+  // Closes up to `most` of the connections the loop is reading (only those holding bytes of a
+  // request when `holding_bytes`), those that have made the least progress first: answered ones
+  // lingering before their close, then by the bytes a second they sent since they were accepted or
+  // last answered (an idle keep-alive connection, or a socket that sent nothing, has sent none; a
+  // slowloris a byte now and then), the longest waiting first among equals. False when there is
+  // none (every socket is being served).
+  bool make_room(size_t most = kEvictBatch, bool holding_bytes = false) {
     const Clock::time_point now = Clock::now();
     struct Candidate {
       double rate;
@@ -647,17 +651,33 @@ class Server::Loop {
     std::vector<Candidate> all;
     all.reserve(conns_.size());
     for (auto& [fd, c] : conns_) {
+      if (holding_bytes && c->held == 0) continue;
       const double age = std::max(1e-3, std::chrono::duration<double>(now - c->since).count());
       all.push_back(
           {c->phase == Connection::kLinger ? -1.0 : double(c->received) / age, c->since, fd});
     }
     if (all.empty()) return false;
-    const size_t n = std::min(kEvictBatch, all.size());
+    const size_t n = std::min(most, all.size());
     std::partial_sort(all.begin(), all.begin() + ptrdiff_t(n), all.end(), [](auto& a, auto& b) {
       return a.rate != b.rate ? a.rate < b.rate : a.since < b.since;
     });
     for (size_t i = 0; i < n; ++i) drop(all[i].fd);
     return true;
+  }
+
+  // Counts what connection `fd` holds of unfinished requests; past Limits::max_buffered over all
+  // connections, those holding bytes that have made the least progress are closed until the total
+  // is back within it, so that many large bodies arriving at once cannot exhaust memory.
+  void after_reading(int fd) {
+    auto it = conns_.find(fd);
+    if (it != conns_.end()) {
+      Connection& c = *it->second;
+      const size_t now = c.in.size() + c.body.size();
+      buffered_ = buffered_ - c.held + now;
+      c.held = now;
+    }
+    while (buffered_ > s_.limits_.max_buffered && make_room(1, /*holding_bytes=*/true)) {
+    }
   }
 
   void sweep(Clock::time_point now) {
@@ -806,6 +826,8 @@ class Server::Loop {
     c.deadline = Clock::now() + kLinger;
     std::string().swap(c.in);
     std::string().swap(c.body);
+    buffered_ -= c.held;
+    c.held = 0;
     if (s_.handlers_.log) s_.handlers_.log(request, res);
   }
 
@@ -823,6 +845,9 @@ class Server::Loop {
     const int fd = c.fd;
     auto it = conns_.find(fd);
     std::unique_ptr<Connection> owned = std::move(it->second);
+    // The body is the request's now, bounded by max_connections times max_body.
+    buffered_ -= owned->held;
+    owned->held = 0;
     conns_.erase(it);
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
     Request request;
@@ -928,6 +953,7 @@ class Server::Loop {
       conns_.emplace(fd, std::move(owned));
       watch(fd);
       advance(c);
+      after_reading(fd);
     }
   }
 
@@ -936,6 +962,7 @@ class Server::Loop {
   std::thread thread_;
   std::unordered_map<int, std::unique_ptr<Connection>> conns_;  // the loop's own
   char scratch_[kRead];
+  size_t buffered_ = 0;  // the sum of the connections' held bytes
   std::optional<Clock::time_point> accept_paused_until_;
   uint64_t next_id_ = 0;
   std::mutex mu_;  // guards stopping_ and returned_

@@ -11,6 +11,8 @@
 //     at Limits::min_body_rate bytes a second once read_timeout has passed; an idle connection
 //     is closed after keep_alive_timeout: a slow client holds a socket and a buffer the size of
 //     what it sent, never a thread;
+//   - the bytes of requests still arriving are bounded over all connections (max_buffered): past
+//     it, the connections holding bytes that have made the least progress are closed;
 //   - requests being served (in worker threads) are limited, not sockets: the loop holds as many
 //     connections as the descriptor limit allows, and at that limit closes those that have made
 //     the least progress, never the newcomer;
@@ -42,6 +44,8 @@ struct Limits {
   double keep_alive_timeout = 5;  // seconds an idle connection waits for its next request
   int64_t min_body_rate = 1024;   // bytes a second a body must average past read_timeout
   size_t max_connections = 64;    // requests being served at once; one more is answered 503
+  // Bytes of requests still arriving, over all connections (see Server::Loop::after_reading).
+  size_t max_buffered = size_t(256) << 20;
 };
 
 struct Header {

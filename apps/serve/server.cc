@@ -683,6 +683,7 @@ http::Limits Server::limits(const ServeArgs& args) {
   l.write_timeout = args.write_timeout;
   l.keep_alive_timeout = args.keep_alive_timeout;
   l.max_connections = size_t(args.max_connections);
+  l.max_buffered = size_t(args.max_buffered_bytes);
   return l;
 }
 

@@ -249,6 +249,24 @@ TEST(Cli, SeedMinusOneIsFreshAndPrintedTemperatureZeroIsGreedy) {
   EXPECT_NE(g1.err.find("--temperature 0 means greedy decoding"), std::string::npos) << g1.err;
 }
 
+// A prompt file longer than the context could ever hold is refused before it is read (it was
+// read whole, up to 64 MiB, and tokenized first); an endless one (a device) is never read.
+TEST(Cli, PromptFileIsBoundByTheContext) {
+  const std::string file = std::filesystem::temp_directory_path() /
+                           ("tformers_long_prompt_" + std::to_string(::getpid()) + ".txt");
+  std::ofstream(file) << std::string(256 * 32 + 1, 'a');
+  Streams r = run(kCli + " generate" + kKjv + " -f " + file + " -n 3");
+  std::filesystem::remove(file);
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("is 8193 bytes, more than the model's context of 256 tokens "
+                       "(max_position_embeddings) can hold (at most 8192 bytes"),
+            std::string::npos)
+      << r.err;
+  r = run(kCli + " generate" + kKjv + " -f /dev/zero -n 3");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("/dev/zero"), std::string::npos) << r.err;
+}
+
 TEST(Cli, FileStopIgnoreEosAndJson) {
   const std::string file = std::filesystem::temp_directory_path() /
                            ("tformers_prompt_" + std::to_string(::getpid()) + ".txt");

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -216,6 +217,13 @@ class RawConnection {
     for (ssize_t n; (n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT)) > 0;)
       received_.append(buf, size_t(n));
     return received_;
+  }
+  // Whether the server has closed the connection (an end of stream or a reset is waiting), without
+  // waiting for one.
+  bool closed_by_peer() {
+    char byte;
+    const ssize_t n = ::recv(fd_, &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
   }
   void close() {
     if (fd_ >= 0) ::close(fd_);

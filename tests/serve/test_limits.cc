@@ -382,6 +382,36 @@ TEST(ServeStorm, ThousandsOfSlowAndSilentSocketsDoNotDenyService) {
   EXPECT_EQ(server.stop(), 0);
 }
 
+// Each connection's body was bounded, not their sum: 16,384 sockets sending 4 MiB bodies slowly
+// could hold 64 GiB. Now past --max-buffered-bytes the connections that have sent slowest are
+// closed until the total is back within it, and a normal client is still served.
+TEST(ServeLimits, BodiesStillArrivingAreBoundedOverAllConnections) {
+  constexpr int kSenders = 40;
+  constexpr size_t kPart = size_t(3) << 20;
+  ServeProcess server({"--max-buffered-bytes", std::to_string(4 << 20)});
+  ASSERT_EQ(timed_completion(server).first, 200);
+  const long rss_before = rss_kib(server.pid());
+  std::vector<std::unique_ptr<RawConnection>> senders;
+  const std::string part(kPart, 'x');
+  for (int i = 0; i < kSenders; ++i) {
+    senders.push_back(std::make_unique<RawConnection>(server.port()));
+    senders.back()->send(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4000000\r\n\r\n");
+    senders.back()->send(part);  // fails once the server has closed it
+  }
+  std::this_thread::sleep_for(300ms);
+  const long rss_after = rss_kib(server.pid());
+  int closed = 0;
+  for (auto& s : senders) closed += s->closed_by_peer();
+  std::printf("%d of %d senders closed; RSS %ld -> %ld KiB\n", closed, kSenders, rss_before,
+              rss_after);
+  // 4 MiB hold one 3 MiB part and a piece of the next: all but about two are closed.
+  EXPECT_GE(closed, kSenders - 3);
+  EXPECT_LT(rss_after - rss_before, 40 << 10) << "KiB; the senders sent " << kSenders * 3 << " MiB";
+  EXPECT_EQ(timed_completion(server).first, 200);
+  EXPECT_EQ(server.stop(), 0);
+}
+
 TEST(ServeLimits, TheKeyIsCheckedBeforeTheBodyIsRead) {
   ServeProcess server({}, {"TFORMERS_API_KEY=k"});
   RawConnection raw(server.port());
