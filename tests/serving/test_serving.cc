@@ -2,10 +2,12 @@
 // shape plan, a full pool, prefix caching, preemption, cancellation, shutdown and bad requests.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -102,13 +104,18 @@ TEST_P(PagedMatchesStatic, LogprobsOfEveryToken) {
 
 INSTANTIATE_TEST_SUITE_P(Serving, PagedMatchesStatic,
                          ::testing::Values("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral",
-                                           "tiny-gemma3", "tiny-glm", "tiny-glm4"));
+                                           "tiny-gemma3", "tiny-glm", "tiny-glm4", "hf-qwen3-moe",
+                                           "hf-mixtral", "hf-glm4-moe"));
 
 // A request's greedy tokens alone equal its tokens among others of other lengths, submitted
 // together and at staggered times, with the decode batch growing and shrinking around it; and
 // after warm-up nothing compiles.
-TEST(Serving, BatchInvariantAndNoCompilesAfterWarmUp) {
-  CausalLM model = AutoModelForCausalLM::from_pretrained(kShipped, {.device_map = "cpu"});
+// The mixtures of experts too: a token's experts are chosen and summed by row, whatever shares
+// the step.
+class BatchInvariant : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BatchInvariant, AndNoCompilesAfterWarmUp) {
+  CausalLM model = AutoModelForCausalLM::from_pretrained(GetParam(), {.device_map = "cpu"});
   const int64_t V = model.config().vocab_size;
   ServingEngine engine(model, {.max_num_seqs = 8, .max_model_len = 128});
   engine.warm_up();
@@ -143,6 +150,16 @@ TEST(Serving, BatchInvariantAndNoCompilesAfterWarmUp) {
   EXPECT_GT(s.padded_tokens, 0u);
   EXPECT_GT(s.computed_tokens, s.padded_tokens);
 }
+
+INSTANTIATE_TEST_SUITE_P(Serving, BatchInvariant,
+                         ::testing::Values(kShipped,
+                                           std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-moe",
+                                           std::string(TFORMERS_TEST_DATA) + "/models/hf-glm4-moe"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = std::filesystem::path(info.param).filename();
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 // The sequences of a decode step choose their tokens on the pool's threads; one whose sampling
 // fails there ends alone with the sampler's error, and the step's other sequences go on with the
