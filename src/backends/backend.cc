@@ -217,14 +217,31 @@ PreparedWeight Backend::prepare_linear(const Tensor& w, const std::string& quant
   return prepare_quantized_linear(quantize_on_host(w, quantize));
 }
 
-PreparedWeight Backend::prepare_quantized_linear(const QuantizedLinear&) {
+QuantizedLinear Backend::laid_out(const QuantizedLinear&) const {
   throw UnsupportedError("the " + name() +
                          " backend has no quantized weights; load the model without quantize, "
                          "from a float checkpoint");
 }
 
-PreparedWeight Backend::upload_quantized(const QuantizedLinear& q) {
+PreparedWeight Backend::prepare_quantized_linear(const QuantizedLinear& given) {
+  const QuantizedLinear q = laid_out(given);
   return {upload(q.weight), upload(q.scale), q.zero ? upload(*q.zero) : nullptr, q.attrs()};
+}
+
+PreparedWeight Backend::prepare_experts(const Tensor& w, const std::string& quantize) {
+  if (quantize.empty()) return {upload(w), nullptr, nullptr, std::nullopt};
+  const int64_t E = w.shape()[0], N = w.shape()[1], K = w.shape()[2];
+  // An int4 tile holds 8 rows, which must not straddle two experts.
+  const std::string scheme = quantize == "int4" && N % graph::kInt4Rows != 0 ? "int8" : quantize;
+  // Rows are quantized independently: the (E*N, K) matrix's rows are each expert's, in order.
+  const QuantizedLinear q = laid_out(quantize_on_host(w.reshape({E * N, K}), scheme));
+  auto stacked = [&](const Tensor& t) {
+    Shape s = t.shape();
+    s[0] /= E;
+    s.insert(s.begin(), E);
+    return upload(t.reshape(s));
+  };
+  return {stacked(q.weight), stacked(q.scale), q.zero ? stacked(*q.zero) : nullptr, q.attrs()};
 }
 
 double Backend::read_bandwidth_gbs(size_t) {

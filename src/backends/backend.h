@@ -173,10 +173,12 @@ class Backend {
   // linear.
   PreparedWeight prepare_linear(const Tensor& w, const std::string& quantize);
   // A weight already quantized, in either layout: stored so in a checkpoint, imported (AWQ,
-  // GPTQ) or quantized on the host. The backend lays it out as it computes (a copy, or the
-  // tensors as given where they are already in its layout). UnsupportedError where the backend
-  // has no quantized weights, or none of this shape.
-  virtual PreparedWeight prepare_quantized_linear(const QuantizedLinear& q);
+  // GPTQ) or quantized on the host, laid out as the backend computes (laid_out) and uploaded.
+  PreparedWeight prepare_quantized_linear(const QuantizedLinear& q);
+  // A mixture's experts w (E, N, K) prepared for Op::kLinearId ("" uploads them as given) or
+  // Op::kLinearIdQuant ("int8", "int4": each expert quantized as prepare_linear would, the E
+  // results stacked on a leading dim; int4 experts whose N is not a multiple of 8 become int8).
+  PreparedWeight prepare_experts(const Tensor& w, const std::string& quantize);
   // The streaming-read bandwidth of the device's memory in GB/s, measured now over `bytes`: the
   // roofline of a decode step, which reads every weight once (tformers bench). UnsupportedError
   // where the backend runs nothing.
@@ -186,8 +188,9 @@ class Backend {
   void reset_transfer_stats() { stats_.reset(); }
 
  protected:
-  // q's tensors uploaded as they are, with the attributes that read them.
-  PreparedWeight upload_quantized(const QuantizedLinear& q);
+  // q in the layout the backend computes with (a copy, or q itself where it is already in it).
+  // UnsupportedError where the backend has no quantized weights, or none of this shape.
+  virtual QuantizedLinear laid_out(const QuantizedLinear& q) const;
   TransferCounters stats_;
 };
 

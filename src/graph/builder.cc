@@ -443,20 +443,56 @@ Value GraphBuilder::matmul(Value a, Value b, const std::string& name) {
   return add_node(Op::kMatMul, {a, b}, {elementwise_dtype({a, b}, name), out}, name);
 }
 
-Value GraphBuilder::linear_id(Value x, Value w, Value idx, const std::string& name) {
-  const TensorType &xt = type(x), &wt = type(w), &it = type(idx);
-  // x (..., K) goes through each of its row's experts; x (..., k, K), one input per slot.
+namespace {
+
+// The result shape (..., k, N) of experts of K inputs and N outputs (weights `wt`) over x and idx:
+// x (..., K) goes through each of its row's experts; x (..., k, K), one input per slot.
+Shape experts_out(const TensorType& xt, const TensorType& it, const TensorType& wt, int64_t K,
+                  int64_t N, const std::string& name) {
   const bool per_slot = xt.shape.size() == it.shape.size() + 1;
   const size_t rows = it.shape.size() - (per_slot ? 0 : 1);
-  TF_CHECK(is_float(xt.dtype) && is_float(wt.dtype) && wt.shape.size() == 3 && !xt.shape.empty() &&
-               xt.shape.back() == wt.shape[2] && it.dtype == DType::i32 && !it.shape.empty() &&
-               xt.shape.size() >= rows + 1 &&
+  TF_CHECK(is_float(xt.dtype) && !xt.shape.empty() && xt.shape.back() == K &&
+               it.dtype == DType::i32 && !it.shape.empty() && xt.shape.size() >= rows + 1 &&
                std::equal(it.shape.begin(), it.shape.begin() + ptrdiff_t(rows), xt.shape.begin()) &&
                (per_slot || xt.shape.size() == it.shape.size()),
            name, ": x ", xt.str(), " experts ", wt.str(), " idx ", it.str());
   Shape out = it.shape;
-  out.push_back(wt.shape[1]);
+  out.push_back(N);
+  return out;
+}
+
+}  // namespace
+
+Value GraphBuilder::linear_id(Value x, Value w, Value idx, const std::string& name) {
+  const TensorType& wt = type(w);
+  TF_CHECK(is_float(wt.dtype) && wt.shape.size() == 3, name, ": experts ", wt.str());
+  const Shape out = experts_out(type(x), type(idx), wt, wt.shape[2], wt.shape[1], name);
   return add_node(Op::kLinearId, {x, w, idx}, {activation(), out}, name);
+}
+
+Value GraphBuilder::linear_id_quant(Value x, Value w, Value idx, Value scale, Value zero,
+                                    const LinearQuantAttrs& q, const std::string& name) {
+  const TensorType &wt = type(w), &st = type(scale);
+  TF_CHECK(wt.shape.size() >= 2 && st.shape.size() >= 2 && wt.shape[0] == st.shape[0] &&
+               q.has_zero == (zero >= 0) && !(q.has_zero && q.scheme == QuantScheme::kInt8),
+           name, ": experts ", wt.str(), " scale ", st.str(), " and the attributes disagree");
+  // Each expert's operands are a kLinearQuant's (N from the weight's second dim).
+  const bool tiles = q.layout == QuantLayout::kTiles;
+  const int64_t E = wt.shape[0], N = wt.shape[1] * (tiles ? kInt4Rows : 1);
+  const int64_t K = type(x).shape.empty() ? 0 : type(x).shape.back();
+  TF_CHECK(!tiles || q.scheme == QuantScheme::kInt4, name, ": no int8 tiles");
+  QuantOperandTypes want = quant_operand_types(q.scheme, q.layout, N, K);
+  want.weight.shape.insert(want.weight.shape.begin(), E);
+  want.scale.shape.insert(want.scale.shape.begin(), E);
+  TF_CHECK(wt == want.weight && st == want.scale, name, ": experts ", wt.str(), " scale ", st.str(),
+           "; expected ", want.weight.str(), " and ", want.scale.str());
+  std::vector<int> inputs = {x, w, idx, scale};
+  if (zero >= 0) {
+    TF_CHECK(type(zero) == (TensorType{DType::u8, st.shape}), name, ": zero ", type(zero).str());
+    inputs.push_back(zero);
+  }
+  const Shape out = experts_out(type(x), type(idx), wt, K, N, name);
+  return add_node(Op::kLinearIdQuant, std::move(inputs), {activation(), out}, name, q);
 }
 
 }  // namespace tformers::graph

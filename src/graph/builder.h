@@ -116,6 +116,10 @@ class GraphBuilder {
   // x (..., K) through the experts idx (..., k) of w (E, N, K): (..., k, N); or x (..., k, K), a
   // row for each slot, each through its own expert.
   Value linear_id(Value x, Value w, Value idx, const std::string& name = "");
+  // linear_id through E quantized experts: w, scale and zero are E kLinearQuant operands stacked
+  // on a leading dim (zero -1 when there is none).
+  Value linear_id_quant(Value x, Value w, Value idx, Value scale, Value zero,
+                        const LinearQuantAttrs& q, const std::string& name = "");
   // A node of another graph, its operands already renumbered into this one (graph/ops.h's
   // decompose()).
   Value copy(Node node) { return graph_.add(std::move(node)); }

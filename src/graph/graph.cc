@@ -191,7 +191,8 @@ std::string attributes(const Node& n) {
     case Op::kSoftcap:
       show("cap", n.attrs_as<SoftcapAttrs>().cap);
       break;
-    case Op::kLinearQuant: {
+    case Op::kLinearQuant:
+    case Op::kLinearIdQuant: {
       // Always the scheme and the layout: they say how to read the operands.
       const auto& q = n.attrs_as<LinearQuantAttrs>();
       a.push_back(q.scheme == QuantScheme::kInt8 ? "int8" : "int4");

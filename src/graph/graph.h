@@ -74,30 +74,33 @@ enum class Op : uint8_t {
   // (mixtures of experts, gated linear attention). Float operands and results are in the graph's
   // activation dtype; indices are int32. Shapes broadcast as NumPy's do (right-aligned; a dim
   // of 1 stretches) where an op says so.
-  kConstant,    // () -> the node's type filled with ConstantAttrs::value
-  kUnary,       // (x) -> fn(x) elementwise; UnaryAttrs
-  kBinary,      // (a, b) -> fn(a, b) elementwise, broadcast; BinaryAttrs
-  kSelect,      // (pred i32, a, b) -> pred != 0 ? a : b, broadcast
-  kReduce,      // (x) -> fn over AxisAttrs::axis, kept as a dim of 1; ReduceAttrs
-  kSoftmax,     // (x) -> softmax over the last dim (composite: exp(x - max) / sum)
-  kTopK,        // (x (..., N)) -> (..., k) int32: indices of the k largest along the last dim,
-                // largest first, the lower index first among equals; TopKAttrs
-  kTakeAlong,   // (x (..., N), idx (..., k) int32) -> (..., k): x[..., idx[..., j]]
-  kScatterAdd,  // (base (..., N), idx (..., k) int32, src (..., k)) -> base with src[..., j]
-                // added at [..., idx[..., j]]
-  kConcat,      // (x0, x1, ...) -> joined along AxisAttrs::axis
-  kTranspose,   // (x) -> x with its dims permuted; TransposeAttrs
-  kBroadcast,   // (x) -> x stretched to the node's shape, broadcast
-  kIota,        // () -> int32 or float counting 0, 1, ... along AxisAttrs::axis
-  kCumsum,      // (x) -> inclusive running sums along AxisAttrs::axis
-  kMatMul,      // (a (..., M, K), b (..., K, N)) -> (..., M, N), equal batch dims
-  kLinearId,    // (x (..., K), w (E, N, K), idx (..., k) int32) -> (..., k, N): x times the
-                // transpose of expert idx[..., j]'s weight, for each j (a mixture of experts);
-                // or x (..., k, K), each slot's own row through its expert
+  kConstant,       // () -> the node's type filled with ConstantAttrs::value
+  kUnary,          // (x) -> fn(x) elementwise; UnaryAttrs
+  kBinary,         // (a, b) -> fn(a, b) elementwise, broadcast; BinaryAttrs
+  kSelect,         // (pred i32, a, b) -> pred != 0 ? a : b, broadcast
+  kReduce,         // (x) -> fn over AxisAttrs::axis, kept as a dim of 1; ReduceAttrs
+  kSoftmax,        // (x) -> softmax over the last dim (composite: exp(x - max) / sum)
+  kTopK,           // (x (..., N)) -> (..., k) int32: indices of the k largest along the last dim,
+                   // largest first, the lower index first among equals; TopKAttrs
+  kTakeAlong,      // (x (..., N), idx (..., k) int32) -> (..., k): x[..., idx[..., j]]
+  kScatterAdd,     // (base (..., N), idx (..., k) int32, src (..., k)) -> base with src[..., j]
+                   // added at [..., idx[..., j]]
+  kConcat,         // (x0, x1, ...) -> joined along AxisAttrs::axis
+  kTranspose,      // (x) -> x with its dims permuted; TransposeAttrs
+  kBroadcast,      // (x) -> x stretched to the node's shape, broadcast
+  kIota,           // () -> int32 or float counting 0, 1, ... along AxisAttrs::axis
+  kCumsum,         // (x) -> inclusive running sums along AxisAttrs::axis
+  kMatMul,         // (a (..., M, K), b (..., K, N)) -> (..., M, N), equal batch dims
+  kLinearId,       // (x (..., K), w (E, N, K), idx (..., k) int32) -> (..., k, N): x times the
+                   // transpose of expert idx[..., j]'s weight, for each j (a mixture of experts);
+                   // or x (..., k, K), each slot's own row through its expert
+  kLinearIdQuant,  // (x, w, idx, scale [, zero]) -> (..., k, N): kLinearId over quantized
+                   // experts; w, scale and zero are the E experts' kLinearQuant operands stacked
+                   // on a leading dim of E; LinearQuantAttrs
 };
 
 // The number of ops: every Op is below it.
-constexpr size_t kOpCount = size_t(Op::kLinearId) + 1;
+constexpr size_t kOpCount = size_t(Op::kLinearIdQuant) + 1;
 
 const char* op_name(Op op);
 // Parameters, states and inputs: the leaves a graph binds.

@@ -32,7 +32,8 @@ enum class WeightRole : uint8_t {
   kNorm,       // per-feature scale of a norm
   kRouter,     // (experts, in): a mixture's router, used as stored in the model dtype (as
                // llama.cpp keeps it): a quantized router would send tokens to other experts
-  kExperts,    // (experts, out, in): one linear weight per expert, for linear_id; as stored
+  kExperts,    // (experts, out, in): one linear weight per expert, for linear_id; may be
+               // quantized (each expert as a linear weight is)
 };
 
 // One weight the architecture reads, with the checkpoint's own name.

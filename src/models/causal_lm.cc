@@ -171,7 +171,9 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     return ckpt.has(s.name) && !is_float(ckpt.info(s.name).dtype);
   };
   auto quantized = [&](const models::WeightSpec& s) {
-    return (quantize && s.role == models::WeightRole::kLinear) || stored_quantized(s);
+    const bool multiplied =
+        s.role == models::WeightRole::kLinear || s.role == models::WeightRole::kExperts;
+    return (quantize && multiplied) || stored_quantized(s);
   };
   auto bias_of_quantized = [&](const models::WeightSpec& s) {
     return s.role == models::WeightRole::kBias && by_name.count(s.linear) &&
@@ -182,12 +184,12 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     impl->weights[name] = std::move(buf);
   };
   // A prepared linear weight: a quantized one's scales and zero points bound beside it as
-  // "<prefix>.weight_scale" and "<prefix>.weight_zero", and the attributes that read them kept.
+  // "<name>_scale" and "<name>_zero" ("<prefix>.weight_scale" for a linear's "<prefix>.weight"),
+  // and the attributes that read them kept.
   auto bind_prepared = [&](const std::string& name, backends::PreparedWeight pw) {
-    const std::string prefix = prefix_of(name);
     bind(name, std::move(pw.weight));
-    if (pw.scale) bind(prefix + ".weight_scale", std::move(pw.scale));
-    if (pw.zero) bind(prefix + ".weight_zero", std::move(pw.zero));
+    if (pw.scale) bind(name + "_scale", std::move(pw.scale));
+    if (pw.zero) bind(name + "_zero", std::move(pw.zero));
     if (pw.quant) impl->quant_attrs[name] = *pw.quant;
   };
   // Whether `t` lies in the checkpoint's mapping of tensor `source`.
@@ -199,10 +201,12 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   // Once the backend has its prepared copy of `w`, a view of the checkpoint's mapping, the mapped
   // pages are released: they stay in the page cache (re-read if touched, as a tied embedding's
   // are under "mmap") but resident memory holds the copy rather than both.
-  auto add_prepared = [&](const std::string& name, const Tensor& w, const std::string& source) {
-    backends::PreparedWeight pw = impl->backend->prepare_linear(w, opt.quantize);
+  auto add_prepared = [&](const models::WeightSpec& s, const Tensor& w, const std::string& source) {
+    backends::PreparedWeight pw = s.role == models::WeightRole::kExperts
+                                      ? impl->backend->prepare_experts(w, opt.quantize)
+                                      : impl->backend->prepare_linear(w, opt.quantize);
     if (in_mapping(w, source)) release_pages(w);
-    bind_prepared(name, std::move(pw));
+    bind_prepared(s.name, std::move(pw));
   };
 
   // Under "copy" a weight still in the checkpoint's mapping (used as stored, or this rank's rows
@@ -405,7 +409,10 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       throw FormatError("the pieces of '" + s.name + "' in " + impl->path + " hold " +
                         std::to_string(at / dtype_size(impl->dtype)) + " values; config.json " +
                         "implies " + shape_str(s.shape));
-    bind(s.name, impl->backend->upload(whole));
+    if (quantized(s))
+      bind_prepared(s.name, impl->backend->prepare_experts(whole, opt.quantize));
+    else
+      bind(s.name, impl->backend->upload(whole));
   };
   for (const auto& s : specs) {
     if (stored_quantized(s)) {
@@ -429,7 +436,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       throw FormatError("tensor '" + s.name + "' in " + info.file + " has dtype " +
                         std::string(dtype_name(info.dtype)) + "; weights must be floating point");
     if (quantized(s)) {
-      add_prepared(s.name, quantizer_source(s, s.name), s.name);
+      add_prepared(s, quantizer_source(s, s.name), s.name);
     } else {
       // Weights in the requested dtype are used straight from the mapping; others converted.
       const DType want = bias_of_quantized(s) ? DType::f32 : impl->dtype;
@@ -454,7 +461,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       // copy, quantized from the embedding's copy under "copy" when that is the head's slice,
       // else from the mapping.
       auto it = own_slice ? host_copies.end() : host_copies.find(s.tied_to);
-      add_prepared(s.name, it != host_copies.end() ? it->second : quantizer_source(s, s.tied_to),
+      add_prepared(s, it != host_copies.end() ? it->second : quantizer_source(s, s.tied_to),
                    s.tied_to);
       advance(s.tied_to);
     } else if (own_slice) {
@@ -579,6 +586,10 @@ void CausalLM::save_pretrained(const std::string& dir) const {
       tensors.emplace_back(s.name, m.backend->download(*w));
       continue;
     }
+    if (s.role == models::WeightRole::kExperts)
+      throw UnsupportedError("save_pretrained: " + s.name +
+                             " holds experts quantized at load, which tformers does not store "
+                             "yet; save the float model and load it with quantize");
     // A quantized linear in tformers' stored layouts (int8 rows, int4 tiles), its scales and
     // zero points under the names the loader reads them by.
     auto part = [&](const char* suffix) {

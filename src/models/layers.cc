@@ -354,18 +354,29 @@ std::pair<Value, Value> SparseMoE::route(Ctx& c, Value x, const std::string& pre
   return {idx, weights};
 }
 
+namespace {
+
+// x through the experts `name` at idx: the float op, or the quantized one for experts the
+// backend quantized at load.
+Value experts_linear(Ctx& c, Value x, const std::string& name, Value idx) {
+  const graph::LinearQuantAttrs* q = c.p.quant(name);
+  if (!q) return c.b.linear_id(x, c.p(name), idx, name);
+  return c.b.linear_id_quant(x, c.p(name), idx, c.p(name + "_scale"),
+                             q->has_zero ? c.p(name + "_zero") : -1, *q, name);
+}
+
+}  // namespace
+
 Value SparseMoE::operator()(Ctx& c, Value x, const std::string& prefix) const {
   GraphBuilder& b = c.b;
   const Shape xs = b.type(x).shape;  // (B,T,H)
   const auto [idx, weights] = route(c, x, prefix);
   // Each token's k experts: (B,T,k,2I) -> (B,T,k,I) -> (B,T,k,H).
-  const Value gate_up =
-      b.linear_id(x, c.p(prefix + ".experts.gate_up_proj"), idx, prefix + ".experts.gate_up_proj");
+  const Value gate_up = experts_linear(c, x, prefix + ".experts.gate_up_proj", idx);
   const Value act =
       b.silu_mul(b.slice_last(gate_up, 0, intermediate),
                  b.slice_last(gate_up, intermediate, 2 * intermediate), prefix + ".experts.act");
-  const Value y =
-      b.linear_id(act, c.p(prefix + ".experts.down_proj"), idx, prefix + ".experts.down_proj");
+  const Value y = experts_linear(c, act, prefix + ".experts.down_proj", idx);
   const Value weighted =
       b.binary(graph::BinaryFn::kMul, y, b.reshape(weights, {xs[0], xs[1], top_k, 1}),
                prefix + ".experts.weighted");

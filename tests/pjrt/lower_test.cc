@@ -651,6 +651,38 @@ TEST_P(LowerOps, MatMulAndExpertLinear) {
   expect_consistent(c, tol(16, 0, cpu_rounds_x_to_bf16({1, 1, 16}, bf16(), false)));
 }
 
+// Quantized experts as the loader prepares them (Backend::prepare_experts): the CPU reads each
+// routed expert's int8 rows or int4 tiles at its offset in the stacked operands; XLA dequantizes
+// the rows of every expert and multiplies.
+TEST_P(LowerOps, QuantizedExpertLinear) {
+  constexpr int64_t E = 3, N = 16, K = 45, M = 4;
+  for (const char* scheme : {"int8", "int4"}) {
+    SCOPED_TRACE(scheme);
+    std::mt19937 rng(26);
+    const backends::QuantizedLinear q =
+        backends::quantize_on_host(random(rng, {E * N, K}, DType::f32), scheme);
+    const Tensor x = random(rng, {1, M, K}, act());
+    const Tensor idx = ints({1, M, 2}, {0, 2, 1, 0, 2, 2, 1, 1});
+    Case cpu(act()), xla(act());
+    for (auto [c, laid] : {std::pair{&cpu, q}, std::pair{&xla, backends::to_rows(q)}}) {
+      auto stacked = [&](const Tensor& t) {
+        Shape shape = t.shape();
+        shape[0] /= E;
+        shape.insert(shape.begin(), E);
+        return t.reshape(shape);
+      };
+      const Value w = c->param("experts", stacked(laid.weight));
+      const Value s = c->param("scale", stacked(laid.scale));
+      c->b.output(
+          c->b.linear_id_quant(c->input("x", x), w, c->input("idx", idx), s, -1, laid.attrs()));
+    }
+    const graph::Graph cpu_g = cpu.b.finish();
+    expect_consistent(
+        cpu_g, cpu, xla.b.finish(), xla,
+        tol(2 * K + 2, 1, cpu_rounds_x_to_bf16({1, 1, K}, false, true)) + gemv_int8(1));
+  }
+}
+
 // Each composite through its decomposition into primitives, on both backends, against the CPU's
 // fused rule: the decompositions compute what the fused ops compute.
 TEST_P(LowerOps, CompositesThroughTheirDecompositions) {
@@ -921,6 +953,7 @@ TEST(OpRegistry, EveryOpHasACase) {
       {Op::kCumsum, "LowerOps.ConcatTransposeBroadcastIotaCumsum"},
       {Op::kMatMul, "LowerOps.MatMulAndExpertLinear"},
       {Op::kLinearId, "LowerOps.MatMulAndExpertLinear"},
+      {Op::kLinearIdQuant, "LowerOps.QuantizedExpertLinear"},
   };
   // The tests of this binary by "Suite.Name", parameterised ones without their instance prefix
   // and parameter suffix.

@@ -122,6 +122,7 @@ bool reads_f32(Op op, size_t k) {
     case Op::kScatterAdd:
       return k != 1;
     case Op::kLinearId:
+    case Op::kLinearIdQuant:
       return k == 0;
     case Op::kAllReduce:  // its bias
       return k == 1;
@@ -183,7 +184,7 @@ graph::Graph legalise(const graph::Graph& g) {
 struct RunContext {
   std::unique_ptr<char, decltype(&std::free)> arena{nullptr, &std::free};
   std::span<Buffer*const> params, states;  // bound for the run
-  std::vector<float> gather_scratch;       // all_gather's rank-major staging, grown once
+  std::vector<float> scratch;              // OpCall::scratch, grown once
 };
 
 class CpuExecutable : public Executable {
@@ -228,7 +229,7 @@ CpuExecutable::CpuExecutable(const graph::Graph& g, TransferCounters* stats)
                            graph::kv_layout_name(g.kv_layout()) +
                            " ones; build the graph with the CPU backend's kv_layout()");
   for (const Node& n : graph_.nodes())
-    if (n.op == Op::kLinearQuant) {
+    if (n.op == Op::kLinearQuant || n.op == Op::kLinearIdQuant) {
       const auto& q = n.attrs_as<graph::LinearQuantAttrs>();
       if ((q.scheme == graph::QuantScheme::kInt4) != (q.layout == graph::QuantLayout::kTiles))
         throw UnsupportedError("node " + n.name +
@@ -370,7 +371,7 @@ uint64_t CpuExecutable::trim() {
   }
   uint64_t bytes = 0;
   for (const auto& c : freed)
-    bytes += uint64_t(arena_size_) + c->gather_scratch.capacity() * sizeof(float);
+    bytes += uint64_t(arena_size_) + c->scratch.capacity() * sizeof(float);
   return bytes;
 }
 
@@ -447,7 +448,7 @@ void CpuExecutable::run_in(RunContext& c, std::span<const Tensor* const> inputs,
 void CpuExecutable::execute_node(RunContext& c, const Node& n, int id) const {
   void* in[cpu_rules::kMaxOperands];
   for (size_t k = 0; k < n.inputs.size(); ++k) in[k] = ptr(c, n.inputs[k]);
-  rules_[size_t(id)]({graph_, n, in, ptr(c, id), c.gather_scratch, kernels_[size_t(id)].fn});
+  rules_[size_t(id)]({graph_, n, in, ptr(c, id), c.scratch, kernels_[size_t(id)].fn});
 }
 
 QuantizedLinear to_tiles_if_int4(const QuantizedLinear& q) {
@@ -495,9 +496,7 @@ class CpuBackend : public Backend {
   }
   // The kernels read int8 rows and int4 tiles: those are uploaded as given (a stored checkpoint
   // stays in its mapping), int4 rows are tiled.
-  PreparedWeight prepare_quantized_linear(const QuantizedLinear& q) override {
-    return upload_quantized(to_tiles_if_int4(q));
-  }
+  QuantizedLinear laid_out(const QuantizedLinear& q) const override { return to_tiles_if_int4(q); }
   // With every thread of the pool the kernels run on.
   double read_bandwidth_gbs(size_t bytes) override {
     return read_bandwidth(ThreadPool::global(), bytes);

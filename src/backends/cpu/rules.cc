@@ -171,7 +171,7 @@ void all_gather(const OpCall& c) {
   TF_CHECK(a.ranks == g.size(), "all_gather over ", a.ranks, " ranks in a group of ", g.size());
   const Shape& s = c.n.type.shape;
   g.all_gather_last_dim(c.f32(0), c.out_f32(), shape_numel(s) / s.back(), c.in_type(0).shape.back(),
-                        c.gather_scratch);
+                        c.scratch);
 }
 
 void slice(const OpCall& c) {
@@ -538,21 +538,95 @@ void matmul(const OpCall& c) {
       }
 }
 
-// Each (row, slot) through its expert's weight with the linear kernel, one row at a time: a
-// row's result depends only on its own x and expert, whatever else the step holds.
+// The (row, slot) pairs of kLinearId and kLinearIdQuant, and how to run them by expert.
+struct ExpertPairs {
+  int64_t E, N, K, k, rows;
+  bool per_slot;  // x holds a row per (row, slot), else one per row
+  // A decode step (one token per sequence): the GEMV, whose bits for a row depend only on K.
+  bool decode;
+};
+
+ExpertPairs expert_pairs(const OpCall& c) {
+  const Shape& is = c.in_type(2).shape;
+  const int64_t k = is.back();
+  return {c.in_type(1).shape[0],
+          c.n.type.shape.back(),
+          c.in_type(0).shape.back(),
+          k,
+          shape_numel(is) / k,
+          c.in_type(0).shape.size() == is.size() + 1,
+          is.size() >= 2 && is[is.size() - 2] == 1};
+}
+
+// Runs every (row, slot) pair through its expert, one expert at a time: the pairs routed to
+// expert e are gathered into rows of X, multiplied by e's weight in one call of
+// mul(e, X, Y, rows, kind), and scattered back, so a step reads each routed expert once however
+// many of its tokens chose it. A prompt's group is padded with zero rows to at least 4, so that
+// every row takes the GEMM: its bits then do not depend on how many other tokens of the step
+// chose its expert (the batch invariance the serving engine relies on). A decode step keeps the
+// GEMV at any count.
+template <class Mul>
+void through_experts(const OpCall& c, Mul mul) {
+  const ExpertPairs p = expert_pairs(c);
+  const int64_t pairs = p.rows * p.k;
+  // Counting sort of the pairs by expert, each expert's in step order.
+  std::vector<int64_t> start(size_t(p.E + 1), 0);
+  std::vector<int64_t> order(static_cast<size_t>(pairs));
+  for (int64_t i = 0; i < pairs; ++i) ++start[size_t(clamp_index(c.i32(2)[i], p.E)) + 1];
+  std::partial_sum(start.begin(), start.end(), start.begin());
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < pairs; ++i)
+    order[size_t(next[size_t(clamp_index(c.i32(2)[i], p.E))]++)] = i;
+  int64_t most = 0;
+  for (int64_t e = 0; e < p.E; ++e) most = std::max(most, start[size_t(e + 1)] - start[size_t(e)]);
+  const int64_t cap = p.decode ? most : std::max<int64_t>(most, 4);
+  const size_t need = size_t(cap * (p.K + p.N));
+  if (c.scratch.size() < need) c.scratch.resize(need);
+  float* X = c.scratch.data();
+  float* Y = X + cap * p.K;
+  const auto kind = p.decode ? cpu::LinearRows::kDecode : cpu::LinearRows::kAny;
+  for (int64_t e = 0; e < p.E; ++e) {
+    const int64_t m = start[size_t(e + 1)] - start[size_t(e)];
+    if (m == 0) continue;
+    const int64_t* at = order.data() + start[size_t(e)];
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(X + i * p.K, c.f32(0) + (p.per_slot ? at[i] : at[i] / p.k) * p.K,
+                  size_t(p.K) * sizeof(float));
+    const int64_t rows = p.decode ? m : std::max<int64_t>(m, 4);
+    std::fill(X + m * p.K, X + rows * p.K, 0.0f);
+    mul(e, X, Y, rows, kind);
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(c.out_f32() + at[i] * p.N, Y + i * p.N, size_t(p.N) * sizeof(float));
+  }
+}
+
 void linear_id(const OpCall& c) {
   const Shape& w = c.in_type(1).shape;  // (E, N, K)
-  const int64_t E = w[0], N = w[1], K = w[2], k = c.in_type(2).shape.back();
-  const int64_t rows = shape_numel(c.in_type(2).shape) / k;
-  const bool per_slot = c.in_type(0).shape.size() == c.in_type(2).shape.size() + 1;
-  const size_t expert_bytes = size_t(N * K) * dtype_size(c.in_type(1).dtype);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t e = clamp_index(c.i32(2)[r * k + j], E);
-      cpu::linear(c.f32(0) + (per_slot ? r * k + j : r) * K,
-                  static_cast<const char*>(c.in[1]) + e * expert_bytes, c.in_type(1).dtype, nullptr,
-                  c.out_f32() + (r * k + j) * N, 1, N, K, pool(), cpu::LinearRows::kDecode);
+  const DType wt = c.in_type(1).dtype;
+  const size_t expert_bytes = size_t(w[1] * w[2]) * dtype_size(wt);
+  through_experts(c, [&](int64_t e, const float* x, float* y, int64_t m, cpu::LinearRows kind) {
+    cpu::linear(x, static_cast<const char*>(c.in[1]) + size_t(e) * expert_bytes, wt, nullptr, y, m,
+                w[1], w[2], pool(), kind);
+  });
+}
+
+// The experts' int8 rows or int4 tiles, each at its offset in the stacked operands.
+void linear_id_quant(const OpCall& c) {
+  const auto& q = c.n.attrs_as<graph::LinearQuantAttrs>();
+  const ExpertPairs p = expert_pairs(c);
+  const int64_t w_each = shape_numel(c.in_type(1).shape) / p.E;  // bytes
+  const int64_t s_each = shape_numel(c.in_type(3).shape) / p.E;  // scales, and zero points
+  through_experts(c, [&](int64_t e, const float* x, float* y, int64_t m, cpu::LinearRows kind) {
+    const auto* w = static_cast<const uint8_t*>(c.in[1]) + e * w_each;
+    if (q.scheme == graph::QuantScheme::kInt8) {
+      cpu::linear_int8(x, reinterpret_cast<const int8_t*>(w), c.f32(3) + e * s_each, nullptr, y, m,
+                       p.N, p.K, pool(), kind);
+      return;
     }
+    const uint8_t* zero = q.has_zero ? static_cast<const uint8_t*>(c.in[4]) + e * s_each : nullptr;
+    cpu::linear_int4(x, w, static_cast<const uint16_t*>(c.in[3]) + e * s_each, zero, nullptr, y, m,
+                     p.N, p.K, pool(), kind);
+  });
 }
 
 // The table, in Op's order (checked below).
@@ -597,6 +671,7 @@ constexpr std::pair<Op, Rule> kRules[] = {
     {Op::kCumsum, cumsum},
     {Op::kMatMul, matmul},
     {Op::kLinearId, linear_id},
+    {Op::kLinearIdQuant, linear_id_quant},
 };
 static_assert(std::size(kRules) == graph::kOpCount, "the CPU has a rule for every op");
 constexpr bool in_order() {

@@ -20,10 +20,12 @@ constexpr size_t kMaxOperands = 16;
 struct OpCall {
   const graph::Graph& g;
   const graph::Node& n;
-  void* const* in;                     // the operands' bytes, one per n.inputs
-  void* out;                           // the node's bytes
-  std::vector<float>& gather_scratch;  // all_gather's rank-major staging, grown once per run
-  const void* kernel;                  // a custom call's entry point (hub kernel), else null
+  void* const* in;  // the operands' bytes, one per n.inputs
+  void* out;        // the node's bytes
+  // Staging for the rules that need it (all_gather's rank-major copy, the rows routed to one
+  // expert), grown once per run.
+  std::vector<float>& scratch;
+  const void* kernel;  // a custom call's entry point (hub kernel), else null
 
   const graph::TensorType& in_type(size_t k) const { return g.node(n.inputs[k]).type; }
   const float* f32(size_t k) const { return static_cast<const float*>(in[k]); }

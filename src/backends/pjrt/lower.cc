@@ -50,11 +50,10 @@ Val Lowering::linear_out(const Node& n, const Val& x, const Val& w, int bias_at)
 // A kLinearQuant weight in rows (the layout PjrtBackend prepares) dequantized in the
 // activation dtype: scale[n, k / 32] * (code[n,k] - zero), int8 codes with zero 0, or 4-bit
 // codes two a byte, the low nibble for even k, with zero 8 where the weight has none.
-Val Lowering::quant_weight(const Node& n) {
-  const auto& q = n.attrs_as<graph::LinearQuantAttrs>();
-  const Val& w = in(n, 1);  // (N,K) i8, or (N, ceil(K / 2)) u8
-  const Val& s = in(n, 2);  // (N,nb)
-  const int64_t K = in(n, 0).shape.back(), N = w.shape[0], nb = s.shape[1];
+Val Lowering::quant_weight(const graph::LinearQuantAttrs& q, const Val& w, const Val& s,
+                           const Val* zero, int64_t K) {
+  // w (N,K) i8, or (N, ceil(K / 2)) u8; s (N,nb)
+  const int64_t N = w.shape[0], nb = s.shape[1];
   // A per-(row, block) value for every input, (N,K) f32.
   auto per_k = [&](const Val& v) {
     const Val b = e_.broadcast(e_.convert(v, "f32"), {N, nb, graph::kQuantBlock}, {0, 1});
@@ -70,7 +69,7 @@ Val Lowering::quant_weight(const Node& n) {
   }
   codes = e_.convert(codes, "f32");
   if (q.scheme == graph::QuantScheme::kInt4)
-    codes = e_.binary("subtract", codes, q.has_zero ? per_k(in(n, 3)) : e_.splat(8, "f32", {N, K}));
+    codes = e_.binary("subtract", codes, zero ? per_k(*zero) : e_.splat(8, "f32", {N, K}));
   return e_.convert(e_.binary("multiply", codes, per_k(s)), act_);
 }
 
@@ -226,8 +225,11 @@ Val Lowering::attend(const Node& n, const Val& q, const Val& k, const Val& v, co
 Val Lowering::linear(const Node& n) { return linear_out(n, in(n, 0), in(n, 1), 2); }
 
 Val Lowering::linear_quant(const Node& n) {
-  return linear_out(n, e_.convert(in(n, 0), act_), quant_weight(n),
-                    n.attrs_as<graph::LinearQuantAttrs>().has_zero ? 4 : 3);
+  const auto& q = n.attrs_as<graph::LinearQuantAttrs>();
+  return linear_out(
+      n, e_.convert(in(n, 0), act_),
+      quant_weight(q, in(n, 1), in(n, 2), q.has_zero ? &in(n, 3) : nullptr, in(n, 0).shape.back()),
+      n.attrs_as<graph::LinearQuantAttrs>().has_zero ? 4 : 3);
 }
 
 Val Lowering::silu_mul(const Node& n) {
@@ -337,6 +339,7 @@ const Lowering::Rule& Lowering::rule(Op op) {
       {Op::kCumsum, {&L::cumsum}},
       {Op::kMatMul, {&L::matmul}},
       {Op::kLinearId, {&L::linear_id}},
+      {Op::kLinearIdQuant, {&L::linear_id_quant, rows_layout}},
   };
   for (const auto& [o, r] : kRules)
     if (o == op) return r;

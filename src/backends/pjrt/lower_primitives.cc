@@ -217,10 +217,24 @@ Val Lowering::matmul(const Node& n) {
 }
 
 // Each (row, slot)'s expert weight gathered, (R * k, N, K), and one batched dot with the row's x.
-Val Lowering::linear_id(const Node& n) {
-  const Val& x = in(n, 0);
-  const Val& w = in(n, 1);  // (E, N, K)
-  const Val& idx = in(n, 2);
+Val Lowering::linear_id(const Node& n) { return experts_out(n, in(n, 0), in(n, 1), in(n, 2)); }
+
+// Every expert dequantized, then as kLinearId: a dense form, simple for XLA to fuse; reading only
+// the routed experts' codes is the CPU backend's business.
+Val Lowering::linear_id_quant(const Node& n) {
+  const auto& q = n.attrs_as<graph::LinearQuantAttrs>();
+  const Val& w = in(n, 1);  // (E, N, Kb)
+  const Val& s = in(n, 3);  // (E, N, nb)
+  const int64_t E = w.shape[0], N = w.shape[1], K = in(n, 0).shape.back();
+  const Val flat_zero = q.has_zero ? e_.reshape(in(n, 4), {E * N, s.shape[2]}) : Val{};
+  const Val all =
+      quant_weight(q, e_.reshape(w, {E * N, w.shape[2]}), e_.reshape(s, {E * N, s.shape[2]}),
+                   q.has_zero ? &flat_zero : nullptr, K);
+  return experts_out(n, in(n, 0), e_.reshape(all, {E, N, K}), in(n, 2));
+}
+
+Val Lowering::experts_out(const Node& n, const Val& x, const Val& w, const Val& idx) {
+  // w (E, N, K)
   const int64_t E = w.shape[0], K = w.shape[2], k = idx.shape.back();
   const int64_t rows = shape_numel(idx.shape) / k, rk = rows * k;
   Val at = e_.reshape(idx, {rk});

@@ -326,7 +326,10 @@ class Lowering {
   Val linear(const Node& n);
   Val linear_quant(const Node& n);
   Val linear_out(const Node& n, const Val& x, const Val& w, int bias_at);
-  Val quant_weight(const Node& n);
+  // A kLinearQuant weight w with scales s (and zero points) dequantized to (N, K) in the
+  // activation dtype.
+  Val quant_weight(const graph::LinearQuantAttrs& q, const Val& w, const Val& s, const Val* zero,
+                   int64_t K);
   Val rms_norm(const Node& n);
   Val rope(const Node& n);
   Val silu_mul(const Node& n);
@@ -365,6 +368,9 @@ class Lowering {
   Val cumsum(const Node& n);
   Val matmul(const Node& n);
   Val linear_id(const Node& n);
+  Val linear_id_quant(const Node& n);
+  // x through the experts w (E, N, K) at idx: kLinearId's result.
+  Val experts_out(const Node& n, const Val& x, const Val& w, const Val& idx);
   // Operand k in the node's element type, broadcast to the node's shape.
   Val operand_as_out(const Node& n, size_t k);
   // Rows of x (..., N) at idx (..., k): a gather along the last dim.

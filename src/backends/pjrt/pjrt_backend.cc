@@ -318,9 +318,7 @@ class PjrtBackend : public Backend {
   // Quantized weights in rows (graph::QuantLayout::kRows): codes and scales as separate tensors
   // that the lowering dequantizes with elementwise ops, where the CPU's tiles would need a
   // six-dimensional transpose in every step.
-  PreparedWeight prepare_quantized_linear(const QuantizedLinear& q) override {
-    return upload_quantized(to_rows(q));
-  }
+  QuantizedLinear laid_out(const QuantizedLinear& q) const override { return to_rows(q); }
   // XLA's CPU reduction reads host memory at a fraction of what the host's own streaming loop
   // gets (5.6 against 27 GB/s on one 2-core AMD EPYC, 2026-12-03), so there the roofline is the
   // host's, as on the CPU backend.
