@@ -52,6 +52,8 @@ struct WeightSpec {
   // order, make it (Hub checkpoints name each expert's projections: "experts.0.gate_proj.weight",
   // ...), or the one tensor of its older name; the loader copies them into one tensor.
   std::vector<std::string> stacked_from;
+  // The share of it one decode token reads: top_k / experts for a mixture's experts, else all.
+  double read_share = 1;
 };
 
 // The KV cache of one layer: past_key_values.{layer}.key and .value, each B sequences by S slots

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -559,15 +560,23 @@ std::vector<CausalLM::Impl::WeightSpan> CausalLM::Impl::decode_weight_spans() co
   // By role, not name: the buffers bound to a weight that is not an embedding (quantization
   // scales included), each once; an embedding buffer is among them only as a tied head.
   std::set<std::string> embeddings;
-  for (const models::WeightSpec& s : arch->weights(*arch_config))
+  std::map<std::string, double> shares;  // a weight's buffers (scales too) by name
+  for (const models::WeightSpec& s : arch->weights(*arch_config)) {
     if (s.role == models::WeightRole::kEmbedding) embeddings.insert(s.name);
-  std::set<const backends::Buffer*> multiplied;
+    if (s.read_share != 1)
+      for (const char* part : {"", "_scale", "_zero"}) shares[s.name + part] = s.read_share;
+  }
+  std::map<const backends::Buffer*, double> multiplied;
   for (const auto& [name, buf] : weights)
-    if (!embeddings.count(name)) multiplied.insert(buf.get());
+    if (!embeddings.count(name)) {
+      const auto it = shares.find(name);
+      multiplied[buf.get()] = it == shares.end() ? 1.0 : it->second;
+    }
   std::vector<WeightSpan> spans;
-  for (const backends::Buffer* buf : multiplied)
-    spans.push_back({buf->host_data(),
-                     shape_numel(buf->type().shape) * int64_t(dtype_size(buf->type().dtype))});
+  for (const auto& [buf, share] : multiplied) {
+    const int64_t bytes = shape_numel(buf->type().shape) * int64_t(dtype_size(buf->type().dtype));
+    spans.push_back({buf->host_data(), int64_t(double(bytes) * share)});
+  }
   return spans;
 }
 

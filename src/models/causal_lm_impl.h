@@ -77,7 +77,8 @@ struct CausalLM::Impl {
 
   // The weight bytes one decode step streams, for rooflines (tformers bench, bench/): every
   // weight buffer once (a tied head that is the embedding counts once), but not an embedding of
-  // which a step gathers one row while the head is its own buffer (untied, or a quantized copy).
+  // which a step gathers one row while the head is its own buffer (untied, or a quantized copy);
+  // of a mixture's experts, the routed share (WeightSpec::read_share), from the buffer's start.
   // `data` is where the host reads the bytes in place, null for device memory.
   struct WeightSpan {
     const void* data;

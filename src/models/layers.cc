@@ -305,6 +305,7 @@ void SparseMoE::declare(std::vector<WeightSpec>& w, const std::string& prefix) c
     gate_up.stacked_from.push_back(expert + "." + up_proj + ".weight");
     down.stacked_from.push_back(expert + "." + down_proj + ".weight");
   }
+  gate_up.read_share = down.read_share = double(top_k) / double(experts);
   w.push_back(std::move(gate_up));
   w.push_back(std::move(down));
   if (shared) shared->declare(w, prefix + ".shared_experts");

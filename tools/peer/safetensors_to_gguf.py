@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes a Qwen3 checkpoint folder (config.json + model.safetensors, bf16) as one GGUF file that
-llama.cpp loads, so that tools/peer/llama_cpp_bench.mjs can time llama.cpp on the very weights
+"""Writes a Qwen3 or Qwen3-MoE checkpoint folder (config.json + model.safetensors, bf16) as one
+GGUF file that llama.cpp loads, so that tools/peer/llama_cpp_bench.mjs can time llama.cpp on the very weights
 that bench/bench_model times tformers on (bench/RESULTS.md, "Peer").
 
 Only what a timing needs is written: the weights (2-D tensors byte for byte in bf16, the 1-D
@@ -10,7 +10,11 @@ llama.cpp refuses a model without one; the benchmark feeds token ids, never text
 
 Qwen3 needs no reordering of the q/k projections (llama.cpp runs its rope in the rotate-half
 layout of the checkpoint), unlike Llama, whose checkpoints llama.cpp permutes, so only Qwen3 is
-accepted.
+accepted, and Qwen3-MoE (llama.cpp's qwen3moe) with its experts in Transformers 5's fused tensors:
+mlp.experts.gate_up_proj (experts, 2 x moe_intermediate_size, hidden) is cut into llama.cpp's
+ffn_gate_exps and ffn_up_exps (each expert's first and second half of rows), down_proj is
+ffn_down_exps as it is, and the router mlp.gate is ffn_gate_inp, kept in bf16 when the rest is
+quantized (as llama-quantize keeps it unquantized, and tformers keeps its router as stored).
 
 With --q8_0 or --q4_0 the 2-D tensors are written in one of llama.cpp's block formats instead
 of bf16, each block 32 consecutive values of a row, as llama.cpp's reference quantizers
@@ -53,7 +57,11 @@ LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.experts.down_proj": "ffn_down_exps.weight",
 }
+# Tensors that stay bf16 when the others are quantized.
+UNQUANTIZED = {"ffn_gate_inp.weight"}
 
 
 def fail(msg):
@@ -72,7 +80,8 @@ def gguf_name(name):
         layer, _, rest = name[len(prefix):].partition(".")
         if rest in LAYER_NAMES:
             return f"blk.{int(layer)}.{LAYER_NAMES[rest]}"
-    fail(f"tensor {name!r} has no GGUF name here (only Qwen3 checkpoints are supported)")
+    fail(f"tensor {name!r} has no GGUF name here (only Qwen3 and Qwen3-MoE checkpoints are "
+         "supported)")
 
 
 def string(s):
@@ -137,6 +146,23 @@ QUANTS = {"--q8_0": ("Q8_0", GGML_Q8_0, 2 + BLOCK, q8_0),
           "--q4_0": ("Q4_0", GGML_Q4_0, 2 + BLOCK // 2, q4_0)}
 
 
+def copy_chunk(fin, fout, ggml_type, quant, quantize, row, nbytes):
+    """Writes nbytes of bf16 (whole rows of `row` values) from fin as ggml_type; returns the bytes
+    written."""
+    if ggml_type == GGML_F32:  # bf16 -> f32: the bf16 bits become the high half
+        raw = fin.read(nbytes)
+        fout.write(b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, nbytes, 2)))
+        return nbytes * 2
+    written = 0
+    step = max(1, (1 << 24) // (row * 2)) * row * 2 if ggml_type == quant else 1 << 24
+    for at in range(0, nbytes, step):
+        raw = fin.read(min(step, nbytes - at))
+        out = quantize(raw) if ggml_type == quant else raw
+        fout.write(out)
+        written += len(out)
+    return written
+
+
 def main():
     args = sys.argv[1:]
     flags = [a for a in args if a in QUANTS]
@@ -147,8 +173,10 @@ def main():
     src, dst = args
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
-    if cfg.get("model_type") != "qwen3":
-        fail(f"{src}/config.json: model_type {cfg.get('model_type')!r}, only 'qwen3' is supported")
+    archs = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
+    if cfg.get("model_type") not in archs:
+        fail(f"{src}/config.json: model_type {cfg.get('model_type')!r}, only 'qwen3' and "
+             "'qwen3_moe' are supported")
     st_path = os.path.join(src, "model.safetensors")
     with open(st_path, "rb") as f:
         (hlen,) = struct.unpack("<Q", f.read(8))
@@ -156,19 +184,40 @@ def main():
     data_start = 8 + hlen
     header.pop("__metadata__", None)
 
-    tensors = []  # (gguf name, ggml type, dims outermost first, src offset, src bytes)
+    tensors = []  # (gguf name, ggml type, dims outermost first, [(src offset, src bytes)])
+
+    def add(gname, shape, chunks):
+        ggml_type = GGML_F32 if len(shape) == 1 else GGML_BF16
+        if quant and len(shape) > 1 and gname.split(".", 2)[-1] not in UNQUANTIZED:
+            ggml_type = quant
+        if ggml_type == quant and shape[-1] % BLOCK:
+            fail(f"{st_path}: tensor {gname} has rows of {shape[-1]} values, "
+                 f"not a multiple of {BLOCK} as {fmt} needs")
+        tensors.append((gname, ggml_type, shape, chunks))
+
     for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
         if info["dtype"] != "BF16":
             fail(f"{st_path}: tensor {name} is {info['dtype']}, only BF16 checkpoints are supported")
         begin, end = info["data_offsets"]
-        ggml_type = GGML_F32 if len(info["shape"]) == 1 else quant or GGML_BF16
-        if ggml_type == quant and info["shape"][-1] % BLOCK:
-            fail(f"{st_path}: tensor {name} has rows of {info['shape'][-1]} values, "
-                 f"not a multiple of {BLOCK} as {fmt} needs")
-        tensors.append((gguf_name(name), ggml_type, info["shape"], data_start + begin, end - begin))
+        shape = info["shape"]
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            # Each expert's rows: gate first, then up.
+            experts, rows, hidden = shape
+            half = rows // 2 * hidden * 2
+            layer = gguf_name(name.replace("experts.gate_up_proj", "gate.weight")).split(".")[1]
+            for i, part in enumerate(["ffn_gate_exps.weight", "ffn_up_exps.weight"]):
+                add(f"blk.{layer}.{part}", [experts, rows // 2, hidden],
+                    [(data_start + begin + e * 2 * half + i * half, half) for e in range(experts)])
+            continue
+        add(gguf_name(name), shape, [(data_start + begin, end - begin)])
 
-    a = "qwen3"
-    meta = [
+    a = archs[cfg["model_type"]]
+    moe = []
+    if a == "qwen3moe":
+        moe = [kv(f"{a}.expert_count", T_UINT32, cfg["num_experts"]),
+               kv(f"{a}.expert_used_count", T_UINT32, cfg["num_experts_per_tok"]),
+               kv(f"{a}.expert_feed_forward_length", T_UINT32, cfg["moe_intermediate_size"])]
+    meta = moe + [
         kv("general.architecture", T_STRING, a),
         kv("general.name", T_STRING, os.path.basename(os.path.normpath(src))),
         kv(f"{a}.block_count", T_UINT32, cfg["num_hidden_layers"]),
@@ -188,7 +237,8 @@ def main():
     ]
 
     infos, offset = [], 0
-    for gname, ggml_type, shape, _, nbytes in tensors:
+    for gname, ggml_type, shape, chunks in tensors:
+        nbytes = sum(n for _, n in chunks)
         out_bytes = {GGML_F32: nbytes * 2, GGML_BF16: nbytes,
                      quant: nbytes // 2 // BLOCK * block_bytes}[ggml_type]
         dims = list(reversed(shape))  # GGUF lists the innermost dimension first
@@ -202,27 +252,11 @@ def main():
     head += b"\0" * (-len(head) % ALIGNMENT)
     with open(st_path, "rb") as fin, open(dst, "wb") as fout:
         fout.write(head)
-        for _, ggml_type, shape, src_off, nbytes in tensors:
-            fin.seek(src_off)
-            if ggml_type == GGML_F32:  # bf16 -> f32: the bf16 bits become the high half
-                raw = fin.read(nbytes)
-                fout.write(b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, nbytes, 2)))
-                written = nbytes * 2
-            elif ggml_type == quant:
-                written = 0
-                rows_per_chunk = max(1, (1 << 24) // (shape[-1] * 2))
-                for r in range(0, shape[0], rows_per_chunk):
-                    n = min(rows_per_chunk, shape[0] - r) * shape[-1] * 2
-                    out = quantize(fin.read(n))
-                    fout.write(out)
-                    written += len(out)
-            else:
-                left = nbytes
-                while left:
-                    chunk = fin.read(min(left, 1 << 24))
-                    fout.write(chunk)
-                    left -= len(chunk)
-                written = nbytes
+        for _, ggml_type, shape, chunks in tensors:
+            written = 0
+            for src_off, nbytes in chunks:
+                fin.seek(src_off)
+                written += copy_chunk(fin, fout, ggml_type, quant, quantize, shape[-1], nbytes)
             fout.write(b"\0" * (-written % ALIGNMENT))
     print(f"wrote {dst}: {len(tensors)} tensors, {os.path.getsize(dst) / 1e9:.2f} GB")
 
