@@ -20,6 +20,8 @@ const std::vector<std::pair<const char*, TpStyle>>& style_table() {
       {"embedding_rowwise", TpStyle::kEmbeddingRowwise},
       {"packed_colwise", TpStyle::kPackedColwise},
       {"replicated_with_grad_allreduce", TpStyle::kReplicatedWithGradAllreduce},
+      {"grouped_gemm", TpStyle::kGroupedGemm},
+      {"ep_dispatch_experts", TpStyle::kGroupedGemm},
       {"replicate", TpStyle::kReplicate},
       {"local", TpStyle::kReplicate},
   };
@@ -97,6 +99,7 @@ WeightShard shard_for(TpStyle style, const Shape& shape, int rank, int size) {
     case TpStyle::kColwiseGatherOutput:
     case TpStyle::kEmbeddingRowwise:
     case TpStyle::kPackedColwise:
+    case TpStyle::kGroupedGemm:
       dim = 0;
       break;
     case TpStyle::kRowwise:
@@ -146,6 +149,13 @@ TpPlan::TpPlan(const std::map<std::string, std::string>& defaults,
                const std::vector<std::string>& modules) {
   auto parse = [&](const std::string& key, const std::string& style, const char* whose) {
     auto s = parse_style(style);
+    // Transformers' tensor-parallel plan splits each expert's hidden units; tformers splits a
+    // mixture by experts, as Transformers' expert-parallel plan does.
+    if (!s && style == "moe_tp_experts")
+      throw InvalidArgumentError(detail::str_cat(
+          "tp_plan", whose, "[\"", key,
+          "\"]: moe_tp_experts (each expert's hidden units split over ranks) is not supported; "
+          "tformers splits a mixture by experts: use grouped_gemm (or leave the default plan)"));
     if (!s)
       throw InvalidArgumentError(detail::str_cat("tp_plan", whose, "[\"", key,
                                                  "\"]: unknown style '", style,

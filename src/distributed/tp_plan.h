@@ -24,6 +24,8 @@ enum class TpStyle : uint8_t {
   kEmbeddingRowwise,     // vocabulary rows split; lookups outside the slice are zero, reduced
   kPackedColwise,        // fused [gate; up] rows: each half split colwise, then re-packed
   kReplicatedWithGradAllreduce,  // replicated (the gradient all-reduce matters only in training)
+  kGroupedGemm,  // "ep_dispatch_experts": a mixture's experts split over ranks (dim 0), each
+                 // rank's share of a token's experts summed, then reduced
 };
 
 const char* style_name(TpStyle s);

@@ -463,15 +463,15 @@ Shape experts_out(const TensorType& xt, const TensorType& it, const TensorType& 
 
 }  // namespace
 
-Value GraphBuilder::linear_id(Value x, Value w, Value idx, const std::string& name) {
+Value GraphBuilder::linear_id(Value x, Value w, Value idx, const std::string& name, int group) {
   const TensorType& wt = type(w);
   TF_CHECK(is_float(wt.dtype) && wt.shape.size() == 3, name, ": experts ", wt.str());
   const Shape out = experts_out(type(x), type(idx), wt, wt.shape[2], wt.shape[1], name);
-  return add_node(Op::kLinearId, {x, w, idx}, {activation(), out}, name);
+  return add_node(Op::kLinearId, {x, w, idx}, {activation(), out}, name, LinearIdAttrs{group, {}});
 }
 
 Value GraphBuilder::linear_id_quant(Value x, Value w, Value idx, Value scale, Value zero,
-                                    const LinearQuantAttrs& q, const std::string& name) {
+                                    const LinearQuantAttrs& q, const std::string& name, int group) {
   const TensorType &wt = type(w), &st = type(scale);
   TF_CHECK(wt.shape.size() >= 2 && st.shape.size() >= 2 && wt.shape[0] == st.shape[0] &&
                q.has_zero == (zero >= 0) && !(q.has_zero && q.scheme == QuantScheme::kInt8),
@@ -492,7 +492,8 @@ Value GraphBuilder::linear_id_quant(Value x, Value w, Value idx, Value scale, Va
     inputs.push_back(zero);
   }
   const Shape out = experts_out(type(x), type(idx), wt, K, N, name);
-  return add_node(Op::kLinearIdQuant, std::move(inputs), {activation(), out}, name, q);
+  return add_node(Op::kLinearIdQuant, std::move(inputs), {activation(), out}, name,
+                  LinearIdAttrs{group, q});
 }
 
 }  // namespace tformers::graph

@@ -115,11 +115,12 @@ class GraphBuilder {
   Value matmul(Value a, Value b, const std::string& name = "");
   // x (..., K) through the experts idx (..., k) of w (E, N, K): (..., k, N); or x (..., k, K), a
   // row for each slot, each through its own expert.
-  Value linear_id(Value x, Value w, Value idx, const std::string& name = "");
+  // With group >= 0, w is this rank's share of experts split over the group (LinearIdAttrs).
+  Value linear_id(Value x, Value w, Value idx, const std::string& name = "", int group = -1);
   // linear_id through E quantized experts: w, scale and zero are E kLinearQuant operands stacked
   // on a leading dim (zero -1 when there is none).
   Value linear_id_quant(Value x, Value w, Value idx, Value scale, Value zero,
-                        const LinearQuantAttrs& q, const std::string& name = "");
+                        const LinearQuantAttrs& q, const std::string& name = "", int group = -1);
   // A node of another graph, its operands already renumbered into this one (graph/ops.h's
   // decompose()).
   Value copy(Node node) { return graph_.add(std::move(node)); }

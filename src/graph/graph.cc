@@ -168,6 +168,12 @@ std::string attributes(const Node& n) {
     os << name << "=" << v;
     a.push_back(os.str());
   };
+  // Always the scheme and the layout of quantized operands: they say how to read them.
+  auto show_quant = [&](const LinearQuantAttrs& q) {
+    a.push_back(q.scheme == QuantScheme::kInt8 ? "int8" : "int4");
+    a.push_back(q.layout == QuantLayout::kRows ? "rows" : "tiles");
+    if (q.has_zero) a.push_back("zero");
+  };
   switch (n.op) {
     case Op::kRMSNorm:
       if (n.attrs_as<RMSNormAttrs>().unit_offset) a.push_back("unit_offset");
@@ -191,15 +197,16 @@ std::string attributes(const Node& n) {
     case Op::kSoftcap:
       show("cap", n.attrs_as<SoftcapAttrs>().cap);
       break;
-    case Op::kLinearQuant:
+    case Op::kLinearId:
     case Op::kLinearIdQuant: {
-      // Always the scheme and the layout: they say how to read the operands.
-      const auto& q = n.attrs_as<LinearQuantAttrs>();
-      a.push_back(q.scheme == QuantScheme::kInt8 ? "int8" : "int4");
-      a.push_back(q.layout == QuantLayout::kRows ? "rows" : "tiles");
-      if (q.has_zero) a.push_back("zero");
+      const auto& e = n.attrs_as<LinearIdAttrs>();
+      if (n.op == Op::kLinearIdQuant) show_quant(e.quant);
+      if (e.group >= 0) show("group", e.group);
       break;
     }
+    case Op::kLinearQuant:
+      show_quant(n.attrs_as<LinearQuantAttrs>());
+      break;
     case Op::kConstant:
       show("value", n.attrs_as<ConstantAttrs>().value);
       break;

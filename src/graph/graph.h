@@ -93,10 +93,10 @@ enum class Op : uint8_t {
   kMatMul,         // (a (..., M, K), b (..., K, N)) -> (..., M, N), equal batch dims
   kLinearId,       // (x (..., K), w (E, N, K), idx (..., k) int32) -> (..., k, N): x times the
                    // transpose of expert idx[..., j]'s weight, for each j (a mixture of experts);
-                   // or x (..., k, K), each slot's own row through its expert
+                   // or x (..., k, K), each slot's own row through its expert; LinearIdAttrs
   kLinearIdQuant,  // (x, w, idx, scale [, zero]) -> (..., k, N): kLinearId over quantized
                    // experts; w, scale and zero are the E experts' kLinearQuant operands stacked
-                   // on a leading dim of E; LinearQuantAttrs
+                   // on a leading dim of E; LinearIdAttrs
 };
 
 // The number of ops: every Op is below it.
@@ -246,6 +246,16 @@ struct LinearQuantAttrs {
   auto fields() const { return std::tie(scheme, layout, has_zero); }
   bool operator==(const LinearQuantAttrs&) const = default;
 };
+struct LinearIdAttrs {
+  static constexpr const char* kName = "LinearIdAttrs";
+  // With a process group (>= 0), w holds E experts of a mixture split over the group's ranks:
+  // experts [rank * E, (rank + 1) * E) for the rank's index in the group (known when the step
+  // runs, so every rank builds the same graph); a (row, slot) routed to another rank's expert
+  // gives a zero row.
+  int group = -1;
+  LinearQuantAttrs quant;  // kLinearIdQuant: the scheme and layout of each expert's operands
+  auto fields() const { return std::tie(group, quant.scheme, quant.layout, quant.has_zero); }
+};
 struct CustomCallAttrs {
   static constexpr const char* kName = "CustomCallAttrs";
   std::shared_ptr<const CustomCall> kernel;  // shared by the nodes of one kernelized layer
@@ -311,7 +321,7 @@ using Attrs =
     std::variant<std::monostate, EmbeddingAttrs, RMSNormAttrs, RopeAttrs, AttentionAttrs,
                  TakeLastAttrs, ScaleAttrs, SoftcapAttrs, SliceAttrs, AllReduceAttrs,
                  AllGatherAttrs, LinearQuantAttrs, CustomCallAttrs, ConstantAttrs, UnaryAttrs,
-                 BinaryAttrs, AxisAttrs, ReduceAttrs, TopKAttrs, TransposeAttrs>;
+                 BinaryAttrs, AxisAttrs, ReduceAttrs, TopKAttrs, TransposeAttrs, LinearIdAttrs>;
 
 struct Node {
   Op op;

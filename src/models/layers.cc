@@ -295,10 +295,15 @@ void SparseMoE::declare(std::vector<WeightSpec>& w, const std::string& prefix) c
   w.push_back(std::move(router));
   if (score_bias)
     w.push_back({prefix + ".gate.e_score_correction_bias", {experts}, WeightRole::kRouter});
-  WeightSpec gate_up{
-      prefix + ".experts.gate_up_proj", {experts, 2 * intermediate, hidden}, WeightRole::kExperts};
-  WeightSpec down{
-      prefix + ".experts.down_proj", {experts, hidden, intermediate}, WeightRole::kExperts};
+  // Under tensor parallelism the experts are split over the ranks (expert parallelism).
+  WeightSpec gate_up{prefix + ".experts.gate_up_proj",
+                     {experts, 2 * intermediate, hidden},
+                     WeightRole::kExperts,
+                     "grouped_gemm"};
+  WeightSpec down{prefix + ".experts.down_proj",
+                  {experts, hidden, intermediate},
+                  WeightRole::kExperts,
+                  "grouped_gemm"};
   for (int64_t e = 0; e < experts; ++e) {
     const std::string expert = hub + ".experts." + std::to_string(e);
     gate_up.stacked_from.push_back(expert + "." + gate_proj + ".weight");
@@ -357,13 +362,13 @@ std::pair<Value, Value> SparseMoE::route(Ctx& c, Value x, const std::string& pre
 
 namespace {
 
-// x through the experts `name` at idx: the float op, or the quantized one for experts the
-// backend quantized at load.
-Value experts_linear(Ctx& c, Value x, const std::string& name, Value idx) {
+// x through the experts `name` at idx (this rank's share of them with group >= 0): the float
+// op, or the quantized one for experts the backend quantized at load.
+Value experts_linear(Ctx& c, Value x, const std::string& name, Value idx, int group) {
   const graph::LinearQuantAttrs* q = c.p.quant(name);
-  if (!q) return c.b.linear_id(x, c.p(name), idx, name);
+  if (!q) return c.b.linear_id(x, c.p(name), idx, name, group);
   return c.b.linear_id_quant(x, c.p(name), idx, c.p(name + "_scale"),
-                             q->has_zero ? c.p(name + "_zero") : -1, *q, name);
+                             q->has_zero ? c.p(name + "_zero") : -1, *q, name, group);
 }
 
 }  // namespace
@@ -372,16 +377,23 @@ Value SparseMoE::operator()(Ctx& c, Value x, const std::string& prefix) const {
   GraphBuilder& b = c.b;
   const Shape xs = b.type(x).shape;  // (B,T,H)
   const auto [idx, weights] = route(c, x, prefix);
+  // Expert parallelism: each rank runs its own experts (the others' give zero rows) and the
+  // ranks' sums are added.
+  const distributed::TpModel* tp = c.p.tp();
+  const bool split = tp && tp->size() > 1 &&
+                     tp->shard(prefix + ".experts.gate_up_proj").style == TpStyle::kGroupedGemm;
+  const int group = split ? tp->group_id() : -1;
   // Each token's k experts: (B,T,k,2I) -> (B,T,k,I) -> (B,T,k,H).
-  const Value gate_up = experts_linear(c, x, prefix + ".experts.gate_up_proj", idx);
+  const Value gate_up = experts_linear(c, x, prefix + ".experts.gate_up_proj", idx, group);
   const Value act =
       b.silu_mul(b.slice_last(gate_up, 0, intermediate),
                  b.slice_last(gate_up, intermediate, 2 * intermediate), prefix + ".experts.act");
-  const Value y = experts_linear(c, act, prefix + ".experts.down_proj", idx);
+  const Value y = experts_linear(c, act, prefix + ".experts.down_proj", idx, group);
   const Value weighted =
       b.binary(graph::BinaryFn::kMul, y, b.reshape(weights, {xs[0], xs[1], top_k, 1}),
                prefix + ".experts.weighted");
   Value out = b.reshape(b.reduce(graph::ReduceFn::kSum, weighted, 2, prefix + ".experts.sum"), xs);
+  if (split) out = b.all_reduce(out, -1, group, prefix + ".experts.all_reduce");
   if (shared)
     out = b.add(out, (*shared)(c, x, prefix + ".shared_experts"), prefix + ".shared_experts.add");
   return out;

@@ -166,6 +166,7 @@ struct SparseMoE {
   std::string gate_proj = "gate_proj", up_proj = "up_proj", down_proj = "down_proj";
   void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
   Value operator()(Ctx& c, Value x, const std::string& prefix) const;
+  void validate_tp(const distributed::TpModel& tp, const std::string& prefix) const;
 
  private:
   // (B,T,k) int32 experts and (B,T,k) weights of each token.

@@ -43,7 +43,8 @@ struct Checker {
   void input_linear(const std::string& w, bool packed) const {
     TpStyle s = style(w);
     const bool ok = packed ? (replicated(s) || s == TpStyle::kPackedColwise)
-                           : s != TpStyle::kEmbeddingRowwise && s != TpStyle::kPackedColwise;
+                           : s != TpStyle::kEmbeddingRowwise && s != TpStyle::kPackedColwise &&
+                                 s != TpStyle::kGroupedGemm;
     if (!ok)
       bad(w, packed ? "does not apply to a packed linear layer; use packed_colwise or replicate"
                     : "does not apply to an unfused linear layer; use one of " +
@@ -64,7 +65,8 @@ struct Checker {
   }
   void input_linear_style(const std::string& w) const {
     TpStyle s = style(w);
-    if (s == TpStyle::kEmbeddingRowwise || s == TpStyle::kPackedColwise)
+    if (s == TpStyle::kEmbeddingRowwise || s == TpStyle::kPackedColwise ||
+        s == TpStyle::kGroupedGemm)
       bad(w, "does not apply to a linear layer that consumes another's output");
   }
   void whole(const std::string& w, const char* what) const {
@@ -74,6 +76,24 @@ struct Checker {
 };
 
 }  // namespace
+
+void SparseMoE::validate_tp(const TpModel& tp, const std::string& prefix) const {
+  Checker ck{tp};
+  // Every rank routes every token: the router and its bias are whole.
+  ck.whole(prefix + ".gate.weight", "a router, which scores every expert");
+  ck.whole(prefix + ".gate.e_score_correction_bias", "a router's bias");
+  for (const char* w : {".experts.gate_up_proj", ".experts.down_proj"}) {
+    const TpStyle s = ck.style(prefix + w);
+    if (!replicated(s) && s != TpStyle::kGroupedGemm)
+      ck.bad(prefix + w,
+             "does not apply to a mixture's experts; use grouped_gemm (the experts "
+             "split over ranks) or replicate");
+  }
+  if (ck.style(prefix + ".experts.gate_up_proj") != ck.style(prefix + ".experts.down_proj"))
+    ck.bad(prefix + ".experts.down_proj",
+           "differs from experts.gate_up_proj: a rank's experts need both their projections");
+  if (shared) shared->validate_tp(tp, prefix + ".shared_experts");
+}
 
 void Attention::validate_tp(const TpModel& tp, const std::string& prefix) const {
   Checker ck{tp};
@@ -152,10 +172,9 @@ void DecoderModel::validate_tp(const TpModel& tp) const {
       if (!norm->empty()) ck.whole(n + *norm + ".weight", "a norm over features");
     blk.attn.validate_tp(tp, n + "self_attn");
     if (blk.moe)
-      throw UnsupportedError("layer " + std::to_string(l) +
-                             " is a mixture of experts, which tensor parallelism does not split "
-                             "yet: load the model without distributed_config");
-    blk.mlp.validate_tp(tp, n + "mlp");
+      blk.moe->validate_tp(tp, n + "mlp");
+    else
+      blk.mlp.validate_tp(tp, n + "mlp");
     // One cache layout for every layer (the generation loop allocates them alike).
     const int64_t kv = blk.attn.cache(&tp, n + "self_attn").kv_heads;
     if (kv_local >= 0 && kv != kv_local)

@@ -290,6 +290,36 @@ TEST_F(TpMpi, DefaultPlanTwoRanksFloat16WeightsAndRowwiseBiases) {
 // Quantized at load, each rank its own slice: int8 and int4 with a tied head (its quantized copy
 // split over the vocabulary) and untied, q/k/v biases kept in f32 (Qwen2), and a tied head whole
 // on every rank while its embedding is split (its own slice, quantized).
+// Mixtures of experts split over the ranks (grouped_gemm, the default): each rank runs its own
+// experts for every token and the ranks' sums are added. Per-expert Hub tensors stacked at load
+// (Qwen3-MoE, Mixtral), fused ones (GLM-4.5, with its shared expert split as an MLP is), 8
+// experts over 3 ranks (3, 3 and 2, the last padded with a zero expert), and int8 experts.
+TEST_F(TpMpi, ExpertsSplitTwoRanksQwen3Moe) { expect_ok(run_worker(2, "hf-qwen3-moe")); }
+TEST_F(TpMpi, ExpertsSplitTwoRanksMixtral) { expect_ok(run_worker(2, "hf-mixtral")); }
+TEST_F(TpMpi, ExpertsSplitTwoRanksGlm4Moe) { expect_ok(run_worker(2, "hf-glm4-moe")); }
+TEST_F(TpMpi, ExpertsSplitThreeRanksUneven) {
+  // 3 ranks do not divide the 2 KV heads: attention replicated, as the error for it advises.
+  expect_ok(run_worker(3, "hf-glm4-moe",
+                       R"({"layers.*.self_attn.q_proj": "replicate", )"
+                       R"("layers.*.self_attn.k_proj": "replicate", )"
+                       R"("layers.*.self_attn.v_proj": "replicate", )"
+                       R"("layers.*.self_attn.o_proj": "replicate"})"));
+}
+// Each rank quantizes its own experts, which are whole experts: the blocks of the one-process
+// model (hf-qwen3-moe: its dense layer's 128 hidden units split on a block edge too).
+TEST_F(TpMpi, ExpertsSplitTwoRanksInt8) {
+  expect_ok(run_worker(2, "hf-qwen3-moe", "", "", "float32", "int8"));
+}
+
+// Transformers' tensor-parallel plan splits each expert's hidden units (moe_tp_experts); that,
+// and a colwise split of the experts' tensors, is refused naming the style that works.
+TEST_F(TpMpi, ExpertStylesOtherThanGroupedGemmAreRefused) {
+  expect_ok(run_worker(2, "hf-qwen3-moe", R"({"layers.*.mlp.experts": "moe_tp_experts"})",
+                       "use grouped_gemm"));
+  expect_ok(run_worker(2, "hf-qwen3-moe", R"({"layers.*.mlp.experts": "colwise"})",
+                       "use grouped_gemm (the experts split over ranks) or replicate"));
+}
+
 TEST_F(TpMpi, QuantizedInt8TwoRanksQwen3Tied) {
   expect_ok(run_worker(2, "tiny-qwen3", "", "", "float32", "int8"));
 }
@@ -601,6 +631,11 @@ INSTANTIATE_TEST_SUITE_P(Architectures, TpMpiXlaCpu,
                            n.erase(std::remove(n.begin(), n.end(), '-'), n.end());
                            return n;
                          });
+
+// A mixture's experts split over the ranks, each rank's share lowered with its offset.
+TEST_F(TpMpiXlaCpu, ExpertsSplitTwoRanksGlm4Moe) {
+  expect_ok(run_worker(2, "hf-glm4-moe", "", "", "float32", "", "xla-cpu"));
+}
 
 // o_proj's bias added once after the host's sum, over 4 ranks.
 TEST_F(TpMpiXlaCpu, FourRanksLlamaWithBiases) {

@@ -230,7 +230,9 @@ CpuExecutable::CpuExecutable(const graph::Graph& g, TransferCounters* stats)
                            " ones; build the graph with the CPU backend's kv_layout()");
   for (const Node& n : graph_.nodes())
     if (n.op == Op::kLinearQuant || n.op == Op::kLinearIdQuant) {
-      const auto& q = n.attrs_as<graph::LinearQuantAttrs>();
+      const graph::LinearQuantAttrs& q = n.op == Op::kLinearQuant
+                                             ? n.attrs_as<graph::LinearQuantAttrs>()
+                                             : n.attrs_as<graph::LinearIdAttrs>().quant;
       if ((q.scheme == graph::QuantScheme::kInt4) != (q.layout == graph::QuantLayout::kTiles))
         throw UnsupportedError("node " + n.name +
                                ": the CPU backend multiplies int8 rows and int4 tiles, not this "

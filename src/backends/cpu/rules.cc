@@ -541,6 +541,8 @@ void matmul(const OpCall& c) {
 // The (row, slot) pairs of kLinearId and kLinearIdQuant, and how to run them by expert.
 struct ExpertPairs {
   int64_t E, N, K, k, rows;
+  bool sharded;   // w holds this rank's share of the experts (LinearIdAttrs::group)
+  int64_t first;  // the global index of its first expert
   bool per_slot;  // x holds a row per (row, slot), else one per row
   // A decode step (one token per sequence): the GEMV, whose bits for a row depend only on K.
   bool decode;
@@ -549,11 +551,15 @@ struct ExpertPairs {
 ExpertPairs expert_pairs(const OpCall& c) {
   const Shape& is = c.in_type(2).shape;
   const int64_t k = is.back();
-  return {c.in_type(1).shape[0],
+  const int64_t E = c.in_type(1).shape[0];
+  const int group = c.n.attrs_as<graph::LinearIdAttrs>().group;
+  return {E,
           c.n.type.shape.back(),
           c.in_type(0).shape.back(),
           k,
           shape_numel(is) / k,
+          group >= 0,
+          distributed::rank_offset(group, E),
           c.in_type(0).shape.size() == is.size() + 1,
           is.size() >= 2 && is[is.size() - 2] == 1};
 }
@@ -564,19 +570,27 @@ ExpertPairs expert_pairs(const OpCall& c) {
 // many of its tokens chose it. A prompt's group is padded with zero rows to at least 4, so that
 // every row takes the GEMM: its bits then do not depend on how many other tokens of the step
 // chose its expert (the batch invariance the serving engine relies on). A decode step keeps the
-// GEMV at any count.
+// GEMV at any count. Under expert parallelism the pairs routed to another rank's experts are
+// zero rows.
 template <class Mul>
 void through_experts(const OpCall& c, Mul mul) {
   const ExpertPairs p = expert_pairs(c);
   const int64_t pairs = p.rows * p.k;
-  // Counting sort of the pairs by expert, each expert's in step order.
-  std::vector<int64_t> start(size_t(p.E + 1), 0);
+  // The local expert of each pair (E for another rank's), then a counting sort of the pairs by
+  // it, each expert's in step order.
+  std::vector<int64_t> expert(static_cast<size_t>(pairs));
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int64_t e = p.sharded ? int64_t(c.i32(2)[i]) - p.first : clamp_index(c.i32(2)[i], p.E);
+    expert[size_t(i)] = e >= 0 && e < p.E ? e : p.E;
+  }
+  std::vector<int64_t> start(size_t(p.E + 2), 0);
   std::vector<int64_t> order(static_cast<size_t>(pairs));
-  for (int64_t i = 0; i < pairs; ++i) ++start[size_t(clamp_index(c.i32(2)[i], p.E)) + 1];
+  for (int64_t i = 0; i < pairs; ++i) ++start[size_t(expert[size_t(i)]) + 1];
   std::partial_sum(start.begin(), start.end(), start.begin());
   std::vector<int64_t> next(start.begin(), start.end() - 1);
-  for (int64_t i = 0; i < pairs; ++i)
-    order[size_t(next[size_t(clamp_index(c.i32(2)[i], p.E))]++)] = i;
+  for (int64_t i = 0; i < pairs; ++i) order[size_t(next[size_t(expert[size_t(i)])]++)] = i;
+  for (int64_t i = start[size_t(p.E)]; i < pairs; ++i)
+    std::fill_n(c.out_f32() + order[size_t(i)] * p.N, p.N, 0.0f);
   int64_t most = 0;
   for (int64_t e = 0; e < p.E; ++e) most = std::max(most, start[size_t(e + 1)] - start[size_t(e)]);
   const int64_t cap = p.decode ? most : std::max<int64_t>(most, 4);
@@ -612,7 +626,7 @@ void linear_id(const OpCall& c) {
 
 // The experts' int8 rows or int4 tiles, each at its offset in the stacked operands.
 void linear_id_quant(const OpCall& c) {
-  const auto& q = c.n.attrs_as<graph::LinearQuantAttrs>();
+  const graph::LinearQuantAttrs& q = c.n.attrs_as<graph::LinearIdAttrs>().quant;
   const ExpertPairs p = expert_pairs(c);
   const int64_t w_each = shape_numel(c.in_type(1).shape) / p.E;  // bytes
   const int64_t s_each = shape_numel(c.in_type(3).shape) / p.E;  // scales, and zero points

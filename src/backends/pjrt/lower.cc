@@ -289,7 +289,10 @@ namespace {
 
 // quant_weight reads rows.
 bool rows_layout(const Node& n) {
-  return n.attrs_as<graph::LinearQuantAttrs>().layout == graph::QuantLayout::kRows;
+  const graph::LinearQuantAttrs& q = n.op == Op::kLinearQuant
+                                         ? n.attrs_as<graph::LinearQuantAttrs>()
+                                         : n.attrs_as<graph::LinearIdAttrs>().quant;
+  return q.layout == graph::QuantLayout::kRows;
 }
 // Several sequences packed into a row (the rows operand) would need each query's own keys
 // gathered; the lowering gathers a sequence's blocks per batch row.

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "backends/pjrt/lowering.h"
+#include "distributed/process_group.h"
 
 namespace tformers::backends::pjrt {
 
@@ -222,7 +223,7 @@ Val Lowering::linear_id(const Node& n) { return experts_out(n, in(n, 0), in(n, 1
 // Every expert dequantized, then as kLinearId: a dense form, simple for XLA to fuse; reading only
 // the routed experts' codes is the CPU backend's business.
 Val Lowering::linear_id_quant(const Node& n) {
-  const auto& q = n.attrs_as<graph::LinearQuantAttrs>();
+  const graph::LinearQuantAttrs& q = n.attrs_as<graph::LinearIdAttrs>().quant;
   const Val& w = in(n, 1);  // (E, N, Kb)
   const Val& s = in(n, 3);  // (E, N, nb)
   const int64_t E = w.shape[0], N = w.shape[1], K = in(n, 0).shape.back();
@@ -235,17 +236,24 @@ Val Lowering::linear_id_quant(const Node& n) {
 
 Val Lowering::experts_out(const Node& n, const Val& x, const Val& w, const Val& idx) {
   // w (E, N, K)
-  const int64_t E = w.shape[0], K = w.shape[2], k = idx.shape.back();
+  const int group = n.attrs_as<graph::LinearIdAttrs>().group;
+  const int64_t E = w.shape[0], N = w.shape[1], K = w.shape[2], k = idx.shape.back();
   const int64_t rows = shape_numel(idx.shape) / k, rk = rows * k;
-  Val at = e_.reshape(idx, {rk});
-  at = e_.binary("minimum", e_.binary("maximum", at, e_.splat(0, "i32", {rk})),
-                 e_.splat(double(E - 1), "i32", {rk}));
-  const Val experts = e_.gather_rows(w, at);
+  // This rank's experts start at a constant of its program (as a device's partition id would
+  // be); a pair routed to another rank's expert gives a zero row.
+  const Val at = e_.with_constant("subtract", e_.reshape(idx, {rk}),
+                                  double(distributed::rank_offset(group, E)));
+  const Val mine = e_.binary("and", e_.compare("GE", at, e_.splat(0, "i32", {rk})),
+                             e_.compare("LT", at, e_.splat(double(E), "i32", {rk})));
+  const Val clamped = e_.binary("minimum", e_.binary("maximum", at, e_.splat(0, "i32", {rk})),
+                                e_.splat(double(E - 1), "i32", {rk}));
+  const Val experts = e_.gather_rows(w, clamped);
   const bool per_slot = x.rank() == idx.rank() + 1;
   const Val xs =
       per_slot ? e_.reshape(x, {rk, K})
                : e_.reshape(e_.broadcast(e_.reshape(x, {rows, K}), {rows, k, K}, {0, 2}), {rk, K});
-  const Val y = e_.dot(e_.convert(xs, w.elem), experts, {0}, {0}, {1}, {2});  // (rk, N)
+  Val y = e_.dot(e_.convert(xs, w.elem), experts, {0}, {0}, {1}, {2});  // (rk, N)
+  if (group >= 0) y = e_.select(e_.broadcast(mine, {rk, N}, {0}), y, e_.splat(0, y.elem, {rk, N}));
   return out(n, e_.reshape(y, n.type.shape));
 }
 
