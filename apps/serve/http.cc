@@ -323,6 +323,28 @@ ChunkedDecoder::Status ChunkedDecoder::feed(std::string_view bytes, int64_t max_
   return kComplete;
 }
 
+std::optional<std::string> percent_decoded(std::string_view segment) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < segment.size(); ++i) {
+    if (segment[i] != '%') {
+      out += segment[i];
+      continue;
+    }
+    if (segment.size() - i < 3) return std::nullopt;
+    const int hi = hex(segment[i + 1]), lo = hex(segment[i + 2]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out += char(hi * 16 + lo);
+    i += 2;
+  }
+  return out;
+}
+
 std::string_view reason_phrase(int status) {
   switch (status) {
     case 100:

@@ -147,6 +147,10 @@ struct Handlers {
 // The reason phrase of a status code.
 std::string_view reason_phrase(int status);
 
+// A path segment with its percent-escapes (RFC 3986: "%2F" for "/") decoded; nullopt when a '%'
+// is not followed by two hex digits.
+std::optional<std::string> percent_decoded(std::string_view segment);
+
 class Server {
  public:
   Server(Limits limits, Handlers handlers);

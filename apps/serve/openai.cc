@@ -640,6 +640,93 @@ ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer
   return out;
 }
 
+ApiError model_not_served(const std::string& asked, const std::string& served) {
+  return ApiError(404,
+                  "model: '" + asked + "' is not served here; this server serves '" + served +
+                      "' (GET /v1/models)",
+                  "model", "model_not_found");
+}
+
+namespace {
+
+// The request's object, its "model" (optional) checked against the one served.
+Json parse_tokenizer_body(std::string_view body, const std::string& model) {
+  Json j = parse_body(body);
+  if (auto asked = Fields(j).string("model"); asked && *asked != model)
+    throw model_not_served(*asked, model);
+  return j;
+}
+
+// The text /tokenize encodes: the prompt, or the messages through the chat template.
+std::string tokenize_text(const Fields& f, const Tokenizer& tokenizer, int64_t max_model_len,
+                          size_t max_prompt_bytes) {
+  const Json* messages = f.get("messages");
+  const Json* prompt = f.get("prompt");
+  if ((messages != nullptr) == (prompt != nullptr))
+    throw ApiError(400, "give either prompt (a text) or messages (a chat)",
+                   messages ? "messages" : "prompt");
+  if (prompt) {
+    if (!prompt->is_string()) throw bad_field("prompt", "expected a string, got " + shown(*prompt));
+    check_prompt_bytes(prompt->get_ref<const std::string&>().size(), max_prompt_bytes, "prompt",
+                       max_model_len);
+    return prompt->get<std::string>();
+  }
+  if (!messages->is_array() || messages->empty())
+    throw bad_field("messages", "expected a non-empty list of messages");
+  Json chat = Json::array();
+  for (size_t i = 0; i < messages->size(); ++i)
+    chat.push_back(parse_message((*messages)[i], "messages[" + std::to_string(i) + "]"));
+  check_prompt_bytes(message_bytes(chat), max_prompt_bytes, "messages", max_model_len);
+  const Json tools = f.get("tools") ? parse_tools(*f.get("tools")) : Json(nullptr);
+  Json kwargs = Json::object();
+  if (const Json* k = f.get("chat_template_kwargs")) {
+    if (!k->is_object()) throw bad_field("chat_template_kwargs", "expected an object");
+    kwargs = *k;
+  }
+  try {
+    return tokenizer.apply_chat_template(chat, f.boolean("add_generation_prompt").value_or(true),
+                                         tools, kwargs);
+  } catch (const tformers::Error& e) {
+    throw ApiError(400,
+                   std::string("the model's chat template failed on these messages: ") + e.what(),
+                   "messages");
+  }
+}
+
+}  // namespace
+
+Json tokenize_json(std::string_view body, const std::string& model, const Tokenizer& tokenizer,
+                   int64_t max_model_len, size_t max_prompt_bytes) {
+  const Json j = parse_tokenizer_body(body, model);
+  const Fields f(j);
+  const std::string text = tokenize_text(f, tokenizer, max_model_len, max_prompt_bytes);
+  // A rendered chat template holds its special tokens already (vLLM's defaults likewise).
+  const bool special = f.boolean("add_special_tokens").value_or(!f.get("messages"));
+  const std::vector<int32_t> ids = tokenizer.encode(text, special);
+  Json out = {{"count", ids.size()},
+              {"max_model_len", max_model_len},
+              {"tokens", ids},
+              {"token_strs", nullptr}};
+  if (f.boolean("return_token_strs").value_or(false))
+    out["token_strs"] = tokenizer.convert_ids_to_tokens(ids);
+  return out;
+}
+
+Json detokenize_json(std::string_view body, const std::string& model, const Tokenizer& tokenizer,
+                     int64_t vocab_size) {
+  const Json j = parse_tokenizer_body(body, model);
+  const Json* tokens = Fields(j).get("tokens");
+  if (!tokens) throw bad_field("tokens", "required");
+  if (!tokens->is_array()) throw bad_field("tokens", "expected a list of token ids");
+  const std::vector<int32_t> ids = parse_ids(*tokens, "tokens");
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] >= vocab_size)
+      throw bad_field("tokens", "token " + std::to_string(i) + " is " + std::to_string(ids[i]) +
+                                    ", outside the vocabulary [0, " + std::to_string(vocab_size) +
+                                    ")");
+  return {{"prompt", tokenizer.decode(ids)}};
+}
+
 ServingRequest choice_request(ServingRequest request, int64_t index) {
   if (request.config.seed) *request.config.seed += uint64_t(index);
   return request;

@@ -103,6 +103,21 @@ ServingRequest to_engine_request(const ApiRequest& request, const Tokenizer& tok
                                  int64_t max_model_len, int64_t vocab_size,
                                  size_t max_prompt_bytes = SIZE_MAX);
 
+// 404 model_not_found for a request naming another model than the one served.
+ApiError model_not_served(const std::string& asked, const std::string& served);
+
+// vLLM's POST /tokenize: {"prompt": text, "add_special_tokens": true} or {"messages": [...],
+// "add_generation_prompt": true, "add_special_tokens": false, "tools", "chat_template_kwargs"}
+// (the chat template rendered as a chat completion renders it), either with "return_token_strs";
+// "model", optional as in vLLM, must name `model` when given. Answers {"count", "max_model_len",
+// "tokens", "token_strs"}, the ids a completion of that prompt would prefill.
+Json tokenize_json(std::string_view body, const std::string& model, const Tokenizer& tokenizer,
+                   int64_t max_model_len, size_t max_prompt_bytes);
+// vLLM's POST /detokenize: {"tokens": [ids]} -> {"prompt": text}, special tokens kept; ids
+// outside [0, vocab_size) are refused naming their position.
+Json detokenize_json(std::string_view body, const std::string& model, const Tokenizer& tokenizer,
+                     int64_t vocab_size);
+
 // The engine request of choice `index` (0 to n - 1): `request` with the seed, when one is given,
 // moved to seed + index (mod 2^64), so that each choice is reproducible on its own and no two
 // draw the same numbers. Without a seed every choice gets a fresh random one.

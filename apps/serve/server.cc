@@ -249,6 +249,14 @@ class Server {
       throw ApiError(503, std::string(e.what()) + "; restart the server", "", "model_unusable");
     }
   }
+  // The served model as /v1/models lists it.
+  Json model_json() const {
+    return {{"id", model_name_},
+            {"object", "model"},
+            {"created", created_},
+            {"owned_by", "tformers"},
+            {"max_model_len", engine_.config().max_model_len}};
+  }
   void enter() {
     std::lock_guard lock(in_flight_mu_);
     ++in_flight_;
@@ -530,11 +538,7 @@ http::Response Server::complete(Endpoint endpoint, const http::Request& req) {
   const Clock::time_point arrival = Clock::now();
   refuse_unless_ready();
   ApiRequest request = parse_request(endpoint, req.body);
-  if (request.model != model_name_)
-    throw ApiError(404,
-                   "model: '" + request.model + "' is not served here; this server serves '" +
-                       model_name_ + "' (GET /v1/models)",
-                   "model", "model_not_found");
+  if (request.model != model_name_) throw model_not_served(request.model, model_name_);
   ServingRequest engine_request = to_engine_request(
       request, tokenizer_, engine_.config().max_model_len, vocab_size_, max_prompt_bytes_);
   const bool stream = request.stream;
@@ -556,6 +560,9 @@ http::Response Server::complete(Endpoint endpoint, const http::Request& req) {
   return res;
 }
 
+// GET /v1/models/{id} retrieves one model.
+constexpr std::string_view kModels = "/v1/models", kModelsPrefix = "/v1/models/";
+
 // The routes, each with the one method it takes.
 struct Route {
   const char* method;
@@ -564,6 +571,9 @@ struct Route {
 constexpr Route kRoutes[] = {{"POST", "/v1/chat/completions"},
                              {"POST", "/v1/completions"},
                              {"GET", "/v1/models"},
+                             {"POST", "/tokenize"},
+                             {"POST", "/detokenize"},
+                             {"GET", "/version"},
                              {"GET", "/health"},
                              {"GET", "/metrics"}};
 
@@ -583,7 +593,7 @@ http::Response no_route(const std::string& method, const std::string& path) {
                                             "' is not implemented; this server answers GET and "
                                             "POST (methods are case-sensitive)"));
   for (const Route& r : kRoutes)
-    if (path == r.path) {
+    if (path == r.path || (path.starts_with(kModelsPrefix) && r.path == kModels)) {
       http::Response res =
           error_response(ApiError(405, method + " is not allowed on " + path + "; use " + r.method,
                                   "", "method_not_allowed"));
@@ -601,13 +611,24 @@ http::Response Server::handle(const http::Request& req) {
       return complete(Endpoint::kChatCompletions, req);
     if (method == "POST" && path == "/v1/completions") return complete(Endpoint::kCompletions, req);
     http::Response res;
-    if (method == "GET" && path == "/v1/models") {
-      const Json model = {{"id", model_name_},
-                          {"object", "model"},
-                          {"created", created_},
-                          {"owned_by", "tformers"},
-                          {"max_model_len", engine_.config().max_model_len}};
-      res.body = dump({{"object", "list"}, {"data", Json::array({model})}});
+    if (method == "GET" && path == kModels) {
+      res.body = dump({{"object", "list"}, {"data", Json::array({model_json()})}});
+    } else if (method == "GET" && path.starts_with(kModelsPrefix)) {
+      const std::optional<std::string> id =
+          http::percent_decoded(std::string_view(path).substr(kModelsPrefix.size()));
+      if (!id) throw ApiError(400, "the model id in " + path + " has a '%' without two hex digits");
+      if (*id != model_name_)
+        throw ApiError(
+            404, "the model '" + *id + "' does not exist; this server serves '" + model_name_ + "'",
+            "model", "model_not_found");
+      res.body = dump(model_json());
+    } else if (method == "POST" && path == "/tokenize") {
+      res.body = dump(tokenize_json(req.body, model_name_, tokenizer_,
+                                    engine_.config().max_model_len, max_prompt_bytes_));
+    } else if (method == "POST" && path == "/detokenize") {
+      res.body = dump(detokenize_json(req.body, model_name_, tokenizer_, vocab_size_));
+    } else if (method == "GET" && path == "/version") {
+      res.body = dump({{"version", TFORMERS_VERSION}});
     } else if (method == "GET" && path == "/health") {
       refuse_unless_ready();
       refuse_unless_weights_intact();
@@ -654,9 +675,10 @@ http::Response Server::refused(int status, const std::string& message) const {
 // The route a request counts under in /metrics; any other path is "other", so that clients
 // cannot add label values.
 std::string route_of(const std::string& path) {
-  for (const char* route :
-       {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"})
+  for (const char* route : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
+                            "/detokenize", "/version", "/health", "/metrics"})
     if (path == route) return route;
+  if (path.starts_with(kModelsPrefix)) return std::string(kModels);
   return "other";
 }
 

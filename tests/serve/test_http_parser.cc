@@ -20,6 +20,15 @@ int refused(std::string_view bytes, const Limits& limits = {}) {
   return r.status == HeadResult::kError ? r.error.status : 0;
 }
 
+// GET /v1/models/{id}: the openai client escapes the '/' of "org/model" as %2F.
+TEST(HttpPath, PercentEscapesDecodeAndBadOnesAreRefused) {
+  EXPECT_EQ(percent_decoded("models%2Fkjv-fortunes-tiny"), "models/kjv-fortunes-tiny");
+  EXPECT_EQ(percent_decoded("a%20b%2fc"), "a b/c");
+  EXPECT_EQ(percent_decoded("plain"), "plain");
+  for (const char* bad : {"%", "%2", "a%g1", "%%", "x%2"})
+    EXPECT_EQ(percent_decoded(bad), std::nullopt) << bad;
+}
+
 TEST(HttpParser, ReadsAHead) {
   const std::string head =
       "POST /v1/completions?x=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\n"

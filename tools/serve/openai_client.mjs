@@ -38,6 +38,51 @@ await check('GET /v1/models lists the served model', async () => {
   assert.deepEqual(ids, [model]);
 });
 
+await check('GET /v1/models/{id} retrieves the served model; another id is 404', async () => {
+  const m = await openai.models.retrieve(model);
+  assert.equal(m.id, model);
+  assert.equal(m.object, 'model');
+  const e = await openai.models.retrieve('not-this-one').catch((x) => x);
+  assert.equal(e.status, 404);
+  assert.equal(e.code, 'model_not_found');
+});
+
+// vLLM's endpoints beside the API, at the server's root.
+const root = flags.base_url.replace(/\/v1\/?$/, '');
+async function post(path, body) {
+  const r = await fetch(root + path, {
+    method: 'POST', body: JSON.stringify(body),
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${flags.api_key}` },
+  });
+  return { status: r.status, json: await r.json() };
+}
+
+await check("vLLM's /tokenize gives the ids a request prefills; /detokenize reverses it", async () => {
+  const t = await post('/tokenize', { model, prompt, return_token_strs: true });
+  assert.equal(t.status, 200, JSON.stringify(t.json));
+  assert.equal(t.json.count, t.json.tokens.length);
+  assert.equal(t.json.token_strs.length, t.json.count);
+  assert.ok(t.json.max_model_len > t.json.count);
+  const c = await openai.completions.create({ model, prompt, max_tokens: 1 });
+  assert.equal(t.json.count, c.usage.prompt_tokens);
+  const chat = await post('/tokenize', { messages });
+  const r = await openai.chat.completions.create({ model, messages, max_tokens: 1 });
+  assert.equal(chat.json.count, r.usage.prompt_tokens);
+  const plain = await post('/tokenize', { prompt, add_special_tokens: false });
+  const d = await post('/detokenize', { model, tokens: plain.json.tokens });
+  assert.equal(d.status, 200, JSON.stringify(d.json));
+  assert.equal(d.json.prompt, prompt);
+  const both = await post('/tokenize', { prompt, messages });
+  assert.equal(both.status, 400);
+  const outside = await post('/detokenize', { tokens: [1, 1000000000] });
+  assert.equal(outside.status, 400);
+  assert.equal(outside.json.error.param, 'tokens');
+  const other = await post('/tokenize', { model: 'not-this-one', prompt });
+  assert.equal(other.status, 404);
+  const v = await fetch(root + '/version').then((x) => x.json());
+  assert.match(v.version, /^\d+\.\d+\.\d+/);
+});
+
 let chatText;
 await check('chat completion, greedy, not streamed', async () => {
   const r = await openai.chat.completions.create(
