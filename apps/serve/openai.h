@@ -153,6 +153,7 @@ class OutputText {
 
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t cached_tokens = 0;  // of the prompt's, found in the prefix cache
 };
 Json usage_json(const Usage& usage);
 

@@ -375,6 +375,8 @@ Completion::Progress Completion::advance(Clock::duration wait) {
     Delta& d = p.choices[index];
     if (e.token >= 0) {
       ++usage_.completion_tokens;
+      // The prompt is shared by the choices; the first one's lookup is reported.
+      if (index == 0 && e.cached_tokens > 0) usage_.cached_tokens = e.cached_tokens;
       if (request_.logprobs) {
         c.token_events.push_back(e);
         c.text_offsets.push_back(c.text.offset());

@@ -111,6 +111,9 @@ struct ServingEvent {
   // max_model_len), "abort" (cancelled or shut down) or "error".
   std::string finish_reason;
   std::string error;  // with "error"
+  // In a request's first token event: its prompt tokens whose keys and values came from the
+  // prefix cache (vLLM's and OpenAI's cached_tokens).
+  int64_t cached_tokens = 0;
 };
 // Called on the scheduler thread, in token order per request. It must return quickly and may
 // call only cancel() on the engine.

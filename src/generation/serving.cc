@@ -123,6 +123,7 @@ struct ServingEngine::Impl {
     std::vector<int32_t> tokens;  // prompt, then generated
     int64_t computed = 0;         // positions whose keys and values are in the table
     int64_t prompt_len = 0, max_new = 0;
+    int64_t cached = 0;  // prompt tokens found in the prefix cache when first admitted
     std::optional<generation::LogitsProcessorList> processors;
     std::optional<generation::Sampler> sampler;
     std::optional<generation::StopStrings> stops;
@@ -449,6 +450,7 @@ bool ServingEngine::Impl::report(Sequence& s, ServingEvent e) {
   bool stop =
       std::find(eos.begin(), eos.end(), next) != eos.end() || (s.stops && s.stops->put(next));
   const int64_t generated = int64_t(s.tokens.size()) - s.prompt_len;
+  if (generated == 1) e.cached_tokens = s.cached;
   if (s.matcher && !stop) {
     // A whole value that nothing but an eos id could follow ends here, without that step; one
     // that could go on ("12" may be "123") ends here only when there is no eos id to end it.
@@ -490,7 +492,10 @@ ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s, int64_t& budg
   budget = left;
   prefix_queries += uint64_t(L);
   prefix_hits += uint64_t(hit);
-  if (L == P) prompt_tokens += uint64_t(P);
+  if (L == P) {
+    prompt_tokens += uint64_t(P);
+    s.cached = hit;
+  }
   return hit < P ? Admit::kPrefilling : Admit::kRunning;  // kRunning: its whole prompt cached
 }
 

@@ -648,7 +648,7 @@ TEST(OpenAiResponse, ChatResponseAndChunks) {
   EXPECT_EQ(
       dump(r),
       R"({"id":")" + head.id +
-          R"(","object":"chat.completion","created":1700000000,"model":"kjv","choices":[{"index":0,"message":{"role":"assistant","content":"Amen"},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}})");
+          R"(","object":"chat.completion","created":1700000000,"model":"kjv","choices":[{"index":0,"message":{"role":"assistant","content":"Amen"},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7,"prompt_tokens_details":{"cached_tokens":0}}})");
 
   const Json first = chunk_json(head, {.first = true});
   EXPECT_EQ(first["object"], "chat.completion.chunk");

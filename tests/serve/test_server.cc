@@ -150,17 +150,28 @@ TEST(Serve, PrefixCachingShowsInMetricsAndTurnsOff) {
     ServeProcess server(on ? std::vector<std::string>{}
                            : std::vector<std::string>{"--no-enable-prefix-caching"});
     std::vector<std::string> texts;
+    std::vector<int64_t> cached;
     for (int i = 0; i < 2; ++i) {
       auto r = server.client().Post("/v1/completions", body, "application/json");
       ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
-      texts.push_back(Json::parse(r->body)["choices"][0]["text"].get<std::string>());
+      const Json j = Json::parse(r->body);
+      texts.push_back(j["choices"][0]["text"].get<std::string>());
+      cached.push_back(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>());
     }
     EXPECT_EQ(texts[0], texts[1]);
+    // Each request's own hit, in its usage as OpenAI and vLLM report it: none the first time,
+    // the second the first one's whole blocks (those metrics count below).
+    EXPECT_EQ(cached[0], 0);
+    if (on)
+      EXPECT_GE(cached[1], 16);
+    else
+      EXPECT_EQ(cached[1], 0);
     const double queries = metric(server, "tformers_prefix_cache_queries_total");
     const double hits = metric(server, "tformers_prefix_cache_hits_total");
     EXPECT_EQ(queries, metric(server, "tformers_prompt_tokens_total")) << on;  // no preemption
     if (on) {
       EXPECT_GE(hits, 16) << server.log();  // at least a block of 16 positions
+      EXPECT_EQ(double(cached[1]), hits);
       EXPECT_GT(metric(server, "tformers_kv_blocks_cached"), 0);
       EXPECT_GT(metric(server, "tformers_prefix_cache_hit_rate"), 0);
     } else {
