@@ -72,6 +72,14 @@ void read_decoder_config(const io::Json& j, const std::string& where, DecoderCon
   }
 }
 
+std::pair<int64_t, int64_t> read_expert_counts(const io::Json& j, const std::string& where,
+                                               const char* name) {
+  const std::optional<int64_t> local =
+      io::get_int_in_optional(j, "num_local_experts", 1, 1 << 16, where);
+  const int64_t experts = local ? *local : io::get_int_in(j, name, 1, 1 << 16, where);
+  return {experts, io::get_int_in(j, "num_experts_per_tok", 1, experts, where)};
+}
+
 std::vector<int64_t> read_layer_windows(const io::Json& j, const std::string& where,
                                         std::vector<std::string> types, int64_t window) {
   const size_t layers = types.size();

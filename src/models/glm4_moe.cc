@@ -7,6 +7,7 @@
 // multi-token-prediction layers the checkpoints append (model.layers.{num_hidden_layers}...) are
 // loaded past and not used: decoding predicts one token per step.
 #include <string>
+#include <tuple>
 
 #include "models/layers.h"
 #include "tformers/error.h"
@@ -33,11 +34,8 @@ class Glm4MoeForCausalLM : public DecoderArchitecture<Glm4MoeConfig> {
     c.attention_bias = io::get_or<bool>(j, "attention_bias", false, where);
     c.use_qk_norm = io::get_or<bool>(j, "use_qk_norm", false, where);
     c.norm_topk_prob = io::get_or<bool>(j, "norm_topk_prob", true, where);
-    // Transformers writes n_routed_experts; num_local_experts is its other name.
-    const std::optional<int64_t> local =
-        io::get_int_in_optional(j, "num_local_experts", 1, 1 << 16, where);
-    c.n_routed_experts = local ? *local : io::get_int_in(j, "n_routed_experts", 1, 1 << 16, where);
-    c.num_experts_per_tok = io::get_int_in(j, "num_experts_per_tok", 1, c.n_routed_experts, where);
+    std::tie(c.n_routed_experts, c.num_experts_per_tok) =
+        read_expert_counts(j, where, "n_routed_experts");
     c.moe_intermediate_size = io::get_int_in(j, "moe_intermediate_size", 1, 1 << 20, where);
     c.n_shared_experts = io::get_int_in_or(j, "n_shared_experts", 1, 0, 1 << 10, where);
     c.n_group = io::get_int_in_or(j, "n_group", 1, 1, c.n_routed_experts, where);

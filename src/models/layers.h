@@ -48,6 +48,11 @@ void read_decoder_config(const io::Json& j, const std::string& where, DecoderCon
                          int64_t head_dim_default = 0,
                          const std::vector<std::string>& acts = {"silu"});
 
+// A mixture's expert count, from config.json's `name` or from num_local_experts (Transformers'
+// other name for it, which it writes for some families), and num_experts_per_tok, range-checked.
+std::pair<int64_t, int64_t> read_expert_counts(const io::Json& j, const std::string& where,
+                                               const char* name);
+
 // The sliding window of each layer (0: full attention): config.json's layer_types when present
 // ("full_attention" / "sliding_attention", one per layer), else `types`, the architecture's
 // default from its older fields. Sliding layers need a positive `window` (sliding_window).

@@ -5,6 +5,8 @@
 // of experts on every layer: a softmax router, the top k renormalised, the experts' fused
 // tensors as Transformers 5 holds them (mlp.gate, mlp.experts.gate_up_proj) or, as Hub
 // checkpoints store them, block_sparse_moe.gate and each expert's w1 (gate), w3 (up), w2 (down).
+#include <tuple>
+
 #include "models/layers.h"
 #include "tformers/error.h"
 
@@ -47,8 +49,8 @@ class MixtralForCausalLM : public DecoderArchitecture<MixtralConfig> {
  public:
   void read(const io::Json& j, const std::string& where, MixtralConfig& c) const override {
     read_mistral(j, where, c);
-    c.num_local_experts = io::get_int_in(j, "num_local_experts", 1, 1 << 16, where);
-    c.num_experts_per_tok = io::get_int_in(j, "num_experts_per_tok", 1, c.num_local_experts, where);
+    std::tie(c.num_local_experts, c.num_experts_per_tok) =
+        read_expert_counts(j, where, "num_local_experts");
   }
   DecoderModel model(const MixtralConfig& c) const override {
     DecoderModel m = mistral_model(c);

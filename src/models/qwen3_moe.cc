@@ -2,7 +2,7 @@
 // before RoPE) with a mixture of experts in place of the MLP on every decoder_sparse_step-th
 // layer that mlp_only_layers does not name, as Transformers' Qwen3MoeDecoderLayer decides.
 #include <algorithm>
-#include <optional>
+#include <tuple>
 
 #include "models/layers.h"
 #include "tformers/error.h"
@@ -27,10 +27,7 @@ class Qwen3MoeForCausalLM : public DecoderArchitecture<Qwen3MoeConfig> {
     c.attention_bias = io::get_or<bool>(j, "attention_bias", false, where);
     // Transformers 5 names the expert count num_experts in its arguments and num_local_experts
     // in the file it writes.
-    const std::optional<int64_t> local =
-        io::get_int_in_optional(j, "num_local_experts", 1, 1 << 16, where);
-    c.num_experts = local ? *local : io::get_int_in(j, "num_experts", 1, 1 << 16, where);
-    c.num_experts_per_tok = io::get_int_in(j, "num_experts_per_tok", 1, c.num_experts, where);
+    std::tie(c.num_experts, c.num_experts_per_tok) = read_expert_counts(j, where, "num_experts");
     c.moe_intermediate_size = io::get_int_in(j, "moe_intermediate_size", 1, 1 << 20, where);
     c.decoder_sparse_step = io::get_int_in_or(j, "decoder_sparse_step", 1, 1, 1 << 16, where);
     c.norm_topk_prob = io::get_or<bool>(j, "norm_topk_prob", false, where);
