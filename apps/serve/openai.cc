@@ -159,6 +159,21 @@ void refuse_unless_default(const Fields& f) {
     if (const Json* v = f.get(constraint); v && !v->is_null())
       throw bad_field(constraint,
                       "not supported by tformers serve; use response_format with a json_schema");
+  // OpenAI's options that would change what is done with the request.
+  if (f.get("reasoning_effort"))
+    throw bad_field("reasoning_effort",
+                    "not supported by tformers serve: whether and how long a model reasons is "
+                    "its chat template's choice; pass chat_template_kwargs (e.g. "
+                    "{\"enable_thinking\": false})");
+  if (f.boolean("store").value_or(false))
+    throw bad_field("store", "tformers serve stores no completions; leave it false");
+  if (const Json* m = f.get("metadata"); m && !(m->is_object() && m->empty()))
+    throw bad_field("metadata", "is kept only with store, which tformers serve does not do");
+  for (const char* output : {"audio", "prediction", "web_search_options"})
+    if (f.get(output)) throw bad_field(output, "not supported by tformers serve");
+  if (const Json* m = f.get("modalities"); m && *m != Json::array({"text"}))
+    throw bad_field("modalities",
+                    "tformers serve answers text only: give [\"text\"] or leave it out");
 }
 
 // OpenAI's response_format: {"type": "text"} (the default), {"type": "json_object"} (any JSON

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error_of.h"
@@ -91,6 +92,35 @@ TEST(PromptBytes, ConstraintFieldsAreRefused) {
   EXPECT_NO_THROW(
       parse_request(Endpoint::kCompletions,
                     Json{{"model", "m"}, {"prompt", "x"}, {"guided_json", nullptr}}.dump()));
+}
+
+// OpenAI's options that change what is done with a request were accepted and ignored; now each
+// is a 400 naming it, and their defaults still pass.
+TEST(PromptBytes, OptionsThatWouldBeIgnoredAreRefused) {
+  const Json chat = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}};
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, Json>>{{"reasoning_effort", "low"},
+                                                 {"store", true},
+                                                 {"metadata", {{"user", "a"}}},
+                                                 {"audio", {{"voice", "alloy"}}},
+                                                 {"prediction", {{"type", "content"}}},
+                                                 {"web_search_options", Json::object()},
+                                                 {"modalities", {"text", "audio"}}}) {
+    Json body = chat;
+    body[field] = value;
+    try {
+      parse_request(Endpoint::kChatCompletions, body.dump());
+      ADD_FAILURE() << field << " was accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status(), 400) << field;
+      EXPECT_EQ(e.param(), field);
+    }
+  }
+  Json defaults = chat;
+  defaults["store"] = false;
+  defaults["metadata"] = Json::object();
+  defaults["modalities"] = {"text"};
+  EXPECT_NO_THROW(parse_request(Endpoint::kChatCompletions, defaults.dump()));
 }
 
 }  // namespace
