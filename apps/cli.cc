@@ -72,9 +72,10 @@ CLI::Validator number_in(double lo, double hi, bool lo_open = false) {
 // int64 of nanoseconds holds (292 years), added to any time the steady clock can show.
 constexpr double kMaxTimeoutSeconds = 1e8;
 
-// The flags that say which model to load and how, with the same meaning in every command.
+// The flags that say which model to load and how, with the same meaning in every command;
+// --use-kernels where the command runs the model (use_kernels not null).
 void add_model_flags(CLI::App* sub, std::string& model, std::string& revision, std::string& dtype,
-                     std::string& quantize, std::string& load_mode) {
+                     std::string& quantize, std::string& load_mode, bool* use_kernels) {
   sub->add_option("--model,-m", model, "Model folder or Hub id in the local cache")->required();
   sub->add_option("--revision", revision, "Hub revision (branch, tag or commit) of a cached model")
       ->capture_default_str();
@@ -89,10 +90,14 @@ void add_model_flags(CLI::App* sub, std::string& model, std::string& revision, s
                   "checkpoint's mapping (instant load, low memory)")
       ->check(CLI::IsMember({"copy", "mmap"}))
       ->capture_default_str();
+  if (!use_kernels) return;
+  sub->add_flag("--use-kernels", *use_kernels,
+                "Swap RMSNorm and SiLU-and-mul for the hub kernels of "
+                "tformers-community/fused-norms v1 (kernel cache, pinned by kernels.lock)");
 }
 
 void add_model_flags(CLI::App* sub, ModelFlags& m) {
-  add_model_flags(sub, m.model, m.revision, m.dtype, m.quantize, m.load_mode);
+  add_model_flags(sub, m.model, m.revision, m.dtype, m.quantize, m.load_mode, &m.use_kernels);
 }
 
 void add_tp_flags(CLI::App* sub, int64_t& tp, std::string& tp_plan) {
@@ -302,7 +307,7 @@ CommandLine parse_command_line(int raw_argc, const char* const* raw_argv, std::o
   for (CLI::App* sub : {gen, chat, tokz, ppl, serve})
     sub->add_option("--threads,-t", threads, threads_help)->check(int_in(1, kMaxThreads));
   for (CLI::App* sub : {gen, chat}) {
-    add_model_flags(sub, g.model, g.revision, g.dtype, g.quantize, g.load_mode);
+    add_model_flags(sub, g.model, g.revision, g.dtype, g.quantize, g.load_mode, &g.use_kernels);
     sub->add_option("--system", g.system, "System message");
     sub->add_option("--max-new-tokens,--n-predict,-n", g.max_new_tokens,
                     "Tokens to generate (generate: default from generation_config.json, else up "
@@ -435,7 +440,7 @@ CommandLine parse_command_line(int raw_argc, const char* const* raw_argv, std::o
       "Compile a model's prefill and decode steps for a TPU topology, without a TPU (libtpu), "
       "and print the device memory each needs");
   add_model_flags(comp, c.model.model, c.model.revision, c.model.dtype, c.model.quantize,
-                  c.model.load_mode);
+                  c.model.load_mode, nullptr);
   comp->add_option("--device", c.device, "tpu: the device compiled for")->capture_default_str();
   comp->add_option("--topology", c.topology,
                    "The TPU slice, as libtpu names it: v5e:1x1, v5e:2x2, v4:2x2x1, v6e:1x1, ...")

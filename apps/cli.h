@@ -37,7 +37,7 @@ struct GenerateArgs {
   std::string model, revision = "main", prompt, prompt_file, prompt_ids, system, dtype,
                      device = "auto", quantize, early_stopping, load_mode = "copy";
   bool chat = false, verbose = false, verbose_all_ranks = false, do_sample = false,
-       ignore_eos = false, json = false;
+       ignore_eos = false, json = false, use_kernels = false;
   int64_t tp = 0;  // tensor-parallel processes (under tformers launch); 0: the whole model here
   std::string tp_plan;  // JSON object for DistributedConfig.tp_plan; "": the default plan
   std::optional<int64_t> max_new_tokens, top_k, seed, no_repeat_ngram_size, ctx_size, num_beams;
@@ -53,6 +53,7 @@ struct TokenizeArgs {
 // How bench and perplexity load their model: generate's flags of the same names.
 struct ModelFlags {
   std::string model, revision = "main", dtype, quantize, load_mode = "copy";
+  bool use_kernels = false;  // hub kernels (tformers::default_kernel_mapping())
 };
 
 // bench's generation tests start after this many prompt tokens (untimed), so that every timed

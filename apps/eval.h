@@ -15,6 +15,10 @@ namespace tformers::cli {
 CausalLM load_with_progress(const ModelFlags& flags, const std::string& device_map,
                             std::optional<DistributedConfig> distributed = std::nullopt);
 
+// Swaps the model's layers for the hub kernels of tformers::default_kernel_mapping()
+// (--use-kernels) and says on rank 0's stderr what each layer runs.
+void use_hub_kernels(CausalLM& lm);
+
 // Prompt processing (one forward pass over P tokens) and token generation (N single-token steps
 // after a short prompt) in tokens/s, mean and standard deviation over the repetitions, for every
 // thread count; each generation figure beside its memory roofline.

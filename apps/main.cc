@@ -170,7 +170,9 @@ tformers::CausalLM load_model(const GenerateArgs& a) {
   opt.progress = [&bar](std::string_view stage, int64_t done, int64_t total) {
     bar.update(stage, done, total);
   };
-  return tformers::AutoModelForCausalLM::from_pretrained(a.model, opt);
+  tformers::CausalLM lm = tformers::AutoModelForCausalLM::from_pretrained(a.model, opt);
+  if (a.use_kernels) tformers::cli::use_hub_kernels(lm);
+  return lm;
 }
 
 double seconds(Clock::time_point from, Clock::time_point to) {

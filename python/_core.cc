@@ -15,16 +15,19 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tformers/accelerator.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/generation.h"
+#include "tformers/kernels.h"
 #include "tformers/model.h"
 #include "tformers/tokenizer.h"
 
@@ -85,6 +88,38 @@ tformers::CausalLM load_model(const std::string& path, const std::optional<std::
     o.distributed_config = {.tp_size = tp_size, .tp_plan = tp_plan, .timeout = tp_timeout};
   nb::gil_scoped_release unlocked;
   return tformers::AutoModelForCausalLM::from_pretrained(path, o);
+}
+
+// A kernel mapping as Python holds it: layer -> device -> (repo id, major version, layer name).
+using PyKernelMapping =
+    std::map<std::string, std::map<std::string, std::tuple<std::string, int, std::string>>>;
+
+PyKernelMapping default_kernel_mapping() {
+  PyKernelMapping out;
+  for (const auto& [layer, devices] : tformers::default_kernel_mapping())
+    for (const auto& [device, r] : devices)
+      out[layer][device] = {r.repo_id, r.version, r.layer_name};
+  return out;
+}
+
+// tformers::kernelize; what it decided per layer as (layer, kernel, note).
+std::vector<std::tuple<std::string, std::string, std::string>> kernelize(
+    tformers::CausalLM& model, const PyKernelMapping& mapping, bool use_fallback,
+    const std::map<std::string, std::string>& local_overrides, bool allow_unpinned,
+    const std::string& lock_file) {
+  tformers::KernelMapping m;
+  for (const auto& [layer, devices] : mapping)
+    for (const auto& [device, r] : devices)
+      m[layer][device] = {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
+  tformers::KernelizeOptions o;
+  o.use_fallback = use_fallback;
+  o.kernel_options.local_overrides = local_overrides;
+  o.kernel_options.allow_unpinned = allow_unpinned;
+  o.kernel_options.lock_file = lock_file;
+  std::vector<std::tuple<std::string, std::string, std::string>> out;
+  for (const tformers::KernelizedLayer& k : tformers::kernelize(model, m, o))
+    out.emplace_back(k.layer, k.kernel, k.note);
+  return out;
 }
 
 // Per-step rows × vocab arrays (GenerateOutput's scores or logits) as one float32 array (steps,
@@ -330,6 +365,9 @@ NB_MODULE(_core, m) {
       .def_prop_ro("vocab_size", [](const tformers::CausalLM& c) { return c.config().vocab_size; });
 
   m.def("supported_architectures", &tformers::supported_architectures);
+  m.def("default_kernel_mapping", &default_kernel_mapping);
+  m.def("kernelize", &kernelize, "model"_a, "mapping"_a, "use_fallback"_a, "local_overrides"_a,
+        "allow_unpinned"_a, "lock_file"_a);
   m.def("accelerator_is_available", &tformers::accelerator::is_available);
   m.def("accelerator_device_count", &tformers::accelerator::device_count);
   m.def("current_accelerator", &tformers::accelerator::current_accelerator);

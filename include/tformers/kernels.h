@@ -184,6 +184,12 @@ struct KernelizedLayer {
 std::vector<KernelizedLayer> kernelize(CausalLM& model, const KernelMapping& mapping,
                                        const KernelizeOptions& options = {});
 
+// What use_kernels (Python's from_pretrained, --use-kernels on the command line) maps when given
+// no mapping, as Transformers' use_kernels applies the kernels library's defaults: the layers of
+// the package built with tformers, tformers-community/fused-norms v1 (RMSNorm and SiLUAndMul on
+// the CPU; kernels/README.md). It loads from the kernel cache, or from TFORMERS_LOCAL_KERNELS.
+KernelMapping default_kernel_mapping();
+
 // The layer names kernelize understands and their argument schemas (the contracts a package's
 // manifest must follow).
 std::map<std::string, std::string> kernel_layer_contracts();

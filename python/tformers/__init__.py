@@ -15,6 +15,7 @@ from . import accelerator, distributed
 from ._core import __version__, supported_architectures
 from .distributed import DistributedConfig
 from .generation import BaseStreamer, GenerationConfig, TextIteratorStreamer, TextStreamer
+from .kernels import KernelConfig, kernelize
 from .modeling import AutoModelForCausalLM, CausalLM, PretrainedConfig
 from .modeling_outputs import CausalLMOutput, GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput, ModelOutput
 from .tokenization import AutoTokenizer, BatchEncoding, PreTrainedTokenizerFast
@@ -22,6 +23,6 @@ from .tokenization import AutoTokenizer, BatchEncoding, PreTrainedTokenizerFast
 __all__ = [
     "AutoModelForCausalLM", "AutoTokenizer", "BaseStreamer", "BatchEncoding", "CausalLM", "CausalLMOutput",
     "DistributedConfig", "GenerateBeamDecoderOnlyOutput", "GenerateDecoderOnlyOutput", "GenerationConfig",
-    "ModelOutput", "PreTrainedTokenizerFast", "PretrainedConfig", "TextIteratorStreamer",
-    "TextStreamer", "__version__", "accelerator", "distributed", "supported_architectures",
+    "KernelConfig", "ModelOutput", "PreTrainedTokenizerFast", "PretrainedConfig", "TextIteratorStreamer",
+    "TextStreamer", "__version__", "accelerator", "distributed", "kernelize", "supported_architectures",
 ]

@@ -17,6 +17,7 @@ from . import _core
 from ._tensors import as_id_array, convert, is_torch_tensor, torch_module
 from .distributed import DistributedConfig
 from .generation import BaseStreamer, GenerationConfig
+from .kernels import kernelize
 from .modeling_outputs import CausalLMOutput, GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
 
 
@@ -72,6 +73,8 @@ class CausalLM:
         # the GIL, so without this they would share the cache).
         self._lock = threading.Lock()
         self._owner = None
+        # What the last kernelize() chose for each layer it mapped: (layer, kernel, note).
+        self.kernel_layers = []
 
     @contextlib.contextmanager
     def _exclusive(self):
@@ -282,13 +285,17 @@ class AutoModelForCausalLM:
     def from_pretrained(pretrained_model_name_or_path, dtype=None, device_map: str | None = "auto",
                         distributed_config: DistributedConfig | None = None, attn_implementation: str | None = None,
                         revision: str = "main", quantize: str | None = None, load_mode: str = "copy",
-                        tp_plan: str | None = None, torch_dtype=None) -> CausalLM:
+                        tp_plan: str | None = None, torch_dtype=None, use_kernels: bool = False,
+                        kernel_config=None) -> CausalLM:
         """Loads a model folder or a Hub id in the local cache. dtype: "auto" (config.json's),
         "bfloat16", "float16", "float32" or a torch.dtype. device_map: "auto", "cpu", "tpu",
         "cuda". distributed_config splits the model over the ranks of `tformers launch` (tp_plan
         ="auto" does the same with the defaults). attn_implementation: None, "eager", "sdpa" or
         "static" all run the library's one attention. quantize: None, "int8" or "int4".
-        torch_dtype is Transformers' older name for dtype."""
+        torch_dtype is Transformers' older name for dtype. use_kernels swaps layers for hub
+        kernels (tformers.kernels.kernelize) with kernel_config's mapping, or the default one."""
+        if kernel_config is not None and not use_kernels:
+            raise ValueError("kernel_config is applied with use_kernels=True; pass both")
         if torch_dtype is not None:
             if dtype is not None:
                 raise ValueError("give dtype or torch_dtype (its older name), not both")
@@ -310,4 +317,7 @@ class AutoModelForCausalLM:
             path, _dtype_name(dtype), device_map or "auto", revision, dc is not None,
             None if dc is None else dc.tp_size, {} if dc is None else dict(dc.tp_plan),
             None if dc is None else dc.timeout, quantize or "", load_mode)
-        return CausalLM(core, path)
+        model = CausalLM(core, path)
+        if use_kernels:
+            kernelize(model, kernel_mapping=None if kernel_config is None else kernel_config.kernel_mapping)
+        return model

@@ -61,6 +61,11 @@ std::shared_ptr<const graph::CustomCall> LayerKernels::find(
 
 }  // namespace kernels_hub
 
+KernelMapping default_kernel_mapping() {
+  const LayerRepository fused_norms{"tformers-community/fused-norms", 1, ""};
+  return {{"RMSNorm", {{"cpu", fused_norms}}}, {"SiLUAndMul", {{"cpu", fused_norms}}}};
+}
+
 std::vector<KernelizedLayer> kernelize(CausalLM& model, const KernelMapping& mapping,
                                        const KernelizeOptions& opt) {
   const char* use = std::getenv("USE_HUB_KERNELS");

@@ -18,14 +18,44 @@ struct Result {
   std::string out;
 };
 
-Result cli(const std::string& env, const std::string& args) {
-  std::string cmd = env + " '" + std::string(TFORMERS_CLI) + "' kernels " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
+// A shell command's exit code and its stdout and stderr together.
+Result shell(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
   std::string out;
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
   int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+Result cli(const std::string& env, const std::string& args) {
+  return shell(env + " '" + std::string(TFORMERS_CLI) + "' kernels " + args);
+}
+
+// `tformers generate --use-kernels` with the package pinned in a kernel cache: each layer says
+// which kernel it runs, and greedy text is the built-in ops' text.
+TEST(KernelsCli, GenerateUseKernelsRunsThePinnedPackage) {
+  TempDir cache;
+  const std::string repo = "tformers-community/fused-norms";
+  testing::install_package(cache.path(), repo, 1, "abc123", testing::fused_norms(1));
+  const std::string lock = (cache.path() / "kernels.lock").string();
+  const std::string env =
+      "TFORMERS_KERNELS_PATH='" + cache.str() + "' TFORMERS_KERNELS_LOCK='" + lock + "'";
+  ASSERT_EQ(cli(env, "lock " + repo + "@v1").code, 0);
+  const std::string gen = " '" + std::string(TFORMERS_CLI) + "' generate -m '" +
+                          TFORMERS_SOURCE_DIR + "/models/kjv-fortunes-tiny' --dtype float32 " +
+                          "--prompt 'And the LORD said' -n 12 --temperature 0";
+  Result with = shell(env + gen + " --use-kernels");
+  Result without = shell(env + gen);
+  ASSERT_EQ(with.code, 0) << with.out;
+  EXPECT_NE(with.out.find("tformers: kernels: RMSNorm: " + repo), std::string::npos) << with.out;
+  EXPECT_NE(with.out.find("tformers: kernels: SiLUAndMul: " + repo), std::string::npos) << with.out;
+  // The generated text (the output's last line) is the same.
+  auto last_line = [](const std::string& s) {
+    const std::string t = s.substr(0, s.find_last_not_of('\n') + 1);
+    return t.substr(t.rfind('\n') + 1);
+  };
+  EXPECT_EQ(last_line(with.out), last_line(without.out)) << with.out << "\n--\n" << without.out;
 }
 
 TEST(KernelsCli, LockVerifyListAndTamper) {
