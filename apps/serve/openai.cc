@@ -485,23 +485,29 @@ std::vector<int32_t> parse_ids(const Json& list, const std::string& where) {
   return ids;
 }
 
+// One prompt: a text or a list of token ids.
+ApiRequest::Prompt parse_prompt(const Json& v, const std::string& where) {
+  ApiRequest::Prompt p;
+  if (v.is_string()) {
+    p.text = v.get<std::string>();
+  } else if (v.is_array()) {
+    p.ids = parse_ids(v, where);
+    p.is_ids = true;
+  } else {
+    throw bad_field(where, "expected a string or a list of token ids, got " + shown(v));
+  }
+  return p;
+}
+
 void parse_completion(const Fields& f, ApiRequest& r) {
   const Json* prompt = f.get("prompt");
   if (!prompt) throw bad_field("prompt", "required");
-  // OpenAI's batch forms hold one prompt here: ["text"] or [[ids]].
-  const Json* one = prompt;
+  // OpenAI's batch forms: ["text", ...] or [[ids], ...], each prompt with its n choices.
   if (prompt->is_array() && !prompt->empty() && !(*prompt)[0].is_number()) {
-    if (prompt->size() != 1)
-      throw bad_field("prompt", "one prompt per request (send a request for each)");
-    one = &(*prompt)[0];
-  }
-  if (one->is_string()) {
-    r.prompt = one->get<std::string>();
-  } else if (one->is_array()) {
-    r.prompt_ids = parse_ids(*one, "prompt");
-    r.prompt_is_ids = true;
+    for (size_t i = 0; i < prompt->size(); ++i)
+      r.prompts.push_back(parse_prompt((*prompt)[i], "prompt"));
   } else {
-    throw bad_field("prompt", "expected a string or a list of token ids, got " + shown(*prompt));
+    r.prompts.push_back(parse_prompt(*prompt, "prompt"));
   }
   if (auto n = f.integer("logprobs", 0, kMaxTopLogprobs)) {
     r.logprobs = true;
@@ -532,6 +538,12 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
     parse_chat(f, r);
   else
     parse_completion(f, r);
+  if (r.choices() > kMaxSequences)
+    throw bad_field(r.prompts.size() > 1 ? "prompt" : "n",
+                    std::to_string(r.prompts.size()) + " prompts of n = " + std::to_string(r.n) +
+                        " choices are " + std::to_string(r.choices()) +
+                        " sequences, more than the " + std::to_string(kMaxSequences) +
+                        " one request may run; split the batch");
   parse_sampling(f, r);
   r.stream = f.boolean("stream").value_or(false);
   if (const Json* options = f.get("stream_options")) {
@@ -584,8 +596,8 @@ size_t message_bytes(const Json& messages) {
 }  // namespace
 
 ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer,
-                                 int64_t max_model_len, int64_t vocab_size,
-                                 size_t max_prompt_bytes) {
+                                 int64_t max_model_len, int64_t vocab_size, size_t max_prompt_bytes,
+                                 size_t prompt) {
   const bool chat = r.endpoint == Endpoint::kChatCompletions;
   const char* prompt_field = chat ? "messages" : "prompt";
   ServingRequest out;
@@ -603,18 +615,17 @@ ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer
     check_prompt_bytes(text.size(), max_prompt_bytes, prompt_field, max_model_len);
     // The rendered template already holds its special tokens.
     out.prompt = tokenizer.encode(text, /*add_special_tokens=*/false);
-  } else if (r.prompt_is_ids) {
-    for (size_t i = 0; i < r.prompt_ids.size(); ++i)
-      if (r.prompt_ids[i] >= vocab_size)
+  } else if (const ApiRequest::Prompt& p = r.prompts.at(prompt); p.is_ids) {
+    for (size_t i = 0; i < p.ids.size(); ++i)
+      if (p.ids[i] >= vocab_size)
         throw ApiError(400,
-                       "prompt: token " + std::to_string(i) + " is " +
-                           std::to_string(r.prompt_ids[i]) + ", outside the vocabulary [0, " +
-                           std::to_string(vocab_size) + ")",
+                       "prompt: token " + std::to_string(i) + " is " + std::to_string(p.ids[i]) +
+                           ", outside the vocabulary [0, " + std::to_string(vocab_size) + ")",
                        prompt_field);
-    out.prompt = r.prompt_ids;
+    out.prompt = p.ids;
   } else {
-    check_prompt_bytes(r.prompt.size(), max_prompt_bytes, prompt_field, max_model_len);
-    out.prompt = tokenizer.encode(r.prompt);
+    check_prompt_bytes(p.text.size(), max_prompt_bytes, prompt_field, max_model_len);
+    out.prompt = tokenizer.encode(p.text);
   }
   const int64_t prompt_len = int64_t(out.prompt.size());
   if (prompt_len == 0) throw ApiError(400, std::string(prompt_field) + ": empty", prompt_field);

@@ -4,6 +4,7 @@
 // without a server (tests/serve/).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -55,10 +56,16 @@ struct ApiRequest {
   bool parallel_tool_calls = true;
   // tool_choice "required" or a named function: what json_schema then forces the output to be.
   ForcedCalls forced_calls;
-  // Completions: a text prompt, or token ids.
-  std::string prompt;
-  std::vector<int32_t> prompt_ids;
-  bool prompt_is_ids = false;
+  // Completions: each prompt of the request (OpenAI's batch form gives several), a text or token
+  // ids; each gets n choices, numbered prompt by prompt.
+  struct Prompt {
+    std::string text;
+    std::vector<int32_t> ids;
+    bool is_ids = false;
+  };
+  std::vector<Prompt> prompts;
+  // Prompts, each with its n choices: the sequences the request runs.
+  size_t choices() const { return std::max<size_t>(prompts.size(), 1) * size_t(n); }
   // Sampling, stop strings and the seed; max_new_tokens is set by to_engine_request.
   GenerationConfig config;
   std::optional<int64_t> max_tokens;
@@ -76,9 +83,10 @@ struct ApiRequest {
   std::optional<Json> json_schema;
 };
 
-// The most choices one request may ask for (n), and the most logit_bias entries: bounds on the
-// work one request can make.
+// The most choices one request may ask for (n), the most sequences (prompts times n), and the most
+// logit_bias entries: bounds on the work one request can make.
 inline constexpr int64_t kMaxChoices = 16;
+inline constexpr size_t kMaxSequences = 64;
 inline constexpr size_t kMaxLogitBias = 1024;
 // OpenAI's limit on tools per request.
 inline constexpr size_t kMaxTools = 128;
@@ -99,9 +107,10 @@ size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t max_model_len);
 // template is rendered or the text tokenized. A completion with no max_tokens gets 16, as
 // OpenAI's; a chat completion gets whatever room the context has left. logit_bias's token ids are
 // checked against the vocabulary here.
+// `prompt` picks one of a completion's prompts.
 ServingRequest to_engine_request(const ApiRequest& request, const Tokenizer& tokenizer,
                                  int64_t max_model_len, int64_t vocab_size,
-                                 size_t max_prompt_bytes = SIZE_MAX);
+                                 size_t max_prompt_bytes = SIZE_MAX, size_t prompt = 0);
 
 // 404 model_not_found for a request naming another model than the one served.
 ApiError model_not_served(const std::string& asked, const std::string& served);

@@ -112,8 +112,9 @@ class Completion {
   Completion(const Completion&) = delete;
   Completion& operator=(const Completion&) = delete;
 
-  // Queues the request's choices in the engine; what the engine refuses becomes an ApiError.
-  void submit(const ServingRequest& request);
+  // Queues the request's choices in the engine, n for each prompt's request; what the engine
+  // refuses becomes an ApiError.
+  void submit(const std::vector<ServingRequest>& prompts);
   // What the events of one wait added to one choice: its text, its log-probabilities when asked
   // for (else null), and whether it ended there without an error.
   struct Delta {
@@ -289,12 +290,12 @@ Completion::Completion(Server& server, ApiRequest request, Clock::time_point arr
       head_(new_response_head(request_.endpoint, server.model_name_)),
       arrival_(arrival),
       deadline_(arrival + seconds(server.args_.request_timeout)),
-      job_(std::make_shared<Job>(size_t(request_.n))) {
+      job_(std::make_shared<Job>(request_.choices())) {
   // Forced calls are the whole output, whatever the template's format.
   const bool forced = request_.forced_calls.kind != ForcedCalls::kNone;
   const bool tools =
       !request_.tools.is_null() && server.tool_format_ != ToolCallFormat::kNone && !forced;
-  for (int64_t i = 0; i < request_.n; ++i) {
+  for (size_t i = 0; i < request_.choices(); ++i) {
     Choice& c = choices_.emplace_back(server.tokenizer_, request_.stop,
                                       tools ? server.tool_marker_ : std::nullopt);
     if (tools || forced)
@@ -315,13 +316,14 @@ Completion::~Completion() {
   server_.leave();
 }
 
-void Completion::submit(const ServingRequest& request) {
-  // The prompt counts once, however many choices continue it.
-  usage_.prompt_tokens = int64_t(request.prompt.size());
+void Completion::submit(const std::vector<ServingRequest>& prompts) {
+  // Each prompt counts once, however many choices continue it.
+  for (const ServingRequest& p : prompts) usage_.prompt_tokens += int64_t(p.prompt.size());
   std::shared_ptr<Job> job = job_;
+  const size_t n = size_t(request_.n);
   for (size_t i = 0; i < choices_.size(); ++i) {
     try {
-      choices_[i].id = server_.engine_.submit(choice_request(request, int64_t(i)),
+      choices_[i].id = server_.engine_.submit(choice_request(prompts[i / n], int64_t(i % n)),
                                               [job, i](const ServingEvent& e) {
                                                 std::lock_guard lock(job->mu);
                                                 if (e.token >= 0) {
@@ -375,8 +377,8 @@ Completion::Progress Completion::advance(Clock::duration wait) {
     Delta& d = p.choices[index];
     if (e.token >= 0) {
       ++usage_.completion_tokens;
-      // The prompt is shared by the choices; the first one's lookup is reported.
-      if (index == 0 && e.cached_tokens > 0) usage_.cached_tokens = e.cached_tokens;
+      // A prompt is shared by its choices; each prompt's first choice's lookup is counted.
+      if (index % size_t(request_.n) == 0) usage_.cached_tokens += e.cached_tokens;
       if (request_.logprobs) {
         c.token_events.push_back(e);
         c.text_offsets.push_back(c.text.offset());
@@ -541,11 +543,13 @@ http::Response Server::complete(Endpoint endpoint, const http::Request& req) {
   refuse_unless_ready();
   ApiRequest request = parse_request(endpoint, req.body);
   if (request.model != model_name_) throw model_not_served(request.model, model_name_);
-  ServingRequest engine_request = to_engine_request(
-      request, tokenizer_, engine_.config().max_model_len, vocab_size_, max_prompt_bytes_);
+  std::vector<ServingRequest> prompts;
+  for (size_t p = 0; p < std::max<size_t>(request.prompts.size(), 1); ++p)
+    prompts.push_back(to_engine_request(request, tokenizer_, engine_.config().max_model_len,
+                                        vocab_size_, max_prompt_bytes_, p));
   const bool stream = request.stream;
   auto completion = std::make_shared<Completion>(*this, std::move(request), arrival);
-  completion->submit(engine_request);
+  completion->submit(prompts);
   http::Response res;
   res.tokens = [completion] {
     return std::pair(completion->usage().prompt_tokens, completion->usage().completion_tokens);

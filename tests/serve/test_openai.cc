@@ -190,7 +190,7 @@ TEST(OpenAiRequest, EveryBadFieldIsA400NamingIt) {
       {c, chat({{"stream", true}, {"stream_options", {{"include_usage", 1}}}}), "include_usage"},
       {p, R"({"model": "m"})", "prompt"},
       {p, completion({{"prompt", 3}}), "prompt"},
-      {p, completion({{"prompt", {"a", "b"}}}), "prompt"},
+      {p, completion({{"prompt", {"a", 3}}}), "prompt"},
       {p, completion({{"prompt", {1, -2}}}), "prompt"},
       {p, completion({{"prompt", {1, 2.5}}}), "prompt"},
       {p, completion({{"prompt", {1, 4294967296ll}}}), "prompt"},
@@ -515,15 +515,29 @@ TEST(OpenAiRequest, MessagesAreReadAsTheTemplateTakesThem) {
 
 TEST(OpenAiRequest, CompletionPromptForms) {
   ApiRequest r = parse_request(Endpoint::kCompletions, completion());
-  EXPECT_EQ(r.prompt, "And the LORD said");
-  EXPECT_FALSE(r.prompt_is_ids);
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "And the LORD said");
+  EXPECT_FALSE(r.prompts[0].is_ids);
   r = parse_request(Endpoint::kCompletions, completion({{"prompt", {1, 2, 3}}}));
-  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
-  EXPECT_TRUE(r.prompt_is_ids);
+  EXPECT_EQ(r.prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(r.prompts[0].is_ids);
   r = parse_request(Endpoint::kCompletions, completion({{"prompt", {"one"}}}));
-  EXPECT_EQ(r.prompt, "one");
+  EXPECT_EQ(r.prompts[0].text, "one");
   r = parse_request(Endpoint::kCompletions, completion({{"prompt", {{4, 5}}}}));
-  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(r.prompts[0].ids, (std::vector<int32_t>{4, 5}));
+  // OpenAI's batch forms: several prompts, each with its n choices.
+  r = parse_request(Endpoint::kCompletions, completion({{"prompt", {"a", "b", "c"}}, {"n", 2}}));
+  ASSERT_EQ(r.prompts.size(), 3u);
+  EXPECT_EQ(r.prompts[2].text, "c");
+  EXPECT_EQ(r.choices(), 6u);
+  r = parse_request(Endpoint::kCompletions, completion({{"prompt", {{4, 5}, {6}}}}));
+  EXPECT_EQ(r.prompts[1].ids, (std::vector<int32_t>{6}));
+  // More sequences than one request may run is refused naming the batch.
+  const ApiError e =
+      error_of(Endpoint::kCompletions,
+               completion({{"prompt", std::vector<std::string>(5, "x")}, {"n", 16}}));
+  EXPECT_EQ(e.param(), "prompt");
+  EXPECT_CONTAINS(e.what(), "80 sequences, more than the 64");
 }
 
 TEST(OpenAiRequest, EngineRequestRendersTheTemplateAndChecksTheContext) {

@@ -45,12 +45,12 @@ TEST(PromptBytes, TheBoundHoldsEveryPromptThatFits) {
   for (int64_t i = 0; i < kContext - 1; ++i) fits += decoded;
   ApiRequest r;
   r.endpoint = Endpoint::kCompletions;
-  r.prompt = fits;
+  r.prompts = {{.text = fits}};
   ASSERT_LE(fits.size(), limit);
   EXPECT_EQ(std::string(refusal(r, kContext, limit).what()).find("bytes, more than"),
             std::string::npos);
   // One byte over the bound is refused by its size.
-  r.prompt = std::string(limit + 1, 'a');
+  r.prompts = {{.text = std::string(limit + 1, 'a')}};
   const ApiError e = refusal(r, kContext, limit);
   EXPECT_EQ(e.status(), 400);
   EXPECT_EQ(e.param(), "prompt");

@@ -118,6 +118,18 @@ await check('completion, greedy, not streamed', async () => {
   assert.ok(completionText.length > 0);
 });
 
+await check('a batch of prompts gives each its choices, numbered prompt by prompt', async () => {
+  const other = 'In the beginning';
+  const alone = await openai.completions.create({ model, prompt: other, max_tokens: 20, temperature: 0 });
+  const r = await openai.completions.create(
+    { model, prompt: [prompt, other], max_tokens: 20, temperature: 0, n: 2 });
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2, 3]);
+  assert.deepEqual(r.choices.map((c) => c.text),
+                   [completionText, completionText, alone.choices[0].text, alone.choices[0].text]);
+  const single = await openai.completions.create({ model, prompt, max_tokens: 1 });
+  assert.equal(r.usage.prompt_tokens, single.usage.prompt_tokens + alone.usage.prompt_tokens);
+});
+
 await check('completion streamed gives the same text', async () => {
   const s = await collect(await openai.completions.create(
     { model, prompt, max_tokens: 20, temperature: 0, stream: true }));
