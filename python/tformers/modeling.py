@@ -203,8 +203,13 @@ class CausalLM:
 
     def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
         """The parameters of the checkpoint read (a tied output head counted once, as Transformers
-        counts it); exclude_embeddings leaves out the input embeddings. All are trainable."""
-        sizes = _checkpoint_sizes(self._core.folder)
+        counts it); exclude_embeddings leaves out the input embeddings. All are trainable. Left out
+        as Transformers leaves them out: the layers after num_hidden_layers (GLM-4.5's
+        multi-token-prediction layers, which neither loads) and e_score_correction_bias (a buffer
+        of GLM-4.5's router there)."""
+        layers = self.config.to_dict().get("num_hidden_layers", 0)
+        sizes = {name: size for name, size in _checkpoint_sizes(self._core.folder).items()
+                 if not name.endswith(".e_score_correction_bias") and _layer_of(name) < layers}
         if self.config.to_dict().get("tie_word_embeddings", False) and any(n.endswith("embed_tokens.weight")
                                                                            for n in sizes):
             sizes.pop("lm_head.weight", None)
@@ -245,6 +250,12 @@ def _is_dtype(value) -> bool:
 
 def _numpy(x) -> np.ndarray:
     return x.detach().cpu().numpy() if is_torch_tensor(x) else np.asarray(x)
+
+
+def _layer_of(name: str) -> int:
+    """The decoder layer of a tensor "model.layers.N. ...", or -1 for one outside the layers."""
+    parts = name.split(".")
+    return int(parts[2]) if len(parts) > 3 and parts[:2] == ["model", "layers"] and parts[2].isdigit() else -1
 
 
 def _checkpoint_sizes(folder: str) -> dict[str, int]:
