@@ -101,7 +101,8 @@ void add_model_flags(CLI::App* sub, ModelFlags& m) {
 }
 
 void add_tp_flags(CLI::App* sub, int64_t& tp, std::string& tp_plan) {
-  sub->add_option("--tp", tp, "Split the model over N processes (run under tformers launch)")
+  sub->add_option("--tp,--tensor-parallel-size", tp,
+                  "Split the model over N processes (run under tformers launch)")
       ->check(int_in(0, 65536));
   sub->add_option("--tp-plan", tp_plan,
                   "Tensor-parallel overrides as a JSON object, e.g. "

@@ -151,6 +151,10 @@ TEST(CommandLine, ReadsServeFlags) {
   EXPECT_EQ(p.cl.serve.max_connections, 64);
   EXPECT_TRUE(p.cl.serve.enable_prefix_caching);
   EXPECT_EQ(p.out + p.err, "");
+  // vLLM's name for --tp.
+  p = parse({"serve", "-m", "DIR", "--tensor-parallel-size", "2"});
+  EXPECT_EQ(p.cl.command, "serve");
+  EXPECT_EQ(p.cl.serve.tp, 2);
   EXPECT_FALSE(
       parse({"serve", "-m", "DIR", "--no-enable-prefix-caching"}).cl.serve.enable_prefix_caching);
   EXPECT_TRUE(
