@@ -70,6 +70,19 @@ std::string TpModel::rule_for(const std::string& weight) const {
   return plan_.rule_of(module_of(weight));
 }
 
+Tensor shard_rows(const WeightShard& s, DType dtype,
+                  const std::function<void(int64_t, int64_t, void*)>& copy) {
+  TF_CHECK(s.dim == 0, "shard_rows: a split along dim ", s.dim);
+  const size_t row = size_t(shape_numel(s.full_shape) / s.full_shape[0]) * dtype_size(dtype);
+  Tensor out = Tensor::zeros(s.local_shape, dtype);
+  char* dst = static_cast<char*>(out.raw());
+  for (auto [b, e] : s.ranges) {
+    if (e > b) copy(b, e, dst);
+    dst += size_t(s.chunk) * row;
+  }
+  return out;
+}
+
 Tensor TpModel::load(const io::Checkpoint& ckpt, const std::string& weight,
                      const std::string& source, DType dtype) {
   const WeightShard& s = shard(weight);
@@ -88,19 +101,14 @@ Tensor TpModel::load(const io::Checkpoint& ckpt, const std::string& weight,
       bytes_read_ += uint64_t((e - b) * row_elems) * elem;
       return ckpt.get_rows(source, b, e).to(dtype);  // a view of the mapping when dtypes match
     }
-    // Each range at the start of its piece of `chunk` rows, the rest zeros (packed_colwise: the
-    // rank's part of each stacked half).
-    Tensor out = Tensor::zeros(s.local_shape, info.dtype);
-    char* dst = static_cast<char*>(out.raw());
-    for (auto [b, e] : s.ranges) {
-      if (e > b) {
-        Tensor part = ckpt.get_rows(source, b, e);
-        std::memcpy(dst, part.raw(), part.nbytes());
-        bytes_read_ += part.nbytes();
-      }
-      dst += size_t(s.chunk * row_elems) * elem;
-    }
-    return out.to(dtype);
+    // packed_colwise: the rank's part of each stacked half.
+    return shard_rows(s, info.dtype,
+                      [&](int64_t b, int64_t e, void* dst) {
+                        const Tensor part = ckpt.get_rows(source, b, e);
+                        std::memcpy(dst, part.raw(), part.nbytes());
+                        bytes_read_ += part.nbytes();
+                      })
+        .to(dtype);
   }
   // Columns [b, e) of every row into the first e - b of its `chunk`, copied row by row: only
   // these bytes of the mapping are read.

@@ -3,6 +3,7 @@
 // checkpoint.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -64,5 +65,11 @@ class TpModel {
 
 // "model.layers.0.mlp.up_proj.weight" -> "model.layers.0.mlp.up_proj".
 std::string module_of(const std::string& weight);
+
+// A rank's rows of a weight split along dim 0 (s.dim == 0), as `s` lays them out: each range at
+// the start of its piece of s.chunk rows, the rest zeros. copy(b, e, dst) writes rows [b, e) of
+// the whole weight, in `dtype`, to dst.
+Tensor shard_rows(const WeightShard& s, DType dtype,
+                  const std::function<void(int64_t, int64_t, void*)>& copy);
 
 }  // namespace tformers::distributed

@@ -412,16 +412,12 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
                         "implies " + shape_str(s.shape));
     // Under tensor parallelism, this rank's rows of it (its experts), padded as a shard is.
     if (impl->tp && impl->tp->shard(s.name).dim == 0) {
-      const distributed::WeightShard& sh = impl->tp->shard(s.name);
       const size_t row = whole.nbytes() / size_t(s.shape[0]);
-      Tensor mine = Tensor::zeros(sh.local_shape, impl->dtype);
-      char* dst = static_cast<char*>(mine.raw());
-      for (auto [b, e] : sh.ranges) {
-        std::memcpy(dst, static_cast<const char*>(whole.raw()) + size_t(b) * row,
-                    size_t(e - b) * row);
-        dst += size_t(sh.chunk) * row;
-      }
-      whole = std::move(mine);
+      whole = distributed::shard_rows(
+          impl->tp->shard(s.name), impl->dtype, [&](int64_t b, int64_t e, void* dst) {
+            std::memcpy(dst, static_cast<const char*>(whole.raw()) + size_t(b) * row,
+                        size_t(e - b) * row);
+          });
     }
     if (quantized(s))
       bind_prepared(s.name, impl->backend->prepare_experts(whole, opt.quantize));
