@@ -572,23 +572,32 @@ ExpertPairs expert_pairs(const OpCall& c) {
 // chose its expert (the batch invariance the serving engine relies on). A decode step keeps the
 // GEMV at any count. Under expert parallelism the pairs routed to another rank's experts are
 // zero rows.
-template <class Mul>
-void through_experts(const OpCall& c, Mul mul) {
-  const ExpertPairs p = expert_pairs(c);
+// The pairs sorted by their local expert (E for another rank's), each expert's in step order:
+// expert e's pairs are order[start[e], start[e + 1]).
+struct ExpertOrder {
+  std::vector<int64_t> start, order;
+};
+
+ExpertOrder sort_by_expert(const OpCall& c, const ExpertPairs& p) {
   const int64_t pairs = p.rows * p.k;
-  // The local expert of each pair (E for another rank's), then a counting sort of the pairs by
-  // it, each expert's in step order.
   std::vector<int64_t> expert(static_cast<size_t>(pairs));
   for (int64_t i = 0; i < pairs; ++i) {
     const int64_t e = p.sharded ? int64_t(c.i32(2)[i]) - p.first : clamp_index(c.i32(2)[i], p.E);
     expert[size_t(i)] = e >= 0 && e < p.E ? e : p.E;
   }
-  std::vector<int64_t> start(size_t(p.E + 2), 0);
-  std::vector<int64_t> order(static_cast<size_t>(pairs));
-  for (int64_t i = 0; i < pairs; ++i) ++start[size_t(expert[size_t(i)]) + 1];
-  std::partial_sum(start.begin(), start.end(), start.begin());
-  std::vector<int64_t> next(start.begin(), start.end() - 1);
-  for (int64_t i = 0; i < pairs; ++i) order[size_t(next[size_t(expert[size_t(i)])]++)] = i;
+  ExpertOrder o{std::vector<int64_t>(size_t(p.E + 2), 0), std::vector<int64_t>(size_t(pairs))};
+  for (int64_t e : expert) ++o.start[size_t(e) + 1];
+  std::partial_sum(o.start.begin(), o.start.end(), o.start.begin());
+  std::vector<int64_t> next(o.start.begin(), o.start.end() - 1);
+  for (int64_t i = 0; i < pairs; ++i) o.order[size_t(next[size_t(expert[size_t(i)])]++)] = i;
+  return o;
+}
+
+template <class Mul>
+void through_experts(const OpCall& c, Mul mul) {
+  const ExpertPairs p = expert_pairs(c);
+  const int64_t pairs = p.rows * p.k;
+  const auto [start, order] = sort_by_expert(c, p);
   for (int64_t i = start[size_t(p.E)]; i < pairs; ++i)
     std::fill_n(c.out_f32() + order[size_t(i)] * p.N, p.N, 0.0f);
   int64_t most = 0;
