@@ -463,15 +463,29 @@ Shape experts_out(const TensorType& xt, const TensorType& it, const TensorType& 
 
 }  // namespace
 
-Value GraphBuilder::linear_id(Value x, Value w, Value idx, const std::string& name, int group) {
+Value GraphBuilder::linear_id(Value x, Value w, Value idx, const std::string& name, int group,
+                              Value bias) {
   const TensorType& wt = type(w);
   TF_CHECK(is_float(wt.dtype) && wt.shape.size() == 3, name, ": experts ", wt.str());
   const Shape out = experts_out(type(x), type(idx), wt, wt.shape[2], wt.shape[1], name);
-  return add_node(Op::kLinearId, {x, w, idx}, {activation(), out}, name, LinearIdAttrs{group, {}});
+  std::vector<int> inputs = {x, w, idx};
+  add_experts_bias(inputs, bias, wt.shape[0], wt.shape[1], name);
+  return add_node(Op::kLinearId, std::move(inputs), {activation(), out}, name,
+                  LinearIdAttrs{group, {}});
+}
+
+void GraphBuilder::add_experts_bias(std::vector<int>& inputs, Value bias, int64_t E, int64_t N,
+                                    const std::string& name) const {
+  if (bias < 0) return;
+  const TensorType& bt = type(bias);
+  TF_CHECK(is_float(bt.dtype) && bt.shape == (Shape{E, N}), name, ": experts' bias ", bt.str(),
+           "; expected (", E, ", ", N, ")");
+  inputs.push_back(bias);
 }
 
 Value GraphBuilder::linear_id_quant(Value x, Value w, Value idx, Value scale, Value zero,
-                                    const LinearQuantAttrs& q, const std::string& name, int group) {
+                                    const LinearQuantAttrs& q, const std::string& name, int group,
+                                    Value bias) {
   const TensorType &wt = type(w), &st = type(scale);
   TF_CHECK(wt.shape.size() >= 2 && st.shape.size() >= 2 && wt.shape[0] == st.shape[0] &&
                q.has_zero == (zero >= 0) && !(q.has_zero && q.scheme == QuantScheme::kInt8),
@@ -492,6 +506,7 @@ Value GraphBuilder::linear_id_quant(Value x, Value w, Value idx, Value scale, Va
     inputs.push_back(zero);
   }
   const Shape out = experts_out(type(x), type(idx), wt, K, N, name);
+  add_experts_bias(inputs, bias, E, N, name);
   return add_node(Op::kLinearIdQuant, std::move(inputs), {activation(), out}, name,
                   LinearIdAttrs{group, q});
 }

@@ -26,6 +26,9 @@ struct AttentionOptions {
   int64_t sliding_window = 0;
   // Scores (after the scale) become tanh(s / softcap) * softcap before the softmax; 0: none.
   float softcap = 0.0f;
+  // A logit per query head (Hq) that joins every softmax and is dropped after it (gpt-oss's
+  // sinks); -1: none.
+  Value sinks = -1;
 };
 
 class GraphBuilder {
@@ -116,11 +119,14 @@ class GraphBuilder {
   // x (..., K) through the experts idx (..., k) of w (E, N, K): (..., k, N); or x (..., k, K), a
   // row for each slot, each through its own expert.
   // With group >= 0, w is this rank's share of experts split over the group (LinearIdAttrs).
-  Value linear_id(Value x, Value w, Value idx, const std::string& name = "", int group = -1);
+  // bias (E, N), float, when >= 0: each expert's row added to its outputs.
+  Value linear_id(Value x, Value w, Value idx, const std::string& name = "", int group = -1,
+                  Value bias = -1);
   // linear_id through E quantized experts: w, scale and zero are E kLinearQuant operands stacked
   // on a leading dim (zero -1 when there is none).
   Value linear_id_quant(Value x, Value w, Value idx, Value scale, Value zero,
-                        const LinearQuantAttrs& q, const std::string& name = "", int group = -1);
+                        const LinearQuantAttrs& q, const std::string& name = "", int group = -1,
+                        Value bias = -1);
   // A node of another graph, its operands already renumbered into this one (graph/ops.h's
   // decompose()).
   Value copy(Node node) { return graph_.add(std::move(node)); }
@@ -133,6 +139,9 @@ class GraphBuilder {
  private:
   std::vector<int> paged_operands(Value table, Value pos, Value rows, int64_t B, int64_t T,
                                   const std::string& name) const;
+  // The experts' bias operand (E, N), checked, when bias >= 0.
+  void add_experts_bias(std::vector<int>& inputs, Value bias, int64_t E, int64_t N,
+                        const std::string& name) const;
   Value add_node(Op op, std::vector<int> inputs, TensorType type, std::string name,
                  Attrs attrs = {});
   // The dtype of an elementwise result from float operands (an activation) or int32 ones.

@@ -91,10 +91,11 @@ enum class Op : uint8_t {
   kIota,           // () -> int32 or float counting 0, 1, ... along AxisAttrs::axis
   kCumsum,         // (x) -> inclusive running sums along AxisAttrs::axis
   kMatMul,         // (a (..., M, K), b (..., K, N)) -> (..., M, N), equal batch dims
-  kLinearId,       // (x (..., K), w (E, N, K), idx (..., k) int32) -> (..., k, N): x times the
-                   // transpose of expert idx[..., j]'s weight, for each j (a mixture of experts);
-                   // or x (..., k, K), each slot's own row through its expert; LinearIdAttrs
-  kLinearIdQuant,  // (x, w, idx, scale [, zero]) -> (..., k, N): kLinearId over quantized
+  kLinearId,       // (x (..., K), w (E, N, K), idx (..., k) int32 [, bias (E, N)]) -> (..., k, N):
+                   // x times the transpose of expert idx[..., j]'s weight (plus its bias row),
+                   // for each j (a mixture of experts); or x (..., k, K), each slot's own row
+                   // through its expert; LinearIdAttrs
+  kLinearIdQuant,  // (x, w, idx, scale [, zero] [, bias]) -> (..., k, N): kLinearId over quantized
                    // experts; w, scale and zero are the E experts' kLinearQuant operands stacked
                    // on a leading dim of E; LinearIdAttrs
 };

@@ -109,8 +109,8 @@ constexpr OpDef kOps[] = {
     TF_OP(kIota, "iota", attrs_index<AxisAttrs>(), 0, 0, nullptr),
     TF_OP(kCumsum, "cumsum", attrs_index<AxisAttrs>(), 1, 1, nullptr),
     TF_OP(kMatMul, "matmul", kNone, 2, 2, nullptr),
-    TF_OP(kLinearId, "linear_id", attrs_index<LinearIdAttrs>(), 3, 3, nullptr),
-    TF_OP(kLinearIdQuant, "linear_id_quant", attrs_index<LinearIdAttrs>(), 4, 5, nullptr),
+    TF_OP(kLinearId, "linear_id", attrs_index<LinearIdAttrs>(), 3, 4, nullptr),
+    TF_OP(kLinearIdQuant, "linear_id_quant", attrs_index<LinearIdAttrs>(), 4, 6, nullptr),
 };
 #undef TF_OP
 

@@ -26,14 +26,28 @@ namespace tformers::models {
 // What a weight is for. The backend prepares linear weights (int8 quantization, layout); the
 // rest are used as stored or converted to the model dtype.
 enum class WeightRole : uint8_t {
-  kEmbedding,  // gathered by token id, never quantized
-  kLinear,     // (out, in) multiplied by activations; may be quantized; packed/fused ones too
-  kBias,       // (out) of the linear named by WeightSpec::linear; f32 when that one is quantized
-  kNorm,       // per-feature scale of a norm
-  kRouter,     // (experts, in): a mixture's router, used as stored in the model dtype (as
-               // llama.cpp keeps it): a quantized router would send tokens to other experts
-  kExperts,    // (experts, out, in): one linear weight per expert, for linear_id; may be
-               // quantized (each expert as a linear weight is)
+  kEmbedding,   // gathered by token id, never quantized
+  kLinear,      // (out, in) multiplied by activations; may be quantized; packed/fused ones too
+  kBias,        // (out) of the linear named by WeightSpec::linear; f32 when that one is quantized
+  kNorm,        // per-feature scale of a norm, or a value per head (attention sinks)
+  kRouter,      // (experts, in): a mixture's router, used as stored in the model dtype (as
+                // llama.cpp keeps it): a quantized router would send tokens to other experts
+  kExperts,     // (experts, out, in): one linear weight per expert, for linear_id; may be
+                // quantized (each expert as a linear weight is)
+  kExpertBias,  // (experts, out): each expert's bias, gathered by expert in the model dtype
+};
+
+// How a checkpoint lays out a weight other than as its shape in float (gpt-oss's experts).
+struct StoredLayout {
+  // The last two dims swapped: (experts, in, out), as gpt-oss's float checkpoints hold experts.
+  bool transposed = false;
+  // The two halves of dim 1 interleaved (a0 b0 a1 b1 ...): gpt-oss's gate and up rows.
+  bool interleaved = false;
+  // May be MXFP4 instead: "<name>_blocks" (experts, out, in / 32, 16) uint8, two 4-bit e2m1 codes
+  // per byte (the low nibble first), and "<name>_scales" (experts, out, in / 32) uint8, an e8m0
+  // exponent per 32 values; not transposed, interleaved as the float form is.
+  bool mxfp4 = false;
+  bool any() const { return transposed || interleaved || mxfp4; }
 };
 
 // One weight the architecture reads, with the checkpoint's own name.
@@ -54,6 +68,7 @@ struct WeightSpec {
   std::vector<std::string> stacked_from;
   // The share of it one decode token reads: top_k / experts for a mixture's experts, else all.
   double read_share = 1;
+  StoredLayout stored;
 };
 
 // The KV cache of one layer: past_key_values.{layer}.key and .value, each B sequences by S slots

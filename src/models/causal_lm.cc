@@ -20,6 +20,7 @@
 #include "models/causal_lm_impl.h"
 #include "models/int4_import.h"
 #include "models/model_runner.h"
+#include "models/stored_layout.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
 
@@ -104,10 +105,14 @@ StoredQuantization stored_quantization(const io::Json& j, const std::string& whe
   const std::string at = where + ": quantization_config";
   if (auto import = models::read_int4_import(*q, at)) return {"int4", import};
   const auto method = io::get_required<std::string>(*q, "quant_method", at);
+  // MXFP4 (gpt-oss) quantizes only the experts, which the architecture reads in that form
+  // (WeightSpec::stored); the other weights are floats.
+  if (method == "mxfp4") return {};
   if (method != "tformers")
     throw UnsupportedError(at + ": quant_method '" + method +
                            "' is not supported; tformers reads \"tformers\" (its own layout, "
-                           "written by `tformers quantize`), \"awq\" and \"gptq\"");
+                           "written by `tformers quantize`), \"mxfp4\" (gpt-oss's experts), "
+                           "\"awq\" and \"gptq\"");
   const auto scheme = io::get_required<std::string>(*q, "scheme", at);
   if (scheme != "int8" && scheme != "int4")
     throw FormatError(at + ": field 'scheme' is '" + scheme + "'; expected \"int8\" or \"int4\"");
@@ -249,8 +254,11 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   };
   // The pieces of the weights that the checkpoint holds in pieces (each expert's projections).
   std::set<std::string> pieces;
-  for (const auto& s : specs)
+  for (const auto& s : specs) {
     if (!ckpt.has(s.name)) pieces.insert(s.stacked_from.begin(), s.stacked_from.end());
+    if (models::stored_differently(ckpt, s))
+      for (const std::string& source : models::stored_sources(ckpt, s)) pieces.insert(source);
+  }
   std::vector<std::string> unexpected;
   for (const auto& name : ckpt.names())
     if (!by_name.count(name) && !impl->arch->ignorable(c, name) && !stored_part(name) &&
@@ -386,7 +394,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     bind_prepared(s.name, impl->backend->prepare_quantized_linear(q));
   };
   // A weight held in pieces: their rows, in order, copied into one tensor of the model dtype.
-  auto add_stacked = [&](const models::WeightSpec& s) {
+  auto stacked = [&](const models::WeightSpec& s) {
     Tensor whole = Tensor::zeros(s.shape, impl->dtype);
     size_t at = 0;
     for (const std::string& piece : s.stacked_from) {
@@ -410,7 +418,12 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       throw FormatError("the pieces of '" + s.name + "' in " + impl->path + " hold " +
                         std::to_string(at / dtype_size(impl->dtype)) + " values; config.json " +
                         "implies " + shape_str(s.shape));
-    // Under tensor parallelism, this rank's rows of it (its experts), padded as a shard is.
+    return whole;
+  };
+  // A weight assembled on the host (from pieces, or from another layout): under tensor
+  // parallelism this rank's rows of it (its experts), padded as a shard is; then prepared or
+  // uploaded.
+  auto add_assembled = [&](const models::WeightSpec& s, Tensor whole) {
     if (impl->tp && impl->tp->shard(s.name).dim == 0) {
       const size_t row = whole.nbytes() / size_t(s.shape[0]);
       whole = distributed::shard_rows(
@@ -429,10 +442,15 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       add_stored(s);
       continue;
     }
+    if (models::stored_differently(ckpt, s)) {
+      add_assembled(s, models::read_stored(ckpt, s, impl->dtype));
+      for (const std::string& source : models::stored_sources(ckpt, s)) advance(source);
+      continue;
+    }
     if (!ckpt.has(s.name)) {
       if (!s.tied_to.empty()) continue;  // bound below, once its target is loaded
       if (!s.stacked_from.empty()) {
-        add_stacked(s);
+        add_assembled(s, stacked(s));
         continue;
       }
       throw NotFoundError("checkpoint " + impl->path + " has no tensor '" + s.name + "', which " +
@@ -601,7 +619,8 @@ void CausalLM::save_pretrained(const std::string& dir) const {
     if (!s.tied_to.empty() && m.weights.at(s.tied_to) == w) continue;  // the tie, not a copy
     auto q = m.quant_attrs.find(s.name);
     if (q == m.quant_attrs.end()) {
-      tensors.emplace_back(s.name, m.backend->download(*w));
+      // In the float layout of the checkpoint it came from (gpt-oss's experts transposed).
+      tensors.emplace_back(s.name, models::to_stored(m.backend->download(*w), s.stored));
       continue;
     }
     if (s.role == models::WeightRole::kExperts)

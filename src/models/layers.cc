@@ -188,6 +188,8 @@ void Attention::declare(std::vector<WeightSpec>& w, const std::string& prefix) c
     qk_norm->declare(w, prefix + ".q_norm");
     qk_norm->declare(w, prefix + ".k_norm");
   }
+  // Whole on every rank; a rank that holds some of the heads takes their sinks (operator()).
+  if (sinks) w.push_back({prefix + ".sinks", {heads}, WeightRole::kNorm});
 }
 
 Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t layer) const {
@@ -219,7 +221,11 @@ Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t 
   // yarn scales cos and sin by attention_factor, so q.k grows by its square.
   const float f = rotary.rope.attention_factor;
   const float s = (scale > 0 ? scale : float(1.0 / std::sqrt(double(D)))) * f * f;
-  const graph::AttentionOptions options{.sliding_window = sliding_window, .softcap = softcap};
+  graph::AttentionOptions options{.sliding_window = sliding_window, .softcap = softcap};
+  if (sinks) {
+    options.sinks = c.p(prefix + ".sinks");
+    if (Hq != heads) options.sinks = b.shard_last(options.sinks, Hq, c.p.tp()->group_id());
+  }
   const std::string name = prefix + ".attention";
   Value att;
   if (c.s.paged()) {
@@ -239,8 +245,8 @@ Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t 
     Value kc = b.cache_write(b.state(cache + ".key", ct), k, c.start, cache + ".key");
     Value vc = b.cache_write(b.state(cache + ".value", ct), v, c.start, cache + ".value");
     // Hub kernels' attention contract takes head-major caches.
-    const bool plain =
-        sliding_window == 0 && softcap == 0 && b.kv_layout() == graph::KvLayout::kHeadMajor;
+    const bool plain = sliding_window == 0 && softcap == 0 && !sinks &&
+                       b.kv_layout() == graph::KvLayout::kHeadMajor;
     att = layer_op(c, plain, "Attention", {q, kc, vc, c.start, c.mask}, b.type(q).shape, {s}, name,
                    [&] { return b.attention(q, kc, vc, c.start, c.mask, s, options, name); });
   }
@@ -290,11 +296,12 @@ Value GatedMLP::operator()(Ctx& c, Value x, const std::string& prefix) const {
 void SparseMoE::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
   const std::string hub =
       hub_module.empty() ? prefix : prefix.substr(0, prefix.rfind('.') + 1) + hub_module;
-  WeightSpec router{prefix + ".gate.weight", {experts, hidden}, WeightRole::kRouter};
-  if (hub != prefix) router.stacked_from = {hub + ".gate.weight"};
-  w.push_back(std::move(router));
-  if (score_bias)
-    w.push_back({prefix + ".gate.e_score_correction_bias", {experts}, WeightRole::kRouter});
+  const std::string gate = prefix + "." + router;
+  WeightSpec scorer{gate + ".weight", {experts, hidden}, WeightRole::kRouter};
+  if (hub != prefix) scorer.stacked_from = {hub + "." + router + ".weight"};
+  w.push_back(std::move(scorer));
+  if (router_bias) w.push_back({gate + ".bias", {experts}, WeightRole::kRouter});
+  if (score_bias) w.push_back({gate + ".e_score_correction_bias", {experts}, WeightRole::kRouter});
   // Under tensor parallelism the experts are split over the ranks (expert parallelism).
   WeightSpec gate_up{prefix + ".experts.gate_up_proj",
                      {experts, 2 * intermediate, hidden},
@@ -304,7 +311,11 @@ void SparseMoE::declare(std::vector<WeightSpec>& w, const std::string& prefix) c
                   {experts, hidden, intermediate},
                   WeightRole::kExperts,
                   "grouped_gemm"};
-  for (int64_t e = 0; e < experts; ++e) {
+  if (gpt_oss_layout) {
+    gate_up.stored = {.transposed = true, .interleaved = true, .mxfp4 = true};
+    down.stored = {.transposed = true, .mxfp4 = true};
+  }
+  for (int64_t e = 0; e < experts && !gpt_oss_layout; ++e) {
     const std::string expert = hub + ".experts." + std::to_string(e);
     gate_up.stacked_from.push_back(expert + "." + gate_proj + ".weight");
     gate_up.stacked_from.push_back(expert + "." + up_proj + ".weight");
@@ -313,6 +324,18 @@ void SparseMoE::declare(std::vector<WeightSpec>& w, const std::string& prefix) c
   gate_up.read_share = down.read_share = double(top_k) / double(experts);
   w.push_back(std::move(gate_up));
   w.push_back(std::move(down));
+  if (expert_bias) {
+    // Split over the ranks with their experts.
+    w.push_back({.name = prefix + ".experts.gate_up_proj_bias",
+                 .shape = {experts, 2 * intermediate},
+                 .role = WeightRole::kExpertBias,
+                 .tp_style = "grouped_gemm",
+                 .stored = {.interleaved = gpt_oss_layout}});
+    w.push_back({prefix + ".experts.down_proj_bias",
+                 {experts, hidden},
+                 WeightRole::kExpertBias,
+                 "grouped_gemm"});
+  }
   if (shared) shared->declare(w, prefix + ".shared_experts");
 }
 
@@ -337,8 +360,12 @@ Value SparseMoE::keep_top_groups(Ctx& c, Value choice, const std::string& prefix
 
 std::pair<Value, Value> SparseMoE::route(Ctx& c, Value x, const std::string& prefix) const {
   GraphBuilder& b = c.b;
-  const std::string gate = prefix + ".gate";
+  const std::string gate = prefix + "." + router;
   const Value logits = linear(c, x, gate);  // (B,T,E)
+  if (scoring == Scoring::kTopKSoftmax) {
+    const Value idx = b.top_k(logits, top_k, gate + ".top_k");
+    return {idx, b.softmax(b.take_along(logits, idx), gate + ".softmax")};
+  }
   Value scores, choice;
   if (scoring == Scoring::kSoftmax) {
     scores = choice = b.softmax(logits, gate + ".softmax");
@@ -362,16 +389,35 @@ std::pair<Value, Value> SparseMoE::route(Ctx& c, Value x, const std::string& pre
 
 namespace {
 
-// x through the experts `name` at idx (this rank's share of them with group >= 0): the float
-// op, or the quantized one for experts the backend quantized at load.
+// x through the experts `name` at idx (this rank's share of them with group >= 0), plus their
+// biases "<name>_bias" when declared: the float op, or the quantized one for experts the backend
+// quantized at load.
 Value experts_linear(Ctx& c, Value x, const std::string& name, Value idx, int group) {
+  const Value bias = c.p.has(name + "_bias") ? c.p(name + "_bias") : -1;
   const graph::LinearQuantAttrs* q = c.p.quant(name);
-  if (!q) return c.b.linear_id(x, c.p(name), idx, name, group);
+  if (!q) return c.b.linear_id(x, c.p(name), idx, name, group, bias);
   return c.b.linear_id_quant(x, c.p(name), idx, c.p(name + "_scale"),
-                             q->has_zero ? c.p(name + "_zero") : -1, *q, name, group);
+                             q->has_zero ? c.p(name + "_zero") : -1, *q, name, group, bias);
 }
 
 }  // namespace
+
+Value SparseMoE::activation(Ctx& c, Value gate_up, const std::string& prefix) const {
+  GraphBuilder& b = c.b;
+  const std::string name = prefix + ".experts.act";
+  const Value gate = b.slice_last(gate_up, 0, intermediate);
+  const Value up = b.slice_last(gate_up, intermediate, 2 * intermediate);
+  if (!clamped) return b.silu_mul(gate, up, name);
+  using graph::BinaryFn;
+  auto constant = [&](float v) { return b.constant(v, {b.activation(), {}}); };
+  const Value g = b.binary(BinaryFn::kMin, gate, constant(clamped->limit), name + ".gate");
+  const Value u = b.binary(BinaryFn::kMax, b.binary(BinaryFn::kMin, up, constant(clamped->limit)),
+                           constant(-clamped->limit), name + ".up");
+  const Value glu =
+      b.binary(BinaryFn::kMul, g, b.unary(graph::UnaryFn::kSigmoid, b.scale(g, clamped->alpha)),
+               name + ".glu");
+  return b.binary(BinaryFn::kMul, b.binary(BinaryFn::kAdd, u, constant(1)), glu, name);
+}
 
 Value SparseMoE::operator()(Ctx& c, Value x, const std::string& prefix) const {
   GraphBuilder& b = c.b;
@@ -385,10 +431,8 @@ Value SparseMoE::operator()(Ctx& c, Value x, const std::string& prefix) const {
   const int group = split ? tp->group_id() : -1;
   // Each token's k experts: (B,T,k,2I) -> (B,T,k,I) -> (B,T,k,H).
   const Value gate_up = experts_linear(c, x, prefix + ".experts.gate_up_proj", idx, group);
-  const Value act =
-      b.silu_mul(b.slice_last(gate_up, 0, intermediate),
-                 b.slice_last(gate_up, intermediate, 2 * intermediate), prefix + ".experts.act");
-  const Value y = experts_linear(c, act, prefix + ".experts.down_proj", idx, group);
+  const Value y =
+      experts_linear(c, activation(c, gate_up, prefix), prefix + ".experts.down_proj", idx, group);
   const Value weighted =
       b.binary(graph::BinaryFn::kMul, y, b.reshape(weights, {xs[0], xs[1], top_k, 1}),
                prefix + ".experts.weighted");

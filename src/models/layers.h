@@ -123,6 +123,7 @@ struct Attention {
   float scale = 0;             // 0: 1 / sqrt(head_dim)
   int64_t sliding_window = 0;  // 0: full attention
   float softcap = 0;           // 0: none
+  bool sinks = false;          // "<prefix>.sinks" (heads): a logit per head in every softmax
   void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
   // x (B,T,hidden) -> (B,T,hidden), writing keys and values into past_key_values.{layer}.
   Value operator()(Ctx& c, Value x, const std::string& prefix, int64_t layer) const;
@@ -146,25 +147,39 @@ struct GatedMLP {
   void validate_tp(const distributed::TpModel& tp, const std::string& prefix) const;
 };
 
+// gpt-oss's expert activation: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) where
+// g = min(gate, limit).
+struct ClampedSwiGlu {
+  float alpha = 1.702f, limit = 7.0f;
+};
+
 // A mixture of experts. The router "<prefix>.gate" (experts by hidden) scores every expert: a
 // softmax over them (Qwen3-MoE, Mixtral), or each expert's sigmoid (GLM-4.5) whose choice adds the
 // per-expert "<prefix>.gate.e_score_correction_bias" and, with groups, keeps only the experts of
 // the topk_groups groups whose two best choices score highest. The top k are kept, their scores
 // renormalised to sum to 1 with norm_topk_prob and times `scaling`, and each token goes through
 // its k experts' gated MLPs, summed with those weights; a shared expert (GLM-4.5's
-// "<prefix>.shared_experts") adds its output for every token. The experts are
+// "<prefix>.shared_experts") adds its output for every token. gpt-oss instead takes the top k of
+// the router's logits (with its bias) and a softmax over those k (kTopKSoftmax). The experts are
 // "<prefix>.experts.gate_up_proj" (experts, 2 intermediate, hidden) and ".down_proj" (experts,
 // hidden, intermediate) as Transformers 5 holds them, stacked at load from the per-expert tensors
-// of Hub checkpoints ("<prefix>.experts.3.gate_proj.weight").
+// of Hub checkpoints ("<prefix>.experts.3.gate_proj.weight"), or read from gpt-oss's layout
+// (transposed, gate and up interleaved, or MXFP4), with optional per-expert biases
+// ".gate_up_proj_bias" (experts, 2 intermediate) and ".down_proj_bias" (experts, hidden).
 struct SparseMoE {
-  enum class Scoring : uint8_t { kSoftmax, kSigmoid };
+  enum class Scoring : uint8_t { kSoftmax, kSigmoid, kTopKSoftmax };
   int64_t hidden = 0, intermediate = 0, experts = 0, top_k = 0;
   bool norm_topk_prob = false;
   Scoring scoring = Scoring::kSoftmax;
-  bool score_bias = false;              // kSigmoid: e_score_correction_bias
-  int64_t groups = 1, topk_groups = 1;  // group-limited choice (n_group, topk_group)
-  float scaling = 1;                    // routed_scaling_factor
-  std::optional<GatedMLP> shared;       // "<prefix>.shared_experts"
+  bool score_bias = false;               // kSigmoid: e_score_correction_bias
+  int64_t groups = 1, topk_groups = 1;   // group-limited choice (n_group, topk_group)
+  float scaling = 1;                     // routed_scaling_factor
+  std::optional<GatedMLP> shared;        // "<prefix>.shared_experts"
+  std::string router = "gate";           // the router's module (gpt-oss: "router")
+  bool router_bias = false;              // "<prefix>.<router>.bias"
+  bool expert_bias = false;              // the experts' biases
+  std::optional<ClampedSwiGlu> clamped;  // else silu(gate) * up
+  bool gpt_oss_layout = false;           // the experts stored as gpt-oss stores them
   // The module and each expert's projections as Hub checkpoints name them, where Transformers 5
   // renamed them (Mixtral's block_sparse_moe with w1, w3, w2; its "mlp" holds gate and experts).
   std::string hub_module;  // "": the module's own name
@@ -176,6 +191,8 @@ struct SparseMoE {
  private:
   // (B,T,k) int32 experts and (B,T,k) weights of each token.
   std::pair<Value, Value> route(Ctx& c, Value x, const std::string& prefix) const;
+  // gate_up (B,T,k,2I) of the experts idx (with their biases added) -> (B,T,k,I).
+  Value activation(Ctx& c, Value gate_up, const std::string& prefix) const;
   // `choice` (B,T,E) f32 with the experts outside each token's best topk_groups groups at -1e30.
   Value keep_top_groups(Ctx& c, Value choice, const std::string& prefix) const;
 };

@@ -80,8 +80,10 @@ struct Checker {
 void SparseMoE::validate_tp(const TpModel& tp, const std::string& prefix) const {
   Checker ck{tp};
   // Every rank routes every token: the router and its bias are whole.
-  ck.whole(prefix + ".gate.weight", "a router, which scores every expert");
-  ck.whole(prefix + ".gate.e_score_correction_bias", "a router's bias");
+  const std::string gate = prefix + "." + router;
+  ck.whole(gate + ".weight", "a router, which scores every expert");
+  ck.whole(gate + ".bias", "a router's bias");
+  ck.whole(gate + ".e_score_correction_bias", "a router's bias");
   for (const char* w : {".experts.gate_up_proj", ".experts.down_proj"}) {
     const TpStyle s = ck.style(prefix + w);
     if (!replicated(s) && s != TpStyle::kGroupedGemm)
@@ -89,9 +91,13 @@ void SparseMoE::validate_tp(const TpModel& tp, const std::string& prefix) const 
              "does not apply to a mixture's experts; use grouped_gemm (the experts "
              "split over ranks) or replicate");
   }
-  if (ck.style(prefix + ".experts.gate_up_proj") != ck.style(prefix + ".experts.down_proj"))
-    ck.bad(prefix + ".experts.down_proj",
-           "differs from experts.gate_up_proj: a rank's experts need both their projections");
+  const std::string gu = prefix + ".experts.gate_up_proj";
+  for (const char* w :
+       {".experts.down_proj", ".experts.gate_up_proj_bias", ".experts.down_proj_bias"})
+    if (tp.has(prefix + w) && ck.style(prefix + w) != ck.style(gu))
+      ck.bad(prefix + w,
+             "differs from experts.gate_up_proj: a rank's experts need their projections and "
+             "biases");
   if (shared) shared->validate_tp(tp, prefix + ".shared_experts");
 }
 

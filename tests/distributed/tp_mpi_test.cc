@@ -297,6 +297,10 @@ TEST_F(TpMpi, DefaultPlanTwoRanksFloat16WeightsAndRowwiseBiases) {
 TEST_F(TpMpi, ExpertsSplitTwoRanksQwen3Moe) { expect_ok(run_worker(2, "hf-qwen3-moe")); }
 TEST_F(TpMpi, ExpertsSplitTwoRanksMixtral) { expect_ok(run_worker(2, "hf-mixtral")); }
 TEST_F(TpMpi, ExpertsSplitTwoRanksGlm4Moe) { expect_ok(run_worker(2, "hf-glm4-moe")); }
+// gpt-oss: the experts with their biases split, each rank's heads with their sinks; the experts
+// read from the transposed float layout and from MXFP4.
+TEST_F(TpMpi, ExpertsSplitTwoRanksGptOss) { expect_ok(run_worker(2, "hf-gpt-oss")); }
+TEST_F(TpMpi, ExpertsSplitTwoRanksGptOssMxfp4) { expect_ok(run_worker(2, "hf-gpt-oss-mxfp4")); }
 TEST_F(TpMpi, ExpertsSplitThreeRanksUneven) {
   // 3 ranks do not divide the 2 KV heads: attention replicated, as the error for it advises.
   expect_ok(run_worker(3, "hf-glm4-moe",
@@ -635,6 +639,9 @@ INSTANTIATE_TEST_SUITE_P(Architectures, TpMpiXlaCpu,
 // A mixture's experts split over the ranks, each rank's share lowered with its offset.
 TEST_F(TpMpiXlaCpu, ExpertsSplitTwoRanksGlm4Moe) {
   expect_ok(run_worker(2, "hf-glm4-moe", "", "", "float32", "", "xla-cpu"));
+}
+TEST_F(TpMpiXlaCpu, ExpertsSplitTwoRanksGptOss) {
+  expect_ok(run_worker(2, "hf-gpt-oss", "", "", "float32", "", "xla-cpu"));
 }
 
 // o_proj's bias added once after the host's sum, over 4 ranks.

@@ -120,7 +120,8 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, Golden,
 INSTANTIATE_TEST_SUITE_P(HfModels, Golden,
                          ::testing::Values("hf-llama", "hf-qwen2", "hf-qwen3", "hf-mistral",
                                            "hf-glm", "hf-glm4", "hf-gemma3", "hf-qwen3-moe",
-                                           "hf-mixtral", "hf-glm4-moe"),
+                                           "hf-mixtral", "hf-glm4-moe", "hf-gpt-oss",
+                                           "hf-gpt-oss-mxfp4"),
                          param_name);
 
 }  // namespace

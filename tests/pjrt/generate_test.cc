@@ -159,7 +159,8 @@ TEST_P(XlaCpuRoutedModel, Float32MatchesTransformersAndTheCpuBackend) {
   expect_float32_matches(GetParam());
 }
 INSTANTIATE_TEST_SUITE_P(HfModels, XlaCpuRoutedModel,
-                         ::testing::Values("hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe"),
+                         ::testing::Values("hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe",
+                                           "hf-gpt-oss", "hf-gpt-oss-mxfp4"),
                          param_name);
 
 // AWQ and GPTQ checkpoints: XLA multiplies the dequantized f32 weights, so the goldens computed

@@ -33,13 +33,19 @@ def pair(request, tmp_path_factory):
     torch.manual_seed(seed)
     ref = model_cls(config).to(torch.float32).eval()
     make_hf_models.redraw(ref, seed, config.tie_word_embeddings, name == "hf-gemma3")
+    mxfp4 = name in make_hf_models.MXFP4_EXPERTS
+    packed = make_hf_models.use_mxfp4(ref) if mxfp4 else None
     ref.generation_config = transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     folder = tmp_path_factory.mktemp(request.param.replace(":", "-"))
     ref.save_pretrained(folder, safe_serialization=True)
     if layout == "fused":
         make_hf_models.save_fused(ref, folder, mtp=False)
-    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                            attn_implementation="eager").eval()
+    if mxfp4:
+        make_hf_models.save_mxfp4(ref, folder, packed)
+    # MXFP4 experts dequantized by Transformers, as it runs them on a CPU.
+    extra = {"quantization_config": transformers.Mxfp4Config(dequantize=True)} if mxfp4 else {}
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager", **extra).eval()
     return ref, tformers.AutoModelForCausalLM.from_pretrained(folder, dtype="float32")
 
 

@@ -105,7 +105,7 @@ TEST_P(PagedMatchesStatic, LogprobsOfEveryToken) {
 INSTANTIATE_TEST_SUITE_P(Serving, PagedMatchesStatic,
                          ::testing::Values("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral",
                                            "tiny-gemma3", "tiny-glm", "tiny-glm4", "hf-qwen3-moe",
-                                           "hf-mixtral", "hf-glm4-moe"));
+                                           "hf-mixtral", "hf-glm4-moe", "hf-gpt-oss"));
 
 // A request's greedy tokens alone equal its tokens among others of other lengths, submitted
 // together and at staggered times, with the decode batch growing and shrinking around it; and

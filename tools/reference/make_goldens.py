@@ -36,7 +36,7 @@ TINY_MODELS = [
     "tiny-mistral", "tiny-glm4", "tiny-glm", "tiny-gemma3", "tiny-llama-longrope",
 ]
 HF_MODELS = ["hf-llama", "hf-qwen2", "hf-qwen3", "hf-mistral", "hf-glm", "hf-glm4", "hf-gemma3",
-             "hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe"]
+             "hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe", "hf-gpt-oss", "hf-gpt-oss-mxfp4"]
 MODELS = TINY_MODELS + HF_MODELS
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MAX_NEW_TOKENS = 16
@@ -72,8 +72,14 @@ def setup_torch():
 
 
 def load(name, dtype):
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.join(MODELS_DIR, name), dtype=dtype, attn_implementation="eager")
+    path = os.path.join(MODELS_DIR, name)
+    with open(os.path.join(path, "config.json")) as f:
+        quant = json.load(f).get("quantization_config") or {}
+    # MXFP4 experts (gpt-oss) dequantized by Transformers itself, as it runs them on a CPU.
+    extra = ({"quantization_config": transformers.Mxfp4Config(dequantize=True)}
+             if quant.get("quant_method") == "mxfp4" else {})
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager",
+                                                 **extra)
     return model.eval()
 
 

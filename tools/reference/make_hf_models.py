@@ -40,10 +40,12 @@ Run: .venv/bin/python tools/reference/make_hf_models.py [NAME ...] (all without 
 gives byte-identical files.
 """
 
+import json
 import os
 import shutil
 import sys
 
+import numpy as np
 import safetensors.torch
 import torch
 import transformers as T
@@ -57,6 +59,14 @@ MODELS_DIR = make_goldens.MODELS_DIR
 COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
               max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+# gpt-oss: 8 experts of 32 (top 4), a limit low enough that both clamps of its SwiGLU bite, sliding
+# window 4 on layers 0 and 2, YaRN with truncate false and an original length the prompts pass.
+GPT_OSS = dict(
+    num_hidden_layers=3, tie_word_embeddings=False, intermediate_size=32, num_local_experts=8,
+    num_experts_per_tok=4, sliding_window=4, swiglu_limit=1.0, attention_bias=True,
+    rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
+                         beta_slow=1.0, truncate=False, original_max_position_embeddings=16))
 
 # name -> (seed, config class, model class, config overrides, storage dtype)
 MODELS = {
@@ -108,12 +118,17 @@ MODELS = {
         norm_topk_prob=True, rms_norm_eps=1e-5,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0,
                              partial_rotary_factor=0.5)), torch.float32),
+    "hf-gpt-oss": (2011, T.GptOssConfig, T.GptOssForCausalLM, GPT_OSS, torch.float32),
+    "hf-gpt-oss-mxfp4": (2012, T.GptOssConfig, T.GptOssForCausalLM, GPT_OSS, torch.float32),
 }
 
 # Mixtures of experts, and those saved as Transformers 5 holds them in memory (one gate_up_proj and
 # one down_proj per layer) rather than in the per-expert layout save_pretrained converts them to.
 MOE_MODELS = {"hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe"}
 FUSED_EXPERTS = {"hf-glm4-moe"}
+# Experts stored as MXFP4 blocks and scales, as the released gpt-oss checkpoints are.
+MXFP4_EXPERTS = {"hf-gpt-oss-mxfp4"}
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
 
 
 def redraw(model, seed, tied, gemma):
@@ -125,6 +140,9 @@ def redraw(model, seed, tied, gemma):
                 p.copy_(torch.randn_like(p) * 0.1 + (0.0 if gemma else 1.0))
             elif "embed_tokens" in name or "lm_head" in name:
                 p.copy_(torch.randn_like(p) * 0.3)
+            elif name.endswith("sinks"):
+                # Logits of the order of the scores', so a sink takes a real share.
+                p.copy_(torch.randn_like(p) * 1.0)
             elif tied and ("o_proj" in name or "down_proj" in name) and name.endswith("weight"):
                 p.copy_(torch.randn_like(p) * 0.4)
             else:
@@ -150,6 +168,64 @@ def save_fused(model, out, mtp):
                                 metadata={"format": "pt"})
 
 
+def mxfp4(w):
+    """(..., N, K) floats -> (blocks (..., N, K/32, 16), scales (..., N, K/32)) uint8, the format of
+    the gpt-oss checkpoints: per 32 inputs the exponent that puts their largest magnitude at most
+    6, each value rounded to the nearest e2m1 code (sign in bit 3), two codes per byte, the first
+    in the low nibble. Written here with numpy, independently of Transformers' dequantizer."""
+    x = w.float().numpy()
+    groups = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+    amax = np.abs(groups).max(axis=-1, keepdims=True)
+    exponent = np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0)).astype(np.int32)
+    scaled = groups / np.exp2(exponent)
+    codes = np.abs(np.abs(scaled)[..., None] - E2M1).argmin(axis=-1).astype(np.uint8)
+    codes |= np.where(scaled < 0, 8, 0).astype(np.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return torch.from_numpy(blocks), torch.from_numpy((exponent[..., 0] + 127).astype(np.uint8))
+
+
+def dequantized(blocks, scales):
+    """The values mxfp4() stands for, (..., N, K) float32."""
+    b, s = blocks.numpy(), scales.numpy()
+    codes = np.stack([b & 0xF, b >> 4], axis=-1).reshape(*b.shape[:-1], 32)
+    values = E2M1[codes & 7] * np.where(codes & 8, -1.0, 1.0).astype(np.float32)
+    values = values * np.exp2(s.astype(np.float32) - 127)[..., None]
+    return torch.from_numpy(values.reshape(*b.shape[:-2], -1).astype(np.float32))
+
+
+def use_mxfp4(model):
+    """Rounds every expert weight to its MXFP4 values in place (so the model computes exactly what
+    the stored blocks say) and returns the blocks and scales by checkpoint name. Transformers holds
+    an expert as (in, out); the blocks are (out, in), as the released checkpoints store them."""
+    packed = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                blocks, scales = mxfp4(p.transpose(-1, -2))
+                p.copy_(dequantized(blocks, scales).transpose(-1, -2))
+                packed[name + "_blocks"], packed[name + "_scales"] = blocks, scales
+    return packed
+
+
+def save_mxfp4(model, out, packed):
+    """Rewrites out/ with the experts as MXFP4 blocks and scales and the quantization_config the
+    released checkpoints carry."""
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k + "_blocks" not in packed}
+    state.update({k: v.contiguous() for k, v in packed.items()})
+    safetensors.torch.save_file(state, os.path.join(out, "model.safetensors"),
+                                metadata={"format": "pt"})
+    path = os.path.join(out, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"]}
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
 def build(name):
     seed, config_cls, model_cls, overrides, storage = MODELS[name]
     kwargs = dict(COMMON)
@@ -159,6 +235,7 @@ def build(name):
     torch.manual_seed(seed)
     model = model_cls(config).to(torch.float32).eval()
     redraw(model, seed, config.tie_word_embeddings, name == "hf-gemma3")
+    packed = use_mxfp4(model) if name in MXFP4_EXPERTS else None
     model = model.to(storage)
     model.generation_config = T.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     out = os.path.join(MODELS_DIR, name)
@@ -166,6 +243,8 @@ def build(name):
     model.save_pretrained(out, safe_serialization=True)
     if name in FUSED_EXPERTS:
         save_fused(model, out, mtp=True)
+    if packed:
+        save_mxfp4(model, out, packed)
     size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
     print(f"{name:11s} {model_cls.__name__:20s} {str(storage):15s} {size / 1024:6.1f} KiB "
           f"-> {out}")
@@ -178,7 +257,10 @@ def main(names):
     for name in names:
         build(name)
     make_goldens.main(names)
-    make_beam_goldens.main(names)
+    # Beam search is the same for every family: recorded for the models that list names.
+    beams = [name for name in names if name in make_beam_goldens.MODELS]
+    if beams:
+        make_beam_goldens.main(beams)
 
 
 if __name__ == "__main__":

@@ -121,9 +121,11 @@ bool reads_f32(Op op, size_t k) {
       return k > 0;
     case Op::kScatterAdd:
       return k != 1;
-    case Op::kLinearId:
-    case Op::kLinearIdQuant:
-      return k == 0;
+    case Op::kLinearId:  // x, and the experts' bias
+      return k == 0 || k == 3;
+    case Op::kLinearIdQuant:  // x, and the bias (after scale and any zero points, which are not
+                              // floats)
+      return k == 0 || k >= 4;
     case Op::kAllReduce:  // its bias
       return k == 1;
     default:

@@ -546,7 +546,16 @@ struct ExpertPairs {
   bool per_slot;  // x holds a row per (row, slot), else one per row
   // A decode step (one token per sequence): the GEMV, whose bits for a row depend only on K.
   bool decode;
+  const float* bias;  // (E, N), or null
 };
+
+// The experts' bias operand, after the weight operands of kLinearId or kLinearIdQuant.
+const float* experts_bias(const OpCall& c) {
+  size_t at = 3;
+  if (c.n.op == Op::kLinearIdQuant)
+    at = c.n.attrs_as<graph::LinearIdAttrs>().quant.has_zero ? 5 : 4;
+  return c.n.inputs.size() > at ? c.f32(at) : nullptr;
+}
 
 ExpertPairs expert_pairs(const OpCall& c) {
   const Shape& is = c.in_type(2).shape;
@@ -561,7 +570,8 @@ ExpertPairs expert_pairs(const OpCall& c) {
           group >= 0,
           distributed::rank_offset(group, E),
           c.in_type(0).shape.size() == is.size() + 1,
-          is.size() >= 2 && is[is.size() - 2] == 1};
+          is.size() >= 2 && is[is.size() - 2] == 1,
+          experts_bias(c)};
 }
 
 // Runs every (row, slot) pair through its expert, one expert at a time: the pairs routed to
@@ -618,8 +628,12 @@ void through_experts(const OpCall& c, Mul mul) {
     const int64_t rows = p.decode ? m : std::max<int64_t>(m, 4);
     std::fill(X + m * p.K, X + rows * p.K, 0.0f);
     mul(e, X, Y, rows, kind);
-    for (int64_t i = 0; i < m; ++i)
-      std::memcpy(c.out_f32() + at[i] * p.N, Y + i * p.N, size_t(p.N) * sizeof(float));
+    for (int64_t i = 0; i < m; ++i) {
+      float* y = c.out_f32() + at[i] * p.N;
+      std::memcpy(y, Y + i * p.N, size_t(p.N) * sizeof(float));
+      if (p.bias)
+        for (int64_t j = 0; j < p.N; ++j) y[j] += p.bias[e * p.N + j];
+    }
   }
 }
 

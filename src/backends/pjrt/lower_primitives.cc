@@ -234,6 +234,12 @@ Val Lowering::linear_id_quant(const Node& n) {
   return experts_out(n, in(n, 0), e_.reshape(all, {E, N, K}), in(n, 2));
 }
 
+const Val* Lowering::experts_bias(const Node& n) {
+  size_t at = 3;
+  if (n.op == Op::kLinearIdQuant) at = n.attrs_as<graph::LinearIdAttrs>().quant.has_zero ? 5 : 4;
+  return n.inputs.size() > at ? &in(n, at) : nullptr;
+}
+
 Val Lowering::experts_out(const Node& n, const Val& x, const Val& w, const Val& idx) {
   // w (E, N, K)
   const int group = n.attrs_as<graph::LinearIdAttrs>().group;
@@ -248,11 +254,13 @@ Val Lowering::experts_out(const Node& n, const Val& x, const Val& w, const Val& 
   const Val clamped = e_.binary("minimum", e_.binary("maximum", at, e_.splat(0, "i32", {rk})),
                                 e_.splat(double(E - 1), "i32", {rk}));
   const Val experts = e_.gather_rows(w, clamped);
+  const Val* bias = experts_bias(n);
   const bool per_slot = x.rank() == idx.rank() + 1;
   const Val xs =
       per_slot ? e_.reshape(x, {rk, K})
                : e_.reshape(e_.broadcast(e_.reshape(x, {rows, K}), {rows, k, K}, {0, 2}), {rk, K});
   Val y = e_.dot(e_.convert(xs, w.elem), experts, {0}, {0}, {1}, {2});  // (rk, N)
+  if (bias) y = e_.binary("add", y, e_.convert(e_.gather_rows(*bias, clamped), y.elem));
   if (group >= 0) y = e_.select(e_.broadcast(mine, {rk, N}, {0}), y, e_.splat(0, y.elem, {rk, N}));
   return out(n, e_.reshape(y, n.type.shape));
 }

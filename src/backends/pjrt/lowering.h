@@ -371,6 +371,8 @@ class Lowering {
   Val linear_id_quant(const Node& n);
   // x through the experts w (E, N, K) at idx: kLinearId's result.
   Val experts_out(const Node& n, const Val& x, const Val& w, const Val& idx);
+  // The experts' bias operand of kLinearId or kLinearIdQuant, or null.
+  const Val* experts_bias(const Node& n);
   // Operand k in the node's element type, broadcast to the node's shape.
   Val operand_as_out(const Node& n, size_t k);
   // Rows of x (..., N) at idx (..., k): a gather along the last dim.
