@@ -26,6 +26,9 @@ struct AttentionOptions {
   int64_t sliding_window = 0;
   // Scores (after the scale) become tanh(s / softcap) * softcap before the softmax; 0: none.
   float softcap = 0.0f;
+  // A (Hq) weight in the activation dtype: query head h's learned logit joins its softmax and
+  // weighs no value (AttentionAttrs::sinks); -1: none.
+  Value sinks = -1;
 };
 
 class GraphBuilder {
@@ -133,6 +136,8 @@ class GraphBuilder {
  private:
   std::vector<int> paged_operands(Value table, Value pos, Value rows, int64_t B, int64_t T,
                                   const std::string& name) const;
+  AttentionAttrs attention_attrs(float scale, const AttentionOptions& o, int64_t Hq,
+                                 std::vector<int>& inputs, const std::string& name) const;
   Value add_node(Op op, std::vector<int> inputs, TensorType type, std::string name,
                  Attrs attrs = {});
   // The dtype of an elementwise result from float operands (an activation) or int32 ones.
