@@ -80,8 +80,12 @@ BlockTable block_table(const graph::Graph& g, const Node& n) {
   const Shape& ts = g.node(n.inputs[table_in]).type.shape;         // (B,MB)
   const Shape& ps = g.node(n.inputs[table_in + 1]).type.shape;     // (B,T)
   const Shape& pool = g.node(n.inputs[write ? 0 : 1]).type.shape;  // (NB, ..., BS, ...)
+  // The write's rows are its last operand; the attention's may have its sinks after them.
+  const int rows_in = !write ? graph::attention_operands(n).mask_or_rows
+                      : int(n.inputs.size()) > table_in + 2 ? table_in + 2
+                                                            : -1;
   std::optional<size_t> rows;
-  if (int(n.inputs.size()) > table_in + 2) rows = input_of(g, n, table_in + 2, "sequence rows");
+  if (rows_in >= 0) rows = input_of(g, n, rows_in, "sequence rows");
   return BlockTable{n.name,
                     input_of(g, n, table_in, "block table entries"),
                     input_of(g, n, table_in + 1, "positions"),

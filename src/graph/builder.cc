@@ -173,6 +173,21 @@ Value GraphBuilder::attention(Value q, Value k_cache, Value v_cache, Value start
   return attention(q, k_cache, v_cache, start, key_mask, scale, AttentionOptions{}, name);
 }
 
+// The attributes of an attention op with options o after checking them, and its sinks operand
+// (if any) appended to its inputs.
+AttentionAttrs GraphBuilder::attention_attrs(float scale, const AttentionOptions& o, int64_t Hq,
+                                             std::vector<int>& inputs,
+                                             const std::string& name) const {
+  TF_CHECK(o.sliding_window >= 0 && o.softcap >= 0.0f && std::isfinite(o.softcap), name,
+           ": sliding_window ", o.sliding_window, " softcap ", o.softcap);
+  if (o.sinks >= 0) {
+    const TensorType want{activation(), {Hq}};
+    TF_CHECK(type(o.sinks) == want, name, ": sinks ", type(o.sinks).str(), ", not ", want.str());
+    inputs.push_back(o.sinks);
+  }
+  return AttentionAttrs{scale, o.softcap, o.sliding_window, o.sinks >= 0};
+}
+
 Value GraphBuilder::attention(Value q, Value k_cache, Value v_cache, Value start, Value key_mask,
                               float scale, AttentionOptions o, const std::string& name) {
   const TensorType &qt = type(q), &kt = type(k_cache);
@@ -181,16 +196,15 @@ Value GraphBuilder::attention(Value q, Value k_cache, Value v_cache, Value start
                qt.shape[0] == kt.shape[0] && qt.shape[3] == kt.shape[3] &&
                qt.shape[2] % kt.shape[h] == 0,
            name, ": q ", qt.str(), " cache ", kt.str());
-  TF_CHECK(o.sliding_window >= 0 && o.softcap >= 0.0f && std::isfinite(o.softcap), name,
-           ": sliding_window ", o.sliding_window, " softcap ", o.softcap);
   std::vector<int> inputs = {q, k_cache, v_cache, start};
   if (key_mask >= 0) {
     TF_CHECK(type(key_mask).shape == Shape({kt.shape[0], kt.shape[p]}), name, ": mask ",
              type(key_mask).str());
     inputs.push_back(key_mask);
   }
+  AttentionAttrs attrs = attention_attrs(scale, o, qt.shape[2], inputs, name);
   return add_node(Op::kAttention, std::move(inputs), {activation(), qt.shape}, name,
-                  AttentionAttrs{scale, o.softcap, o.sliding_window});
+                  std::move(attrs));
 }
 
 // The paged ops' table, positions and optional rows for new tokens (B,T): a table row per batch
@@ -225,13 +239,12 @@ Value GraphBuilder::paged_attention(Value q, Value k_pool, Value v_pool, Value t
   TF_CHECK(qt.shape.size() == 4 && kt.shape.size() == 4 && type(v_pool) == kt &&
                qt.shape[3] == kt.shape[3] && qt.shape[2] % kt.shape[kv_heads_dim(kv_layout())] == 0,
            name, ": q ", qt.str(), " pool ", kt.str());
-  TF_CHECK(o.sliding_window >= 0 && o.softcap >= 0.0f && std::isfinite(o.softcap), name,
-           ": sliding_window ", o.sliding_window, " softcap ", o.softcap);
   std::vector<int> inputs = {q, k_pool, v_pool};
   for (int v : paged_operands(table, pos, rows, qt.shape[0], qt.shape[1], name))
     inputs.push_back(v);
+  AttentionAttrs attrs = attention_attrs(scale, o, qt.shape[2], inputs, name);
   return add_node(Op::kPagedAttention, std::move(inputs), {activation(), qt.shape}, name,
-                  AttentionAttrs{scale, o.softcap, o.sliding_window});
+                  std::move(attrs));
 }
 
 Value GraphBuilder::take_last(Value x, int64_t n) {

@@ -26,8 +26,8 @@ struct AttentionOptions {
   int64_t sliding_window = 0;
   // Scores (after the scale) become tanh(s / softcap) * softcap before the softmax; 0: none.
   float softcap = 0.0f;
-  // A logit per query head (Hq) that joins every softmax and is dropped after it (gpt-oss's
-  // sinks); -1: none.
+  // A (Hq) weight in the activation dtype: query head h's learned logit joins its softmax and
+  // weighs no value (AttentionAttrs::sinks; gpt-oss); -1: none.
   Value sinks = -1;
 };
 
@@ -142,6 +142,8 @@ class GraphBuilder {
   // The experts' bias operand (E, N), checked, when bias >= 0.
   void add_experts_bias(std::vector<int>& inputs, Value bias, int64_t E, int64_t N,
                         const std::string& name) const;
+  AttentionAttrs attention_attrs(float scale, const AttentionOptions& o, int64_t Hq,
+                                 std::vector<int>& inputs, const std::string& name) const;
   Value add_node(Op op, std::vector<int> inputs, TensorType type, std::string name,
                  Attrs attrs = {});
   // The dtype of an elementwise result from float operands (an activation) or int32 ones.

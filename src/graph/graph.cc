@@ -78,6 +78,17 @@ void Node::wrong_attrs(const char* wanted) const {
       detail::str_cat(op_name(op), " node '", name, "' has ", attrs_name(attrs), ", not ", wanted));
 }
 
+AttentionOperands attention_operands(const Node& n) {
+  TF_CHECK(n.op == Op::kAttention || n.op == Op::kPagedAttention, op_name(n.op), " node '", n.name,
+           "' is not attention");
+  const int count = int(n.inputs.size());
+  AttentionOperands o;
+  if (n.attrs_as<AttentionAttrs>().sinks) o.sinks = count - 1;
+  const int at = n.op == Op::kAttention ? 4 : 5;  // the operand after the required ones
+  if (at < (o.sinks >= 0 ? o.sinks : count)) o.mask_or_rows = at;
+  return o;
+}
+
 int Graph::add(Node node) {
   for (int in : node.inputs) TF_CHECK(in >= 0 && in < int(nodes_.size()), "bad input id ", in);
   const OpDef& def = op_def(node.op);
@@ -86,6 +97,10 @@ int Graph::add(Node node) {
   const int count = int(node.inputs.size());
   TF_CHECK(count >= def.min_inputs && (def.max_inputs < 0 || count <= def.max_inputs), def.name,
            " node '", node.name, "' has ", count, " operands");
+  // An attention's last operand slot is for its sinks: taken with the flag, free without it.
+  if (const auto* a = std::get_if<AttentionAttrs>(&node.attrs))
+    TF_CHECK(a->sinks ? count > def.min_inputs : count < def.max_inputs, def.name, " node '",
+             node.name, "' has ", count, " operands", a->sinks ? " with" : " without", " sinks");
   if (const auto* c = std::get_if<CustomCallAttrs>(&node.attrs))
     TF_CHECK(c->kernel && !c->kernel->target.empty(), "custom call '", node.name,
              "' names no kernel");
@@ -189,6 +204,7 @@ std::string attributes(const Node& n) {
       const auto& at = n.attrs_as<AttentionAttrs>();
       if (at.sliding_window) show("sliding_window", at.sliding_window);
       if (at.softcap != 0.0f) show("softcap", at.softcap);
+      if (at.sinks) a.push_back("sinks");
       break;
     }
     case Op::kScale:

@@ -34,8 +34,8 @@ enum class Op : uint8_t {
   kAdd,         // (a, b) -> a + b
   kReshape,     // (x) -> same bytes, shape of the node
   kCacheWrite,  // (cache (B,Hkv,S,D), new (B,T,Hkv,D), start ()) -> cache, written in place
-  kAttention,   // (q (B,T,Hq,D), k_cache, v_cache, start () [, key_mask (B,S)]) -> (B,T,Hq,D);
-                // AttentionAttrs
+  kAttention,   // (q (B,T,Hq,D), k_cache, v_cache, start () [, key_mask (B,S)] [, sinks (Hq)])
+                // -> (B,T,Hq,D); AttentionAttrs
   kTakeLast,    // (x (B,T,D)) -> (B,n,D): the last TakeLastAttrs::n positions (any dtype)
   kCustomCall,  // a hub kernel; CustomCallAttrs: inputs and floats as its layer's schema says
   // Tensor parallelism over the process group of the attributes (distributed/process_group.h).
@@ -63,9 +63,9 @@ enum class Op : uint8_t {
   // into a row; the table then has a row per sequence, S of them).
   kPagedCacheWrite,  // (pool, new (B,T,Hkv,D), table (B|S,MB), pos (B,T)[, rows]) -> pool,
                      // in place
-  kPagedAttention,   // (q (B,T,Hq,D), k_pool, v_pool, table (B|S,MB), pos (B,T)[, rows]) ->
-                     // (B,T,Hq,D): query (b,t) sees its sequence's positions <= pos[b,t];
-                     // AttentionAttrs; a padding query gives zeros
+  kPagedAttention,   // (q (B,T,Hq,D), k_pool, v_pool, table (B|S,MB), pos (B,T)[, rows]
+                     // [, sinks (Hq)]) -> (B,T,Hq,D): query (b,t) sees its sequence's positions
+                     // <= pos[b,t]; AttentionAttrs; a padding query gives zeros
 
   kConvert,  // (x) -> x in the node's float dtype: a hub kernel's float32 boundary in a graph
              // of other activations, and the float32 logits every graph returns
@@ -202,7 +202,18 @@ struct AttentionAttrs {  // kAttention and kPagedAttention (see GraphBuilder::at
   float scale = 0.0f;
   float softcap = 0.0f;        // 0: none
   int64_t sliding_window = 0;  // 0: none
-  auto fields() const { return std::tie(scale, softcap, sliding_window); }
+  // The last operand is a learned logit per query head (gpt-oss's sinks, in the activation
+  // dtype) that joins each softmax's denominator and weighs no value: with m the max of the
+  // row's scores and sinks[h], p_j = exp(s_j - m) / (sum_j exp(s_j - m) + exp(sinks[h] - m)).
+  // A flag rather than a count of operands: the key mask (or rows) before it is optional too.
+  bool sinks = false;
+  auto fields() const { return std::tie(scale, softcap, sliding_window, sinks); }
+};
+// Where kAttention's and kPagedAttention's optional operands are in Node::inputs, -1 when absent:
+// the key mask (kAttention) or rows (kPagedAttention), and the sinks.
+struct AttentionOperands {
+  int mask_or_rows = -1;
+  int sinks = -1;
 };
 struct TakeLastAttrs {
   static constexpr const char* kName = "TakeLastAttrs";
@@ -341,6 +352,9 @@ struct Node {
  private:
   [[noreturn]] void wrong_attrs(const char* wanted) const;
 };
+
+// n's optional operands (n a kAttention or kPagedAttention node).
+AttentionOperands attention_operands(const Node& n);
 
 class Graph {
  public:

@@ -195,6 +195,147 @@ TEST(GraphOps, RunOnTheCpuBackendAsTheReferences) {
   expect_close(got, want, nmse_tolerance(4 * (D + T) + 32), "graph");
 }
 
+// Attention sinks in the graph: the builder's checks, where attention_operands finds the optional
+// operands, the flag in the text and the hash, and a node that claims sinks without the operand.
+TEST(GraphOps, AttentionSinksCheckPrintAndHash) {
+  auto build = [](bool with_sinks) {
+    GraphBuilder b;
+    const Value q = b.input("q", {DType::f32, {1, T, Hq, D}});
+    const Value kc = b.state("k", {DType::f32, {1, Hkv, S, D}});
+    const Value vc = b.state("v", {DType::f32, {1, Hkv, S, D}});
+    const Value start = b.input("start", {DType::i32, {}});
+    const Value mask = b.input("mask", {DType::i32, {1, S}});
+    const Value sinks = b.parameter("sinks", {DType::f32, {Hq}});
+    b.output(
+        b.attention(q, kc, vc, start, mask, kScale, {.sinks = with_sinks ? sinks : -1}, "attn"));
+    return b.finish();
+  };
+  const graph::Graph plain = build(false), g = build(true);
+  EXPECT_NE(plain.hash(), g.hash());
+  EXPECT_NE(g.to_string().find("attention(%0, %1, %2, %3, %4, %5) {sinks} -> float32"),
+            std::string::npos)
+      << g.to_string();
+  const graph::Node& attn = g.node(g.outputs()[0]);
+  EXPECT_EQ(graph::attention_operands(attn).mask_or_rows, 4);
+  EXPECT_EQ(graph::attention_operands(attn).sinks, 5);
+  EXPECT_EQ(graph::attention_operands(plain.node(plain.outputs()[0])).sinks, -1);
+  // The flag without an operand for it.
+  graph::Graph bad = g;
+  graph::Node short_node = attn;
+  short_node.inputs.resize(4);
+  EXPECT_THROW(bad.add(short_node), InternalError);
+
+  GraphBuilder b;
+  const Value q = b.input("q", {DType::f32, {1, T, Hq, D}});
+  const Value kc = b.state("k", {DType::f32, {1, Hkv, S, D}});
+  const Value start = b.input("start", {DType::i32, {}});
+  const Value table = b.input("table", {DType::i32, {2, 2}});
+  const Value table1 = b.input("table1", {DType::i32, {1, 2}});
+  const Value pos = b.input("pos", {DType::i32, {1, T}});
+  const Value rows = b.input("rows", {DType::i32, {1, T}});
+  const Value sinks = b.parameter("sinks", {DType::f32, {Hq}});
+  const Value short_sinks = b.parameter("short", {DType::f32, {Hq - 1}});
+  const Value bf16_sinks = b.parameter("bf16", {DType::bf16, {Hq}});
+  EXPECT_THROW(b.attention(q, kc, kc, start, -1, kScale, {.sinks = short_sinks}, "short"),
+               InternalError);
+  EXPECT_THROW(b.attention(q, kc, kc, start, -1, kScale, {.sinks = bf16_sinks}, "dtype"),
+               InternalError);
+  EXPECT_THROW(b.paged_attention(q, kc, kc, table1, pos, kScale, {.sinks = short_sinks}, "paged"),
+               InternalError);
+  const Value only = b.attention(q, kc, kc, start, -1, kScale, {.sinks = sinks}, "only");
+  const Value paged = b.paged_attention(q, kc, kc, table1, pos, kScale, {.sinks = sinks}, "paged");
+  const Value packed =
+      b.paged_attention(q, kc, kc, table, pos, kScale, {.sinks = sinks}, "packed", rows);
+  const graph::Graph pg = b.finish();
+  auto operands = [&](Value v) {
+    const graph::AttentionOperands o = graph::attention_operands(pg.node(v));
+    return std::pair{o.mask_or_rows, o.sinks};
+  };
+  EXPECT_EQ(operands(only), std::pair(-1, 4));
+  EXPECT_EQ(operands(paged), std::pair(-1, 5));
+  EXPECT_EQ(operands(packed), std::pair(5, 6));
+}
+
+// Both attention ops with bf16 sinks in a bf16 graph, run by the CPU backend (which widens the
+// sinks, as it computes in f32) against the references: static with a window, a soft cap and a
+// key mask that leaves row 1's first queries no key; paged with a row per sequence and with the
+// sequences packed (the rows operand, which the sinks follow).
+TEST(GraphOps, AttentionSinksRunOnTheCpuBackendAsTheReferences) {
+  constexpr int64_t B = 2, BS = 4, MB = 2, NB = 7;
+  std::mt19937 rng(33);
+  GraphBuilder b(DType::bf16);
+  const Value sinks = b.parameter("sinks", {DType::bf16, {Hq}});
+  const Value kc = b.state("k", {DType::bf16, {B, Hkv, S, D}});
+  const Value vc = b.state("v", {DType::bf16, {B, Hkv, S, D}});
+  const Value kp = b.state("k_pool", {DType::bf16, {NB, Hkv, BS, D}});
+  const Value vp = b.state("v_pool", {DType::bf16, {NB, Hkv, BS, D}});
+  const Value q = b.input("q", {DType::bf16, {B, T, Hq, D}});
+  const Value start = b.input("start", {DType::i32, {}});
+  const Value mask = b.input("mask", {DType::i32, {B, S}});
+  const Value table = b.input("table", {DType::i32, {B, MB}});
+  const Value pos = b.input("pos", {DType::i32, {B, T}});
+  const Value table3 = b.input("table3", {DType::i32, {3, MB}});
+  const Value rows = b.input("rows", {DType::i32, {B, T}});
+  b.output(b.attention(q, kc, vc, start, mask, kScale,
+                       {.sliding_window = kWindow, .softcap = kAttnCap, .sinks = sinks}, "attn"));
+  b.output(b.paged_attention(q, kp, vp, table, pos, kScale, {.sinks = sinks}, "paged"));
+  b.output(b.paged_attention(q, kp, vp, table3, pos, kScale, {.sinks = sinks}, "packed", rows));
+  const graph::Graph graph = b.finish();
+
+  const Tensor sv = random_tensor(rng, size_t(Hq), DType::bf16, -1.0f, 3.0f);
+  const Tensor qv = random_tensor(rng, size_t(B * T * Hq * D), DType::bf16, -2.0f, 2.0f);
+  const Tensor kcv = random_tensor(rng, size_t(B * Hkv * S * D), DType::bf16);
+  const Tensor vcv = random_tensor(rng, size_t(B * Hkv * S * D), DType::bf16);
+  const Tensor kpv = random_tensor(rng, size_t(NB * Hkv * BS * D), DType::bf16);
+  const Tensor vpv = random_tensor(rng, size_t(NB * Hkv * BS * D), DType::bf16);
+  std::vector<int32_t> mv(size_t(B * S), 1);
+  for (int64_t j = 0; j < 5; ++j) mv[size_t(S + j)] = 0;  // row 1's queries at slots 3, 4: none
+  const std::vector<int32_t> tv = {5, 0, 2, 6}, t3v = {5, 0, 2, 6, 1, 3};
+  const std::vector<int32_t> pv = {3, 4, 5, 6, 7, -1, -1, 0, 1, 2};
+  const std::vector<int32_t> rv = {0, 2, 0, 2, 0, 1, 1, 1, 1, 1};
+
+  auto backend = backends::make_cpu_backend();
+  auto bf16 = [](const Shape& s, const Tensor& t) {
+    return tformers::Tensor::from_vector<uint16_t>(s, DType::bf16, t.h);
+  };
+  auto i32 = [](const Shape& s, const std::vector<int32_t>& v) {
+    return tformers::Tensor::from_vector<int32_t>(s, DType::i32, v);
+  };
+  auto sb = backend->upload(bf16({Hq}, sv));
+  auto kcb = backend->upload(bf16({B, Hkv, S, D}, kcv)),
+       vcb = backend->upload(bf16({B, Hkv, S, D}, vcv));
+  auto kpb = backend->upload(bf16({NB, Hkv, BS, D}, kpv));
+  auto vpb = backend->upload(bf16({NB, Hkv, BS, D}, vpv));
+  const tformers::Tensor ins[] = {
+      bf16({B, T, Hq, D}, qv), i32({}, {int32_t(S - T)}), i32({B, S}, mv), i32({B, MB}, tv),
+      i32({B, T}, pv),         i32({3, MB}, t3v),         i32({B, T}, rv)};
+  std::vector<tformers::Tensor> outs;
+  for (int i = 0; i < 3; ++i) outs.push_back(tformers::Tensor::zeros({B, T, Hq, D}, DType::bf16));
+  backends::Buffer* params[] = {sb.get()};
+  backends::Buffer* states[] = {kcb.get(), vcb.get(), kpb.get(), vpb.get()};
+  const tformers::Tensor* inputs[] = {&ins[0], &ins[1], &ins[2], &ins[3],
+                                      &ins[4], &ins[5], &ins[6]};
+  tformers::Tensor* outputs[] = {&outs[0], &outs[1], &outs[2]};
+  backend->compile(graph)->run(params, states, inputs, outputs);
+
+  std::vector<std::vector<float>> want(3, std::vector<float>(qv.f.size()));
+  ref::attention(qv.f.data(), kcv.h.data(), vcv.h.data(), DType::bf16, mv.data(), want[0].data(), B,
+                 T, Hq, Hkv, S, D, S - T, kScale, kWindow, kAttnCap, sv.f.data());
+  ref::paged_attention(qv.f.data(), kpv.h.data(), vpv.h.data(), DType::bf16, tv.data(), nullptr,
+                       pv.data(), want[1].data(), B, T, Hq, Hkv, BS, MB, D, kScale, 0, 0.0f,
+                       sv.f.data());
+  ref::paged_attention(qv.f.data(), kpv.h.data(), vpv.h.data(), DType::bf16, t3v.data(), rv.data(),
+                       pv.data(), want[2].data(), B, T, Hq, Hkv, BS, MB, D, kScale, 0, 0.0f,
+                       sv.f.data());
+  for (size_t i = 0; i < 3; ++i)
+    // The outputs rounded to bf16 at the graph's boundary.
+    expect_close(outs[i].to_f32_vector(), want[i], nmse_tolerance(D + S + 8, true),
+                 graph::op_name(graph.node(graph.outputs()[i]).op));
+  for (int64_t t = 0; t < 2; ++t)  // row 1, queries at slots 3 and 4: every key masked
+    for (int64_t i = 0; i < Hq * D; ++i)
+      EXPECT_EQ(outs[0].to_f32_vector()[size_t(((T + t) * Hq) * D + i)], 0.0f);
+}
+
 // linear_quant with int4 tiles: the builder's shape checks, the attributes in the text and the
 // hash, and the CPU backend running it (M = 1, the GEMV; M = 5, the GEMM) with and without zero
 // points and bias, against the reference with the tolerances of Ops.LinearInt4; the CPU backend

@@ -652,7 +652,14 @@ struct AttnCase {
   int mask;  // 0: none, 1: random zeros, 2: left padding that leaves some queries no key
   int64_t window = 0;
   float softcap = 0.0f;
+  bool sinks = false;  // a random attention sink per query head
 };
+
+// Attention sinks for Hq query heads in [-1, 3): about the size of the scores of the attention
+// tests (|q . k| * scale of order 1), so that they move both the max and the denominator.
+std::vector<float> random_sinks(std::mt19937& rng, int64_t Hq) {
+  return random_f32(rng, size_t(Hq), -1.0f, 3.0f);
+}
 
 TEST(Ops, Attention) {
   const AttnCase cases[] = {
@@ -685,6 +692,14 @@ TEST(Ops, Attention) {
       // columns), after a prefix with masked keys; then windows, left padding and a soft cap.
       {1, 300, 4, 2, 400, 72, 30, 1},
       {2, 70, 2, 1, 128, 40, 0, 2, 48, 1.5f},
+      // Attention sinks: decode with GQA and masked keys; prefill after a prefix with a window
+      // and a soft cap; padding that leaves the first queries of row 1 no key; the blocked
+      // prefill, alone and with a window, left padding and a soft cap.
+      {1, 1, 8, 2, 64, 64, 40, 1, 0, 0.0f, true},
+      {2, 9, 4, 1, 40, 32, 5, 1, 4, 1.0f, true},
+      {2, 4, 4, 2, 12, 24, 0, 2, 0, 0.0f, true},
+      {1, 300, 4, 2, 400, 72, 30, 1, 0, 0.0f, true},
+      {2, 70, 2, 1, 128, 40, 0, 2, 48, 1.5f, true},
   };
   std::mt19937 rng(13);
   for_each_config<true>([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
@@ -729,12 +744,16 @@ TEST(Ops, Attention) {
               }
       const int32_t* key_mask = c.mask ? mask.data() : nullptr;
       const float scale = 1.0f / std::sqrt(float(c.D));
+      // Drawn only for the sinks' cases: the other cases keep their draws.
+      const std::vector<float> sink_values =
+          c.sinks ? random_sinks(rng, c.Hq) : std::vector<float>{};
+      const float* sinks = c.sinks ? sink_values.data() : nullptr;
       std::vector<float> out(q.size(), NAN), want(q.size());
       kernels.attention(q.data(), k.data(), v.data(), dt, key_mask, out.data(), c.B, c.T, c.Hq,
-                        c.Hkv, c.S, c.D, c.start, scale, c.window, c.softcap, nullptr, nullptr,
-                        pool);
+                        c.Hkv, c.S, c.D, c.start, scale, c.window, c.softcap, sinks, nullptr,
+                        nullptr, pool);
       ref::attention(q.data(), k.data(), v.data(), dt, key_mask, want.data(), c.B, c.T, c.Hq, c.Hkv,
-                     c.S, c.D, c.start, scale, c.window, c.softcap);
+                     c.S, c.D, c.start, scale, c.window, c.softcap, sinks);
       // Scores are D-term dot products; the output is a weighted sum over up to start + T keys
       // and a few roundings in exp and the normalization (and the soft cap's division, tanh
       // and product). The AVX-512 BF16 target's blocked prefill (from 32 query rows per KV
@@ -742,9 +761,10 @@ TEST(Ops, Attention) {
       // probabilities to bf16, as its linears round their inputs.
       const bool bf16_products =
           t >= Target::kAVX512BF16 && dt == DType::bf16 && c.T * (c.Hq / c.Hkv) >= 32;
+      const std::string name = what + (c.sinks ? " sinks" : "");
       expect_close(
           out, want, nmse_tolerance(c.D + c.start + c.T + (c.softcap ? 8 : 4), bf16_products),
-          what + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
+          name + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
               " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) +
               " D=" + std::to_string(c.D) + " start=" + std::to_string(c.start) +
               " window=" + std::to_string(c.window) + " softcap=" + std::to_string(c.softcap));
@@ -806,6 +826,7 @@ TEST(Ops, PagedAttention) {
     std::vector<int32_t> pos;  // (B,T)
     int64_t window = 0;
     float softcap = 0.0f;
+    bool sinks = false;
   };
   const Case cases[] = {
       {3, 1, 4, 2, 4, 5, 16, {0, 7, 19}},             // decode rows at different lengths
@@ -817,6 +838,13 @@ TEST(Ops, PagedAttention) {
       // The x86 targets' blocked prefill (80 query rows of one KV head), padding at the end.
       {1, 20, 4, 1, 8, 4, 24, {5,  6,  7,  8,  9,  10, 11, 12, 13, 14,
                                15, 16, 17, 18, 19, 20, 21, 22, -1, -1}},
+      // Attention sinks: decode rows and a padding row (the row-set kernel); with positions
+      // several tokens take the x86 targets' blocked kernel: left-padded prefill with GQA 4, a
+      // window and a soft cap, two rows with padding at the end.
+      {3, 1, 8, 2, 4, 5, 16, {0, 7, -1}, 0, 0.0f, true},
+      {1, 6, 4, 1, 4, 3, 32, {-1, -1, 0, 1, 2, 3}, 0, 0.0f, true},
+      {1, 4, 4, 2, 4, 4, 40, {3, 4, 5, 6}, 3, 1.0f, true},
+      {2, 6, 8, 2, 8, 4, 24, {9, 10, 11, 12, -1, -1, 0, 1, 2, 3, 4, -1}, 0, 0.0f, true},
   };
   std::mt19937 rng(22);
   for_each_config<true>([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
@@ -827,14 +855,18 @@ TEST(Ops, PagedAttention) {
       Tensor k = random_tensor(rng, pool_n, dt), v = random_tensor(rng, pool_n, dt);
       std::vector<float> q = random_f32(rng, size_t(c.B * c.T * c.Hq * c.D), -2.0f, 2.0f);
       const float scale = 1.0f / std::sqrt(float(c.D));
+      const std::vector<float> sink_values =
+          c.sinks ? random_sinks(rng, c.Hq) : std::vector<float>{};
+      const float* sinks = c.sinks ? sink_values.data() : nullptr;
       std::vector<float> out(q.size(), NAN), want(q.size());
       paged_attention_with(kernels, q.data(), k.data(), v.data(), dt, p.table.data(), nullptr,
                            c.pos.data(), out.data(), c.B, c.T, c.Hq, c.Hkv, c.BS, c.MB, c.D, scale,
-                           c.window, c.softcap, pool);
+                           c.window, c.softcap, sinks, pool);
       ref::paged_attention(q.data(), k.data(), v.data(), dt, p.table.data(), nullptr, c.pos.data(),
                            want.data(), c.B, c.T, c.Hq, c.Hkv, c.BS, c.MB, c.D, scale, c.window,
-                           c.softcap);
-      const std::string label = what + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
+                           c.softcap, sinks);
+      const std::string name = what + (c.sinks ? " sinks" : "");
+      const std::string label = name + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
                                 " D=" + std::to_string(c.D) + " window=" + std::to_string(c.window);
       // As in Ops.Attention: AVX-512 BF16's blocked prefill over bf16 rounds q and p to bf16; with
       // positions it takes that path for every call of several tokens.
@@ -858,7 +890,7 @@ TEST(Ops, PagedAttention) {
         const int64_t row = b * c.T * c.Hq * c.D;
         std::vector<float> alone(size_t(c.T * c.Hq * c.D), NAN);
         kernels.attention(q.data() + row, ks.data(), vs.data(), dt, nullptr, alone.data(), 1, c.T,
-                          c.Hq, c.Hkv, S, c.D, 0, scale, c.window, c.softcap,
+                          c.Hq, c.Hkv, S, c.D, 0, scale, c.window, c.softcap, sinks,
                           c.pos.data() + b * c.T, nullptr, pool);
         for (size_t i = 0; i < alone.size(); ++i)
           ASSERT_EQ(alone[i], out[size_t(row) + i]) << label << " row " << b << " at " << i;
@@ -871,14 +903,15 @@ TEST(Ops, PagedAttention) {
 // each token names its sequence's table row, the sequences' tokens are interleaved out of order
 // with padding between them, and each must get the bits it gets in a row of its own, its tokens in
 // order and left-padded to another length (the step it would run in alone); against the
-// reference too. The cache write of such a row lands where the per-row writes land.
+// reference too, without and with attention sinks. The cache write of such a row lands where the
+// per-row writes land.
 TEST(Ops, PagedAttentionPacksSequences) {
   struct Seq {
     int64_t start, n;  // positions [start, start + n) are new; [0, start) are in the pool
   };
   const Seq seqs[] = {{0, 7}, {13, 1}, {5, 20}, {30, 3}};
   const int64_t Hq = 4, Hkv = 2, BS = 4, MB = 9, D = 24, S = int64_t(std::size(seqs));
-  std::mt19937 rng(23);
+  std::mt19937 rng(23), sink_rng(24);
   for_each_config<true>([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
                             const std::string& what) {
     Paged p = shuffled_tables(rng, S, BS, MB);
@@ -903,34 +936,41 @@ TEST(Ops, PagedAttentionPacksSequences) {
         std::copy_n(q_seq[size_t(s)].begin() + tok * Hq * D, Hq * D, q.begin() + i * Hq * D);
     }
     const float scale = 1.0f / std::sqrt(float(D));
-    std::vector<float> out(q.size(), NAN), want(q.size());
-    paged_attention_with(kernels, q.data(), k.data(), v.data(), dt, p.table.data(), rows.data(),
-                         pos.data(), out.data(), 1, T, Hq, Hkv, BS, MB, D, scale, 0, 0.0f, pool);
-    ref::paged_attention(q.data(), k.data(), v.data(), dt, p.table.data(), rows.data(), pos.data(),
-                         want.data(), 1, T, Hq, Hkv, BS, MB, D, scale, 0, 0.0f);
-    const bool bf16_products = t >= Target::kAVX512BF16 && dt == DType::bf16;
-    expect_close(out, want, nmse_tolerance(D + MB * BS + 8, bf16_products), what + " packed");
-    for (int64_t s = 0; s < S; ++s) {
-      // Alone: its tokens in order, right-aligned in a row of n + 3, with its own table row.
-      const int64_t n = seqs[s].n, Ta = n + 3;
-      std::vector<int32_t> apos(size_t(Ta), -1);
-      std::vector<float> aq(size_t(Ta * Hq * D), 0.0f), aout(aq.size(), NAN);
-      for (int64_t i = 0; i < n; ++i) apos[size_t(3 + i)] = int32_t(seqs[s].start + i);
-      std::copy(q_seq[size_t(s)].begin(), q_seq[size_t(s)].end(), aq.begin() + 3 * Hq * D);
-      paged_attention_with(kernels, aq.data(), k.data(), v.data(), dt, p.table.data() + s * MB,
-                           nullptr, apos.data(), aout.data(), 1, Ta, Hq, Hkv, BS, MB, D, scale, 0,
-                           0.0f, pool);
-      for (int64_t i = 0; i < T; ++i) {
-        if (order[size_t(i)].first != s) continue;
-        const int64_t tok = order[size_t(i)].second;
-        for (int64_t j = 0; j < Hq * D; ++j)
-          ASSERT_EQ(out[size_t(i * Hq * D + j)], aout[size_t((3 + tok) * Hq * D + j)])
-              << what << " sequence " << s << " token " << tok << " at " << j;
+    // Without sinks and with them (drawn apart, so that the other draws stay as they were).
+    const std::vector<float> sink_values = random_sinks(sink_rng, Hq);
+    for (const float* sinks : {static_cast<const float*>(nullptr), sink_values.data()}) {
+      const std::string w = what + (sinks ? " sinks" : "");
+      std::vector<float> out(q.size(), NAN), want(q.size());
+      paged_attention_with(kernels, q.data(), k.data(), v.data(), dt, p.table.data(), rows.data(),
+                           pos.data(), out.data(), 1, T, Hq, Hkv, BS, MB, D, scale, 0, 0.0f, sinks,
+                           pool);
+      ref::paged_attention(q.data(), k.data(), v.data(), dt, p.table.data(), rows.data(),
+                           pos.data(), want.data(), 1, T, Hq, Hkv, BS, MB, D, scale, 0, 0.0f,
+                           sinks);
+      const bool bf16_products = t >= Target::kAVX512BF16 && dt == DType::bf16;
+      expect_close(out, want, nmse_tolerance(D + MB * BS + 8, bf16_products), w + " packed");
+      for (int64_t s = 0; s < S; ++s) {
+        // Alone: its tokens in order, right-aligned in a row of n + 3, with its own table row.
+        const int64_t n = seqs[s].n, Ta = n + 3;
+        std::vector<int32_t> apos(size_t(Ta), -1);
+        std::vector<float> aq(size_t(Ta * Hq * D), 0.0f), aout(aq.size(), NAN);
+        for (int64_t i = 0; i < n; ++i) apos[size_t(3 + i)] = int32_t(seqs[s].start + i);
+        std::copy(q_seq[size_t(s)].begin(), q_seq[size_t(s)].end(), aq.begin() + 3 * Hq * D);
+        paged_attention_with(kernels, aq.data(), k.data(), v.data(), dt, p.table.data() + s * MB,
+                             nullptr, apos.data(), aout.data(), 1, Ta, Hq, Hkv, BS, MB, D, scale, 0,
+                             0.0f, sinks, pool);
+        for (int64_t i = 0; i < T; ++i) {
+          if (order[size_t(i)].first != s) continue;
+          const int64_t tok = order[size_t(i)].second;
+          for (int64_t j = 0; j < Hq * D; ++j)
+            ASSERT_EQ(out[size_t(i * Hq * D + j)], aout[size_t((3 + tok) * Hq * D + j)])
+                << w << " sequence " << s << " token " << tok << " at " << j;
+        }
       }
-    }
-    for (int64_t i = 0; i < T; ++i) {
-      if (pos[size_t(i)] >= 0) continue;
-      for (int64_t j = 0; j < Hq * D; ++j) ASSERT_EQ(out[size_t(i * Hq * D + j)], 0.0f) << what;
+      for (int64_t i = 0; i < T; ++i) {
+        if (pos[size_t(i)] >= 0) continue;
+        for (int64_t j = 0; j < Hq * D; ++j) ASSERT_EQ(out[size_t(i * Hq * D + j)], 0.0f) << w;
+      }
     }
     // The packed cache write against the reference's.
     std::vector<float> src = random_f32(rng, size_t(T * Hkv * D));
@@ -981,7 +1021,7 @@ TEST(Ops, PagedAttentionChunksGiveTheWholeCallsBitsWithAWindow) {
           std::vector<float> out(size_t((t1 - t0) * Hq * D), NAN);
           paged_attention_with(kernels, q.data() + t0 * Hq * D, k.data(), v.data(), dt,
                                p.table.data(), nullptr, pos.data(), out.data(), 1, t1 - t0, Hq, Hkv,
-                               BS, MB, D, scale, window, 0.0f, pool);
+                               BS, MB, D, scale, window, 0.0f, nullptr, pool);
           return out;
         };
         const std::vector<float> whole = run(0, T);
@@ -1001,6 +1041,199 @@ TEST(Ops, PagedAttentionChunksGiveTheWholeCallsBitsWithAWindow) {
       }
     });
   }
+}
+
+// ------------------------------------------------------------------- attention sinks (gpt-oss)
+
+// One query row by gpt-oss's formula in double, written apart from the reference: the scores
+// s_j = q . k_j * scale (soft-capped when softcap > 0) of the key rows it sees, m = max(max_j s_j,
+// sink), p_j = exp(s_j - m) / (sum_j exp(s_j - m) + exp(sink - m)), out = sum_j p_j v_j; zeros
+// for a row that sees no key.
+std::vector<double> sink_formula(const float* q, const std::vector<const float*>& keys,
+                                 const std::vector<const float*>& values, int64_t D, double scale,
+                                 double softcap, double sink) {
+  std::vector<double> out(static_cast<size_t>(D), 0.0), s(keys.size());
+  if (keys.empty()) return out;
+  double m = sink;
+  for (size_t j = 0; j < keys.size(); ++j) {
+    double dot = 0.0;
+    for (int64_t i = 0; i < D; ++i) dot += double(q[i]) * double(keys[j][i]);
+    s[j] = dot * scale;
+    if (softcap > 0) s[j] = std::tanh(s[j] / softcap) * softcap;
+    m = std::max(m, s[j]);
+  }
+  double denominator = std::exp(sink - m);
+  for (double sj : s) denominator += std::exp(sj - m);
+  for (size_t j = 0; j < keys.size(); ++j)
+    for (int64_t i = 0; i < D; ++i)
+      out[size_t(i)] += std::exp(s[j] - m) / denominator * double(values[j][i]);
+  return out;
+}
+
+// Every element of got within 1e-6 of the formula's (outputs are at most 1: values in [-1, 1]).
+void expect_formula(const float* got, const std::vector<double>& want, const std::string& what) {
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-6) << what << " at " << i;
+}
+
+// The static-cache reference with sinks against the formula: GQA, a window, a soft cap, both,
+// and a key mask that leaves row 1's first queries no key (zeros, sinks or not).
+TEST(Reference, AttentionSinksFollowTheFormula) {
+  struct Case {
+    int64_t B, T, Hq, Hkv, S, D, start, window;
+    float softcap;
+    bool mask;
+  };
+  const Case cases[] = {{2, 3, 4, 4, 12, 8, 4, 0, 0.0f, false},
+                        {1, 5, 6, 2, 16, 8, 3, 0, 0.0f, false},
+                        {2, 6, 4, 2, 16, 8, 2, 3, 0.0f, false},
+                        {1, 4, 4, 1, 10, 8, 5, 0, 1.5f, false},
+                        {2, 5, 6, 3, 12, 8, 1, 4, 0.8f, true}};
+  std::mt19937 rng(51);
+  for (const Case& c : cases) {
+    const std::string what = "T=" + std::to_string(c.T) + " Hq=" + std::to_string(c.Hq) +
+                             " Hkv=" + std::to_string(c.Hkv) +
+                             " window=" + std::to_string(c.window) +
+                             " softcap=" + std::to_string(c.softcap);
+    const size_t cache_n = size_t(c.B * c.Hkv * c.S * c.D);
+    const std::vector<float> q = random_f32(rng, size_t(c.B * c.T * c.Hq * c.D), -2.0f, 2.0f);
+    const std::vector<float> k = random_f32(rng, cache_n), v = random_f32(rng, cache_n);
+    const std::vector<float> sinks = random_sinks(rng, c.Hq);
+    std::vector<int32_t> mask(size_t(c.B * c.S), 1);
+    if (c.mask)
+      for (int64_t j = 0; j < c.S; ++j) {
+        mask[size_t(j)] = int32_t(j % 2);       // row 0: every other slot
+        mask[size_t(c.S + j)] = j < 3 ? 0 : 1;  // row 1: its first 3 slots are padding
+      }
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    std::vector<float> out(q.size(), NAN);
+    ref::attention(q.data(), k.data(), v.data(), DType::f32, c.mask ? mask.data() : nullptr,
+                   out.data(), c.B, c.T, c.Hq, c.Hkv, c.S, c.D, c.start, scale, c.window, c.softcap,
+                   sinks.data());
+    const int64_t group = c.Hq / c.Hkv;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t t = 0; t < c.T; ++t)
+        for (int64_t h = 0; h < c.Hq; ++h) {
+          const int64_t p = c.start + t, row = ((b * c.T + t) * c.Hq + h) * c.D;
+          std::vector<const float*> keys, values;
+          for (int64_t j = 0; j <= p; ++j) {
+            if ((c.window > 0 && j <= p - c.window) || mask[size_t(b * c.S + j)] == 0) continue;
+            const int64_t at = ((b * c.Hkv + h / group) * c.S + j) * c.D;
+            keys.push_back(k.data() + at);
+            values.push_back(v.data() + at);
+          }
+          expect_formula(
+              out.data() + row,
+              sink_formula(q.data() + row, keys, values, c.D, scale, c.softcap, sinks[size_t(h)]),
+              what + " b=" + std::to_string(b) + " t=" + std::to_string(t));
+        }
+  }
+}
+
+// The paged reference with sinks against the formula, several sequences packed into a row (the
+// rows operand) in shuffled blocks with padding between them, with and without a window and a
+// soft cap.
+TEST(Reference, PagedAttentionSinksFollowTheFormula) {
+  const int64_t Hq = 6, Hkv = 2, BS = 4, MB = 4, D = 8, seqs = 3;
+  // Token i of the row: its sequence and position (-1: padding).
+  const std::vector<int32_t> rows = {0, 2, 1, 0, 2, 1, 2, 0, 1};
+  const std::vector<int32_t> pos = {3, 10, 0, 4, 11, -1, 12, 5, 1};
+  const int64_t T = int64_t(pos.size());
+  std::mt19937 rng(52);
+  const Paged p = shuffled_tables(rng, seqs, BS, MB);
+  const size_t pool_n = size_t(p.NB * Hkv * BS * D);
+  const std::vector<float> k = random_f32(rng, pool_n), v = random_f32(rng, pool_n);
+  const std::vector<float> q = random_f32(rng, size_t(T * Hq * D), -2.0f, 2.0f);
+  const std::vector<float> sinks = random_sinks(rng, Hq);
+  const float scale = 1.0f / std::sqrt(float(D));
+  for (const auto& [window, softcap] : {std::pair<int64_t, float>{0, 0.0f}, {3, 1.2f}}) {
+    const std::string what = "window=" + std::to_string(window);
+    std::vector<float> out(q.size(), NAN);
+    ref::paged_attention(q.data(), k.data(), v.data(), DType::f32, p.table.data(), rows.data(),
+                         pos.data(), out.data(), 1, T, Hq, Hkv, BS, MB, D, scale, window, softcap,
+                         sinks.data());
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t h = 0; h < Hq; ++h) {
+        std::vector<const float*> keys, values;
+        const int64_t first = window > 0 ? std::max<int64_t>(0, pos[size_t(i)] + 1 - window) : 0;
+        for (int64_t j = first; j <= pos[size_t(i)]; ++j) {
+          const int64_t block = p.table[size_t(rows[size_t(i)] * MB + j / BS)];
+          const int64_t at = ((block * Hkv + h / (Hq / Hkv)) * BS + j % BS) * D;
+          keys.push_back(k.data() + at);
+          values.push_back(v.data() + at);
+        }
+        const int64_t row = (i * Hq + h) * D;
+        expect_formula(
+            out.data() + row,
+            sink_formula(q.data() + row, keys, values, D, scale, softcap, sinks[size_t(h)]),
+            what + " token " + std::to_string(i) + " head " + std::to_string(h));
+      }
+  }
+}
+
+// On every target: a sink far above every score takes nearly all of each softmax, so the output
+// is nearly zero (and still the reference's, relatively); a query that sees no key gets exact
+// zeros with sinks too (a masked-out row, a padding token). Decode, the row-set prefill and the
+// x86 targets' blocked prefill (160 query rows of one KV head), static and paged.
+TEST(Ops, AttentionSinksDominateAndEmptyRowsGiveZeros) {
+  const int64_t B = 2, Hq = 4, Hkv = 1, S = 48, D = 24;
+  std::mt19937 rng(53);
+  for_each_config<true>([&](const KernelTable& kernels, Target t, DType dt, ThreadPool& pool,
+                            const std::string& what) {
+    const size_t cache_n = size_t(B * Hkv * S * D);
+    const Tensor k = random_tensor(rng, cache_n, dt), v = random_tensor(rng, cache_n, dt);
+    std::vector<int32_t> mask(size_t(B * S), 1);
+    std::fill(mask.begin() + S, mask.end(), 0);  // row 1 sees no key
+    for (int64_t T : {1, 5, 40}) {
+      const std::string w = what + " T=" + std::to_string(T);
+      const std::vector<float> q = random_f32(rng, size_t(B * T * Hq * D), -2.0f, 2.0f);
+      const int64_t start = S - T;
+      const float scale = 1.0f / std::sqrt(float(D));
+      for (float sink : {40.0f, 0.5f}) {
+        const std::vector<float> sinks(size_t(Hq), sink);
+        std::vector<float> out(q.size(), NAN), want(q.size(), NAN);
+        kernels.attention(q.data(), k.data(), v.data(), dt, mask.data(), out.data(), B, T, Hq, Hkv,
+                          S, D, start, scale, 0, 0.0f, sinks.data(), nullptr, nullptr, pool);
+        ref::attention(q.data(), k.data(), v.data(), dt, mask.data(), want.data(), B, T, Hq, Hkv, S,
+                       D, start, scale, 0, 0.0f, sinks.data());
+        const size_t row0 = size_t(T * Hq * D);  // row 0's outputs, then row 1's
+        for (size_t i = row0; i < out.size(); ++i) {
+          ASSERT_EQ(out[i], 0.0f) << w << " no key, at " << i;
+          ASSERT_EQ(want[i], 0.0f) << w << " no key, reference, at " << i;
+        }
+        // The scores are at most a few units: exp(s - 40) < 1e-15 of each value.
+        if (sink > 1.0f) {
+          for (size_t i = 0; i < row0; ++i) ASSERT_LT(std::abs(out[i]), 1e-12f) << w << " at " << i;
+        }
+        const std::vector<float> got(out.begin(), out.begin() + int64_t(row0));
+        const std::vector<float> ref(want.begin(), want.begin() + int64_t(row0));
+        // As in Ops.Attention: the blocked prefill from 32 query rows per KV head.
+        const bool bf16_products =
+            t >= Target::kAVX512BF16 && dt == DType::bf16 && T * (Hq / Hkv) >= 32;
+        expect_close(got, ref, nmse_tolerance(D + S + 8, bf16_products),
+                     w + " sink=" + std::to_string(sink));
+      }
+    }
+    // Paged: a dominant sink, and padding tokens (no key) that get zeros.
+    Paged p = shuffled_tables(rng, 1, 8, 6);
+    const size_t pool_n = size_t(p.NB * Hkv * 8 * D);
+    const Tensor kp = random_tensor(rng, pool_n, dt), vp = random_tensor(rng, pool_n, dt);
+    const std::vector<int32_t> pos = {-1, 20, 21, 22, -1};
+    const std::vector<float> q = random_f32(rng, size_t(5 * Hq * D), -2.0f, 2.0f);
+    const std::vector<float> sinks(size_t(Hq), 40.0f);
+    std::vector<float> out(q.size(), NAN);
+    paged_attention_with(kernels, q.data(), kp.data(), vp.data(), dt, p.table.data(), nullptr,
+                         pos.data(), out.data(), 1, 5, Hq, Hkv, 8, 6, D, 0.2f, 0, 0.0f,
+                         sinks.data(), pool);
+    for (size_t i = 0; i < out.size(); ++i) {
+      const bool padding = pos[i / size_t(Hq * D)] < 0;
+      if (padding) {
+        ASSERT_EQ(out[i], 0.0f) << what << " paged padding at " << i;
+      } else {
+        ASSERT_LT(std::abs(out[i]), 1e-12f) << what << " paged at " << i;
+      }
+    }
+  });
 }
 
 // The vector exp of attention's probabilities against std::exp: within 2^-21 relative (a few
@@ -1292,6 +1525,29 @@ TEST(Reference, AttentionTwoKeys) {
   // A query that sees no key gets zeros.
   const int32_t none[] = {0, 0};
   ref::attention(q, k, v, DType::f32, none, out, 1, 1, 1, 1, 2, 2, 1, 1.0f);
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[1], 0.0f);
+}
+
+TEST(Reference, AttentionTwoKeysWithASink) {
+  // As AttentionTwoKeys: scores 1 and 0, values (1, 2) and (3, 4); a sink of 0.5 joins the
+  // softmax: weights e^0 and e^-1 over e^0 + e^-1 + e^-0.5 (the max, 1, subtracted).
+  const float q[] = {1, 0}, k[] = {1, 0, 0, 1}, v[] = {1, 2, 3, 4};
+  const float sink[] = {0.5f};
+  float out[2];
+  ref::attention(q, k, v, DType::f32, nullptr, out, 1, 1, 1, 1, 2, 2, 1, 1.0f, 0, 0.0f, sink);
+  const double den = 1.0 + std::exp(-1.0) + std::exp(-0.5);
+  const double p0 = 1.0 / den, p1 = std::exp(-1.0) / den;
+  EXPECT_NEAR(out[0], p0 * 1 + p1 * 3, 1e-6);
+  EXPECT_NEAR(out[1], p0 * 2 + p1 * 4, 1e-6);
+  // A sink above the scores is the max: weights e^(1 - 50), e^(0 - 50) over about 1.
+  const float big[] = {50.0f};
+  ref::attention(q, k, v, DType::f32, nullptr, out, 1, 1, 1, 1, 2, 2, 1, 1.0f, 0, 0.0f, big);
+  EXPECT_NEAR(out[0], std::exp(-49.0) * 1 + std::exp(-50.0) * 3, 1e-25);
+  EXPECT_GT(out[0], 0.0f);
+  // A query that sees no key gets zeros, the sink's weight notwithstanding.
+  const int32_t none[] = {0, 0};
+  ref::attention(q, k, v, DType::f32, none, out, 1, 1, 1, 1, 2, 2, 1, 1.0f, 0, 0.0f, sink);
   EXPECT_EQ(out[0], 0.0f);
   EXPECT_EQ(out[1], 0.0f);
 }

@@ -417,12 +417,19 @@ TEST_P(LowerOps, CacheWriteAtAStart) {
   }
 }
 
+// Attention sinks (gpt-oss): none, one per query head about the size of the scores, or far above
+// them (each softmax then gives its keys almost nothing, and the output is nearly zero).
+enum class Sinks { kNone, kRandom, kDominant };
+
 struct AttentionCase {
   std::string what;
   int64_t T, start, Hq, Hkv;
   bool mask = false;
   graph::AttentionOptions o = {};
+  Sinks sinks = Sinks::kNone;
 };
+
+constexpr graph::AttentionOptions kWindowAndCap{.sliding_window = 4, .softcap = 1.5f};
 
 const AttentionCase kAttentionCases[] = {
     {"decode", 1, 5, 4, 2},
@@ -432,7 +439,20 @@ const AttentionCase kAttentionCases[] = {
     {"sliding window", 4, 5, 4, 2, false, {.sliding_window = 3}},
     {"softcap", 2, 6, 4, 1, false, {.softcap = 0.8f}},
     {"window, softcap and mask", 3, 6, 4, 2, true, {.sliding_window = 4, .softcap = 1.5f}},
+    {"sinks, decode", 1, 5, 4, 2, false, {}, Sinks::kRandom},
+    {"sinks, chunk at 3 with GQA", 4, 3, 6, 2, false, {}, Sinks::kRandom},
+    // The mask hides every key of row 1's first query: zeros, sinks or not.
+    {"sinks, window, softcap and mask", 3, 6, 4, 2, true, kWindowAndCap, Sinks::kRandom},
+    {"dominant sinks", 3, 4, 4, 2, true, {}, Sinks::kDominant},
 };
+
+// A (Hq) parameter of sinks in the activation dtype, or -1 for none.
+Value sinks_param(Case& c, std::mt19937& rng, Sinks sinks, int64_t Hq, DType act) {
+  if (sinks == Sinks::kNone) return -1;
+  const bool dominant = sinks == Sinks::kDominant;
+  return c.param("sinks",
+                 random(rng, {Hq}, act, dominant ? 20.0f : -1.0f, dominant ? 24.0f : 3.0f));
+}
 
 // Writes T new keys and values at `start` into caches that already hold a history, then
 // attends: the step a decoder layer takes.
@@ -458,7 +478,9 @@ TEST_P(LowerOps, CacheWriteThenAttention) {
         mask = c.input("mask", ints({B, S}, m));
       }
       const Value kw = c.b.cache_write(kc, k, start), vw = c.b.cache_write(vc, v, start);
-      c.b.output(c.b.attention(q, kw, vw, start, mask, 0.35f, a.o, "attn"));
+      graph::AttentionOptions o = a.o;
+      o.sinks = sinks_param(c, rng, a.sinks, a.Hq, act());
+      c.b.output(c.b.attention(q, kw, vw, start, mask, 0.35f, o, "attn"));
     };
     expect_consistent_in_both_layouts(act(), build, tol(D + a.start + a.T + 8, 2));
   }
@@ -466,12 +488,16 @@ TEST_P(LowerOps, CacheWriteThenAttention) {
 
 // A ragged paged step: row 0 decodes at position 9 (its third block) behind two padding
 // slots, row 1 prefills positions 2..4 across a block boundary, row 2 is all padding. The
-// pools hold other sequences' values in the blocks nobody's table names.
+// pools hold other sequences' values in the blocks nobody's table names. Plain, with a window and
+// a soft cap, and either with attention sinks (the padding queries' zeros included).
 TEST_P(LowerOps, PagedWriteThenAttention) {
   constexpr int64_t NB = 7, Hkv = 2, BS = 4, D = 8, B = 3, T = 3, MB = 3, Hq = 4;
-  for (const graph::AttentionOptions& o :
-       {graph::AttentionOptions{}, graph::AttentionOptions{.sliding_window = 3, .softcap = 0.9f}}) {
-    SCOPED_TRACE(o.sliding_window ? "window and softcap" : "plain");
+  const graph::AttentionOptions plain{}, capped{.sliding_window = 3, .softcap = 0.9f};
+  for (const std::pair<graph::AttentionOptions, Sinks>& variant :
+       {std::pair{plain, Sinks::kNone}, std::pair{capped, Sinks::kNone},
+        std::pair{plain, Sinks::kRandom}, std::pair{capped, Sinks::kRandom}}) {
+    SCOPED_TRACE(std::string(variant.first.sliding_window ? "window and softcap" : "plain") +
+                 (variant.second == Sinks::kNone ? "" : ", sinks"));
     auto build = [&](Case& c) {
       std::mt19937 rng(9);
       const Value kp = c.kv_state("k_pool", random(rng, {NB, Hkv, BS, D}, act()));
@@ -483,6 +509,8 @@ TEST_P(LowerOps, PagedWriteThenAttention) {
       const Value pos = c.input("pos", ints({B, T}, {-1, -1, 9, 2, 3, 4, -1, -1, -1}));
       const Value kw = c.b.paged_cache_write(kp, k, table, pos, "k_write");
       const Value vw = c.b.paged_cache_write(vp, v, table, pos, "v_write");
+      graph::AttentionOptions o = variant.first;
+      o.sinks = sinks_param(c, rng, variant.second, Hq, act());
       c.b.output(c.b.paged_attention(q, kw, vw, table, pos, 0.35f, o, "attn"));
     };
     expect_consistent_in_both_layouts(act(), build, tol(D + MB * BS + 8, 2));
@@ -871,6 +899,29 @@ TEST_F(Lower, GraphWithoutResultsCompiles) {
   const LoweredModule m = lower(b.finish());
   EXPECT_EQ(m.num_outputs + m.num_states, 0u);
   EXPECT_EQ(client_->compile(m.mlir).num_outputs(), 0u);
+}
+
+// The paged attention's sinks come after its optional rows: with sinks alone it lowers (a row per
+// sequence), with rows it does not, sinks or not (the lowering gathers a sequence per row).
+TEST(LowerModule, PagedAttentionLowersWithSinksButNotWithRows) {
+  constexpr int64_t B = 2, T = 3, Hq = 4, Hkv = 2, D = 8;
+  GraphBuilder b;
+  const Value q = b.input("q", {DType::f32, {B, T, Hq, D}});
+  const Value pool = b.state("pool", {DType::f32, {5, Hkv, 4, D}});
+  const Value table = b.input("table", {DType::i32, {B, 2}});
+  const Value pos = b.input("pos", {DType::i32, {B, T}});
+  const Value rows = b.input("rows", {DType::i32, {B, T}});
+  const Value sinks = b.parameter("sinks", {DType::f32, {Hq}});
+  const graph::AttentionOptions with_sinks{.sinks = sinks};
+  const Value plain = b.paged_attention(q, pool, pool, table, pos, 0.35f, {}, "plain");
+  const Value sunk = b.paged_attention(q, pool, pool, table, pos, 0.35f, with_sinks, "sinks");
+  const Value packed = b.paged_attention(q, pool, pool, table, pos, 0.35f, {}, "packed", rows);
+  const Value both = b.paged_attention(q, pool, pool, table, pos, 0.35f, with_sinks, "both", rows);
+  const graph::Graph g = b.finish();
+  EXPECT_TRUE(can_lower(g.node(plain)));
+  EXPECT_TRUE(can_lower(g.node(sunk)));
+  EXPECT_FALSE(can_lower(g.node(packed)));
+  EXPECT_FALSE(can_lower(g.node(both)));
 }
 
 TEST(LowerModule, CustomCallsAndCollectivesNeedTheCpuBackend) {

@@ -105,10 +105,11 @@ class OpProfile {
 // contract names, and the logits to float32: those converts become float32 to float32, no-ops.
 // A primitive's 16-bit float operand (a weight) gets a convert to float32 of its own.
 //
-// Whether the rule of `op` reads operand k as float32 activations (backends/cpu/rules.cc): a
-// 16-bit float there (a weight, a value converted to another dtype) is widened first.
-bool reads_f32(Op op, size_t k) {
-  switch (op) {
+// Whether the rule of node n reads operand k as float32 activations (backends/cpu/rules.cc): a
+// 16-bit float there (a weight, a value converted to another dtype) is widened first. Attention
+// sinks are a weight of Hq values: widened once per run rather than per query row in the kernel.
+bool reads_f32(const Node& n, size_t k) {
+  switch (n.op) {
     case Op::kUnary:
     case Op::kBinary:
     case Op::kReduce:
@@ -128,6 +129,9 @@ bool reads_f32(Op op, size_t k) {
       return k == 0 || k >= 4;
     case Op::kAllReduce:  // its bias
       return k == 1;
+    case Op::kAttention:
+    case Op::kPagedAttention:
+      return int(k) == graph::attention_operands(n).sinks;
     default:
       return false;
   }
@@ -144,7 +148,7 @@ graph::Graph legalise(const graph::Graph& g) {
       int& in = m.inputs[k];
       in = to[size_t(in)];
       const graph::TensorType t = out.node(in).type;
-      if (reads_f32(n.op, k) && t.dtype != DType::f32 && is_float(t.dtype)) {
+      if (reads_f32(n, k) && t.dtype != DType::f32 && is_float(t.dtype)) {
         Node widen;
         widen.op = Op::kConvert;
         widen.inputs = {in};

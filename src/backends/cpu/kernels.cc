@@ -317,15 +317,15 @@ void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int
 void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                int64_t S, int64_t D, int64_t start, float scale, int64_t window, float softcap,
-               ThreadPool& pool) {
+               const float* sinks, ThreadPool& pool) {
   table().attention(q, k_cache, v_cache, cache_type, key_mask, out, B, T, Hq, Hkv, S, D, start,
-                    scale, window, softcap, nullptr, nullptr, pool);
+                    scale, window, softcap, sinks, nullptr, nullptr, pool);
 }
 void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                int64_t S, int64_t D, int64_t start, float scale, ThreadPool& pool) {
   attention(q, k_cache, v_cache, cache_type, key_mask, out, B, T, Hq, Hkv, S, D, start, scale, 0,
-            0.0f, pool);
+            0.0f, nullptr, pool);
 }
 
 void paged_cache_write(void* pool_data, DType cache_type, const float* src, const int32_t* table,
@@ -356,9 +356,10 @@ void paged_cache_write(void* pool_data, DType cache_type, const float* src, cons
 void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
                      const int32_t* blocks, const int32_t* rows, const int32_t* pos, float* out,
                      int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB,
-                     int64_t D, float scale, int64_t window, float softcap, ThreadPool& pool) {
+                     int64_t D, float scale, int64_t window, float softcap, const float* sinks,
+                     ThreadPool& pool) {
   paged_attention_with(table(), q, k_pool, v_pool, cache_type, blocks, rows, pos, out, B, T, Hq,
-                       Hkv, BS, MB, D, scale, window, softcap, pool);
+                       Hkv, BS, MB, D, scale, window, softcap, sinks, pool);
 }
 
 void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
@@ -366,17 +367,17 @@ void paged_attention(const float* q, const void* k_pool, const void* v_pool, DTy
                      int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
                      int64_t window, float softcap, ThreadPool& pool) {
   paged_attention(q, k_pool, v_pool, cache_type, blocks, nullptr, pos, out, B, T, Hq, Hkv, BS, MB,
-                  D, scale, window, softcap, pool);
+                  D, scale, window, softcap, nullptr, pool);
 }
 
 void paged_attention_with(const KernelTable& kernels, const float* q, const void* k_pool,
                           const void* v_pool, DType cache_type, const int32_t* blocks,
                           const int32_t* rows, const int32_t* pos, float* out, int64_t B, int64_t T,
                           int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
-                          int64_t window, float softcap, ThreadPool& pool) {
+                          int64_t window, float softcap, const float* sinks, ThreadPool& pool) {
   const KvPages pages{.blocks = blocks, .block_size = BS, .table_blocks = MB, .rows = rows};
   kernels.attention(q, k_pool, v_pool, cache_type, nullptr, out, B, T, Hq, Hkv, MB * BS, D, 0,
-                    scale, window, softcap, pos, &pages, pool);
+                    scale, window, softcap, sinks, pos, &pages, pool);
 }
 
 }  // namespace tformers::cpu

@@ -154,15 +154,17 @@ void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int
 // Query t of a row sits at cache slot p = start + t and sees key slots j <= p for which
 // key_mask (B,S) is non-zero (key_mask may be null: all keys valid); with a sliding window
 // (window > 0) only slots p - window < j <= p. Scores are q . k * scale, soft-capped to
-// tanh(s / softcap) * softcap when softcap > 0, before the softmax. Only slots < start + T (and
-// inside the windows) are read, so the cost follows the used length (or the window), not S. A
-// query that sees no key gets zeros. Per-thread scratch (scores) is kept thread_local and only
-// grows, so steady-state decode allocates nothing.
+// tanh(s / softcap) * softcap when softcap > 0, before the softmax. With sinks (Hq), query head
+// h's softmax also counts the logit sinks[h] in its max and denominator, which weighs no value
+// (gpt-oss): p_j = exp(s_j - m) / (sum_j exp(s_j - m) + exp(sinks[h] - m)), m the max of both;
+// null: none. Only slots < start + T (and inside the windows) are read, so the cost follows the
+// used length (or the window), not S. A query that sees no key gets zeros. Per-thread scratch
+// (scores) is kept thread_local and only grows, so steady-state decode allocates nothing.
 void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                int64_t S, int64_t D, int64_t start, float scale, int64_t window, float softcap,
-               ThreadPool& pool);
-// Without window or softcap. Kept as its own symbol: bench_ab reaches two library builds'
+               const float* sinks, ThreadPool& pool);
+// Without window, softcap or sinks. Kept as its own symbol: bench_ab reaches two library builds'
 // attention through this exported signature.
 void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
@@ -178,19 +180,20 @@ void attention(const float* q, const void* k_cache, const void* v_cache, DType c
 void paged_cache_write(void* pool_data, DType cache_type, const float* src, const int32_t* table,
                        const int32_t* rows, const int32_t* pos, int64_t B, int64_t T, int64_t Hkv,
                        int64_t BS, int64_t MB, int64_t D, ThreadPool& pool);
-// attention() over paged keys and values: query (b,t) sits at position pos[b,t] and sees its
-// sequence's positions j <= pos (and within the window); a negative position gets zeros. The
-// static-cache kernel reads the pool through each sequence's block table, with the same
-// arithmetic in the same order as over a static cache holding the sequence's positions: a
+// attention() over paged keys and values (sinks as there): query (b,t) sits at position pos[b,t]
+// and sees its sequence's positions j <= pos (and within the window); a negative position gets
+// zeros. The static-cache kernel reads the pool through each sequence's block table, with the
+// same arithmetic in the same order as over a static cache holding the sequence's positions: a
 // sequence's numbers do not depend on where its blocks lie, on the other sequences of the step or
 // on where its tokens sit in it, and the cost follows the positions each query attends to, not
 // the batch times the longest row.
 void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
                      const int32_t* blocks, const int32_t* rows, const int32_t* pos, float* out,
                      int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB,
-                     int64_t D, float scale, int64_t window, float softcap, ThreadPool& pool);
-// One sequence per batch row. Kept as its own symbol: bench_ab reaches two library builds' paged
-// attention through this exported signature.
+                     int64_t D, float scale, int64_t window, float softcap, const float* sinks,
+                     ThreadPool& pool);
+// One sequence per batch row, no sinks. Kept as its own symbol: bench_ab reaches two library
+// builds' paged attention through this exported signature.
 void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
                      const int32_t* blocks, const int32_t* pos, float* out, int64_t B, int64_t T,
                      int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
@@ -219,14 +222,15 @@ void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int
 void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                int64_t S, int64_t D, int64_t start, float scale, int64_t window = 0,
-               float softcap = 0.0f);
+               float softcap = 0.0f, const float* sinks = nullptr);
 void paged_cache_write(void* pool_data, DType cache_type, const float* src, const int32_t* table,
                        const int32_t* rows, const int32_t* pos, int64_t B, int64_t T, int64_t Hkv,
                        int64_t BS, int64_t MB, int64_t D);
 void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
                      const int32_t* table, const int32_t* rows, const int32_t* pos, float* out,
                      int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB,
-                     int64_t D, float scale, int64_t window, float softcap);
+                     int64_t D, float scale, int64_t window, float softcap,
+                     const float* sinks = nullptr);
 }  // namespace ref
 
 }  // namespace tformers::cpu

@@ -60,11 +60,12 @@ struct KernelTable {
                       int64_t Hkv, int64_t S, int64_t D, int64_t start, ThreadPool& pool);
   // pos (B,T), when given, places each query instead of start + t (see paged_attention). With
   // pages, k_cache and v_cache are paged pools read in place and S bounds the positions (the
-  // tables' blocks times block_size).
+  // tables' blocks times block_size). sinks (Hq) or null as kernels.h's attention.
   void (*attention)(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                     const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
                     int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
-                    float softcap, const int32_t* pos, const KvPages* pages, ThreadPool& pool);
+                    float softcap, const float* sinks, const int32_t* pos, const KvPages* pages,
+                    ThreadPool& pool);
 };
 
 // paged_attention (kernels.h) through a given target's attention kernel (the op tests run every
@@ -73,7 +74,7 @@ void paged_attention_with(const KernelTable& kernels, const float* q, const void
                           const void* v_pool, DType cache_type, const int32_t* blocks,
                           const int32_t* rows, const int32_t* pos, float* out, int64_t B, int64_t T,
                           int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB, int64_t D, float scale,
-                          int64_t window, float softcap, ThreadPool& pool);
+                          int64_t window, float softcap, const float* sinks, ThreadPool& pool);
 
 // int8 quantization at load (kernels.h). The scalar one (kernels.cc) quantizes any block and is
 // the reference; the AVX2 one (kernels_target_avx2.cc) does full blocks itself, gives the same
@@ -776,8 +777,9 @@ inline std::pair<int64_t, int64_t> slot_union(const int64_t* first, const int64_
 // One row of raw scores q . k of slots [0, L) (counted from the first slot read) made into
 // unnormalised probabilities in place: the scale, the soft cap, -inf outside [b, e) (the window
 // and the causal limit) and where the mask is 0, then exp(s - max) with the row's max subtracted
-// so that large logits cannot overflow. Returns their sum; a row that sees no key gets zeros and
-// 0. Shared by the row-set kernel below and the x86 targets' blocked prefill attention.
+// so that large logits cannot overflow. Returns their sum, plus exp(sink - max) for the row's
+// attention sink (-inf: none), which also counts in the max; a row that sees no key gets zeros
+// and 0. Shared by the row-set kernel below and the x86 targets' blocked prefill attention.
 //
 // The sum runs in kF32x8 lanes fixed by the slot: row[j] is slot `first_slot + j` and goes to lane
 // (first_slot + j) % kF32x8. A call's first slot is the earliest window start of the rows that
@@ -785,7 +787,7 @@ inline std::pair<int64_t, int64_t> slot_union(const int64_t* first, const int64_
 // those rows: a prompt's chunk after a prefix hit (or cut elsewhere) would not give the whole
 // prompt's bits with a sliding window.
 inline float row_probabilities(float* row, int64_t L, int64_t b, int64_t e, const int32_t* mask,
-                               float scale, float softcap, int64_t first_slot) {
+                               float scale, float softcap, int64_t first_slot, float sink) {
   for (int64_t i = b; i < e; ++i) row[i] *= scale;
   // The soft cap costs nothing measurable in decode (K and V reads dominate) and 7-12 % of
   // prefill attention (512 queries over 1024 slots, same heads, alternated in one process).
@@ -795,11 +797,12 @@ inline float row_probabilities(float* row, int64_t L, int64_t b, int64_t e, cons
   if (mask)
     for (int64_t i = b; i < e; ++i)
       if (mask[i] == 0) row[i] = -INFINITY;
-  const float mx = max_f32(row + b, e - b);
-  if (mx == -INFINITY) {
+  const float key_max = max_f32(row + b, e - b);
+  if (key_max == -INFINITY) {
     std::fill(row, row + L, 0.0f);
     return 0.0f;
   }
+  const float mx = std::max(key_max, sink);
   f32x8 acc{};
   // The slots before the first whole lane group, in their lanes (the others -inf: exp 0).
   const int64_t lane = first_slot % kF32x8;
@@ -823,16 +826,19 @@ inline float row_probabilities(float* row, int64_t L, int64_t b, int64_t e, cons
     std::memcpy(row + j, &x, size_t(L - j) * sizeof(float));
     acc += x;
   }
-  return hsum_f32x8(acc);
+  // Without a sink the sum keeps its bits: exp(-inf) adds 0.
+  return hsum_f32x8(acc) + std::exp(sink - mx);
 }
 
-// N query rows sharing one KV head; row g sees slots [first[g], len[g]) where mask is non-zero.
-// Two passes (scores, then the weighted sum of values) with each row's max subtracted before exp
-// so large logits cannot overflow. Scratch: scores (N, max len), slots (max len), packed (N, D).
+// N query rows sharing one KV head; row g sees slots [first[g], len[g]) where mask is non-zero,
+// with the attention sink sink[g] (-inf: none). Two passes (scores, then the weighted sum of
+// values) with each row's max subtracted before exp so large logits cannot overflow. Scratch:
+// scores (N, max len), slots (max len), packed (N, D).
 template <int N, class Rows>
-void attend_set(const float* const* q, const int64_t* first, const int64_t* len, Rows k, Rows v,
-                const int32_t* mask, int64_t D, float scale, float softcap, float* scores,
-                int32_t* slots, float* packed, SlotChunks chunks, float* const* out) {
+void attend_set(const float* const* q, const int64_t* first, const int64_t* len, const float* sink,
+                Rows k, Rows v, const int32_t* mask, int64_t D, float scale, float softcap,
+                float* scores, int32_t* slots, float* packed, SlotChunks chunks,
+                float* const* out) {
   // Only slots [lo, hi), the union of the rows' ranges, are read (a sliding window bounds lo);
   // from here on k, v, mask, scores and slot numbers count from lo. Decode over 28 layers of
   // bf16 caches at used length 4096 (16 query, 8 KV heads of 128, one AVX-512 core of a shared
@@ -854,8 +860,8 @@ void attend_set(const float* const* q, const int64_t* first, const int64_t* len,
   // Probabilities in place of the scores, and the slots that any row attends to: a masked slot's
   // value row is never read.
   for (int g = 0; g < N; ++g)
-    sum[g] =
-        row_probabilities(scores + g * L, L, first[g] - lo, len[g] - lo, mask, scale, softcap, lo);
+    sum[g] = row_probabilities(scores + g * L, L, first[g] - lo, len[g] - lo, mask, scale, softcap,
+                               lo, sink[g]);
   int64_t n = 0;
   for (int64_t j = 0; j < L; ++j) {
     bool any = false;
@@ -878,12 +884,12 @@ struct AttendArgs {
 };
 
 template <class Rows>
-void attend_rows(int n, const float* const* q, const int64_t* first, const int64_t* len, Rows k,
-                 Rows v, const AttendArgs& a, float* const* out) {
+void attend_rows(int n, const float* const* q, const int64_t* first, const int64_t* len,
+                 const float* sink, Rows k, Rows v, const AttendArgs& a, float* const* out) {
   auto run = [&](auto set) {
     constexpr int N = decltype(set)::value;
-    attend_set<N>(q, first, len, k, v, a.mask, a.D, a.scale, a.softcap, a.scores, a.slots, a.packed,
-                  a.chunks, out);
+    attend_set<N>(q, first, len, sink, k, v, a.mask, a.D, a.scale, a.softcap, a.scores, a.slots,
+                  a.packed, a.chunks, out);
   };
   switch (n) {
     case 4:
@@ -946,13 +952,14 @@ inline int64_t first_slot(int64_t p, int64_t window) {
   return window > 0 ? std::max<int64_t>(0, p + 1 - window) : 0;
 }
 
-// f(row, first, len) for the query rows of batch row b, queries [t0, t1), query heads of KV head
-// kvh, in that order: row is the offset of its q and out rows, and it sees slots [first, len). A
-// padding query (negative position) gets zeros in out instead.
+// f(row, first, len, sink) for the query rows of batch row b, queries [t0, t1), query heads of
+// KV head kvh, in that order: row is the offset of its q and out rows, it sees slots
+// [first, len), and sink is its head's attention sink (-inf without sinks). A padding query
+// (negative position) gets zeros in out instead.
 template <class F>
 inline void for_each_query(int64_t b, int64_t t0, int64_t t1, int64_t kvh, int64_t group, int64_t T,
                            int64_t Hq, int64_t D, const int32_t* pos, int64_t start, int64_t window,
-                           float* out, F&& f) {
+                           const float* sinks, float* out, F&& f) {
   for (int64_t t = t0; t < t1; ++t)
     for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
       const int64_t row = ((b * T + t) * Hq + h) * D;
@@ -961,7 +968,7 @@ inline void for_each_query(int64_t b, int64_t t0, int64_t t1, int64_t kvh, int64
         std::fill(out + row, out + row + D, 0.0f);
         continue;
       }
-      f(row, first_slot(p, window), p + 1);
+      f(row, first_slot(p, window), p + 1, sinks ? sinks[h] : -INFINITY);
     }
 }
 
@@ -1009,7 +1016,8 @@ template <class Ops>
 void attention_impl(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                     const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
                     int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
-                    float softcap, const int32_t* pos, const KvPages* pages, ThreadPool& pool) {
+                    float softcap, const float* sinks, const int32_t* pos, const KvPages* pages,
+                    ThreadPool& pool) {
   const int64_t group = Hq / Hkv;
   // Slots a query can reach: below start + T, or below S when positions are given.
   const int64_t reach = pos ? S : start + T;
@@ -1043,19 +1051,22 @@ void attention_impl(const float* q, const void* k_cache, const void* v_cache, DT
                      const float* qs[kQuerySet];
                      float* os[kQuerySet];
                      int64_t first[kQuerySet], len[kQuerySet];
+                     float sink[kQuerySet];
                      int n = 0;
                      auto flush = [&] {
-                       attend_rows(n, qs, first, len, k, v, args, os);
+                       attend_rows(n, qs, first, len, sink, k, v, args, os);
                        n = 0;
                      };
-                     for_each_query(b, t0, t1, kvh, group, T, Hq, D, pos, start, window, out,
-                                    [&](int64_t row, int64_t row_first, int64_t row_len) {
-                                      qs[n] = q + row;
-                                      os[n] = out + row;
-                                      first[n] = row_first;
-                                      len[n] = row_len;
-                                      if (++n == kQuerySet) flush();
-                                    });
+                     for_each_query(
+                         b, t0, t1, kvh, group, T, Hq, D, pos, start, window, sinks, out,
+                         [&](int64_t row, int64_t row_first, int64_t row_len, float row_sink) {
+                           qs[n] = q + row;
+                           os[n] = out + row;
+                           first[n] = row_first;
+                           len[n] = row_len;
+                           sink[n] = row_sink;
+                           if (++n == kQuerySet) flush();
+                         });
                      if (n > 0) flush();
                    });
     }

@@ -142,7 +142,8 @@ void cache_write(void* cache, DType cache_type, const float* src, int64_t B, int
 
 void attention(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-               int64_t S, int64_t D, int64_t start, float scale, int64_t window, float softcap) {
+               int64_t S, int64_t D, int64_t start, float scale, int64_t window, float softcap,
+               const float* sinks) {
   const int64_t group = Hq / Hkv;
   std::vector<double> scores(size_t(start + T));
   std::vector<double> acc(static_cast<size_t>(D));
@@ -170,6 +171,11 @@ void attention(const float* q, const void* k_cache, const void* v_cache, DType c
         std::fill(acc.begin(), acc.end(), 0.0);
         double sum = 0.0;
         if (mx != -INFINITY) {
+          // The sink joins the max and the denominator, and weighs no value.
+          if (sinks) {
+            mx = std::max(mx, double(sinks[h]));
+            sum = std::exp(double(sinks[h]) - mx);
+          }
           for (int64_t j = 0; j < L; ++j) {
             if (scores[j] == -INFINITY) continue;
             const double p = std::exp(scores[j] - mx);
@@ -223,7 +229,7 @@ void paged_cache_write(void* pool_data, DType cache_type, const float* src, cons
 void paged_attention(const float* q, const void* k_pool, const void* v_pool, DType cache_type,
                      const int32_t* table, const int32_t* rows, const int32_t* pos, float* out,
                      int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t BS, int64_t MB,
-                     int64_t D, float scale, int64_t window, float softcap) {
+                     int64_t D, float scale, int64_t window, float softcap, const float* sinks) {
   // Each query through the static reference, over its sequence's blocks laid out in order
   // (laid out again where the sequence changes).
   int64_t unpaged = -1;
@@ -241,7 +247,7 @@ void paged_attention(const float* q, const void* k_pool, const void* v_pool, DTy
         unpaged = seq;
       }
       attention(q + row, k.data(), v.data(), cache_type, nullptr, out + row, 1, 1, Hq, Hkv, MB * BS,
-                D, p, scale, window, softcap);
+                D, p, scale, window, softcap, sinks);
     }
 }
 

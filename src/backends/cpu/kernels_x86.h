@@ -949,12 +949,13 @@ struct F32AttentionGemms {
 };
 
 // R query rows xq (R, D) of one KV head, row r seeing slots [first[r], len[r]) where mask is
-// non-zero, into o (R, D) through Gemms' two products. Scratch: scores (R, max len), inv (R),
-// live (max len).
+// non-zero, with the attention sink sink[r] (-inf: none), into o (R, D) through Gemms' two
+// products. Scratch: scores (R, max len), inv (R), live (max len).
 template <class V, class Gemms, class KV>
 void attend_block_gemm(const float* xq, int64_t R, const int64_t* first, const int64_t* len,
-                       const KV* k, const KV* v, const int32_t* mask, int64_t D, float scale,
-                       float softcap, float* scores, float* inv, uint8_t* live, float* o) {
+                       const float* sink, const KV* k, const KV* v, const int32_t* mask, int64_t D,
+                       float scale, float softcap, float* scores, float* inv, uint8_t* live,
+                       float* o) {
   const auto [lo, hi] = slot_union(first, len, R);
   k += lo * D;
   v += lo * D;
@@ -962,8 +963,8 @@ void attend_block_gemm(const float* xq, int64_t R, const int64_t* first, const i
   const int64_t L = hi - lo;
   Gemms::template scores<V>(xq, R, k, L, D, scores);
   for (int64_t r = 0; r < R; ++r) {
-    const float sum =
-        row_probabilities(scores + r * L, L, first[r] - lo, len[r] - lo, mask, scale, softcap, lo);
+    const float sum = row_probabilities(scores + r * L, L, first[r] - lo, len[r] - lo, mask, scale,
+                                        softcap, lo, sink[r]);
     inv[r] = sum == 0.0f ? 0.0f : 1.0f / sum;  // no key: zeros
   }
   std::fill(live, live + L, uint8_t{0});
@@ -1001,22 +1002,24 @@ template <class V, class Ops, class Gemms = F32AttentionGemms>
 void attention_x86(const float* q, const void* k_cache, const void* v_cache, DType cache_type,
                    const int32_t* key_mask, float* out, int64_t B, int64_t T, int64_t Hq,
                    int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
-                   float softcap, const int32_t* pos, const KvPages* pages, ThreadPool& pool) {
+                   float softcap, const float* sinks, const int32_t* pos, const KvPages* pages,
+                   ThreadPool& pool) {
   const int64_t group = Hq / Hkv;
   // With positions (a paged step's), every call of several tokens takes the blocked path: a
   // prompt chunk's bits then do not depend on the length of the step it is in (the serving
   // engine's prefix hits and packed prefill steps rest on that).
   if (T == 1 || (!pos && T * group < kAttnMinRows))
     return attention_impl<Ops>(q, k_cache, v_cache, cache_type, key_mask, out, B, T, Hq, Hkv, S, D,
-                               start, scale, window, softcap, pos, pages, pool);
+                               start, scale, window, softcap, sinks, pos, pages, pool);
   const int64_t reach = pos ? S : start + T;
   const int64_t tb = std::max<int64_t>(1, kAttnRows / group);  // queries per unit
   const int64_t rows = tb * group;
   const std::vector<QueryBlock> blocks = query_blocks(B, T, tb, pos, pages);
   pool.parallel_for(int64_t(blocks.size()) * Hkv, [&](int64_t u0, int64_t u1, int) {
-    float* xq = thread_scratch<float>(Scratch::kQueries, size_t(rows * (2 * D + 1)));
+    float* xq = thread_scratch<float>(Scratch::kQueries, size_t(rows * (2 * D + 2)));
     float* o = xq + rows * D;
     float* inv = o + rows * D;
+    float* sink = inv + rows;
     float* scores = thread_scratch<float>(Scratch::kScores, size_t(rows * reach));
     int64_t* first = thread_scratch<int64_t>(Scratch::kSlots, size_t(3 * rows + (reach + 7) / 8));
     int64_t* len = first + rows;
@@ -1027,11 +1030,12 @@ void attention_x86(const float* q, const void* k_cache, const void* v_cache, DTy
       const QueryBlock& qb = blocks[size_t(u / Hkv)];
       const int64_t b = qb.b, t0 = qb.t0, t1 = qb.t1;
       int64_t R = 0;
-      for_each_query(b, t0, t1, kvh, group, T, Hq, D, pos, start, window, out,
-                     [&](int64_t row, int64_t row_first, int64_t row_len) {
+      for_each_query(b, t0, t1, kvh, group, T, Hq, D, pos, start, window, sinks, out,
+                     [&](int64_t row, int64_t row_first, int64_t row_len, float row_sink) {
                        std::memcpy(xq + R * D, q + row, size_t(D) * sizeof(float));
                        first[R] = row_first;
                        len[R] = row_len;
+                       sink[R] = row_sink;
                        dst[R++] = row;
                      });
       if (R == 0) continue;
@@ -1044,7 +1048,7 @@ void attention_x86(const float* q, const void* k_cache, const void* v_cache, DTy
                    [&](auto k, auto v) {
                      using KV = typename decltype(k)::Value;
                      if constexpr (std::is_same_v<decltype(k), DenseRows<KV>>) {
-                       attend_block_gemm<V, Gemms>(xq, R, first, len, k.base, v.base, mask, D,
+                       attend_block_gemm<V, Gemms>(xq, R, first, len, sink, k.base, v.base, mask, D,
                                                    scale, softcap, scores, inv, live, o);
                      } else {
                        // Slots [lo, hi) at their places in a copy of hi rows.
@@ -1054,7 +1058,7 @@ void attention_x86(const float* q, const void* k_cache, const void* v_cache, DTy
                          std::memcpy(kc + j * D, k[j], size_t(D) * sizeof(KV));
                          std::memcpy(vc + j * D, v[j], size_t(D) * sizeof(KV));
                        }
-                       attend_block_gemm<V, Gemms>(xq, R, first, len, kc, vc, mask, D, scale,
+                       attend_block_gemm<V, Gemms>(xq, R, first, len, sink, kc, vc, mask, D, scale,
                                                    softcap, scores, inv, live, o);
                      }
                    });

@@ -120,13 +120,20 @@ void cache_write(const OpCall& c) {
   cpu::cache_write(c.out, c.n.type.dtype, c.f32(1), u[0], u[1], u[2], s[2], u[3], start, pool());
 }
 
+// An attention node's sinks, float32 once legalised (cpu_backend.cc), or null.
+const float* attention_sinks(const OpCall& c, const graph::AttentionOperands& o) {
+  return o.sinks >= 0 ? c.f32(size_t(o.sinks)) : nullptr;
+}
+
 void attention(const OpCall& c) {
   const Shape &k = c.in_type(1).shape, &s = c.n.type.shape;  // (B,Hkv,S,D)
   const int32_t start = *c.i32(3);
-  const int32_t* mask = c.n.inputs.size() > 4 ? c.i32(4) : nullptr;
+  const graph::AttentionOperands o = graph::attention_operands(c.n);
+  const int32_t* mask = o.mask_or_rows >= 0 ? c.i32(size_t(o.mask_or_rows)) : nullptr;
   const auto& a = c.n.attrs_as<graph::AttentionAttrs>();
   cpu::attention(c.f32(0), c.in[1], c.in[2], c.in_type(1).dtype, mask, c.out_f32(), s[0], s[1],
-                 s[2], k[1], k[2], s[3], start, a.scale, a.sliding_window, a.softcap, pool());
+                 s[2], k[1], k[2], s[3], start, a.scale, a.sliding_window, a.softcap,
+                 attention_sinks(c, o), pool());
 }
 
 void paged_cache_write(const OpCall& c) {
@@ -139,10 +146,11 @@ void paged_cache_write(const OpCall& c) {
 void paged_attention(const OpCall& c) {
   const Shape &kp = c.in_type(1).shape, &s = c.n.type.shape;  // (NB,Hkv,BS,D)
   const auto& a = c.n.attrs_as<graph::AttentionAttrs>();
-  const int32_t* rows = c.n.inputs.size() > 5 ? c.i32(5) : nullptr;
+  const graph::AttentionOperands o = graph::attention_operands(c.n);
+  const int32_t* rows = o.mask_or_rows >= 0 ? c.i32(size_t(o.mask_or_rows)) : nullptr;
   cpu::paged_attention(c.f32(0), c.in[1], c.in[2], c.in_type(1).dtype, c.i32(3), rows, c.i32(4),
                        c.out_f32(), s[0], s[1], s[2], kp[1], kp[2], c.in_type(3).shape[1], s[3],
-                       a.scale, a.sliding_window, a.softcap, pool());
+                       a.scale, a.sliding_window, a.softcap, attention_sinks(c, o), pool());
 }
 
 void take_last(const OpCall& c) {

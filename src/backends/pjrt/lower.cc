@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/pjrt/lowering.h"
@@ -206,20 +208,33 @@ Val Lowering::attend(const Node& n, const Val& q, const Val& k, const Val& v, co
                    e_.compare("GT", j, e_.with_constant("subtract", qp, double(a.sliding_window))));
   if (key_valid) ok = e_.binary("and", ok, e_.broadcast(*key_valid, bts, {0, 2}));
   const Val seen = e_.broadcast(ok, s.shape, {0, 2, 4});
-  // Unseen slots take the lowest finite score (not -inf, which would make max - max a NaN in a
-  // row that sees nothing) and then weight 0, so such a row sums to 0 and gives zeros.
-  s = e_.select(seen, s, e_.splat(-3.4e38f, "f32", s.shape));
-  const Val mx = e_.broadcast(e_.reduce(s, "maximum", -3.4e38f, {4}), s.shape, {0, 1, 2, 3});
-  const Val p = e_.select(seen, e_.unary("exponential", e_.binary("subtract", s, mx)),
-                          e_.splat(0, "f32", s.shape));
-  Val sum = e_.reduce(p, "add", 0.0f, {4});  // (B,Hkv,T,G)
-  const Val none = e_.compare("EQ", sum, e_.splat(0, "f32", sum.shape));
-  sum = e_.select(none, e_.splat(1, "f32", sum.shape), sum);
+  const auto [p, sum] = attention_weights(n, s, seen);
   // p (B,Hkv,T,G,S) in the activation dtype . v -> (B,Hkv,T,G,D), then normalised.
   Val o = e_.dot(e_.convert(p, act_), v, {0, 1}, {0, hd}, {4}, {pd});
   o = e_.binary("divide", o, e_.broadcast(sum, o.shape, {0, 1, 2, 3}));
   o = e_.reshape(e_.transpose(o, {0, 2, 1, 3, 4}), {B, T, Hq, D});
   return out(n, o);
+}
+
+std::pair<Val, Val> Lowering::attention_weights(const Node& n, const Val& s, const Val& seen) {
+  const Shape rows = {s.shape[0], s.shape[1], s.shape[2], s.shape[3]};  // (B,Hkv,T,G)
+  // Unseen slots take the lowest finite score (not -inf, which would make max - max a NaN in a
+  // row that sees nothing) and then weight 0, so such a row sums to 0 and gives zeros.
+  const Val scores = e_.select(seen, s, e_.splat(-3.4e38f, "f32", s.shape));
+  Val mx = e_.reduce(scores, "maximum", -3.4e38f, {4});
+  // Query head kvh * G + g's sink (gpt-oss) counts in the max and the sum and weighs no value. A
+  // row that sees no slot then sums to exp(0) over zero weights: zeros still.
+  std::optional<Val> sink;
+  if (const int at = graph::attention_operands(n).sinks; at >= 0) {
+    sink = e_.broadcast(e_.reshape(f32(n, size_t(at)), {rows[1], rows[3]}), rows, {1, 3});
+    mx = e_.binary("maximum", mx, *sink);
+  }
+  const Val shifted = e_.binary("subtract", scores, e_.broadcast(mx, s.shape, {0, 1, 2, 3}));
+  const Val p = e_.select(seen, e_.unary("exponential", shifted), e_.splat(0, "f32", s.shape));
+  Val sum = e_.reduce(p, "add", 0.0f, {4});
+  if (sink) sum = e_.binary("add", sum, e_.unary("exponential", e_.binary("subtract", *sink, mx)));
+  const Val none = e_.compare("EQ", sum, e_.splat(0, "f32", rows));
+  return {p, e_.select(none, e_.splat(1, "f32", rows), sum)};
 }
 
 Val Lowering::linear(const Node& n) { return linear_out(n, in(n, 0), in(n, 1), 2); }
@@ -279,8 +294,9 @@ Val Lowering::attention(const Node& n) {
   const Val& q = in(n, 0);
   const Shape bt = {q.shape[0], q.shape[1]};
   const Val qpos = e_.binary("add", e_.iota(1, bt), e_.broadcast(in(n, 3), bt, {}));
-  if (n.inputs.size() < 5) return attend(n, q, in(n, 1), in(n, 2), qpos, nullptr);
-  const Val& mask = in(n, 4);
+  const int mask_at = graph::attention_operands(n).mask_or_rows;
+  if (mask_at < 0) return attend(n, q, in(n, 1), in(n, 2), qpos, nullptr);
+  const Val& mask = in(n, size_t(mask_at));
   const Val valid = e_.compare("NE", mask, e_.splat(0, "i32", mask.shape));
   return attend(n, q, in(n, 1), in(n, 2), qpos, &valid);
 }
@@ -295,9 +311,11 @@ bool rows_layout(const Node& n) {
   return q.layout == graph::QuantLayout::kRows;
 }
 // Several sequences packed into a row (the rows operand) would need each query's own keys
-// gathered; the lowering gathers a sequence's blocks per batch row.
+// gathered; the lowering gathers a sequence's blocks per batch row. Attention sinks (an operand
+// after the rows) lower either way.
 bool one_sequence_per_row(const Node& n) {
-  return n.inputs.size() == (n.op == Op::kPagedCacheWrite ? 4u : 5u);
+  if (n.op == Op::kPagedCacheWrite) return n.inputs.size() == 4;
+  return graph::attention_operands(n).mask_or_rows < 0;
 }
 
 }  // namespace

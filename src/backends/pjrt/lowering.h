@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/pjrt/lower.h"
@@ -347,9 +348,14 @@ class Lowering {
   Val paged_attention(const Node& n);
   // Attention of q (B,T,Hq,D) over k, v (B,Hkv,S,D) or (B,S,Hkv,D) (the graph's KV layout), query
   // (b,t) at slot qpos[b,t] (i32, B,T) seeing slots j <= qpos within the window where key_valid
-  // (B,S) holds (when given); a query that sees no slot gives zeros.
+  // (B,S) holds (when given), with the node's sinks if it has them; a query that sees no slot
+  // gives zeros.
   Val attend(const Node& n, const Val& q, const Val& k, const Val& v, const Val& qpos,
              const Val* key_valid);
+  // The unnormalised softmax weights of the scores s (B,Hkv,T,G,S) over the slots `seen` marks,
+  // and their sums (B,Hkv,T,G), 1 for a row that sees no slot; with sinks, a query head's sink
+  // joins its rows' max and sums.
+  std::pair<Val, Val> attention_weights(const Node& n, const Val& s, const Val& seen);
 
   // The primitives (lower_primitives.cc).
   Val constant(const Node& n);
