@@ -46,6 +46,12 @@ TEST_P(Golden, Bfloat16LogitsMatchTransformers) {
   auto f32 = load_goldens(name, "float32");
   auto bf16 = load_goldens(name, "bfloat16");
   ASSERT_EQ(f32.size(), bf16.size());
+  // gpt-oss's clamped SwiGLU (limit 1 in the tiny model) and its top-4 routing turn bf16 weight
+  // rounding into steps rather than a smooth error: Transformers' own bf16 run differs from its
+  // float32 one by up to 0.031 (ours 0.022, measured 2026-12-07).
+  const bool gpt_oss = name.find("gpt-oss") != std::string::npos;
+  const bool routed = gpt_oss || name.find("moe") != std::string::npos;
+  const double exact_bound = gpt_oss ? 3e-2 : 2e-2;
   for (size_t i = 0; i < f32.size(); ++i) {
     Tensor logits = prefill_logits(lm, f32[i].input_ids);
     const int64_t V = lm.config().vocab_size;
@@ -54,11 +60,11 @@ TEST_P(Golden, Bfloat16LogitsMatchTransformers) {
       // bf16 weights with f32 math: within 2e-2 of the exact (f32) model. Against PyTorch's
       // all-bf16 computation the rounding points differ, so the reference README measures a
       // correct implementation at up to ~2.3e-2 there: 5e-2.
-      EXPECT_LT(row_error(row, f32[i].logits[t]), 2e-2) << name << " position " << t;
+      EXPECT_LT(row_error(row, f32[i].logits[t]), exact_bound) << name << " position " << t;
       // A mixture of experts routes each token by a discrete top-k: where PyTorch's bf16 router
       // logits round a near-tie the other way it picks another expert (hf-qwen3-moe: 0.15 at
       // one position), so for it only the bound against the exact model holds.
-      if (name.find("moe") == std::string::npos)
+      if (!routed)
         EXPECT_LT(row_error(row, bf16[i].logits[t]), 5e-2) << name << " position " << t;
     }
     // Greedy tokens agree with the bf16 golden until the first near-tie.

@@ -143,6 +143,10 @@ def redraw(model, seed, tied, gemma):
             elif name.endswith("sinks"):
                 # Logits of the order of the scores', so a sink takes a real share.
                 p.copy_(torch.randn_like(p) * 1.0)
+            elif "mlp.router." in name:
+                # gpt-oss routes by the top k of 8 logits: spread them, so that rounding the
+                # weights to bf16 rarely swaps two experts at the edge of the top k.
+                p.copy_(torch.randn_like(p) * 1.0)
             elif tied and ("o_proj" in name or "down_proj" in name) and name.endswith("weight"):
                 p.copy_(torch.randn_like(p) * 0.4)
             else:
