@@ -160,11 +160,6 @@ void refuse_unless_default(const Fields& f) {
       throw bad_field(constraint,
                       "not supported by tformers serve; use response_format with a json_schema");
   // OpenAI's options that would change what is done with the request.
-  if (f.get("reasoning_effort"))
-    throw bad_field("reasoning_effort",
-                    "not supported by tformers serve: whether and how long a model reasons is "
-                    "its chat template's choice; pass chat_template_kwargs (e.g. "
-                    "{\"enable_thinking\": false})");
   if (f.boolean("store").value_or(false))
     throw bad_field("store", "tformers serve stores no completions; leave it false");
   if (const Json* m = f.get("metadata"); m && !(m->is_object() && m->empty()))
@@ -426,6 +421,17 @@ ToolChoice parse_tool_choice(const Fields& f, const Json& tools) {
                   "expected \"none\", \"auto\", \"required\" or a function, got " + shown(*v));
 }
 
+// OpenAI's reasoning_effort, one of its values; what it does is the chat template's.
+std::optional<std::string> parse_reasoning_effort(const Fields& f) {
+  std::optional<std::string> effort = f.string("reasoning_effort");
+  static const std::vector<std::string> kEfforts = {"none",   "minimal", "low",
+                                                    "medium", "high",    "xhigh"};
+  if (effort && std::find(kEfforts.begin(), kEfforts.end(), *effort) == kEfforts.end())
+    throw bad_field("reasoning_effort",
+                    "expected none, minimal, low, medium, high or xhigh, got " + shown(*effort));
+  return effort;
+}
+
 void parse_chat(const Fields& f, ApiRequest& r) {
   const Json* messages = f.get("messages");
   if (!messages) throw bad_field("messages", "required");
@@ -463,6 +469,8 @@ void parse_chat(const Fields& f, ApiRequest& r) {
     if (!kwargs->is_object()) throw bad_field("chat_template_kwargs", "expected an object");
     r.template_kwargs = *kwargs;
   }
+  r.reasoning_effort = parse_reasoning_effort(f);
+  r.include_reasoning = f.boolean("include_reasoning").value_or(true);
 
   r.logprobs = f.boolean("logprobs").value_or(false);
   if (auto top = f.integer("top_logprobs", 0, kMaxTopLogprobs)) {
@@ -514,6 +522,11 @@ void parse_completion(const Fields& f, ApiRequest& r) {
     r.top_logprobs = *n;
   }
   if (f.boolean("echo").value_or(false)) throw bad_field("echo", "not supported");
+  if (f.get("reasoning_effort"))
+    throw bad_field(
+        "reasoning_effort",
+        "applies to chat completions, through the model's chat template; a completion's "
+        "prompt is the model's input as it is");
   if (auto suffix = f.string("suffix"); suffix && !suffix->empty())
     throw bad_field("suffix", "not supported");
   if (auto best_of = f.integer("best_of", 1, 128); best_of && *best_of != 1)
@@ -593,6 +606,25 @@ size_t message_bytes(const Json& messages) {
   return bytes;
 }
 
+// The template's variables beyond the messages and tools: chat_template_kwargs, and the request's
+// reasoning_effort under the names the template reads. The template's text is searched for them,
+// as vLLM keeps only the variables a template declares.
+Json chat_template_kwargs(const ApiRequest& r, const std::string& chat_template) {
+  Json kwargs = r.template_kwargs;
+  if (!r.reasoning_effort) return kwargs;
+  const bool effort = chat_template.find("reasoning_effort") != std::string::npos;
+  const bool thinking = chat_template.find("enable_thinking") != std::string::npos;
+  if (!effort && !thinking)
+    throw ApiError(400,
+                   "reasoning_effort: this model's chat template reads neither reasoning_effort "
+                   "nor enable_thinking, so it cannot be told the effort; leave the field out",
+                   "reasoning_effort");
+  if (effort) kwargs["reasoning_effort"] = *r.reasoning_effort;
+  if (thinking && !kwargs.contains("enable_thinking"))
+    kwargs["enable_thinking"] = *r.reasoning_effort != "none";
+  return kwargs;
+}
+
 }  // namespace
 
 ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer,
@@ -606,7 +638,7 @@ ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer
     std::string text;
     try {
       text = tokenizer.apply_chat_template(r.messages, /*add_generation_prompt=*/true, r.tools,
-                                           r.template_kwargs);
+                                           chat_template_kwargs(r, tokenizer.chat_template()));
     } catch (const tformers::Error& e) {
       throw ApiError(400,
                      std::string("the model's chat template failed on these messages: ") + e.what(),
@@ -758,16 +790,17 @@ ServingRequest choice_request(ServingRequest request, int64_t index) {
   return request;
 }
 
-OutputText::OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop,
-                       std::optional<std::pair<int32_t, std::string>> kept)
+OutputText::OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop, KeptTokens kept)
     : streamer_(tokenizer, /*skip_special_tokens=*/true),
       stop_(std::move(stop)),
       kept_(std::move(kept)) {}
 
 std::string OutputText::put(int32_t token) {
   if (stopped_) return "";
-  if (kept_ && token == kept_->first)
-    held_ += streamer_.end() + kept_->second;  // the text before it, then its own
+  const auto kept =
+      std::find_if(kept_.begin(), kept_.end(), [&](const auto& k) { return k.first == token; });
+  if (kept != kept_.end())
+    held_ += streamer_.end() + kept->second;  // the text before it, then its own
   else
     held_ += streamer_.put(token);
   return release(/*final=*/false);
@@ -889,8 +922,16 @@ Json tool_call_json(const ToolCall& call) {
           {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
 }
 
+// Reasoning under both names clients read it by (see ChoiceOutput).
+void add_reasoning(Json& j, const std::string& reasoning) {
+  if (reasoning.empty()) return;
+  j["reasoning_content"] = reasoning;
+  j["reasoning"] = reasoning;
+}
+
 Json message_json(const ChoiceOutput& c) {
   Json message = {{"role", "assistant"}, {"content", c.text}};
+  add_reasoning(message, c.reasoning);
   if (c.tool_calls.empty()) return message;
   if (c.text.empty()) message["content"] = nullptr;
   message["tool_calls"] = Json::array();
@@ -925,6 +966,7 @@ Json chunk_json(const ResponseHead& head, const Chunk& c) {
     Json delta = Json::object();
     if (c.first) delta["role"] = "assistant";
     if (c.first || !c.text.empty()) delta["content"] = c.text;
+    add_reasoning(delta, c.reasoning);
     for (size_t k = 0; k < c.tool_calls.size(); ++k) {
       Json call = {{"index", c.first_tool_call + k}};
       call.update(tool_call_json(c.tool_calls[k]));

@@ -56,6 +56,10 @@ struct ApiRequest {
   bool parallel_tool_calls = true;
   // tool_choice "required" or a named function: what json_schema then forces the output to be.
   ForcedCalls forced_calls;
+  // OpenAI's reasoning_effort ("none" to "xhigh"), for the chat template (to_engine_request), and
+  // vLLM's include_reasoning: false drops the reasoning from the answer.
+  std::optional<std::string> reasoning_effort;
+  bool include_reasoning = true;
   // Completions: each prompt of the request (OpenAI's batch form gives several), a text or token
   // ids; each gets n choices, numbered prompt by prompt.
   struct Prompt {
@@ -106,7 +110,10 @@ size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t max_model_len);
 // then the rendered template) over max_prompt_bytes is refused by its size alone, before the
 // template is rendered or the text tokenized. A completion with no max_tokens gets 16, as
 // OpenAI's; a chat completion gets whatever room the context has left. logit_bias's token ids are
-// checked against the vocabulary here.
+// checked against the vocabulary here. A chat's reasoning_effort reaches the template as the
+// variable `reasoning_effort` (gpt-oss's) and as `enable_thinking`, false for "none" (Qwen3's),
+// each where the template's text names it and chat_template_kwargs does not set enable_thinking,
+// as vLLM passes it; a template that names neither is a 400.
 // `prompt` picks one of a completion's prompts.
 ServingRequest to_engine_request(const ApiRequest& request, const Tokenizer& tokenizer,
                                  int64_t max_model_len, int64_t vocab_size,
@@ -134,12 +141,12 @@ ServingRequest choice_request(ServingRequest request, int64_t index);
 
 // The text a client is sent: generated tokens detokenized incrementally (special tokens
 // skipped) and cut before the first stop string, as OpenAI does. Text that could still turn out
-// to be the start of a stop string is held back until a later token settles it. `kept`, a special
-// token and its text, is kept where decoding would skip it (the marker of a tool call).
+// to be the start of a stop string is held back until a later token settles it. `kept`, special
+// tokens with their text, are kept where decoding would skip them (the markup of tool calls and
+// of harmony's messages).
 class OutputText {
  public:
-  OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop,
-             std::optional<std::pair<int32_t, std::string>> kept = std::nullopt);
+  OutputText(const Tokenizer& tokenizer, std::vector<std::string> stop, KeptTokens kept = {});
   // The text that became final with this token (often empty).
   std::string put(int32_t token);
   // Whatever is left once generation has ended.
@@ -154,7 +161,7 @@ class OutputText {
 
   TokenStreamer streamer_;
   std::vector<std::string> stop_;
-  std::optional<std::pair<int32_t, std::string>> kept_;
+  KeptTokens kept_;
   std::string held_;
   size_t sent_ = 0;
   bool stopped_ = false;
@@ -184,11 +191,14 @@ struct ResponseHead {
 ResponseHead new_response_head(Endpoint endpoint, const std::string& model);
 
 // One choice of a whole response. `logprobs` is null when not asked for. With tool calls, chat's
-// message has them and its content is the text before them, or null when there is none.
+// message has them and its content is the text before them, or null when there is none. Chat's
+// reasoning, when there is some, is the message's reasoning_content and reasoning (both, as vLLM
+// wrote them from late 2025 until it dropped reasoning_content in 2026: clients read either).
 struct ChoiceOutput {
   std::string text, finish_reason;
   Json logprobs;
   std::vector<ToolCall> tool_calls;
+  std::string reasoning;
 };
 // A whole (non-streamed) response; choice i gets index i.
 Json response_json(const ResponseHead& head, std::span<const ChoiceOutput> choices,
@@ -206,6 +216,8 @@ struct Chunk {
   // delta.tool_calls[].index), each with its id, type, name and arguments in this one delta.
   std::vector<ToolCall> tool_calls;
   size_t first_tool_call = 0;
+  // Chat: reasoning, as delta.reasoning_content and delta.reasoning when not empty.
+  std::string reasoning;
 };
 Json chunk_json(const ResponseHead& head, const Chunk& chunk);
 // The last chunk with include_usage: no choices, the request's usage.

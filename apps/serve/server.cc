@@ -21,6 +21,7 @@
 #include "serve/http.h"
 #include "serve/metrics.h"
 #include "serve/openai.h"
+#include "serve/reasoning.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/serving.h"
@@ -107,7 +108,8 @@ class Server;
 // prompt's KV blocks through the prefix cache.
 class Completion {
  public:
-  Completion(Server& server, ApiRequest request, Clock::time_point arrival);
+  // think_open: the prompt leaves a <think> block open (prompt_opens_think).
+  Completion(Server& server, ApiRequest request, Clock::time_point arrival, bool think_open);
   ~Completion();
   Completion(const Completion&) = delete;
   Completion& operator=(const Completion&) = delete;
@@ -118,7 +120,7 @@ class Completion {
   // What the events of one wait added to one choice: its text, its log-probabilities when asked
   // for (else null), and whether it ended there without an error.
   struct Delta {
-    std::string text;
+    std::string text, reasoning;
     Json logprobs;
     bool ended = false;
     std::vector<ToolCall> tool_calls;  // the choice's calls from number first_tool_call on
@@ -145,15 +147,15 @@ class Completion {
 
  private:
   struct Choice {
-    Choice(const Tokenizer& tokenizer, std::vector<std::string> stop,
-           std::optional<std::pair<int32_t, std::string>> kept)
+    Choice(const Tokenizer& tokenizer, std::vector<std::string> stop, KeptTokens kept)
         : text(tokenizer, std::move(stop), std::move(kept)) {}
     uint64_t id = 0;
     OutputText text;
-    // With tools, in a format the template defines: the calls are taken out of the text.
-    std::optional<ToolCallParser> tool_parser;
+    // A chat whose model reasons in markup, or with tools in a format the template defines: the
+    // reasoning and the calls are taken out of the text.
+    std::optional<ChatOutputParser> parser;
     std::vector<ToolCall> tool_calls;
-    std::string all_text;
+    std::string all_text, all_reasoning;
     std::vector<ServingEvent> token_events;  // with logprobs: every token's event
     std::vector<size_t> text_offsets;
     bool submitted = false, cancelled = false, finished = false;
@@ -162,8 +164,10 @@ class Completion {
 
   void cancel(Choice& choice);
   void cancel_all();
-  // Text that became final: through the tool-call parser when there is one; `final` at the end.
+  // Text that became final: through the output parser when there is one; `final` at the end.
   void add_text(Choice& c, Delta& d, const std::string& text, bool final);
+  // The choices' text and parsers, as the request and the model's formats have them.
+  void make_choices(bool think_open);
   void finish(size_t index, const ServingEvent& last);
   // The request failed for `why`: the first failure is the one answered; the other choices are
   // cancelled.
@@ -184,13 +188,19 @@ class Completion {
 
 class Server {
  public:
+  // model_eos: the model's generation_config eos ids, which harmony's chats extend.
   Server(const ServeArgs& args, ServingEngine& engine, const Tokenizer& tokenizer,
-         int64_t vocab_size, std::string api_key)
+         int64_t vocab_size, std::string api_key, std::vector<int64_t> model_eos)
       : args_(args),
         engine_(engine),
         tokenizer_(tokenizer),
         tool_format_(detect_tool_call_format(tokenizer)),
-        tool_marker_(kept_marker_token(tool_format_, tokenizer)),
+        tool_markers_(kept_tool_call_tokens(tool_format_, tokenizer)),
+        reasoning_(detect_reasoning_format(tokenizer)),
+        reasoning_markers_(kept_reasoning_tokens(reasoning_, tokenizer)),
+        chat_eos_(reasoning_ == ReasoningFormat::kHarmony
+                      ? harmony_eos_ids(tokenizer, std::move(model_eos))
+                      : std::vector<int64_t>{}),
         vocab_size_(vocab_size),
         max_prompt_bytes_(max_prompt_bytes(tokenizer, engine.config().max_model_len)),
         api_key_(std::move(api_key)),
@@ -271,7 +281,11 @@ class Server {
   ServingEngine& engine_;
   const Tokenizer& tokenizer_;
   const ToolCallFormat tool_format_;
-  const std::optional<std::pair<int32_t, std::string>> tool_marker_;
+  const KeptTokens tool_markers_;
+  const ReasoningFormat reasoning_;
+  const KeptTokens reasoning_markers_;
+  // Harmony: the eos ids of a chat that leaves them unset (harmony_eos_ids); else empty.
+  const std::vector<int64_t> chat_eos_;
   const int64_t vocab_size_;
   const size_t max_prompt_bytes_;
   const std::string api_key_, model_name_;
@@ -284,25 +298,42 @@ class Server {
   int64_t in_flight_ = 0;  // completions between arrival and their last byte
 };
 
-Completion::Completion(Server& server, ApiRequest request, Clock::time_point arrival)
+Completion::Completion(Server& server, ApiRequest request, Clock::time_point arrival,
+                       bool think_open)
     : server_(server),
       request_(std::move(request)),
       head_(new_response_head(request_.endpoint, server.model_name_)),
       arrival_(arrival),
       deadline_(arrival + seconds(server.args_.request_timeout)),
       job_(std::make_shared<Job>(request_.choices())) {
-  // Forced calls are the whole output, whatever the template's format.
-  const bool forced = request_.forced_calls.kind != ForcedCalls::kNone;
-  const bool tools =
-      !request_.tools.is_null() && server.tool_format_ != ToolCallFormat::kNone && !forced;
-  for (size_t i = 0; i < request_.choices(); ++i) {
-    Choice& c = choices_.emplace_back(server.tokenizer_, request_.stop,
-                                      tools ? server.tool_marker_ : std::nullopt);
-    if (tools || forced)
-      c.tool_parser.emplace(server.tool_format_, request_.parallel_tool_calls,
-                            request_.forced_calls);
-  }
+  make_choices(think_open);
   server_.enter();
+}
+
+void Completion::make_choices(bool think_open) {
+  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
+  // Forced calls are the whole output, whatever the template's format, and a constrained output
+  // (forced calls or response_format) is a JSON value from its first token: no reasoning.
+  const bool forced = request_.forced_calls.kind != ForcedCalls::kNone;
+  const ReasoningFormat reasoning =
+      chat && !request_.json_schema ? server_.reasoning_ : ReasoningFormat::kNone;
+  // Harmony's calls are its own messages.
+  const bool tools = !request_.tools.is_null() && server_.tool_format_ != ToolCallFormat::kNone &&
+                     !forced && reasoning != ReasoningFormat::kHarmony;
+  KeptTokens kept = tools ? server_.tool_markers_ : KeptTokens{};
+  if (reasoning != ReasoningFormat::kNone)
+    kept.insert(kept.end(), server_.reasoning_markers_.begin(), server_.reasoning_markers_.end());
+  const bool parallel = request_.parallel_tool_calls;
+  for (size_t i = 0; i < request_.choices(); ++i) {
+    Choice& c = choices_.emplace_back(server_.tokenizer_, request_.stop, kept);
+    if (forced)
+      c.parser.emplace(ReasoningFormat::kNone, false, parallel,
+                       ToolCallParser(server_.tool_format_, parallel, request_.forced_calls));
+    else if (tools || reasoning != ReasoningFormat::kNone)
+      c.parser.emplace(
+          reasoning, think_open, parallel,
+          tools ? std::optional(ToolCallParser(server_.tool_format_, parallel)) : std::nullopt);
+  }
 }
 
 Completion::~Completion() {
@@ -401,22 +432,25 @@ Completion::Progress Completion::advance(Clock::duration wait) {
                                             std::span(c.token_events).subspan(first_logprob[i]),
                                             std::span(c.text_offsets).subspan(first_logprob[i]));
     c.all_text += p.choices[i].text;
+    c.all_reasoning += p.choices[i].reasoning;
   }
   return p;
 }
 
 void Completion::add_text(Choice& c, Delta& d, const std::string& text, bool final) {
-  if (!c.tool_parser) {
+  if (!c.parser) {
     d.text += text;
     return;
   }
-  ToolCallParser::Output out = c.tool_parser->put(text);
+  ParsedOutput out = c.parser->put(text);
   if (final) {
-    ToolCallParser::Output rest = c.tool_parser->finish();
+    ParsedOutput rest = c.parser->finish();
+    out.reasoning += rest.reasoning;
     out.content += rest.content;
     for (ToolCall& call : rest.calls) out.calls.push_back(std::move(call));
   }
   d.text += out.content;
+  if (request_.include_reasoning) d.reasoning += out.reasoning;
   if (d.tool_calls.empty()) d.first_tool_call = c.tool_calls.size();
   for (ToolCall& call : out.calls) {
     c.tool_calls.push_back(call);
@@ -478,7 +512,7 @@ Json Completion::response() const {
                    request_.logprobs ? logprobs_json(request_.endpoint, server_.tokenizer_,
                                                      c.token_events, c.text_offsets)
                                      : Json(),
-                   c.tool_calls});
+                   c.tool_calls, c.all_reasoning});
   return response_json(head_, out, usage_);
 }
 
@@ -499,13 +533,16 @@ bool Completion::stream(http::Sink& sink) {
   }
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Delta& d = p.choices[i];
-    if (d.text.empty() && d.logprobs.is_null() && !d.ended && d.tool_calls.empty()) continue;
+    if (d.text.empty() && d.reasoning.empty() && d.logprobs.is_null() && !d.ended &&
+        d.tool_calls.empty())
+      continue;
     Chunk chunk{.index = int64_t(i),
                 .text = d.text,
                 .logprobs = d.logprobs,
                 .usage_null = request_.include_usage,
                 .tool_calls = d.tool_calls,
-                .first_tool_call = d.first_tool_call};
+                .first_tool_call = d.first_tool_call,
+                .reasoning = d.reasoning};
     if (d.ended) chunk.finish_reason = choices_[i].finish_reason;
     out += sse_event(chunk_json(head_, chunk));
   }
@@ -547,8 +584,14 @@ http::Response Server::complete(Endpoint endpoint, const http::Request& req) {
   for (size_t p = 0; p < std::max<size_t>(request.prompts.size(), 1); ++p)
     prompts.push_back(to_engine_request(request, tokenizer_, engine_.config().max_model_len,
                                         vocab_size_, max_prompt_bytes_, p));
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  // A harmony chat ends where the model calls a tool, whatever its generation_config lists.
+  for (ServingRequest& p : prompts)
+    if (chat && !chat_eos_.empty() && !p.config.eos_token_id) p.config.eos_token_id = chat_eos_;
+  const bool think_open = chat && reasoning_ == ReasoningFormat::kThink &&
+                          prompt_opens_think(prompts.front().prompt, tokenizer_);
   const bool stream = request.stream;
-  auto completion = std::make_shared<Completion>(*this, std::move(request), arrival);
+  auto completion = std::make_shared<Completion>(*this, std::move(request), arrival, think_open);
   completion->submit(prompts);
   http::Response res;
   res.tokens = [completion] {
@@ -767,7 +810,8 @@ int run_serve(const ServeArgs& args, const ModelLoader& load_model) {
                         .max_model_len = args.max_model_len,
                         .enable_prefix_caching = args.enable_prefix_caching},
                        &tokenizer);
-  Server server(args, engine, tokenizer, model.config().vocab_size, api_key);
+  Server server(args, engine, tokenizer, model.config().vocab_size, api_key,
+                model.generation_config().eos_token_id.value_or(std::vector<int64_t>{}));
   const int port = server.bind();
   server.listen_in_background();
   std::fprintf(stderr,

@@ -135,13 +135,6 @@ std::optional<std::vector<ToolCall>> parse_body(ToolCallFormat format, std::stri
   return calls;
 }
 
-// The length of the longest end of `text` that is a proper beginning of `marker`.
-size_t partial_marker(std::string_view text, std::string_view marker) {
-  for (size_t k = std::min(marker.size() - 1, text.size()); k > 0; --k)
-    if (text.ends_with(marker.substr(0, k))) return k;
-  return 0;
-}
-
 // Where `marker` first occurs outside the JSON strings of `body` (an argument's value may hold the
 // closing marker's text), or npos.
 size_t find_outside_strings(std::string_view body, std::string_view marker) {
@@ -183,13 +176,24 @@ const char* format_name(ToolCallFormat format) {
   return "none";
 }
 
-std::optional<std::pair<int32_t, std::string>> kept_marker_token(ToolCallFormat format,
-                                                                 const Tokenizer& tokenizer) {
-  if (format != ToolCallFormat::kMistral) return std::nullopt;
+KeptTokens kept_tool_call_tokens(ToolCallFormat format, const Tokenizer& tokenizer) {
+  if (format != ToolCallFormat::kMistral) return {};
   const std::string marker = "[TOOL_CALLS]";
   const std::optional<int32_t> id = tokenizer.token_to_id(marker);
-  if (!id || !tokenizer.is_special_id(*id)) return std::nullopt;
-  return std::pair(*id, marker);
+  if (!id || !tokenizer.is_special_id(*id)) return {};
+  return {{*id, marker}};
+}
+
+std::optional<std::string> call_arguments(std::string_view text) {
+  const std::optional<Json> j = parse_json(text);
+  if (!j || !j->is_object()) return std::nullopt;
+  return j->dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+size_t partial_marker(std::string_view text, std::string_view marker) {
+  for (size_t k = std::min(marker.size() - 1, text.size()); k > 0; --k)
+    if (text.ends_with(marker.substr(0, k))) return k;
+  return 0;
 }
 
 std::string new_tool_call_id(ToolCallFormat format) {

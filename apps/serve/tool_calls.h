@@ -37,15 +37,24 @@ ToolCallFormat detect_tool_call_format(std::string_view chat_template,
 ToolCallFormat detect_tool_call_format(const Tokenizer& tokenizer);
 const char* format_name(ToolCallFormat format);
 
+// Special tokens that the output text keeps where decoding would drop them, each with its text.
+using KeptTokens = std::vector<std::pair<int32_t, std::string>>;
 // The token that opens a call where decoding would drop it as a special token (Mistral's
-// [TOOL_CALLS]), and its text: the output text must keep it for the parser to see the call.
-std::optional<std::pair<int32_t, std::string>> kept_marker_token(ToolCallFormat format,
-                                                                 const Tokenizer& tokenizer);
+// [TOOL_CALLS]): the output text must keep it for the parser to see the call.
+KeptTokens kept_tool_call_tokens(ToolCallFormat format, const Tokenizer& tokenizer);
 
 // One call as the API returns it; `arguments` is JSON text of an object.
 struct ToolCall {
   std::string id, name, arguments;
 };
+
+// `text` as a call's arguments: a JSON object, written compactly, or nullopt when it is not one
+// (or nests deeper than a call may).
+std::optional<std::string> call_arguments(std::string_view text);
+
+// The length of the longest end of `text` that is a proper beginning of `marker`: what a parser
+// holds back, since the next piece may complete the marker.
+size_t partial_marker(std::string_view text, std::string_view marker);
 
 // A fresh call id: 9 letters and digits for Mistral, whose template refuses any other id when a
 // client sends the call back as history; else "call_" and 24 of them.

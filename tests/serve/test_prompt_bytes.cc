@@ -99,8 +99,7 @@ TEST(PromptBytes, ConstraintFieldsAreRefused) {
 TEST(PromptBytes, OptionsThatWouldBeIgnoredAreRefused) {
   const Json chat = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}};
   for (const auto& [field, value] :
-       std::vector<std::pair<std::string, Json>>{{"reasoning_effort", "low"},
-                                                 {"store", true},
+       std::vector<std::pair<std::string, Json>>{{"store", true},
                                                  {"metadata", {{"user", "a"}}},
                                                  {"audio", {{"voice", "alloy"}}},
                                                  {"prediction", {{"type", "content"}}},

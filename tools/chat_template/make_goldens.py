@@ -23,7 +23,7 @@ from pathlib import Path
 import jinja2
 import tokenizers
 import transformers
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from transformers.utils import chat_template_utils
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,9 +171,41 @@ CONVERSATIONS = {
         {"role": "user", "content": "Two."},
     ],
     "empty_messages": [],
+    # gpt-oss's harmony template: a developer message, a call made after reasoning (which the
+    # template keeps until a final answer follows), the tool's result, then an answer with its own
+    # reasoning; and the two turns it refuses.
+    "tool_call_developer_reasoning": [
+        {"role": "developer", "content": "Answer in French."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "The user wants Paris; call get_weather.",
+            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+        },
+        {"role": "tool", "content": '{"temperature": 21}'},
+        {"role": "assistant", "content": "Il fait 21 °C à Paris.", "reasoning_content": "21 °C; answer in French."},
+        {"role": "user", "content": "Merci !"},
+    ],
+    "tool_call_content_and_reasoning": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "reasoning_content": "Call the tool.",
+            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+        },
+        {"role": "tool", "content": '{"temperature": 21}'},
+    ],
+    "channel_markup_in_content": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "<|channel|>analysis<|message|>Hm.<|end|>"},
+        {"role": "user", "content": "Hi again"},
+    ],
 }
 
-_QWEN3 = [c for c in CONVERSATIONS if c not in ("gemma_list_content", "empty_messages")]
+_GPT_OSS_ONLY = ("tool_call_developer_reasoning", "tool_call_content_and_reasoning", "channel_markup_in_content")
+_QWEN3 = [c for c in CONVERSATIONS if c not in ("gemma_list_content", "empty_messages", *_GPT_OSS_ONLY)]
 PLANS = {
     "qwen3": {"conversations": _QWEN3, "tools": True, "thinking": True},
     "llama3": {
@@ -199,6 +231,15 @@ PLANS = {
                           "not_alternating"],
     },
     "features": {"conversations": ["system_multi_turn"]},
+    "gpt_oss": {
+        "conversations": ["single_user", "system_multi_turn", "multi_turn_no_system", "unicode",
+                          "tool_call_object_args", "tool_call_string_args", "tool_call_pending",
+                          "reasoning_field", *_GPT_OSS_ONLY],
+        "tools": True,
+        # The variables its template reads besides the messages and tools.
+        "more": [{"reasoning_effort": "low"},
+                 {"builtin_tools": ["browser", "python"], "model_identity": "You are a test model."}],
+    },
 }
 
 # Engine features beyond the model templates, one per line of the features fixture.
@@ -221,6 +262,16 @@ def error_text(e):
     return f"{type(e).__name__}: {e}"
 
 
+def gpt_oss_tokenizer():
+    """gpt-oss's special tokens (special_tokens_map.json of openai/gpt-oss-20b) over a stand-in
+    vocabulary of just them: its template reads none, but they are what its render receives. The
+    npm packages hold no gpt-oss tokenizer."""
+    specials = {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>"}
+    vocab = {token: i for i, token in enumerate(specials.values())}
+    model = tokenizers.models.WordLevel(vocab, unk_token=specials["pad_token"])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizers.Tokenizer(model), **specials)
+
+
 def load_templates():
     """[(name, source, tokenizer, text)]: the model templates and the fixtures, with the tokenizer
     whose special tokens the render receives."""
@@ -237,6 +288,11 @@ def load_templates():
         for name in fixtures:
             f = f"tests/chat_template/templates/{name}.jinja"
             out.append((name, {"file": f}, tok, (ROOT / f).read_text(encoding="utf-8")))
+    # openai/gpt-oss-20b's chat_template.jinja as of its 2025-08-08 revision, byte for byte (sha256
+    # a4c9919cbbd4acdd51ccffe22da049264b1b73e59055fa58811a99efbd7c8146, as llama.cpp's copy of
+    # openai-gpt-oss-120b.jinja).
+    gpt_oss = "tests/chat_template/templates/gpt_oss.jinja"
+    out.append(("gpt_oss", {"file": gpt_oss}, gpt_oss_tokenizer(), (ROOT / gpt_oss).read_text(encoding="utf-8")))
     return out
 
 
@@ -312,6 +368,8 @@ def main():
                 runs.append({"add_generation_prompt": True, "tools": [WEATHER_TOOL]})
             if plan.get("date"):
                 runs.append({"add_generation_prompt": True, "date_string": "01 Jan 2025"})
+            for more in plan.get("more", []):
+                runs.append({"add_generation_prompt": True, **more})
             for vars_ in runs:
                 entry, seen = render_case(name, tok, text, conversation, vars_)
                 # The context golden_test.cc rebuilds from the goldens must be the one rendered.
