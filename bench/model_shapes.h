@@ -21,6 +21,8 @@ struct ModelShape {
   // A mixture of experts on every layer instead of the MLP (Qwen3-MoE): `experts` of `inter`
   // hidden units each, `top_k` per token, in Transformers 5's fused expert tensors.
   int64_t experts = 0, top_k = 0;
+  // gpt-oss's layers instead (sinks, biases, its router and MXFP4 experts as released).
+  bool gpt_oss = false;
 };
 
 const ModelShape kQwen3{
@@ -47,9 +49,26 @@ const ModelShape kQwen3Moe2L{"qwen3-30b-a3b-2l",
                              128,
                              8};
 
+// gpt-oss-20b's layers (32 experts of 2880, 4 per token, MXFP4), 2 of its 24: 1.6 GB of
+// experts and a 1.2 GB bf16 embedding (its vocabulary of 201088).
+const ModelShape kGptOss2L{"gpt-oss-20b-2l",
+                           "GptOssForCausalLM",
+                           "gpt_oss",
+                           201088,
+                           2880,
+                           2880,
+                           2,
+                           64,
+                           8,
+                           64,
+                           false,
+                           32,
+                           4,
+                           true};
+
 // The shape called `name`, or null.
 inline const ModelShape* find_shape(const std::string& name) {
-  for (const ModelShape* m : {&kQwen3, &kLlama, &kLlama8B, &kQwen3Moe2L})
+  for (const ModelShape* m : {&kQwen3, &kLlama, &kLlama8B, &kQwen3Moe2L, &kGptOss2L})
     if (m->name == name) return m;
   return nullptr;
 }
@@ -67,11 +86,14 @@ inline void make_model(const ModelShape& m, const std::string& dir) {
       << ", \"max_position_embeddings\": 40960, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000,"
          " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\", \"hidden_act\": "
          "\"silu\""
-      << (m.experts ? ", \"num_experts\": " + std::to_string(m.experts) +
-                          ", \"num_experts_per_tok\": " + std::to_string(m.top_k) +
-                          ", \"moe_intermediate_size\": " + std::to_string(m.inter) +
-                          ", \"norm_topk_prob\": true"
-                    : std::string())
+      << (m.gpt_oss   ? ", \"num_local_experts\": 32, \"num_experts_per_tok\": 4, "
+                        "\"sliding_window\": 128, \"quantization_config\": {\"quant_method\": "
+                        "\"mxfp4\"}"
+          : m.experts ? ", \"num_experts\": " + std::to_string(m.experts) +
+                            ", \"num_experts_per_tok\": " + std::to_string(m.top_k) +
+                            ", \"moe_intermediate_size\": " + std::to_string(m.inter) +
+                            ", \"norm_topk_prob\": true"
+                      : std::string())
       << "}";
   std::vector<std::pair<std::string, Tensor>> ts;
   std::mt19937 rng(7);
@@ -84,6 +106,16 @@ inline void make_model(const ModelShape& m, const std::string& dir) {
       p[i] = f32_to_bf16(scale * (float(s >> 8) * 0x1p-24f - 0.5f));
     }
     ts.push_back({name, t});
+  };
+  // MXFP4 experts: random codes, exponents around 2^-7 (values up to about 0.05).
+  auto add_mxfp4 = [&](const std::string& name, int64_t E, int64_t N, int64_t K) {
+    Tensor blocks = Tensor::zeros({E, N, K / 32, 16}, DType::u8);
+    Tensor scales = Tensor::zeros({E, N, K / 32}, DType::u8);
+    for (int64_t i = 0; i < blocks.numel(); ++i) blocks.data<uint8_t>()[i] = uint8_t(rng());
+    for (int64_t i = 0; i < scales.numel(); ++i)
+      scales.data<uint8_t>()[i] = uint8_t(118 + rng() % 4);
+    ts.push_back({name + "_blocks", blocks});
+    ts.push_back({name + "_scales", scales});
   };
   const int64_t h = m.hidden, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
   add("model.embed_tokens.weight", {m.vocab, h}, 0.1f);
@@ -98,6 +130,19 @@ inline void make_model(const ModelShape& m, const std::string& dir) {
     if (m.qk_norm) {
       add(n + "self_attn.q_norm.weight", {m.head_dim}, 1.0f);
       add(n + "self_attn.k_norm.weight", {m.head_dim}, 1.0f);
+    }
+    if (m.gpt_oss) {
+      for (const char* b : {"q_proj", "k_proj", "v_proj"})
+        add(n + "self_attn." + b + ".bias", {std::string(b) == "q_proj" ? q : kv}, 0.05f);
+      add(n + "self_attn.o_proj.bias", {h}, 0.05f);
+      add(n + "self_attn.sinks", {m.heads}, 1.0f);
+      add(n + "mlp.router.weight", {m.experts, h}, 0.05f);
+      add(n + "mlp.router.bias", {m.experts}, 0.05f);
+      add_mxfp4(n + "mlp.experts.gate_up_proj", m.experts, 2 * m.inter, h);
+      add(n + "mlp.experts.gate_up_proj_bias", {m.experts, 2 * m.inter}, 0.05f);
+      add_mxfp4(n + "mlp.experts.down_proj", m.experts, h, m.inter);
+      add(n + "mlp.experts.down_proj_bias", {m.experts, h}, 0.05f);
+      continue;
     }
     if (m.experts) {
       add(n + "mlp.gate.weight", {m.experts, h}, 0.05f);

@@ -238,7 +238,11 @@ PreparedWeight Backend::prepare_experts(const Tensor& w, const std::string& quan
   // An int4 tile holds 8 rows, which must not straddle two experts.
   const std::string scheme = quantize == "int4" && N % graph::kInt4Rows != 0 ? "int8" : quantize;
   // Rows are quantized independently: the (E*N, K) matrix's rows are each expert's, in order.
-  const QuantizedLinear q = laid_out(quantize_on_host(w.reshape({E * N, K}), scheme));
+  return prepare_quantized_experts(quantize_on_host(w.reshape({E * N, K}), scheme), E);
+}
+
+PreparedWeight Backend::prepare_quantized_experts(const QuantizedLinear& given, int64_t E) {
+  const QuantizedLinear q = laid_out(given);
   auto stacked = [&](const Tensor& t) {
     Shape s = t.shape();
     s[0] /= E;

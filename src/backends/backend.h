@@ -179,6 +179,9 @@ class Backend {
   // Op::kLinearIdQuant ("int8", "int4": each expert quantized as prepare_linear would, the E
   // results stacked on a leading dim; int4 experts whose N is not a multiple of 8 become int8).
   PreparedWeight prepare_experts(const Tensor& w, const std::string& quantize);
+  // E experts already quantized, q holding their (E * N, K) rows in order (gpt-oss's MXFP4 as
+  // stored), laid out and stacked on a leading dim as prepare_experts does.
+  PreparedWeight prepare_quantized_experts(const QuantizedLinear& q, int64_t E);
   // The streaming-read bandwidth of the device's memory in GB/s, measured now over `bytes`: the
   // roofline of a decode step, which reads every weight once (tformers bench). UnsupportedError
   // where the backend runs nothing.

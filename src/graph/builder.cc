@@ -62,7 +62,7 @@ Value GraphBuilder::linear_quant(Value x, Value w, Value scale, Value zero, Valu
                                  const LinearQuantAttrs& q, const std::string& name) {
   const TensorType &xt = type(x), &wt = type(w), &st = type(scale);
   TF_CHECK(!xt.shape.empty() && q.has_zero == (zero >= 0) &&
-               !(q.has_zero && q.scheme == QuantScheme::kInt8),
+               !(q.has_zero && q.scheme != QuantScheme::kInt4),
            name, ": zero point operand and attributes disagree");
   // N from the weight's leading dim (a tile holds kInt4Rows rows), then every operand type from
   // the scheme and layout.
@@ -501,7 +501,7 @@ Value GraphBuilder::linear_id_quant(Value x, Value w, Value idx, Value scale, Va
                                     Value bias) {
   const TensorType &wt = type(w), &st = type(scale);
   TF_CHECK(wt.shape.size() >= 2 && st.shape.size() >= 2 && wt.shape[0] == st.shape[0] &&
-               q.has_zero == (zero >= 0) && !(q.has_zero && q.scheme == QuantScheme::kInt8),
+               q.has_zero == (zero >= 0) && !(q.has_zero && q.scheme != QuantScheme::kInt4),
            name, ": experts ", wt.str(), " scale ", st.str(), " and the attributes disagree");
   // Each expert's operands are a kLinearQuant's (N from the weight's second dim).
   const bool tiles = q.layout == QuantLayout::kTiles;

@@ -32,6 +32,7 @@ QuantOperandTypes quant_operand_types(QuantScheme scheme, QuantLayout layout, in
     return {{DType::u8, {g, nb, kInt4Rows * kQuantBlock / 2}}, {DType::f16, {g, nb, kInt4Rows}}};
   }
   if (scheme == QuantScheme::kInt8) return {{DType::i8, {N, K}}, {DType::f32, {N, nb}}};
+  if (scheme == QuantScheme::kMxfp4) return {{DType::u8, {N, (K + 1) / 2}}, {DType::u8, {N, nb}}};
   return {{DType::u8, {N, (K + 1) / 2}}, {DType::f16, {N, nb}}};
 }
 
@@ -185,7 +186,9 @@ std::string attributes(const Node& n) {
   };
   // Always the scheme and the layout of quantized operands: they say how to read them.
   auto show_quant = [&](const LinearQuantAttrs& q) {
-    a.push_back(q.scheme == QuantScheme::kInt8 ? "int8" : "int4");
+    a.push_back(q.scheme == QuantScheme::kInt8   ? "int8"
+                : q.scheme == QuantScheme::kInt4 ? "int4"
+                                                 : "mxfp4");
     a.push_back(q.layout == QuantLayout::kRows ? "rows" : "tiles");
     if (q.has_zero) a.push_back("zero");
   };

@@ -112,11 +112,13 @@ inline bool is_leaf(Op op) { return op == Op::kParameter || op == Op::kState || 
 //   kInt8: codes int8, scale f32, no zero point (0).
 //   kInt4: codes 4-bit in [0, 15], scale f16, zero points u8 when the format has them (AWQ,
 //          GPTQ), else 8 (the symmetric form tformers quantizes to).
-enum class QuantScheme : uint8_t { kInt8, kInt4 };
+// kMxfp4: gpt-oss's experts as stored, an e2m1 code per input and an e8m0 exponent per block.
+enum class QuantScheme : uint8_t { kInt8, kInt4, kMxfp4 };
 // How the operands of a kLinearQuant lie in memory, per scheme (N outputs, K inputs,
 // nb = ceil(K / kQuantBlock)):
-//   kRows:  w (N, K) i8 for kInt8, or u8 (N, ceil(K / 2)) for kInt4 with the code of input k in
-//           byte k / 2, the low nibble for even k; scale and zero (N, nb).
+//   kRows:  w (N, K) i8 for kInt8, or u8 (N, ceil(K / 2)) for kInt4 and kMxfp4 with the code of
+//           input k in byte k / 2, the low nibble for even k; scale and zero (N, nb): f32 for
+//           kInt8, f16 for kInt4, u8 exponents (2^(e - 127)) for kMxfp4 (which has no zero).
 //   kTiles: kInt4 only: tiles of kInt4Rows rows by kQuantBlock inputs, w u8 (N / 8, nb, 128),
 //           scale and zero (N / 8, nb, 8) (the byte order is backends/cpu/kernels.h's and
 //           docs/quantization.md's; tformers' int4 checkpoints store this layout, and the CPU

@@ -437,9 +437,42 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     else
       bind(s.name, impl->backend->upload(whole));
   };
+  // MXFP4 experts kept as stored (without quantize): their codes and exponents, this rank's
+  // experts of them under tensor parallelism.
+  auto add_mxfp4 = [&](const models::WeightSpec& s) {
+    models::Mxfp4Rows m = models::read_mxfp4_rows(ckpt, s);
+    const bool split = impl->tp && impl->tp->shard(s.name).dim == 0;
+    const int64_t E = split ? impl->tp->shard(s.name).local_shape[0] : s.shape[0];
+    // Each expert's rows of t (E * N, width), as the weight's shard lays experts out.
+    auto mine = [&](const Tensor& t, const std::string& source) {
+      Tensor whole = resident(t, source);
+      if (!split) return whole;
+      distributed::WeightShard shard = impl->tp->shard(s.name);
+      shard.full_shape = {s.shape[0], s.shape[1], whole.dim(1)};
+      shard.local_shape = {E, s.shape[1], whole.dim(1)};
+      const size_t row = whole.nbytes() / size_t(s.shape[0]);
+      return distributed::shard_rows(shard, DType::u8, [&](int64_t b, int64_t e, void* dst) {
+        std::memcpy(dst, static_cast<const char*>(whole.raw()) + size_t(b) * row,
+                    size_t(e - b) * row);
+      });
+    };
+    const std::vector<std::string> sources = models::stored_sources(ckpt, s);
+    const Tensor codes = mine(m.codes, sources[0]), scales = mine(m.scales, sources[1]);
+    const int64_t rows = E * s.shape[1];
+    bind_prepared(s.name, impl->backend->prepare_quantized_experts(
+                              {graph::QuantScheme::kMxfp4, graph::QuantLayout::kRows, rows,
+                               s.shape[2], codes.reshape({rows, s.shape[2] / 2}),
+                               scales.reshape({rows, s.shape[2] / 32})},
+                              E));
+  };
   for (const auto& s : specs) {
     if (stored_quantized(s)) {
       add_stored(s);
+      continue;
+    }
+    if (!quantize && models::stored_as_mxfp4(ckpt, s)) {
+      add_mxfp4(s);
+      for (const std::string& source : models::stored_sources(ckpt, s)) advance(source);
       continue;
     }
     if (models::stored_differently(ckpt, s)) {
@@ -614,6 +647,7 @@ void CausalLM::save_pretrained(const std::string& dir) const {
         "save_pretrained: this tensor-parallel model holds only its rank's "
         "slices of the weights; load it in one process to save it");
   std::vector<std::pair<std::string, Tensor>> tensors;
+  bool mxfp4 = false;
   for (const models::WeightSpec& s : m.arch->weights(*m.arch_config)) {
     const auto& w = m.weights.at(s.name);
     if (!s.tied_to.empty() && m.weights.at(s.tied_to) == w) continue;  // the tie, not a copy
@@ -621,6 +655,14 @@ void CausalLM::save_pretrained(const std::string& dir) const {
     if (q == m.quant_attrs.end()) {
       // In the float layout of the checkpoint it came from (gpt-oss's experts transposed).
       tensors.emplace_back(s.name, models::to_stored(m.backend->download(*w), s.stored));
+      continue;
+    }
+    if (q->second.scheme == graph::QuantScheme::kMxfp4) {
+      // As the checkpoint stored them.
+      for (auto& t : models::to_stored_mxfp4(s, m.backend->download(*w),
+                                             m.backend->download(*m.weights.at(s.name + "_scale"))))
+        tensors.push_back(std::move(t));
+      mxfp4 = true;
       continue;
     }
     if (s.role == models::WeightRole::kExperts)
@@ -651,7 +693,9 @@ void CausalLM::save_pretrained(const std::string& dir) const {
   config["torch_dtype"] = std::string(dtype_name(m.dtype));
   // Transformers 5 reads "dtype" first; keep the two consistent when the source had it.
   if (config.contains("dtype")) config["dtype"] = config["torch_dtype"];
-  if (m.quantize.empty())
+  if (mxfp4)
+    config["quantization_config"] = {{"quant_method", "mxfp4"}};
+  else if (m.quantize.empty())
     config.erase("quantization_config");
   else
     config["quantization_config"] = {

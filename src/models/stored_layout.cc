@@ -62,7 +62,8 @@ Tensor regroup_halves(const Tensor& t, bool split) {
   return r;
 }
 
-Tensor read_mxfp4(const io::Checkpoint& ckpt, const WeightSpec& s, DType dtype) {
+// The blocks and scales of `s`, checked against its shape (views of the checkpoint).
+std::pair<Tensor, Tensor> checked_mxfp4(const io::Checkpoint& ckpt, const WeightSpec& s) {
   const int64_t E = s.shape[0], N = s.shape[1], K = s.shape[2], G = K / 32;
   const std::string want_blocks = "uint8" + shape_str({E, N, G, 16}),
                     want_scales = "uint8" + shape_str({E, N, G});
@@ -80,8 +81,15 @@ Tensor read_mxfp4(const io::Checkpoint& ckpt, const WeightSpec& s, DType dtype) 
   for (int64_t i = 0; i < scales.numel(); ++i)
     if (sc[i] == 0xFF)
       throw FormatError("tensor '" + si.name + "' in " + si.file +
-                        " holds the e8m0 NaN (0xFF) at " + "index " + std::to_string(i) +
+                        " holds the e8m0 NaN (0xFF) at index " + std::to_string(i) +
                         "; an MXFP4 scale must be a power of two");
+  return {blocks, scales};
+}
+
+Tensor read_mxfp4(const io::Checkpoint& ckpt, const WeightSpec& s, DType dtype) {
+  const int64_t E = s.shape[0], N = s.shape[1], K = s.shape[2], G = K / 32;
+  const auto [blocks, scales] = checked_mxfp4(ckpt, s);
+  const auto* sc = scales.data<uint8_t>();
   Tensor out = Tensor::zeros(s.shape, dtype);
   // One expert at a time through float32, so the peak is one expert's floats.
   Tensor expert = Tensor::zeros({N, K}, DType::f32);
@@ -105,6 +113,30 @@ void dequantize_mxfp4(const uint8_t* blocks, const uint8_t* scales, int64_t grou
       out[g * 32 + 2 * i + 1] = kE2m1[byte >> 4] * scale;
     }
   }
+}
+
+bool stored_as_mxfp4(const io::Checkpoint& ckpt, const WeightSpec& s) { return as_mxfp4(ckpt, s); }
+
+Mxfp4Rows read_mxfp4_rows(const io::Checkpoint& ckpt, const WeightSpec& s) {
+  auto [blocks, scales] = checked_mxfp4(ckpt, s);
+  if (s.stored.interleaved) {
+    blocks = regroup_halves(blocks, true);
+    scales = regroup_halves(scales, true);
+  }
+  const int64_t rows = s.shape[0] * s.shape[1];
+  return {blocks.reshape({rows, s.shape[2] / 2}), scales.reshape({rows, s.shape[2] / 32})};
+}
+
+std::vector<std::pair<std::string, Tensor>> to_stored_mxfp4(const WeightSpec& s,
+                                                            const Tensor& codes,
+                                                            const Tensor& scales) {
+  const int64_t E = s.shape[0], N = s.shape[1], G = s.shape[2] / 32;
+  Tensor blocks = codes.reshape({E, N, G, 16}), exponents = scales.reshape({E, N, G});
+  if (s.stored.interleaved) {
+    blocks = regroup_halves(blocks, false);
+    exponents = regroup_halves(exponents, false);
+  }
+  return {{blocks_of(s.name), blocks}, {scales_of(s.name), exponents}};
 }
 
 bool stored_differently(const io::Checkpoint& ckpt, const WeightSpec& s) {

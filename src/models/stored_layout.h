@@ -20,6 +20,23 @@ bool stored_differently(const io::Checkpoint& ckpt, const WeightSpec& s);
 // is stored as MXFP4 (s.stored.mxfp4 and no float tensor of its name).
 std::vector<std::string> stored_sources(const io::Checkpoint& ckpt, const WeightSpec& s);
 
+// Whether the checkpoint holds `s` as MXFP4 blocks and scales.
+bool stored_as_mxfp4(const io::Checkpoint& ckpt, const WeightSpec& s);
+
+// MXFP4 experts (E, N, K) as stored, checked as read_stored checks them and with their rows
+// de-interleaved as it would: codes u8 (E * N, K / 2) and exponents u8 (E * N, K / 32), the
+// operands of graph::QuantScheme::kMxfp4 rows, expert after expert.
+struct Mxfp4Rows {
+  Tensor codes, scales;
+};
+Mxfp4Rows read_mxfp4_rows(const io::Checkpoint& ckpt, const WeightSpec& s);
+
+// The inverse, for save_pretrained: "<name>_blocks" and "<name>_scales" as the checkpoint holds
+// them.
+std::vector<std::pair<std::string, Tensor>> to_stored_mxfp4(const WeightSpec& s,
+                                                            const Tensor& codes,
+                                                            const Tensor& scales);
+
 // `s` read from the checkpoint in s.shape and `dtype`: transposed back, its halves
 // de-interleaved, MXFP4 dequantized exactly. FormatError naming the tensor and file for a shape
 // or dtype that does not fit config.json, or an MXFP4 scale that is NaN (0xFF).

@@ -8,13 +8,17 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
 #include "common/error_of.h"
+#include "golden_util.h"
 #include "io/safetensors.h"
+#include "models/causal_lm_impl.h"
 #include "models/stored_layout.h"
 #include "tformers/error.h"
+#include "tformers/model.h"
 
 namespace tformers {
 namespace {
@@ -144,6 +148,46 @@ TEST_F(StoredLayoutFile, BadTensorsAreRefusedByName) {
     const std::string e = error_of<FormatError>([&] { models::read_stored(ckpt, s, DType::f32); });
     EXPECT_CONTAINS(e, "[1, 64, 2]");
     EXPECT_CONTAINS(e, "transposed");
+  }
+}
+
+// gpt-oss's MXFP4 experts stay MXFP4 in memory (codes and exponents, half a byte and 1/32 of a
+// byte per weight), stacked by expert, unless quantize asks for int8 or int4.
+TEST(Mxfp4Load, ExpertsStayAsStoredUnlessQuantized) {
+  const std::string experts = "model.layers.1.mlp.experts.gate_up_proj";
+  CausalLM lm = AutoModelForCausalLM::from_pretrained(testing::model_dir("hf-gpt-oss-mxfp4"),
+                                                      {.dtype = float32, .device_map = "cpu"});
+  const CausalLM::Impl& m = models::state_of(lm);
+  EXPECT_EQ(m.weight_types.at(experts), (graph::TensorType{DType::u8, {8, 64, 32}}));
+  EXPECT_EQ(m.weight_types.at(experts + "_scale"), (graph::TensorType{DType::u8, {8, 64, 2}}));
+  EXPECT_EQ(m.quant_attrs.at(experts).scheme, graph::QuantScheme::kMxfp4);
+  CausalLM q = AutoModelForCausalLM::from_pretrained(
+      testing::model_dir("hf-gpt-oss-mxfp4"),
+      {.dtype = float32, .device_map = "cpu", .quantize = "int8"});
+  EXPECT_EQ(models::state_of(q).quant_attrs.at(experts).scheme, graph::QuantScheme::kInt8);
+}
+
+// save_pretrained writes MXFP4 experts back as the checkpoint held them, byte for byte (the
+// interleaved gate and up rows restored), and the float experts of hf-gpt-oss transposed back.
+TEST_F(StoredLayoutFile, SavePretrainedWritesTheStoredLayoutsBack) {
+  for (const char* name : {"hf-gpt-oss-mxfp4", "hf-gpt-oss"}) {
+    const std::string from = testing::model_dir(name);
+    CausalLM lm =
+        AutoModelForCausalLM::from_pretrained(from, {.dtype = float32, .device_map = "cpu"});
+    const std::string to = (dir_ / name).string();
+    lm.save_pretrained(to);
+    const io::Checkpoint a = io::Checkpoint::open(from), b = io::Checkpoint::open(to);
+    EXPECT_EQ(a.names(), b.names()) << name;
+    for (const std::string& t : a.names()) {
+      const Tensor x = a.get(t), y = b.get(t);
+      ASSERT_EQ(x.shape(), y.shape()) << name << " " << t;
+      EXPECT_EQ(0, std::memcmp(x.raw(), y.raw(), x.nbytes())) << name << " " << t;
+    }
+    CausalLM again =
+        AutoModelForCausalLM::from_pretrained(to, {.dtype = float32, .device_map = "cpu"});
+    const std::vector<int32_t> ids = {1, 17, 300, 45};
+    const Tensor l1 = testing::prefill_logits(lm, ids), l2 = testing::prefill_logits(again, ids);
+    EXPECT_EQ(0, std::memcmp(l1.raw(), l2.raw(), l1.nbytes())) << name;
   }
 }
 

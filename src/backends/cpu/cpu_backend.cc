@@ -239,11 +239,12 @@ CpuExecutable::CpuExecutable(const graph::Graph& g, TransferCounters* stats)
       const graph::LinearQuantAttrs& q = n.op == Op::kLinearQuant
                                              ? n.attrs_as<graph::LinearQuantAttrs>()
                                              : n.attrs_as<graph::LinearIdAttrs>().quant;
-      if ((q.scheme == graph::QuantScheme::kInt4) != (q.layout == graph::QuantLayout::kTiles))
+      if ((q.scheme == graph::QuantScheme::kInt4) != (q.layout == graph::QuantLayout::kTiles) ||
+          (q.scheme == graph::QuantScheme::kMxfp4 && n.op != Op::kLinearIdQuant))
         throw UnsupportedError("node " + n.name +
-                               ": the CPU backend multiplies int8 rows and int4 tiles, not this "
-                               "layout; prepare the weight with the CPU backend's "
-                               "prepare_quantized_linear");
+                               ": the CPU backend multiplies int8 rows, int4 tiles and MXFP4 "
+                               "experts, not this layout; prepare the weight with the CPU "
+                               "backend's prepare_quantized_linear");
     }
   plan();
 }

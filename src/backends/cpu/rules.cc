@@ -668,6 +668,11 @@ void linear_id_quant(const OpCall& c) {
                        p.N, p.K, pool(), kind);
       return;
     }
+    if (q.scheme == graph::QuantScheme::kMxfp4) {
+      cpu::linear_mxfp4(x, w, static_cast<const uint8_t*>(c.in[3]) + e * s_each, nullptr, y, m, p.N,
+                        p.K, pool(), kind);
+      return;
+    }
     const uint8_t* zero = q.has_zero ? static_cast<const uint8_t*>(c.in[4]) + e * s_each : nullptr;
     cpu::linear_int4(x, w, static_cast<const uint16_t*>(c.in[3]) + e * s_each, zero, nullptr, y, m,
                      p.N, p.K, pool(), kind);

@@ -62,17 +62,32 @@ Val Lowering::quant_weight(const graph::LinearQuantAttrs& q, const Val& w, const
     return e_.slice(e_.reshape(b, {N, nb * graph::kQuantBlock}), 1, 0, K);
   };
   Val codes = w;
-  if (q.scheme == graph::QuantScheme::kInt4) {
+  if (q.scheme != graph::QuantScheme::kInt8) {
     const Shape pairs = {N, w.shape[1], 1};
     const Val bytes = e_.reshape(w, pairs);
     const Val low = e_.binary("and", bytes, e_.splat(15, "ui8", pairs));
     const Val high = e_.binary("shift_right_logical", bytes, e_.splat(4, "ui8", pairs));
     codes = e_.slice(e_.reshape(e_.concatenate({low, high}, 2), {N, 2 * w.shape[1]}), 1, 0, K);
   }
+  if (q.scheme == graph::QuantScheme::kMxfp4) return mxfp4_weight(codes, s, per_k);
   codes = e_.convert(codes, "f32");
   if (q.scheme == graph::QuantScheme::kInt4)
     codes = e_.binary("subtract", codes, zero ? per_k(*zero) : e_.splat(8, "f32", {N, K}));
   return e_.convert(e_.binary("multiply", codes, per_k(s)), act_);
+}
+
+// MXFP4 codes (N,K) ui8: each code's e2m1 value looked up, times 2^(e - 127) from its block's
+// exponent e, built as the float32 whose exponent bits are e (exact; e = 0 gives 0 where the
+// format means 2^-127, a weight of at most 6 * 2^-127).
+Val Lowering::mxfp4_weight(const Val& codes, const Val& s,
+                           const std::function<Val(const Val&)>& per_k) {
+  const int64_t N = codes.shape[0], K = codes.shape[1];
+  const Val table = e_.floats({0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0f, -0.5, -1, -1.5, -2, -3, -4, -6});
+  const Val values =
+      e_.reshape(e_.gather_rows(table, e_.reshape(e_.convert(codes, "i32"), {N * K})), {N, K});
+  const Val bits = e_.binary("shift_left", e_.convert(s, "i32"), e_.splat(23, "i32", s.shape));
+  const Val scale = e_.bitcast(bits, "f32");
+  return e_.convert(e_.binary("multiply", values, per_k(scale)), act_);
 }
 
 Val Lowering::rms_norm(const Node& n) {

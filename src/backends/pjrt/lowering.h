@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -93,6 +94,12 @@ class Emitter {
                str_cat("stablehlo.constant dense<[", lit, "]> : ", tensor_type("f32", shape)));
   }
 
+  // The same bits as another element type of the same width.
+  Val bitcast(const Val& a, const std::string& elem) {
+    return def(elem, a.shape,
+               str_cat("stablehlo.bitcast_convert ", a.ssa, " : (", a.type(), ") -> ",
+                       tensor_type(elem, a.shape)));
+  }
   Val convert(const Val& a, const std::string& elem) {
     if (a.elem == elem) return a;
     return def(elem, a.shape,
@@ -331,6 +338,7 @@ class Lowering {
   // activation dtype.
   Val quant_weight(const graph::LinearQuantAttrs& q, const Val& w, const Val& s, const Val* zero,
                    int64_t K);
+  Val mxfp4_weight(const Val& codes, const Val& s, const std::function<Val(const Val&)>& per_k);
   Val rms_norm(const Node& n);
   Val rope(const Node& n);
   Val silu_mul(const Node& n);
