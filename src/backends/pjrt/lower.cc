@@ -76,18 +76,28 @@ Val Lowering::quant_weight(const graph::LinearQuantAttrs& q, const Val& w, const
   return e_.convert(e_.binary("multiply", codes, per_k(s)), act_);
 }
 
-// MXFP4 codes (N,K) ui8: each code's e2m1 value looked up, times 2^(e - 127) from its block's
-// exponent e, built as the float32 whose exponent bits are e (exact; e = 0 gives 0 where the
-// format means 2^-127, a weight of at most 6 * 2^-127).
+// MXFP4 codes (N,K) ui8: each code's e2m1 value (sign bit 3, exponent bits 2-1 with bias 1,
+// mantissa bit 0) built as float32 bits, elementwise (a table lookup would be a gather, which a
+// TPU pads to 128 lanes per looked-up value), times 2^(e - 127) from its block's exponent e, the
+// float32 whose exponent bits are e (exact; e = 0 gives 0 where the format means 2^-127, a
+// weight of at most 6 * 2^-127).
 Val Lowering::mxfp4_weight(const Val& codes, const Val& s,
                            const std::function<Val(const Val&)>& per_k) {
-  const int64_t N = codes.shape[0], K = codes.shape[1];
-  const Val table = e_.floats({0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0f, -0.5, -1, -1.5, -2, -3, -4, -6});
-  const Val values =
-      e_.reshape(e_.gather_rows(table, e_.reshape(e_.convert(codes, "i32"), {N * K})), {N, K});
+  const Val c = e_.convert(codes, "i32");
+  const Shape& shape = c.shape;
+  auto k = [&](double v) { return e_.splat(v, "i32", shape); };
+  auto bits_of = [&](const char* op, const Val& a, double v) { return e_.binary(op, a, k(v)); };
+  const Val sign = bits_of("shift_left", bits_of("shift_right_logical", c, 3), 31);
+  const Val exponent = bits_of("and", bits_of("shift_right_logical", c, 1), 3);
+  const Val mantissa = bits_of("and", c, 1);
+  // Normal: 2^(exponent - 1) (1 + mantissa / 2); subnormal (exponent 0): mantissa / 2.
+  const Val normal = e_.binary("or", bits_of("shift_left", bits_of("add", exponent, 126), 23),
+                               bits_of("shift_left", mantissa, 22));
+  const Val subnormal = bits_of("multiply", mantissa, 0x3F000000);
+  const Val magnitude = e_.select(e_.compare("EQ", exponent, k(0)), subnormal, normal);
+  const Val values = e_.bitcast(e_.binary("or", sign, magnitude), "f32");
   const Val bits = e_.binary("shift_left", e_.convert(s, "i32"), e_.splat(23, "i32", s.shape));
-  const Val scale = e_.bitcast(bits, "f32");
-  return e_.convert(e_.binary("multiply", values, per_k(scale)), act_);
+  return e_.convert(e_.binary("multiply", values, per_k(e_.bitcast(bits, "f32"))), act_);
 }
 
 Val Lowering::rms_norm(const Node& n) {

@@ -218,20 +218,31 @@ Val Lowering::matmul(const Node& n) {
 }
 
 // Each (row, slot)'s expert weight gathered, (R * k, N, K), and one batched dot with the row's x.
-Val Lowering::linear_id(const Node& n) { return experts_out(n, in(n, 0), in(n, 1), in(n, 2)); }
+Val Lowering::linear_id(const Node& n) {
+  const Val& w = in(n, 1);  // (E, N, K)
+  return experts_out(n, in(n, 0), w.shape[0], w.shape[2],
+                     [&](const Val& routed) { return e_.gather_rows(w, routed); });
+}
 
-// Every expert dequantized, then as kLinearId: a dense form, simple for XLA to fuse; reading only
-// the routed experts' codes is the CPU backend's business.
+// Fewer (row, slot) pairs than experts (a decode step): the routed experts' codes and scales
+// gathered, then only those dequantized, so the step reads k experts' codes as the CPU backend
+// does and holds k experts' floats. More: every expert dequantized once, then gathered.
 Val Lowering::linear_id_quant(const Node& n) {
   const graph::LinearQuantAttrs& q = n.attrs_as<graph::LinearIdAttrs>().quant;
   const Val& w = in(n, 1);  // (E, N, Kb)
   const Val& s = in(n, 3);  // (E, N, nb)
   const int64_t E = w.shape[0], N = w.shape[1], K = in(n, 0).shape.back();
-  const Val flat_zero = q.has_zero ? e_.reshape(in(n, 4), {E * N, s.shape[2]}) : Val{};
-  const Val all =
-      quant_weight(q, e_.reshape(w, {E * N, w.shape[2]}), e_.reshape(s, {E * N, s.shape[2]}),
-                   q.has_zero ? &flat_zero : nullptr, K);
-  return experts_out(n, in(n, 0), e_.reshape(all, {E, N, K}), in(n, 2));
+  const bool few = shape_numel(in(n, 2).shape) < E;
+  return experts_out(n, in(n, 0), E, K, [&](const Val& routed) {
+    const int64_t rk = few ? routed.shape[0] : E;
+    auto rows = [&](const Val& v) {
+      return e_.reshape(few ? e_.gather_rows(v, routed) : v, {rk * N, v.shape[2]});
+    };
+    const Val zero = q.has_zero ? rows(in(n, 4)) : Val{};
+    const Val all =
+        e_.reshape(quant_weight(q, rows(w), rows(s), q.has_zero ? &zero : nullptr, K), {rk, N, K});
+    return few ? all : e_.gather_rows(all, routed);
+  });
 }
 
 const Val* Lowering::experts_bias(const Node& n) {
@@ -240,10 +251,11 @@ const Val* Lowering::experts_bias(const Node& n) {
   return n.inputs.size() > at ? &in(n, at) : nullptr;
 }
 
-Val Lowering::experts_out(const Node& n, const Val& x, const Val& w, const Val& idx) {
-  // w (E, N, K)
+Val Lowering::experts_out(const Node& n, const Val& x, int64_t E, int64_t K,
+                          const std::function<Val(const Val&)>& routed_weights) {
+  const Val& idx = in(n, 2);
   const int group = n.attrs_as<graph::LinearIdAttrs>().group;
-  const int64_t E = w.shape[0], N = w.shape[1], K = w.shape[2], k = idx.shape.back();
+  const int64_t N = n.type.shape.back(), k = idx.shape.back();
   const int64_t rows = shape_numel(idx.shape) / k, rk = rows * k;
   // This rank's experts start at a constant of its program (as a device's partition id would
   // be); a pair routed to another rank's expert gives a zero row.
@@ -253,13 +265,13 @@ Val Lowering::experts_out(const Node& n, const Val& x, const Val& w, const Val& 
                              e_.compare("LT", at, e_.splat(double(E), "i32", {rk})));
   const Val clamped = e_.binary("minimum", e_.binary("maximum", at, e_.splat(0, "i32", {rk})),
                                 e_.splat(double(E - 1), "i32", {rk}));
-  const Val experts = e_.gather_rows(w, clamped);
+  const Val experts = routed_weights(clamped);  // (rk, N, K)
   const Val* bias = experts_bias(n);
   const bool per_slot = x.rank() == idx.rank() + 1;
   const Val xs =
       per_slot ? e_.reshape(x, {rk, K})
                : e_.reshape(e_.broadcast(e_.reshape(x, {rows, K}), {rows, k, K}, {0, 2}), {rk, K});
-  Val y = e_.dot(e_.convert(xs, w.elem), experts, {0}, {0}, {1}, {2});  // (rk, N)
+  Val y = e_.dot(e_.convert(xs, experts.elem), experts, {0}, {0}, {1}, {2});  // (rk, N)
   if (bias) y = e_.binary("add", y, e_.convert(e_.gather_rows(*bias, clamped), y.elem));
   if (group >= 0) y = e_.select(e_.broadcast(mine, {rk, N}, {0}), y, e_.splat(0, y.elem, {rk, N}));
   return out(n, e_.reshape(y, n.type.shape));

@@ -384,7 +384,10 @@ class Lowering {
   Val linear_id(const Node& n);
   Val linear_id_quant(const Node& n);
   // x through the experts w (E, N, K) at idx: kLinearId's result.
-  Val experts_out(const Node& n, const Val& x, const Val& w, const Val& idx);
+  // x (..., K) or a row per slot through the experts idx (operand 2) routed to, of E on this
+  // rank: routed_weights(experts (rk) i32, clamped into range) gives their weights (rk, N, K).
+  Val experts_out(const Node& n, const Val& x, int64_t E, int64_t K,
+                  const std::function<Val(const Val&)>& routed_weights);
   // The experts' bias operand of kLinearId or kLinearIdQuant, or null.
   const Val* experts_bias(const Node& n);
   // Operand k in the node's element type, broadcast to the node's shape.

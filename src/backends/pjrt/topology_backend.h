@@ -36,6 +36,8 @@ class TopologyBackend : public Backend {
   // As the PJRT backend that would run its programs.
   Capabilities capabilities() const override { return pjrt::capabilities(); }
   std::shared_ptr<Buffer> upload(const Tensor& host) override;
+  // As a TPU's PJRT backend lays quantized weights out (rows), so their programs are the same.
+  QuantizedLinear laid_out(const QuantizedLinear& q) const override { return to_rows(q); }
   std::shared_ptr<Buffer> allocate(const graph::TensorType& type) override;
   Tensor download(const Buffer& buffer) override;
 
