@@ -369,6 +369,10 @@ CommandLine parse_command_line(int raw_argc, const char* const* raw_argv, std::o
       ->check(CLI::IsMember({"true", "false", "never"}));
   add_tp_flags(gen, g.tp, g.tp_plan);
 
+  chat->add_flag("--hide-reasoning", g.hide_reasoning,
+                 "Show a reasoning model's answer only, not its reasoning (shown by default "
+                 "between 'Thinking...' and '...done thinking.', dimmed on a terminal)");
+
   tokz->add_option("--model,-m", tok_model, "Model folder or Hub id in the local cache")
       ->required();
   tokz->add_option("--revision", tok_revision, "Hub revision of a cached model")

@@ -38,6 +38,7 @@ struct GenerateArgs {
                      device = "auto", quantize, early_stopping, load_mode = "copy";
   bool chat = false, verbose = false, verbose_all_ranks = false, do_sample = false,
        ignore_eos = false, json = false, use_kernels = false;
+  bool hide_reasoning = false;  // chat: a reasoning model's reasoning is not shown
   int64_t tp = 0;  // tensor-parallel processes (under tformers launch); 0: the whole model here
   std::string tp_plan;  // JSON object for DistributedConfig.tp_plan; "": the default plan
   std::optional<int64_t> max_new_tokens, top_k, seed, no_repeat_ngram_size, ctx_size, num_beams;

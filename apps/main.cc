@@ -34,6 +34,7 @@
 #include <editline/readline.h>
 #endif
 
+#include "chat_reply.h"
 #include "cli.h"
 #include "compile.h"
 #include "core/cpu_features.h"
@@ -47,6 +48,8 @@
 #include "io/hub.h"
 #include "kernels_hub/cli.h"
 #include "quantize.h"
+#include "serve/openai.h"
+#include "serve/reasoning.h"
 #include "serve/server.h"
 #include "terminal.h"
 #include "tformers/accelerator.h"
@@ -460,7 +463,8 @@ bool read_line(std::string& line, uint64_t max_bytes) {
 // message. Old turns are dropped (the system message kept) when the history outgrows it. Turn i
 // samples with the session seed + i: reproducible from one seed, without repeating replies.
 // Commands (kChatHelp): /help, /reset clears the history, /exit or /quit (or end of input)
-// quits; Ctrl-C during a reply stops it, at the prompt it discards the line being typed.
+// quits; Ctrl-C during a reply stops it, at the prompt it discards the line being typed. A
+// reasoning model's reasoning is shown apart from its answer (chat_reply.h).
 const char* const kChatHelp =
     "tformers: chat: commands: /help shows this; /reset clears the history (the system message "
     "is kept); /exit or /quit ends the session, as Ctrl-D does. Ctrl-C stops a reply, and at "
@@ -477,6 +481,66 @@ std::string chat_command(const std::string& line) {
   return letters ? word : "";
 }
 
+// How chat shows a model's replies: the reasoning format its template teaches, the markers the
+// output text must keep for the parser to see it, and how the reasoning is shown.
+struct ReplyFormat {
+  tformers::serve::ReasoningFormat reasoning;
+  tformers::serve::KeptTokens kept;
+  tformers::cli::ReasoningShown shown;
+};
+
+ReplyFormat reply_format(const tformers::Tokenizer& tok, bool hide_reasoning) {
+  using tformers::cli::ReasoningShown;
+  const tformers::serve::ReasoningFormat format = tformers::serve::detect_reasoning_format(tok);
+  const ReasoningShown shown = hide_reasoning ? ReasoningShown::kHidden
+                               : tformers::cli::styled_terminal(STDOUT_FILENO)
+                                   ? ReasoningShown::kDimmed
+                                   : ReasoningShown::kPlain;
+  return {format, tformers::serve::kept_reasoning_tokens(format, tok), shown};
+}
+
+struct Reply {
+  nlohmann::ordered_json message;  // for the history
+  int64_t reused = 0;              // prompt tokens the kept cache held
+};
+
+// Generates and streams one chat reply to stdout until its end or a Ctrl-C. Diagnostics are held
+// while it streams and let out whenever stdout is at the start of a line.
+Reply stream_reply(tformers::CausalLM& lm, const tformers::Tokenizer& tok,
+                   const std::vector<int32_t>& ids, const tformers::GenerationConfig& gc,
+                   const ReplyFormat& format, tformers::KeptCache& kept) {
+  const bool think_open = format.reasoning == tformers::serve::ReasoningFormat::kThink &&
+                          tformers::serve::prompt_opens_think(ids, tok);
+  tformers::serve::OutputText text(tok, {}, format.kept);
+  g_interrupted = 0;
+  set_sigint(on_sigint);
+  HeldStderr held;
+  tformers::cli::ChatReply reply(format.reasoning, think_open, format.shown,
+                                 [&](std::string_view piece) {
+                                   if (!g_out.mid_line()) held.release();
+                                   g_out.write(piece);
+                                   if (!g_out.mid_line()) held.release();
+                                 });
+  const tformers::GenerateOutput out = tformers::generate(
+      lm, {ids}, gc,
+      [&](int64_t, int32_t id) {
+        reply.put(text.put(id));
+        return !g_interrupted;
+      },
+      &tok, {}, &kept);
+  reply.put(text.finish());
+  reply.finish();
+  g_out.end_line();
+  // A reasoning model can spend the whole reply on its reasoning, which --hide-reasoning leaves
+  // as no reply at all.
+  if (out.finish_reasons[0] == "length" && reply.only_reasoning())
+    std::fprintf(stderr,
+                 "tformers: chat: the reply reached --max-new-tokens (%lld) in its reasoning, "
+                 "before an answer; raise it for room to answer\n",
+                 (long long)*gc.max_new_tokens);
+  return {reply.message(), out.cached_prompt_tokens};
+}
+
 int cmd_chat(const GenerateArgs& a) {
   check_args(a);
   quiet_other_ranks(a);
@@ -486,6 +550,7 @@ int cmd_chat(const GenerateArgs& a) {
                                          " has no chat template (neither chat_template.jinja "
                                          "nor a chat_template in tokenizer_config.json); use "
                                          "`tformers generate` for plain text");
+  const ReplyFormat format = reply_format(tok, a.hide_reasoning);
   tformers::CausalLM lm = load_model(a);
   const int64_t positions = lm.config().max_position_embeddings;
   const int64_t ctx = a.ctx_size.value_or(std::min<int64_t>(positions, 4096));
@@ -505,6 +570,10 @@ int cmd_chat(const GenerateArgs& a) {
                                          " leaves no room for the prompt in " + "a context of " +
                                          std::to_string(ctx) + "; lower it or raise --ctx-size");
   gc.max_cache_len = ctx;
+  // A harmony reply ends at <|return|> or <|call|>, whatever generation_config.json lists.
+  if (format.reasoning == tformers::serve::ReasoningFormat::kHarmony && !gc.eos_token_id)
+    gc.eos_token_id = tformers::serve::harmony_eos_ids(
+        tok, lm.generation_config().eos_token_id.value_or(std::vector<int64_t>{}));
   // Bad settings fail here, before the first prompt, rather than after the user's first line.
   tformers::resolve(lm.generation_config().merged_with(gc), 1, lm.config().vocab_size, positions);
   const std::optional<uint64_t> set_seed = gc.seed ? gc.seed : lm.generation_config().seed;
@@ -575,38 +644,16 @@ int cmd_chat(const GenerateArgs& a) {
     }
     gc.seed = session_seed + turn;
     const tformers::CompileStats before = lm.compile_stats();
-    tformers::TokenStreamer streamer(tok, /*skip_special_tokens=*/true);
-    std::string reply;
-    int64_t reused = 0;
-    g_interrupted = 0;
-    set_sigint(on_sigint);
-    {
-      HeldStderr held;
-      auto put = [&](const std::string& piece) {
-        reply += piece;
-        if (!g_out.mid_line()) held.release();
-        g_out.write(piece);
-        if (!g_out.mid_line()) held.release();
-      };
-      reused = tformers::generate(
-                   lm, {ids}, gc,
-                   [&](int64_t, int32_t id) {
-                     put(streamer.put(id));
-                     return !g_interrupted;
-                   },
-                   &tok, {}, &kept)
-                   .cached_prompt_tokens;
-      put(streamer.end());
-      g_out.end_line();
-    }
+    Reply reply = stream_reply(lm, tok, ids, gc, format, kept);
     if (g_interrupted) std::fprintf(stderr, "tformers: chat: reply stopped (Ctrl-C)\n");
-    messages.push_back({{"role", "assistant"}, {"content", reply}});
+    messages.push_back(std::move(reply.message));
     if (a.verbose) {
       const tformers::CompileStats now = lm.compile_stats();
       std::fprintf(stderr,
                    "tformers: chat: prompt %zu tokens (%lld kept from the last turn, %lld "
                    "computed); compiles +%llu, cache hits +%llu\n",
-                   ids.size(), (long long)reused, (long long)(int64_t(ids.size()) - reused),
+                   ids.size(), (long long)reply.reused,
+                   (long long)(int64_t(ids.size()) - reply.reused),
                    (unsigned long long)(now.compiles - before.compiles),
                    (unsigned long long)(now.hits - before.hits));
     }

@@ -1,9 +1,10 @@
 // What the command line needs to write to a terminal safely: escaping of strings read from
-// files, and holding stderr back while text streams to stdout.
+// files, whether output may be styled, and holding stderr back while text streams to stdout.
 #pragma once
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -52,6 +53,13 @@ inline std::string escape_for_terminal(std::string_view s) {
     }
   }
   return out;
+}
+
+// Whether text written to `fd` may be styled with SGR sequences (dim, colour): it is a terminal,
+// and NO_COLOR (no-color.org) is unset or empty.
+inline bool styled_terminal(int fd) {
+  const char* no_color = std::getenv("NO_COLOR");
+  return ::isatty(fd) && !(no_color && *no_color);
 }
 
 // While text streams to stdout, diagnostics written to stderr (compile notes, warnings) would land

@@ -1,6 +1,6 @@
 // `tformers chat` driven through a pseudo-terminal for two turns, as a person would use it. The
 // replies must be what the library gives for the same conversation (the second turn sees the
-// first one's history).
+// first one's history). Also a reasoning model's reply, on a terminal and through pipes.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <pty.h>
@@ -13,9 +13,13 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/run_command.h"
 #include "tformers/pipeline.h"
 
 namespace {
@@ -263,6 +267,85 @@ TEST(Cli, ChatTypeAheadDuringAReply) {
     close(fd);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << typed << ": " << out;
   }
+}
+
+// The shipped model with its chat markers renamed <think> and </think>: the same token ids, so
+// the same replies, but its template now leaves a <think> block open at every generation prompt
+// (as Qwen3's thinking-2507 templates do), so chat reads each whole reply as reasoning. No small
+// model writes reasoning markup of its own.
+std::string think_model() {
+  namespace fs = std::filesystem;
+  const fs::path kjv = fs::path(TFORMERS_SOURCE_DIR) / "models/kjv-fortunes-tiny";
+  const fs::path dir = fs::path(::testing::TempDir()) / "kjv-think";
+  fs::create_directories(dir);
+  for (const char* file : {"config.json", "generation_config.json", "model.safetensors"})
+    fs::copy_file(kjv / file, dir / file, fs::copy_options::overwrite_existing);
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::ifstream in(kjv / file, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::string s = text.str();
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{"<|im_start|>", "<think>"},
+                                   {"<|im_end|>", "</think>"}})
+      for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at))
+        s.replace(at, from.size(), to);
+    std::ofstream(dir / file, std::ios::binary) << s;
+  }
+  return dir.string();
+}
+
+// Through pipes the reasoning is plain, between its labels; --hide-reasoning leaves the answer
+// alone (here none, with a note when the reply ran out of tokens in its reasoning). The model
+// without a reasoning format streams exactly what the library generates, as before.
+TEST(Cli, ChatShowsReasoningBetweenLabelsThroughPipes) {
+  using tformers::testing::run;
+  const std::string cli = TFORMERS_CLI, model = think_model();
+  const tformers::testing::Streams plain =
+      run(cli + " chat -m models/kjv-fortunes-tiny -n 16 --seed 7", "hello\n");
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  auto pipe =
+      tformers::pipeline("text-generation", TFORMERS_SOURCE_DIR "/models/kjv-fortunes-tiny");
+  const std::string reply =
+      pipe.chat({{{"role", "user"}, {"content", "hello"}}}, {.max_new_tokens = 16, .seed = 7});
+  ASSERT_EQ(plain.out, "> " + reply + "\n> \n");
+
+  const tformers::testing::Streams think =
+      run(cli + " chat -m " + model + " -n 16 --seed 7", "hello\n");
+  ASSERT_EQ(think.status, 0) << think.err;
+  const size_t begin = reply.find_first_not_of(" \n"), end = reply.find_last_not_of(" \n") + 1;
+  EXPECT_EQ(think.out,
+            "> Thinking...\n" + reply.substr(begin, end - begin) + "\n...done thinking.\n> \n");
+  EXPECT_EQ(think.err.find("before an answer"), std::string::npos) << think.err;
+
+  const tformers::testing::Streams hidden =
+      run(cli + " chat -m " + model + " -n 4 --seed 7 --hide-reasoning", "hello\n");
+  ASSERT_EQ(hidden.status, 0) << hidden.err;
+  EXPECT_EQ(hidden.out, "> > \n");
+  EXPECT_NE(hidden.err.find("reached --max-new-tokens (4) in its reasoning, before an answer"),
+            std::string::npos)
+      << hidden.err;
+}
+
+// On a terminal each label and piece of reasoning is dimmed (SGR 2), and intensity is back to
+// normal (SGR 22) before each line ends.
+TEST(Cli, ChatDimsReasoningOnATerminal) {
+  const std::string model = think_model();
+  int fd = -1;
+  pid_t pid = start_chat(fd, {"--model", model.c_str(), "-n", "16", "--seed", "7"});
+  ASSERT_GE(pid, 0);
+  std::string out;
+  ASSERT_TRUE(read_until(fd, out, "> ", 1)) << out;
+  ASSERT_TRUE(wait_raw(fd));
+  ASSERT_EQ(write(fd, "hello\n", 6), 6);
+  ASSERT_TRUE(read_until(fd, out, "> ", 2)) << out;
+  ASSERT_TRUE(wait_raw(fd));
+  ASSERT_EQ(write(fd, "/quit\n", 6), 6);
+  const int status = wait_exit(pid, fd, out);
+  close(fd);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("hello\r\n\x1b[2mThinking...\x1b[22m\r\n\x1b[2m"), std::string::npos) << out;
+  EXPECT_NE(out.find("\x1b[22m\r\n\x1b[2m...done thinking.\x1b[22m\r\n> "), std::string::npos)
+      << out;
 }
 
 }  // namespace

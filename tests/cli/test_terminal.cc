@@ -1,9 +1,14 @@
-// The command line's terminal helpers: escaping of strings from files, and the one-line message
-// main gives for every kind of exception (issue 20's hostile inputs end in one of these).
+// The command line's terminal helpers: escaping of strings from files, when output may be
+// styled, and the one-line message main gives for every kind of exception (issue 20's hostile
+// inputs end in one of these).
 #include <gtest/gtest.h>
+#include <pty.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <system_error>
 
@@ -26,6 +31,27 @@ TEST(EscapeForTerminal, ControlBytesAndInvalidUtf8AreShownAsHex) {
             "\\xc2\\x9b31m");
   EXPECT_EQ(escape_for_terminal("\x80\xc0\xaf\xe4\xb8"), "\\x80\\xc0\\xaf\\xe4\\xb8");
   EXPECT_EQ(escape_for_terminal("\xed\xa0\x80"), "\\xed\\xa0\\x80");  // a surrogate
+}
+
+// Styling (chat's dimmed reasoning) goes to a terminal only, and not under a non-empty NO_COLOR.
+TEST(StyledTerminal, ATerminalWithoutNoColor) {
+  int master = -1, terminal = -1, pipe_ends[2] = {-1, -1};
+  ASSERT_EQ(openpty(&master, &terminal, nullptr, nullptr, nullptr), 0);
+  ASSERT_EQ(pipe(pipe_ends), 0);
+  const char* set = std::getenv("NO_COLOR");
+  const std::optional<std::string> saved = set ? std::optional<std::string>(set) : std::nullopt;
+  unsetenv("NO_COLOR");
+  EXPECT_TRUE(styled_terminal(terminal));
+  EXPECT_FALSE(styled_terminal(pipe_ends[1]));
+  setenv("NO_COLOR", "", 1);
+  EXPECT_TRUE(styled_terminal(terminal));
+  setenv("NO_COLOR", "1", 1);
+  EXPECT_FALSE(styled_terminal(terminal));
+  if (saved)
+    setenv("NO_COLOR", saved->c_str(), 1);
+  else
+    unsetenv("NO_COLOR");
+  for (int fd : {master, terminal, pipe_ends[0], pipe_ends[1]}) close(fd);
 }
 
 template <typename E>
