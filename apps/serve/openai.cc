@@ -62,10 +62,15 @@ ApiError bad_field(const std::string& field, const std::string& what) {
 }
 
 // The optional fields of one JSON object. A field set to null counts as absent, since OpenAI's
-// clients send null for options left unset.
+// clients send null for options left unset. `prefix` says where the object is in the request
+// ("reasoning."), so that errors name the whole path.
 class Fields {
  public:
-  explicit Fields(const Json& object) : object_(object) {}
+  explicit Fields(const Json& object, std::string prefix = "")
+      : object_(object), prefix_(std::move(prefix)) {}
+
+  // The field's path in the request, for errors.
+  std::string path(const std::string& name) const { return prefix_ + name; }
 
   const Json* get(const std::string& name) const {
     auto it = object_.find(name);
@@ -75,43 +80,53 @@ class Fields {
   std::optional<double> number(const std::string& name, double lo, double hi) const {
     const Json* v = get(name);
     if (!v) return std::nullopt;
-    if (!v->is_number()) throw bad_field(name, "expected a number, got " + shown(*v));
+    if (!v->is_number()) throw bad_field(path(name), "expected a number, got " + shown(*v));
     const double x = v->get<double>();
     if (!(x >= lo && x <= hi))
-      throw bad_field(
-          name, shown(*v) + " is out of range; give " + number_text(lo) + " to " + number_text(hi));
+      throw bad_field(path(name), shown(*v) + " is out of range; give " + number_text(lo) + " to " +
+                                      number_text(hi));
     return x;
   }
 
   std::optional<int64_t> integer(const std::string& name, int64_t lo, int64_t hi) const {
     const Json* v = get(name);
     if (!v) return std::nullopt;
-    if (!v->is_number_integer()) throw bad_field(name, "expected an integer, got " + shown(*v));
+    if (!v->is_number_integer())
+      throw bad_field(path(name), "expected an integer, got " + shown(*v));
     // Integers beyond int64 arrive unsigned; they are out of every range here.
     const bool fits = !(v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) &&
                       v->get<int64_t>() >= lo && v->get<int64_t>() <= hi;
     if (!fits)
-      throw bad_field(name, shown(*v) + " is out of range; give " + std::to_string(lo) + " to " +
-                                std::to_string(hi));
+      throw bad_field(path(name), shown(*v) + " is out of range; give " + std::to_string(lo) +
+                                      " to " + std::to_string(hi));
     return v->get<int64_t>();
   }
 
   std::optional<bool> boolean(const std::string& name) const {
     const Json* v = get(name);
     if (!v) return std::nullopt;
-    if (!v->is_boolean()) throw bad_field(name, "expected true or false, got " + shown(*v));
+    if (!v->is_boolean()) throw bad_field(path(name), "expected true or false, got " + shown(*v));
     return v->get<bool>();
   }
 
   std::optional<std::string> string(const std::string& name) const {
     const Json* v = get(name);
     if (!v) return std::nullopt;
-    if (!v->is_string()) throw bad_field(name, "expected a string, got " + shown(*v));
+    if (!v->is_string()) throw bad_field(path(name), "expected a string, got " + shown(*v));
     return v->get<std::string>();
+  }
+
+  // An object field, read with its path as prefix; nullopt when absent.
+  std::optional<Fields> object(const std::string& name) const {
+    const Json* v = get(name);
+    if (!v) return std::nullopt;
+    if (!v->is_object()) throw bad_field(path(name), "expected an object, got " + shown(*v));
+    return Fields(*v, path(name) + ".");
   }
 
  private:
   const Json& object_;
+  std::string prefix_;
 };
 
 Json parse_body(std::string_view body) {
@@ -171,17 +186,17 @@ void refuse_unless_default(const Fields& f) {
                     "tformers serve answers text only: give [\"text\"] or leave it out");
 }
 
-// OpenAI's response_format: {"type": "text"} (the default), {"type": "json_object"} (any JSON
-// object) or {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}.
-// The schema is compiled here, so that one outside the supported subset is a 400 naming the
-// keyword and where it is in the schema, before anything is tokenized.
-std::optional<Json> parse_response_format(const Fields& f) {
-  const Json* format = f.get("response_format");
-  if (!format) return std::nullopt;
-  auto bad = [](const std::string& what) { return bad_field("response_format", what); };
-  if (!format->is_object())
-    throw bad("expected an object such as {\"type\": \"json_object\"}, got " + shown(*format));
-  const Json* type = Fields(*format).get("type");
+// What a structured-output format asks for: nothing for {"type": "text"}, any JSON object for
+// {"type": "json_object"}, and for {"type": "json_schema", ...} its schema, compiled here so that
+// one outside the supported subset is a 400 naming the keyword and where it is in the schema,
+// before anything is tokenized. Chat nests json_schema's fields ({"type": "json_schema",
+// "json_schema": {"name", "schema", "strict", "description"}}); the Responses API's text.format
+// has them beside the type (`flat`). `field` names the format in errors.
+std::optional<Json> format_schema(const Json& format, const std::string& field, bool flat) {
+  auto bad = [&](const std::string& what) { return bad_field(field, what); };
+  if (!format.is_object())
+    throw bad("expected an object such as {\"type\": \"json_object\"}, got " + shown(format));
+  const Json* type = Fields(format).get("type");
   if (!type || !type->is_string())
     throw bad("type is required: \"text\", \"json_object\" or \"json_schema\"");
   if (*type == "text") return std::nullopt;
@@ -189,22 +204,30 @@ std::optional<Json> parse_response_format(const Fields& f) {
   if (*type != "json_schema")
     throw bad("type " + shown(*type) +
               " is not supported; give \"text\", \"json_object\" or \"json_schema\"");
-  const Json* spec = Fields(*format).get("json_schema");
+  const Json* spec = flat ? &format : Fields(format).get("json_schema");
   if (!spec || !spec->is_object())
     throw bad("json_schema is required with type \"json_schema\": {\"name\", \"schema\"}");
+  const std::string at = flat ? "" : "json_schema.";
   const Fields spec_fields(*spec);
   if (const Json* name = spec_fields.get("name"); name && !name->is_string())
-    throw bad("json_schema.name: expected a string");
+    throw bad(at + "name: expected a string");
   if (const Json* strict = spec_fields.get("strict"); strict && !strict->is_boolean())
-    throw bad("json_schema.strict: expected true or false");
+    throw bad(at + "strict: expected true or false");
   const Json* schema = spec_fields.get("schema");
-  if (!schema) throw bad("json_schema.schema is required");
+  if (!schema) throw bad(at + "schema is required");
   try {
     generation::JsonGrammar::compile(*schema);
   } catch (const generation::SchemaError& e) {
-    throw bad(std::string("json_schema.schema: ") + e.what());
+    throw bad(at + "schema: " + e.what());
   }
   return *schema;
+}
+
+// OpenAI's response_format on chat and completions.
+std::optional<Json> parse_response_format(const Fields& f) {
+  const Json* format = f.get("response_format");
+  if (!format) return std::nullopt;
+  return format_schema(*format, "response_format", /*flat=*/false);
 }
 
 // OpenAI's logit_bias: {"token id": bias}, the id a decimal string as JSON keys are. The ids are
@@ -331,14 +354,47 @@ Json parse_message(const Json& m, const std::string& where) {
   return out;
 }
 
-// OpenAI's function tools: {"type": "function", "function": {"name", "description",
-// "parameters", "strict"}}, with the name as OpenAI allows it (letters, digits, '_' and '-', up
-// to 64), so that a call's name can be matched and sent back.
-Json parse_tools(const Json& tools) {
+// OpenAI's two ways of writing a function tool: chat nests the function ({"type": "function",
+// "function": {"name", ...}}, and {"type": "function", "function": {"name"}} as tool_choice),
+// the Responses API does not ({"type": "function", "name", ...}).
+enum class ToolShape { kNested, kFlat };
+
+// A function's name as OpenAI allows it (letters, digits, '_' and '-', up to 64), so that a
+// call's name can be matched and sent back.
+void check_function_name(const Json* name, const std::string& at) {
+  if (!name || !name->is_string() || name->get_ref<const std::string&>().empty())
+    throw bad_field(at, "required: a non-empty string");
+  const std::string& n = name->get_ref<const std::string&>();
+  const bool allowed = n.size() <= 64 && std::all_of(n.begin(), n.end(), [](unsigned char c) {
+                         return std::isalnum(c) || c == '_' || c == '-';
+                       });
+  if (!allowed)
+    throw bad_field(
+        at, shown(*name) + " is not a function name: use up to 64 letters, digits, '_' and '-'");
+}
+
+// The fields of a function beside its name; `at` ends with the '.' before them.
+void check_function_fields(const Fields& fn, const std::string& at) {
+  if (const Json* d = fn.get("description"); d && !d->is_string())
+    throw bad_field(at + "description", "expected a string, got " + shown(*d));
+  if (const Json* p = fn.get("parameters"); p && !p->is_object())
+    throw bad_field(at + "parameters",
+                    "expected a JSON Schema object such as {\"type\": \"object\", "
+                    "\"properties\": {...}}, got " +
+                        shown(*p));
+  if (const Json* s = fn.get("strict"); s && !s->is_boolean())
+    throw bad_field(at + "strict", "expected true or false, got " + shown(*s));
+}
+
+// OpenAI's function tools, checked, in chat's nested shape (which chat templates read). Names are
+// distinct, so that a call names one tool.
+Json parse_tools(const Json& tools, ToolShape shape) {
   if (!tools.is_array()) throw bad_field("tools", "expected a list of tools, got " + shown(tools));
   if (tools.size() > kMaxTools)
     throw bad_field("tools", "at most " + std::to_string(kMaxTools) + " tools, got " +
                                  std::to_string(tools.size()));
+  const bool flat = shape == ToolShape::kFlat;
+  Json out = Json::array();
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string at = "tools[" + std::to_string(i) + "]";
     const Json& tool = tools[i];
@@ -347,51 +403,41 @@ Json parse_tools(const Json& tools) {
     if (const Json* type = t.get("type"); !type || *type != "function")
       throw bad_field(at + ".type",
                       "only function tools are supported: set \"type\": \"function\"");
-    const Json* function = t.get("function");
+    const Json* function = flat ? &tool : t.get("function");
     if (!function || !function->is_object())
       throw bad_field(at + ".function",
                       "expected an object such as {\"name\": \"get_weather\", \"parameters\": "
                       "{...}}");
+    const std::string fn_at = flat ? at + "." : at + ".function.";
     const Fields fn(*function);
-    const Json* name = fn.get("name");
-    if (!name || !name->is_string() || name->get_ref<const std::string&>().empty())
-      throw bad_field(at + ".function.name", "required: a non-empty string");
-    const std::string& n = name->get_ref<const std::string&>();
-    const bool allowed = n.size() <= 64 && std::all_of(n.begin(), n.end(), [](unsigned char c) {
-                           return std::isalnum(c) || c == '_' || c == '-';
-                         });
-    if (!allowed)
-      throw bad_field(at + ".function.name",
-                      shown(*name) +
-                          " is not a function name: use up to 64 letters, digits, "
-                          "'_' and '-'");
+    check_function_name(fn.get("name"), fn_at + "name");
     for (size_t j = 0; j < i; ++j)
-      if (tools[j]["function"]["name"] == *name)
-        throw bad_field(at + ".function.name",
-                        shown(*name) + " names tools[" + std::to_string(j) + "] as well");
-    if (const Json* d = fn.get("description"); d && !d->is_string())
-      throw bad_field(at + ".function.description", "expected a string, got " + shown(*d));
-    if (const Json* p = fn.get("parameters"); p && !p->is_object())
-      throw bad_field(at + ".function.parameters",
-                      "expected a JSON Schema object such as {\"type\": \"object\", "
-                      "\"properties\": {...}}, got " +
-                          shown(*p));
-    if (const Json* s = fn.get("strict"); s && !s->is_boolean())
-      throw bad_field(at + ".function.strict", "expected true or false, got " + shown(*s));
+      if (out[j]["function"]["name"] == *fn.get("name"))
+        throw bad_field(fn_at + "name",
+                        shown(*fn.get("name")) + " names tools[" + std::to_string(j) + "] as well");
+    check_function_fields(fn, fn_at);
+    if (!flat) {
+      out.push_back(tool);
+      continue;
+    }
+    Json nested = tool;
+    nested.erase("type");
+    out.push_back({{"type", "function"}, {"function", std::move(nested)}});
   }
-  return tools;
+  return out;
 }
 
-// OpenAI's tool_choice: "none", "auto" (the default with tools), "required", or
-// {"type": "function", "function": {"name": ...}} naming one of the tools.
+// OpenAI's tool_choice: "none", "auto" (the default with tools), "required", or a function
+// naming one of the tools.
 struct ToolChoice {
   enum Mode { kNone, kAuto, kRequired, kFunction } mode = kAuto;
   std::string name;  // kFunction's
 };
 
-ToolChoice parse_tool_choice(const Fields& f, const Json& tools) {
+ToolChoice parse_tool_choice(const Fields& f, const Json& tools, ToolShape shape) {
   const Json* v = f.get("tool_choice");
   if (!v) return {};
+  const bool flat = shape == ToolShape::kFlat;
   if (v->is_string()) {
     if (*v == "none") return {ToolChoice::kNone};
     if (*v == "auto") return {};
@@ -402,13 +448,15 @@ ToolChoice parse_tool_choice(const Fields& f, const Json& tools) {
     }
   } else if (v->is_object()) {
     const Fields c(*v);
-    const Json* function = c.get("function");
+    const Json* function = flat ? v : c.get("function");
     const Json* name = function && function->is_object() ? Fields(*function).get("name") : nullptr;
     if (const Json* type = c.get("type");
         !type || *type != "function" || !name || !name->is_string())
-      throw bad_field(
-          "tool_choice",
-          "expected {\"type\": \"function\", \"function\": {\"name\": ...}}, got " + shown(*v));
+      throw bad_field("tool_choice",
+                      std::string("expected ") +
+                          (flat ? "{\"type\": \"function\", \"name\": ...}"
+                                : "{\"type\": \"function\", \"function\": {\"name\": ...}}") +
+                          ", got " + shown(*v));
     const bool known = tools.is_array() &&
                        std::any_of(tools.begin(), tools.end(),
                                    [&](const Json& t) { return t["function"]["name"] == *name; });
@@ -421,13 +469,45 @@ ToolChoice parse_tool_choice(const Fields& f, const Json& tools) {
                   "expected \"none\", \"auto\", \"required\" or a function, got " + shown(*v));
 }
 
-// OpenAI's reasoning_effort, one of its values; what it does is the chat template's.
-std::optional<std::string> parse_reasoning_effort(const Fields& f) {
-  std::optional<std::string> effort = f.string("reasoning_effort");
+// A call the model must make: its output is constrained to the tools' schemas, as vLLM does (a
+// list of calls for "required", the function's arguments for a named one). `format` names the
+// request's structured-output field, which cannot be given as well.
+void force_calls(const ToolChoice& choice, const std::string& format, ApiRequest& r) {
+  if (r.json_schema)
+    throw bad_field("tool_choice", "a required or named tool call cannot be combined with a JSON " +
+                                       format + ": give one of them");
+  r.forced_calls = {
+      choice.mode == ToolChoice::kRequired ? ForcedCalls::kList : ForcedCalls::kArguments,
+      choice.name};
+  const Json schema = forced_calls_schema(r.forced_calls, r.tools, r.parallel_tool_calls);
+  try {
+    generation::JsonGrammar::compile(schema);
+  } catch (const generation::SchemaError& e) {
+    throw bad_field("tools", std::string("tool_choice constrains the output to the functions' "
+                                         "parameters, which JSON Schema must be: ") +
+                                 e.what());
+  }
+  r.json_schema = schema;
+}
+
+// tools, tool_choice and parallel_tool_calls. "none" hides the tools from the template.
+void parse_tool_fields(const Fields& f, ToolShape shape, ApiRequest& r) {
+  if (const Json* tools = f.get("tools")) r.tools = parse_tools(*tools, shape);
+  const ToolChoice choice = parse_tool_choice(f, r.tools, shape);
+  if (choice.mode == ToolChoice::kNone) r.tools = nullptr;
+  r.parallel_tool_calls = f.boolean("parallel_tool_calls").value_or(true);
+  if (choice.mode == ToolChoice::kRequired || choice.mode == ToolChoice::kFunction)
+    force_calls(choice, shape == ToolShape::kFlat ? "text.format" : "response_format", r);
+}
+
+// OpenAI's reasoning effort ("reasoning_effort" on chat, "reasoning.effort" on the Responses
+// API), one of its values; what it does is the chat template's.
+std::optional<std::string> parse_reasoning_effort(const Fields& f, const std::string& name) {
+  std::optional<std::string> effort = f.string(name);
   static const std::vector<std::string> kEfforts = {"none",   "minimal", "low",
                                                     "medium", "high",    "xhigh"};
   if (effort && std::find(kEfforts.begin(), kEfforts.end(), *effort) == kEfforts.end())
-    throw bad_field("reasoning_effort",
+    throw bad_field(f.path(name),
                     "expected none, minimal, low, medium, high or xhigh, got " + shown(*effort));
   return effort;
 }
@@ -441,35 +521,12 @@ void parse_chat(const Fields& f, ApiRequest& r) {
   for (size_t i = 0; i < messages->size(); ++i)
     r.messages.push_back(parse_message((*messages)[i], "messages[" + std::to_string(i) + "]"));
 
-  if (const Json* tools = f.get("tools")) r.tools = parse_tools(*tools);
-  const ToolChoice choice = parse_tool_choice(f, r.tools);
-  if (choice.mode == ToolChoice::kNone) r.tools = nullptr;
-  r.parallel_tool_calls = f.boolean("parallel_tool_calls").value_or(true);
-  // A call the model must make: its output is constrained to the tools' schemas, as vLLM does
-  // (a list of calls for "required", the function's arguments for a named one).
-  if (choice.mode == ToolChoice::kRequired || choice.mode == ToolChoice::kFunction) {
-    if (r.json_schema)
-      throw bad_field("tool_choice",
-                      "a required or named tool call cannot be combined with a JSON "
-                      "response_format: give one of them");
-    r.forced_calls = {
-        choice.mode == ToolChoice::kRequired ? ForcedCalls::kList : ForcedCalls::kArguments,
-        choice.name};
-    const Json schema = forced_calls_schema(r.forced_calls, r.tools, r.parallel_tool_calls);
-    try {
-      generation::JsonGrammar::compile(schema);
-    } catch (const generation::SchemaError& e) {
-      throw bad_field("tools", std::string("tool_choice constrains the output to the functions' "
-                                           "parameters, which JSON Schema must be: ") +
-                                   e.what());
-    }
-    r.json_schema = schema;
-  }
+  parse_tool_fields(f, ToolShape::kNested, r);
   if (const Json* kwargs = f.get("chat_template_kwargs")) {
     if (!kwargs->is_object()) throw bad_field("chat_template_kwargs", "expected an object");
     r.template_kwargs = *kwargs;
   }
-  r.reasoning_effort = parse_reasoning_effort(f);
+  r.reasoning_effort = parse_reasoning_effort(f, "reasoning_effort");
   r.include_reasoning = f.boolean("include_reasoning").value_or(true);
 
   r.logprobs = f.boolean("logprobs").value_or(false);
@@ -534,6 +591,315 @@ void parse_completion(const Fields& f, ApiRequest& r) {
   r.max_tokens = f.integer("max_tokens", 1, INT32_MAX);
 }
 
+// What chat completions and completions share beside sampling: the options refused, the format,
+// n, and the stream's usage chunk.
+void parse_chat_or_completion(const Fields& f, ApiRequest& r) {
+  refuse_unless_default(f);
+  r.json_schema = parse_response_format(f);
+  r.n = f.integer("n", 1, kMaxChoices).value_or(1);
+  if (r.endpoint == Endpoint::kChatCompletions)
+    parse_chat(f, r);
+  else
+    parse_completion(f, r);
+  if (r.choices() > kMaxSequences)
+    throw bad_field(r.prompts.size() > 1 ? "prompt" : "n",
+                    std::to_string(r.prompts.size()) + " prompts of n = " + std::to_string(r.n) +
+                        " choices are " + std::to_string(r.choices()) +
+                        " sequences, more than the " + std::to_string(kMaxSequences) +
+                        " one request may run; split the batch");
+  if (std::optional<Fields> options = f.object("stream_options"))
+    r.include_usage = options->boolean("include_usage").value_or(false);
+}
+
+// The Responses API's fields that tformers serve reads, vLLM's sampling fields among them as on
+// chat. Any other is refused by name: that API has many options (stored conversations, background
+// runs, built-in tools, prompt templates) that would change what is done with the request.
+constexpr std::string_view kResponsesFields[] = {
+    // What the model is given and what it is to write,
+    "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
+    "reasoning", "max_output_tokens", "stream", "stream_options", "metadata", "user",
+    // how it samples (vLLM's fields among them, as on chat),
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "logit_bias", "seed", "stop", "ignore_eos",
+    // and options taken at their defaults only, or read and not needed.
+    "store", "previous_response_id", "background", "include", "truncation", "service_tier",
+    "safety_identifier", "prompt_cache_key", "max_tool_calls", "top_logprobs"};
+
+// Chat's names for what the Responses API names otherwise: a client moving over is told.
+std::string renamed_in_responses(const std::string& field) {
+  static const std::pair<std::string_view, std::string_view> kRenamed[] = {
+      {"messages", "input"},
+      {"max_tokens", "max_output_tokens"},
+      {"max_completion_tokens", "max_output_tokens"},
+      {"response_format", "text.format"},
+      {"reasoning_effort", "reasoning.effort"}};
+  for (const auto& [chat, responses] : kRenamed)
+    if (field == chat) return "; the Responses API calls it " + std::string(responses);
+  return "";
+}
+
+void refuse_unknown_fields(const Json& body) {
+  for (const auto& [key, value] : body.items())
+    if (!value.is_null() && std::find(std::begin(kResponsesFields), std::end(kResponsesFields),
+                                      key) == std::end(kResponsesFields))
+      throw bad_field(key, "not a field that tformers serve takes on /v1/responses" +
+                               renamed_in_responses(key));
+}
+
+// What only a service that stores responses, runs them in the background or adds to them does:
+// refused unless set to what it does by default. store is taken either way and nothing is
+// stored, as vLLM does by default: OpenAI's default is true, so clients send it without asking
+// for anything.
+void refuse_responses_options(const Fields& f) {
+  if (f.get("previous_response_id"))
+    throw bad_field("previous_response_id",
+                    "tformers serve stores no responses, so none can be continued; send the "
+                    "conversation so far as input items");
+  f.boolean("store");
+  if (f.boolean("background").value_or(false))
+    throw bad_field("background",
+                    "tformers serve runs no response in the background: that needs a stored "
+                    "response, and nothing is stored");
+  if (const Json* include = f.get("include")) {
+    if (!include->is_array()) throw bad_field("include", "expected a list");
+    if (!include->empty())
+      throw bad_field(
+          "include",
+          shown((*include)[0]) + " is not supported: tformers serve adds nothing to a response");
+  }
+  if (auto truncation = f.string("truncation"); truncation && *truncation != "disabled")
+    throw bad_field("truncation",
+                    "only \"disabled\" is supported: an input longer than the context is a 400, "
+                    "never cut");
+  if (auto tier = f.string("service_tier"); tier && *tier != "auto" && *tier != "default")
+    throw bad_field("service_tier", "tformers serve has one tier: give \"auto\" or \"default\"");
+  if (f.integer("top_logprobs", 0, kMaxTopLogprobs).value_or(0) != 0)
+    throw bad_field("top_logprobs", "log-probabilities are not returned on /v1/responses");
+  // Read for their types only: max_tool_calls bounds calls of built-in tools, of which there are
+  // none, and the rest are hints and labels.
+  f.integer("max_tool_calls", 0, INT64_MAX);
+  for (const char* label : {"user", "safety_identifier", "prompt_cache_key"}) f.string(label);
+  f.object("stream_options");
+}
+
+size_t code_points(const std::string& s) {
+  return size_t(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+// metadata: up to 16 strings of up to 512 characters under keys of up to 64, as OpenAI takes
+// it; the response repeats it.
+Json parse_metadata(const Fields& f) {
+  const Json* m = f.get("metadata");
+  if (!m) return Json::object();
+  if (!m->is_object()) throw bad_field("metadata", "expected an object of strings");
+  if (m->size() > 16)
+    throw bad_field("metadata", "at most 16 keys, got " + std::to_string(m->size()));
+  for (const auto& [key, value] : m->items()) {
+    if (code_points(key) > 64)
+      throw bad_field("metadata", "the key " + shown(Json(key)) + " is over 64 characters");
+    if (!value.is_string() || code_points(value.get<std::string>()) > 512)
+      throw bad_field("metadata", "the value of " + shown(Json(key)) +
+                                      " must be a string of up to 512 characters");
+  }
+  return *m;
+}
+
+// The text of content parts of the given types ({"type": "input_text", "text": ...}), joined
+// with "\n" as chat's parts are.
+std::string parts_text(const Json& parts, const std::vector<std::string>& types,
+                       const std::string& at) {
+  if (!parts.is_array())
+    throw bad_field(at, "expected a list of content parts, got " + shown(parts));
+  std::string text;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string part_at = at + "[" + std::to_string(i) + "]";
+    if (!parts[i].is_object())
+      throw bad_field(part_at, "expected a content part, got " + shown(parts[i]));
+    const Fields part(parts[i], part_at + ".");
+    const std::optional<std::string> type = part.string("type");
+    if (!type || std::find(types.begin(), types.end(), *type) == types.end()) {
+      std::string expected;
+      for (const std::string& t : types) expected += (expected.empty() ? "" : " or ") + t;
+      throw bad_field(part.path("type"), (type ? shown(*type) : std::string("none")) +
+                                             " is not supported; give " + expected + " parts");
+    }
+    const std::optional<std::string> part_text = part.string("text");
+    if (!part_text) throw bad_field(part.path("text"), "required");
+    text += (i ? "\n" : "") + *part_text;
+  }
+  return text;
+}
+
+// A message's or a tool output's content: a string, or text parts.
+std::string content_text(const Json& content, const std::vector<std::string>& types,
+                         const std::string& at) {
+  return content.is_string() ? content.get<std::string>() : parts_text(content, types, at);
+}
+
+std::string required_string(const Fields& item, const std::string& name) {
+  std::optional<std::string> v = item.string(name);
+  if (!v) throw bad_field(item.path(name), "required");
+  return *v;
+}
+
+// A message item ({"type": "message", "role", "content"}, the type optional) as a chat message,
+// "developer" read as "system", which templates know.
+Json input_message(const Fields& item) {
+  const std::string role = required_string(item, "role");
+  static const std::vector<std::string> kRoles = {"user", "system", "developer", "assistant"};
+  if (std::find(kRoles.begin(), kRoles.end(), role) == kRoles.end())
+    throw bad_field(item.path("role"),
+                    "expected user, system, developer or assistant, got " + shown(role));
+  const Json* content = item.get("content");
+  if (!content) throw bad_field(item.path("content"), "required");
+  return {{"role", role == "developer" ? "system" : role},
+          {"content", content_text(*content, {"input_text", "output_text"}, item.path("content"))}};
+}
+
+// A function_call item as one of chat's tool_calls; its call_id is the id the output answers.
+Json input_call(const Fields& item) {
+  return {{"id", required_string(item, "call_id")},
+          {"type", "function"},
+          {"function",
+           {{"name", required_string(item, "name")},
+            {"arguments", required_string(item, "arguments")}}}};
+}
+
+// A reasoning item's text: its reasoning_text content, else its summary, as vLLM reads it.
+std::string input_reasoning(const Fields& item) {
+  if (item.get("encrypted_content"))
+    throw bad_field(item.path("encrypted_content"),
+                    "not supported: tformers serve encrypts no reasoning; send its content");
+  const Json* content = item.get("content");
+  if (content && !(content->is_array() && content->empty()))
+    return parts_text(*content, {"reasoning_text"}, item.path("content"));
+  const Json* summary = item.get("summary");
+  return summary ? parts_text(*summary, {"summary_text"}, item.path("summary")) : "";
+}
+
+// One input item added to the chat. An assistant's items (reasoning, its message, its
+// function_calls) make one assistant message, each filling what the one before it left empty, as
+// vLLM joins them, so that the template renders the turn as the model wrote it.
+void add_input_item(Json& messages, const Json& v, const std::string& at) {
+  if (!v.is_object()) throw bad_field(at, "expected an input item, got " + shown(v));
+  const Fields item(v, at + ".");
+  const std::string type = item.string("type").value_or("message");
+  Json* assistant =
+      !messages.empty() && messages.back()["role"] == "assistant" ? &messages.back() : nullptr;
+  if (type == "message") {
+    Json message = input_message(item);
+    if (assistant && message["role"] == "assistant" && !assistant->contains("content"))
+      (*assistant)["content"] = std::move(message["content"]);
+    else
+      messages.push_back(std::move(message));
+  } else if (type == "function_call") {
+    if (assistant)
+      (*assistant)["tool_calls"].push_back(input_call(item));
+    else
+      messages.push_back({{"role", "assistant"}, {"tool_calls", Json::array({input_call(item)})}});
+  } else if (type == "function_call_output") {
+    const Json* output = item.get("output");
+    if (!output) throw bad_field(item.path("output"), "required");
+    messages.push_back({{"role", "tool"},
+                        {"tool_call_id", required_string(item, "call_id")},
+                        {"content", content_text(*output, {"input_text"}, item.path("output"))}});
+  } else if (type == "reasoning") {
+    std::string text = input_reasoning(item);
+    if (assistant && !assistant->contains("reasoning"))
+      (*assistant)["reasoning"] = std::move(text);
+    else
+      messages.push_back({{"role", "assistant"}, {"reasoning", std::move(text)}});
+  } else {
+    throw bad_field(item.path("type"),
+                    shown(type) +
+                        " items are not supported; give message, "
+                        "function_call, function_call_output or reasoning items");
+  }
+}
+
+// instructions and input as the chat template's messages. An assistant message given without
+// content gets an empty one, as chat's do.
+Json responses_messages(const Fields& f) {
+  Json messages = Json::array();
+  if (auto instructions = f.string("instructions"))
+    messages.push_back({{"role", "system"}, {"content", *instructions}});
+  const Json* input = f.get("input");
+  if (!input) throw bad_field("input", "required");
+  if (input->is_string()) {
+    messages.push_back({{"role", "user"}, {"content", *input}});
+  } else if (input->is_array() && !input->empty()) {
+    for (size_t i = 0; i < input->size(); ++i)
+      add_input_item(messages, (*input)[i], "input[" + std::to_string(i) + "]");
+  } else {
+    throw bad_field("input",
+                    "expected a string or a non-empty list of input items, got " + shown(*input));
+  }
+  for (Json& m : messages)
+    if (m["role"] == "assistant" && !m.contains("content")) m["content"] = "";
+  return messages;
+}
+
+// text: {"format", "verbosity"}; the format is structured output as chat's response_format,
+// written flat. Returns what the response repeats.
+Json parse_text(const Fields& f, ApiRequest& r) {
+  Json format = {{"type", "text"}};
+  if (std::optional<Fields> text = f.object("text")) {
+    if (auto verbosity = text->string("verbosity"); verbosity && *verbosity != "medium")
+      throw bad_field(text->path("verbosity"),
+                      "only \"medium\", the default, is supported: the model is told no verbosity");
+    if (const Json* given = text->get("format")) {
+      r.json_schema = format_schema(*given, "text.format", /*flat=*/true);
+      format = *given;
+    }
+  }
+  return {{"format", format}};
+}
+
+// reasoning: {"effort", "summary"}, the effort as chat's reasoning_effort. No summary is written
+// (the reasoning comes whole, as the reasoning item's content), so a summary may only be left to
+// the model ("auto"). Returns what the response repeats.
+Json parse_reasoning(const Fields& f, ApiRequest& r) {
+  Json echo = {{"effort", nullptr}, {"summary", nullptr}};
+  std::optional<Fields> reasoning = f.object("reasoning");
+  if (!reasoning) return echo;
+  r.reasoning_effort = parse_reasoning_effort(*reasoning, "effort");
+  if (r.reasoning_effort) echo["effort"] = *r.reasoning_effort;
+  for (const char* name : {"summary", "generate_summary"})
+    if (auto summary = reasoning->string(name)) {
+      if (*summary != "auto")
+        throw bad_field(reasoning->path(name),
+                        "tformers serve writes no reasoning summary: give \"auto\" or leave it "
+                        "out, and read the reasoning item's content");
+      echo["summary"] = *summary;
+    }
+  return echo;
+}
+
+Json value_or_null(const Json* v) { return v ? *v : Json(nullptr); }
+
+void parse_responses(const Json& body, const Fields& f, ApiRequest& r) {
+  refuse_unknown_fields(body);
+  refuse_responses_options(f);
+  Json metadata = parse_metadata(f);
+  r.messages = responses_messages(f);
+  // The format first: a forced call cannot be combined with it.
+  Json text = parse_text(f, r);
+  parse_tool_fields(f, ToolShape::kFlat, r);
+  Json reasoning = parse_reasoning(f, r);
+  r.max_tokens = f.integer("max_output_tokens", 1, INT32_MAX);
+  r.echo = {{"instructions", value_or_null(f.get("instructions"))},
+            {"max_output_tokens", value_or_null(f.get("max_output_tokens"))},
+            {"metadata", std::move(metadata)},
+            {"parallel_tool_calls", r.parallel_tool_calls},
+            {"reasoning", std::move(reasoning)},
+            {"temperature", value_or_null(f.get("temperature"))},
+            {"text", std::move(text)},
+            {"tool_choice", f.get("tool_choice") ? *f.get("tool_choice") : Json("auto")},
+            {"tools", f.get("tools") ? *f.get("tools") : Json::array()},
+            {"top_p", value_or_null(f.get("top_p"))},
+            {"user", value_or_null(f.get("user"))}};
+}
+
 }  // namespace
 
 ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
@@ -544,25 +910,12 @@ ApiRequest parse_request(Endpoint endpoint, std::string_view body) {
   const std::optional<std::string> model = f.string("model");
   if (!model) throw bad_field("model", "required");
   r.model = *model;
-  refuse_unless_default(f);
-  r.json_schema = parse_response_format(f);
-  r.n = f.integer("n", 1, kMaxChoices).value_or(1);
-  if (endpoint == Endpoint::kChatCompletions)
-    parse_chat(f, r);
+  if (endpoint == Endpoint::kResponses)
+    parse_responses(j, f, r);
   else
-    parse_completion(f, r);
-  if (r.choices() > kMaxSequences)
-    throw bad_field(r.prompts.size() > 1 ? "prompt" : "n",
-                    std::to_string(r.prompts.size()) + " prompts of n = " + std::to_string(r.n) +
-                        " choices are " + std::to_string(r.choices()) +
-                        " sequences, more than the " + std::to_string(kMaxSequences) +
-                        " one request may run; split the batch");
+    parse_chat_or_completion(f, r);
   parse_sampling(f, r);
   r.stream = f.boolean("stream").value_or(false);
-  if (const Json* options = f.get("stream_options")) {
-    if (!options->is_object()) throw bad_field("stream_options", "expected an object");
-    r.include_usage = Fields(*options).boolean("include_usage").value_or(false);
-  }
   return r;
 }
 
@@ -606,23 +959,61 @@ size_t message_bytes(const Json& messages) {
   return bytes;
 }
 
+// What each endpoint calls the fields that every endpoint has, for errors.
+struct FieldNames {
+  const char *prompt, *max_tokens, *effort;
+};
+
+FieldNames field_names(Endpoint endpoint) {
+  switch (endpoint) {
+    case Endpoint::kChatCompletions:
+      return {"messages", "max_tokens", "reasoning_effort"};
+    case Endpoint::kCompletions:
+      return {"prompt", "max_tokens", "reasoning_effort"};
+    case Endpoint::kResponses:
+      break;
+  }
+  return {"input", "max_output_tokens", "reasoning.effort"};
+}
+
 // The template's variables beyond the messages and tools: chat_template_kwargs, and the request's
-// reasoning_effort under the names the template reads. The template's text is searched for them,
+// reasoning effort under the names the template reads. The template's text is searched for them,
 // as vLLM keeps only the variables a template declares.
 Json chat_template_kwargs(const ApiRequest& r, const std::string& chat_template) {
   Json kwargs = r.template_kwargs;
   if (!r.reasoning_effort) return kwargs;
   const bool effort = chat_template.find("reasoning_effort") != std::string::npos;
   const bool thinking = chat_template.find("enable_thinking") != std::string::npos;
+  const std::string field = field_names(r.endpoint).effort;
   if (!effort && !thinking)
     throw ApiError(400,
-                   "reasoning_effort: this model's chat template reads neither reasoning_effort "
-                   "nor enable_thinking, so it cannot be told the effort; leave the field out",
-                   "reasoning_effort");
+                   field +
+                       ": this model's chat template reads neither reasoning_effort nor "
+                       "enable_thinking, so it cannot be told the effort; leave the field out",
+                   field);
   if (effort) kwargs["reasoning_effort"] = *r.reasoning_effort;
   if (thinking && !kwargs.contains("enable_thinking"))
     kwargs["enable_thinking"] = *r.reasoning_effort != "none";
   return kwargs;
+}
+
+// A chat's prompt: the template rendered over the messages and tools, its bytes checked before
+// and after.
+std::vector<int32_t> chat_prompt(const ApiRequest& r, const Tokenizer& tokenizer,
+                                 int64_t max_model_len, size_t max_prompt_bytes) {
+  const char* field = field_names(r.endpoint).prompt;
+  check_prompt_bytes(message_bytes(r.messages), max_prompt_bytes, field, max_model_len);
+  std::string text;
+  try {
+    text = tokenizer.apply_chat_template(r.messages, /*add_generation_prompt=*/true, r.tools,
+                                         chat_template_kwargs(r, tokenizer.chat_template()));
+  } catch (const tformers::Error& e) {
+    throw ApiError(
+        400, std::string("the model's chat template failed on these messages: ") + e.what(), field);
+  }
+  check_prompt_bytes(text.size(), max_prompt_bytes, field, max_model_len);
+  // The rendered template already holds its special tokens.
+  return tokenizer.encode(text, /*add_special_tokens=*/false);
 }
 
 }  // namespace
@@ -630,23 +1021,12 @@ Json chat_template_kwargs(const ApiRequest& r, const std::string& chat_template)
 ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer,
                                  int64_t max_model_len, int64_t vocab_size, size_t max_prompt_bytes,
                                  size_t prompt) {
-  const bool chat = r.endpoint == Endpoint::kChatCompletions;
-  const char* prompt_field = chat ? "messages" : "prompt";
+  const bool chat = is_chat(r.endpoint);
+  const FieldNames names = field_names(r.endpoint);
+  const char* prompt_field = names.prompt;
   ServingRequest out;
   if (chat) {
-    check_prompt_bytes(message_bytes(r.messages), max_prompt_bytes, prompt_field, max_model_len);
-    std::string text;
-    try {
-      text = tokenizer.apply_chat_template(r.messages, /*add_generation_prompt=*/true, r.tools,
-                                           chat_template_kwargs(r, tokenizer.chat_template()));
-    } catch (const tformers::Error& e) {
-      throw ApiError(400,
-                     std::string("the model's chat template failed on these messages: ") + e.what(),
-                     prompt_field);
-    }
-    check_prompt_bytes(text.size(), max_prompt_bytes, prompt_field, max_model_len);
-    // The rendered template already holds its special tokens.
-    out.prompt = tokenizer.encode(text, /*add_special_tokens=*/false);
+    out.prompt = chat_prompt(r, tokenizer, max_model_len, max_prompt_bytes);
   } else if (const ApiRequest::Prompt& p = r.prompts.at(prompt); p.is_ids) {
     for (size_t i = 0; i < p.ids.size(); ++i)
       if (p.ids[i] >= vocab_size)
@@ -673,10 +1053,11 @@ ServingRequest to_engine_request(const ApiRequest& r, const Tokenizer& tokenizer
   if (r.max_tokens) {
     if (*r.max_tokens > room)
       throw ApiError(400,
-                     "max_tokens: " + std::to_string(*r.max_tokens) + " tokens were asked for, " +
-                         "but the prompt is " + std::to_string(prompt_len) + " tokens and " +
-                         context + ": at most " + std::to_string(room) + " can be generated",
-                     "max_tokens", "context_length_exceeded");
+                     std::string(names.max_tokens) + ": " + std::to_string(*r.max_tokens) +
+                         " tokens were asked for, but the prompt is " + std::to_string(prompt_len) +
+                         " tokens and " + context + ": at most " + std::to_string(room) +
+                         " can be generated",
+                     names.max_tokens, "context_length_exceeded");
     max_tokens = *r.max_tokens;
   } else if (!chat) {
     max_tokens = std::min<int64_t>(16, room);
@@ -735,7 +1116,8 @@ std::string tokenize_text(const Fields& f, const Tokenizer& tokenizer, int64_t m
   for (size_t i = 0; i < messages->size(); ++i)
     chat.push_back(parse_message((*messages)[i], "messages[" + std::to_string(i) + "]"));
   check_prompt_bytes(message_bytes(chat), max_prompt_bytes, "messages", max_model_len);
-  const Json tools = f.get("tools") ? parse_tools(*f.get("tools")) : Json(nullptr);
+  const Json tools =
+      f.get("tools") ? parse_tools(*f.get("tools"), ToolShape::kNested) : Json(nullptr);
   Json kwargs = Json::object();
   if (const Json* k = f.get("chat_template_kwargs")) {
     if (!k->is_object()) throw bad_field("chat_template_kwargs", "expected an object");
@@ -886,7 +1268,7 @@ Json logprobs_json(Endpoint endpoint, const Tokenizer& tok, std::span<const Serv
           {"text_offset", Json(std::vector<size_t>(text_offsets.begin(), text_offsets.end()))}};
 }
 
-ResponseHead new_response_head(Endpoint endpoint, const std::string& model) {
+std::string new_id(std::string_view prefix) {
   static std::mutex mu;
   static std::mt19937_64 rng{std::random_device{}()};
   char hex[25];
@@ -895,10 +1277,16 @@ ResponseHead new_response_head(Endpoint endpoint, const std::string& model) {
     std::snprintf(hex, sizeof hex, "%016llx%08llx", (unsigned long long)rng(),
                   (unsigned long long)(rng() & 0xffffffff));
   }
+  return std::string(prefix) + hex;
+}
+
+ResponseHead new_response_head(Endpoint endpoint, const std::string& model) {
+  const char* prefix = endpoint == Endpoint::kChatCompletions ? "chatcmpl-"
+                       : endpoint == Endpoint::kCompletions   ? "cmpl-"
+                                                              : "resp_";
   const auto now = std::chrono::system_clock::now().time_since_epoch();
-  return {endpoint,
-          (endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + std::string(hex),
-          std::chrono::duration_cast<std::chrono::seconds>(now).count(), model};
+  return {endpoint, new_id(prefix), std::chrono::duration_cast<std::chrono::seconds>(now).count(),
+          model};
 }
 
 namespace {

@@ -1,7 +1,8 @@
-// OpenAI's API as `tformers serve` speaks it: request bodies of /v1/chat/completions and
-// /v1/completions read and checked field by field, the engine request built from them, and the
-// response objects and stream chunks written back. Nothing here does I/O, so all of it is tested
-// without a server (tests/serve/).
+// OpenAI's API as `tformers serve` speaks it: request bodies of /v1/chat/completions,
+// /v1/completions and /v1/responses read and checked field by field, the engine request built
+// from them, and the response objects and stream chunks written back (the Responses API's in
+// serve/responses.h). Nothing here does I/O, so all of it is tested without a server
+// (tests/serve/).
 #pragma once
 
 #include <algorithm>
@@ -42,7 +43,11 @@ class ApiError : public std::runtime_error {
   std::string param_, code_;
 };
 
-enum class Endpoint { kChatCompletions, kCompletions };
+// kResponses is OpenAI's Responses API, run as a chat completion: its input items become chat
+// messages for the same template, parsers and engine.
+enum class Endpoint { kChatCompletions, kCompletions, kResponses };
+// Whether the endpoint's prompt is the chat template rendered over messages.
+inline bool is_chat(Endpoint endpoint) { return endpoint != Endpoint::kCompletions; }
 
 // A request body, checked. Fields the client left out (or set to null) stay unset, so the
 // model's generation_config.json supplies them.
@@ -85,6 +90,9 @@ struct ApiRequest {
   // What the output must be: response_format's schema ({"type": "object"} for json_object), or
   // the calls tool_choice forces (forced_calls_schema); unset for free text.
   std::optional<Json> json_schema;
+  // Responses: the request's settings that its response object repeats (instructions, metadata,
+  // the tools as given, ...), in their order there.
+  Json echo = Json::object();
 };
 
 // The most choices one request may ask for (n), the most sequences (prompts times n), and the most
@@ -96,7 +104,11 @@ inline constexpr size_t kMaxLogitBias = 1024;
 inline constexpr size_t kMaxTools = 128;
 
 // Reads a request body. ApiError 400 naming the field for malformed JSON, a field of the wrong
-// type or out of range, and for what tformers does not do (echo, best_of, ...).
+// type or out of range, and for what tformers does not do (echo, best_of, ...). A Responses
+// request's input items become chat messages (instructions first, as a system message; a
+// function_call joins the assistant message before it as one of its tool_calls, a reasoning item
+// as its reasoning, as vLLM builds them) and its flat function tools chat's nested ones; a field
+// that API has and tformers does not read is refused by name.
 ApiRequest parse_request(Endpoint endpoint, std::string_view body);
 
 // The most bytes a prompt of max_model_len tokens can hold, with room for normalizers that shrink
@@ -106,10 +118,11 @@ size_t max_prompt_bytes(const Tokenizer& tokenizer, int64_t max_model_len);
 
 // The engine request: the chat template rendered and encoded (or the prompt encoded, or its ids
 // checked against the model's vocabulary), its length and max_tokens checked against
-// max_model_len (ApiError 400 "context_length_exceeded"). A prompt (or the messages' text, and
-// then the rendered template) over max_prompt_bytes is refused by its size alone, before the
-// template is rendered or the text tokenized. A completion with no max_tokens gets 16, as
-// OpenAI's; a chat completion gets whatever room the context has left. logit_bias's token ids are
+// max_model_len (ApiError 400 "context_length_exceeded"; a Responses request's errors name its
+// input and max_output_tokens). A prompt (or the messages' text, and then the rendered template)
+// over max_prompt_bytes is refused by its size alone, before the template is rendered or the text
+// tokenized. A completion with no max_tokens gets 16, as OpenAI's; a chat completion (and a
+// Responses request) gets whatever room the context has left. logit_bias's token ids are
 // checked against the vocabulary here. A chat's reasoning_effort reaches the template as the
 // variable `reasoning_effort` (gpt-oss's) and as `enable_thinking`, false for "none" (Qwen3's),
 // each where the template's text names it and chat_template_kwargs does not set enable_thinking,
@@ -170,6 +183,9 @@ class OutputText {
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
   int64_t cached_tokens = 0;  // of the prompt's, found in the prefix cache
+  // Of the completion's, those up to the last that gave reasoning text (the Responses API's
+  // output_tokens_details.reasoning_tokens).
+  int64_t reasoning_tokens = 0;
 };
 Json usage_json(const Usage& usage);
 
@@ -183,12 +199,15 @@ Json logprobs_json(Endpoint endpoint, const Tokenizer& tokenizer,
 // What identifies one response, repeated in each of its chunks.
 struct ResponseHead {
   Endpoint endpoint = Endpoint::kChatCompletions;
-  std::string id;  // "chatcmpl-..." or "cmpl-..."
+  std::string id;  // "chatcmpl-...", "cmpl-..." or "resp_..."
   int64_t created = 0;
   std::string model;
 };
-// A fresh head: a random id with the endpoint's prefix, created now.
+// A fresh head: a random id with the endpoint's prefix ("resp_" for the Responses API), created
+// now.
 ResponseHead new_response_head(Endpoint endpoint, const std::string& model);
+// `prefix` and 24 random hex digits: an id that no other response or item of this server has.
+std::string new_id(std::string_view prefix);
 
 // One choice of a whole response. `logprobs` is null when not asked for. With tool calls, chat's
 // message has them and its content is the text before them, or null when there is none. Chat's

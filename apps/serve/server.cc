@@ -22,6 +22,7 @@
 #include "serve/metrics.h"
 #include "serve/openai.h"
 #include "serve/reasoning.h"
+#include "serve/responses.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
 #include "tformers/serving.h"
@@ -140,8 +141,9 @@ class Completion {
 
   // The whole response, once finished without an error.
   Json response() const;
-  // Writes what has arrived as SSE chunks. True while there is more to come; false once the
-  // stream has ended or the client has gone (the request is then cancelled).
+  // Writes what has arrived as SSE chunks (the Responses API's events). True while there is more
+  // to come; false once the stream has ended or the client has gone (the request is then
+  // cancelled).
   bool stream(http::Sink& sink);
   const Usage& usage() const { return usage_; }
 
@@ -158,6 +160,8 @@ class Completion {
     std::string all_text, all_reasoning;
     std::vector<ServingEvent> token_events;  // with logprobs: every token's event
     std::vector<size_t> text_offsets;
+    // Tokens generated, and of them those up to the last that gave reasoning text.
+    int64_t tokens = 0, reasoning_tokens = 0;
     bool submitted = false, cancelled = false, finished = false;
     std::string finish_reason;  // "stop", "length" or "tool_calls"; empty when it failed
   };
@@ -172,6 +176,11 @@ class Completion {
   // The request failed for `why`: the first failure is the one answered; the other choices are
   // cancelled.
   void fail(const std::string& why, ApiError error);
+  // What a stream opens with, then what one wait's progress adds to it: chat and completion
+  // chunks, or the Responses API's events.
+  std::string stream_start();
+  std::string chunk_events(const Progress& p);
+  std::string response_events(const Progress& p);
 
   Server& server_;
   const ApiRequest request_;
@@ -184,6 +193,8 @@ class Completion {
   bool timed_out_ = false, started_stream_ = false;
   std::string failure_;  // why the request failed (a metrics reason), once it has
   std::optional<ApiError> error_;
+  // A streamed Responses request's events and the response they build.
+  std::optional<ResponseWriter> writer_;
 };
 
 class Server {
@@ -306,12 +317,14 @@ Completion::Completion(Server& server, ApiRequest request, Clock::time_point arr
       arrival_(arrival),
       deadline_(arrival + seconds(server.args_.request_timeout)),
       job_(std::make_shared<Job>(request_.choices())) {
+  if (request_.endpoint == Endpoint::kResponses && request_.stream)
+    writer_.emplace(head_, request_.echo);
   make_choices(think_open);
   server_.enter();
 }
 
 void Completion::make_choices(bool think_open) {
-  const bool chat = request_.endpoint == Endpoint::kChatCompletions;
+  const bool chat = is_chat(request_.endpoint);
   // Forced calls are the whole output, whatever the template's format, and a constrained output
   // (forced calls or response_format) is a JSON value from its first token: no reasoning.
   const bool forced = request_.forced_calls.kind != ForcedCalls::kNone;
@@ -408,6 +421,7 @@ Completion::Progress Completion::advance(Clock::duration wait) {
     Delta& d = p.choices[index];
     if (e.token >= 0) {
       ++usage_.completion_tokens;
+      ++c.tokens;
       // A prompt is shared by its choices; each prompt's first choice's lookup is counted.
       if (index % size_t(request_.n) == 0) usage_.cached_tokens += e.cached_tokens;
       if (request_.logprobs) {
@@ -450,6 +464,7 @@ void Completion::add_text(Choice& c, Delta& d, const std::string& text, bool fin
     for (ToolCall& call : rest.calls) out.calls.push_back(std::move(call));
   }
   d.text += out.content;
+  if (!out.reasoning.empty()) c.reasoning_tokens = c.tokens;
   if (request_.include_reasoning) d.reasoning += out.reasoning;
   if (d.tool_calls.empty()) d.first_tool_call = c.tool_calls.size();
   for (ToolCall& call : out.calls) {
@@ -470,6 +485,7 @@ void Completion::finish(size_t index, const ServingEvent& last) {
   Choice& c = choices_[index];
   c.finished = true;
   ++finished_choices_;
+  usage_.reasoning_tokens += c.reasoning_tokens;
   std::string why;
   if (c.text.stopped()) {
     c.finish_reason = why = "stop";
@@ -506,6 +522,13 @@ void Completion::finish(size_t index, const ServingEvent& last) {
 }
 
 Json Completion::response() const {
+  if (request_.endpoint == Endpoint::kResponses) {
+    const Choice& c = choices_.front();
+    ResponseWriter writer(head_, request_.echo);
+    writer.put(c.all_reasoning, c.all_text, c.tool_calls);
+    writer.end(c.finish_reason == "length", usage_);
+    return writer.response();
+  }
   std::vector<ChoiceOutput> out;
   for (const Choice& c : choices_)
     out.push_back({c.all_text, c.finish_reason,
@@ -517,12 +540,7 @@ Json Completion::response() const {
 }
 
 bool Completion::stream(http::Sink& sink) {
-  std::string out;
-  // Chat's first chunk of each choice carries the role.
-  if (!started_stream_ && request_.endpoint == Endpoint::kChatCompletions)
-    for (size_t i = 0; i < choices_.size(); ++i)
-      out += sse_event(chunk_json(
-          head_, {.index = int64_t(i), .first = true, .usage_null = request_.include_usage}));
+  std::string out = started_stream_ ? "" : stream_start();
   started_stream_ = true;
   const Progress p = advance(kPoll);
   if (!p.arrived && out.empty()) {
@@ -531,6 +549,28 @@ bool Completion::stream(http::Sink& sink) {
     cancel_all();
     return false;
   }
+  out += writer_ ? response_events(p) : chunk_events(p);
+  if (!out.empty() && !sink.write(out)) {
+    cancel_all();
+    return false;
+  }
+  return !finished();
+}
+
+// Chat's first chunk of each choice carries the role; the Responses API's first events say the
+// response was created.
+std::string Completion::stream_start() {
+  if (writer_) return writer_->start();
+  std::string out;
+  if (request_.endpoint == Endpoint::kChatCompletions)
+    for (size_t i = 0; i < choices_.size(); ++i)
+      out += sse_event(chunk_json(
+          head_, {.index = int64_t(i), .first = true, .usage_null = request_.include_usage}));
+  return out;
+}
+
+std::string Completion::chunk_events(const Progress& p) {
+  std::string out;
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Delta& d = p.choices[i];
     if (d.text.empty() && d.reasoning.empty() && d.logprobs.is_null() && !d.ended &&
@@ -554,11 +594,18 @@ bool Completion::stream(http::Sink& sink) {
       out += sse_event(usage_chunk_json(head_, usage_));
     out += kSseDone;
   }
-  if (!out.empty() && !sink.write(out)) {
-    cancel_all();
-    return false;
-  }
-  return !finished();
+  return out;
+}
+
+// A Responses request has one choice. Its stream ends with response.completed (or .incomplete,
+// or an error and response.failed), without chat's [DONE], as OpenAI's does.
+std::string Completion::response_events(const Progress& p) {
+  const Delta& d = p.choices.front();
+  std::string out = writer_->put(d.reasoning, d.text, d.tool_calls);
+  if (finished())
+    out += error_ ? writer_->fail(*error_)
+                  : writer_->end(choices_.front().finish_reason == "length", usage_);
+  return out;
 }
 
 // The bearer token, compared in time that does not depend on where it differs.
@@ -584,7 +631,7 @@ http::Response Server::complete(Endpoint endpoint, const http::Request& req) {
   for (size_t p = 0; p < std::max<size_t>(request.prompts.size(), 1); ++p)
     prompts.push_back(to_engine_request(request, tokenizer_, engine_.config().max_model_len,
                                         vocab_size_, max_prompt_bytes_, p));
-  const bool chat = endpoint == Endpoint::kChatCompletions;
+  const bool chat = is_chat(endpoint);
   // A harmony chat ends where the model calls a tool, whatever its generation_config lists.
   for (ServingRequest& p : prompts)
     if (chat && !chat_eos_.empty() && !p.config.eos_token_id) p.config.eos_token_id = chat_eos_;
@@ -619,6 +666,7 @@ struct Route {
 };
 constexpr Route kRoutes[] = {{"POST", "/v1/chat/completions"},
                              {"POST", "/v1/completions"},
+                             {"POST", "/v1/responses"},
                              {"GET", "/v1/models"},
                              {"POST", "/tokenize"},
                              {"POST", "/detokenize"},
@@ -659,6 +707,7 @@ http::Response Server::handle(const http::Request& req) {
     if (method == "POST" && path == "/v1/chat/completions")
       return complete(Endpoint::kChatCompletions, req);
     if (method == "POST" && path == "/v1/completions") return complete(Endpoint::kCompletions, req);
+    if (method == "POST" && path == "/v1/responses") return complete(Endpoint::kResponses, req);
     http::Response res;
     if (method == "GET" && path == kModels) {
       res.body = dump({{"object", "list"}, {"data", Json::array({model_json()})}});
@@ -724,8 +773,9 @@ http::Response Server::refused(int status, const std::string& message) const {
 // The route a request counts under in /metrics; any other path is "other", so that clients
 // cannot add label values.
 std::string route_of(const std::string& path) {
-  for (const char* route : {"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
-                            "/detokenize", "/version", "/health", "/metrics"})
+  for (const char* route :
+       {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize",
+        "/detokenize", "/version", "/health", "/metrics"})
     if (path == route) return route;
   if (path.starts_with(kModelsPrefix)) return std::string(kModels);
   return "other";

@@ -183,6 +183,7 @@ TEST(ServeHardening, MethodsAre405WithAllowOr501) {
                                    {"DELETE", "/v1/models", 405, "GET"},
                                    {"GET", "/v1/chat/completions", 405, "POST"},
                                    {"PUT", "/v1/completions", 405, "POST"},
+                                   {"GET", "/v1/responses", 405, "POST"},
                                    {"DELETE", "/nothing", 404, ""}};
   for (const Case& c : cases) {
     RawConnection raw(server.port());
@@ -258,7 +259,19 @@ TEST(ServeHardening, RequestsPastTheTimeoutAreCancelled) {
   EXPECT_CONTAINS(stream, "HTTP/1.1 200");
   EXPECT_CONTAINS(stream, R"(data: {"error":{"message":"the request ran longer)");
   EXPECT_CONTAINS(stream, "data: [DONE]");
-  EXPECT_EQ(metric(server, "tformers_completions_finished_total{reason=\"timeout\"}"), 2);
+  // A Responses stream ends as OpenAI's does: an error event, then response.failed.
+  RawConnection responses(server.port());
+  responses.send(post_request("/v1/responses", Json{{"model", kModel},
+                                                    {"input", "And the LORD said"},
+                                                    {"ignore_eos", true},
+                                                    {"max_output_tokens", 240},
+                                                    {"stream", true}}
+                                                   .dump()));
+  const std::string events = responses.read_until(R"("status":"failed")");
+  EXPECT_CONTAINS(events, "event: error\ndata: {\"type\":\"error\"");
+  EXPECT_CONTAINS(events, R"("code":"timeout","message":"the request ran longer)");
+  EXPECT_CONTAINS(events, "event: response.failed\n");
+  EXPECT_EQ(metric(server, "tformers_completions_finished_total{reason=\"timeout\"}"), 3);
   EXPECT_EQ(server.stop(), 0);
 }
 

@@ -421,6 +421,13 @@ TEST(Reasoning, ReasoningEffortReachesTheTemplate) {
   EXPECT_NE(rendered(gpt_oss, {{"reasoning_effort", "high"}}).find("\nReasoning: high\n"),
             std::string::npos);
   EXPECT_NE(rendered(gpt_oss, {}).find("\nReasoning: medium\n"), std::string::npos);
+  // The Responses API's reasoning.effort is the same.
+  const ApiRequest responses = parse_request(
+      Endpoint::kResponses,
+      Json{{"model", "m"}, {"input", "Hi"}, {"reasoning", {{"effort", "high"}}}}.dump());
+  EXPECT_NE(gpt_oss.decode(to_engine_request(responses, gpt_oss, 4096, 200000).prompt)
+                .find("\nReasoning: high\n"),
+            std::string::npos);
   // Qwen3's reads enable_thinking: "none" closes the think block in the generation prompt,
   // unless chat_template_kwargs says otherwise.
   const Tokenizer& q = qwen3();
