@@ -65,10 +65,14 @@ const ModelShape kGptOss2L{"gpt-oss-20b-2l",
                            32,
                            4,
                            true};
+// All 24 of them, 12.8 GB: the whole model's memory (its head tied here, as in every shape).
+const ModelShape kGptOss20B{
+    "gpt-oss-20b", "GptOssForCausalLM", "gpt_oss", 201088, 2880, 2880, 24, 64, 8, 64, false, 32, 4,
+    true};
 
 // The shape called `name`, or null.
 inline const ModelShape* find_shape(const std::string& name) {
-  for (const ModelShape* m : {&kQwen3, &kLlama, &kLlama8B, &kQwen3Moe2L, &kGptOss2L})
+  for (const ModelShape* m : {&kQwen3, &kLlama, &kLlama8B, &kQwen3Moe2L, &kGptOss2L, &kGptOss20B})
     if (m->name == name) return m;
   return nullptr;
 }
