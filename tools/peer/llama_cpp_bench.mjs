@@ -1,8 +1,9 @@
 // llama.cpp (through node-llama-cpp's prebuilt CPU binaries, pinned in package.json) on a GGUF
-// written by safetensors_to_gguf.py from bench_model's checkpoint: decode tokens/s, time to first
-// token of a 128-token prompt and prefill of --prefill tokens (0 = skip), for the same numbers of
-// threads as bench/bench_model, and the model load. Prints one JSON line per thread count;
-// bench/RESULTS.md ("Peer") puts them beside tformers' in the same run.
+// written by safetensors_to_gguf.py from a benchmark checkpoint (bench_model's, or make_shape's
+// for bench/peer_llama_cpp.sh --shape gpt-oss-20b-2l): decode tokens/s, time to first token of a
+// 128-token prompt and prefill of --prefill tokens (0 = skip), for the same numbers of threads as
+// tformers' side, and the model load. Prints one JSON line per thread count; bench/RESULTS.md
+// ("Peer") puts them beside tformers' in the same run.
 //
 //   node tools/peer/llama_cpp_bench.mjs MODEL.gguf [--threads 1,2] [--decode 32] [--prefill 512]
 //                                       [--load-mode mmap|none]

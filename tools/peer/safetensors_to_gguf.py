@@ -1,24 +1,56 @@
 #!/usr/bin/env python3
-"""Writes a Qwen3 or Qwen3-MoE checkpoint folder (config.json + model.safetensors, bf16) as one
-GGUF file that llama.cpp loads, so that tools/peer/llama_cpp_bench.mjs can time llama.cpp on the very weights
-that bench/bench_model times tformers on (bench/RESULTS.md, "Peer").
+"""Writes a Qwen3, Qwen3-MoE or gpt-oss checkpoint folder (config.json + model.safetensors) as one
+GGUF file that llama.cpp loads, so that tools/peer/llama_cpp_bench.mjs can time llama.cpp on the
+very weights that bench/bench_model and `tformers bench` time tformers on (bench/RESULTS.md,
+"Peer").
 
-Only what a timing needs is written: the weights (2-D tensors byte for byte in bf16, the 1-D
-norm weights widened to f32 as llama.cpp's own converter stores them), the hyperparameters, and a
-placeholder BPE vocabulary of vocab_size tokens ("<t0>", "<t1>", ...) with no merges, because
-llama.cpp refuses a model without one; the benchmark feeds token ids, never text.
+Only what a timing needs is written: the weights, the hyperparameters, and a placeholder BPE
+vocabulary of vocab_size tokens ("<t0>", "<t1>", ...) with no merges, because llama.cpp refuses a
+model without one; the benchmark feeds token ids, never text.
 
-Qwen3 needs no reordering of the q/k projections (llama.cpp runs its rope in the rotate-half
-layout of the checkpoint), unlike Llama, whose checkpoints llama.cpp permutes, so only Qwen3 is
-accepted, and Qwen3-MoE (llama.cpp's qwen3moe) with its experts in Transformers 5's fused tensors:
+Qwen3 and Qwen3-MoE (bf16 checkpoints): the 2-D tensors are written byte for byte in bf16, the
+1-D norm weights widened to f32 as llama.cpp's own converter stores them. Qwen3 needs no
+reordering of the q/k projections (llama.cpp runs its rope in the rotate-half layout of the
+checkpoint), unlike Llama, whose checkpoints llama.cpp permutes, so only Qwen3 is accepted, and
+Qwen3-MoE (llama.cpp's qwen3moe) with its experts in Transformers 5's fused tensors:
 mlp.experts.gate_up_proj (experts, 2 x moe_intermediate_size, hidden) is cut into llama.cpp's
 ffn_gate_exps and ffn_up_exps (each expert's first and second half of rows), down_proj is
 ffn_down_exps as it is, and the router mlp.gate is ffn_gate_inp, kept in bf16 when the rest is
 quantized (as llama-quantize keeps it unquantized, and tformers keeps its router as stored).
 
-With --q8_0 or --q4_0 the 2-D tensors are written in one of llama.cpp's block formats instead
-of bf16, each block 32 consecutive values of a row, as llama.cpp's reference quantizers
-(ggml-quants.c) round them:
+gpt-oss (model_type gpt_oss, llama.cpp's "gpt-oss"; needs NumPy): the released layout, which
+bench/make_shape's gpt-oss-20b-2l copies (bf16 attention and router, MXFP4 experts), and the float
+layout Transformers saves (every tensor f32 or bf16). Attention weights, the embedding and the
+router stay in their stored type (bf16, f16 or f32); the norms, the attention biases, the sinks
+and every bias of the router and the experts are written in f32, as llama.cpp's converter does.
+The experts:
+- MXFP4 (mlp.experts.*_blocks (experts, rows, in / 32, 16) uint8 and *_scales (experts, rows,
+  in / 32) uint8, as the checkpoints ship them) are written in GGML's MXFP4 as they are, without
+  a round trip through floats: each block of 32 values is ggml's block_mxfp4, the scale byte
+  (E8M0, 2^(s - 127), the same byte in both) and then 16 bytes of codes. The two layouts order
+  the 4-bit codes differently: the checkpoint's byte j holds value 2j in its low nibble and
+  2j + 1 in its high one, ggml's byte j holds value j low and value j + 16 high, so the codes are
+  unpacked and packed again (as llama.cpp's GptOssModel.repack_mxfp4 does);
+- float (Transformers' (experts, in, out) tensors) are transposed to ggml's (experts, out, in)
+  rows and written in the stored type.
+The checkpoints interleave the gate and up projections of gate_up_proj (even rows gate, odd rows
+up; the same for gate_up_proj_bias), which become ffn_gate_exps and ffn_up_exps (and their .bias);
+down_proj is ffn_down_exps. A tied head (tie_word_embeddings, no lm_head.weight) is written again
+as output.weight, which llama.cpp's gpt-oss requires.
+The hyperparameters are the ones LLM_ARCH_OPENAI_MOE reads: expert counts and
+expert_feed_forward_length, attention.sliding_window (and sliding_window_pattern when layer_types
+is not gpt-oss's alternation, sliding on even layers), the YaRN keys (rope.scaling.type, factor,
+original_context_length; without rope_scaling or rope_parameters in config.json, gpt-oss's
+default, factor 32 of 4096 positions, as Transformers' GptOssConfig and tformers take it). llama.cpp
+fixes some of gpt-oss's computation where Transformers reads it from config.json: the clamped
+SwiGLU's alpha 1.702 and limit 7.0, YaRN's beta_fast 32 and beta_slow 1, and YaRN's correction
+range rounded to whole dimensions (Transformers' truncate: true; gpt-oss's configs say false, so
+llama.cpp's frequencies of a few dimensions in the ramp differ from Transformers' and tformers').
+Values other than llama.cpp's are reported on stderr and written as llama.cpp computes them.
+
+With --q8_0 or --q4_0 the 2-D float tensors are written in one of llama.cpp's block formats
+instead, each block 32 consecutive values of a row, as llama.cpp's reference quantizers
+(ggml-quants.c) round them (MXFP4 experts stay MXFP4, routers stay as stored):
 - Q8_0, the peer of tformers' --quantize int8: an f16 scale d = max|x| / 127, then 32 int8
   round(x / d), ties to even;
 - Q4_0, the peer of --quantize int4: with m the value of largest magnitude (the first of equals,
@@ -29,11 +61,12 @@ multiplies by token_embd as its output layer, and tformers quantizes that head t
 own, the embedding lookup staying bf16; one row per token, which costs no time). llama.cpp's
 llama-quantize would keep a tied head in Q6_K for Q4_0; here both engines stream the same
 4.5 bits per weight. Quantizing needs NumPy (Debian's python3-numpy) to round 600 M weights in
-seconds; the rest is the standard library.
+seconds; the Qwen3 checkpoints in bf16 need only the standard library.
 
 usage: safetensors_to_gguf.py [--q8_0 | --q4_0] CHECKPOINT_DIR OUT.gguf
 """
 import json
+import math
 import os
 import struct
 import sys
@@ -42,10 +75,14 @@ GGUF_VERSION = 3
 ALIGNMENT = 32
 # GGUF metadata value types and GGML tensor types (gguf.md of the ggml repository).
 T_UINT32, T_FLOAT32, T_STRING, T_ARRAY = 4, 6, 8, 9
-GGML_F32, GGML_Q4_0, GGML_Q8_0, GGML_BF16 = 0, 2, 8, 30
-BLOCK = 32  # values per Q8_0 or Q4_0 block, each block a 2-byte f16 scale and then its codes
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0, GGML_BF16, GGML_MXFP4 = 0, 1, 2, 8, 30, 39
+BLOCK = 32  # values per Q8_0, Q4_0 or MXFP4 block
+# Bytes per block of 32 values, by GGML type: a 2-byte f16 scale then the codes (Q8_0, Q4_0),
+# a 1-byte E8M0 scale then 16 bytes of 4-bit codes (MXFP4).
+BLOCK_BYTES = {GGML_Q8_0: 2 + BLOCK, GGML_Q4_0: 2 + BLOCK // 2, GGML_MXFP4: 1 + BLOCK // 2}
+VALUE_BYTES = {GGML_F32: 4, GGML_F16: 2, GGML_BF16: 2}
 
-LAYER_NAMES = {
+QWEN_LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
@@ -60,15 +97,39 @@ LAYER_NAMES = {
     "mlp.gate.weight": "ffn_gate_inp.weight",
     "mlp.experts.down_proj": "ffn_down_exps.weight",
 }
-# Tensors that stay bf16 when the others are quantized.
+# gpt-oss's tensors that are renamed only (the experts' are cut or repacked in gpt_oss_tensors).
+GPT_OSS_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.sinks": "attn_sinks.weight",
+    "mlp.router.weight": "ffn_gate_inp.weight",
+    "mlp.router.bias": "ffn_gate_inp.bias",
+    "mlp.experts.down_proj_bias": "ffn_down_exps.bias",
+}
+# Tensors that stay as stored when the others are quantized.
 UNQUANTIZED = {"ffn_gate_inp.weight"}
+# NumPy's dtype of each safetensors dtype read here (bf16 as its bits).
+NP_DTYPES = {"BF16": "<u2", "F16": "<f2", "F32": "<f4", "U8": "u1"}
+STORED_TYPES = {"BF16": GGML_BF16, "F16": GGML_F16, "F32": GGML_F32}
 
 
 def fail(msg):
     sys.exit(f"safetensors_to_gguf: {msg}")
 
 
-def gguf_name(name):
+def warn(msg):
+    print(f"safetensors_to_gguf: note: {msg}", file=sys.stderr)
+
+
+def gguf_name(name, layer_names):
     if name == "model.embed_tokens.weight":
         return "token_embd.weight"
     if name == "model.norm.weight":
@@ -78,10 +139,10 @@ def gguf_name(name):
     prefix = "model.layers."
     if name.startswith(prefix):
         layer, _, rest = name[len(prefix):].partition(".")
-        if rest in LAYER_NAMES:
-            return f"blk.{int(layer)}.{LAYER_NAMES[rest]}"
-    fail(f"tensor {name!r} has no GGUF name here (only Qwen3 and Qwen3-MoE checkpoints are "
-         "supported)")
+        if rest in layer_names:
+            return f"blk.{int(layer)}.{layer_names[rest]}"
+    fail(f"tensor {name!r} has no GGUF name here (only Qwen3, Qwen3-MoE and gpt-oss checkpoints "
+         "are supported)")
 
 
 def string(s):
@@ -102,6 +163,13 @@ def kv(key, vtype, value):
     return out + struct.pack("<IQ", T_STRING, len(items)) + b"".join(string(s) for s in items)
 
 
+def tensor_bytes(ggml_type, shape):
+    n = math.prod(shape)
+    if ggml_type in BLOCK_BYTES:
+        return n // BLOCK * BLOCK_BYTES[ggml_type]
+    return n * VALUE_BYTES[ggml_type]
+
+
 def bf16_blocks(raw):
     """bf16 bytes (whole rows) -> f32 array of blocks of BLOCK values, one block a row."""
     import numpy as np  # only to quantize
@@ -117,20 +185,20 @@ def blocks_bytes(d, codes):
     return np.concatenate([d.astype("<f2").view(np.uint8), codes], axis=1).tobytes()
 
 
-def q8_0(raw):
+def q8_0(x):
+    """f32 blocks (n, BLOCK) -> Q8_0 bytes."""
     import numpy as np
 
-    x = bf16_blocks(raw)
     d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
     q = np.zeros_like(x)
     np.divide(x, d, out=q, where=d > 0)
     return blocks_bytes(d, np.rint(q).astype(np.int8).view(np.uint8))
 
 
-def q4_0(raw):
+def q4_0(x):
+    """f32 blocks (n, BLOCK) -> Q4_0 bytes."""
     import numpy as np
 
-    x = bf16_blocks(raw)
     m = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)  # first of equals
     d = m / np.float32(-8)
     inv = np.zeros_like(d)
@@ -141,50 +209,34 @@ def q4_0(raw):
     return blocks_bytes(d, q[:, :half] | q[:, half:] << 4)
 
 
-# By flag: the format's name, GGML type, bytes per block, and quantizer.
-QUANTS = {"--q8_0": ("Q8_0", GGML_Q8_0, 2 + BLOCK, q8_0),
-          "--q4_0": ("Q4_0", GGML_Q4_0, 2 + BLOCK // 2, q4_0)}
+# By flag: the format's name, GGML type, and quantizer of f32 blocks.
+QUANTS = {"--q8_0": ("Q8_0", GGML_Q8_0, q8_0), "--q4_0": ("Q4_0", GGML_Q4_0, q4_0)}
 
 
-def copy_chunk(fin, fout, ggml_type, quant, quantize, row, nbytes):
-    """Writes nbytes of bf16 (whole rows of `row` values) from fin as ggml_type; returns the bytes
-    written."""
-    if ggml_type == GGML_F32:  # bf16 -> f32: the bf16 bits become the high half
-        raw = fin.read(nbytes)
-        fout.write(b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, nbytes, 2)))
-        return nbytes * 2
-    written = 0
-    step = max(1, (1 << 24) // (row * 2)) * row * 2 if ggml_type == quant else 1 << 24
-    for at in range(0, nbytes, step):
-        raw = fin.read(min(step, nbytes - at))
-        out = quantize(raw) if ggml_type == quant else raw
-        fout.write(out)
-        written += len(out)
-    return written
-
-
-def main():
-    args = sys.argv[1:]
-    flags = [a for a in args if a in QUANTS]
-    args = [a for a in args if a not in QUANTS]
-    if len(args) != 2 or len(flags) > 1:
-        sys.exit(__doc__)
-    fmt, quant, block_bytes, quantize = QUANTS[flags[0]] if flags else (None, None, 0, None)
-    src, dst = args
-    with open(os.path.join(src, "config.json")) as f:
-        cfg = json.load(f)
-    archs = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
-    if cfg.get("model_type") not in archs:
-        fail(f"{src}/config.json: model_type {cfg.get('model_type')!r}, only 'qwen3' and "
-             "'qwen3_moe' are supported")
-    st_path = os.path.join(src, "model.safetensors")
+def read_header(st_path):
     with open(st_path, "rb") as f:
         (hlen,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(hlen))
-    data_start = 8 + hlen
     header.pop("__metadata__", None)
+    return header, 8 + hlen
 
-    tensors = []  # (gguf name, ggml type, dims outermost first, [(src offset, src bytes)])
+
+def qwen_tensors(st_path, header, data_start, quant, quantize, fin):
+    """The GGUF tensors of a bf16 Qwen3 or Qwen3-MoE checkpoint, read from fin with the standard
+    library (NumPy only to quantize)."""
+    tensors = []  # (gguf name, ggml type, dims outermost first, pieces: () -> iterable of bytes)
+
+    def pieces(ggml_type, row, chunks):
+        for src_off, nbytes in chunks:
+            fin.seek(src_off)
+            if ggml_type == GGML_F32:  # bf16 -> f32: the bf16 bits become the high half
+                raw = fin.read(nbytes)
+                yield b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, nbytes, 2))
+                continue
+            step = max(1, (1 << 24) // (row * 2)) * row * 2 if ggml_type == quant else 1 << 24
+            for at in range(0, nbytes, step):
+                raw = fin.read(min(step, nbytes - at))
+                yield quantize(bf16_blocks(raw)) if ggml_type == quant else raw
 
     def add(gname, shape, chunks):
         ggml_type = GGML_F32 if len(shape) == 1 else GGML_BF16
@@ -192,8 +244,9 @@ def main():
             ggml_type = quant
         if ggml_type == quant and shape[-1] % BLOCK:
             fail(f"{st_path}: tensor {gname} has rows of {shape[-1]} values, "
-                 f"not a multiple of {BLOCK} as {fmt} needs")
-        tensors.append((gname, ggml_type, shape, chunks))
+                 f"not a multiple of {BLOCK} as {quant_name(quant)} needs")
+        tensors.append((gname, ggml_type, shape,
+                        lambda t=ggml_type, r=shape[-1], c=chunks: pieces(t, r, c)))
 
     for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
         if info["dtype"] != "BF16":
@@ -204,20 +257,233 @@ def main():
             # Each expert's rows: gate first, then up.
             experts, rows, hidden = shape
             half = rows // 2 * hidden * 2
-            layer = gguf_name(name.replace("experts.gate_up_proj", "gate.weight")).split(".")[1]
+            layer = gguf_name(name.replace("experts.gate_up_proj", "gate.weight"),
+                              QWEN_LAYER_NAMES).split(".")[1]
             for i, part in enumerate(["ffn_gate_exps.weight", "ffn_up_exps.weight"]):
                 add(f"blk.{layer}.{part}", [experts, rows // 2, hidden],
                     [(data_start + begin + e * 2 * half + i * half, half) for e in range(experts)])
             continue
-        add(gguf_name(name), shape, [(data_start + begin, end - begin)])
+        add(gguf_name(name, QWEN_LAYER_NAMES), shape, [(data_start + begin, end - begin)])
+    return tensors
 
+
+def quant_name(ggml_type):
+    return {GGML_Q8_0: "Q8_0", GGML_Q4_0: "Q4_0"}[ggml_type]
+
+
+def repack_mxfp4(blocks, scales):
+    """Checkpoint MXFP4 (..., n, 16) codes and (..., n) scales -> ggml block_mxfp4 bytes."""
+    import numpy as np
+
+    # The values of each block in order: value 2j is byte j's low nibble, 2j + 1 its high one.
+    v = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], BLOCK)
+    # ggml's byte j: value j in the low nibble, value j + 16 in the high one; the scale first.
+    codes = v[..., :BLOCK // 2] | v[..., BLOCK // 2:] << 4
+    return np.concatenate([scales[..., None], codes], axis=-1).tobytes()
+
+
+def gpt_oss_tensors(cfg, st_path, header, data_start, quant, quantize):
+    """The GGUF tensors of a gpt-oss checkpoint (MXFP4 or float experts), read with NumPy."""
+    try:
+        import numpy as np
+    except ImportError:
+        fail("gpt-oss checkpoints need NumPy (Debian's python3-numpy, or the project's .venv/)")
+    mm = np.memmap(st_path, dtype=np.uint8, mode="r")
+
+    def array(name):
+        info = header[name]
+        if info["dtype"] not in NP_DTYPES:
+            fail(f"{st_path}: tensor {name} is {info['dtype']}, not one of {sorted(NP_DTYPES)}")
+        begin, end = info["data_offsets"]
+        return mm[data_start + begin:data_start + end].view(NP_DTYPES[info["dtype"]]).reshape(
+            info["shape"])
+
+    def f32(a, dtype):
+        if dtype == "BF16":
+            return (a.astype(np.uint32) << 16).view(np.float32)
+        return a.astype(np.float32)
+
+    def row_chunks(a):
+        """A tensor's rows (its last dimension) in blocks of about 16 MB."""
+        m = a.reshape(-1, a.shape[-1])
+        step = max(1, (1 << 24) // (m.shape[1] * m.itemsize))
+        for r in range(0, m.shape[0], step):
+            yield m[r:r + step]
+
+    tensors = []  # (gguf name, ggml type, dims outermost first, pieces: () -> iterable of bytes)
+
+    def add_matrix(gname, shape, dtype, chunks):
+        """A weight in its stored float type, or quantized; chunks() yields its rows in order."""
+        if dtype not in STORED_TYPES:
+            fail(f"{st_path}: {gname} is {dtype}, not a float type")
+        if quant and gname.split(".", 2)[-1] not in UNQUANTIZED:
+            if shape[-1] % BLOCK:
+                fail(f"{st_path}: tensor {gname} has rows of {shape[-1]} values, "
+                     f"not a multiple of {BLOCK} as {quant_name(quant)} needs")
+            tensors.append((gname, quant, shape, lambda: (
+                quantize(f32(np.ascontiguousarray(c), dtype).reshape(-1, BLOCK)) for c in chunks())))
+        else:
+            tensors.append((gname, STORED_TYPES[dtype], shape,
+                            lambda: (np.ascontiguousarray(c).tobytes() for c in chunks())))
+
+    def add_f32(gname, a, dtype):
+        tensors.append((gname, GGML_F32, list(a.shape),
+                        lambda: [f32(np.ascontiguousarray(a), dtype).tobytes()]))
+
+    E, inter = cfg["num_local_experts"], cfg["intermediate_size"]
+    hidden = cfg["hidden_size"]
+    names = sorted(header, key=lambda n: header[n]["data_offsets"][0])
+    for name in names:
+        dtype, shape = header[name]["dtype"], header[name]["shape"]
+        a = array(name)
+        blk, rest = "", name
+        if name.startswith("model.layers."):
+            layer, _, rest = name[len("model.layers."):].partition(".")
+            blk = f"blk.{int(layer)}."
+        if rest in ("mlp.experts.gate_up_proj_scales", "mlp.experts.down_proj_scales"):
+            continue  # written with the blocks
+        if rest in ("mlp.experts.gate_up_proj_blocks", "mlp.experts.down_proj_blocks"):
+            scales_name = name.replace("_blocks", "_scales")
+            if scales_name not in header:
+                fail(f"{st_path}: {name} has no {scales_name}")
+            scales = array(scales_name)
+            gate_up = "gate_up" in rest
+            rows, k = (2 * inter, hidden) if gate_up else (hidden, inter)
+            if dtype != "U8" or header[scales_name]["dtype"] != "U8" or \
+                    shape != [E, rows, k // BLOCK, BLOCK // 2] or \
+                    header[scales_name]["shape"] != shape[:3]:
+                fail(f"{st_path}: {name} is {dtype} {shape} with scales "
+                     f"{header[scales_name]['dtype']} {header[scales_name]['shape']}; "
+                     f"MXFP4 of {[E, rows, k]} needs U8 {[E, rows, k // BLOCK, BLOCK // 2]} and "
+                     f"U8 {[E, rows, k // BLOCK]}")
+            parts = [("ffn_gate_exps.weight", slice(0, None, 2)),
+                     ("ffn_up_exps.weight", slice(1, None, 2))] if gate_up else \
+                [("ffn_down_exps.weight", slice(None))]
+            for part, sel in parts:
+                tensors.append((blk + part, GGML_MXFP4, [E, len(range(rows)[sel]), k],
+                                lambda b=a, s=scales, sel=sel: (
+                                    repack_mxfp4(np.asarray(b[e, sel]), np.asarray(s[e, sel]))
+                                    for e in range(E))))
+            continue
+        if rest == "mlp.experts.gate_up_proj":  # (experts, hidden, 2 x inter): gate, up interleaved
+            if shape != [E, hidden, 2 * inter]:
+                fail(f"{st_path}: {name} is {shape}, expected {[E, hidden, 2 * inter]}")
+            for part, first in (("ffn_gate_exps.weight", 0), ("ffn_up_exps.weight", 1)):
+                add_matrix(blk + part, [E, inter, hidden], dtype,
+                           lambda a=a, first=first: (a[e][:, first::2].T for e in range(E)))
+            continue
+        if rest == "mlp.experts.down_proj":  # (experts, inter, hidden)
+            if shape != [E, inter, hidden]:
+                fail(f"{st_path}: {name} is {shape}, expected {[E, inter, hidden]}")
+            add_matrix(blk + "ffn_down_exps.weight", [E, hidden, inter], dtype,
+                       lambda a=a: (a[e].T for e in range(E)))
+            continue
+        if rest == "mlp.experts.gate_up_proj_bias":  # (experts, 2 x inter): gate, up interleaved
+            add_f32(blk + "ffn_gate_exps.bias", a[:, 0::2], dtype)
+            add_f32(blk + "ffn_up_exps.bias", a[:, 1::2], dtype)
+            continue
+        gname = gguf_name(name, GPT_OSS_LAYER_NAMES)
+        if len(shape) == 1 or not gname.endswith(".weight") or gname.endswith("norm.weight"):
+            add_f32(gname, a, dtype)
+        else:
+            add_matrix(gname, shape, dtype, lambda a=a: row_chunks(a))
+            if name == "model.embed_tokens.weight" and "lm_head.weight" not in header:
+                if not cfg.get("tie_word_embeddings", False):
+                    fail(f"{st_path}: no lm_head.weight, and config.json does not tie the head")
+                add_matrix("output.weight", shape, dtype, lambda a=a: row_chunks(a))
+    return tensors
+
+
+def gpt_oss_meta(cfg, a):
+    """The hyperparameters llama.cpp's gpt-oss reads (src/models/openai-moe.cpp and the common
+    ones of llama_model_base::load_hparams), and what llama.cpp will compute differently."""
+    n = cfg["num_hidden_layers"]
+    head_dim = cfg.get("head_dim", 64)  # GptOssConfig's default
+    for key, llama_cpp in (("swiglu_alpha", 1.702), ("swiglu_limit", 7.0)):
+        if key in cfg and float(cfg[key]) != llama_cpp:
+            warn(f"config.json has {key} {cfg[key]}; llama.cpp's gpt-oss computes with {llama_cpp}")
+    if not cfg.get("attention_bias", True):
+        fail("config.json has attention_bias false; llama.cpp's gpt-oss needs attn_output.bias")
+    # layer_types as llama.cpp's period p: layer l slides when p == 0 or l % p < p - 1.
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if l % 2 == 0 else "full_attention" for l in range(n)]
+    sliding = [t == "sliding_attention" for t in types]
+    for period in [2, 0, 1] + list(range(3, n + 1)):
+        if all(s == (period == 0 or l % period < period - 1) for l, s in enumerate(sliding)):
+            break
+    else:
+        fail(f"config.json: layer_types {types} is no pattern llama.cpp expresses "
+             "(layer l sliding when l % p < p - 1)")
+    meta = [
+        kv(f"{a}.expert_count", T_UINT32, cfg["num_local_experts"]),
+        kv(f"{a}.expert_used_count", T_UINT32, cfg["num_experts_per_tok"]),
+        kv(f"{a}.expert_feed_forward_length", T_UINT32, cfg["intermediate_size"]),
+        kv(f"{a}.attention.sliding_window", T_UINT32, cfg.get("sliding_window") or 128),
+        kv(f"{a}.rope.dimension_count", T_UINT32, head_dim),
+    ]
+    if period != 2:
+        meta.append(kv(f"{a}.attention.sliding_window_pattern", T_UINT32, period))
+    # Transformers 5 writes rope_parameters (with rope_theta), earlier versions rope_scaling.
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    theta = cfg.get("rope_theta") or (rope or {}).get("rope_theta") or 150000.0
+    if rope is None:  # gpt-oss's YaRN (GptOssConfig)
+        rope = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 4096}
+    kind = rope.get("rope_type") or rope.get("type")
+    if kind == "yarn":
+        for key, llama_cpp in (("beta_fast", 32.0), ("beta_slow", 1.0)):
+            if float(rope.get(key, llama_cpp)) != llama_cpp:
+                warn(f"YaRN's {key} is {rope[key]}; llama.cpp's gpt-oss computes with {llama_cpp}")
+        if not rope.get("truncate", True):
+            warn("YaRN's truncate is false; llama.cpp rounds the correction range to whole "
+                 "dimensions (truncate true), so a few rotary frequencies differ")
+        for key in ("attention_factor", "mscale", "mscale_all_dim"):
+            if rope.get(key) is not None:
+                warn(f"YaRN's {key} is not written; llama.cpp scales by 0.1 ln(factor) + 1")
+        meta += [
+            kv(f"{a}.rope.scaling.type", T_STRING, "yarn"),
+            kv(f"{a}.rope.scaling.factor", T_FLOAT32, float(rope["factor"])),
+            kv(f"{a}.rope.scaling.original_context_length", T_UINT32,
+               int(rope.get("original_max_position_embeddings") or
+                   cfg["max_position_embeddings"])),
+        ]
+    elif kind not in (None, "default"):
+        fail(f"config.json: rope type {kind!r}, only yarn or none are written for gpt-oss")
+    return meta, theta, head_dim
+
+
+def main():
+    args = sys.argv[1:]
+    flags = [a for a in args if a in QUANTS]
+    args = [a for a in args if a not in QUANTS]
+    if len(args) != 2 or len(flags) > 1:
+        sys.exit(__doc__)
+    _, quant, quantize = QUANTS[flags[0]] if flags else (None, None, None)
+    src, dst = args
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    archs = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+    if cfg.get("model_type") not in archs:
+        fail(f"{src}/config.json: model_type {cfg.get('model_type')!r}, only 'qwen3', "
+             "'qwen3_moe' and 'gpt_oss' are supported")
+    st_path = os.path.join(src, "model.safetensors")
+    header, data_start = read_header(st_path)
     a = archs[cfg["model_type"]]
-    moe = []
-    if a == "qwen3moe":
-        moe = [kv(f"{a}.expert_count", T_UINT32, cfg["num_experts"]),
-               kv(f"{a}.expert_used_count", T_UINT32, cfg["num_experts_per_tok"]),
-               kv(f"{a}.expert_feed_forward_length", T_UINT32, cfg["moe_intermediate_size"])]
-    meta = moe + [
+    fin = open(st_path, "rb")
+
+    extra, pre = [], "qwen2"
+    theta, head_dim = cfg.get("rope_theta"), cfg.get("head_dim")
+    if a == "gpt-oss":
+        tensors = gpt_oss_tensors(cfg, st_path, header, data_start, quant, quantize)
+        extra, theta, head_dim = gpt_oss_meta(cfg, a)
+        pre = "gpt-4o"  # gpt-oss's o200k pretokenizer in llama.cpp; unused for token ids
+    else:
+        tensors = qwen_tensors(st_path, header, data_start, quant, quantize, fin)
+        if a == "qwen3moe":
+            extra = [kv(f"{a}.expert_count", T_UINT32, cfg["num_experts"]),
+                     kv(f"{a}.expert_used_count", T_UINT32, cfg["num_experts_per_tok"]),
+                     kv(f"{a}.expert_feed_forward_length", T_UINT32, cfg["moe_intermediate_size"])]
+    meta = extra + [
         kv("general.architecture", T_STRING, a),
         kv("general.name", T_STRING, os.path.basename(os.path.normpath(src))),
         kv(f"{a}.block_count", T_UINT32, cfg["num_hidden_layers"]),
@@ -226,37 +492,35 @@ def main():
         kv(f"{a}.feed_forward_length", T_UINT32, cfg["intermediate_size"]),
         kv(f"{a}.attention.head_count", T_UINT32, cfg["num_attention_heads"]),
         kv(f"{a}.attention.head_count_kv", T_UINT32, cfg["num_key_value_heads"]),
-        kv(f"{a}.attention.key_length", T_UINT32, cfg["head_dim"]),
-        kv(f"{a}.attention.value_length", T_UINT32, cfg["head_dim"]),
-        kv(f"{a}.rope.freq_base", T_FLOAT32, float(cfg["rope_theta"])),
+        kv(f"{a}.attention.key_length", T_UINT32, head_dim),
+        kv(f"{a}.attention.value_length", T_UINT32, head_dim),
+        kv(f"{a}.rope.freq_base", T_FLOAT32, float(theta)),
         kv(f"{a}.attention.layer_norm_rms_epsilon", T_FLOAT32, float(cfg["rms_norm_eps"])),
         kv("tokenizer.ggml.model", T_STRING, "gpt2"),
-        kv("tokenizer.ggml.pre", T_STRING, "qwen2"),
+        kv("tokenizer.ggml.pre", T_STRING, pre),
         kv("tokenizer.ggml.tokens", T_ARRAY, (T_STRING, [f"<t{i}>" for i in range(cfg["vocab_size"])])),
         kv("tokenizer.ggml.merges", T_ARRAY, (T_STRING, [])),
     ]
 
     infos, offset = [], 0
-    for gname, ggml_type, shape, chunks in tensors:
-        nbytes = sum(n for _, n in chunks)
-        out_bytes = {GGML_F32: nbytes * 2, GGML_BF16: nbytes,
-                     quant: nbytes // 2 // BLOCK * block_bytes}[ggml_type]
+    for gname, ggml_type, shape, _ in tensors:
         dims = list(reversed(shape))  # GGUF lists the innermost dimension first
         infos.append(string(gname) + struct.pack("<I", len(dims)) +
                      b"".join(struct.pack("<Q", d) for d in dims) +
                      struct.pack("<IQ", ggml_type, offset))
-        offset += (out_bytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+        offset += (tensor_bytes(ggml_type, shape) + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
     head = b"GGUF" + struct.pack("<IQQ", GGUF_VERSION, len(tensors), len(meta))
     head += b"".join(meta) + b"".join(infos)
     head += b"\0" * (-len(head) % ALIGNMENT)
-    with open(st_path, "rb") as fin, open(dst, "wb") as fout:
+    with fin, open(dst, "wb") as fout:
         fout.write(head)
-        for _, ggml_type, shape, chunks in tensors:
+        for gname, ggml_type, shape, pieces in tensors:
             written = 0
-            for src_off, nbytes in chunks:
-                fin.seek(src_off)
-                written += copy_chunk(fin, fout, ggml_type, quant, quantize, shape[-1], nbytes)
+            for piece in pieces():
+                fout.write(piece)
+                written += len(piece)
+            assert written == tensor_bytes(ggml_type, shape), (gname, written)
             fout.write(b"\0" * (-written % ALIGNMENT))
     print(f"wrote {dst}: {len(tensors)} tensors, {os.path.getsize(dst) / 1e9:.2f} GB")
 
