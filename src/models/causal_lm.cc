@@ -470,14 +470,16 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       add_stored(s);
       continue;
     }
-    if (!quantize && models::stored_as_mxfp4(ckpt, s)) {
-      add_mxfp4(s);
-      for (const std::string& source : models::stored_sources(ckpt, s)) advance(source);
-      continue;
-    }
     if (models::stored_differently(ckpt, s)) {
-      add_assembled(s, models::read_stored(ckpt, s, impl->dtype));
-      for (const std::string& source : models::stored_sources(ckpt, s)) advance(source);
+      if (!quantize && models::stored_as_mxfp4(ckpt, s))
+        add_mxfp4(s);
+      else
+        add_assembled(s, models::read_stored(ckpt, s, impl->dtype));
+      // Read through the mapping into copies: its pages need not stay resident as well.
+      for (const std::string& source : models::stored_sources(ckpt, s)) {
+        release_pages(ckpt.get(source));
+        advance(source);
+      }
       continue;
     }
     if (!ckpt.has(s.name)) {
