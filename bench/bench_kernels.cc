@@ -10,7 +10,10 @@
 //      256 in a 512-slot and a 32768-slot cache (the cost must follow the used length), and one
 //      at a used length of 4096 over 28 layers' caches (GB/s of K and V against (1));
 //   5. int8 quantization at load of the LM head (GB/s of bf16), this target against scalar;
-// each with 1 and 2 threads. Usage: bench_kernels [--target NAME] [--gib N]
+//   6. the MXFP4 linear at gpt-oss-20b's expert shapes (N = 5760 and 2880, K = 2880): one row
+//      (GB/s of the 17 bytes per 32 weights read, against (1)) and 32 rows (GFLOP/s against the
+//      FMA peak);
+// each with 1 and 2 threads. Usage: bench_kernels [--target NAME] [--gib N] [--mxfp4-only]
 // (TFORMERS_CPU_TARGET also lowers the target).
 // GCC 12's AVX-512 headers build "undefined" vectors by self-initialization, which -Wall
 // reports at every inlined call although the value is never read.
@@ -81,17 +84,80 @@ double read_bandwidth(const std::vector<const void*>& pieces, int64_t bytes, int
   return double(n) * 8 / t / 1e9;
 }
 
+// ---- 6. the MXFP4 linear.
+struct Mxfp4Weights {
+  std::vector<uint8_t> codes, scales;
+};
+
+// Copies of an (N, K) MXFP4 weight, at least 1 GiB in all, so that a call of one row reads its
+// weights from memory as a model's decode step does: random codes (xorshift64, 8 bytes a draw)
+// and scales 110..135, about gpt-oss's.
+std::vector<Mxfp4Weights> mxfp4_copies(int64_t N, int64_t K) {
+  const size_t code_bytes = size_t(N * K / 2), scale_bytes = size_t(N * K / cpu::kMxfp4Block);
+  const size_t copies = (size_t(1) << 30) / (code_bytes + scale_bytes) + 1;
+  uint64_t state = 0x9e3779b97f4a7c15u;
+  auto draw = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  std::vector<Mxfp4Weights> out(copies);
+  for (Mxfp4Weights& w : out) {
+    w.codes.resize(code_bytes);
+    for (size_t i = 0; i < code_bytes; i += 8) {
+      const uint64_t r = draw();
+      std::memcpy(w.codes.data() + i, &r, std::min<size_t>(8, code_bytes - i));
+    }
+    w.scales.resize(scale_bytes);
+    for (uint8_t& b : w.scales) b = uint8_t(110 + draw() % 26);
+  }
+  return out;
+}
+
+// gpt-oss-20b's expert linears (gate and up fused: N = 5760; down: 2880, the first rows of the
+// same copies) for one decode row, from memory, and a prompt's 32 rows.
+void bench_mxfp4(const std::vector<Mxfp4Weights>& copies, int64_t K, double bw, double peak,
+                 ThreadPool& pool) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(size_t(32 * K)), y(size_t(32 * 5760));
+  for (float& v : x) v = dist(rng);
+  for (int64_t N : {5760, 2880}) {
+    const double bytes = double(N * K / 2 + N * K / cpu::kMxfp4Block);
+    size_t next = 0;
+    const double t1 = median_time(200, [&] {
+      const Mxfp4Weights& w = copies[next++ % copies.size()];
+      cpu::linear_mxfp4(x.data(), w.codes.data(), w.scales.data(), nullptr, y.data(), 1, N, K, pool,
+                        cpu::LinearRows::kDecode);
+    });
+    std::printf(
+        "linear_mxfp4 M=1  N=%lld K=%lld: %8.1f us  %6.1f GB/s  %5.1f%% of the 1 GiB read\n",
+        (long long)N, (long long)K, t1 * 1e6, bytes / t1 / 1e9, 100.0 * bytes / t1 / 1e9 / bw);
+    const int64_t M = 32;
+    const double t32 = median_time(9, [&] {
+      cpu::linear_mxfp4(x.data(), copies[0].codes.data(), copies[0].scales.data(), nullptr,
+                        y.data(), M, N, K, pool, cpu::LinearRows::kAny);
+    });
+    const double gflops = 2.0 * double(M * N * K) / t32 / 1e9;
+    std::printf("linear_mxfp4 M=%lld N=%lld K=%lld: %8.1f us  %6.1f GFLOP/s  %5.1f%% of f32 peak\n",
+                (long long)M, (long long)N, (long long)K, t32 * 1e6, gflops, 100.0 * gflops / peak);
+  }
+}
+
 }  // namespace
 
 const char* const kUsage =
-    R"(usage: bench_kernels [--target scalar|avx2|avx512|avx512bf16] [--gib N]
+    R"(usage: bench_kernels [--target scalar|avx2|avx512|avx512bf16] [--gib N] [--mxfp4-only]
 Linear, attention and quantization kernels against this machine's streaming-read bandwidth and
-FMA peak, measured in the same run, with 1 and 2 threads.
+FMA peak, measured in the same run, with 1 and 2 threads. --mxfp4-only: the bandwidth, the peak
+and the MXFP4 linears alone.
 )";
 
 int main(int argc, char** argv) {
   if (tformers::bench::answered_help(argc, argv, kUsage)) return 0;
   double gib = 1.0;
+  bool mxfp4_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--target" && i + 1 < argc) {
@@ -100,8 +166,11 @@ int main(int argc, char** argv) {
         if (cpu::target_name(t) == name) cpu::set_active_target(t);
     } else if (a == "--gib" && i + 1 < argc) {
       gib = std::atof(argv[++i]);
+    } else if (a == "--mxfp4-only") {
+      mxfp4_only = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--target scalar|avx2|avx512|avx512bf16] [--gib N]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--target scalar|avx2|avx512|avx512bf16] [--gib N] [--mxfp4-only]\n",
                    argv[0]);
       return 2;
     }
@@ -127,6 +196,20 @@ int main(int argc, char** argv) {
 
   std::vector<uint64_t> buf(size_t(gib * double(1ull << 30)) / 8);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = i;
+  const int64_t mxfp4_k = 2880;
+  const std::vector<Mxfp4Weights> mxfp4_w = mxfp4_copies(5760, mxfp4_k);
+  if (mxfp4_only) {
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      std::printf("\n== %d thread%s\n", threads, threads > 1 ? "s" : "");
+      const double bw = read_bandwidth({buf.data()}, int64_t(buf.size() * 8), 5, pool);
+      const double peak = bench::peak_gflops(bench::f32_peak_loop(target), pool);
+      std::printf("streaming read (%.1f GiB, median of 5): %.1f GB/s\n", gib, bw);
+      std::printf("f32 FMA peak (registers only): %.1f GFLOP/s\n", peak);
+      bench_mxfp4(mxfp4_w, mxfp4_k, bw, peak, pool);
+    }
+    return 0;
+  }
 
   // Decode shapes: the MLP up/gate projection and the tied LM head of Qwen3-0.6B.
   const int64_t K = 1024;
@@ -264,6 +347,7 @@ int main(int argc, char** argv) {
           "GiB read\n",
           (long long)kLongUsed, (long long)kLongLayers, tl * 1e3, kv_gbs, 100.0 * kv_gbs / bw);
     }
+    bench_mxfp4(mxfp4_w, mxfp4_k, bw, peak, pool);
   }
   return 0;
 }

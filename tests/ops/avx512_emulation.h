@@ -62,8 +62,25 @@ inline __m512 setzero_ps() { return __m512{}; }
 inline __m512i set1_epi32(int x) { return bits<__m512i>(i32x16{} + x); }
 inline __m512 castsi512_ps(__m512i v) { return bits<__m512>(v); }
 inline __m512i and_si512(__m512i a, __m512i b) { return a & b; }
-inline __m512i slli_epi32(__m512i a, unsigned n) {
+// The shifts are always inlined: the MXFP4 tiles call them often enough that GCC would otherwise
+// keep an out-of-line copy, whose 64-byte vector return draws a -Wpsabi warning that the pragma
+// above cannot silence (it carries no source location).
+__attribute__((always_inline)) inline __m512i slli_epi32(__m512i a, unsigned n) {
   return n > 31 ? __m512i{} : bits<__m512i>(bits<u32x16>(a) << n);
+}
+__attribute__((always_inline)) inline __m512i srli_epi32(__m512i a, unsigned n) {
+  return n > 31 ? __m512i{} : bits<__m512i>(bits<u32x16>(a) >> n);
+}
+inline __m512i max_epu32(__m512i a, __m512i b) {
+  const u32x16 x = bits<u32x16>(a), y = bits<u32x16>(b);
+  return bits<__m512i>(x > y ? x : y);
+}
+// Lane i = a[idx[i] & 15] (vpermps reads the low 4 bits of each index).
+inline __m512 permutexvar_ps(__m512i idx, __m512 a) {
+  const u32x16 k = bits<u32x16>(idx);
+  __m512 r;
+  for (int i = 0; i < 16; ++i) r[i] = a[k[i] & 15];
+  return r;
 }
 inline __m512 cvtepi32_ps(__m512i a) {
   const i32x16 v = bits<i32x16>(a);
@@ -109,6 +126,9 @@ inline __m512i srli_epi16(__m512i a, unsigned n) {
 }
 inline __m512i add_epi16(__m512i a, __m512i b) {  // wraps
   return bits<__m512i>(bits<u16x32>(a) + bits<u16x32>(b));
+}
+inline __m512i add_epi32(__m512i a, __m512i b) {  // wraps
+  return bits<__m512i>(bits<u32x16>(a) + bits<u32x16>(b));
 }
 inline __m512i sub_epi32(__m512i a, __m512i b) {  // wraps
   return bits<__m512i>(bits<u32x16>(a) - bits<u32x16>(b));
@@ -215,6 +235,9 @@ inline __m512 dpbf16_ps(__m512 src, __m512bh a, __m512bh b) {
 #define _mm512_castsi512_ps tformers::avx512_emulation::castsi512_ps
 #define _mm512_and_si512 tformers::avx512_emulation::and_si512
 #define _mm512_slli_epi32 tformers::avx512_emulation::slli_epi32
+#define _mm512_srli_epi32 tformers::avx512_emulation::srli_epi32
+#define _mm512_max_epu32 tformers::avx512_emulation::max_epu32
+#define _mm512_permutexvar_ps tformers::avx512_emulation::permutexvar_ps
 #define _mm512_cvtepi32_ps tformers::avx512_emulation::cvtepi32_ps
 #define _mm512_cvtepi8_epi32 tformers::avx512_emulation::cvtepi8_epi32
 #define _mm512_reduce_add_ps tformers::avx512_emulation::reduce_add_ps
@@ -225,6 +248,7 @@ inline __m512 dpbf16_ps(__m512 src, __m512bh a, __m512bh b) {
 #define _mm512_set1_epi16 tformers::avx512_emulation::set1_epi16
 #define _mm512_srli_epi16 tformers::avx512_emulation::srli_epi16
 #define _mm512_add_epi16 tformers::avx512_emulation::add_epi16
+#define _mm512_add_epi32 tformers::avx512_emulation::add_epi32
 #define _mm512_sub_epi32 tformers::avx512_emulation::sub_epi32
 #define _mm512_mullo_epi32 tformers::avx512_emulation::mullo_epi32
 #define _mm512_maddubs_epi16 tformers::avx512_emulation::maddubs_epi16

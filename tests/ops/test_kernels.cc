@@ -371,6 +371,191 @@ TEST(Ops, LinearRowsIndependentOfM) {
   }
 }
 
+// ------------------------------------------------------------------------ MXFP4 weights
+
+// MXFP4 weights as a checkpoint stores them (kernels.h): codes (N, K / 2), scales (N, K / 32).
+struct Mxfp4Weights {
+  std::vector<uint8_t> codes, scales;
+};
+
+// Random code bytes (every nibble equally likely) and scale bytes drawn from `scale_bytes`.
+Mxfp4Weights random_mxfp4(std::mt19937& rng, int64_t N, int64_t K,
+                          const std::vector<uint8_t>& scale_bytes) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_int_distribution<size_t> pick(0, scale_bytes.size() - 1);
+  Mxfp4Weights w{std::vector<uint8_t>(size_t(N * K / 2)),
+                 std::vector<uint8_t>(size_t(N * K / kMxfp4Block))};
+  for (auto& c : w.codes) c = uint8_t(byte(rng));
+  for (auto& s : w.scales) s = scale_bytes[pick(rng)];
+  return w;
+}
+
+// The scale bytes of gpt-oss-like weights: 2^-17 to 2^8.
+std::vector<uint8_t> realistic_scales() {
+  std::vector<uint8_t> out;
+  for (int s = 110; s <= 135; ++s) out.push_back(uint8_t(s));
+  return out;
+}
+
+// An e2m1 code's value from the format's definition (OCP MX): sign bit 3, exponent bits 2-1 with
+// bias 1, mantissa bit 0; exponent 0 is subnormal, 0.m * 2^0.
+double e2m1_by_definition(int code) {
+  const int exponent = code >> 1 & 3, mantissa = code & 1;
+  const double magnitude =
+      exponent == 0 ? 0.5 * mantissa : std::ldexp(1.0 + 0.5 * mantissa, exponent - 1);
+  return code & 8 ? -magnitude : magnitude;
+}
+
+// y = x @ w^T + bias in double from the definitions: byte i of a row's codes holds k = 2 i (low
+// nibble) and 2 i + 1 (high), and an e8m0 byte s is 2^(s - 127).
+std::vector<double> mxfp4_linear_f64(const std::vector<float>& x, const Mxfp4Weights& w,
+                                     const float* bias, int64_t M, int64_t N, int64_t K) {
+  std::vector<double> y(size_t(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = bias ? bias[n] : 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const uint8_t byte = w.codes[size_t(n * K / 2 + k / 2)];
+        const double scale = std::ldexp(1.0, w.scales[size_t(n * K / 32 + k / 32)] - 127);
+        acc += double(x[size_t(m * K + k)]) *
+               (e2m1_by_definition(k % 2 ? byte >> 4 : byte & 15) * scale);
+      }
+      y[size_t(m * N + n)] = acc;
+    }
+  return y;
+}
+
+// The reference against the format by hand and against mxfp4_linear_f64: each product is exact
+// in double (an f32 times a value of 2 significant bits and a power of two) and both sum in k
+// order from the bias, so they agree to the bit, over every scale byte.
+TEST(Reference, LinearMxfp4FollowsTheFormat) {
+  // Row 0: k = 0 code 7 (6), k = 1 code 9 (-0.5), scale 128 (2); row 1: k = 2 code 1 (0.5) at
+  // scale 0 (2^-127), a weight of 2^-128, below f32's normal range.
+  std::vector<uint8_t> codes(32, 0), scales = {128, 0};
+  codes[0] = 0x97;
+  codes[16 + 1] = 0x01;
+  std::vector<float> x(32, 0.0f);
+  x[0] = 1.0f;
+  x[1] = 2.0f;
+  x[2] = 0x1p100f;
+  const float bias[2] = {0.25f, 0.0f};
+  float y[2];
+  ref::linear_mxfp4(x.data(), codes.data(), scales.data(), bias, y, 1, 2, 32);
+  EXPECT_EQ(y[0], 6.0f * 2 * 1 - 0.5f * 2 * 2 + 0.25f);  // 10.25
+  EXPECT_EQ(y[1], 0x1p-28f);
+
+  std::mt19937 rng(2880);
+  const int64_t M = 3, N = 5, K = 96;
+  std::vector<uint8_t> every_scale(255);
+  std::iota(every_scale.begin(), every_scale.end(), uint8_t{0});
+  const Mxfp4Weights w = random_mxfp4(rng, N, K, every_scale);
+  const std::vector<float> xs = random_f32(rng, size_t(M * K)), b = random_f32(rng, size_t(N));
+  std::vector<float> got(size_t(M * N));
+  ref::linear_mxfp4(xs.data(), w.codes.data(), w.scales.data(), b.data(), got.data(), M, N, K);
+  const std::vector<double> want = mxfp4_linear_f64(xs, w, b.data(), M, N, K);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], float(want[i])) << i;
+}
+
+// Shapes for linear_mxfp4: N that are not multiples of 8 or 16; K of one block (32), two (64),
+// groups of 4 blocks with 1 to 3 left over (96, 160, 224) and gpt-oss's 2880 (90 blocks: 22
+// groups of 4 and 2 left, and several chunks of the GEMM); M of 1 to 4 (the x86 GEMV, several
+// weight rows side by side and rows left over) and past 4 (the GEMM's tiles of 4 x rows, with a
+// remainder).
+constexpr LinearCase kMxfp4Cases[] = {
+    {1, 1, 32, false},     {1, 37, 32, true},   {1, 301, 2880, false}, {2, 13, 64, true},
+    {3, 100, 96, false},   {4, 17, 160, true},  {7, 40, 2880, false},  {16, 33, 224, true},
+    {33, 70, 2880, false}, {2, 300, 2880, true}};
+
+// Every target against the reference on random codes and realistic scales (110..135, as
+// gpt-oss's): the weights are exact in f32 and x stays f32, so only f32 rounding of the products
+// and sums in another order separate them: the int8 tolerance. Both kinds of rows, which take
+// the same path.
+TEST(Ops, LinearMxfp4) {
+  std::mt19937 rng(20);
+  for (const auto& c : kMxfp4Cases) {
+    const Mxfp4Weights w = random_mxfp4(rng, c.N, c.K, realistic_scales());
+    const std::vector<float> x = random_f32(rng, size_t(c.M * c.K)),
+                             b = random_f32(rng, size_t(c.N));
+    const float* bias = c.bias ? b.data() : nullptr;
+    std::vector<float> want(size_t(c.M * c.N));
+    ref::linear_mxfp4(x.data(), w.codes.data(), w.scales.data(), bias, want.data(), c.M, c.N, c.K);
+    for_each_config([&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool,
+                        const std::string& what) {
+      if (dt != DType::f32) return;  // one weight type; the dtype loop does not apply
+      for (LinearRows rows : {LinearRows::kAny, LinearRows::kDecode}) {
+        std::vector<float> y(want.size(), NAN);
+        kernels.linear_mxfp4(x.data(), w.codes.data(), w.scales.data(), bias, y.data(), c.M, c.N,
+                             c.K, pool, rows);
+        expect_close(y, want, nmse_tolerance(2 * c.K + 2),
+                     what + rows_name(rows) + " mxfp4 M=" + std::to_string(c.M) +
+                         " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K));
+      }
+    });
+  }
+}
+
+// The ends of the scale range, where the weights leave f32's normal range: scales 0 to 2 (weights
+// from 2^-128, subnormal) against x near 2^100, and 252 to 254 (weights up to 6 * 2^127, past
+// f32's largest value) against x near 2^-120; the outputs are normal f32 values either way,
+// and the kernels must reach them as the reference does, without an infinity or a lost weight.
+TEST(Ops, LinearMxfp4ExtremeScales) {
+  std::mt19937 rng(254);
+  const int64_t N = 19, K = 2880;
+  // Not structured bindings: the lambda below captures them, which clang accepts only from
+  // version 16 (the sanitizer builds' clang is 14).
+  const std::pair<std::vector<uint8_t>, float> regimes[] = {{{0, 1, 2}, 0x1p100f},
+                                                            {{252, 253, 254}, 0x1p-120f}};
+  for (const auto& regime : regimes)
+    for (int64_t M : {3, 9}) {
+      const std::vector<uint8_t>& scale_bytes = regime.first;
+      const float x_scale = regime.second;
+      const Mxfp4Weights w = random_mxfp4(rng, N, K, scale_bytes);
+      std::vector<float> x = random_f32(rng, size_t(M * K));
+      for (float& v : x) v *= x_scale;
+      std::vector<float> want(size_t(M * N));
+      ref::linear_mxfp4(x.data(), w.codes.data(), w.scales.data(), nullptr, want.data(), M, N, K);
+      for (float v : want) ASSERT_TRUE(std::isnormal(v)) << v;
+      for_each_config([&](const KernelTable& kernels, Target, DType dt, ThreadPool& pool,
+                          const std::string& what) {
+        if (dt != DType::f32) return;
+        std::vector<float> y(want.size(), NAN);
+        kernels.linear_mxfp4(x.data(), w.codes.data(), w.scales.data(), nullptr, y.data(), M, N, K,
+                             pool, LinearRows::kAny);
+        expect_close(y, want, nmse_tolerance(2 * K + 2),
+                     what + " scales " + std::to_string(scale_bytes[0]) + ".." +
+                         std::to_string(scale_bytes.back()) + " M=" + std::to_string(M));
+      });
+    }
+}
+
+// A row's bits depend on nothing but itself: the first M rows of x give exactly the first M rows
+// of a 70-row call, for M from 1 to 65 (the GEMV, the GEMM's tiles of x rows and its blocks of
+// 64 rows), decode rows and a prompt's alike, on every pool (N = 70: the GEMM's blocks of weight
+// rows and a remainder; K = 2880: several chunks of the GEMM).
+TEST(Ops, LinearMxfp4RowsIndependentOfM) {
+  std::mt19937 rng(70);
+  const int64_t all = 70, N = 70, K = 2880;
+  const Mxfp4Weights w = random_mxfp4(rng, N, K, realistic_scales());
+  const std::vector<float> x = random_f32(rng, size_t(all * K)), b = random_f32(rng, size_t(N));
+  ThreadPool pool1(1), pool3(3);
+  for (const Config& config : configs(/*with_amx_emulation=*/false)) {
+    auto run = [&](int64_t M, LinearRows rows, ThreadPool& pool) {
+      std::vector<float> y(size_t(M * N), NAN);
+      config.table->linear_mxfp4(x.data(), w.codes.data(), w.scales.data(), b.data(), y.data(), M,
+                                 N, K, pool, rows);
+      return y;
+    };
+    const std::vector<float> whole = run(all, LinearRows::kAny, pool1);
+    for (ThreadPool* pool : {&pool1, &pool3})
+      for (LinearRows rows : {LinearRows::kAny, LinearRows::kDecode})
+        for (int64_t M : {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 33, 65}) {
+          const std::vector<float> part = run(M, rows, *pool);
+          EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin()))
+              << config.name << rows_name(rows) << " threads=" << pool->num_threads() << " M=" << M;
+        }
+  }
+}
+
 // The AMX target (and its code over emulated tiles) runs every linear of bf16 weights, prompt
 // rows and decode rows, on its tiles, where each output is one accumulator over k in order: any
 // row count gives a row the same bits, past one tile of 16 x rows, a pair of tiles (32) and a

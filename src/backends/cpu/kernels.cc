@@ -132,6 +132,36 @@ void linear_int4_scalar(const float* x, const uint8_t* w, const uint16_t* scale,
       2);
 }
 
+// One weight row at a time: each block is decoded once to its exact e2m1 values and used by
+// every row of x, whose sum gets the block's dot product times the block's scale; y accumulates
+// the blocks in order, then gets the bias.
+void linear_mxfp4_scalar(const float* x, const uint8_t* codes, const uint8_t* scales,
+                         const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+                         ThreadPool& pool, LinearRows) {
+  const int64_t nb = K / kMxfp4Block;
+  pool.parallel_for(
+      N,
+      [&](int64_t n0, int64_t n1, int) {
+        float w[kMxfp4Block];
+        for (int64_t n = n0; n < n1; ++n) {
+          for (int64_t m = 0; m < M; ++m) y[m * N + n] = 0.0f;
+          for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t* block = codes + (n * nb + b) * (kMxfp4Block / 2);
+            for (int64_t i = 0; i < kMxfp4Block / 2; ++i) {
+              w[2 * i] = e2m1_to_f32(block[i] & 15);
+              w[2 * i + 1] = e2m1_to_f32(block[i] >> 4);
+            }
+            const float s = e8m0_to_f32(scales[n * nb + b]);
+            for (int64_t m = 0; m < M; ++m)
+              y[m * N + n] += ScalarOps::dot_t(x + m * K + b * kMxfp4Block, w, kMxfp4Block) * s;
+          }
+          if (bias)
+            for (int64_t m = 0; m < M; ++m) y[m * N + n] += bias[n];
+        }
+      },
+      4);
+}
+
 const KernelTable& table() { return kernels_for(active_target()); }
 
 }  // namespace
@@ -173,7 +203,7 @@ void* thread_scratch(Scratch slot, size_t bytes) {
 const KernelTable& scalar_kernels() {
   static const KernelTable t =
       make_table<ScalarOps>(&linear_scalar, &linear_int8_scalar, &quantize_int8_scalar,
-                            &linear_int4_scalar, &quantize_int4_scalar);
+                            &linear_int4_scalar, &quantize_int4_scalar, &linear_mxfp4_scalar);
   return t;
 }
 
@@ -190,6 +220,11 @@ void linear_int4(const float* x, const uint8_t* w, const uint16_t* scale, const 
                  const float* bias, float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool,
                  LinearRows rows) {
   table().linear_int4(x, w, scale, zero, bias, y, M, N, K, pool, rows);
+}
+
+void linear_mxfp4(const float* x, const uint8_t* codes, const uint8_t* scales, const float* bias,
+                  float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool, LinearRows rows) {
+  table().linear_mxfp4(x, codes, scales, bias, y, M, N, K, pool, rows);
 }
 
 void put_int4_row(const uint8_t* codes, int64_t j, uint8_t* tile) {

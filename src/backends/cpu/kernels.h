@@ -108,6 +108,27 @@ inline uint8_t int4_code(const uint8_t* tiles, int64_t K, int64_t n, int64_t k) 
   return (i % 8) < 4 ? byte & 15 : byte >> 4;
 }
 
+// MXFP4 weights (OCP microscaling, as gpt-oss stores its experts), used as the checkpoint lays
+// them out: each output row n is cut into blocks of kMxfp4Block k values, and a block is 16
+// bytes of 4-bit e2m1 codes (byte i: k = 2i in the low nibble, k = 2i + 1 in the high one) and
+// one e8m0 scale byte s:
+//   w[n, k] = e2m1(code) * 2^(s - 127),  e2m1 codes 0..7 = {0, 0.5, 1, 1.5, 2, 3, 4, 6},
+// codes 8..15 their negatives (bit 3 the sign). Scales are 0..254 (255, NaN in the format, does
+// not occur in checkpoints).
+//   codes u8 (N, K / 2) (= (N, K / 32, 16)), scales u8 (N, K / 32), K a multiple of 32.
+constexpr int64_t kMxfp4Block = 32;
+
+// y (M,N) = x (M,K) @ w (N,K)^T [+ bias (N)] with w in MXFP4 as above. The weights are exact
+// (every w is an f32 value) and x stays f32: products and sums round in f32 as the reference's
+// do, in another order. Each block's dot product is summed on its own and then multiplied by its
+// scale, so a weight that would overflow f32 (6 * 2^127) never forms. A row's sums are ordered
+// the same way whatever M is and whichever LinearRows is given (on the x86 targets the GEMV of up
+// to 4 rows and the GEMM of more run the same register tiles): a row's bits depend on nothing but
+// itself, the weights and K.
+void linear_mxfp4(const float* x, const uint8_t* codes, const uint8_t* scales, const float* bias,
+                  float* y, int64_t M, int64_t N, int64_t K, ThreadPool& pool,
+                  LinearRows rows = LinearRows::kAny);
+
 // out (n,D) = table (V,D)[ids (n)], converted to f32. Ids are in [0, V) (checked by the caller).
 void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out,
                ThreadPool& pool);
@@ -207,6 +228,8 @@ void linear_int8(const float* x, const int8_t* w, const float* scale, const floa
                  int64_t M, int64_t N, int64_t K);
 void linear_int4(const float* x, const uint8_t* w, const uint16_t* scale, const uint8_t* zero,
                  const float* bias, float* y, int64_t M, int64_t N, int64_t K);
+void linear_mxfp4(const float* x, const uint8_t* codes, const uint8_t* scales, const float* bias,
+                  float* y, int64_t M, int64_t N, int64_t K);
 void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out);
 void rms_norm(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D, float eps,
               bool unit_offset = false);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -45,6 +46,9 @@ struct KernelTable {
                       ThreadPool& pool, LinearRows rows);
   void (*quantize_int4)(const void* w, DType wt, uint8_t* tiles, uint16_t* scale, int64_t N,
                         int64_t K, ThreadPool& pool);
+  void (*linear_mxfp4)(const float* x, const uint8_t* codes, const uint8_t* scales,
+                       const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+                       ThreadPool& pool, LinearRows rows);
   void (*embedding)(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D,
                     float* out, ThreadPool& pool);
   void (*rms_norm)(const float* x, const void* w, DType wt, float* y, int64_t M, int64_t D,
@@ -151,6 +155,17 @@ inline float f16_as_f32(uint16_t h) {
   const uint32_t finite = std::bit_cast<uint32_t>(std::bit_cast<float>(em) * 0x1p112f);
   return std::bit_cast<float>(sign | (em >= (0x7c00u << 13) ? em | 0x7f800000u : finite));
 }
+// MXFP4 (kernels.h): an e2m1 code's value and an e8m0 scale's, exactly. Scale 0 is 2^-127, an
+// f32 subnormal; every other scale byte s puts s in f32's exponent field.
+inline float e2m1_to_f32(uint8_t code) {
+  static constexpr float kValues[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                        -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  return kValues[code & 15];
+}
+inline float e8m0_to_f32(uint8_t s) {
+  return s == 0 ? 0x1p-127f : std::bit_cast<float>(uint32_t(s) << 23);
+}
+
 inline void widen_f16(const void* src, float* dst, int64_t n) {
   const uint16_t* h = static_cast<const uint16_t*>(src);
   for (int64_t i = 0; i < n; ++i) dst[i] = f16_as_f32(h[i]);
@@ -1081,12 +1096,14 @@ KernelTable make_table(decltype(KernelTable::linear) linear,
                        decltype(KernelTable::quantize_int8) quantize_int8,
                        decltype(KernelTable::linear_int4) linear_int4,
                        decltype(KernelTable::quantize_int4) quantize_int4,
+                       decltype(KernelTable::linear_mxfp4) linear_mxfp4,
                        decltype(KernelTable::attention) attention = &attention_impl<Ops>) {
   return KernelTable{linear,
                      linear_int8,
                      quantize_int8,
                      linear_int4,
                      quantize_int4,
+                     linear_mxfp4,
                      &embedding_impl<Ops>,
                      &rms_norm_impl<Ops>,
                      &rope_impl<Ops>,

@@ -60,6 +60,24 @@ void linear_int4(const float* x, const uint8_t* w, const uint16_t* scale, const 
   }
 }
 
+void linear_mxfp4(const float* x, const uint8_t* codes, const uint8_t* scales, const float* bias,
+                  float* y, int64_t M, int64_t N, int64_t K) {
+  static constexpr double kE2m1[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+  const int64_t nb = K / kMxfp4Block;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = bias ? double(bias[n]) : 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const uint8_t byte = codes[n * K / 2 + k / 2];
+        const int code = k % 2 == 0 ? byte & 15 : byte >> 4;
+        const double w = (code & 8 ? -1.0 : 1.0) * kE2m1[code & 7];
+        acc += double(x[m * K + k]) * std::ldexp(w, int(scales[n * nb + k / kMxfp4Block]) - 127);
+      }
+      y[m * N + n] = float(acc);
+    }
+  }
+}
+
 void embedding(const void* table, DType dt, const int32_t* ids, int64_t n, int64_t D, float* out) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t i = 0; i < D; ++i)

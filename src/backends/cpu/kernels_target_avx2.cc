@@ -8,6 +8,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cstring>
 #include <type_traits>
 
@@ -205,6 +207,107 @@ struct Avx2Vec {
 };
 using Avx2Ops = X86Ops<Avx2Vec>;
 
+// ---------------------------------------------------------------- linear, MXFP4 weights
+
+// 2^(s - 128) for every e8m0 scale byte s: the scale of codes looked up as twice their e2m1
+// value (Mxfp4Avx2), exact in f32 (subnormals for s < 2).
+constexpr auto kHalfE8m0 = [] {
+  std::array<float, 256> t{};
+  for (uint32_t s = 0; s < 256; ++s)
+    t[s] = std::bit_cast<float>(s >= 2 ? (s - 1) << 23 : uint32_t(0x00200000) << s);
+  return t;
+}();
+
+// The MXFP4 format of kernels_x86.h's linear_mxfp4_x86. A group is 2 blocks: 32 bytes of codes,
+// split into low and high nibbles and looked up with vpshufb as twice their e2m1 value (an
+// integer in [-12, 12]: exact in int8), then widened to f32 8 at a time (vpmovsxbd, vcvtdq2ps).
+// Each block's 4 products with x sum into one vector, which its scale then adds to the row's sum:
+// per block, about 15 instructions decode a weight row and each x row takes 5 FMAs. The vpshufb
+// and the widening share one shuffle port on Intel cores, which bounds a block of one x row at
+// about 7 cycles (2.3 ns on a Sapphire Rapids core: 7 GB/s of weights).
+struct Mxfp4Avx2 {
+  using T = __m256;
+  static constexpr int64_t kGroupBlocks = 2;
+  // 4 x rows: their accumulators, a block's 4 weight vectors, its scale, the constants and the
+  // partial sums in flight fill the 16 registers.
+  static constexpr int kRows = 4, kCols = 1;
+  static constexpr int kGemvRows = 4;
+  template <int R>
+  static constexpr int kGemvStreams = R == 1   ? kStreams
+                                      : R == 2 ? 2
+                                               : 1;
+  static T zero() { return _mm256_setzero_ps(); }
+  static float reduce(T v) { return hsum(v); }
+
+  // Vector v of block b: lane l holds x[32 b + 16 (v % 2) + 2 l + v / 2] (even k in vectors 0
+  // and 1, odd k in 2 and 3, as the low and high nibbles hold them).
+  static void pack_x(const float* x, int64_t K, float* xp) {
+    for (int64_t b = 0; b < mx_groups<Mxfp4Avx2>(K) * kGroupBlocks; ++b)
+      for (int64_t v = 0; v < 4; ++v)
+        for (int64_t l = 0; l < 8; ++l) {
+          const int64_t k = 32 * b + 16 * (v % 2) + 2 * l + v / 2;
+          xp[32 * b + 8 * v + l] = k < K ? x[k] : 0.0f;
+        }
+  }
+
+  // Byte i of q (64 bytes): twice the e2m1 value of the low nibble of code byte i of the group
+  // (i < 32), then of the high nibbles; `left` blocks from the group on, only they are read.
+  static void decode(const uint8_t* c, int64_t left, int8_t* q) {
+    const __m256i raw =
+        left >= kGroupBlocks
+            ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c))
+            : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+    const __m256i twice = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                           0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    __m256i* out = reinterpret_cast<__m256i*>(q);
+    _mm256_store_si256(out, _mm256_shuffle_epi8(twice, _mm256_and_si256(raw, nibble)));
+    _mm256_store_si256(
+        out + 1, _mm256_shuffle_epi8(twice, _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble)));
+  }
+
+  static __m256 widen8(const int8_t* q) {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+  }
+
+  // Block b of a group (its bytes at q + 16 L, L = b % 2) with scale byte s against R x rows.
+  template <int R>
+  static void block(const int8_t* q, int64_t b, uint8_t s, const float* xp, int64_t kp,
+                    T (&acc)[R]) {
+    const int64_t L = b % kGroupBlocks;
+    const __m256 w[4] = {widen8(q + 16 * L), widen8(q + 16 * L + 8), widen8(q + 32 + 16 * L),
+                         widen8(q + 32 + 16 * L + 8)};
+    const __m256 sc = _mm256_broadcast_ss(&kHalfE8m0[s]);
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i) {
+      const float* xb = xp + i * kp + 32 * b;
+      __m256 p = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
+#pragma GCC unroll 4
+      for (int v = 1; v < 4; ++v) p = _mm256_fmadd_ps(w[v], _mm256_loadu_ps(xb + 8 * v), p);
+      acc[i] = _mm256_fmadd_ps(p, sc, acc[i]);
+    }
+  }
+
+  template <int S, int R>
+  static void tile(const float* xp, int64_t kp, const uint8_t* const (&codes)[S],
+                   const uint8_t* const (&scales)[S], int64_t g0, int64_t g1, int64_t nb,
+                   int64_t ahead, T (&acc)[S][R]) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t left = nb - kGroupBlocks * g, b = kGroupBlocks * g;
+#pragma GCC unroll 16
+      for (int s = 0; s < S; ++s) {
+        const uint8_t* c = codes[s] + 32 * g;
+        if (g % 2 == 0) prefetch_at(c, ahead);
+        alignas(32) int8_t q[64];
+        decode(c, left, q);
+        block(q, b, scales[s][b], xp, kp, acc[s]);
+        if (left > 1) block(q, b + 1, scales[s][b + 1], xp, kp, acc[s]);
+      }
+    }
+  }
+};
+
 // ---------------------------------------------------------------- linear: GEMV or GEMM
 
 template <class W, class B>
@@ -237,6 +340,12 @@ void linear_int4_avx2(const float* x, const uint8_t* w, const uint16_t* scale, c
                       const float* bias, float* y, int64_t M, int64_t N, int64_t K,
                       ThreadPool& pool, LinearRows rows) {
   linear_int4_x86<Avx2Vec>(x, w, scale, zero, bias, y, M, N, K, rows, pool);
+}
+
+void linear_mxfp4_avx2(const float* x, const uint8_t* codes, const uint8_t* scales,
+                       const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+                       ThreadPool& pool, LinearRows) {
+  linear_mxfp4_x86<Mxfp4Avx2>(x, codes, scales, bias, y, M, N, K, pool);
 }
 
 // 32 consecutive weights as f32.
@@ -348,9 +457,9 @@ void quantize_int4_avx2(const void* w, DType wt, uint8_t* tiles, uint16_t* scale
 }
 
 const KernelTable& avx2_kernels() {
-  static const KernelTable t =
-      make_table<Avx2Ops>(&linear_avx2, &linear_int8_avx2, &quantize_int8_avx2, &linear_int4_avx2,
-                          &quantize_int4_avx2, &attention_x86<Avx2Vec, Avx2Ops>);
+  static const KernelTable t = make_table<Avx2Ops>(
+      &linear_avx2, &linear_int8_avx2, &quantize_int8_avx2, &linear_int4_avx2, &quantize_int4_avx2,
+      &linear_mxfp4_avx2, &attention_x86<Avx2Vec, Avx2Ops>);
   return t;
 }
 

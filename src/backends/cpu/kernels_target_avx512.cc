@@ -403,6 +403,117 @@ struct Avx512Vec {
 };
 using Avx512Ops = X86Ops<Avx512Vec>;
 
+// ---------------------------------------------------------------- linear, MXFP4 weights
+
+// The MXFP4 format of kernels_x86.h's linear_mxfp4_x86. A group is 4 blocks: 64 bytes of codes,
+// one load whose 128-bit lane L is block L, so lane 4 L + j holds bytes 4 j .. 4 j + 3 of block
+// L. Shifted right by 4 v (v < 8), a lane's low 4 bits are the code of k = 8 j + v of its block,
+// and vpermps, which reads only those bits, looks it up among the 16 e2m1 values: 7 shifts and 8
+// lookups give a group's 128 exact weights, every lane within one block. A group's 8 products
+// with x then sum into one vector p whose lanes 4 L .. 4 L + 3 belong to block L, and one FMA by
+// the 4 blocks' scales (spread over their lanes by one more vpermps from the 16 scales of 4
+// groups, converted at once) adds p to the row's sum: per group about 17 instructions decode a
+// weight row and each x row takes 9 FMAs. (One block per vector, as vpmovzxbd of its 16 bytes
+// gives, would cost a scale FMA per block.)
+struct Mxfp4Avx512 {
+  using T = __m512;
+  static constexpr int64_t kGroupBlocks = 4;
+  // The GEMM's tiles: 2 weight rows by 4 x rows (16 accumulators and 16 partial sums), each x
+  // vector loaded feeding two FMAs. On a Sapphire Rapids core (KVM), which issues about one
+  // 64-byte load a cycle beside its FMAs (bench_kernels' FMA with a load each), this tile and one
+  // of 1 weight row by 8 x rows both ran at half the FMA peak with their data in L1 (104 and 106
+  // GFLOP/s), the first bound by decoding, the second by loading x; 4 x rows keep a chunk's x
+  // (16 KiB) in L1 where 8 would fill it.
+  static constexpr int kRows = 4, kCols = 2;
+  static constexpr int kGemvRows = 4;
+  template <int R>
+  static constexpr int kGemvStreams = R == 1 ? kStreams : 2;
+  static T zero() { return _mm512_setzero_ps(); }
+  static float reduce(T v) { return _mm512_reduce_add_ps(v); }
+
+  // Vector v of group g: lane 4 L + j holds x[128 g + 32 L + 8 j + v].
+  static void pack_x(const float* x, int64_t K, float* xp) {
+    for (int64_t g = 0; g < mx_groups<Mxfp4Avx512>(K); ++g)
+      for (int64_t v = 0; v < 8; ++v)
+        for (int64_t lane = 0; lane < 16; ++lane) {
+          const int64_t k = 128 * g + 32 * (lane / 4) + 8 * (lane % 4) + v;
+          xp[128 * g + 16 * v + lane] = k < K ? x[k] : 0.0f;
+        }
+  }
+
+  // The codes of a group with `left` blocks in the row from it on; nothing past them is read,
+  // and the lanes of missing blocks are code 0 (weight 0, against x padded with zeros). Always
+  // inlined, as scales below: an outlined part returning a vector would pass it in memory.
+  __attribute__((always_inline)) static __m512i codes(const uint8_t* p, int64_t left) {
+    if (left >= kGroupBlocks) return _mm512_loadu_si512(p);
+    return _mm512_maskz_loadu_epi8((__mmask64{1} << (16 * left)) - 1, p);
+  }
+
+  // The scales 2^(s - 127) of 16 blocks, `left` of them in the row (the rest 2^-127): s in f32's
+  // exponent field, and 2^-127 (a subnormal) for s = 0, which is the smallest value max leaves.
+  __attribute__((always_inline)) static __m512 scales(const uint8_t* p, int64_t left) {
+    alignas(16) uint8_t bytes[16] = {};
+    if (left < 16) {
+      std::memcpy(bytes, p, size_t(left));
+      p = bytes;
+    }
+    const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_castsi512_ps(
+        _mm512_max_epu32(_mm512_slli_epi32(s, 23), _mm512_set1_epi32(0x00400000)));
+  }
+
+  template <int S, int R>
+  static void tile(const float* xp, int64_t kp, const uint8_t* const (&codes_at)[S],
+                   const uint8_t* const (&scales_at)[S], int64_t g0, int64_t g1, int64_t nb,
+                   int64_t ahead, T (&acc)[S][R]) {
+    static constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                        -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    // Lane 4 L + j: L, the block of the group whose scale it takes.
+    static constexpr int32_t kBlockOfLane[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+    const __m512 values = _mm512_loadu_ps(kE2m1);
+    const __m512i block_of_lane = _mm512_loadu_si512(kBlockOfLane);
+    for (int64_t g = g0; g < g1; g += 4) {
+      __m512 set_scales[S];
+#pragma GCC unroll 16
+      for (int s = 0; s < S; ++s) set_scales[s] = scales(scales_at[s] + 4 * g, nb - 4 * g);
+      for (int64_t h = g; h < std::min(g + 4, g1); ++h) {
+        const int64_t left = nb - kGroupBlocks * h;
+        const __m512i spread = _mm512_add_epi32(block_of_lane, _mm512_set1_epi32(int(4 * (h - g))));
+        __m512i raw[S];
+#pragma GCC unroll 16
+        for (int s = 0; s < S; ++s) {
+          const uint8_t* c = codes_at[s] + 64 * h;
+          prefetch_at(c, ahead);
+          raw[s] = codes(c, left);
+        }
+        T p[S][R];
+#pragma GCC unroll 8
+        for (int v = 0; v < 8; ++v) {
+          __m512 w[S];
+#pragma GCC unroll 16
+          for (int s = 0; s < S; ++s)
+            w[s] =
+                _mm512_permutexvar_ps(v == 0 ? raw[s] : _mm512_srli_epi32(raw[s], 4 * v), values);
+#pragma GCC unroll 16
+          for (int i = 0; i < R; ++i) {
+            __m512 xv = _mm512_loadu_ps(xp + i * kp + 128 * h + 16 * v);
+            if constexpr (S > 1) in_register(xv);  // one load for the S rows
+#pragma GCC unroll 16
+            for (int s = 0; s < S; ++s)
+              p[s][i] = v == 0 ? _mm512_mul_ps(w[s], xv) : _mm512_fmadd_ps(w[s], xv, p[s][i]);
+          }
+        }
+#pragma GCC unroll 16
+        for (int s = 0; s < S; ++s) {
+          const __m512 sc = _mm512_permutexvar_ps(spread, set_scales[s]);
+#pragma GCC unroll 16
+          for (int i = 0; i < R; ++i) acc[s][i] = _mm512_fmadd_ps(p[s][i], sc, acc[s][i]);
+        }
+      }
+    }
+  }
+};
+
 // ---------------------------------------------------------------- linear, prefill path (GEMM)
 
 #if defined(TF_AVX512_BF16)
@@ -1102,6 +1213,12 @@ void linear_int8_avx512(const float* x, const int8_t* w, const float* scale, con
   linear_t(x, w, scale, bias, y, M, N, K, pool, rows);
 }
 
+void linear_mxfp4_avx512(const float* x, const uint8_t* codes, const uint8_t* scales,
+                         const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+                         ThreadPool& pool, LinearRows) {
+  linear_mxfp4_x86<Mxfp4Avx512>(x, codes, scales, bias, y, M, N, K, pool);
+}
+
 // int4: the GEMV with gemv_int4_pair, the GEMM with this target's 8 x 32 register tiles over
 // panels unpacked from the tiles.
 void linear_int4_avx512(const float* x, const uint8_t* w, const uint16_t* scale,
@@ -1130,9 +1247,10 @@ const KernelTable& avx512_kernels() {
 #else
   using AttentionGemms = F32AttentionGemms;
 #endif
-  static const KernelTable t = make_table<Avx512Ops>(
-      &linear_avx512, &linear_int8_avx512, &quantize_int8_avx2, &linear_int4_avx512,
-      &quantize_int4_avx2, &attention_x86<Avx512Vec, Avx512Ops, AttentionGemms>);
+  static const KernelTable t =
+      make_table<Avx512Ops>(&linear_avx512, &linear_int8_avx512, &quantize_int8_avx2,
+                            &linear_int4_avx512, &quantize_int4_avx2, &linear_mxfp4_avx512,
+                            &attention_x86<Avx512Vec, Avx512Ops, AttentionGemms>);
   return t;
 }
 
