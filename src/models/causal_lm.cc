@@ -437,8 +437,8 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     else
       bind(s.name, impl->backend->upload(whole));
   };
-  // MXFP4 experts kept as stored (without quantize): their codes and exponents, this rank's
-  // experts of them under tensor parallelism.
+  // MXFP4 experts kept as stored: their codes and exponents, this rank's experts of them under
+  // tensor parallelism.
   auto add_mxfp4 = [&](const models::WeightSpec& s) {
     models::Mxfp4Rows m = models::read_mxfp4_rows(ckpt, s);
     const bool split = impl->tp && impl->tp->shard(s.name).dim == 0;
@@ -471,7 +471,8 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       continue;
     }
     if (models::stored_differently(ckpt, s)) {
-      if (!quantize && models::stored_as_mxfp4(ckpt, s))
+      // MXFP4 is already 4.25 bits a weight: quantize leaves it so (as vLLM and llama.cpp do).
+      if (models::stored_as_mxfp4(ckpt, s))
         add_mxfp4(s);
       else
         add_assembled(s, models::read_stored(ckpt, s, impl->dtype));
@@ -688,6 +689,10 @@ void CausalLM::save_pretrained(const std::string& dir) const {
     tensors.emplace_back(s.name + "_scale", std::move(ql.scale));
     if (ql.zero) tensors.emplace_back(s.name + "_zero", std::move(*ql.zero));
   }
+  if (mxfp4 && !m.quantize.empty())
+    throw UnsupportedError("save_pretrained: this model holds MXFP4 experts and " + m.quantize +
+                           " linears, which no checkpoint format here stores together; save it "
+                           "loaded without quantize (its experts stay MXFP4)");
   std::filesystem::create_directories(dir);
   io::save_safetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors,
                        {{"format", "pt"}});

@@ -152,8 +152,9 @@ TEST_F(StoredLayoutFile, BadTensorsAreRefusedByName) {
 }
 
 // gpt-oss's MXFP4 experts stay MXFP4 in memory (codes and exponents, half a byte and 1/32 of a
-// byte per weight), stacked by expert, unless quantize asks for int8 or int4.
-TEST(Mxfp4Load, ExpertsStayAsStoredUnlessQuantized) {
+// byte per weight), stacked by expert, also when quantize asks for int8 or int4 (which then
+// applies to the float linears: attention).
+TEST(Mxfp4Load, ExpertsStayAsStoredAlsoQuantized) {
   const std::string experts = "model.layers.1.mlp.experts.gate_up_proj";
   CausalLM lm = AutoModelForCausalLM::from_pretrained(testing::model_dir("hf-gpt-oss-mxfp4"),
                                                       {.dtype = float32, .device_map = "cpu"});
@@ -164,7 +165,12 @@ TEST(Mxfp4Load, ExpertsStayAsStoredUnlessQuantized) {
   CausalLM q = AutoModelForCausalLM::from_pretrained(
       testing::model_dir("hf-gpt-oss-mxfp4"),
       {.dtype = float32, .device_map = "cpu", .quantize = "int8"});
-  EXPECT_EQ(models::state_of(q).quant_attrs.at(experts).scheme, graph::QuantScheme::kInt8);
+  EXPECT_EQ(models::state_of(q).quant_attrs.at(experts).scheme, graph::QuantScheme::kMxfp4);
+  EXPECT_EQ(models::state_of(q).quant_attrs.at("model.layers.1.self_attn.q_proj.weight").scheme,
+            graph::QuantScheme::kInt8);
+  const std::string e = testing::error_of<UnsupportedError>(
+      [&] { q.save_pretrained((fs::temp_directory_path() / "tformers_mxfp4_int8").string()); });
+  EXPECT_CONTAINS(e, "without quantize");
 }
 
 // save_pretrained writes MXFP4 experts back as the checkpoint held them, byte for byte (the
