@@ -259,7 +259,9 @@ def _layer_of(name: str) -> int:
 
 
 def _checkpoint_sizes(folder: str) -> dict[str, int]:
-    """Every tensor's element count in a folder's .safetensors files, read from their headers."""
+    """Every weight's element count in a folder's .safetensors files, read from their headers: an
+    MXFP4 weight (gpt-oss's experts, "<name>_blocks" of two values a byte and "<name>_scales")
+    counts its values, as Transformers counts the weight it dequantizes them into."""
     sizes = {}
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".safetensors"):
@@ -268,8 +270,12 @@ def _checkpoint_sizes(folder: str) -> dict[str, int]:
             (length,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(length))
         for tensor, info in header.items():
-            if tensor != "__metadata__":
-                sizes[tensor] = int(np.prod(info["shape"], dtype=np.int64))
+            if tensor == "__metadata__" or tensor.endswith("_scales"):
+                continue
+            count = int(np.prod(info["shape"], dtype=np.int64))
+            if tensor.endswith("_blocks"):
+                tensor, count = tensor[:-len("_blocks")], 2 * count
+            sizes[tensor] = count
     return sizes
 
 

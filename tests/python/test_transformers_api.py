@@ -3,6 +3,7 @@ itself: each gives Transformers' output, or raises the exception type it raises.
 transformers (the `reference` group); skipped without them."""
 
 import functools
+import json
 import os
 
 import numpy as np
@@ -25,7 +26,11 @@ def tokenizer_id(folder):
 
 
 def load_pair(folder):
-    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    # MXFP4 experts (gpt-oss) dequantized by Transformers, as it runs them on a CPU.
+    mxfp4 = json.loads((folder / "config.json").read_text()).get("quantization_config", {})
+    extra = ({"quantization_config": transformers.Mxfp4Config(dequantize=True)}
+             if mxfp4.get("quant_method") == "mxfp4" else {})
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **extra).eval()
     return ref, tformers.AutoModelForCausalLM.from_pretrained(folder, dtype="float32")
 
 
