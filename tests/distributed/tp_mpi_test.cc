@@ -20,6 +20,7 @@
 
 #include "backends/pjrt/plugin_discovery.h"
 #include "common/missing_dependency.h"
+#include "common/sanitizers.h"
 #include "models/causal_lm_impl.h"
 #include "tformers/distributed.h"
 #include "tformers/error.h"
@@ -611,7 +612,7 @@ class TpMpiXlaCpu : public TpMpi, public ::testing::WithParamInterface<std::stri
   void SetUp() override {
     TpMpi::SetUp();
     if (IsSkipped()) return;
-#if defined(__SANITIZE_ADDRESS__)
+#if TFORMERS_TEST_ASAN
     // Under AddressSanitizer each rank's XLA compiles ran past ctest's 600 s limit (2 cores); the
     // release stage runs these, and tests/pjrt covers the split pieces under ASan.
     GTEST_SKIP() << "XLA's CPU plugin over MPI is too slow under AddressSanitizer";

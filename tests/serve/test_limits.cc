@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 
 #include "common/error_of.h"
+#include "common/sanitizers.h"
 #include "serve/openai.h"
 #include "serve/serve_process.h"
 
@@ -147,7 +148,7 @@ TEST(ServeLimits, UnauthenticatedConnectionsHoldBoundedMemory) {
   std::printf("RSS %ld -> %ld KiB: %.1f KiB per connection\n", before, after, per_connection_kib);
   // 16 KiB of head each, twice that at worst for the buffer's growth, and the socket's state;
   // sanitizer builds add their redzones.
-#if defined(__SANITIZE_ADDRESS__)
+#if TFORMERS_TEST_ASAN
   // AddressSanitizer's redzones, shadow and quarantine come on top.
   EXPECT_LT(per_connection_kib, 200);
 #else
@@ -407,7 +408,7 @@ TEST(ServeLimits, BodiesStillArrivingAreBoundedOverAllConnections) {
               rss_after);
   // 4 MiB hold one 3 MiB part and a piece of the next: all but about two are closed.
   EXPECT_GE(closed, kSenders - 3);
-#ifndef __SANITIZE_ADDRESS__
+#if !TFORMERS_TEST_ASAN
   // AddressSanitizer keeps freed memory in quarantine, so there RSS says nothing; the closed
   // connections say it.
   EXPECT_LT(rss_after - rss_before, 40 << 10) << "KiB; the senders sent " << kSenders * 3 << " MiB";

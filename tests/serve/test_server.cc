@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/error_of.h"
+#include "common/sanitizers.h"
 #include "io/io_test_util.h"
 #include "serve/openai.h"
 #include "serve/serve_process.h"
@@ -186,7 +187,7 @@ TEST(Serve, PrefixCachingShowsInMetricsAndTurnsOff) {
 // RSS may not grow more than this past the load test's warm-up. AddressSanitizer keeps freed
 // memory in quarantine (up to 256 MiB), so there RSS says nothing; LeakSanitizer checks the
 // server at exit instead.
-#ifdef __SANITIZE_ADDRESS__
+#if TFORMERS_TEST_ASAN
 constexpr int kRssGrowthMib = 1 << 20;
 #else
 constexpr int kRssGrowthMib = 8;
