@@ -146,23 +146,31 @@ pid_t start_chat(int& fd, const std::vector<const char*>& args) {
   return pid;
 }
 
+// A chat session on a pseudo-terminal that types `line` at the first prompt and /quit at the
+// second: everything the terminal showed, after checking that the session ended cleanly.
+std::string one_line_session(const std::vector<const char*>& args, const std::string& line) {
+  int fd = -1;
+  const pid_t pid = start_chat(fd, args);
+  std::string out;
+  EXPECT_GE(pid, 0);
+  if (pid < 0) return out;
+  const std::string typed = line + "\n";
+  const bool ok = read_until(fd, out, "> ", 1) && wait_raw(fd) &&
+                  write(fd, typed.data(), typed.size()) == ssize_t(typed.size()) &&
+                  read_until(fd, out, "> ", 2) && wait_raw(fd) && write(fd, "/quit\n", 6) == 6;
+  EXPECT_TRUE(ok) << out;
+  const int status = wait_exit(pid, fd, out);
+  close(fd);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  return out;
+}
+
 // /help and /quit are commands: neither reaches the model (with --verbose every reply would log
 // "chat: prompt ..."); /help lists the commands.
 TEST(Cli, ChatHelpAndQuitAreCommandsNotMessages) {
   const std::string model = std::string(TFORMERS_TEST_DATA) + "/models/tiny-qwen3";
-  int fd = -1;
-  pid_t pid = start_chat(fd, {"--model", model.c_str(), "-n", "2", "--dtype", "float32", "-v"});
-  ASSERT_GE(pid, 0);
-  std::string out;
-  ASSERT_TRUE(read_until(fd, out, "> ", 1)) << out;
-  ASSERT_TRUE(wait_raw(fd));
-  ASSERT_EQ(write(fd, "/help\n", 6), 6);
-  ASSERT_TRUE(read_until(fd, out, "> ", 2)) << out;
-  ASSERT_TRUE(wait_raw(fd));
-  ASSERT_EQ(write(fd, "/quit\n", 6), 6);
-  const int status = wait_exit(pid, fd, out);
-  close(fd);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  const std::string out =
+      one_line_session({"--model", model.c_str(), "-n", "2", "--dtype", "float32", "-v"}, "/help");
   EXPECT_NE(out.find("commands: /help shows this; /reset clears the history"), std::string::npos)
       << out;
   EXPECT_EQ(out.find("chat: prompt"), std::string::npos) << out;
@@ -330,19 +338,8 @@ TEST(Cli, ChatShowsReasoningBetweenLabelsThroughPipes) {
 // normal (SGR 22) before each line ends.
 TEST(Cli, ChatDimsReasoningOnATerminal) {
   const std::string model = think_model();
-  int fd = -1;
-  pid_t pid = start_chat(fd, {"--model", model.c_str(), "-n", "16", "--seed", "7"});
-  ASSERT_GE(pid, 0);
-  std::string out;
-  ASSERT_TRUE(read_until(fd, out, "> ", 1)) << out;
-  ASSERT_TRUE(wait_raw(fd));
-  ASSERT_EQ(write(fd, "hello\n", 6), 6);
-  ASSERT_TRUE(read_until(fd, out, "> ", 2)) << out;
-  ASSERT_TRUE(wait_raw(fd));
-  ASSERT_EQ(write(fd, "/quit\n", 6), 6);
-  const int status = wait_exit(pid, fd, out);
-  close(fd);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  const std::string out =
+      one_line_session({"--model", model.c_str(), "-n", "16", "--seed", "7"}, "hello");
   EXPECT_NE(out.find("hello\r\n\x1b[2mThinking...\x1b[22m\r\n\x1b[2m"), std::string::npos) << out;
   EXPECT_NE(out.find("\x1b[22m\r\n\x1b[2m...done thinking.\x1b[22m\r\n> "), std::string::npos)
       << out;

@@ -64,7 +64,9 @@ TEST_P(Golden, Bfloat16LogitsMatchTransformers) {
       // A mixture of experts routes each token by a discrete top-k: where PyTorch's bf16 router
       // logits round a near-tie the other way it picks another expert (hf-qwen3-moe: 0.15 at
       // one position), so for it only the bound against the exact model holds.
-      if (!routed) EXPECT_LT(row_error(row, bf16[i].logits[t]), 5e-2) << name << " position " << t;
+      if (!routed) {
+        EXPECT_LT(row_error(row, bf16[i].logits[t]), 5e-2) << name << " position " << t;
+      }
     }
     // Greedy tokens agree with the bf16 golden until the first near-tie.
     auto out = lm.generate({bf16[i].input_ids}, {.max_new_tokens = int64_t(bf16[i].greedy.size()),
