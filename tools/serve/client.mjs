@@ -1,5 +1,6 @@
 // What the scripts of tools/serve share: their flags, and the official openai client, installed
 // by tools/npm (npm ci there; scripts/setup.sh --tests does it).
+import { createServer } from 'node:http';
 import { createRequire } from 'node:module';
 
 const require = createRequire(new URL('../npm/package.json', import.meta.url));
@@ -31,6 +32,25 @@ export function tokenIdPrompt(i, length, lo, hi) {
 // A client that fails fast: a test must see every error, not a retry that hides it.
 export function client(flags) {
   return new OpenAI({ baseURL: flags.base_url, apiKey: flags.api_key, maxRetries: 0, timeout: 120000 });
+}
+
+// A local HTTP server that answers every request with bodies.response, or bodies.stream when the
+// request asks to stream, and a fail-fast client of it: for feeding the client bodies that no
+// shipped model makes the server write. close() stops the server.
+export async function cannedServer(bodies) {
+  const server = createServer((req, res) => {
+    let body = '';
+    req.on('data', (d) => { body += d; });
+    req.on('end', () => {
+      const stream = JSON.parse(body).stream === true;
+      res.writeHead(200, { 'Content-Type': stream ? 'text/event-stream' : 'application/json' });
+      res.end(stream ? bodies.stream : bodies.response);
+    });
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const openai = new OpenAI({ baseURL: `http://127.0.0.1:${server.address().port}/v1`,
+                              apiKey: 'none', maxRetries: 0 });
+  return { openai, close: () => server.close() };
 }
 
 // The text and finish reason of a streamed completion (chat or not), and its usage chunk.

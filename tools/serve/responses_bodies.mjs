@@ -8,25 +8,13 @@
 //   node tools/serve/responses_bodies.mjs --bodies FILE.json
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import { createServer } from 'node:http';
 
-import { OpenAI, parseFlags } from './client.mjs';
+import { cannedServer, parseFlags } from './client.mjs';
 
 const flags = parseFlags({ bodies: '' }, 'usage: responses_bodies.mjs --bodies FILE.json');
 const bodies = JSON.parse(readFileSync(flags.bodies, 'utf8'));
 
-const server = createServer((req, res) => {
-  let body = '';
-  req.on('data', (d) => { body += d; });
-  req.on('end', () => {
-    const stream = JSON.parse(body).stream === true;
-    res.writeHead(200, { 'Content-Type': stream ? 'text/event-stream' : 'application/json' });
-    res.end(stream ? bodies.stream : bodies.response);
-  });
-});
-await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-const openai = new OpenAI({ baseURL: `http://127.0.0.1:${server.address().port}/v1`,
-                            apiKey: 'none', maxRetries: 0 });
+const { openai, close } = await cannedServer(bodies);
 const request = { model: 'm', input: 'Weather in Paris?' };
 const expected = bodies.expected;  // {reasoning, text, calls: [{call_id, name, arguments}]}
 
@@ -78,5 +66,5 @@ assert.deepEqual(outputOf(final), expected);
 assert.equal(final.output_text, expected.text);
 console.log('ok 3 responses.stream accumulates the same output');
 
-server.close();
+close();
 console.log('all 3 checks passed');

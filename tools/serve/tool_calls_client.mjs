@@ -8,25 +8,13 @@
 //   node tools/serve/tool_calls_client.mjs --bodies FILE.json
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
-import { createServer } from 'node:http';
 
-import { OpenAI, parseFlags } from './client.mjs';
+import { cannedServer, parseFlags } from './client.mjs';
 
 const flags = parseFlags({ bodies: '' }, 'usage: tool_calls_client.mjs --bodies FILE.json');
 const bodies = JSON.parse(readFileSync(flags.bodies, 'utf8'));
 
-const server = createServer((req, res) => {
-  let body = '';
-  req.on('data', (d) => { body += d; });
-  req.on('end', () => {
-    const stream = JSON.parse(body).stream === true;
-    res.writeHead(200, { 'Content-Type': stream ? 'text/event-stream' : 'application/json' });
-    res.end(stream ? bodies.stream : bodies.response);
-  });
-});
-await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-const openai = new OpenAI({ baseURL: `http://127.0.0.1:${server.address().port}/v1`,
-                            apiKey: 'none', maxRetries: 0 });
+const { openai, close } = await cannedServer(bodies);
 const request = { model: 'm', messages: [{ role: 'user', content: 'Weather?' }],
                   tools: bodies.tools };
 const expected = bodies.expected;
@@ -66,5 +54,5 @@ if ('reasoning' in expected) {
   checks = 4;
 }
 
-server.close();
+close();
 console.log(`all ${checks} checks passed`);
