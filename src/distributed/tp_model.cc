@@ -83,6 +83,19 @@ Tensor shard_rows(const WeightShard& s, DType dtype,
   return out;
 }
 
+Tensor shard_rows(const WeightShard& s, const Tensor& whole) {
+  TF_CHECK(whole.dim(0) == s.full_shape[0], "shard_rows: ", whole.dim(0), " rows, not ",
+           s.full_shape[0]);
+  WeightShard rows = s;
+  rows.full_shape = whole.shape();
+  rows.local_shape = whole.shape();
+  rows.local_shape[0] = s.local_shape[0];
+  const size_t row = whole.nbytes() / size_t(whole.dim(0));
+  return shard_rows(rows, whole.dtype(), [&](int64_t b, int64_t e, void* dst) {
+    std::memcpy(dst, static_cast<const char*>(whole.raw()) + size_t(b) * row, size_t(e - b) * row);
+  });
+}
+
 Tensor TpModel::load(const io::Checkpoint& ckpt, const std::string& weight,
                      const std::string& source, DType dtype) {
   const WeightShard& s = shard(weight);

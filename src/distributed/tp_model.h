@@ -71,5 +71,8 @@ std::string module_of(const std::string& weight);
 // the whole weight, in `dtype`, to dst.
 Tensor shard_rows(const WeightShard& s, DType dtype,
                   const std::function<void(int64_t, int64_t, void*)>& copy);
+// The same rows of `whole`, a host tensor whose dim 0 is the weight's (its other dims may differ:
+// a weight's MXFP4 codes, say), in whole's dtype, its other dims kept.
+Tensor shard_rows(const WeightShard& s, const Tensor& whole);
 
 }  // namespace tformers::distributed

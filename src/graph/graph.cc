@@ -79,6 +79,12 @@ void Node::wrong_attrs(const char* wanted) const {
       detail::str_cat(op_name(op), " node '", name, "' has ", attrs_name(attrs), ", not ", wanted));
 }
 
+int experts_bias_operand(const Node& n) {
+  int at = 3;
+  if (n.op == Op::kLinearIdQuant) at = n.attrs_as<LinearIdAttrs>().quant.has_zero ? 5 : 4;
+  return int(n.inputs.size()) > at ? at : -1;
+}
+
 AttentionOperands attention_operands(const Node& n) {
   TF_CHECK(n.op == Op::kAttention || n.op == Op::kPagedAttention, op_name(n.op), " node '", n.name,
            "' is not attention");

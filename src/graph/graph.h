@@ -357,6 +357,9 @@ struct Node {
 
 // n's optional operands (n a kAttention or kPagedAttention node).
 AttentionOperands attention_operands(const Node& n);
+// The position of the experts' bias operand of a kLinearId or kLinearIdQuant node (after its
+// weight operands), or -1 when it has none.
+int experts_bias_operand(const Node& n);
 
 class Graph {
  public:

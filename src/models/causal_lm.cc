@@ -424,14 +424,8 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   // parallelism this rank's rows of it (its experts), padded as a shard is; then prepared or
   // uploaded.
   auto add_assembled = [&](const models::WeightSpec& s, Tensor whole) {
-    if (impl->tp && impl->tp->shard(s.name).dim == 0) {
-      const size_t row = whole.nbytes() / size_t(s.shape[0]);
-      whole = distributed::shard_rows(
-          impl->tp->shard(s.name), impl->dtype, [&](int64_t b, int64_t e, void* dst) {
-            std::memcpy(dst, static_cast<const char*>(whole.raw()) + size_t(b) * row,
-                        size_t(e - b) * row);
-          });
-    }
+    if (impl->tp && impl->tp->shard(s.name).dim == 0)
+      whole = distributed::shard_rows(impl->tp->shard(s.name), whole);
     if (quantized(s))
       bind_prepared(s.name, impl->backend->prepare_experts(whole, opt.quantize));
     else
@@ -443,18 +437,12 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     models::Mxfp4Rows m = models::read_mxfp4_rows(ckpt, s);
     const bool split = impl->tp && impl->tp->shard(s.name).dim == 0;
     const int64_t E = split ? impl->tp->shard(s.name).local_shape[0] : s.shape[0];
-    // Each expert's rows of t (E * N, width), as the weight's shard lays experts out.
+    // This rank's experts' rows of t (E * N, width).
     auto mine = [&](const Tensor& t, const std::string& source) {
       Tensor whole = resident(t, source);
       if (!split) return whole;
-      distributed::WeightShard shard = impl->tp->shard(s.name);
-      shard.full_shape = {s.shape[0], s.shape[1], whole.dim(1)};
-      shard.local_shape = {E, s.shape[1], whole.dim(1)};
-      const size_t row = whole.nbytes() / size_t(s.shape[0]);
-      return distributed::shard_rows(shard, DType::u8, [&](int64_t b, int64_t e, void* dst) {
-        std::memcpy(dst, static_cast<const char*>(whole.raw()) + size_t(b) * row,
-                    size_t(e - b) * row);
-      });
+      return distributed::shard_rows(impl->tp->shard(s.name),
+                                     whole.reshape({s.shape[0], s.shape[1], whole.dim(1)}));
     };
     const std::vector<std::string> sources = models::stored_sources(ckpt, s);
     const Tensor codes = mine(m.codes, sources[0]), scales = mine(m.scales, sources[1]);

@@ -16,10 +16,6 @@ constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.
 std::string blocks_of(const std::string& name) { return name + "_blocks"; }
 std::string scales_of(const std::string& name) { return name + "_scales"; }
 
-bool as_mxfp4(const io::Checkpoint& ckpt, const WeightSpec& s) {
-  return s.stored.mxfp4 && !ckpt.has(s.name) && ckpt.has(blocks_of(s.name));
-}
-
 [[noreturn]] void bad_tensor(const io::TensorInfo& t, const WeightSpec& s,
                              const std::string& want) {
   throw FormatError("tensor '" + t.name + "' in " + t.file + " is " +
@@ -115,7 +111,9 @@ void dequantize_mxfp4(const uint8_t* blocks, const uint8_t* scales, int64_t grou
   }
 }
 
-bool stored_as_mxfp4(const io::Checkpoint& ckpt, const WeightSpec& s) { return as_mxfp4(ckpt, s); }
+bool stored_as_mxfp4(const io::Checkpoint& ckpt, const WeightSpec& s) {
+  return s.stored.mxfp4 && !ckpt.has(s.name) && ckpt.has(blocks_of(s.name));
+}
 
 Mxfp4Rows read_mxfp4_rows(const io::Checkpoint& ckpt, const WeightSpec& s) {
   auto [blocks, scales] = checked_mxfp4(ckpt, s);
@@ -140,17 +138,17 @@ std::vector<std::pair<std::string, Tensor>> to_stored_mxfp4(const WeightSpec& s,
 }
 
 bool stored_differently(const io::Checkpoint& ckpt, const WeightSpec& s) {
-  return s.stored.any() && (ckpt.has(s.name) || as_mxfp4(ckpt, s));
+  return s.stored.any() && (ckpt.has(s.name) || stored_as_mxfp4(ckpt, s));
 }
 
 std::vector<std::string> stored_sources(const io::Checkpoint& ckpt, const WeightSpec& s) {
-  if (as_mxfp4(ckpt, s)) return {blocks_of(s.name), scales_of(s.name)};
+  if (stored_as_mxfp4(ckpt, s)) return {blocks_of(s.name), scales_of(s.name)};
   return {s.name};
 }
 
 Tensor read_stored(const io::Checkpoint& ckpt, const WeightSpec& s, DType dtype) {
   Tensor t;
-  if (as_mxfp4(ckpt, s)) {
+  if (stored_as_mxfp4(ckpt, s)) {
     t = read_mxfp4(ckpt, s, dtype);
   } else {
     const io::TensorInfo& info = ckpt.info(s.name);

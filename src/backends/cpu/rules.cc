@@ -559,10 +559,8 @@ struct ExpertPairs {
 
 // The experts' bias operand, after the weight operands of kLinearId or kLinearIdQuant.
 const float* experts_bias(const OpCall& c) {
-  size_t at = 3;
-  if (c.n.op == Op::kLinearIdQuant)
-    at = c.n.attrs_as<graph::LinearIdAttrs>().quant.has_zero ? 5 : 4;
-  return c.n.inputs.size() > at ? c.f32(at) : nullptr;
+  const int at = graph::experts_bias_operand(c.n);
+  return at < 0 ? nullptr : c.f32(size_t(at));
 }
 
 ExpertPairs expert_pairs(const OpCall& c) {

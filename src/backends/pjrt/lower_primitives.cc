@@ -246,9 +246,8 @@ Val Lowering::linear_id_quant(const Node& n) {
 }
 
 const Val* Lowering::experts_bias(const Node& n) {
-  size_t at = 3;
-  if (n.op == Op::kLinearIdQuant) at = n.attrs_as<graph::LinearIdAttrs>().quant.has_zero ? 5 : 4;
-  return n.inputs.size() > at ? &in(n, at) : nullptr;
+  const int at = graph::experts_bias_operand(n);
+  return at < 0 ? nullptr : &in(n, size_t(at));
 }
 
 Val Lowering::experts_out(const Node& n, const Val& x, int64_t E, int64_t K,
