@@ -76,6 +76,15 @@ if [ ! -d tools/peer/node_modules/node-llama-cpp ]; then
   (cd tools/peer && npm ci --omit=optional --ignore-scripts --no-audit --no-fund --loglevel=error)
 fi
 
+# llama.cpp on GGUF $2 in every load mode, labelled with the weights $1, in round $r.
+llama_cpp() {
+  for mode in ${load_modes//,/ }; do
+    echo "== llama.cpp, $1 weights, load mode $mode, round $r of $rounds"
+    node tools/peer/llama_cpp_bench.mjs "$2" --threads "$threads" --decode "$decode" \
+      --prefill "$prefill" --load-mode "$mode"
+  done
+}
+
 if [ "$shape" = gpt-oss-20b-2l ]; then
   ckpt=$dir/tformers-bench-$shape
   build/release/bench/make_shape "$shape" "$ckpt"  # leaves a checkpoint that is there as it is
@@ -86,11 +95,7 @@ if [ "$shape" = gpt-oss-20b-2l ]; then
   for ((r = 1; r <= rounds; ++r)); do
     echo "== tformers (tformers bench), round $r of $rounds"
     build/release/tformers bench -m "$ckpt" -t "$threads" -n "$decode" -p "$prefill" -r 3
-    for mode in ${load_modes//,/ }; do
-      echo "== llama.cpp, bf16 and MXFP4 weights, load mode $mode, round $r of $rounds"
-      node tools/peer/llama_cpp_bench.mjs "$gguf" --threads "$threads" --decode "$decode" \
-        --prefill "$prefill" --load-mode "$mode"
-    done
+    llama_cpp "bf16 and MXFP4" "$gguf"
   done
   exit 0
 fi
@@ -113,10 +118,6 @@ for ((r = 1; r <= rounds; ++r)); do
     if [ ! -s "$gguf" ] || [ "$gguf" -ot "$ckpt/model.safetensors" ]; then
       .venv/bin/python tools/peer/safetensors_to_gguf.py ${quant:+"$quant"} "$ckpt" "$gguf"
     fi
-    for mode in ${load_modes//,/ }; do
-      echo "== llama.cpp, $kind weights, load mode $mode, round $r of $rounds"
-      node tools/peer/llama_cpp_bench.mjs "$gguf" --threads "$threads" --decode "$decode" \
-        --prefill "$prefill" --load-mode "$mode"
-    done
+    llama_cpp "$kind" "$gguf"
   done
 done
