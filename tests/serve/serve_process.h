@@ -167,6 +167,33 @@ inline double metric(const ServeProcess& server, const std::string& name) {
   return -1;
 }
 
+// Runs the Node check tools/serve/SCRIPT (the official openai client) against `server`, then
+// validates the JSON outputs it wrote against their schemas with the jsonschema package
+// (tools/grammar/validate_outputs.py): both must succeed. `tag` names its temporary file.
+inline void expect_client_outputs_validate(const ServeProcess& server, const std::string& script,
+                                           const std::string& tag) {
+  auto run = [](const std::string& cmd) {
+    const int status = std::system((cmd + " 2>&1").c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  ASSERT_TRUE(std::filesystem::exists(TFORMERS_NPM_DIR "/openai"))
+      << "the openai npm package is missing: run scripts/setup.sh --tests";
+  ASSERT_EQ(run("'" TFORMERS_PYTHON "' -c 'import jsonschema' > /dev/null"), 0) << TFORMERS_PYTHON
+      " cannot import jsonschema: run scripts/setup.sh --tests, which installs "
+      "pyproject.toml's `test` group into .venv";
+  const std::filesystem::path out =
+      std::filesystem::temp_directory_path() /
+      ("tformers_" + tag + "_" + std::to_string(::getpid()) + ".json");
+  EXPECT_EQ(run("node " TFORMERS_SOURCE_DIR "/tools/serve/" + script + " --base-url " +
+                server.base_url() + " --model " + kModel + " --out " + out.string()),
+            0);
+  ASSERT_TRUE(std::filesystem::exists(out));
+  EXPECT_EQ(run("'" TFORMERS_PYTHON "' " TFORMERS_SOURCE_DIR "/tools/grammar/validate_outputs.py " +
+                out.string()),
+            0);
+  std::filesystem::remove(out);
+}
+
 // Waits up to `limit` for a metric to reach `value`; returns the last value seen.
 inline double wait_for_metric(const ServeProcess& server, const std::string& name, double value,
                               std::chrono::seconds limit = 20s) {

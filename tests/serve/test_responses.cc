@@ -600,30 +600,10 @@ TEST(ResponseWriter, OpenAiClientReadsReasoningAnswersAndCalls) {
   expect_client_reads("2 + 2 is 4, said plainly.", "It is 4.", {});
 }
 
-int run(const std::string& cmd) {
-  const int status = std::system((cmd + " 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 TEST(ResponsesServe, OpenAiClientAgainstTheTinyModel) {
-  using testing::ServeProcess;
-  ASSERT_TRUE(fs::exists(TFORMERS_NPM_DIR "/openai"))
-      << "the openai npm package is missing: run scripts/setup.sh --tests";
-  ASSERT_EQ(run("'" TFORMERS_PYTHON "' -c 'import jsonschema' > /dev/null"), 0) << TFORMERS_PYTHON
-      " cannot import jsonschema: run scripts/setup.sh --tests, which installs "
-      "pyproject.toml's `test` group into .venv";
-  ServeProcess server;
+  testing::ServeProcess server;
   ASSERT_NE(server.port(), 0);
-  const fs::path out =
-      fs::temp_directory_path() / ("tformers_responses_" + std::to_string(::getpid()) + ".json");
-  EXPECT_EQ(run("node " TFORMERS_SOURCE_DIR "/tools/serve/responses_client.mjs --base-url " +
-                server.base_url() + " --model " + testing::kModel + " --out " + out.string()),
-            0);
-  ASSERT_TRUE(fs::exists(out));
-  EXPECT_EQ(run("'" TFORMERS_PYTHON "' " TFORMERS_SOURCE_DIR "/tools/grammar/validate_outputs.py " +
-                out.string()),
-            0);
-  fs::remove(out);
+  testing::expect_client_outputs_validate(server, "responses_client.mjs", "responses");
   EXPECT_GT(
       testing::metric(server, "tformers_requests_total{endpoint=\"/v1/responses\",status=\"200\"}"),
       0);

@@ -19,29 +19,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int run(const std::string& cmd) {
-  const int status = std::system((cmd + " 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 TEST(StructuredOutput, OpenAiClientOutputsValidateAgainstTheirSchemas) {
-  ASSERT_TRUE(fs::exists(TFORMERS_NPM_DIR "/openai"))
-      << "the openai npm package is missing: run scripts/setup.sh --tests";
-  ASSERT_EQ(run("'" TFORMERS_PYTHON "' -c 'import jsonschema' > /dev/null"), 0) << TFORMERS_PYTHON
-      " cannot import jsonschema: run scripts/setup.sh --tests, which installs "
-      "pyproject.toml's `test` group into .venv";
   ServeProcess server;
   ASSERT_NE(server.port(), 0);
-  const fs::path out =
-      fs::temp_directory_path() / ("tformers_structured_" + std::to_string(::getpid()) + ".json");
-  EXPECT_EQ(run("node " TFORMERS_SOURCE_DIR "/tools/serve/structured_output.mjs --base-url " +
-                server.base_url() + " --model " + kModel + " --out " + out.string()),
-            0);
-  ASSERT_TRUE(fs::exists(out));
-  EXPECT_EQ(run("'" TFORMERS_PYTHON "' " TFORMERS_SOURCE_DIR "/tools/grammar/validate_outputs.py " +
-                out.string()),
-            0);
-  fs::remove(out);
+  expect_client_outputs_validate(server, "structured_output.mjs", "structured");
   // The masks changed no shape: every step ran on what warm-up compiled.
   EXPECT_EQ(metric(server, "tformers_compiles_since_ready_total"), 0) << server.log();
   EXPECT_EQ(server.stop(), 0) << server.log();
