@@ -456,6 +456,44 @@ Value GraphBuilder::matmul(Value a, Value b, const std::string& name) {
   return add_node(Op::kMatMul, {a, b}, {elementwise_dtype({a, b}, name), out}, name);
 }
 
+void GraphBuilder::check_recurrent_operands(Value state, const Shape& want, Value start,
+                                            Value key_mask, int64_t B,
+                                            const std::string& name) const {
+  TF_CHECK(type(state) == TensorType({DType::f32, want}), name, ": state ", type(state).str(),
+           ", not ", TensorType({DType::f32, want}).str());
+  TF_CHECK(type(start).shape.empty() && type(start).dtype == DType::i32, name, ": start");
+  const TensorType& m = type(key_mask);
+  TF_CHECK(m.dtype == DType::i32 && m.shape.size() == 2 && m.shape[0] == B, name, ": mask ",
+           m.str());
+}
+
+Value GraphBuilder::causal_conv1d(Value x, Value w, Value state, Value start, Value key_mask,
+                                  const std::string& name) {
+  const TensorType &xt = type(x), &wt = type(w);
+  TF_CHECK(is_float(xt.dtype) && xt.shape.size() == 3 && is_float(wt.dtype) &&
+               wt.shape.size() == 2 && wt.shape[0] == xt.shape[2] && wt.shape[1] >= 2,
+           name, ": x ", xt.str(), " w ", wt.str());
+  check_recurrent_operands(state, {xt.shape[0], wt.shape[1] - 1, xt.shape[2]}, start, key_mask,
+                           xt.shape[0], name);
+  return add_node(Op::kCausalConv1d, {x, w, state, start, key_mask}, {activation(), xt.shape},
+                  name);
+}
+
+Value GraphBuilder::gated_delta_rule(Value q, Value k, Value v, Value g, Value beta, Value state,
+                                     Value start, Value key_mask, const std::string& name) {
+  const Shape &qs = type(q).shape, &vs = type(v).shape;
+  TF_CHECK(qs.size() == 4 && type(k).shape == qs && vs.size() == 4 && vs[0] == qs[0] &&
+               vs[1] == qs[1] && vs[2] % qs[2] == 0,
+           name, ": q ", type(q).str(), " k ", type(k).str(), " v ", type(v).str());
+  const Shape gate{vs[0], vs[1], vs[2]};
+  TF_CHECK(type(g).shape == gate && type(beta).shape == gate, name, ": g ", type(g).str(),
+           " beta ", type(beta).str());
+  for (Value f : {q, k, v, g, beta}) TF_CHECK(is_float(type(f).dtype), name, ": float operands");
+  check_recurrent_operands(state, {vs[0], vs[2], qs[3], vs[3]}, start, key_mask, vs[0], name);
+  return add_node(Op::kGatedDeltaRule, {q, k, v, g, beta, state, start, key_mask},
+                  {activation(), vs}, name);
+}
+
 namespace {
 
 // The result shape (..., k, N) of experts of K inputs and N outputs (weights `wt`) over x and idx:

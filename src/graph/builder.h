@@ -127,6 +127,12 @@ class GraphBuilder {
   Value linear_id_quant(Value x, Value w, Value idx, Value scale, Value zero,
                         const LinearQuantAttrs& q, const std::string& name = "", int group = -1,
                         Value bias = -1);
+  // Linear attention over a recurrent state (graph.h): start () and key_mask (B,S) are the static
+  // cache's; the state, f32, is written in place.
+  Value causal_conv1d(Value x, Value w, Value state, Value start, Value key_mask,
+                      const std::string& name = "");
+  Value gated_delta_rule(Value q, Value k, Value v, Value g, Value beta, Value state, Value start,
+                         Value key_mask, const std::string& name = "");
   // A node of another graph, its operands already renumbered into this one (graph/ops.h's
   // decompose()).
   Value copy(Node node) { return graph_.add(std::move(node)); }
@@ -142,6 +148,9 @@ class GraphBuilder {
   // The experts' bias operand (E, N), checked, when bias >= 0.
   void add_experts_bias(std::vector<int>& inputs, Value bias, int64_t E, int64_t N,
                         const std::string& name) const;
+  // The state (f32 of shape `want`), start and key mask (B, S) of a linear-attention op, checked.
+  void check_recurrent_operands(Value state, const Shape& want, Value start, Value key_mask,
+                                int64_t B, const std::string& name) const;
   AttentionAttrs attention_attrs(float scale, const AttentionOptions& o, int64_t Hq,
                                  std::vector<int>& inputs, const std::string& name) const;
   Value add_node(Op op, std::vector<int> inputs, TensorType type, std::string name,

@@ -98,12 +98,31 @@ enum class Op : uint8_t {
   kLinearIdQuant,  // (x, w, idx, scale [, zero] [, bias]) -> (..., k, N): kLinearId over quantized
                    // experts; w, scale and zero are the E experts' kLinearQuant operands stacked
                    // on a leading dim of E; LinearIdAttrs
+
+  // Linear attention (Gated DeltaNet: Qwen3.5, Qwen3-Next) over a recurrent state instead of a
+  // KV cache. Each op computes its value and also writes its state operand in place (the ops whose value
+  // is not the state they update: side_written_operand). The state belongs to
+  // the static cache's rows; at start == 0 a row's state counts as zeros (a new sequence), and a
+  // token whose key_mask slot (start + t) is 0 (left padding) leaves the state as it was.
+  kCausalConv1d,   // (x (B,T,C), w (C,K), state f32 (B,K-1,C), start (), key_mask (B,S)) -> (B,T,C):
+                   // y[t,c] = sum_j w[c,j] * u[t+j,c] over u = the state's K-1 rows then x (a
+                   // masked token's x counts as 0); the state becomes u's last K-1 rows
+  kGatedDeltaRule, // (q (B,T,Hk,Dk), k (B,T,Hk,Dk), v (B,T,H,Dv), g (B,T,H), beta (B,T,H),
+                   // state f32 (B,H,Dk,Dv), start (), key_mask (B,S)) -> (B,T,H,Dv): per token
+                   // and value head h (reading key head h / (H / Hk)), S = exp(g) S;
+                   // S += k (beta (v - S^T k))^T; y = S^T q (q and k as given: normalised and
+                   // scaled by the caller)
 };
 
 // The number of ops: every Op is below it.
-constexpr size_t kOpCount = size_t(Op::kLinearIdQuant) + 1;
+constexpr size_t kOpCount = size_t(Op::kGatedDeltaRule) + 1;
 
 const char* op_name(Op op);
+// The operand a node of `op` writes in place beside computing its own value (the state of the
+// linear-attention ops), or -1: the backends keep that state's latest value from it.
+inline int side_written_operand(Op op) {
+  return op == Op::kCausalConv1d ? 2 : op == Op::kGatedDeltaRule ? 5 : -1;
+}
 // Parameters, states and inputs: the leaves a graph binds.
 inline bool is_leaf(Op op) { return op == Op::kParameter || op == Op::kState || op == Op::kInput; }
 

@@ -111,6 +111,8 @@ constexpr OpDef kOps[] = {
     TF_OP(kMatMul, "matmul", kNone, 2, 2, nullptr),
     TF_OP(kLinearId, "linear_id", attrs_index<LinearIdAttrs>(), 3, 4, nullptr),
     TF_OP(kLinearIdQuant, "linear_id_quant", attrs_index<LinearIdAttrs>(), 4, 6, nullptr),
+    TF_OP(kCausalConv1d, "causal_conv1d", kNone, 5, 5, nullptr),
+    TF_OP(kGatedDeltaRule, "gated_delta_rule", kNone, 8, 8, nullptr),
 };
 #undef TF_OP
 

@@ -129,6 +129,10 @@ bool reads_f32(const Node& n, size_t k) {
       return k == 0 || k >= 4;
     case Op::kAllReduce:  // its bias
       return k == 1;
+    case Op::kCausalConv1d:  // x and the weight
+      return k < 2;
+    case Op::kGatedDeltaRule:  // q, k, v, g, beta
+      return k < 5;
     case Op::kAttention:
     case Op::kPagedAttention:
       return int(k) == graph::attention_operands(n).sinks;

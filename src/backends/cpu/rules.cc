@@ -677,6 +677,24 @@ void linear_id_quant(const OpCall& c) {
   });
 }
 
+// The state operand a linear-attention rule writes in place (graph::side_written_operand).
+float* written_state(const OpCall& c) {
+  return static_cast<float*>(c.in[size_t(graph::side_written_operand(c.n.op))]);
+}
+
+void causal_conv1d(const OpCall& c) {
+  const Shape &x = c.in_type(0).shape, &mask = c.in_type(4).shape;  // (B,T,C), (B,S)
+  cpu::causal_conv1d(c.f32(0), c.f32(1), written_state(c), c.i32(4), c.out_f32(), x[0], x[1], x[2],
+                     c.in_type(1).shape[1], mask[1], *c.i32(3), pool());
+}
+
+void gated_delta_rule(const OpCall& c) {
+  const Shape &qk = c.in_type(0).shape, &v = c.in_type(2).shape, &mask = c.in_type(7).shape;
+  cpu::gated_delta_rule(c.f32(0), c.f32(1), c.f32(2), c.f32(3), c.f32(4), written_state(c),
+                        c.i32(7), c.out_f32(), v[0], v[1], qk[2], v[2], qk[3], v[3], mask[1],
+                        *c.i32(6), pool());
+}
+
 // The table, in Op's order (checked below).
 constexpr std::pair<Op, Rule> kRules[] = {
     {Op::kParameter, nothing},
@@ -720,6 +738,8 @@ constexpr std::pair<Op, Rule> kRules[] = {
     {Op::kMatMul, matmul},
     {Op::kLinearId, linear_id},
     {Op::kLinearIdQuant, linear_id_quant},
+    {Op::kCausalConv1d, causal_conv1d},
+    {Op::kGatedDeltaRule, gated_delta_rule},
 };
 static_assert(std::size(kRules) == graph::kOpCount, "the CPU has a rule for every op");
 constexpr bool in_order() {
