@@ -35,6 +35,7 @@ enum class WeightRole : uint8_t {
   kExperts,     // (experts, out, in): one linear weight per expert, for linear_id; may be
                 // quantized (each expert as a linear weight is)
   kExpertBias,  // (experts, out): each expert's bias, gathered by expert in the model dtype
+  kConv,        // (channels, 1, width): a depthwise convolution's kernel, used as stored
 };
 
 // How a checkpoint lays out a weight other than as its shape in float (gpt-oss's experts).
@@ -71,11 +72,23 @@ struct WeightSpec {
   StoredLayout stored;
 };
 
-// The KV cache of one layer: past_key_values.{layer}.key and .value, each B sequences by S slots
-// by kv_heads by head_dim in the cache dtype, laid out as the backend says (graph::KvLayout).
-// Under tensor parallelism kv_heads is this rank's share.
-struct KvCacheSpec {
+// What one layer keeps between steps, by kind. An attention layer's KV cache:
+// past_key_values.{layer}.key and .value, each B sequences by S slots by kv_heads by head_dim in
+// the cache dtype, laid out as the backend says (graph::KvLayout); under tensor parallelism
+// kv_heads is this rank's share. A linear-attention layer's recurrent state instead (Gated
+// DeltaNet), a fixed size per sequence whatever its length: recurrent_state.{layer}.conv
+// (B, conv_width - 1, conv_channels), the last inputs of its causal convolution, and
+// recurrent_state.{layer}.delta (B, heads, key_dim, value_dim), both float32.
+struct LayerState {
+  enum class Kind : uint8_t { kAttention, kRecurrent };
+  Kind kind = Kind::kAttention;
   int64_t kv_heads = 0, head_dim = 0;
+  int64_t conv_channels = 0, conv_width = 0, heads = 0, key_dim = 0, value_dim = 0;
+  bool recurrent() const { return kind == Kind::kRecurrent; }
+  // Bytes of one sequence's recurrent state (0 for attention, whose cache grows per position).
+  int64_t recurrent_bytes() const {
+    return recurrent() ? 4 * ((conv_width - 1) * conv_channels + heads * key_dim * value_dim) : 0;
+  }
 };
 
 // The static shape signature of one forward pass. Positions and the used cache length are
@@ -142,8 +155,8 @@ class Architecture {
   virtual std::unique_ptr<ArchConfig> config(const io::Json& json,
                                              const std::string& where) const = 0;
   virtual std::vector<WeightSpec> weights(const ArchConfig& config) const = 0;
-  // The KV cache, one entry per layer (tp: this rank's layout, or null for a whole model).
-  virtual std::vector<KvCacheSpec> states(const ArchConfig& config,
+  // What each layer keeps between steps (tp: this rank's layout, or null for a whole model).
+  virtual std::vector<LayerState> states(const ArchConfig& config,
                                           const distributed::TpModel* tp) const = 0;
   // Checkpoint tensors that are known and deliberately not used (cached RoPE tables, the
   // multi-token-prediction layers some checkpoints append).
@@ -168,7 +181,7 @@ class ArchitectureFor : public Architecture {
  public:
   virtual void read(const io::Json& json, const std::string& where, Config& config) const = 0;
   virtual std::vector<WeightSpec> weights(const Config& config) const = 0;
-  virtual std::vector<KvCacheSpec> states(const Config& config,
+  virtual std::vector<LayerState> states(const Config& config,
                                           const distributed::TpModel* tp) const = 0;
   virtual void build(graph::GraphBuilder& b, Params& params, const Config& config,
                      const StepShape& shape, DType cache_dtype) const = 0;
@@ -183,7 +196,7 @@ class ArchitectureFor : public Architecture {
     return c;
   }
   std::vector<WeightSpec> weights(const ArchConfig& c) const final { return weights(cast(c)); }
-  std::vector<KvCacheSpec> states(const ArchConfig& c, const distributed::TpModel* tp) const final {
+  std::vector<LayerState> states(const ArchConfig& c, const distributed::TpModel* tp) const final {
     return states(cast(c), tp);
   }
   void build(graph::GraphBuilder& b, Params& p, const ArchConfig& c, const StepShape& s,

@@ -588,8 +588,13 @@ void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size, int64_t t
   if (blocks == pool_blocks && block_size == pool_block_size) return;
   kv_pool.clear();
   std::erase_if(steps, [](const auto& s) { return s.first.paged(); });  // bound to the old pools
-  const std::vector<models::KvCacheSpec> layers = arch->states(*arch_config, tp.get());
+  const std::vector<models::LayerState> layers = arch->states(*arch_config, tp.get());
   for (size_t l = 0; l < layers.size(); ++l) {
+    if (layers[l].recurrent())
+      throw UnsupportedError(
+          "continuous batching: layer " + std::to_string(l) +
+          " of this model is linear attention, whose recurrent state the paged KV cache does not "
+          "hold yet; generate() runs it");
     const graph::TensorType t =
         graph::kv_cache_type(backend->kv_layout(), cache_dtype, blocks, layers[l].kv_heads,
                              block_size, layers[l].head_dim);
@@ -602,8 +607,15 @@ void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size, int64_t t
 
 int64_t CausalLM::Impl::kv_bytes_per_position() const {
   int64_t bytes = 0;
-  for (const models::KvCacheSpec& l : arch->states(*arch_config, tp.get()))
-    bytes += 2 * l.kv_heads * l.head_dim * int64_t(dtype_size(cache_dtype));
+  for (const models::LayerState& l : arch->states(*arch_config, tp.get()))
+    if (!l.recurrent()) bytes += 2 * l.kv_heads * l.head_dim * int64_t(dtype_size(cache_dtype));
+  return bytes;
+}
+
+int64_t CausalLM::Impl::recurrent_bytes_per_sequence() const {
+  int64_t bytes = 0;
+  for (const models::LayerState& l : arch->states(*arch_config, tp.get()))
+    bytes += l.recurrent_bytes();
   return bytes;
 }
 
@@ -735,12 +747,15 @@ void CausalLM::reset_cache(int64_t batch, int64_t max_cache_len) {
   // allocation fails on its own): an absurd batch or length would otherwise grow the process
   // until the system stops it. As doubles, so the product cannot wrap.
   const double bytes =
-      double(batch) * double(max_cache_len) * double(impl_->kv_bytes_per_position());
+      double(batch) * (double(max_cache_len) * double(impl_->kv_bytes_per_position()) +
+                       double(impl_->recurrent_bytes_per_sequence()));
   const uint64_t limit = memory_limit_bytes();
   if (impl_->state_on_host() && bytes > double(limit))
     throw ResourceError(detail::str_cat(
-        "reset_cache: a KV cache of batch ", batch, " x max_cache_len ", max_cache_len, " x ",
-        impl_->kv_bytes_per_position(), " bytes per position needs ", planned_bytes(bytes),
+        "reset_cache: a KV cache of batch ", batch, " x (max_cache_len ", max_cache_len, " x ",
+        impl_->kv_bytes_per_position(), " bytes per position + ",
+        impl_->recurrent_bytes_per_sequence(), " bytes of recurrent state) needs ",
+        planned_bytes(bytes),
         " bytes, more than the ", limit,
         " bytes this process can have (memory, ulimit, cgroup); lower the batch or "
         "max_cache_len"));
@@ -755,11 +770,20 @@ void CausalLM::Impl::reset_cache(int64_t batch, int64_t max_cache_len) {
   cache.clear();
   // Static steps' state bindings point at the old slots.
   std::erase_if(steps, [](const auto& s) { return !s.first.paged(); });
-  const std::vector<models::KvCacheSpec> layers = arch->states(*arch_config, tp.get());
+  const std::vector<models::LayerState> layers = arch->states(*arch_config, tp.get());
   for (size_t l = 0; l < layers.size(); ++l) {
-    const graph::TensorType t =
-        graph::kv_cache_type(backend->kv_layout(), cache_dtype, batch, layers[l].kv_heads,
-                             max_cache_len, layers[l].head_dim);
+    const models::LayerState& st = layers[l];
+    if (st.recurrent()) {
+      // Never cleared: a step at cache position 0 counts them as zeros (graph.h).
+      const std::string name = "recurrent_state." + std::to_string(l);
+      cache[name + ".conv"] =
+          backend->allocate({DType::f32, {batch, st.conv_width - 1, st.conv_channels}});
+      cache[name + ".delta"] =
+          backend->allocate({DType::f32, {batch, st.heads, st.key_dim, st.value_dim}});
+      continue;
+    }
+    const graph::TensorType t = graph::kv_cache_type(backend->kv_layout(), cache_dtype, batch,
+                                                     st.kv_heads, max_cache_len, st.head_dim);
     for (const char* kv : {".key", ".value"})
       cache["past_key_values." + std::to_string(l) + kv] = backend->allocate(t);
   }

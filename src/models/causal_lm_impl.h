@@ -51,7 +51,8 @@ struct CausalLM::Impl {
 
   // Static KV cache, laid out as the architecture's states() say:
   // past_key_values.{i}.{key,value}, B by S slots by Hkv by D each in the backend's
-  // kv_layout(); and attention_mask (B,S) int32, the key
+  // kv_layout(); recurrent_state.{i}.{conv,delta} for linear-attention layers (LayerState);
+  // and attention_mask (B,S) int32, the key
   // mask over cache slots, uploaded once per generation rather than at every step.
   int64_t cache_batch = 0, cache_len = 0;
   std::map<std::string, std::shared_ptr<backends::Buffer>> cache;
@@ -71,6 +72,9 @@ struct CausalLM::Impl {
   void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks);
   // Bytes of keys and values one position takes over all layers, in the cache dtype.
   int64_t kv_bytes_per_position() const;
+  // Bytes of the linear-attention layers' recurrent state one sequence holds (0 for a model of
+  // attention layers only).
+  int64_t recurrent_bytes_per_sequence() const;
   // Whether the KV cache and pools live in host memory (the CPU backend, XLA's CPU plugin), so
   // that plans are checked against memory_limit_bytes() before allocating them.
   bool state_on_host() const { return device == "cpu" || device == "xla-cpu"; }

@@ -179,7 +179,7 @@ void Attention::declare(std::vector<WeightSpec>& w, const std::string& prefix) c
   if (packed_qkv) {
     Linear{hidden, q + 2 * kv, qkv_bias, ""}.declare(w, prefix + ".qkv_proj");
   } else {
-    Linear{hidden, q, qkv_bias, "colwise"}.declare(w, prefix + ".q_proj");
+    Linear{hidden, output_gate ? 2 * q : q, qkv_bias, "colwise"}.declare(w, prefix + ".q_proj");
     Linear{hidden, kv, qkv_bias, "colwise"}.declare(w, prefix + ".k_proj");
     Linear{hidden, kv, qkv_bias, "colwise"}.declare(w, prefix + ".v_proj");
   }
@@ -208,7 +208,14 @@ Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t 
   }
   // Head counts follow the projections' outputs: a rank of a tensor-parallel model holds only
   // its heads.
-  const int64_t Hq = b.type(q).shape.back() / D, Hkv = b.type(k).shape.back() / D;
+  const int64_t Hq = b.type(q).shape.back() / (output_gate ? 2 * D : D),
+                Hkv = b.type(k).shape.back() / D;
+  Value gate = -1;
+  if (output_gate) {
+    const Value per_head = b.reshape(q, {B, T, Hq, 2 * D});
+    gate = b.reshape(b.slice_last(per_head, D, 2 * D, prefix + ".gate"), {B, T, Hq * D});
+    q = b.slice_last(per_head, 0, D, prefix + ".query");
+  }
   q = b.reshape(q, {B, T, Hq, D});
   k = b.reshape(k, {B, T, Hkv, D});
   v = b.reshape(v, {B, T, Hkv, D});
@@ -251,13 +258,17 @@ Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t 
                    [&] { return b.attention(q, kc, vc, c.start, c.mask, s, options, name); });
   }
   // att (B,T,Hq,D)
-  return linear(c, b.reshape(att, {B, T, Hq * D}), prefix + ".o_proj");
+  att = b.reshape(att, {B, T, Hq * D});
+  if (output_gate)
+    att = b.binary(graph::BinaryFn::kMul, att, b.unary(graph::UnaryFn::kSigmoid, gate),
+                   prefix + ".gated");
+  return linear(c, att, prefix + ".o_proj");
 }
 
-KvCacheSpec Attention::cache(const distributed::TpModel* tp, const std::string& prefix) const {
+LayerState Attention::cache(const distributed::TpModel* tp, const std::string& prefix) const {
   const std::string k = prefix + (packed_qkv ? ".qkv_proj.weight" : ".k_proj.weight");
   const bool split = tp && tp->size() > 1 && tp->shard(k).style == TpStyle::kColwise;
-  return {split ? kv_heads / tp->size() : kv_heads, head_dim};
+  return {.kv_heads = split ? kv_heads / tp->size() : kv_heads, .head_dim = head_dim};
 }
 
 // ---- MLP ----
@@ -336,7 +347,8 @@ void SparseMoE::declare(std::vector<WeightSpec>& w, const std::string& prefix) c
                  WeightRole::kExpertBias,
                  "grouped_gemm"});
   }
-  if (shared) shared->declare(w, prefix + ".shared_experts");
+  if (shared) shared->declare(w, prefix + "." + shared_name);
+  if (shared_gate) Linear{hidden, 1}.declare(w, prefix + ".shared_expert_gate");
 }
 
 Value SparseMoE::keep_top_groups(Ctx& c, Value choice, const std::string& prefix) const {
@@ -438,8 +450,15 @@ Value SparseMoE::operator()(Ctx& c, Value x, const std::string& prefix) const {
                prefix + ".experts.weighted");
   Value out = b.reshape(b.reduce(graph::ReduceFn::kSum, weighted, 2, prefix + ".experts.sum"), xs);
   if (split) out = b.all_reduce(out, -1, group, prefix + ".experts.all_reduce");
-  if (shared)
-    out = b.add(out, (*shared)(c, x, prefix + ".shared_experts"), prefix + ".shared_experts.add");
+  if (shared) {
+    const std::string name = prefix + "." + shared_name;
+    Value y = (*shared)(c, x, name);
+    if (shared_gate)
+      y = b.binary(graph::BinaryFn::kMul, y,
+                   b.unary(graph::UnaryFn::kSigmoid, linear(c, x, prefix + ".shared_expert_gate")),
+                   name + ".gated");
+    out = b.add(out, y, name + ".add");
+  }
   return out;
 }
 
@@ -474,42 +493,47 @@ Value Embedding::operator()(Ctx& c, const std::string& prefix) const {
 
 std::vector<WeightSpec> DecoderModel::weights() const {
   std::vector<WeightSpec> w;
-  embed.declare(w, "model.embed_tokens");
+  embed.declare(w, base + ".embed_tokens");
   for (size_t l = 0; l < blocks.size(); ++l) {
     const DecoderBlock& blk = blocks[l];
-    const std::string n = "model.layers." + std::to_string(l) + ".";
+    const std::string n = base + ".layers." + std::to_string(l) + ".";
     for (const std::string* norm : {&blk.pre_attn, &blk.post_attn, &blk.pre_mlp, &blk.post_mlp})
       if (!norm->empty()) blk.norm.declare(w, n + *norm);
-    blk.attn.declare(w, n + "self_attn");
+    if (blk.linear_attn)
+      blk.linear_attn->declare(w, n + "linear_attn");
+    else
+      blk.attn.declare(w, n + "self_attn");
     if (blk.moe)
       blk.moe->declare(w, n + "mlp");
     else
       blk.mlp.declare(w, n + "mlp");
   }
-  norm.declare(w, "model.norm");
+  norm.declare(w, base + ".norm");
   WeightSpec head{
       "lm_head.weight", {embed.vocab, embed.hidden}, WeightRole::kLinear, "colwise_gather_output"};
   if (tie_word_embeddings) {
     head.required = false;
-    head.tied_to = "model.embed_tokens.weight";
+    head.tied_to = base + ".embed_tokens.weight";
   }
   w.push_back(head);
   return w;
 }
 
-std::vector<KvCacheSpec> DecoderModel::states(const distributed::TpModel* tp) const {
-  std::vector<KvCacheSpec> out;
+std::vector<LayerState> DecoderModel::states(const distributed::TpModel* tp) const {
+  std::vector<LayerState> out;
   for (size_t l = 0; l < blocks.size(); ++l)
-    out.push_back(blocks[l].attn.cache(tp, "model.layers." + std::to_string(l) + ".self_attn"));
+    out.push_back(blocks[l].linear_attn
+                      ? blocks[l].linear_attn->state()
+                      : blocks[l].attn.cache(tp, base + ".layers." + std::to_string(l) + ".self_attn"));
   return out;
 }
 
 void DecoderModel::build(GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype) const {
   Ctx c = begin_step(b, p, s, cache_dtype);
-  Value h = embed(c, "model.embed_tokens");  // (B,T,H)
+  Value h = embed(c, base + ".embed_tokens");  // (B,T,H)
   for (size_t l = 0; l < blocks.size(); ++l) {
     const DecoderBlock& blk = blocks[l];
-    const std::string n = "model.layers." + std::to_string(l) + ".";
+    const std::string n = base + ".layers." + std::to_string(l) + ".";
     auto sublayer = [&](const std::string& pre, const std::string& post, auto&& body,
                         const std::string& residual) {
       Value y = body(blk.norm(c, h, n + pre));
@@ -518,7 +542,11 @@ void DecoderModel::build(GraphBuilder& b, Params& p, const StepShape& s, DType c
     };
     sublayer(
         blk.pre_attn, blk.post_attn,
-        [&](Value x) { return blk.attn(c, x, n + "self_attn", int64_t(l)); }, "residual_attn");
+        [&](Value x) {
+          return blk.linear_attn ? (*blk.linear_attn)(c, x, n + "linear_attn", int64_t(l))
+                                 : blk.attn(c, x, n + "self_attn", int64_t(l));
+        },
+        "residual_attn");
     sublayer(
         blk.pre_mlp, blk.post_mlp,
         [&](Value x) {
@@ -536,7 +564,7 @@ void DecoderModel::build(GraphBuilder& b, Params& p, const StepShape& s, DType c
   } else if (s.logits_to_keep > 0 && s.logits_to_keep < s.new_tokens) {
     h = b.take_last(h, s.logits_to_keep);
   }
-  h = norm(c, h, "model.norm");
+  h = norm(c, h, base + ".norm");
   // A tied lm_head is bound to embed_tokens' buffer (or its own slice of it when the plan splits
   // the two differently).
   Value logits = linear(c, h, "lm_head");

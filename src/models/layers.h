@@ -124,12 +124,44 @@ struct Attention {
   int64_t sliding_window = 0;  // 0: full attention
   float softcap = 0;           // 0: none
   bool sinks = false;          // "<prefix>.sinks" (heads): a logit per head in every softmax
+  // q_proj gives each head its query and then a gate of head_dim: the heads' outputs are
+  // multiplied by sigmoid(gate) before o_proj (Qwen3-Next, Qwen3.5).
+  bool output_gate = false;
   void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
   // x (B,T,hidden) -> (B,T,hidden), writing keys and values into past_key_values.{layer}.
   Value operator()(Ctx& c, Value x, const std::string& prefix, int64_t layer) const;
   // This rank's KV heads: all of them unless the plan splits the heads.
-  KvCacheSpec cache(const distributed::TpModel* tp, const std::string& prefix) const;
+  LayerState cache(const distributed::TpModel* tp, const std::string& prefix) const;
   void validate_tp(const distributed::TpModel& tp, const std::string& prefix) const;
+};
+
+// Gated DeltaNet (Qwen3-Next, Qwen3.5), linear attention over a recurrent state: projections give
+// q and k (key_heads by key_dim), v and an output gate z (value_heads by value_dim), and b and a
+// per value head. q, k and v go through a causal depthwise convolution ("conv1d", conv_width
+// taps, no bias) and silu; q and k are L2-normalised and q scaled by 1/sqrt(key_dim); the gated
+// delta rule (graph.h) runs with beta = sigmoid(b) and decay g = -exp(A_log) softplus(a +
+// dt_bias), each value head reading key head h / (value_heads / key_heads); its output goes
+// through an RMSNorm per head ("norm", eps) times silu(z), then out_proj. Qwen3.5 projects with
+// in_proj_qkv, in_proj_z, in_proj_b and in_proj_a; Qwen3-Next (`grouped`) with in_proj_qkvz and
+// in_proj_ba, whose rows come in groups per key head ([q k v z] and [b a], a group's value heads
+// together). Its weights are whole on every rank under tensor parallelism.
+struct GatedDeltaNet {
+  int64_t hidden = 0, key_heads = 0, value_heads = 0, key_dim = 0, value_dim = 0;
+  int64_t conv_width = 4;
+  float eps = 1e-6f;
+  bool grouped = false;
+  void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
+  // x (B,T,hidden) -> (B,T,hidden), updating recurrent_state.{layer} (the static cache's).
+  Value operator()(Ctx& c, Value x, const std::string& prefix, int64_t layer) const;
+  LayerState state() const;
+
+ private:
+  int64_t conv_channels() const { return 2 * key_heads * key_dim + value_heads * value_dim; }
+  // The convolution's input (B,T,conv_channels) and z (B,T,H,Dv), b and a (B,T,H).
+  struct Projected {
+    Value mixed, z, b, a;
+  };
+  Projected project(Ctx& c, Value x, const std::string& prefix) const;
 };
 
 enum class Activation : uint8_t { kSilu, kGeluTanh };
@@ -174,7 +206,11 @@ struct SparseMoE {
   bool score_bias = false;               // kSigmoid: e_score_correction_bias
   int64_t groups = 1, topk_groups = 1;   // group-limited choice (n_group, topk_group)
   float scaling = 1;                     // routed_scaling_factor
-  std::optional<GatedMLP> shared;        // "<prefix>.shared_experts"
+  std::optional<GatedMLP> shared;        // "<prefix>.<shared_name>"
+  std::string shared_name = "shared_experts";
+  // The shared expert's output times sigmoid("<prefix>.shared_expert_gate" (1, hidden) x)
+  // (Qwen3-Next, Qwen3.5-MoE).
+  bool shared_gate = false;
   std::string router = "gate";           // the router's module (gpt-oss: "router")
   bool router_bias = false;              // "<prefix>.<router>.bias"
   bool expert_bias = false;              // the experts' biases
@@ -212,6 +248,7 @@ struct Embedding {
 // norm names are the checkpoint's; the post norms are optional (GLM-4 and Gemma 3 have them).
 struct DecoderBlock {
   Attention attn;
+  std::optional<GatedDeltaNet> linear_attn;  // instead of attn, under "linear_attn"
   GatedMLP mlp;
   std::optional<SparseMoE> moe;  // instead of mlp, under the same prefix
   RMSNorm norm;                  // all of the block's norms are alike
@@ -222,13 +259,16 @@ struct DecoderBlock {
 // embed_tokens, the blocks, the final norm and lm_head (tied to the embedding when
 // tie_word_embeddings), optionally soft-capped: the whole model as the loader sees it.
 struct DecoderModel {
+  // The stack's checkpoint prefix: "model", or "model.language_model" for the text model of a
+  // multimodal checkpoint (Qwen3.5's).
+  std::string base = "model";
   Embedding embed;
   std::vector<DecoderBlock> blocks;
   RMSNorm norm;
   bool tie_word_embeddings = false;
   float final_softcap = 0;  // 0: none
   std::vector<WeightSpec> weights() const;
-  std::vector<KvCacheSpec> states(const distributed::TpModel* tp) const;
+  std::vector<LayerState> states(const distributed::TpModel* tp) const;
   void build(graph::GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype) const;
   void validate_tp(const distributed::TpModel& tp) const;
 };
@@ -240,7 +280,7 @@ class DecoderArchitecture : public ArchitectureFor<Config> {
  public:
   virtual DecoderModel model(const Config& c) const = 0;
   std::vector<WeightSpec> weights(const Config& c) const override { return model(c).weights(); }
-  std::vector<KvCacheSpec> states(const Config& c, const distributed::TpModel* tp) const override {
+  std::vector<LayerState> states(const Config& c, const distributed::TpModel* tp) const override {
     return model(c).states(tp);
   }
   void build(graph::GraphBuilder& b, Params& p, const Config& c, const StepShape& s,

@@ -160,10 +160,10 @@ void GatedMLP::validate_tp(const TpModel& tp, const std::string& prefix) const {
 
 void DecoderModel::validate_tp(const TpModel& tp) const {
   Checker ck{tp};
-  const std::string emb = "model.embed_tokens.weight";
+  const std::string emb = base + ".embed_tokens.weight";
   if (!replicated(ck.style(emb)) && ck.style(emb) != TpStyle::kEmbeddingRowwise)
     ck.bad(emb, "does not apply to an embedding; use embedding_rowwise or replicate");
-  ck.whole("model.norm.weight", "a norm over features");
+  ck.whole(base + ".norm.weight", "a norm over features");
   const std::string head = "lm_head.weight";
   ck.input_linear_style(head);
   if (splits_output(ck.style(head)) || splits_input(ck.style(head)))
@@ -173,15 +173,24 @@ void DecoderModel::validate_tp(const TpModel& tp) const {
   int64_t kv_local = -1;
   for (size_t l = 0; l < blocks.size(); ++l) {
     const DecoderBlock& blk = blocks[l];
-    const std::string n = "model.layers." + std::to_string(l) + ".";
+    const std::string n = base + ".layers." + std::to_string(l) + ".";
     for (const std::string* norm : {&blk.pre_attn, &blk.post_attn, &blk.pre_mlp, &blk.post_mlp})
       if (!norm->empty()) ck.whole(n + *norm + ".weight", "a norm over features");
-    blk.attn.validate_tp(tp, n + "self_attn");
+    if (blk.linear_attn) {
+      // Whole on every rank: each rank runs the layer and keeps its whole recurrent state.
+      std::vector<WeightSpec> weights;
+      blk.linear_attn->declare(weights, n + "linear_attn");
+      for (const WeightSpec& w : weights)
+        ck.whole(w.name, "a Gated DeltaNet weight (tformers runs those layers whole on every rank)");
+    } else {
+      blk.attn.validate_tp(tp, n + "self_attn");
+    }
     if (blk.moe)
       blk.moe->validate_tp(tp, n + "mlp");
     else
       blk.mlp.validate_tp(tp, n + "mlp");
-    // One cache layout for every layer (the generation loop allocates them alike).
+    // One cache layout for every attention layer (the generation loop allocates them alike).
+    if (blk.linear_attn) continue;
     const int64_t kv = blk.attn.cache(&tp, n + "self_attn").kv_heads;
     if (kv_local >= 0 && kv != kv_local)
       throw InvalidArgumentError("tp_plan: layers must all split attention heads the same way (" +
