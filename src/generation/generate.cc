@@ -37,7 +37,9 @@ void check_plan_memory(const models::ModelRunner& m, int64_t prompts,
   const char* field = beams ? "num_beams" : "num_return_sequences";
   const int64_t per_prompt = beams ? rc.num_beams : rc.num_return_sequences;
   const double rows = double(prompts) * double(per_prompt), V = double(m.vocab_size());
-  const double kv = kv_on_host ? rows * double(cache_len) * double(m.kv_bytes_per_position()) : 0.0;
+  const double kv = kv_on_host ? rows * (double(cache_len) * double(m.kv_bytes_per_position()) +
+                                         double(m.recurrent_bytes_per_sequence()))
+                               : 0.0;
   const double kept_steps =
       double(int(rc.output_scores) + int(rc.output_logits)) * double(rc.max_new_tokens);
   const double logits = rows * V * sizeof(float) * (1 + kept_steps);
@@ -155,7 +157,8 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   std::vector<int32_t> row_pos;
   for (const auto* r : rows) row_pos.push_back(int32_t(r->size()));
   const generation::KeptLayout layout =
-      keeps ? generation::keep_prefix(*kept, *rows[0], new_tokens, S, m.prompt_buckets())
+      keeps ? generation::keep_prefix(*kept, *rows[0], new_tokens, S, m.prompt_buckets(),
+                                      m.recurrent_bytes_per_sequence() > 0)
             : generation::KeptLayout{};
   generation::LeftPadded batch;
   if (layout.reused > 0) {

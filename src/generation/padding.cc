@@ -34,12 +34,12 @@ int64_t bucketed(const std::vector<int64_t>& buckets, int64_t len) {
 }
 
 KeptLayout keep_prefix(const KeptCache& kept, std::span<const int32_t> prompt, int64_t new_tokens,
-                       int64_t cache_len, const std::vector<int64_t>& buckets) {
+                       int64_t cache_len, const std::vector<int64_t>& buckets, bool whole_only) {
   const size_t most = std::min(kept.tokens.size(), prompt.size() - 1);
   const size_t reused = size_t(
       std::mismatch(prompt.begin(), prompt.begin() + int64_t(most), kept.tokens.begin()).first -
       prompt.begin());
-  if (reused == 0) return {};
+  if (reused == 0 || (whole_only && reused != kept.tokens.size())) return {};
   const int64_t first = kept.slots[reused - 1] + 1, rest = int64_t(prompt.size() - reused);
   int64_t padded = bucketed(buckets, rest);
   if (first + padded + new_tokens > cache_len)

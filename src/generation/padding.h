@@ -36,9 +36,12 @@ struct KeptLayout {
 
 // The longest prefix of `prompt` that `kept` holds, less the prompt's last token (computed for
 // its logits), when the rest padded to one of `buckets` (or not padded, where the bucket would
-// not fit) and `new_tokens` fit in `cache_len` after it; reused 0 otherwise.
+// not fit) and `new_tokens` fit in `cache_len` after it; reused 0 otherwise. With `whole_only`
+// (a model with linear-attention layers, whose recurrent state holds every kept token and cannot
+// go back to a shorter prefix) only a prompt that begins with all of kept's tokens reuses them.
 KeptLayout keep_prefix(const KeptCache& kept, std::span<const int32_t> prompt, int64_t new_tokens,
-                       int64_t cache_len, const std::vector<int64_t>& buckets);
+                       int64_t cache_len, const std::vector<int64_t>& buckets,
+                       bool whole_only = false);
 
 // The step over the prompt's rest: ids and positions (1, padded_len), positions counting on
 // from the kept tokens, and the key mask over the cache that shows the kept and the new tokens

@@ -47,6 +47,7 @@ class ModelRunner {
   const GenerationConfig& generation_config() const { return m_.generation_config; }
   const std::vector<int64_t>& prompt_buckets() const { return m_.prompt_buckets; }
   int64_t kv_bytes_per_position() const { return m_.kv_bytes_per_position(); }
+  int64_t recurrent_bytes_per_sequence() const { return m_.recurrent_bytes_per_sequence(); }
   bool state_on_host() const { return m_.state_on_host(); }
   uint64_t compiles() const { return m_.stats.compiles; }
   // The backend's transfers and, on PJRT devices, its executions and their time since load.

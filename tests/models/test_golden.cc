@@ -50,8 +50,16 @@ TEST_P(Golden, Bfloat16LogitsMatchTransformers) {
   // rounding into steps rather than a smooth error: Transformers' own bf16 run differs from its
   // float32 one by up to 0.031 (ours 0.022, measured 2026-12-07).
   const bool gpt_oss = name.find("gpt-oss") != std::string::npos;
-  const bool routed = gpt_oss || name.find("moe") != std::string::npos;
-  const double exact_bound = gpt_oss ? 3e-2 : 2e-2;
+  // The hybrids (Gated DeltaNet beside attention) normalise each head's output, often a small
+  // sum of cancelling terms in a random tiny model, so rounding moves them far more: bf16 caches
+  // and weights put ours 0.064 (hf-qwen3-5) to 0.31 (hf-qwen3-5-moe, where a flipped route
+  // carries on through the recurrent state) from the exact model, and Transformers' own bf16 run
+  // is 0.12 to 0.56 from its float32 one (measured 2026-12-07). The float32 test holds them to
+  // 1e-4.
+  const bool hybrid = name.find("qwen3-next") != std::string::npos ||
+                      name.find("qwen3-5") != std::string::npos;
+  const bool routed = gpt_oss || hybrid || name.find("moe") != std::string::npos;
+  const double exact_bound = hybrid ? 0.4 : gpt_oss ? 3e-2 : 2e-2;
   for (size_t i = 0; i < f32.size(); ++i) {
     Tensor logits = prefill_logits(lm, f32[i].input_ids);
     const int64_t V = lm.config().vocab_size;
@@ -89,10 +97,12 @@ TEST_P(Golden, Float16LogitsMatchFloat32) {
                                                       {.dtype = float16, .device_map = "cpu"});
   EXPECT_EQ(lm.dtype(), float16);
   const int64_t V = lm.config().vocab_size;
+  // The hybrids' rounding sensitivity (above): 6.3e-3 measured on hf-qwen3-5.
+  const double bound = name.find("qwen3-5") != std::string::npos ? 1e-2 : kF16Tolerance;
   for (const auto& c : load_goldens(name, "float32")) {
     const Tensor logits = prefill_logits(lm, c.input_ids);
     for (size_t t = 0; t < c.logits.size(); ++t)
-      EXPECT_LT(row_error(logits.data<float>() + t * V, c.logits[t]), kF16Tolerance)
+      EXPECT_LT(row_error(logits.data<float>() + t * V, c.logits[t]), bound)
           << name << " prompt of " << c.input_ids.size() << " tokens, position " << t;
     const int64_t T = int64_t(c.input_ids.size());
     if (T < 2) continue;
@@ -104,7 +114,7 @@ TEST_P(Golden, Float16LogitsMatchFloat32) {
     a.input_ids = Tensor::from_vector<int32_t>({1, 1}, DType::i32, {c.input_ids.back()});
     a.cache_position = T - 1;
     const Tensor last = lm.forward(a);
-    EXPECT_LT(row_error(last.data<float>(), c.logits.back()), kF16Tolerance) << name << " decode";
+    EXPECT_LT(row_error(last.data<float>(), c.logits.back()), bound) << name << " decode";
   }
 }
 
@@ -128,7 +138,8 @@ INSTANTIATE_TEST_SUITE_P(HfModels, Golden,
                          ::testing::Values("hf-llama", "hf-qwen2", "hf-qwen3", "hf-mistral",
                                            "hf-glm", "hf-glm4", "hf-gemma3", "hf-qwen3-moe",
                                            "hf-mixtral", "hf-glm4-moe", "hf-gpt-oss",
-                                           "hf-gpt-oss-mxfp4"),
+                                           "hf-gpt-oss-mxfp4", "hf-qwen3-next", "hf-qwen3-5",
+                                           "hf-qwen3-5-moe", "hf-qwen3-5-vl"),
                          param_name);
 
 }  // namespace

@@ -28,13 +28,28 @@ heads on 2 KV heads, head_dim 32 != 64 / 4), each with the features of its archi
 |            | partial rotary 0.5 (rotate-half), 3 layers; saved with the fused    |        |
 |            | expert tensors of Transformers 5 (gate_up_proj, down_proj) and a     |        |
 |            | stand-in MTP layer (model.layers.3.*) that loaders must skip          |        |
+| hf-qwen3-next | 3 Gated DeltaNet layers (2 key heads of 16, 4 value heads of 24,    | bf16   |
+|            | conv 4, fused in_proj_qkvz / in_proj_ba) then 1 full-attention layer  |        |
+|            | (gated q_proj, q/k norms, partial rotary 0.25, theta 1e7); 8 experts  |        |
+|            | of 32 (top 2) + gated shared expert of 48, layer 1 dense; untied      |        |
+| hf-qwen3-5 | Qwen3.5 text model: the same layers with separate in_proj_qkv / z /   | f32    |
+|            | b / a, mrope_section [2, 1, 1] in rope_parameters, dense MLP, tied    |        |
+| hf-qwen3-5-moe | as hf-qwen3-5 with 8 experts of 32 (top 2) + a shared expert of | bf16   |
+|            | 48 on every layer, untied                                             |        |
+| hf-qwen3-5-vl | Qwen3_5ForConditionalGeneration as the Hub's Qwen3.5 checkpoints: | f32    |
+|            | hf-qwen3-5's text model (untied) under text_config and               |        |
+|            | model.language_model.*, a 1-block vision tower (model.visual.*),     |        |
+|            | lm_head.weight; goldens of the text path (AutoModelForCausalLM loads |        |
+|            | it as Qwen3_5ForCausalLM)                                             |        |
 
 Weights: Transformers' initialisation (std 0.02) makes the logits nearly flat and greedy a
 sequence of near-ties, so every parameter is redrawn: normal with std 0.3 for embeddings and an
 untied lm_head (logits spread over a few units), 0.1 for projections and biases, norm weights
-1 + N(0, 0.1) (Gemma stores offsets from 1: N(0, 0.1)). With tied embeddings the residual stream
-starts at the token's own embedding and greedy would repeat the last token, so those models use
-std 0.4 for o_proj and down_proj.
+1 + N(0, 0.1) (Gemma, Qwen3-Next and Qwen3.5 store offsets from 1: N(0, 0.1); their Gated
+DeltaNet's gated norm does not, 1 + N(0, 0.1)). With tied embeddings the residual stream starts
+at the token's own embedding and greedy would repeat the last token, so those models use std 0.4
+for o_proj, out_proj and down_proj. Gated DeltaNet: A = exp(A_log) from U(0.05, 1) (moderate
+decays), conv1d taps std 0.5; see redraw().
 
 Run: .venv/bin/python tools/reference/make_hf_models.py [NAME ...] (all without names); twice
 gives byte-identical files.
@@ -67,6 +82,38 @@ GPT_OSS = dict(
     num_experts_per_tok=4, sliding_window=4, swiglu_limit=1.0, attention_bias=True,
     rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
                          beta_slow=1.0, truncate=False, original_max_position_embeddings=16))
+
+# The hybrid linear-attention models (Qwen3-Next, Qwen3.5): 3 Gated DeltaNet layers, then one
+# full-attention layer (gated q_proj, q_norm / k_norm, partial rotary 0.25), as the released
+# configs repeat them. 2 key heads of 16 serve 4 value heads of 24 (key and value head dims
+# differ on purpose), causal conv1d of width 4.
+LINEAR = dict(
+    num_hidden_layers=4,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+    linear_value_head_dim=24, linear_conv_kernel_dim=4)
+# Qwen3.5's rope_parameters nest the multimodal sections as the released configs do ([11, 11, 10]
+# of 32 frequencies there); here rotary_dim 8 has 4 frequencies. Text positions are equal in all
+# three sections, so for text the rope is plain partial rotary.
+QWEN3_5 = dict(
+    LINEAR, tie_word_embeddings=True,
+    rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
+                         mrope_section=[2, 1, 1], mrope_interleaved=True))
+
+
+def qwen3_5_vl_config(**text):
+    """Qwen3.5 as the Hub's checkpoints are saved: Qwen3_5Config with the text model under
+    text_config and a vision tower (here 1 block of width 32, patches 4 x 4 x 2 frames, merged
+    2 x 2 into the text width). The vision token ids are in the tiny vocabulary but in none of
+    the golden prompts; the goldens are of the text path only."""
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3,
+                  patch_size=4, temporal_patch_size=2, spatial_merge_size=2,
+                  out_hidden_size=text["hidden_size"], num_position_embeddings=16)
+    return T.Qwen3_5Config(text_config=text, vision_config=vision,
+                           tie_word_embeddings=text["tie_word_embeddings"],
+                           vision_start_token_id=503, vision_end_token_id=504,
+                           image_token_id=505, video_token_id=506)
+
 
 # name -> (seed, config class, model class, config overrides, storage dtype)
 MODELS = {
@@ -120,24 +167,57 @@ MODELS = {
                              partial_rotary_factor=0.5)), torch.float32),
     "hf-gpt-oss": (2011, T.GptOssConfig, T.GptOssForCausalLM, GPT_OSS, torch.float32),
     "hf-gpt-oss-mxfp4": (2012, T.GptOssConfig, T.GptOssForCausalLM, GPT_OSS, torch.float32),
+    "hf-qwen3-next": (2013, T.Qwen3NextConfig, T.Qwen3NextForCausalLM, dict(
+        LINEAR, tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[1],
+        rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                             partial_rotary_factor=0.25)), torch.bfloat16),
+    "hf-qwen3-5": (2014, T.Qwen3_5TextConfig, T.Qwen3_5ForCausalLM, QWEN3_5, torch.float32),
+    "hf-qwen3-5-moe": (2015, T.Qwen3_5MoeTextConfig, T.Qwen3_5MoeForCausalLM, dict(
+        QWEN3_5, tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=48), torch.bfloat16),
+    "hf-qwen3-5-vl": (2016, qwen3_5_vl_config, T.Qwen3_5ForConditionalGeneration, dict(
+        QWEN3_5, tie_word_embeddings=False), torch.float32),
 }
 
 # Mixtures of experts, and those saved as Transformers 5 holds them in memory (one gate_up_proj and
 # one down_proj per layer) rather than in the per-expert layout save_pretrained converts them to.
-MOE_MODELS = {"hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe"}
+MOE_MODELS = {"hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe", "hf-qwen3-next", "hf-qwen3-5-moe"}
 FUSED_EXPERTS = {"hf-glm4-moe"}
 # Experts stored as MXFP4 blocks and scales, as the released gpt-oss checkpoints are.
 MXFP4_EXPERTS = {"hf-gpt-oss-mxfp4"}
+# RMSNorms that scale by 1 + weight (weights stored as offsets from 1).
+OFFSET_NORMS = {"hf-gemma3", "hf-qwen3-next", "hf-qwen3-5", "hf-qwen3-5-moe", "hf-qwen3-5-vl"}
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
 
 
-def redraw(model, seed, tied, gemma):
+def redraw(model, seed, tied, offset_norms):
     """Every parameter drawn again, in named_parameters order, from one seeded generator."""
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or "layernorm" in name:
-                p.copy_(torch.randn_like(p) * 0.1 + (0.0 if gemma else 1.0))
+            if "visual." in name:
+                # Qwen3.5's vision tower (LayerNorms with weight and bias): not used by the text
+                # goldens, drawn so that no tensor of the checkpoint is degenerate.
+                layernorm = ".norm" in name and name.endswith("weight")
+                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if layernorm else 0.0))
+            elif name.endswith("linear_attn.norm.weight"):
+                # The gated RMSNorm of a Gated DeltaNet multiplies by its weight itself (ones at
+                # init), unlike the offset norms of the rest of Qwen3-Next and Qwen3.5.
+                p.copy_(torch.randn_like(p) * 0.1 + 1.0)
+            elif name.endswith("norm.weight") or "layernorm" in name:
+                p.copy_(torch.randn_like(p) * 0.1 + (0.0 if offset_norms else 1.0))
+            elif name.endswith("linear_attn.A_log"):
+                # The decay per token is exp(-exp(A_log) * softplus(a + dt_bias)). Drawn like
+                # the rest (A near 1) it would be 0.23 to 0.76, median 0.5 (half the state gone
+                # at every token); A = exp(A_log) from U(0.05, 1) gives 0.4 to 0.95 (5th to
+                # 95th percentile over the golden prompts, 98% or more in [0.3, 0.99]).
+                p.copy_(torch.empty_like(p).uniform_(0.05, 1.0).log())
+            elif name.endswith("linear_attn.conv1d.weight"):
+                # Depthwise taps of width 4: std 0.5 (as PyTorch's own Conv1d init, U(+-1/2)),
+                # so that the silu after the convolution is not in its near-linear range.
+                p.copy_(torch.randn_like(p) * 0.5)
             elif "embed_tokens" in name or "lm_head" in name:
                 p.copy_(torch.randn_like(p) * 0.3)
             elif name.endswith("sinks"):
@@ -147,7 +227,8 @@ def redraw(model, seed, tied, gemma):
                 # gpt-oss routes by the top k of 8 logits: spread them, so that rounding the
                 # weights to bf16 rarely swaps two experts at the edge of the top k.
                 p.copy_(torch.randn_like(p) * 1.0)
-            elif tied and ("o_proj" in name or "down_proj" in name) and name.endswith("weight"):
+            elif (tied and ("o_proj" in name or "out_proj" in name or "down_proj" in name)
+                  and name.endswith("weight")):
                 p.copy_(torch.randn_like(p) * 0.4)
             else:
                 p.copy_(torch.randn_like(p) * 0.1)
@@ -238,7 +319,7 @@ def build(name):
     # Built in float32 and seeded, so the draw does not depend on the storage dtype.
     torch.manual_seed(seed)
     model = model_cls(config).to(torch.float32).eval()
-    redraw(model, seed, config.tie_word_embeddings, name == "hf-gemma3")
+    redraw(model, seed, config.tie_word_embeddings, name in OFFSET_NORMS)
     packed = use_mxfp4(model) if name in MXFP4_EXPERTS else None
     model = model.to(storage)
     model.generation_config = T.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)

@@ -26,26 +26,32 @@ void causal_conv1d(const float* x, const float* w, float* state, const int32_t* 
                    float* y, int64_t B, int64_t T, int64_t C, int64_t K, int64_t S, int64_t start,
                    ThreadPool& pool) {
   const int64_t keep = K - 1;
-  // u(i) for i in [0, keep + T): the state's rows (zeros for a new sequence), then x (a padding
-  // token's as zeros). Channels are independent, so threads take blocks of them.
+  // Per channel (channels are independent, so threads take blocks of them) a window of the last
+  // K - 1 real inputs, starting from the state's (zeros for a new sequence); padding tokens are
+  // skipped.
   pool.parallel_for(
       B * C,
       [&](int64_t lo, int64_t hi, int) {
-        std::vector<float> u(static_cast<size_t>(keep + T));
+        std::vector<float> win(static_cast<size_t>(keep));
         for (int64_t bc = lo; bc < hi; ++bc) {
           const int64_t b = bc / C, c = bc % C;
           float* st = state + b * keep * C + c;
-          for (int64_t i = 0; i < keep; ++i) u[size_t(i)] = start == 0 ? 0.0f : st[i * C];
-          for (int64_t t = 0; t < T; ++t)
-            u[size_t(keep + t)] =
-                real_token(key_mask, S, b, start + t) ? x[(b * T + t) * C + c] : 0.0f;
+          for (int64_t i = 0; i < keep; ++i) win[size_t(i)] = start == 0 ? 0.0f : st[i * C];
           const float* wc = w + c * K;
           for (int64_t t = 0; t < T; ++t) {
-            float acc = 0;
-            for (int64_t j = 0; j < K; ++j) acc += wc[j] * u[size_t(t + j)];
-            y[(b * T + t) * C + c] = acc;
+            float& out = y[(b * T + t) * C + c];
+            if (!real_token(key_mask, S, b, start + t)) {
+              out = 0;
+              continue;
+            }
+            const float xt = x[(b * T + t) * C + c];
+            float acc = wc[keep] * xt;
+            for (int64_t j = 0; j < keep; ++j) acc += wc[j] * win[size_t(j)];
+            out = acc;
+            std::copy(win.begin() + 1, win.end(), win.begin());
+            win[size_t(keep - 1)] = xt;
           }
-          for (int64_t i = 0; i < keep; ++i) st[i * C] = u[size_t(T + i)];
+          for (int64_t i = 0; i < keep; ++i) st[i * C] = win[size_t(i)];
         }
       },
       64);
