@@ -65,7 +65,9 @@ struct ServingConfig {
   // and chunks run as one packed forward.
   int64_t max_prefill_tokens = 512;
   // Full KV blocks are kept under the hash of their prefix, and a request that begins with
-  // cached blocks shares them and prefills only the rest (vLLM's enable_prefix_caching).
+  // cached blocks shares them and prefills only the rest (vLLM's enable_prefix_caching). Off for
+  // models with linear-attention layers (Qwen3.5, Qwen3-Next), whose recurrent state at a block's
+  // end no block keeps yet.
   bool enable_prefix_caching = true;
 };
 

@@ -54,6 +54,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "core/memory.h"
 #include "core/thread_pool.h"
@@ -131,6 +132,8 @@ struct ServingEngine::Impl {
     // it). Its state is a function of the tokens, so a preempted sequence resumes with it as is.
     std::shared_ptr<generation::TokenMatcher> matcher;
     generation::BlockManager::Table table;  // the positions computed so far
+    // Its slot in the recurrent state pools while admitted (models with linear attention).
+    int32_t state_slot = -1;
   };
 
   models::ModelRunner m;
@@ -157,6 +160,10 @@ struct ServingEngine::Impl {
   // steps, where the backend runs them); else each chunk is a forward of its own.
   bool packing = false;
   std::optional<generation::BlockManager> blocks;
+  // A model with linear-attention layers keeps a recurrent state per sequence in a slot of its
+  // pools, taken at admission and given back when the sequence ends or is preempted.
+  bool recurrent = false;
+  std::vector<int32_t> free_slots;
   // Reused from step to step: the logits of each batch size, the logits of a step's prompt
   // chunks when each is a forward of its own, and each row's choice.
   std::map<int64_t, Tensor> logits_by_rows;
@@ -251,7 +258,8 @@ struct ServingEngine::Impl {
   static models::SequenceChunk chunk(const Sequence& s, int64_t from, int64_t to) {
     return {.tokens = std::span(s.tokens).subspan(size_t(from), size_t(to - from)),
             .position = from,
-            .blocks = s.table.blocks};
+            .blocks = s.table.blocks,
+            .state_slot = s.state_slot};
   }
   void note_compiles() { compiles = m.compiles(); }
   // The logits of a step of `rows` rows, (rows, 1, V), allocated at its first use.
@@ -299,7 +307,9 @@ void ServingEngine::Impl::configure() {
   check(cfg.num_blocks <= INT32_MAX, "num_blocks must fit int32");
   // Checked before the pool is allocated: kv_cache_bytes or num_blocks from a command line may
   // be absurd. On an accelerator the pool is device memory, whose allocation fails on its own.
-  const double pool_bytes = double(cfg.num_blocks) * double(block_bytes);
+  const double pool_bytes =
+      double(cfg.num_blocks) * double(block_bytes) +
+      double(cfg.max_num_seqs) * double(m.recurrent_bytes_per_sequence());
   const uint64_t limit = memory_limit_bytes();
   check(!m.state_on_host() || pool_bytes <= double(limit),
         "a KV pool of " + std::to_string(cfg.num_blocks) + " blocks of " +
@@ -311,7 +321,11 @@ void ServingEngine::Impl::configure() {
   // A prefill step takes at most max_prefill_tokens prompt positions, or one block where that is
   // less (plan_chunk), and never more than a context each of the sequences it may hold (packed,
   // up to max_num_seqs; else one): no bucket above that is ever run.
-  packing = m.packs_sequences();
+  // A model with linear-attention layers runs a sequence per row, and caches no prefixes: a
+  // cached block's keys and values would skip positions whose recurrent state no block keeps.
+  recurrent = m.recurrent_bytes_per_sequence() > 0;
+  if (recurrent) cfg.enable_prefix_caching = false;
+  packing = m.packs_sequences() && !recurrent;
   const int64_t longest_chunk = std::min((packing ? cfg.max_num_seqs : 1) * cfg.max_model_len,
                                          std::max(cfg.max_prefill_tokens, cfg.block_size));
   // A context of at most 16 positions has no bucket below it, only that one.
@@ -346,7 +360,9 @@ void ServingEngine::Impl::configure() {
           "load the model again for a second one");
     serving = true;
   }
-  m.allocate_pool(cfg.num_blocks, cfg.block_size, table_blocks);
+  m.allocate_pool(cfg.num_blocks, cfg.block_size, table_blocks, cfg.max_num_seqs);
+  if (recurrent)
+    for (int32_t slot = int32_t(cfg.max_num_seqs) - 1; slot >= 0; --slot) free_slots.push_back(slot);
   blocks.emplace(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching);
 }
 
@@ -411,6 +427,7 @@ std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequenc
 void ServingEngine::Impl::release(Sequence& s) {
   blocks->release(s.table);
   publish_blocks();
+  if (s.state_slot >= 0) free_slots.push_back(std::exchange(s.state_slot, -1));
 }
 
 void ServingEngine::Impl::finish(Sequence& s, const std::string& reason, const std::string& error) {
@@ -483,12 +500,17 @@ ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s, int64_t& budg
       !packing || first ||
       (int64_t(prefilling.size()) + 1) * kTokensPerPlace <= cfg.prefill_buckets.back();
   const bool fits = hit == P || (end > 0 && placed);
-  if (!fits || blocks->free_blocks() - need < blocks_needed_by_decode() ||
+  const bool slot = !recurrent || s.state_slot >= 0 || !free_slots.empty();
+  if (!fits || !slot || blocks->free_blocks() - need < blocks_needed_by_decode() ||
       !blocks->grow(s.table, done)) {
     blocks->release(s.table);
     return Admit::kNoRoom;
   }
   publish_blocks();
+  if (recurrent && s.state_slot < 0) {
+    s.state_slot = free_slots.back();
+    free_slots.pop_back();
+  }
   budget = left;
   prefix_queries += uint64_t(L);
   prefix_hits += uint64_t(hit);
@@ -593,8 +615,7 @@ int64_t ServingEngine::Impl::blocks_needed_by_decode() const {
 void ServingEngine::Impl::preempt() {
   std::unique_ptr<Sequence> s = std::move(running.back());
   running.pop_back();
-  blocks->release(s->table);
-  publish_blocks();
+  release(*s);
   ++preemptions;
   std::lock_guard<std::mutex> lock(mu);
   waiting.push_front(std::move(s));

@@ -467,20 +467,27 @@ void GraphBuilder::check_recurrent_operands(Value state, const Shape& want, Valu
            m.str());
 }
 
-Value GraphBuilder::causal_conv1d(Value x, Value w, Value state, Value start, Value key_mask,
-                                  const std::string& name) {
+void GraphBuilder::check_paged_recurrent_operands(Value pool, const Shape& each, Value slots,
+                                                  Value pos, int64_t B, int64_t T,
+                                                  const std::string& name) const {
+  const TensorType& p = type(pool);
+  TF_CHECK(p.dtype == DType::f32 && p.shape.size() == each.size() + 1 && p.shape[0] >= 1 &&
+               std::equal(each.begin(), each.end(), p.shape.begin() + 1),
+           name, ": pool ", p.str());
+  TF_CHECK(type(slots) == TensorType({DType::i32, {B}}), name, ": slots ", type(slots).str());
+  TF_CHECK(type(pos) == TensorType({DType::i32, {B, T}}), name, ": pos ", type(pos).str());
+}
+
+Shape GraphBuilder::conv_state_shape(Value x, Value w, const std::string& name) const {
   const TensorType &xt = type(x), &wt = type(w);
   TF_CHECK(is_float(xt.dtype) && xt.shape.size() == 3 && is_float(wt.dtype) &&
                wt.shape.size() == 2 && wt.shape[0] == xt.shape[2] && wt.shape[1] >= 2,
            name, ": x ", xt.str(), " w ", wt.str());
-  check_recurrent_operands(state, {xt.shape[0], wt.shape[1] - 1, xt.shape[2]}, start, key_mask,
-                           xt.shape[0], name);
-  return add_node(Op::kCausalConv1d, {x, w, state, start, key_mask}, {activation(), xt.shape},
-                  name);
+  return {wt.shape[1] - 1, xt.shape[2]};
 }
 
-Value GraphBuilder::gated_delta_rule(Value q, Value k, Value v, Value g, Value beta, Value state,
-                                     Value start, Value key_mask, const std::string& name) {
+Shape GraphBuilder::delta_state_shape(Value q, Value k, Value v, Value g, Value beta,
+                                      const std::string& name) const {
   const Shape &qs = type(q).shape, &vs = type(v).shape;
   TF_CHECK(qs.size() == 4 && type(k).shape == qs && vs.size() == 4 && vs[0] == qs[0] &&
                vs[1] == qs[1] && vs[2] % qs[2] == 0,
@@ -489,8 +496,51 @@ Value GraphBuilder::gated_delta_rule(Value q, Value k, Value v, Value g, Value b
   TF_CHECK(type(g).shape == gate && type(beta).shape == gate, name, ": g ", type(g).str(),
            " beta ", type(beta).str());
   for (Value f : {q, k, v, g, beta}) TF_CHECK(is_float(type(f).dtype), name, ": float operands");
-  check_recurrent_operands(state, {vs[0], vs[2], qs[3], vs[3]}, start, key_mask, vs[0], name);
+  return {vs[2], qs[3], vs[3]};
+}
+
+namespace {
+
+Shape with_rows(int64_t rows, const Shape& each) {
+  Shape s{rows};
+  s.insert(s.end(), each.begin(), each.end());
+  return s;
+}
+
+}  // namespace
+
+Value GraphBuilder::causal_conv1d(Value x, Value w, Value state, Value start, Value key_mask,
+                                  const std::string& name) {
+  const Shape& xs = type(x).shape;
+  const Shape each = conv_state_shape(x, w, name);
+  check_recurrent_operands(state, with_rows(xs[0], each), start, key_mask, xs[0], name);
+  return add_node(Op::kCausalConv1d, {x, w, state, start, key_mask}, {activation(), xs}, name);
+}
+
+Value GraphBuilder::gated_delta_rule(Value q, Value k, Value v, Value g, Value beta, Value state,
+                                     Value start, Value key_mask, const std::string& name) {
+  const Shape& vs = type(v).shape;
+  const Shape each = delta_state_shape(q, k, v, g, beta, name);
+  check_recurrent_operands(state, with_rows(vs[0], each), start, key_mask, vs[0], name);
   return add_node(Op::kGatedDeltaRule, {q, k, v, g, beta, state, start, key_mask},
+                  {activation(), vs}, name);
+}
+
+Value GraphBuilder::paged_causal_conv1d(Value x, Value w, Value pool, Value slots, Value pos,
+                                        const std::string& name) {
+  const Shape& xs = type(x).shape;
+  check_paged_recurrent_operands(pool, conv_state_shape(x, w, name), slots, pos, xs[0], xs[1],
+                                 name);
+  return add_node(Op::kPagedCausalConv1d, {x, w, pool, slots, pos}, {activation(), xs}, name);
+}
+
+Value GraphBuilder::paged_gated_delta_rule(Value q, Value k, Value v, Value g, Value beta,
+                                           Value pool, Value slots, Value pos,
+                                           const std::string& name) {
+  const Shape& vs = type(v).shape;
+  check_paged_recurrent_operands(pool, delta_state_shape(q, k, v, g, beta, name), slots, pos,
+                                 vs[0], vs[1], name);
+  return add_node(Op::kPagedGatedDeltaRule, {q, k, v, g, beta, pool, slots, pos},
                   {activation(), vs}, name);
 }
 

@@ -133,6 +133,11 @@ class GraphBuilder {
                       const std::string& name = "");
   Value gated_delta_rule(Value q, Value k, Value v, Value g, Value beta, Value state, Value start,
                          Value key_mask, const std::string& name = "");
+  // The paged forms: `state` is a pool of states, slots (B) and pos (B,T) int32 inputs.
+  Value paged_causal_conv1d(Value x, Value w, Value pool, Value slots, Value pos,
+                            const std::string& name = "");
+  Value paged_gated_delta_rule(Value q, Value k, Value v, Value g, Value beta, Value pool,
+                               Value slots, Value pos, const std::string& name = "");
   // A node of another graph, its operands already renumbered into this one (graph/ops.h's
   // decompose()).
   Value copy(Node node) { return graph_.add(std::move(node)); }
@@ -151,6 +156,14 @@ class GraphBuilder {
   // The state (f32 of shape `want`), start and key mask (B, S) of a linear-attention op, checked.
   void check_recurrent_operands(Value state, const Shape& want, Value start, Value key_mask,
                                 int64_t B, const std::string& name) const;
+  // The same for the paged forms: a pool of states of shape `each`, slots (B) and pos (B,T).
+  void check_paged_recurrent_operands(Value pool, const Shape& each, Value slots, Value pos,
+                                      int64_t B, int64_t T, const std::string& name) const;
+  // The operands of a causal convolution or a delta rule, checked, and the shape of one row's
+  // state.
+  Shape conv_state_shape(Value x, Value w, const std::string& name) const;
+  Shape delta_state_shape(Value q, Value k, Value v, Value g, Value beta,
+                          const std::string& name) const;
   AttentionAttrs attention_attrs(float scale, const AttentionOptions& o, int64_t Hq,
                                  std::vector<int>& inputs, const std::string& name) const;
   Value add_node(Op op, std::vector<int> inputs, TensorType type, std::string name,

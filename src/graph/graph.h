@@ -113,16 +113,24 @@ enum class Op : uint8_t {
                    // and value head h (reading key head h / (H / Hk)), S = exp(g) S;
                    // S += k (beta (v - S^T k))^T; y = S^T q (q and k as given: normalised and
                    // scaled by the caller)
+  // The same over the paged cache of continuous batching: the state of row b is
+  // pool[slots[b]] (slots (B) int32, negative for a padding row), token (b,t) is real when
+  // pos[b,t] >= 0, and a row's state counts as zeros when its first real token is at position 0.
+  kPagedCausalConv1d,    // (x, w, pool f32 (N,K-1,C), slots (B), pos (B,T)) -> (B,T,C)
+  kPagedGatedDeltaRule,  // (q, k, v, g, beta, pool f32 (N,H,Dk,Dv), slots (B), pos (B,T))
+                         // -> (B,T,H,Dv)
 };
 
 // The number of ops: every Op is below it.
-constexpr size_t kOpCount = size_t(Op::kGatedDeltaRule) + 1;
+constexpr size_t kOpCount = size_t(Op::kPagedGatedDeltaRule) + 1;
 
 const char* op_name(Op op);
 // The operand a node of `op` writes in place beside computing its own value (the state of the
 // linear-attention ops), or -1: the backends keep that state's latest value from it.
 inline int side_written_operand(Op op) {
-  return op == Op::kCausalConv1d ? 2 : op == Op::kGatedDeltaRule ? 5 : -1;
+  if (op == Op::kCausalConv1d || op == Op::kPagedCausalConv1d) return 2;
+  if (op == Op::kGatedDeltaRule || op == Op::kPagedGatedDeltaRule) return 5;
+  return -1;
 }
 // Parameters, states and inputs: the leaves a graph binds.
 inline bool is_leaf(Op op) { return op == Op::kParameter || op == Op::kState || op == Op::kInput; }

@@ -113,6 +113,8 @@ constexpr OpDef kOps[] = {
     TF_OP(kLinearIdQuant, "linear_id_quant", attrs_index<LinearIdAttrs>(), 4, 6, nullptr),
     TF_OP(kCausalConv1d, "causal_conv1d", kNone, 5, 5, nullptr),
     TF_OP(kGatedDeltaRule, "gated_delta_rule", kNone, 8, 8, nullptr),
+    TF_OP(kPagedCausalConv1d, "paged_causal_conv1d", kNone, 5, 5, nullptr),
+    TF_OP(kPagedGatedDeltaRule, "paged_gated_delta_rule", kNone, 8, 8, nullptr),
 };
 #undef TF_OP
 

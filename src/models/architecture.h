@@ -105,6 +105,10 @@ struct StepShape {
   // row): a block table row per sequence, each token's sequence an input, and the logits of
   // each sequence's last token.
   int64_t sequences = 0;
+  // A paged step of a model with linear-attention layers: the slots of its recurrent state
+  // pools (recurrent_pool.{i}.{conv,delta}, slots by a state's shape) and the input state_slot
+  // (B) int32, each row's slot (negative for padding). 0: the model has none.
+  int64_t state_slots = 0;
   bool paged() const { return kv_blocks > 0; }
   auto operator<=>(const StepShape&) const = default;
 };

@@ -583,26 +583,36 @@ void CausalLM::Impl::run(Step& s, std::span<const Tensor* const> inputs,
   io::check_mapped_files();
 }
 
-void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks) {
+void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks,
+                                   int64_t state_slots) {
   pool_table_blocks = table_blocks;
-  if (blocks == pool_blocks && block_size == pool_block_size) return;
+  const std::vector<models::LayerState> layers = arch->states(*arch_config, tp.get());
+  if (recurrent_bytes_per_sequence() == 0) state_slots = 0;
+  if (blocks == pool_blocks && block_size == pool_block_size && state_slots == pool_state_slots)
+    return;
+  TF_CHECK(state_slots > 0 || recurrent_bytes_per_sequence() == 0,
+           "a model with linear-attention layers needs recurrent state slots in its pools");
   kv_pool.clear();
   std::erase_if(steps, [](const auto& s) { return s.first.paged(); });  // bound to the old pools
-  const std::vector<models::LayerState> layers = arch->states(*arch_config, tp.get());
   for (size_t l = 0; l < layers.size(); ++l) {
-    if (layers[l].recurrent())
-      throw UnsupportedError(
-          "continuous batching: layer " + std::to_string(l) +
-          " of this model is linear attention, whose recurrent state the paged KV cache does not "
-          "hold yet; generate() runs it");
-    const graph::TensorType t =
-        graph::kv_cache_type(backend->kv_layout(), cache_dtype, blocks, layers[l].kv_heads,
-                             block_size, layers[l].head_dim);
+    const models::LayerState& st = layers[l];
+    if (st.recurrent()) {
+      // A slot per sequence a step may hold; never cleared (a sequence's first step zeroes it).
+      const std::string name = "recurrent_pool." + std::to_string(l);
+      kv_pool[name + ".conv"] =
+          backend->allocate({DType::f32, {state_slots, st.conv_width - 1, st.conv_channels}});
+      kv_pool[name + ".delta"] =
+          backend->allocate({DType::f32, {state_slots, st.heads, st.key_dim, st.value_dim}});
+      continue;
+    }
+    const graph::TensorType t = graph::kv_cache_type(backend->kv_layout(), cache_dtype, blocks,
+                                                     st.kv_heads, block_size, st.head_dim);
     for (const char* kv : {".key", ".value"})
       kv_pool["kv_pool." + std::to_string(l) + kv] = backend->allocate(t);
   }
   pool_blocks = blocks;
   pool_block_size = block_size;
+  pool_state_slots = state_slots;
 }
 
 int64_t CausalLM::Impl::kv_bytes_per_position() const {

@@ -67,9 +67,13 @@ struct CausalLM::Impl {
   // each, in the backend's kv_layout();
   // block tables of pool_table_blocks entries per sequence.
   int64_t pool_blocks = 0, pool_block_size = 0, pool_table_blocks = 0;
+  // With linear-attention layers, their recurrent_pool.{i}.{conv,delta}: a state per slot, a
+  // slot per sequence a paged step holds (StepShape::state_slots).
+  int64_t pool_state_slots = 0;
   std::map<std::string, std::shared_ptr<backends::Buffer>> kv_pool;
   // Allocates the pools (or keeps them if the sizes match); paged steps bind to them.
-  void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks);
+  void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks,
+                     int64_t state_slots);
   // Bytes of keys and values one position takes over all layers, in the cache dtype.
   int64_t kv_bytes_per_position() const;
   // Bytes of the linear-attention layers' recurrent state one sequence holds (0 for a model of

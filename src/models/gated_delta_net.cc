@@ -56,21 +56,24 @@ GatedDeltaNet::Projected GatedDeltaNet::project(Ctx& c, Value x, const std::stri
 }
 
 Value GatedDeltaNet::operator()(Ctx& c, Value x, const std::string& prefix, int64_t layer) const {
-  if (c.s.paged())
-    throw UnsupportedError(
-        "Gated DeltaNet layers keep a recurrent state per sequence, which the paged KV cache of "
-        "continuous batching (tformers serve) does not hold yet; run the model with generate()");
+  TF_CHECK(!c.s.paged() || (c.s.state_slots > 0 && c.s.sequences == 0), prefix,
+           ": a paged step of a model with recurrent state needs state slots, one sequence a row");
   GraphBuilder& b = c.b;
   const int64_t B = c.s.batch, T = c.s.new_tokens, H = value_heads, Hk = key_heads;
   const int64_t Dk = key_dim, Dv = value_dim, C = conv_channels();
-  const std::string state = "recurrent_state." + std::to_string(layer);
+  // The static cache's row of each batch row, or the paged pools' slot of each.
+  const bool paged = c.s.paged();
+  const std::string state =
+      (paged ? "recurrent_pool." : "recurrent_state.") + std::to_string(layer);
+  const int64_t rows = paged ? c.s.state_slots : B;
   const Projected in = project(c, x, prefix);
 
-  const Value conv_state = b.state(state + ".conv", {DType::f32, {B, conv_width - 1, C}});
+  const Value conv_state = b.state(state + ".conv", {DType::f32, {rows, conv_width - 1, C}});
   const Value w = b.reshape(c.p(prefix + ".conv1d.weight"), {C, conv_width});
+  const std::string conv = prefix + ".conv1d";
   const Value mixed = b.unary(
-      UnaryFn::kSilu,
-      b.causal_conv1d(in.mixed, w, conv_state, c.start, c.mask, prefix + ".conv1d"));
+      UnaryFn::kSilu, paged ? b.paged_causal_conv1d(in.mixed, w, conv_state, c.slots, c.pos, conv)
+                            : b.causal_conv1d(in.mixed, w, conv_state, c.start, c.mask, conv));
 
   // q and k L2-normalised over each head (as fla's l2norm: x rsqrt(sum x^2 + 1e-6)), q then
   // scaled by 1/sqrt(Dk) as the delta rule's kernels do.
@@ -97,9 +100,11 @@ Value GatedDeltaNet::operator()(Ctx& c, Value x, const std::string& prefix, int6
   const Value g = b.binary(BinaryFn::kMul, b.unary(UnaryFn::kNeg, decay),
                            b.unary(UnaryFn::kSoftplus, a), prefix + ".g");
 
-  const Value delta_state = b.state(state + ".delta", {DType::f32, {B, H, Dk, Dv}});
-  Value y = b.gated_delta_rule(q, k, v, g, beta, delta_state, c.start, c.mask,
-                               prefix + ".delta_rule");  // (B,T,H,Dv)
+  const Value delta_state = b.state(state + ".delta", {DType::f32, {rows, H, Dk, Dv}});
+  const std::string rule = prefix + ".delta_rule";
+  Value y = paged ? b.paged_gated_delta_rule(q, k, v, g, beta, delta_state, c.slots, c.pos, rule)
+                  : b.gated_delta_rule(q, k, v, g, beta, delta_state, c.start, c.mask,
+                                       rule);  // (B,T,H,Dv)
   y = b.rms_norm(y, c.p(prefix + ".norm.weight"), eps, prefix + ".norm");
   y = b.binary(BinaryFn::kMul, y, b.unary(UnaryFn::kSilu, in.z), prefix + ".gated");
   return linear(c, b.reshape(y, {B, T, H * Dv}), prefix + ".out_proj");

@@ -72,6 +72,7 @@ struct Ctx {
   Value start = -1, mask = -1;  // static cache: cache_position (); attention_mask (B,S)
   Value table = -1;             // paged cache: block_table (B or sequences, table_blocks)
   Value rows = -1;              // a packed paged step: sequence_index (B,T), each token's table row
+  Value slots = -1;             // a paged step's state_slot (B), with linear-attention layers
 };
 // Declares the step's inputs.
 Ctx begin_step(graph::GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype);
@@ -151,7 +152,8 @@ struct GatedDeltaNet {
   float eps = 1e-6f;
   bool grouped = false;
   void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
-  // x (B,T,hidden) -> (B,T,hidden), updating recurrent_state.{layer} (the static cache's).
+  // x (B,T,hidden) -> (B,T,hidden), updating recurrent_state.{layer} (the static cache's) or the
+  // paged pools' recurrent_pool.{layer} at each row's state slot.
   Value operator()(Ctx& c, Value x, const std::string& prefix, int64_t layer) const;
   LayerState state() const;
 

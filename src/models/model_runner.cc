@@ -63,9 +63,10 @@ void ModelRunner::run_static(Step& step, const Tensor& ids, const Tensor& positi
   m_.run(step, inputs, outputs);
 }
 
-void ModelRunner::allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks) {
-  send(Call::kAllocatePool, blocks, block_size, table_blocks);
-  m_.allocate_pool(blocks, block_size, table_blocks);
+void ModelRunner::allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks,
+                                int64_t state_slots) {
+  send(Call::kAllocatePool, blocks, block_size, table_blocks, state_slots);
+  m_.allocate_pool(blocks, block_size, table_blocks, state_slots);
 }
 
 ModelRunner::Step& ModelRunner::prepare_paged(int64_t rows, int64_t tokens, int64_t sequences) {
@@ -83,7 +84,8 @@ ModelRunner::Step& ModelRunner::prepare_paged(int64_t rows, int64_t tokens, int6
                   .kv_blocks = m_.pool_blocks,
                   .block_size = m_.pool_block_size,
                   .table_blocks = m_.pool_table_blocks,
-                  .sequences = sequences});
+                  .sequences = sequences,
+                  .state_slots = m_.pool_state_slots});
 }
 
 bool ModelRunner::packs_sequences() const { return m_.backend->capabilities().packs_sequences; }
@@ -100,7 +102,9 @@ void ModelRunner::run_paged(Step& step, std::span<const SequenceChunk> seqs, Ten
   Tensor pos = Tensor::zeros({rows, tokens}, DType::i32);
   Tensor index = packed ? Tensor::zeros({rows, tokens}, DType::i32) : Tensor();
   Tensor table = Tensor::zeros({capacity, MB}, DType::i32);
+  Tensor slots = step.shape.state_slots ? Tensor::zeros({rows}, DType::i32) : Tensor();
   std::fill_n(pos.data<int32_t>(), pos.numel(), -1);
+  if (slots.defined()) std::fill_n(slots.data<int32_t>(), rows, -1);
   int64_t total = 0;
   for (size_t r = 0; r < seqs.size(); ++r) {
     const SequenceChunk& c = seqs[r];
@@ -113,6 +117,13 @@ void ModelRunner::run_paged(Step& step, std::span<const SequenceChunk> seqs, Ten
           " blocks, but this step takes 1 to " + std::to_string(tokens) + " tokens and at most " +
           std::to_string(MB) + " blocks per sequence");
     std::copy(c.blocks.begin(), c.blocks.end(), table.data<int32_t>() + int64_t(r) * MB);
+    if (slots.defined()) {
+      if (c.state_slot < 0 || c.state_slot >= step.shape.state_slots)
+        throw InvalidArgumentError("run_paged: sequence " + std::to_string(r) + " has state slot " +
+                                   std::to_string(c.state_slot) + ", outside the pools' " +
+                                   std::to_string(step.shape.state_slots));
+      slots.data<int32_t>()[r] = c.state_slot;
+    }
   }
   if (packed && total > tokens)
     throw InvalidArgumentError("run_paged: " + std::to_string(total) +
@@ -141,8 +152,10 @@ void ModelRunner::run_paged(Step& step, std::span<const SequenceChunk> seqs, Ten
       for (int64_t t = 0; t + 1 < int64_t(seqs[r].tokens.size()); ++t)
         place(at < tokens ? at++ : before++, r, t);
   }
-  Tensor* inputs[] = {&ids, &pos, &table, &index};
-  run_paged_inputs(step, std::span(inputs, packed ? 4 : 3), logits);
+  std::vector<Tensor*> inputs = {&ids, &pos, &table};
+  if (packed) inputs.push_back(&index);
+  if (slots.defined()) inputs.push_back(&slots);
+  run_paged_inputs(step, inputs, logits);
 }
 
 void ModelRunner::run_paged_inputs(Step& step, std::span<Tensor* const> inputs, Tensor& logits) {
@@ -151,10 +164,9 @@ void ModelRunner::run_paged_inputs(Step& step, std::span<Tensor* const> inputs, 
          step.shape.sequences);
     for (Tensor* t : inputs) m_.tp->group().broadcast(t->raw(), int64_t(t->nbytes()), 0);
   }
-  const Tensor* in[4];
-  std::copy(inputs.begin(), inputs.end(), in);
+  const std::vector<const Tensor*> in(inputs.begin(), inputs.end());
   Tensor* outputs[] = {&logits};
-  m_.run(step, std::span(in, inputs.size()), outputs);
+  m_.run(step, in, outputs);
 }
 
 ModelRunner::~ModelRunner() {
@@ -200,7 +212,7 @@ void ModelRunner::follow() {
         case Call::kStop:
           return;
         case Call::kAllocatePool:
-          m_.allocate_pool(a, b, c);
+          m_.allocate_pool(a, b, c, d);
           break;
         case Call::kPreparePaged:
           prepare_paged(a, b, c);
@@ -208,13 +220,15 @@ void ModelRunner::follow() {
         case Call::kRunPaged: {
           // (rows a, tokens b, table blocks c, packed sequences d), as run_paged sends them.
           const int64_t seqs = d ? d : a;
+          Step& step = prepare_paged(a, b, d);
           Tensor ids = Tensor::zeros({a, b}, DType::i32), pos = Tensor::zeros({a, b}, DType::i32),
                  table = Tensor::zeros({seqs, c}, DType::i32),
-                 index = d ? Tensor::zeros({a, b}, DType::i32) : Tensor();
-          Tensor* inputs[] = {&ids, &pos, &table, &index};
-          const std::span<Tensor* const> used(inputs, d ? 4 : 3);
+                 index = d ? Tensor::zeros({a, b}, DType::i32) : Tensor(),
+                 slots = step.shape.state_slots ? Tensor::zeros({a}, DType::i32) : Tensor();
+          std::vector<Tensor*> used = {&ids, &pos, &table};
+          if (d) used.push_back(&index);
+          if (slots.defined()) used.push_back(&slots);
           for (Tensor* t : used) g.broadcast(t->raw(), int64_t(t->nbytes()), 0);
-          Step& step = prepare_paged(a, b, d);
           TF_CHECK(step.shape.table_blocks == c, "rank 0 runs steps of ", c,
                    " table blocks, this rank's pool takes ", step.shape.table_blocks);
           auto it = logits_by_rows.find(seqs);

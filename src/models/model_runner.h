@@ -30,6 +30,9 @@ struct SequenceChunk {
   std::span<const int32_t> tokens;  // the new tokens
   int64_t position = 0;             // the position of tokens[0]
   std::span<const int32_t> blocks;  // the pool blocks that hold positions [0, position + size)
+  // Its slot in the recurrent state pools, for a model with linear-attention layers (each
+  // running sequence has its own, [0, state_slots)).
+  int32_t state_slot = -1;
 };
 
 class ModelRunner {
@@ -89,7 +92,10 @@ class ModelRunner {
 
   // The paged cache: `blocks` blocks of `block_size` positions in each layer's pool (kept if the
   // sizes match); steps take block tables of `table_blocks` entries per sequence.
-  void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks);
+  // `state_slots`: the sequences a step may hold, each with a recurrent state where the model
+  // has linear-attention layers (ignored otherwise).
+  void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks,
+                     int64_t state_slots = 0);
   // The step for ragged batches of up to `rows` sequences of up to `tokens` new tokens each, or
   // with `sequences` > 0 a packed step: one row of `tokens` tokens from up to `sequences`
   // sequences (packs_sequences() says whether the backend runs them).

@@ -10,7 +10,6 @@
 #include "tformers/generation.h"
 #include "tformers/error.h"
 #include "tformers/model.h"
-#include "tformers/serving.h"
 
 namespace tformers {
 namespace {
@@ -107,19 +106,6 @@ INSTANTIATE_TEST_SUITE_P(Models, Hybrid,
                              if (ch == '-') ch = '_';
                            return n;
                          });
-
-// Continuous batching does not hold recurrent state yet: a serving engine refuses the model by
-// name rather than running it wrong.
-TEST(Hybrid, PagedStepsAreRefusedWithAClearError) {
-  CausalLM lm =
-      AutoModelForCausalLM::from_pretrained(model_dir("hf-qwen3-5"), {.dtype = float32});
-  try {
-    ServingEngine engine(lm, {});
-    FAIL() << "a serving engine over a hybrid model";
-  } catch (const UnsupportedError& e) {
-    EXPECT_NE(std::string(e.what()).find("linear attention"), std::string::npos) << e.what();
-  }
-}
 
 }  // namespace
 }  // namespace tformers

@@ -130,8 +130,10 @@ bool reads_f32(const Node& n, size_t k) {
     case Op::kAllReduce:  // its bias
       return k == 1;
     case Op::kCausalConv1d:  // x and the weight
+    case Op::kPagedCausalConv1d:
       return k < 2;
     case Op::kGatedDeltaRule:  // q, k, v, g, beta
+    case Op::kPagedGatedDeltaRule:
       return k < 5;
     case Op::kAttention:
     case Op::kPagedAttention:

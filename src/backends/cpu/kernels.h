@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/thread_pool.h"
 #include "tformers/dtype.h"
@@ -164,18 +165,23 @@ void softcap(const float* x, float cap, float* y, int64_t n, ThreadPool& pool);
 // y (n) = a (n) + b (n). y may alias a or b.
 void add(const float* a, const float* b, float* y, int64_t n, ThreadPool& pool);
 
-// Gated DeltaNet's ops over a static cache's recurrent states (graph.h's kCausalConv1d and
-// kGatedDeltaRule, whose semantics these are): key_mask (B,S) marks real tokens at slots
-// start + t; at start == 0 a row's state counts as zeros. x (B,T,C), w (C,K) and the conv state
-// (B,K-1,C); q, k (B,T,Hk,Dk), v (B,T,H,Dv), g and beta (B,T,H), the state (B,H,Dk,Dv), y
-// (B,T,H,Dv). The states are written in place.
-void causal_conv1d(const float* x, const float* w, float* state, const int32_t* key_mask,
-                   float* y, int64_t B, int64_t T, int64_t C, int64_t K, int64_t S, int64_t start,
-                   ThreadPool& pool);
+// Gated DeltaNet's ops over recurrent states (graph.h's kCausalConv1d and kGatedDeltaRule and
+// their paged forms, whose semantics these are), per batch row: where its state lies (null for a
+// row of padding only, which keeps none), whether it starts a sequence (its state counts as
+// zeros) and which of its tokens are real (a padding token is skipped).
+struct RecurrentRows {
+  std::vector<float*> state;   // B
+  std::vector<uint8_t> fresh;  // B
+  std::vector<uint8_t> real;   // B * T
+};
+// x (B,T,C), w (C,K), a row's state (K-1,C); q, k (B,T,Hk,Dk), v (B,T,H,Dv), g and beta (B,T,H),
+// a row's state (H,Dk,Dv), y (B,T,H,Dv). Plain loops, their own reference: the states are
+// written in place.
+void causal_conv1d(const float* x, const float* w, const RecurrentRows& rows, float* y, int64_t B,
+                   int64_t T, int64_t C, int64_t K, ThreadPool& pool);
 void gated_delta_rule(const float* q, const float* k, const float* v, const float* g,
-                      const float* beta, float* state, const int32_t* key_mask, float* y,
-                      int64_t B, int64_t T, int64_t Hk, int64_t H, int64_t Dk, int64_t Dv,
-                      int64_t S, int64_t start, ThreadPool& pool);
+                      const float* beta, const RecurrentRows& rows, float* y, int64_t B, int64_t T,
+                      int64_t Hk, int64_t H, int64_t Dk, int64_t Dv, ThreadPool& pool);
 
 // Writes new keys or values into a static cache at slots [start, start+T):
 // cache (B,Hkv,S,D) in cache_type (f32|bf16); src (B,T,Hkv,D) f32.

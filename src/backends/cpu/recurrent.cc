@@ -1,6 +1,7 @@
 // The linear-attention kernels (Gated DeltaNet): a causal depthwise convolution and the gated delta
-// rule, each over a recurrent state that the static cache holds per batch row (graph.h's
-// kCausalConv1d and kGatedDeltaRule). Both run the recurrent form token by token: the state of a
+// rule, each over a recurrent state per sequence that the static cache holds per batch row or a
+// paged step finds by slot (graph.h's kCausalConv1d, kGatedDeltaRule and their paged forms).
+// Both run the recurrent form token by token: the state of a
 // value head is Dk x Dv floats, read and written twice per token while it sits in the core's cache,
 // and its arithmetic (about 6 Dk Dv flops a token) is small beside the layer's projections, so the
 // chunked form that GPUs use (fla's) buys a CPU nothing at these sizes.
@@ -13,18 +14,8 @@
 
 namespace tformers::cpu {
 
-namespace {
-
-// Whether token t of row b is real (not left padding): its key-mask slot is set.
-bool real_token(const int32_t* key_mask, int64_t S, int64_t b, int64_t slot) {
-  return slot < S && key_mask[b * S + slot] != 0;
-}
-
-}  // namespace
-
-void causal_conv1d(const float* x, const float* w, float* state, const int32_t* key_mask,
-                   float* y, int64_t B, int64_t T, int64_t C, int64_t K, int64_t S, int64_t start,
-                   ThreadPool& pool) {
+void causal_conv1d(const float* x, const float* w, const RecurrentRows& rows, float* y, int64_t B,
+                   int64_t T, int64_t C, int64_t K, ThreadPool& pool) {
   const int64_t keep = K - 1;
   // Per channel (channels are independent, so threads take blocks of them) a window of the last
   // K - 1 real inputs, starting from the state's (zeros for a new sequence); padding tokens are
@@ -35,12 +26,13 @@ void causal_conv1d(const float* x, const float* w, float* state, const int32_t* 
         std::vector<float> win(static_cast<size_t>(keep));
         for (int64_t bc = lo; bc < hi; ++bc) {
           const int64_t b = bc / C, c = bc % C;
-          float* st = state + b * keep * C + c;
-          for (int64_t i = 0; i < keep; ++i) win[size_t(i)] = start == 0 ? 0.0f : st[i * C];
+          float* st = rows.state[size_t(b)] ? rows.state[size_t(b)] + c : nullptr;
+          const bool fresh = rows.fresh[size_t(b)] != 0;
+          for (int64_t i = 0; i < keep; ++i) win[size_t(i)] = fresh || !st ? 0.0f : st[i * C];
           const float* wc = w + c * K;
           for (int64_t t = 0; t < T; ++t) {
             float& out = y[(b * T + t) * C + c];
-            if (!real_token(key_mask, S, b, start + t)) {
+            if (!rows.real[size_t(b * T + t)]) {
               out = 0;
               continue;
             }
@@ -51,27 +43,28 @@ void causal_conv1d(const float* x, const float* w, float* state, const int32_t* 
             std::copy(win.begin() + 1, win.end(), win.begin());
             win[size_t(keep - 1)] = xt;
           }
-          for (int64_t i = 0; i < keep; ++i) st[i * C] = win[size_t(i)];
+          if (st)
+            for (int64_t i = 0; i < keep; ++i) st[i * C] = win[size_t(i)];
         }
       },
       64);
 }
 
 void gated_delta_rule(const float* q, const float* k, const float* v, const float* g,
-                      const float* beta, float* state, const int32_t* key_mask, float* y,
-                      int64_t B, int64_t T, int64_t Hk, int64_t H, int64_t Dk, int64_t Dv,
-                      int64_t S, int64_t start, ThreadPool& pool) {
+                      const float* beta, const RecurrentRows& rows, float* y, int64_t B, int64_t T,
+                      int64_t Hk, int64_t H, int64_t Dk, int64_t Dv, ThreadPool& pool) {
   const int64_t group = H / Hk;
   pool.parallel_for(B * H, [&](int64_t lo, int64_t hi, int) {
     std::vector<float> kv(static_cast<size_t>(Dv));
     for (int64_t bh = lo; bh < hi; ++bh) {
       const int64_t b = bh / H, h = bh % H, hk = h / group;
-      float* st = state + bh * Dk * Dv;
-      if (start == 0) std::fill(st, st + Dk * Dv, 0.0f);
+      float* st = rows.state[size_t(b)];
+      if (st) st += h * Dk * Dv;
+      if (st && rows.fresh[size_t(b)]) std::fill(st, st + Dk * Dv, 0.0f);
       for (int64_t t = 0; t < T; ++t) {
         const int64_t row = b * T + t;
         float* out = y + (row * H + h) * Dv;
-        if (!real_token(key_mask, S, b, start + t)) {
+        if (!rows.real[size_t(row)] || !st) {
           std::fill(out, out + Dv, 0.0f);
           continue;
         }

@@ -677,22 +677,57 @@ void linear_id_quant(const OpCall& c) {
   });
 }
 
-// The state operand a linear-attention rule writes in place (graph::side_written_operand).
-float* written_state(const OpCall& c) {
-  return static_cast<float*>(c.in[size_t(graph::side_written_operand(c.n.op))]);
+// The rows of a linear-attention node (cpu::RecurrentRows): a static cache's, whose row b holds
+// its state at b and whose tokens are real where the key mask says, at the step's start; or the
+// paged form's, by slot and position.
+cpu::RecurrentRows recurrent_rows(const OpCall& c, int64_t B, int64_t T) {
+  const int at = graph::side_written_operand(c.n.op);
+  const graph::TensorType& st = c.in_type(size_t(at));
+  const int64_t each = shape_numel(st.shape) / st.shape[0];
+  auto* state = static_cast<float*>(c.in[size_t(at)]);
+  cpu::RecurrentRows r{std::vector<float*>(size_t(B)), std::vector<uint8_t>(size_t(B)),
+                       std::vector<uint8_t>(size_t(B * T))};
+  const bool paged = c.n.op == Op::kPagedCausalConv1d || c.n.op == Op::kPagedGatedDeltaRule;
+  if (!paged) {
+    const int32_t start = *c.i32(size_t(at) + 1);
+    const int32_t* mask = c.i32(size_t(at) + 2);
+    const int64_t S = c.in_type(size_t(at) + 2).shape[1];
+    for (int64_t b = 0; b < B; ++b) {
+      r.state[size_t(b)] = state + b * each;
+      r.fresh[size_t(b)] = start == 0;
+      for (int64_t t = 0; t < T; ++t)
+        r.real[size_t(b * T + t)] = start + t < S && mask[b * S + start + t] != 0;
+    }
+    return r;
+  }
+  const int32_t* slots = c.i32(size_t(at) + 1);
+  const int32_t* pos = c.i32(size_t(at) + 2);
+  const int64_t N = st.shape[0];
+  for (int64_t b = 0; b < B; ++b) {
+    TF_CHECK(slots[b] < N, c.n.name, ": state slot ", slots[b], " of a pool of ", N);
+    r.state[size_t(b)] = slots[b] >= 0 ? state + slots[b] * each : nullptr;
+    bool first = true;
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t p = pos[b * T + t];
+      r.real[size_t(b * T + t)] = p >= 0;
+      if (p >= 0 && first) r.fresh[size_t(b)] = p == 0;
+      if (p >= 0) first = false;
+    }
+  }
+  return r;
 }
 
 void causal_conv1d(const OpCall& c) {
-  const Shape &x = c.in_type(0).shape, &mask = c.in_type(4).shape;  // (B,T,C), (B,S)
-  cpu::causal_conv1d(c.f32(0), c.f32(1), written_state(c), c.i32(4), c.out_f32(), x[0], x[1], x[2],
-                     c.in_type(1).shape[1], mask[1], *c.i32(3), pool());
+  const Shape& x = c.in_type(0).shape;  // (B,T,C)
+  cpu::causal_conv1d(c.f32(0), c.f32(1), recurrent_rows(c, x[0], x[1]), c.out_f32(), x[0], x[1],
+                     x[2], c.in_type(1).shape[1], pool());
 }
 
 void gated_delta_rule(const OpCall& c) {
-  const Shape &qk = c.in_type(0).shape, &v = c.in_type(2).shape, &mask = c.in_type(7).shape;
-  cpu::gated_delta_rule(c.f32(0), c.f32(1), c.f32(2), c.f32(3), c.f32(4), written_state(c),
-                        c.i32(7), c.out_f32(), v[0], v[1], qk[2], v[2], qk[3], v[3], mask[1],
-                        *c.i32(6), pool());
+  const Shape &qk = c.in_type(0).shape, &v = c.in_type(2).shape;
+  cpu::gated_delta_rule(c.f32(0), c.f32(1), c.f32(2), c.f32(3), c.f32(4),
+                        recurrent_rows(c, v[0], v[1]), c.out_f32(), v[0], v[1], qk[2], v[2], qk[3],
+                        v[3], pool());
 }
 
 // The table, in Op's order (checked below).
@@ -740,6 +775,8 @@ constexpr std::pair<Op, Rule> kRules[] = {
     {Op::kLinearIdQuant, linear_id_quant},
     {Op::kCausalConv1d, causal_conv1d},
     {Op::kGatedDeltaRule, gated_delta_rule},
+    {Op::kPagedCausalConv1d, causal_conv1d},
+    {Op::kPagedGatedDeltaRule, gated_delta_rule},
 };
 static_assert(std::size(kRules) == graph::kOpCount, "the CPU has a rule for every op");
 constexpr bool in_order() {
