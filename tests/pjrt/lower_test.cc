@@ -739,6 +739,64 @@ TEST_P(LowerOps, CompositesThroughTheirDecompositions) {
                  tol(24, 4), "CPU output " + std::to_string(i));
 }
 
+// Gated DeltaNet's ops over their recurrent states (Hk = 2 key heads read by H = 4 value heads):
+// a 5-token prefill at start 0, whose states hold old nonzero values that must count as zeros,
+// with row 0 left-padded by two slots of the key mask, then a decode step at start 5 from the
+// states the prefill left. Each call's outputs and both states match the CPU's; the states stay
+// f32 under bf16 activations.
+TEST_P(LowerOps, CausalConv1dAndGatedDeltaRule) {
+  constexpr int64_t B = 2, S = 8, Hk = 2, H = 4, Dk = 3, Dv = 5, C = 7, K = 4;
+  std::vector<int32_t> m(size_t(B * S), 1);
+  m[0] = m[1] = 0;
+  const Tensor mask = ints({B, S}, m);
+  std::mt19937 rng(27);
+  const Tensor w = random(rng, {C, K}, act());
+  std::vector<Tensor> states = {random(rng, {B, K - 1, C}, DType::f32),
+                                random(rng, {B, H, Dk, Dv}, DType::f32)};
+  for (const auto& [T, start] : {std::pair<int64_t, int32_t>{5, 0}, {1, 5}}) {
+    SCOPED_TRACE("T " + std::to_string(T) + " at " + std::to_string(start));
+    Case c(act());
+    const Value conv_state = c.state("conv_state", states[0]);
+    const Value recurrent_state = c.state("recurrent_state", states[1]);
+    const Value x = c.input("x", random(rng, {B, T, C}, act(), -2.0f, 2.0f));
+    const Value q = c.input("q", random(rng, {B, T, Hk, Dk}, act()));
+    const Value k = c.input("k", random(rng, {B, T, Hk, Dk}, act(), -0.6f, 0.6f));
+    const Value v = c.input("v", random(rng, {B, T, H, Dv}, act(), -2.0f, 2.0f));
+    const Value g = c.input("g", random(rng, {B, T, H}, act(), -1.0f, -0.05f));  // log decay
+    const Value beta = c.input("beta", random(rng, {B, T, H}, act(), 0.1f, 0.9f));
+    const Value at = c.input("start", ints({}, {start}));
+    const Value key_mask = c.input("mask", mask);
+    c.b.output(c.b.causal_conv1d(x, c.param("w", w), conv_state, at, key_mask, "conv"));
+    c.b.output(c.b.gated_delta_rule(q, k, v, g, beta, recurrent_state, at, key_mask, "delta_rule"));
+    const graph::Graph graph = c.b.finish();
+    // Each y sums a handful of products per step over up to 6 steps of the recurrence; the
+    // states are f32 on both sides, and y is rounded once to the activation dtype.
+    expect_consistent(graph, c, tol(6 * Dk * Dv));
+    const Results cpu = run_cpu(graph, c);
+    for (const Tensor& s : cpu.states) EXPECT_EQ(s.dtype(), DType::f32);
+    states = cpu.states;
+  }
+}
+
+// The CPU backend writes a linear-attention op's state in place, so whatever reads the state after
+// the op sees the write: here a second convolution over the same state (reading the first's new
+// rows) and the state itself as an output. The lowering reads it as the write left it.
+TEST_P(LowerOps, AStateWrittenInPlaceIsReadAsWritten) {
+  constexpr int64_t B = 2, S = 6, T = 2, C = 5, K = 3;
+  std::mt19937 rng(28);
+  Case c(act());
+  const Value state = c.state("conv_state", random(rng, {B, K - 1, C}, DType::f32));
+  const Value x = c.input("x", random(rng, {B, T, C}, act()));
+  const Value w = c.param("w", random(rng, {C, K}, act()));
+  const Value at = c.input("start", ints({}, {2}));
+  const Value key_mask = c.input("mask", ints({B, S}, std::vector<int32_t>(size_t(B * S), 1)));
+  const Value first = c.b.causal_conv1d(x, w, state, at, key_mask, "first");
+  c.b.output(first);
+  c.b.output(c.b.causal_conv1d(first, w, state, at, key_mask, "second"));
+  c.b.output(c.b.reshape(state, {B, (K - 1) * C}));
+  expect_consistent(c, tol(2 * K, 1));  // the first output, rounded, is the second's x
+}
+
 INSTANTIATE_TEST_SUITE_P(Activations, LowerOps, ::testing::Values(DType::f32, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
@@ -1005,6 +1063,8 @@ TEST(OpRegistry, EveryOpHasACase) {
       {Op::kMatMul, "LowerOps.MatMulAndExpertLinear"},
       {Op::kLinearId, "LowerOps.MatMulAndExpertLinear"},
       {Op::kLinearIdQuant, "LowerOps.QuantizedExpertLinear"},
+      {Op::kCausalConv1d, "LowerOps.CausalConv1dAndGatedDeltaRule"},
+      {Op::kGatedDeltaRule, "LowerOps.CausalConv1dAndGatedDeltaRule"},
   };
   // The tests of this binary by "Suite.Name", parameterised ones without their instance prefix
   // and parameter suffix.

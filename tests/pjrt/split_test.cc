@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -126,6 +127,59 @@ TEST(SplitAtCollectives, AStateReadAcrossACollectiveInAnotherShapeIsRefused) {
   }
 }
 
+// A linear-attention op's state written in one segment and read in the next: the first
+// segment's module returns the state's new value, and the second binds the state as written.
+// x -> conv (writes the state) -> all_reduce -> conv over the same state; the second conv's
+// output is returned.
+graph::Graph state_written_across_a_collective(int group) {
+  GraphBuilder b;
+  const Value state = b.state("layers.0.conv_state", {DType::f32, {2, 2, 4}});
+  const Value x = b.input("x", {DType::f32, {2, 3, 4}});
+  const Value start = b.input("start", {DType::i32, {}});
+  const Value mask = b.input("mask", {DType::i32, {2, 8}});
+  const Value w = b.parameter("w", {DType::f32, {4, 3}});
+  const Value first = b.causal_conv1d(x, w, state, start, mask, "first");
+  const Value sum = b.all_reduce(first, -1, group, "sum");
+  b.output(b.causal_conv1d(sum, w, state, start, mask, "second"));
+  return b.finish();
+}
+
+TEST(SplitAtCollectives, AStateWrittenInPlaceIsBoundByEachSegmentThatWritesIt) {
+  const graph::Graph g = state_written_across_a_collective(0);
+  const Split s = split_at_collectives(g);
+  ASSERT_EQ(s.steps.size(), 3u);
+  const auto* s0 = std::get_if<Segment>(&s.steps[0]);
+  const auto* s2 = std::get_if<Segment>(&s.steps[2]);
+  ASSERT_TRUE(s0 && s2);
+  EXPECT_EQ(s0->states, (std::vector<size_t>{0}));
+  EXPECT_EQ(s2->states, (std::vector<size_t>{0}));
+  // The first conv's value goes to the collective; the state is not carried but bound.
+  EXPECT_EQ(s0->produced.size(), 1u);
+  EXPECT_EQ(s2->carried.size(), 1u);
+}
+
+// An in-place write into a value that no state holds cannot cross segments: refused, naming the
+// op and the value.
+TEST(SplitAtCollectives, AnInPlaceWriteOutsideAStateIsRefused) {
+  GraphBuilder b;
+  const Value buffer = b.input("scratch_state", {DType::f32, {1, 2, 4}});
+  const Value x = b.input("x", {DType::f32, {1, 3, 4}});
+  const Value start = b.input("start", {DType::i32, {}});
+  const Value mask = b.input("mask", {DType::i32, {1, 8}});
+  const Value w = b.parameter("w", {DType::f32, {4, 3}});
+  const Value y = b.causal_conv1d(x, w, buffer, start, mask, "conv");
+  b.output(b.all_reduce(y, -1, 0, "sum"));
+  try {
+    split_at_collectives(b.finish());
+    FAIL() << "split";
+  } catch (const UnsupportedError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'conv'"), std::string::npos) << what;
+    EXPECT_NE(what.find("scratch_state"), std::string::npos) << what;
+    EXPECT_NE(what.find("not a state"), std::string::npos) << what;
+  }
+}
+
 // The graph's outputs from `backend`, its collectives over this process's one-rank group.
 std::vector<Tensor> run_on(Backend& backend, const graph::Graph& g,
                            const std::vector<Tensor>& weights, const Tensor& x) {
@@ -170,6 +224,42 @@ TEST(SplitAtCollectives, PiecesOnXlaCpuGiveTheCpuBackendsNumbers) {
   EXPECT_EQ(moved.device_to_host_bytes - before.device_to_host_bytes, act + act + act + 3 * 4 * 4);
   EXPECT_EQ(moved.host_to_device_bytes - before.host_to_device_bytes,
             (64 + 64 + 32) * 4 + act /* x */ + act + act);
+}
+
+// The written state on XLA's CPU plugin through the segments: the second conv's output and the
+// state after both writes are the CPU backend's.
+TEST(SplitAtCollectives, AStateWrittenInPlaceCarriesAcrossSegmentsOnXlaCpu) {
+  const std::string missing = tformers::testing::missing_pjrt_plugin();
+  if (!missing.empty()) TF_SKIP_MISSING_DEPENDENCY(missing);
+  const graph::Graph g = state_written_across_a_collective(distributed::tp_group(1)->id());
+  const Tensor w = Tensor::from_vector<float>({4, 3}, DType::f32, random_floats(12, 5));
+  const Tensor state = Tensor::from_vector<float>({2, 2, 4}, DType::f32, random_floats(16, 6));
+  const Tensor x = Tensor::from_vector<float>({2, 3, 4}, DType::f32, random_floats(24, 7));
+  const Tensor start = Tensor::from_vector<int32_t>({}, DType::i32, {4});
+  std::vector<int32_t> m(16, 1);
+  m[4] = 0;  // row 0's first new token is padding
+  const Tensor mask = Tensor::from_vector<int32_t>({2, 8}, DType::i32, m);
+  auto run = [&](Backend& backend, Tensor& out) {
+    auto exe = backend.compile(g);
+    const std::shared_ptr<Buffer> wb = backend.upload(w), sb = backend.upload(state);
+    const std::vector<Buffer*> params = {wb.get()}, states = {sb.get()};
+    const std::vector<const Tensor*> in = {&x, &start, &mask};
+    out = Tensor::zeros({2, 3, 4}, DType::f32);
+    const std::vector<Tensor*> outs = {&out};
+    exe->run(params, states, in, outs);
+    return backend.download(*sb);
+  };
+  Tensor got, want;
+  const Tensor got_state = run(backend_for(tformers::testing::pjrt_test_device(), false), got);
+  auto cpu = make_cpu_backend();
+  const Tensor want_state = run(*cpu, want);
+  using Pair = std::tuple<const Tensor*, const Tensor*, const char*>;
+  for (const auto& [a, b, what] :
+       {Pair{&got, &want, "output"}, Pair{&got_state, &want_state, "state"}})
+    for (int64_t i = 0; i < b->numel(); ++i)
+      EXPECT_NEAR(a->data<float>()[i], b->data<float>()[i],
+                  1e-5 * (1 + std::fabs(b->data<float>()[i])))
+          << what << " at " << i;
 }
 
 }  // namespace

@@ -326,6 +326,112 @@ Val Lowering::attention(const Node& n) {
   return attend(n, q, in(n, 1), in(n, 2), qpos, &valid);
 }
 
+Val Lowering::real_tokens(const Val& key_mask, const Val& start, int64_t T) {
+  const int64_t B = key_mask.shape[0];
+  // The mask with T unset slots after it, so that a window reaching past S reads those instead
+  // of being clamped back to [S - T, S) by dynamic_slice.
+  const Val padded = e_.concatenate({key_mask, e_.splat(0, "i32", {B, T})}, 1);
+  const Val window = e_.dynamic_slice(padded, {e_.splat(0, "i32", {}), start}, {B, T});
+  return e_.compare("NE", window, e_.splat(0, "i32", {B, T}));
+}
+
+Val Lowering::state_at_start(const Val& state, const Val& start) {
+  const Val s = e_.convert(state, "f32");
+  const Val fresh = e_.broadcast(e_.compare("EQ", start, e_.splat(0, "i32", {})), s.shape, {});
+  return e_.select(fresh, e_.splat(0, "f32", s.shape), s);
+}
+
+// Without a loop: u = the state's K-1 rows then x (B, K-1+T, C); y[t] = sum_j w[:, j] u[t + j]
+// as K shifted slices of u, summed in the CPU kernel's order; the new state is u's last K-1 rows.
+Val Lowering::causal_conv1d(const Node& n) {
+  const Val x = f32(n, 0), w = f32(n, 1);  // (B,T,C), (C,K)
+  const int64_t T = x.shape[1], C = x.shape[2], K = w.shape[1];
+  const Val& start = in(n, 3);
+  // A padding token's x counts as zeros.
+  const Val real = e_.broadcast(real_tokens(in(n, 4), start, T), x.shape, {0, 1});
+  const Val u = e_.concatenate(
+      {state_at_start(in(n, 2), start), e_.select(real, x, e_.splat(0, "f32", x.shape))}, 1);
+  std::optional<Val> y;
+  for (int64_t j = 0; j < K; ++j) {
+    const Val wj = e_.broadcast(e_.reshape(e_.slice(w, 1, j, j + 1), {C}), x.shape, {2});
+    const Val term = e_.binary("multiply", wj, e_.slice(u, 1, j, j + T));
+    y = y ? e_.binary("add", *y, term) : term;
+  }
+  written_ = e_.slice(u, 1, T, T + K - 1);
+  return out(n, *y);
+}
+
+// The recurrent form, as the CPU kernel runs it: a stablehlo.while over the T tokens carrying
+// the state (B,H,Dk,Dv) and y (B,T,H,Dv), both f32, each step updating every (batch row, value
+// head) at once. A chunked form (fla's) would do a long prefill in fewer, larger steps; decode
+// (T = 1) is one step either way.
+Val Lowering::gated_delta_rule(const Node& n) {
+  const Val& v = in(n, 2);  // (B,T,H,Dv)
+  const int64_t B = v.shape[0], T = v.shape[1], H = v.shape[2], Dv = v.shape[3];
+  const int64_t Hk = in(n, 0).shape[2], Dk = in(n, 0).shape[3], G = H / Hk;
+  // q and k (B,T,Hk,Dk) per value head (B,T,H,Dk): head h reads key head h / G.
+  auto per_value_head = [&](size_t k) {
+    const Val x = e_.reshape(f32(n, k), {B, T, Hk, 1, Dk});
+    return e_.reshape(e_.broadcast(x, {B, T, Hk, G, Dk}, {0, 1, 2, 3, 4}), {B, T, H, Dk});
+  };
+  const Val& start = in(n, 6);
+  const Val state = state_at_start(in(n, 5), start);
+  const Shape& sh = state.shape;
+  // The loop's values: the token t, the state, y, then the per-token operands it reads.
+  const std::vector<Val> init = {e_.splat(0, "i32", {}),
+                                 state,
+                                 e_.splat(0, "f32", {B, T, H, Dv}),
+                                 per_value_head(0),
+                                 per_value_head(1),
+                                 f32(n, 2),
+                                 e_.unary("exponential", f32(n, 3)),  // the decay (B,T,H)
+                                 f32(n, 4),                           // beta (B,T,H)
+                                 real_tokens(in(n, 7), start, T)};
+  auto cond = [&](const std::vector<Val>& a) {
+    return std::vector<Val>{e_.compare("LT", a[0], e_.splat(double(T), "i32", {}))};
+  };
+  auto step = [&](const std::vector<Val>& a) {
+    const Val &t = a[0], &s = a[1];
+    const Val zero = e_.splat(0, "i32", {});
+    // Token t's slice of a (B,T,...) value, without the T dim.
+    auto at_t = [&](const Val& x) {
+      std::vector<Val> starts(size_t(x.rank()), zero);
+      starts[1] = t;
+      Shape sizes = x.shape, token = x.shape;
+      sizes[1] = 1;
+      token.erase(token.begin() + 1);
+      return e_.reshape(e_.dynamic_slice(x, starts, sizes), token);
+    };
+    const Val q = at_t(a[3]), k = at_t(a[4]), vt = at_t(a[5]);  // (B,H,Dk), (B,H,Dk), (B,H,Dv)
+    const Val decay = at_t(a[6]), beta = at_t(a[7]);            // (B,H)
+    const Val real = at_t(a[8]);                                // (B)
+    // Decay the state and read what it holds for k: kv = (decay S)^T k.
+    const Val decayed = e_.binary("multiply", s, e_.broadcast(decay, sh, {0, 1}));
+    const Val kv = e_.dot(decayed, k, {0, 1}, {0, 1}, {2}, {2});  // (B,H,Dv)
+    // delta = beta (v - kv); S += k delta^T; y = S^T q.
+    const Val delta =
+        e_.binary("multiply", e_.broadcast(beta, kv.shape, {0, 1}), e_.binary("subtract", vt, kv));
+    const Val updated = e_.binary(
+        "add", decayed,
+        e_.binary("multiply", e_.broadcast(k, sh, {0, 1, 2}), e_.broadcast(delta, sh, {0, 1, 3})));
+    const Val yt = e_.dot(updated, q, {0, 1}, {0, 1}, {2}, {2});  // (B,H,Dv)
+    // A padding token leaves its row's state as it was and gives zeros.
+    const Val next = e_.select(e_.broadcast(real, sh, {0}), updated, s);
+    const Val shown =
+        e_.select(e_.broadcast(real, yt.shape, {0}), yt, e_.splat(0, "f32", yt.shape));
+    const Val y =
+        e_.dynamic_update_slice(a[2], e_.reshape(shown, {B, 1, H, Dv}), {zero, t, zero, zero});
+    std::vector<Val> r = a;
+    r[0] = e_.with_constant("add", t, 1);
+    r[1] = next;
+    r[2] = y;
+    return r;
+  };
+  const std::vector<Val> done = e_.while_loop(init, cond, step);
+  written_ = done[1];
+  return out(n, done[2]);
+}
+
 namespace {
 
 // quant_weight reads rows.
@@ -386,6 +492,8 @@ const Lowering::Rule& Lowering::rule(Op op) {
       {Op::kMatMul, {&L::matmul}},
       {Op::kLinearId, {&L::linear_id}},
       {Op::kLinearIdQuant, {&L::linear_id_quant, rows_layout}},
+      {Op::kCausalConv1d, {&L::causal_conv1d}},
+      {Op::kGatedDeltaRule, {&L::gated_delta_rule}},
   };
   for (const auto& [o, r] : kRules)
     if (o == op) return r;
@@ -417,23 +525,54 @@ LoweredModule Lowering::run() {
         args += str_cat(" {tf.aliasing_output = ", outputs.size() + i, " : i32}");
     }
   }
-  // The latest value of each state: cache writes (through reshapes) replace it. The CPU backend
-  // writes in place, the module returns new values; they agree because ops read a cache through
-  // the write that produced it (as GraphBuilder users build them), never the state leaf after it.
-  std::vector<int> root(nodes.size()), latest(nodes.size());
+  // What each value's bytes are, as the CPU backend aliases them: a reshape's and a cache write's
+  // are their first input's (its root's). A write to a root makes `holds[root]` the bytes' latest
+  // value: a cache write's value, or the operand a linear-attention op writes beside its own
+  // value (graph::side_written_operand), which its rule leaves in written_. The CPU backend
+  // writes in place, so a node that reads those bytes after the write sees it; the module's
+  // values are immutable, so an operand defined before the latest write of its root is read as
+  // that write left it (a reshape of holds). GraphBuilder users read a cache through its write's
+  // value, which is current; a state that a linear-attention op writes has no such value, so a
+  // later reader (the next step's op in the same graph, an output) is read this way. Each
+  // state's result is its latest value.
+  std::vector<int> root(nodes.size()), wrote(nodes.size(), -1), as_of(nodes.size(), -1);
+  std::vector<Val> holds(nodes.size());
+  auto refresh = [&](int j) {  // value j as its bytes are now
+    const int r = root[size_t(j)];
+    if (wrote[size_t(r)] > as_of[size_t(j)]) {
+      vals_[size_t(j)] = e_.reshape(holds[size_t(r)], nodes[size_t(j)].type.shape);
+      as_of[size_t(j)] = wrote[size_t(r)];
+    }
+  };
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
-    const bool in_place =
-        n.op == Op::kReshape || n.op == Op::kCacheWrite || n.op == Op::kPagedCacheWrite;
-    root[i] = in_place ? root[size_t(n.inputs[0])] : int(i);
-    latest[i] = int(i);
-    if (n.op == Op::kCacheWrite || n.op == Op::kPagedCacheWrite) latest[size_t(root[i])] = int(i);
-    if (!is_leaf(n.op)) vals_[i] = (this->*rule(n.op).lower)(n);
+    const bool cache_write = n.op == Op::kCacheWrite || n.op == Op::kPagedCacheWrite;
+    root[i] = n.op == Op::kReshape || cache_write ? root[size_t(n.inputs[0])] : int(i);
+    if (is_leaf(n.op)) continue;
+    for (int j : n.inputs) refresh(j);
+    vals_[i] = (this->*rule(n.op).lower)(n);
+    int target = -1;  // the root this node writes
+    if (cache_write) {
+      target = root[i];
+      holds[size_t(target)] = vals_[i];
+    } else if (const int k = graph::side_written_operand(n.op); k >= 0) {
+      TF_CHECK(written_, "StableHLO lowering: ", node_label(g_, n), " left no new state");
+      target = root[size_t(n.inputs[size_t(k)])];
+      holds[size_t(target)] = *written_;
+    }
+    written_.reset();
+    if (target >= 0) wrote[size_t(target)] = int(i);
+    as_of[i] = wrote[size_t(root[i])];
   }
   std::vector<Val> results;
-  for (int o : outputs) results.push_back(vals_[size_t(o)]);
-  for (int s : states)
-    results.push_back(e_.reshape(vals_[size_t(latest[size_t(s)])], nodes[size_t(s)].type.shape));
+  for (int o : outputs) {
+    refresh(o);
+    results.push_back(vals_[size_t(o)]);
+  }
+  for (int s : states) {
+    refresh(s);
+    results.push_back(vals_[size_t(s)]);
+  }
   std::string ret, ret_types;
   for (const Val& r : results) {
     ret += (ret.empty() ? "" : ", ") + r.ssa;

@@ -1,9 +1,10 @@
 // Lowering of a graph (graph/graph.h) to a StableHLO module in MLIR text, the form every PJRT
 // plugin compiles. The module's @main takes, in order, the graph's leaves(kParameter),
 // leaves(kState) and leaves(kInput), and returns the graph's outputs followed by the new value
-// of each state. Each state argument is donated to its result (tf.aliasing_output), so a KV
-// cache stays on the device and is updated without a copy: the executable that runs the module
-// swaps the state's buffer for the returned one.
+// of each state (written by a cache write, or in place by an op beside its own value:
+// graph::side_written_operand). Each state argument is donated to its result (tf.aliasing_output),
+// so a KV cache stays on the device and is updated without a copy: the executable that runs the
+// module swaps the state's buffer for the returned one.
 #pragma once
 
 #include <cstddef>

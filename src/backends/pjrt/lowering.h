@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -241,6 +242,18 @@ class Emitter {
                 join(sizes), ">} : (", table.type(), ", ", at.type(), ") -> ",
                 tensor_type(table.elem, shape)));
   }
+  // operand[starts[d] : starts[d] + sizes[d]] in each dimension d, the starts scalar i32 (clamped
+  // into range, as XLA does).
+  Val dynamic_slice(const Val& operand, const std::vector<Val>& starts, const Shape& sizes) {
+    std::string operands = operand.ssa, types = operand.type();
+    for (const Val& s : starts) {
+      operands += ", " + s.ssa;
+      types += ", " + s.type();
+    }
+    return def(operand.elem, sizes,
+               str_cat("stablehlo.dynamic_slice ", operands, ", sizes = [", join(sizes), "] : (",
+                       types, ") -> ", tensor_type(operand.elem, sizes)));
+  }
   Val dynamic_update_slice(const Val& operand, const Val& update, const std::vector<Val>& starts) {
     std::string operands = operand.ssa + ", " + update.ssa,
                 types = operand.type() + ", " + update.type();
@@ -282,6 +295,50 @@ class Emitter {
                   with_constant("add", unary("tanh", inner), 1.0f));
   }
   Val silu(const Val& x) { return binary("multiply", x, unary("logistic", x)); }
+
+  // A stablehlo.while over the values `init`: it runs body while cond holds, each taking the
+  // loop's current values (block arguments) and emitting its ops into its own region; cond gives
+  // an i1 scalar, body the next values in init's types. Returns the final values. Every value
+  // the regions use is carried (none captured from the enclosing body), the form JAX emits.
+  using Region = std::function<std::vector<Val>(const std::vector<Val>&)>;
+  std::vector<Val> while_loop(const std::vector<Val>& init, const Region& cond,
+                              const Region& body) {
+    const std::string ssa = "%v" + std::to_string(next_++);
+    std::string operands, types;
+    for (const Val& v : init) {
+      operands += (operands.empty() ? "" : ", ") + v.ssa;
+      types += (types.empty() ? "" : ", ") + v.type();
+    }
+    // One region: its block's arguments (fresh names in the function's numbering, which
+    // MLIR's nesting requires unique), its ops, and the return of what `build` gives.
+    auto region = [&](const Region& build) {
+      std::vector<Val> args;
+      std::string params;
+      for (const Val& v : init) {
+        args.push_back({"%v" + std::to_string(next_++), v.elem, v.shape});
+        params += (params.empty() ? "" : ", ") + args.back().ssa + ": " + v.type();
+      }
+      std::string outer;
+      std::swap(outer, body_);
+      const std::vector<Val> results = build(args);
+      std::string ret, ret_types;
+      for (const Val& r : results) {
+        ret += (ret.empty() ? "" : ", ") + r.ssa;
+        ret_types += (ret_types.empty() ? "" : ", ") + r.type();
+      }
+      std::string text = str_cat("  ^bb0(", params, "):\n", body_, "      stablehlo.return ", ret,
+                                 " : ", ret_types, "\n");
+      std::swap(outer, body_);
+      return text;
+    };
+    const std::string c = region(cond), b = region(body);
+    body_ += str_cat("    ", ssa, ":", init.size(), " = \"stablehlo.while\"(", operands, ") ({\n",
+                     c, "    }, {\n", b, "    }) : (", types, ") -> (", types, ")\n");
+    std::vector<Val> out;
+    for (size_t i = 0; i < init.size(); ++i)
+      out.push_back({str_cat(ssa, "#", i), init[i].elem, init[i].shape});
+    return out;
+  }
 
   // An op of several results, "%vN:count = rhs", each result of its (element, shape).
   std::vector<Val> defs(const std::vector<std::pair<std::string, Shape>>& types,
@@ -364,6 +421,16 @@ class Lowering {
   // and their sums (B,Hkv,T,G), 1 for a row that sees no slot; with sinks, a query head's sink
   // joins its rows' max and sums.
   std::pair<Val, Val> attention_weights(const Node& n, const Val& s, const Val& seen);
+  // The linear-attention ops (graph.h), whose value is their output y and which also write their
+  // state operand (graph::side_written_operand): each rule returns y and leaves the state's new
+  // value in written_, which run() makes the state's latest value.
+  Val causal_conv1d(const Node& n);
+  Val gated_delta_rule(const Node& n);
+  // Which of the T tokens at slots [start, start + T) key_mask (B,S) marks real, (B,T) i1; a slot
+  // at or past S is not (as the CPU's kernels read the mask).
+  Val real_tokens(const Val& key_mask, const Val& start, int64_t T);
+  // A recurrent state as the step reads it: zeros at start == 0 (a new sequence), f32.
+  Val state_at_start(const Val& state, const Val& start);
 
   // The primitives (lower_primitives.cc).
   Val constant(const Node& n);
@@ -400,6 +467,9 @@ class Lowering {
   bool head_major_;  // the graph's KV layout (graph.h)
   Emitter e_;
   std::vector<Val> vals_;
+  // The new value of the operand the node being lowered writes beside its own value, set by the
+  // rules of the ops that have one (graph::side_written_operand).
+  std::optional<Val> written_;
 };
 
 }  // namespace tformers::backends::pjrt

@@ -105,6 +105,21 @@ Split split_at_collectives(const graph::Graph& g) {
     const bool in_place = op == Op::kReshape || op == Op::kCacheWrite || op == Op::kPagedCacheWrite;
     root[i] = in_place ? root[size_t(nodes[i].inputs[0])] : int(i);
   }
+  // A linear-attention op writes its state operand in place beside its own value
+  // (graph::side_written_operand). When that operand lives in a state, the segment that writes
+  // binds the state, returns its new value as a cache write's segment does, and the backend
+  // swaps it in; a later segment binds the state as written, as the CPU backend's later nodes
+  // read its bytes. Written in place anywhere else, the new value would stay in the writing
+  // segment while other segments read the value from before the write: refused.
+  for (const Node& n : nodes)
+    if (const int k = graph::side_written_operand(n.op); k >= 0) {
+      const Node& r = nodes[size_t(root[size_t(n.inputs[size_t(k)])])];
+      if (r.op != Op::kState)
+        throw UnsupportedError(detail::str_cat(
+            "PJRT backend: '", n.name, "' (", graph::op_name(n.op), ") writes '", r.name,
+            "' in place, which is not a state; in a graph with collectives only a state can be "
+            "written in place"));
+    }
   for (Op kind : {Op::kParameter, Op::kState, Op::kInput}) {
     const std::vector<int> ids = g.leaves(kind);
     for (size_t k = 0; k < ids.size(); ++k) pos[size_t(ids[k])] = int(k);

@@ -44,7 +44,8 @@ struct Split {
 
 // The graph in steps. A graph without collectives is one segment equal to the graph.
 // UnsupportedError when a value that lives in a state (a cache through its write) is read across
-// a collective in another shape than the state's.
+// a collective in another shape than the state's, or when an op writes an operand in place
+// (graph::side_written_operand) that does not live in a state.
 Split split_at_collectives(const graph::Graph& g);
 
 bool is_collective(graph::Op op);
