@@ -23,6 +23,9 @@ struct ModelShape {
   int64_t experts = 0, top_k = 0;
   // gpt-oss's layers instead (sinks, biases, its router and MXFP4 experts as released).
   bool gpt_oss = false;
+  // Qwen3.5's hybrid instead: every fourth layer gated full attention, the others Gated DeltaNet
+  // (16 key heads and 32 value heads of 128, a convolution of 4), (1 + w) norms.
+  bool qwen3_5 = false;
 };
 
 const ModelShape kQwen3{
@@ -70,11 +73,57 @@ const ModelShape kGptOss20B{
     "gpt-oss-20b", "GptOssForCausalLM", "gpt_oss", 201088, 2880, 2880, 24, 64, 8, 64, false, 32, 4,
     true};
 
+// Qwen3.5-9B's layers (hidden 4096, MLP 12288, attention 16 heads of 256 with 4 KV heads), 4 of
+// its 32: three Gated DeltaNet layers and one of attention, as each group of four holds them.
+const ModelShape kQwen35_9B4L{"qwen3.5-9b-4l",
+                              "Qwen3_5ForCausalLM",
+                              "qwen3_5_text",
+                              248320,
+                              4096,
+                              12288,
+                              4,
+                              16,
+                              4,
+                              256,
+                              true,
+                              0,
+                              0,
+                              false,
+                              true};
+// The dense model users compare it with, Qwen3-8B (36 layers), as 4 of its layers.
+const ModelShape kQwen3_8B4L{
+    "qwen3-8b-4l", "Qwen3ForCausalLM", "qwen3", 151936, 4096, 12288, 4, 32, 8, 128, true};
+
 // The shape called `name`, or null.
 inline const ModelShape* find_shape(const std::string& name) {
-  for (const ModelShape* m : {&kQwen3, &kLlama, &kLlama8B, &kQwen3Moe2L, &kGptOss2L, &kGptOss20B})
+  for (const ModelShape* m : {&kQwen3, &kLlama, &kLlama8B, &kQwen3Moe2L, &kGptOss2L, &kGptOss20B,
+                              &kQwen35_9B4L, &kQwen3_8B4L})
     if (m->name == name) return m;
   return nullptr;
+}
+
+// Qwen3.5's Gated DeltaNet dimensions in the shapes above.
+constexpr int64_t kDeltaKeyHeads = 16, kDeltaValueHeads = 32, kDeltaHeadDim = 128, kDeltaConv = 4;
+
+// config.json's fields beyond the common ones, for the shape's family.
+inline std::string family_fields(const ModelShape& m) {
+  if (m.gpt_oss)
+    return ", \"num_local_experts\": 32, \"num_experts_per_tok\": 4, \"sliding_window\": 128, "
+           "\"quantization_config\": {\"quant_method\": \"mxfp4\"}";
+  if (m.experts)
+    return ", \"num_experts\": " + std::to_string(m.experts) +
+           ", \"num_experts_per_tok\": " + std::to_string(m.top_k) +
+           ", \"moe_intermediate_size\": " + std::to_string(m.inter) + ", \"norm_topk_prob\": true";
+  if (!m.qwen3_5) return "";
+  std::string types;
+  for (int64_t l = 0; l < m.layers; ++l)
+    types += std::string(l ? ", " : "") + ((l + 1) % 4 ? "\"linear_attention\"" : "\"full_attention\"");
+  return ", \"layer_types\": [" + types + "], \"linear_num_key_heads\": " +
+         std::to_string(kDeltaKeyHeads) + ", \"linear_num_value_heads\": " +
+         std::to_string(kDeltaValueHeads) + ", \"linear_key_head_dim\": " +
+         std::to_string(kDeltaHeadDim) + ", \"linear_value_head_dim\": " +
+         std::to_string(kDeltaHeadDim) + ", \"linear_conv_kernel_dim\": " +
+         std::to_string(kDeltaConv) + ", \"partial_rotary_factor\": 0.25";
 }
 
 // Writes config.json and random bf16 weights of the shape (tied embeddings), once.
@@ -90,15 +139,7 @@ inline void make_model(const ModelShape& m, const std::string& dir) {
       << ", \"max_position_embeddings\": 40960, \"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000,"
          " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\", \"hidden_act\": "
          "\"silu\""
-      << (m.gpt_oss   ? ", \"num_local_experts\": 32, \"num_experts_per_tok\": 4, "
-                        "\"sliding_window\": 128, \"quantization_config\": {\"quant_method\": "
-                        "\"mxfp4\"}"
-          : m.experts ? ", \"num_experts\": " + std::to_string(m.experts) +
-                            ", \"num_experts_per_tok\": " + std::to_string(m.top_k) +
-                            ", \"moe_intermediate_size\": " + std::to_string(m.inter) +
-                            ", \"norm_topk_prob\": true"
-                      : std::string())
-      << "}";
+      << family_fields(m) << "}";
   std::vector<std::pair<std::string, Tensor>> ts;
   std::mt19937 rng(7);
   auto add = [&](const std::string& name, Shape shape, float scale) {
@@ -123,17 +164,34 @@ inline void make_model(const ModelShape& m, const std::string& dir) {
   };
   const int64_t h = m.hidden, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
   add("model.embed_tokens.weight", {m.vocab, h}, 0.1f);
+  // A DeltaNet layer's weights (Qwen3.5's projections).
+  auto add_delta_net = [&](const std::string& n) {
+    const int64_t keys = kDeltaKeyHeads * kDeltaHeadDim, values = kDeltaValueHeads * kDeltaHeadDim;
+    add(n + "in_proj_qkv.weight", {2 * keys + values, h}, 0.05f);
+    add(n + "in_proj_z.weight", {values, h}, 0.05f);
+    add(n + "in_proj_b.weight", {kDeltaValueHeads, h}, 0.05f);
+    add(n + "in_proj_a.weight", {kDeltaValueHeads, h}, 0.05f);
+    add(n + "conv1d.weight", {2 * keys + values, 1, kDeltaConv}, 0.5f);
+    add(n + "dt_bias", {kDeltaValueHeads}, 1.0f);
+    add(n + "A_log", {kDeltaValueHeads}, 1.0f);
+    add(n + "norm.weight", {kDeltaHeadDim}, 1.0f);
+    add(n + "out_proj.weight", {h, values}, 0.05f);
+  };
   for (int l = 0; l < m.layers; ++l) {
     std::string n = "model.layers." + std::to_string(l) + ".";
     add(n + "input_layernorm.weight", {h}, 1.0f);
     add(n + "post_attention_layernorm.weight", {h}, 1.0f);
-    add(n + "self_attn.q_proj.weight", {q, h}, 0.05f);
-    add(n + "self_attn.k_proj.weight", {kv, h}, 0.05f);
-    add(n + "self_attn.v_proj.weight", {kv, h}, 0.05f);
-    add(n + "self_attn.o_proj.weight", {h, q}, 0.05f);
-    if (m.qk_norm) {
-      add(n + "self_attn.q_norm.weight", {m.head_dim}, 1.0f);
-      add(n + "self_attn.k_norm.weight", {m.head_dim}, 1.0f);
+    if (m.qwen3_5 && (l + 1) % 4) {
+      add_delta_net(n + "linear_attn.");
+    } else {
+      add(n + "self_attn.q_proj.weight", {m.qwen3_5 ? 2 * q : q, h}, 0.05f);
+      add(n + "self_attn.k_proj.weight", {kv, h}, 0.05f);
+      add(n + "self_attn.v_proj.weight", {kv, h}, 0.05f);
+      add(n + "self_attn.o_proj.weight", {h, q}, 0.05f);
+      if (m.qk_norm) {
+        add(n + "self_attn.q_norm.weight", {m.head_dim}, 1.0f);
+        add(n + "self_attn.k_norm.weight", {m.head_dim}, 1.0f);
+      }
     }
     if (m.gpt_oss) {
       for (const char* b : {"q_proj", "k_proj", "v_proj"})
