@@ -65,9 +65,10 @@ struct ServingConfig {
   // and chunks run as one packed forward.
   int64_t max_prefill_tokens = 512;
   // Full KV blocks are kept under the hash of their prefix, and a request that begins with
-  // cached blocks shares them and prefills only the rest (vLLM's enable_prefix_caching). Off for
-  // models with linear-attention layers (Qwen3.5, Qwen3-Next), whose recurrent state at a block's
-  // end no block keeps yet.
+  // cached blocks shares them and prefills only the rest (vLLM's enable_prefix_caching). With
+  // linear-attention layers (Qwen3.5, Qwen3-Next) a hit ends where a recurrent state was kept:
+  // the end of each prompt's last whole block, max_num_seqs states kept, least recently used
+  // first out (generation/state_snapshots.h).
   bool enable_prefix_caching = true;
 };
 

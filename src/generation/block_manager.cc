@@ -101,17 +101,19 @@ void BlockManager::commit(Table& t, std::span<const int32_t> tokens, int64_t com
   }
 }
 
-void BlockManager::release(Table& t) {
-  for (auto it = t.blocks.rbegin(); it != t.blocks.rend(); ++it) {
-    const int32_t b = *it;
+void BlockManager::release(Table& t) { truncate(t, 0); }
+
+void BlockManager::truncate(Table& t, size_t blocks) {
+  while (t.blocks.size() > blocks) {
+    const int32_t b = t.blocks.back();
+    t.blocks.pop_back();
     if (--refs_[size_t(b)] > 0) continue;
     if (key_[size_t(b)] != 0)
       where_[size_t(b)] = evictable_.insert(evictable_.end(), b);
     else
       free_.push_back(b);
   }
-  t.blocks.clear();
-  t.keys.clear();
+  if (t.keys.size() > blocks) t.keys.resize(blocks);
 }
 
 }  // namespace tformers::generation

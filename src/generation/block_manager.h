@@ -72,6 +72,8 @@ class BlockManager {
   void commit(Table& t, std::span<const int32_t> tokens, int64_t computed, int64_t prefilled);
   // Drops the table's references, tail first, and empties it.
   void release(Table& t);
+  // Drops the references of the table's blocks past its first `blocks`, tail first.
+  void truncate(Table& t, size_t blocks);
 
  private:
   struct Cached {

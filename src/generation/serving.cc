@@ -59,6 +59,7 @@
 #include "core/memory.h"
 #include "core/thread_pool.h"
 #include "generation/block_manager.h"
+#include "generation/state_snapshots.h"
 #include "generation/json_grammar.h"
 #include "generation/logits_process.h"
 #include "generation/sampling.h"
@@ -132,8 +133,9 @@ struct ServingEngine::Impl {
     // it). Its state is a function of the tokens, so a preempted sequence resumes with it as is.
     std::shared_ptr<generation::TokenMatcher> matcher;
     generation::BlockManager::Table table;  // the positions computed so far
-    // Its slot in the recurrent state pools while admitted (models with linear attention).
-    int32_t state_slot = -1;
+    // Its slot in the recurrent state pools while admitted (models with linear attention), and
+    // a prefix cache's slot its next chunk reads its state from instead (pinned until then).
+    int32_t state_slot = -1, read_slot = -1;
   };
 
   models::ModelRunner m;
@@ -164,6 +166,17 @@ struct ServingEngine::Impl {
   // pools, taken at admission and given back when the sequence ends or is preempted.
   bool recurrent = false;
   std::vector<int32_t> free_slots;
+  // Their prefix cache: states at prompts' block ends (state_snapshots.h), with prefix caching.
+  std::optional<generation::StateSnapshots> snapshots;
+  // The block end whose state a sequence's prompt leaves in the prefix cache (0: none).
+  int64_t snapshot_end(const Sequence& s) const {
+    return snapshots ? (s.prompt_len - 1) / cfg.block_size * cfg.block_size : 0;
+  }
+  // A prefix hit of `hit` positions cut back to the longest whose state is kept; s then reads
+  // its state from there.
+  int64_t restore_state(Sequence& s, int64_t hit);
+  // Takes back a sequence's own slot and any prefix cache slot it was to read.
+  void release_state(Sequence& s);
   // Reused from step to step: the logits of each batch size, the logits of a step's prompt
   // chunks when each is a forward of its own, and each row's choice.
   std::map<int64_t, Tensor> logits_by_rows;
@@ -259,7 +272,8 @@ struct ServingEngine::Impl {
     return {.tokens = std::span(s.tokens).subspan(size_t(from), size_t(to - from)),
             .position = from,
             .blocks = s.table.blocks,
-            .state_slot = s.state_slot};
+            .state_slot = s.state_slot,
+            .read_slot = s.read_slot >= 0 ? s.read_slot : s.state_slot};
   }
   void note_compiles() { compiles = m.compiles(); }
   // The logits of a step of `rows` rows, (rows, 1, V), allocated at its first use.
@@ -307,9 +321,10 @@ void ServingEngine::Impl::configure() {
   check(cfg.num_blocks <= INT32_MAX, "num_blocks must fit int32");
   // Checked before the pool is allocated: kv_cache_bytes or num_blocks from a command line may
   // be absurd. On an accelerator the pool is device memory, whose allocation fails on its own.
-  const double pool_bytes =
-      double(cfg.num_blocks) * double(block_bytes) +
-      double(cfg.max_num_seqs) * double(m.recurrent_bytes_per_sequence());
+  // Recurrent states: one per running sequence, and as many kept for the prefix cache.
+  const int64_t state_slots = (cfg.enable_prefix_caching ? 2 : 1) * cfg.max_num_seqs;
+  const double pool_bytes = double(cfg.num_blocks) * double(block_bytes) +
+                            double(state_slots) * double(m.recurrent_bytes_per_sequence());
   const uint64_t limit = memory_limit_bytes();
   check(!m.state_on_host() || pool_bytes <= double(limit),
         "a KV pool of " + std::to_string(cfg.num_blocks) + " blocks of " +
@@ -321,10 +336,8 @@ void ServingEngine::Impl::configure() {
   // A prefill step takes at most max_prefill_tokens prompt positions, or one block where that is
   // less (plan_chunk), and never more than a context each of the sequences it may hold (packed,
   // up to max_num_seqs; else one): no bucket above that is ever run.
-  // A model with linear-attention layers runs a sequence per row, and caches no prefixes: a
-  // cached block's keys and values would skip positions whose recurrent state no block keeps.
+  // A model with linear-attention layers runs a sequence per row (each with its state's slot).
   recurrent = m.recurrent_bytes_per_sequence() > 0;
-  if (recurrent) cfg.enable_prefix_caching = false;
   packing = m.packs_sequences() && !recurrent;
   const int64_t longest_chunk = std::min((packing ? cfg.max_num_seqs : 1) * cfg.max_model_len,
                                          std::max(cfg.max_prefill_tokens, cfg.block_size));
@@ -360,9 +373,12 @@ void ServingEngine::Impl::configure() {
           "load the model again for a second one");
     serving = true;
   }
-  m.allocate_pool(cfg.num_blocks, cfg.block_size, table_blocks, cfg.max_num_seqs);
-  if (recurrent)
+  m.allocate_pool(cfg.num_blocks, cfg.block_size, table_blocks, state_slots);
+  if (recurrent) {
     for (int32_t slot = int32_t(cfg.max_num_seqs) - 1; slot >= 0; --slot) free_slots.push_back(slot);
+    if (cfg.enable_prefix_caching)
+      snapshots.emplace(int32_t(cfg.max_num_seqs), int32_t(cfg.max_num_seqs));
+  }
   blocks.emplace(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching);
 }
 
@@ -427,7 +443,25 @@ std::unique_ptr<ServingEngine::Impl::Sequence> ServingEngine::Impl::make_sequenc
 void ServingEngine::Impl::release(Sequence& s) {
   blocks->release(s.table);
   publish_blocks();
+  release_state(s);
+}
+
+void ServingEngine::Impl::release_state(Sequence& s) {
   if (s.state_slot >= 0) free_slots.push_back(std::exchange(s.state_slot, -1));
+  if (s.read_slot >= 0) snapshots->unpin(std::exchange(s.read_slot, -1));
+}
+
+int64_t ServingEngine::Impl::restore_state(Sequence& s, int64_t hit) {
+  if (!recurrent || hit == 0) return hit;
+  size_t kept = size_t(hit / cfg.block_size);
+  int32_t slot = -1;
+  while (kept > 0 && (slot = snapshots->find(s.table.keys[kept - 1])) < 0) --kept;
+  blocks->truncate(s.table, kept);
+  if (slot >= 0) {
+    s.read_slot = slot;
+    snapshots->pin(slot);
+  }
+  return int64_t(kept) * cfg.block_size;
 }
 
 void ServingEngine::Impl::finish(Sequence& s, const std::string& reason, const std::string& error) {
@@ -486,7 +520,8 @@ bool ServingEngine::Impl::report(Sequence& s, ServingEvent e) {
 ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s, int64_t& budget, int64_t& end) {
   const int64_t L = int64_t(s.tokens.size()), P = s.prompt_len;
   // The last token is computed whatever is cached: its logits choose the next one.
-  const int64_t hit = blocks->match_prefix(std::span(s.tokens).first(size_t(L - 1)), P, s.table);
+  const int64_t hit = restore_state(
+      s, blocks->match_prefix(std::span(s.tokens).first(size_t(L - 1)), P, s.table));
   const int64_t done = std::max(hit, P);  // computed once admitted
   // Room for its next position too, so that the next decode does not preempt it straight away.
   const int64_t need = blocks->blocks_for(done + 1) - int64_t(s.table.blocks.size());
@@ -504,6 +539,7 @@ ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s, int64_t& budg
   if (!fits || !slot || blocks->free_blocks() - need < blocks_needed_by_decode() ||
       !blocks->grow(s.table, done)) {
     blocks->release(s.table);
+    release_state(s);
     return Admit::kNoRoom;
   }
   publish_blocks();
@@ -527,6 +563,9 @@ int64_t ServingEngine::Impl::plan_chunk(const Sequence& s, int64_t& budget, bool
   int64_t n = rest <= budget ? rest : std::min(rest, whole_blocks);
   if (n == 0 && first) n = std::min(rest, cfg.block_size);
   if (n == 0) return 0;
+  // A chunk that would pass the block end whose state the prefix cache keeps stops there.
+  const int64_t kept = snapshot_end(s);
+  if (s.computed < kept && s.computed + n > kept) n = kept - s.computed;
   budget = std::max<int64_t>(0, budget - n);
   return s.computed + n;
 }
@@ -535,9 +574,14 @@ void ServingEngine::Impl::prefill() {
   const int64_t V = m.vocab_size();
   std::vector<models::SequenceChunk> parts;
   int64_t total = 0;
-  for (const auto& [s, end] : prefilling) {
+  // A chunk that ends where its prompt's state is kept writes it to a prefix cache slot.
+  std::vector<int32_t> kept_in(prefilling.size(), -1);
+  for (size_t i = 0; i < prefilling.size(); ++i) {
+    const auto& [s, end] = prefilling[i];
     parts.push_back(chunk(*s, s->computed, end));
     total += end - s->computed;
+    if (end > 0 && end == snapshot_end(*s) && (kept_in[i] = snapshots->take()) >= 0)
+      parts.back().state_slot = kept_in[i];
   }
   // Each chunk's logits: packed, row i of the one forward's; else a copy of its own forward's,
   // as the next forward of the same bucket reuses the tensor.
@@ -571,6 +615,11 @@ void ServingEngine::Impl::prefill() {
     Sequence& s = *prefilling[i].first;
     s.computed = prefilling[i].second;
     blocks->commit(s.table, s.tokens, s.computed, s.prompt_len);
+    if (s.read_slot >= 0) snapshots->unpin(std::exchange(s.read_slot, -1));
+    if (kept_in[i] >= 0) {  // its next chunk reads the state from there, pinned until then
+      snapshots->keep(s.table.keys[size_t(s.computed / cfg.block_size) - 1], kept_in[i]);
+      s.read_slot = kept_in[i];
+    }
     if (s.computed == s.prompt_len && int64_t(s.tokens.size()) == s.prompt_len)
       picks.push_back({&s, row_of[i], i});
   }

@@ -474,7 +474,7 @@ void GraphBuilder::check_paged_recurrent_operands(Value pool, const Shape& each,
   TF_CHECK(p.dtype == DType::f32 && p.shape.size() == each.size() + 1 && p.shape[0] >= 1 &&
                std::equal(each.begin(), each.end(), p.shape.begin() + 1),
            name, ": pool ", p.str());
-  TF_CHECK(type(slots) == TensorType({DType::i32, {B}}), name, ": slots ", type(slots).str());
+  TF_CHECK(type(slots) == TensorType({DType::i32, {B, 2}}), name, ": slots ", type(slots).str());
   TF_CHECK(type(pos) == TensorType({DType::i32, {B, T}}), name, ": pos ", type(pos).str());
 }
 

@@ -133,7 +133,7 @@ class GraphBuilder {
                       const std::string& name = "");
   Value gated_delta_rule(Value q, Value k, Value v, Value g, Value beta, Value state, Value start,
                          Value key_mask, const std::string& name = "");
-  // The paged forms: `state` is a pool of states, slots (B) and pos (B,T) int32 inputs.
+  // The paged forms: `state` is a pool of states, slots (B,2) and pos (B,T) int32 inputs.
   Value paged_causal_conv1d(Value x, Value w, Value pool, Value slots, Value pos,
                             const std::string& name = "");
   Value paged_gated_delta_rule(Value q, Value k, Value v, Value g, Value beta, Value pool,
@@ -156,7 +156,7 @@ class GraphBuilder {
   // The state (f32 of shape `want`), start and key mask (B, S) of a linear-attention op, checked.
   void check_recurrent_operands(Value state, const Shape& want, Value start, Value key_mask,
                                 int64_t B, const std::string& name) const;
-  // The same for the paged forms: a pool of states of shape `each`, slots (B) and pos (B,T).
+  // The same for the paged forms: a pool of states of shape `each`, slots (B,2) and pos (B,T).
   void check_paged_recurrent_operands(Value pool, const Shape& each, Value slots, Value pos,
                                       int64_t B, int64_t T, const std::string& name) const;
   // The operands of a causal convolution or a delta rule, checked, and the shape of one row's

@@ -113,11 +113,14 @@ enum class Op : uint8_t {
                    // and value head h (reading key head h / (H / Hk)), S = exp(g) S;
                    // S += k (beta (v - S^T k))^T; y = S^T q (q and k as given: normalised and
                    // scaled by the caller)
-  // The same over the paged cache of continuous batching: the state of row b is
-  // pool[slots[b]] (slots (B) int32, negative for a padding row), token (b,t) is real when
-  // pos[b,t] >= 0, and a row's state counts as zeros when its first real token is at position 0.
-  kPagedCausalConv1d,    // (x, w, pool f32 (N,K-1,C), slots (B), pos (B,T)) -> (B,T,C)
-  kPagedGatedDeltaRule,  // (q, k, v, g, beta, pool f32 (N,H,Dk,Dv), slots (B), pos (B,T))
+  // The same over the paged cache of continuous batching: row b reads its state from
+  // pool[slots[b,0]] and writes the new one to pool[slots[b,1]] (slots (B,2) int32; the same slot
+  // to go on in place, another to keep the state at a prompt's block end as a prefix cache entry,
+  // or to start from one; a negative write slot for a padding row, which keeps no state); token
+  // (b,t) is real when pos[b,t] >= 0, and a row's state counts as zeros when its first real token
+  // is at position 0.
+  kPagedCausalConv1d,    // (x, w, pool f32 (N,K-1,C), slots (B,2), pos (B,T)) -> (B,T,C)
+  kPagedGatedDeltaRule,  // (q, k, v, g, beta, pool f32 (N,H,Dk,Dv), slots (B,2), pos (B,T))
                          // -> (B,T,H,Dv)
 };
 

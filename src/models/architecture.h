@@ -106,8 +106,9 @@ struct StepShape {
   // each sequence's last token.
   int64_t sequences = 0;
   // A paged step of a model with linear-attention layers: the slots of its recurrent state
-  // pools (recurrent_pool.{i}.{conv,delta}, slots by a state's shape) and the input state_slot
-  // (B) int32, each row's slot (negative for padding). 0: the model has none.
+  // pools (recurrent_pool.{i}.{conv,delta}, slots by a state's shape) and the input
+  // state_slots (B,2) int32, the slot each row reads its state from and the one it writes it to
+  // (graph.h's paged linear-attention ops). 0: the model has none.
   int64_t state_slots = 0;
   bool paged() const { return kv_blocks > 0; }
   auto operator<=>(const StepShape&) const = default;

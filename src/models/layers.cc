@@ -27,7 +27,7 @@ Ctx begin_step(GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype
   if (s.paged()) {
     c.table = b.input("block_table", {DType::i32, {s.sequences ? s.sequences : B, s.table_blocks}});
     if (s.sequences) c.rows = b.input("sequence_index", {DType::i32, {B, T}});
-    if (s.state_slots) c.slots = b.input("state_slot", {DType::i32, {B}});
+    if (s.state_slots) c.slots = b.input("state_slots", {DType::i32, {B, 2}});
   } else {
     c.start = b.input("cache_position", {DType::i32, {}});
     // The key mask changes once per generation, not per step: device state, not an input.

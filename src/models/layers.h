@@ -72,7 +72,7 @@ struct Ctx {
   Value start = -1, mask = -1;  // static cache: cache_position (); attention_mask (B,S)
   Value table = -1;             // paged cache: block_table (B or sequences, table_blocks)
   Value rows = -1;              // a packed paged step: sequence_index (B,T), each token's table row
-  Value slots = -1;             // a paged step's state_slot (B), with linear-attention layers
+  Value slots = -1;             // a paged step's state_slots (B,2), with linear attention
 };
 // Declares the step's inputs.
 Ctx begin_step(graph::GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype);

@@ -102,9 +102,9 @@ void ModelRunner::run_paged(Step& step, std::span<const SequenceChunk> seqs, Ten
   Tensor pos = Tensor::zeros({rows, tokens}, DType::i32);
   Tensor index = packed ? Tensor::zeros({rows, tokens}, DType::i32) : Tensor();
   Tensor table = Tensor::zeros({capacity, MB}, DType::i32);
-  Tensor slots = step.shape.state_slots ? Tensor::zeros({rows}, DType::i32) : Tensor();
+  Tensor slots = step.shape.state_slots ? Tensor::zeros({rows, 2}, DType::i32) : Tensor();
   std::fill_n(pos.data<int32_t>(), pos.numel(), -1);
-  if (slots.defined()) std::fill_n(slots.data<int32_t>(), rows, -1);
+  if (slots.defined()) std::fill_n(slots.data<int32_t>(), slots.numel(), -1);
   int64_t total = 0;
   for (size_t r = 0; r < seqs.size(); ++r) {
     const SequenceChunk& c = seqs[r];
@@ -118,11 +118,15 @@ void ModelRunner::run_paged(Step& step, std::span<const SequenceChunk> seqs, Ten
           std::to_string(MB) + " blocks per sequence");
     std::copy(c.blocks.begin(), c.blocks.end(), table.data<int32_t>() + int64_t(r) * MB);
     if (slots.defined()) {
-      if (c.state_slot < 0 || c.state_slot >= step.shape.state_slots)
-        throw InvalidArgumentError("run_paged: sequence " + std::to_string(r) + " has state slot " +
-                                   std::to_string(c.state_slot) + ", outside the pools' " +
-                                   std::to_string(step.shape.state_slots));
-      slots.data<int32_t>()[r] = c.state_slot;
+      const int32_t read = c.read_slot < 0 ? c.state_slot : c.read_slot;
+      if (c.state_slot < 0 || c.state_slot >= step.shape.state_slots ||
+          read >= step.shape.state_slots)
+        throw InvalidArgumentError(
+            "run_paged: sequence " + std::to_string(r) + " has state slots " +
+            std::to_string(read) + " and " + std::to_string(c.state_slot) +
+            ", outside the pools' " + std::to_string(step.shape.state_slots));
+      slots.data<int32_t>()[2 * r] = read;
+      slots.data<int32_t>()[2 * r + 1] = c.state_slot;
     }
   }
   if (packed && total > tokens)
@@ -224,7 +228,7 @@ void ModelRunner::follow() {
           Tensor ids = Tensor::zeros({a, b}, DType::i32), pos = Tensor::zeros({a, b}, DType::i32),
                  table = Tensor::zeros({seqs, c}, DType::i32),
                  index = d ? Tensor::zeros({a, b}, DType::i32) : Tensor(),
-                 slots = step.shape.state_slots ? Tensor::zeros({a}, DType::i32) : Tensor();
+                 slots = step.shape.state_slots ? Tensor::zeros({a, 2}, DType::i32) : Tensor();
           std::vector<Tensor*> used = {&ids, &pos, &table};
           if (d) used.push_back(&index);
           if (slots.defined()) used.push_back(&slots);

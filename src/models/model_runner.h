@@ -30,9 +30,9 @@ struct SequenceChunk {
   std::span<const int32_t> tokens;  // the new tokens
   int64_t position = 0;             // the position of tokens[0]
   std::span<const int32_t> blocks;  // the pool blocks that hold positions [0, position + size)
-  // Its slot in the recurrent state pools, for a model with linear-attention layers (each
-  // running sequence has its own, [0, state_slots)).
-  int32_t state_slot = -1;
+  // For a model with linear-attention layers, the slot of the recurrent state pools this chunk
+  // writes its state to ([0, state_slots)), and the one it reads it from (-1: the same).
+  int32_t state_slot = -1, read_slot = -1;
 };
 
 class ModelRunner {

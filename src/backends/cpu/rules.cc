@@ -700,12 +700,13 @@ cpu::RecurrentRows recurrent_rows(const OpCall& c, int64_t B, int64_t T) {
     }
     return r;
   }
-  const int32_t* slots = c.i32(size_t(at) + 1);
+  const int32_t* slots = c.i32(size_t(at) + 1);  // (B, 2): read, write
   const int32_t* pos = c.i32(size_t(at) + 2);
   const int64_t N = st.shape[0];
   for (int64_t b = 0; b < B; ++b) {
-    TF_CHECK(slots[b] < N, c.n.name, ": state slot ", slots[b], " of a pool of ", N);
-    r.state[size_t(b)] = slots[b] >= 0 ? state + slots[b] * each : nullptr;
+    const int32_t read = slots[2 * b], write = slots[2 * b + 1];
+    TF_CHECK(read < N && write < N, c.n.name, ": state slots ", read, " and ", write,
+             " of a pool of ", N);
     bool first = true;
     for (int64_t t = 0; t < T; ++t) {
       const int32_t p = pos[b * T + t];
@@ -713,6 +714,11 @@ cpu::RecurrentRows recurrent_rows(const OpCall& c, int64_t B, int64_t T) {
       if (p >= 0 && first) r.fresh[size_t(b)] = p == 0;
       if (p >= 0) first = false;
     }
+    if (write < 0) continue;  // a padding row: no state
+    r.state[size_t(b)] = state + write * each;
+    // The kernels update a state in place: one read elsewhere is copied where it goes first.
+    if (!r.fresh[size_t(b)] && read >= 0 && read != write)
+      std::memcpy(state + write * each, state + read * each, size_t(each) * sizeof(float));
   }
   return r;
 }
