@@ -160,7 +160,8 @@ TEST_P(XlaCpuRoutedModel, Float32MatchesTransformersAndTheCpuBackend) {
 }
 INSTANTIATE_TEST_SUITE_P(HfModels, XlaCpuRoutedModel,
                          ::testing::Values("hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe",
-                                           "hf-gpt-oss", "hf-gpt-oss-mxfp4"),
+                                           "hf-gpt-oss", "hf-gpt-oss-mxfp4", "hf-qwen3-next",
+                                           "hf-qwen3-5", "hf-qwen3-5-moe", "hf-qwen3-5-vl"),
                          param_name);
 
 // AWQ and GPTQ checkpoints: XLA multiplies the dequantized f32 weights, so the goldens computed
@@ -348,8 +349,8 @@ TEST_F(XlaCpuGenerate, BeamSearchKeepsTheCpuBackendsBeams) {
 
 // The serving engine's paged steps: requests decoded together give each the tokens generate()
 // gives it alone on the CPU backend, and after warm_up() nothing compiles.
-TEST_F(XlaCpuGenerate, TheServingEngineGivesGenerateTokens) {
-  CausalLM xla = load("tiny-qwen3", float32, device()), cpu = load("tiny-qwen3", float32, "cpu");
+void expect_serving_gives_generate_tokens(const std::string& name) {
+  CausalLM xla = load(name, float32, device()), cpu = load(name, float32, "cpu");
   ServingEngine engine(xla, {.max_num_seqs = 4, .max_model_len = 64});
   engine.warm_up();
   engine.start();
@@ -383,6 +384,15 @@ TEST_F(XlaCpuGenerate, TheServingEngineGivesGenerateTokens) {
   }
   EXPECT_EQ(engine.stats().compiles_since_ready, 0u);
   engine.shutdown(std::chrono::milliseconds(0));
+}
+
+// A transformer, and a hybrid whose linear-attention layers keep their recurrent states in slots
+// of the pools (the paged forms of the Gated DeltaNet ops).
+TEST_F(XlaCpuGenerate, TheServingEngineGivesGenerateTokens) {
+  for (const char* name : {"tiny-qwen3", "hf-qwen3-5"}) {
+    SCOPED_TRACE(name);
+    expect_serving_gives_generate_tokens(name);
+  }
 }
 
 TEST_F(XlaCpuGenerate, TheSameShapesCompileOnce) {

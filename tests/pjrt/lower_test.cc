@@ -740,20 +740,22 @@ TEST_P(LowerOps, CompositesThroughTheirDecompositions) {
 }
 
 // Gated DeltaNet's ops over their recurrent states (Hk = 2 key heads read by H = 4 value heads):
-// a 5-token prefill at start 0, whose states hold old nonzero values that must count as zeros,
-// with row 0 left-padded by two slots of the key mask, then a decode step at start 5 from the
-// states the prefill left. Each call's outputs and both states match the CPU's; the states stay
-// f32 under bf16 activations.
+// an 8-token prefill at start 0, whose states hold old nonzero values that must count as zeros,
+// then a 3-token continuation at 8 and a decode step at 11 from the states each call left. Row 0
+// is left-padded by two slots of the key mask; row 1 has padding in the middle of its prefill
+// (slots 3 and 4) and at the start of its continuation (slot 8), as a kept cache continued
+// has: a padding token is skipped, so the convolution's window holds the last real inputs
+// across it. Each call's outputs and both states match the CPU's; the states stay f32 under
+// bf16 activations.
 TEST_P(LowerOps, CausalConv1dAndGatedDeltaRule) {
-  constexpr int64_t B = 2, S = 8, Hk = 2, H = 4, Dk = 3, Dv = 5, C = 7, K = 4;
-  std::vector<int32_t> m(size_t(B * S), 1);
-  m[0] = m[1] = 0;
-  const Tensor mask = ints({B, S}, m);
+  constexpr int64_t B = 2, S = 12, Hk = 2, H = 4, Dk = 3, Dv = 5, C = 7, K = 4;
+  const Tensor mask = ints({B, S}, {0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,    //
+                                    1, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1});  //
   std::mt19937 rng(27);
   const Tensor w = random(rng, {C, K}, act());
   std::vector<Tensor> states = {random(rng, {B, K - 1, C}, DType::f32),
                                 random(rng, {B, H, Dk, Dv}, DType::f32)};
-  for (const auto& [T, start] : {std::pair<int64_t, int32_t>{5, 0}, {1, 5}}) {
+  for (const auto& [T, start] : {std::pair<int64_t, int32_t>{8, 0}, {3, 8}, {1, 11}}) {
     SCOPED_TRACE("T " + std::to_string(T) + " at " + std::to_string(start));
     Case c(act());
     const Value conv_state = c.state("conv_state", states[0]);
@@ -769,12 +771,62 @@ TEST_P(LowerOps, CausalConv1dAndGatedDeltaRule) {
     c.b.output(c.b.causal_conv1d(x, c.param("w", w), conv_state, at, key_mask, "conv"));
     c.b.output(c.b.gated_delta_rule(q, k, v, g, beta, recurrent_state, at, key_mask, "delta_rule"));
     const graph::Graph graph = c.b.finish();
-    // Each y sums a handful of products per step over up to 6 steps of the recurrence; the
+    // Each y sums a handful of products per step over up to 12 steps of the recurrence; the
     // states are f32 on both sides, and y is rounded once to the activation dtype.
-    expect_consistent(graph, c, tol(6 * Dk * Dv));
+    expect_consistent(graph, c, tol(12 * Dk * Dv));
     const Results cpu = run_cpu(graph, c);
     for (const Tensor& s : cpu.states) EXPECT_EQ(s.dtype(), DType::f32);
     states = cpu.states;
+  }
+}
+
+// The paged forms over pools of N = 5 state slots that hold other sequences' states: a ragged
+// step where row 0 (slot 3) continues a sequence at position 4 with a padding token among its
+// own, row 1 is a padding row (no slot) and row 2 (slot 0, whose old state must count as zeros)
+// starts a sequence at 0 behind a padding token; then a decode step of the two sequences in the
+// other row order, beside a padding row, from the pools the first step left. y and the whole
+// pools (the slots nobody names unchanged) match the CPU's.
+TEST_P(LowerOps, PagedCausalConv1dAndGatedDeltaRule) {
+  constexpr int64_t N = 5, B = 3, Hk = 2, H = 4, Dk = 3, Dv = 5, C = 7, K = 4;
+  std::mt19937 rng(29);
+  const Tensor w = random(rng, {C, K}, act());
+  std::vector<Tensor> pools = {random(rng, {N, K - 1, C}, DType::f32),
+                               random(rng, {N, H, Dk, Dv}, DType::f32)};
+  struct Step {
+    int64_t T;
+    std::vector<int32_t> slots, pos;
+  };
+  const Step steps[] = {{4, {3, -1, 0}, {4, 5, -1, 6, -1, -1, -1, -1, -1, 0, 1, 2}},
+                        {1, {0, -1, 3}, {3, -1, 7}}};
+  for (const Step& st : steps) {
+    const int64_t T = st.T;
+    SCOPED_TRACE("T " + std::to_string(T));
+    Case c(act());
+    const Value conv_pool = c.state("conv_pool", pools[0]);
+    const Value delta_pool = c.state("delta_pool", pools[1]);
+    const Value x = c.input("x", random(rng, {B, T, C}, act(), -2.0f, 2.0f));
+    const Value q = c.input("q", random(rng, {B, T, Hk, Dk}, act()));
+    const Value k = c.input("k", random(rng, {B, T, Hk, Dk}, act(), -0.6f, 0.6f));
+    const Value v = c.input("v", random(rng, {B, T, H, Dv}, act(), -2.0f, 2.0f));
+    const Value g = c.input("g", random(rng, {B, T, H}, act(), -1.0f, -0.05f));
+    const Value beta = c.input("beta", random(rng, {B, T, H}, act(), 0.1f, 0.9f));
+    const Value slots = c.input("slots", ints({B}, st.slots));
+    const Value pos = c.input("pos", ints({B, T}, st.pos));
+    c.b.output(c.b.paged_causal_conv1d(x, c.param("w", w), conv_pool, slots, pos, "conv"));
+    c.b.output(c.b.paged_gated_delta_rule(q, k, v, g, beta, delta_pool, slots, pos, "delta_rule"));
+    const graph::Graph graph = c.b.finish();
+    expect_consistent(graph, c, tol(12 * Dk * Dv));
+    const Results cpu = run_cpu(graph, c);
+    // The slots no row names (1, 2 and 4) are as they were.
+    for (size_t i = 0; i < pools.size(); ++i) {
+      const int64_t each = pools[i].numel() / N;
+      for (int64_t slot : {1, 2, 4})
+        EXPECT_EQ(std::memcmp(cpu.states[i].data<float>() + slot * each,
+                              pools[i].data<float>() + slot * each, size_t(each) * 4),
+                  0)
+            << "pool " << i << " slot " << slot;
+    }
+    pools = cpu.states;
   }
 }
 
@@ -1065,6 +1117,8 @@ TEST(OpRegistry, EveryOpHasACase) {
       {Op::kLinearIdQuant, "LowerOps.QuantizedExpertLinear"},
       {Op::kCausalConv1d, "LowerOps.CausalConv1dAndGatedDeltaRule"},
       {Op::kGatedDeltaRule, "LowerOps.CausalConv1dAndGatedDeltaRule"},
+      {Op::kPagedCausalConv1d, "LowerOps.PagedCausalConv1dAndGatedDeltaRule"},
+      {Op::kPagedGatedDeltaRule, "LowerOps.PagedCausalConv1dAndGatedDeltaRule"},
   };
   // The tests of this binary by "Suite.Name", parameterised ones without their instance prefix
   // and parameter suffix.

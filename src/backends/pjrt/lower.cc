@@ -335,30 +335,94 @@ Val Lowering::real_tokens(const Val& key_mask, const Val& start, int64_t T) {
   return e_.compare("NE", window, e_.splat(0, "i32", {B, T}));
 }
 
-Val Lowering::state_at_start(const Val& state, const Val& start) {
-  const Val s = e_.convert(state, "f32");
-  const Val fresh = e_.broadcast(e_.compare("EQ", start, e_.splat(0, "i32", {})), s.shape, {});
-  return e_.select(fresh, e_.splat(0, "f32", s.shape), s);
+// The static form: row b's state is the state's row b, zeros at start == 0, and its tokens are
+// real where the key mask says. The paged form: row b's state is the pool's row slots[b] (a
+// gather, clamped into range), zeros where the row's first real token is at position 0 or where
+// it has no slot, and its tokens are real where their positions are >= 0.
+Lowering::RecurrentRows Lowering::recurrent_rows(const Node& n, int64_t T) {
+  const size_t at = size_t(graph::side_written_operand(n.op));
+  const Val& state = in(n, at);
+  RecurrentRows r;
+  Val s, fresh;
+  if (n.op == Op::kCausalConv1d || n.op == Op::kGatedDeltaRule) {
+    const Val& start = in(n, at + 1);
+    s = e_.convert(state, "f32");
+    fresh = e_.broadcast(e_.compare("EQ", start, e_.splat(0, "i32", {})), {s.shape[0]}, {});
+    r.real = real_tokens(in(n, at + 2), start, T);
+  } else {
+    const Val &slots = in(n, at + 1), &pos = in(n, at + 2);  // (B), (B,T)
+    const int64_t B = pos.shape[0], N = state.shape[0];
+    const Shape bt = {B, T};
+    r.real = e_.compare("GE", pos, e_.splat(0, "i32", bt));
+    // The position of each row's first real token (-1 for a row of padding).
+    const Val t = e_.iota(1, bt);
+    const Val first =
+        e_.reduce(e_.select(r.real, t, e_.splat(double(T), "i32", bt)), "minimum", double(T), {1});
+    const Val at_first = e_.compare("EQ", t, e_.broadcast(first, bt, {0}));
+    const Val first_pos =
+        e_.reduce(e_.select(at_first, pos, e_.splat(-1, "i32", bt)), "maximum", -1, {1});
+    r.has_state = e_.compare("GE", slots, e_.splat(0, "i32", {B}));
+    r.slot = e_.select(*r.has_state, slots, e_.splat(double(N), "i32", {B}));
+    s = e_.convert(e_.gather_rows(state, slots), "f32");
+    fresh = e_.binary("or", e_.compare("EQ", first_pos, e_.splat(0, "i32", {B})),
+                      e_.unary("not", *r.has_state));
+  }
+  r.state = e_.select(e_.broadcast(fresh, s.shape, {0}), e_.splat(0, "f32", s.shape), s);
+  return r;
 }
 
-// Without a loop: u = the state's K-1 rows then x (B, K-1+T, C); y[t] = sum_j w[:, j] u[t + j]
-// as K shifted slices of u, summed in the CPU kernel's order; the new state is u's last K-1 rows.
+// The static form's state is the rows' new states; the paged form's pool has them scattered to
+// their slots, the rows without one skipped (set_rows).
+void Lowering::store_states(const Node& n, const RecurrentRows& rows, const Val& next) {
+  const Val& state = in(n, size_t(graph::side_written_operand(n.op)));
+  const Val v = e_.convert(next, state.elem);
+  written_ = rows.slot ? e_.set_rows(state, *rows.slot, v) : v;
+}
+
+// Without a loop, as the CPU kernel's window of the last K-1 real inputs works out: u (B,
+// K-1+T, C) holds each row's state, then its real tokens' x in order (padding tokens dropped),
+// then zeros. The r-th real token's window is u[r, r+K-1) and its x is u[r+K-1], so its y is
+// yc[r] = w[:, K-1] u[r+K-1] + sum_{j<K-1} w[:, j] u[r+j] (the CPU kernel's sum order), K shifted
+// slices of u; token t reads yc at its rank, and a padding token gives zeros. The new state is
+// u[count, count+K-1), count the row's real tokens.
 Val Lowering::causal_conv1d(const Node& n) {
   const Val x = f32(n, 0), w = f32(n, 1);  // (B,T,C), (C,K)
-  const int64_t T = x.shape[1], C = x.shape[2], K = w.shape[1];
-  const Val& start = in(n, 3);
-  // A padding token's x counts as zeros.
-  const Val real = e_.broadcast(real_tokens(in(n, 4), start, T), x.shape, {0, 1});
-  const Val u = e_.concatenate(
-      {state_at_start(in(n, 2), start), e_.select(real, x, e_.splat(0, "f32", x.shape))}, 1);
-  std::optional<Val> y;
-  for (int64_t j = 0; j < K; ++j) {
-    const Val wj = e_.broadcast(e_.reshape(e_.slice(w, 1, j, j + 1), {C}), x.shape, {2});
-    const Val term = e_.binary("multiply", wj, e_.slice(u, 1, j, j + T));
-    y = y ? e_.binary("add", *y, term) : term;
-  }
-  written_ = e_.slice(u, 1, T, T + K - 1);
-  return out(n, *y);
+  const int64_t B = x.shape[0], T = x.shape[1], C = x.shape[2], K = w.shape[1], L = K - 1 + T;
+  const RecurrentRows rows = recurrent_rows(n, T);
+  const Shape bt = {B, T}, bk = {B, K - 1};
+  // Row b's tokens as row indices: b * len + i, into a (B * len, ...) flattening.
+  auto flat_rows = [&](const Shape& shape, int64_t len, const Val& i) {
+    return e_.binary(
+        "add", e_.binary("multiply", e_.iota(0, shape), e_.splat(double(len), "i32", shape)), i);
+  };
+  const Val real = e_.convert(rows.real, "i32");
+  const Val count = e_.reduce(real, "add", 0, {1});  // (B)
+  // Each token's index among its row's real tokens (B,T) (a padding token's is the last one
+  // before it, or -1).
+  const Val rank = e_.with_constant("subtract", e_.cumsum(real, 1), 1);
+  // The r-th real token of row b goes to u[b, K-1+r]; a padding token past u's end, skipped.
+  const Val to =
+      e_.select(rows.real, flat_rows(bt, L, e_.with_constant("add", rank, double(K - 1))),
+                e_.splat(double(B * L), "i32", bt));
+  const Val base =
+      e_.reshape(e_.concatenate({rows.state, e_.splat(0, "f32", x.shape)}, 1), {B * L, C});
+  const Val u_rows = e_.set_rows(base, e_.reshape(to, {B * T}), e_.reshape(x, {B * T, C}));
+  const Val u = e_.reshape(u_rows, {B, L, C});
+  auto tap = [&](int64_t j) {
+    return e_.broadcast(e_.reshape(e_.slice(w, 1, j, j + 1), {C}), x.shape, {2});
+  };
+  Val yc = e_.binary("multiply", tap(K - 1), e_.slice(u, 1, K - 1, L));
+  for (int64_t j = 0; j + 1 < K; ++j)
+    yc = e_.binary("add", yc, e_.binary("multiply", tap(j), e_.slice(u, 1, j, j + T)));
+  // Token t's y is yc[rank]; the new state u[count, count + K-1).
+  const Val from = flat_rows(bt, T, e_.binary("maximum", rank, e_.splat(0, "i32", bt)));
+  const Val y =
+      e_.reshape(e_.gather_rows(e_.reshape(yc, {B * T, C}), e_.reshape(from, {B * T})), x.shape);
+  const Val last = flat_rows(bk, L, e_.binary("add", e_.broadcast(count, bk, {0}), e_.iota(1, bk)));
+  store_states(n, rows,
+               e_.reshape(e_.gather_rows(u_rows, e_.reshape(last, {B * (K - 1)})), {B, K - 1, C}));
+  return out(n,
+             e_.select(e_.broadcast(rows.real, x.shape, {0, 1}), y, e_.splat(0, "f32", x.shape)));
 }
 
 // The recurrent form, as the CPU kernel runs it: a stablehlo.while over the T tokens carrying
@@ -374,19 +438,22 @@ Val Lowering::gated_delta_rule(const Node& n) {
     const Val x = e_.reshape(f32(n, k), {B, T, Hk, 1, Dk});
     return e_.reshape(e_.broadcast(x, {B, T, Hk, G, Dk}, {0, 1, 2, 3, 4}), {B, T, H, Dk});
   };
-  const Val& start = in(n, 6);
-  const Val state = state_at_start(in(n, 5), start);
-  const Shape& sh = state.shape;
+  const RecurrentRows rows = recurrent_rows(n, T);
+  const Shape& sh = rows.state.shape;
+  // A paged row without a state slot gives zeros, as the CPU kernel's does.
+  const Val real = rows.has_state
+                       ? e_.binary("and", rows.real, e_.broadcast(*rows.has_state, {B, T}, {0}))
+                       : rows.real;
   // The loop's values: the token t, the state, y, then the per-token operands it reads.
   const std::vector<Val> init = {e_.splat(0, "i32", {}),
-                                 state,
+                                 rows.state,
                                  e_.splat(0, "f32", {B, T, H, Dv}),
                                  per_value_head(0),
                                  per_value_head(1),
                                  f32(n, 2),
                                  e_.unary("exponential", f32(n, 3)),  // the decay (B,T,H)
                                  f32(n, 4),                           // beta (B,T,H)
-                                 real_tokens(in(n, 7), start, T)};
+                                 real};
   auto cond = [&](const std::vector<Val>& a) {
     return std::vector<Val>{e_.compare("LT", a[0], e_.splat(double(T), "i32", {}))};
   };
@@ -428,7 +495,7 @@ Val Lowering::gated_delta_rule(const Node& n) {
     return r;
   };
   const std::vector<Val> done = e_.while_loop(init, cond, step);
-  written_ = done[1];
+  store_states(n, rows, done[1]);
   return out(n, done[2]);
 }
 
@@ -494,6 +561,8 @@ const Lowering::Rule& Lowering::rule(Op op) {
       {Op::kLinearIdQuant, {&L::linear_id_quant, rows_layout}},
       {Op::kCausalConv1d, {&L::causal_conv1d}},
       {Op::kGatedDeltaRule, {&L::gated_delta_rule}},
+      {Op::kPagedCausalConv1d, {&L::causal_conv1d}},
+      {Op::kPagedGatedDeltaRule, {&L::gated_delta_rule}},
   };
   for (const auto& [o, r] : kRules)
     if (o == op) return r;

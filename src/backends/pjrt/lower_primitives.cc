@@ -189,23 +189,7 @@ Val Lowering::iota(const Node& n) {
 // A running sum as a reduce_window whose window reaches back over the whole axis.
 Val Lowering::cumsum(const Node& n) {
   const std::string elem = n.type.dtype == DType::i32 ? "i32" : "f32";
-  const Val x = e_.convert(in(n, 0), elem);
-  const int64_t axis = n.attrs_as<graph::AxisAttrs>().axis, len = x.shape[size_t(axis)];
-  std::vector<int64_t> window(size_t(x.rank()), 1);
-  window[size_t(axis)] = len;
-  std::string padding;
-  for (int64_t d = 0; d < x.rank(); ++d)
-    padding += str_cat(d ? ", " : "", "[", d == axis ? len - 1 : 0, ", 0]");
-  const Val zero = e_.splat(0, elem, {});
-  const std::string s = scalar(elem);
-  return out(n, e_.def(elem, x.shape,
-                       str_cat("\"stablehlo.reduce_window\"(", x.ssa, ", ", zero.ssa,
-                               ") ({\n    ^bb0(%a: ", s, ", %b: ", s,
-                               "):\n      %sum = stablehlo.add %a, %b : ", s,
-                               "\n      stablehlo.return %sum : ", s,
-                               "\n    }) {window_dimensions = array<i64: ", join(window),
-                               ">, padding = dense<[", padding, "]> : tensor<", x.rank(),
-                               "x2xi64>} : (", x.type(), ", ", zero.type(), ") -> ", x.type())));
+  return out(n, e_.cumsum(e_.convert(in(n, 0), elem), n.attrs_as<graph::AxisAttrs>().axis));
 }
 
 Val Lowering::matmul(const Node& n) {

@@ -285,6 +285,45 @@ class Emitter {
                 operand.type(), ", ", at.type(), ", ", update.type(), ") -> ", operand.type()));
   }
 
+  // operand (R, ...) with row idx[i] made update[i] (n, ...) for each i of idx (n) i32. A row
+  // out of range is skipped, as scatter_rows' are; where two updates name the same row, either
+  // may win.
+  Val set_rows(const Val& operand, const Val& idx, const Val& update) {
+    const Val at = reshape(idx, {idx.shape[0], 1});
+    std::vector<int64_t> window;
+    for (int64_t d = 1; d < operand.rank(); ++d) window.push_back(d);
+    const std::string scalar = "tensor<" + operand.elem + ">";
+    return def(
+        operand.elem, operand.shape,
+        str_cat("\"stablehlo.scatter\"(", operand.ssa, ", ", at.ssa, ", ", update.ssa,
+                ") ({\n    ^bb0(%old: ", scalar, ", %new: ", scalar,
+                "):\n      stablehlo.return %new : ", scalar,
+                "\n    }) {scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [",
+                join(window),
+                "], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], "
+                "index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false} : (",
+                operand.type(), ", ", at.type(), ", ", update.type(), ") -> ", operand.type()));
+  }
+  // The inclusive running sums of a along `axis`, in a's type: a reduce_window whose window
+  // reaches back over the whole axis (the form JAX emits for cumsum).
+  Val cumsum(const Val& a, int64_t axis) {
+    const int64_t len = a.shape[size_t(axis)];
+    std::vector<int64_t> window(size_t(a.rank()), 1);
+    window[size_t(axis)] = len;
+    std::string padding;
+    for (int64_t d = 0; d < a.rank(); ++d)
+      padding += str_cat(d ? ", " : "", "[", d == axis ? len - 1 : 0, ", 0]");
+    const Val zero = splat(0, a.elem, {});
+    const std::string s = "tensor<" + a.elem + ">";
+    return def(
+        a.elem, a.shape,
+        str_cat("\"stablehlo.reduce_window\"(", a.ssa, ", ", zero.ssa, ") ({\n    ^bb0(%a: ", s,
+                ", %b: ", s, "):\n      %sum = stablehlo.add %a, %b : ", s,
+                "\n      stablehlo.return %sum : ", s, "\n    }) {window_dimensions = array<i64: ",
+                join(window), ">, padding = dense<[", padding, "]> : tensor<", a.rank(),
+                "x2xi64>} : (", a.type(), ", ", zero.type(), ") -> ", a.type()));
+  }
+
   // PyTorch's tanh approximation of gelu: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
   Val gelu_tanh(const Val& x) {
     const Val x3 = binary("multiply", binary("multiply", x, x), x);
@@ -423,14 +462,28 @@ class Lowering {
   std::pair<Val, Val> attention_weights(const Node& n, const Val& s, const Val& seen);
   // The linear-attention ops (graph.h), whose value is their output y and which also write their
   // state operand (graph::side_written_operand): each rule returns y and leaves the state's new
-  // value in written_, which run() makes the state's latest value.
+  // value in written_, which run() makes the state's latest value. A static and a paged form
+  // share their rule: they differ only in where each batch row's state is and which of its
+  // tokens are real, which recurrent_rows works out from the operands after the state's.
   Val causal_conv1d(const Node& n);
   Val gated_delta_rule(const Node& n);
+  // The B batch rows of a linear-attention node, as the CPU's recurrent_rows (cpu/rules.cc)
+  // reads them.
+  struct RecurrentRows {
+    // (B, ...) f32: each row's state as the step starts, zeros for a new sequence (and for a
+    // paged row without a state slot)
+    Val state;
+    Val real;  // (B,T) i1: the tokens that are not padding
+    // The paged form's: the rows that have a state slot (B) i1, and where each row's new state
+    // goes in the pool (B) i32 (past its end for a row that has none, which the write skips).
+    std::optional<Val> has_state, slot;
+  };
+  RecurrentRows recurrent_rows(const Node& n, int64_t T);
+  // Leaves in written_ the state operand with each row's new state `next` (B, ...) stored.
+  void store_states(const Node& n, const RecurrentRows& rows, const Val& next);
   // Which of the T tokens at slots [start, start + T) key_mask (B,S) marks real, (B,T) i1; a slot
   // at or past S is not (as the CPU's kernels read the mask).
   Val real_tokens(const Val& key_mask, const Val& start, int64_t T);
-  // A recurrent state as the step reads it: zeros at start == 0 (a new sequence), f32.
-  Val state_at_start(const Val& state, const Val& start);
 
   // The primitives (lower_primitives.cc).
   Val constant(const Node& n);
