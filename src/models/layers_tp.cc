@@ -98,7 +98,7 @@ void SparseMoE::validate_tp(const TpModel& tp, const std::string& prefix) const 
       ck.bad(prefix + w,
              "differs from experts.gate_up_proj: a rank's experts need their projections and "
              "biases");
-  if (shared) shared->validate_tp(tp, prefix + ".shared_experts");
+  if (shared) shared->validate_tp(tp, prefix + "." + shared_name);
 }
 
 void Attention::validate_tp(const TpModel& tp, const std::string& prefix) const {

@@ -302,6 +302,10 @@ TEST_F(TpMpi, ExpertsSplitTwoRanksGlm4Moe) { expect_ok(run_worker(2, "hf-glm4-mo
 // read from the transposed float layout and from MXFP4.
 TEST_F(TpMpi, ExpertsSplitTwoRanksGptOss) { expect_ok(run_worker(2, "hf-gpt-oss")); }
 TEST_F(TpMpi, ExpertsSplitTwoRanksGptOssMxfp4) { expect_ok(run_worker(2, "hf-gpt-oss-mxfp4")); }
+// The hybrids: their Gated DeltaNet layers whole on every rank (each keeps the whole recurrent
+// state), the gated attention's heads (each head's query and gate together) and the experts split.
+TEST_F(TpMpi, HybridTwoRanksQwen3Next) { expect_ok(run_worker(2, "hf-qwen3-next")); }
+TEST_F(TpMpi, HybridTwoRanksQwen35Nested) { expect_ok(run_worker(2, "hf-qwen3-5-vl")); }
 TEST_F(TpMpi, ExpertsSplitThreeRanksUneven) {
   // 3 ranks do not divide the 2 KV heads: attention replicated, as the error for it advises.
   expect_ok(run_worker(3, "hf-glm4-moe",

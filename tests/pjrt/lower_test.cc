@@ -784,8 +784,9 @@ TEST_P(LowerOps, CausalConv1dAndGatedDeltaRule) {
 // step where row 0 (slot 3) continues a sequence at position 4 with a padding token among its
 // own, row 1 is a padding row (no slot) and row 2 (slot 0, whose old state must count as zeros)
 // starts a sequence at 0 behind a padding token; then a decode step of the two sequences in the
-// other row order, beside a padding row, from the pools the first step left. y and the whole
-// pools (the slots nobody names unchanged) match the CPU's.
+// other row order, beside a padding row, from the pools the first step left, the second reading
+// its state at slot 3 and writing it to slot 4 (a state kept as a prefix cache entry). y and the
+// whole pools (the slots nobody writes unchanged) match the CPU's.
 TEST_P(LowerOps, PagedCausalConv1dAndGatedDeltaRule) {
   constexpr int64_t N = 5, B = 3, Hk = 2, H = 4, Dk = 3, Dv = 5, C = 7, K = 4;
   std::mt19937 rng(29);
@@ -794,10 +795,12 @@ TEST_P(LowerOps, PagedCausalConv1dAndGatedDeltaRule) {
                                random(rng, {N, H, Dk, Dv}, DType::f32)};
   struct Step {
     int64_t T;
-    std::vector<int32_t> slots, pos;
+    std::vector<int32_t> slots, pos;  // slots: each row's read and write slot
+    std::vector<int64_t> untouched;
   };
-  const Step steps[] = {{4, {3, -1, 0}, {4, 5, -1, 6, -1, -1, -1, -1, -1, 0, 1, 2}},
-                        {1, {0, -1, 3}, {3, -1, 7}}};
+  const Step steps[] = {
+      {4, {3, 3, -1, -1, 0, 0}, {4, 5, -1, 6, -1, -1, -1, -1, -1, 0, 1, 2}, {1, 2, 4}},
+      {1, {0, 0, -1, -1, 3, 4}, {3, -1, 7}, {1, 2, 3}}};
   for (const Step& st : steps) {
     const int64_t T = st.T;
     SCOPED_TRACE("T " + std::to_string(T));
@@ -810,17 +813,17 @@ TEST_P(LowerOps, PagedCausalConv1dAndGatedDeltaRule) {
     const Value v = c.input("v", random(rng, {B, T, H, Dv}, act(), -2.0f, 2.0f));
     const Value g = c.input("g", random(rng, {B, T, H}, act(), -1.0f, -0.05f));
     const Value beta = c.input("beta", random(rng, {B, T, H}, act(), 0.1f, 0.9f));
-    const Value slots = c.input("slots", ints({B}, st.slots));
+    const Value slots = c.input("slots", ints({B, 2}, st.slots));
     const Value pos = c.input("pos", ints({B, T}, st.pos));
     c.b.output(c.b.paged_causal_conv1d(x, c.param("w", w), conv_pool, slots, pos, "conv"));
     c.b.output(c.b.paged_gated_delta_rule(q, k, v, g, beta, delta_pool, slots, pos, "delta_rule"));
     const graph::Graph graph = c.b.finish();
     expect_consistent(graph, c, tol(12 * Dk * Dv));
     const Results cpu = run_cpu(graph, c);
-    // The slots no row names (1, 2 and 4) are as they were.
+    // The slots no row writes are as they were.
     for (size_t i = 0; i < pools.size(); ++i) {
       const int64_t each = pools[i].numel() / N;
-      for (int64_t slot : {1, 2, 4})
+      for (int64_t slot : st.untouched)
         EXPECT_EQ(std::memcmp(cpu.states[i].data<float>() + slot * each,
                               pools[i].data<float>() + slot * each, size_t(each) * 4),
                   0)

@@ -32,7 +32,7 @@ def pair(request, tmp_path_factory):
     config = config_cls(**{**make_hf_models.COMMON, **overrides})
     torch.manual_seed(seed)
     ref = model_cls(config).to(torch.float32).eval()
-    make_hf_models.redraw(ref, seed, config.tie_word_embeddings, name == "hf-gemma3")
+    make_hf_models.redraw(ref, seed, config.tie_word_embeddings, name in make_hf_models.OFFSET_NORMS)
     mxfp4 = name in make_hf_models.MXFP4_EXPERTS
     packed = make_hf_models.use_mxfp4(ref) if mxfp4 else None
     ref.generation_config = transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)

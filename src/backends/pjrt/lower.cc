@@ -350,9 +350,12 @@ Lowering::RecurrentRows Lowering::recurrent_rows(const Node& n, int64_t T) {
     fresh = e_.broadcast(e_.compare("EQ", start, e_.splat(0, "i32", {})), {s.shape[0]}, {});
     r.real = real_tokens(in(n, at + 2), start, T);
   } else {
-    const Val &slots = in(n, at + 1), &pos = in(n, at + 2);  // (B), (B,T)
+    // Each row reads its state at slots[b, 0] and writes the new one to slots[b, 1].
+    const Val &both = in(n, at + 1), &pos = in(n, at + 2);  // (B,2), (B,T)
     const int64_t B = pos.shape[0], N = state.shape[0];
     const Shape bt = {B, T};
+    const Val read = e_.reshape(e_.slice(both, 1, 0, 1), {B});
+    const Val slots = e_.reshape(e_.slice(both, 1, 1, 2), {B});
     r.real = e_.compare("GE", pos, e_.splat(0, "i32", bt));
     // The position of each row's first real token (-1 for a row of padding).
     const Val t = e_.iota(1, bt);
@@ -363,7 +366,7 @@ Lowering::RecurrentRows Lowering::recurrent_rows(const Node& n, int64_t T) {
         e_.reduce(e_.select(at_first, pos, e_.splat(-1, "i32", bt)), "maximum", -1, {1});
     r.has_state = e_.compare("GE", slots, e_.splat(0, "i32", {B}));
     r.slot = e_.select(*r.has_state, slots, e_.splat(double(N), "i32", {B}));
-    s = e_.convert(e_.gather_rows(state, slots), "f32");
+    s = e_.convert(e_.gather_rows(state, read), "f32");
     fresh = e_.binary("or", e_.compare("EQ", first_pos, e_.splat(0, "i32", {B})),
                       e_.unary("not", *r.has_state));
   }
