@@ -117,13 +117,15 @@ inline std::string family_fields(const ModelShape& m) {
   if (!m.qwen3_5) return "";
   std::string types;
   for (int64_t l = 0; l < m.layers; ++l)
-    types += std::string(l ? ", " : "") + ((l + 1) % 4 ? "\"linear_attention\"" : "\"full_attention\"");
-  return ", \"layer_types\": [" + types + "], \"linear_num_key_heads\": " +
-         std::to_string(kDeltaKeyHeads) + ", \"linear_num_value_heads\": " +
-         std::to_string(kDeltaValueHeads) + ", \"linear_key_head_dim\": " +
-         std::to_string(kDeltaHeadDim) + ", \"linear_value_head_dim\": " +
-         std::to_string(kDeltaHeadDim) + ", \"linear_conv_kernel_dim\": " +
-         std::to_string(kDeltaConv) + ", \"partial_rotary_factor\": 0.25";
+    types +=
+        std::string(l ? ", " : "") + ((l + 1) % 4 ? "\"linear_attention\"" : "\"full_attention\"");
+  return ", \"layer_types\": [" + types +
+         "], \"linear_num_key_heads\": " + std::to_string(kDeltaKeyHeads) +
+         ", \"linear_num_value_heads\": " + std::to_string(kDeltaValueHeads) +
+         ", \"linear_key_head_dim\": " + std::to_string(kDeltaHeadDim) +
+         ", \"linear_value_head_dim\": " + std::to_string(kDeltaHeadDim) +
+         ", \"linear_conv_kernel_dim\": " + std::to_string(kDeltaConv) +
+         ", \"partial_rotary_factor\": 0.25";
 }
 
 // Writes config.json and random bf16 weights of the shape (tied embeddings), once.

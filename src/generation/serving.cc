@@ -59,10 +59,10 @@
 #include "core/memory.h"
 #include "core/thread_pool.h"
 #include "generation/block_manager.h"
-#include "generation/state_snapshots.h"
 #include "generation/json_grammar.h"
 #include "generation/logits_process.h"
 #include "generation/sampling.h"
+#include "generation/state_snapshots.h"
 #include "generation/stop_strings.h"
 #include "generation/token_matcher.h"
 #include "models/model_runner.h"
@@ -375,7 +375,8 @@ void ServingEngine::Impl::configure() {
   }
   m.allocate_pool(cfg.num_blocks, cfg.block_size, table_blocks, state_slots);
   if (recurrent) {
-    for (int32_t slot = int32_t(cfg.max_num_seqs) - 1; slot >= 0; --slot) free_slots.push_back(slot);
+    for (int32_t slot = int32_t(cfg.max_num_seqs) - 1; slot >= 0; --slot)
+      free_slots.push_back(slot);
     if (cfg.enable_prefix_caching)
       snapshots.emplace(int32_t(cfg.max_num_seqs), int32_t(cfg.max_num_seqs));
   }
@@ -520,8 +521,8 @@ bool ServingEngine::Impl::report(Sequence& s, ServingEvent e) {
 ServingEngine::Impl::Admit ServingEngine::Impl::admit(Sequence& s, int64_t& budget, int64_t& end) {
   const int64_t L = int64_t(s.tokens.size()), P = s.prompt_len;
   // The last token is computed whatever is cached: its logits choose the next one.
-  const int64_t hit = restore_state(
-      s, blocks->match_prefix(std::span(s.tokens).first(size_t(L - 1)), P, s.table));
+  const int64_t hit =
+      restore_state(s, blocks->match_prefix(std::span(s.tokens).first(size_t(L - 1)), P, s.table));
   const int64_t done = std::max(hit, P);  // computed once admitted
   // Room for its next position too, so that the next decode does not preempt it straight away.
   const int64_t need = blocks->blocks_for(done + 1) - int64_t(s.table.blocks.size());

@@ -493,8 +493,8 @@ Shape GraphBuilder::delta_state_shape(Value q, Value k, Value v, Value g, Value 
                vs[1] == qs[1] && vs[2] % qs[2] == 0,
            name, ": q ", type(q).str(), " k ", type(k).str(), " v ", type(v).str());
   const Shape gate{vs[0], vs[1], vs[2]};
-  TF_CHECK(type(g).shape == gate && type(beta).shape == gate, name, ": g ", type(g).str(),
-           " beta ", type(beta).str());
+  TF_CHECK(type(g).shape == gate && type(beta).shape == gate, name, ": g ", type(g).str(), " beta ",
+           type(beta).str());
   for (Value f : {q, k, v, g, beta}) TF_CHECK(is_float(type(f).dtype), name, ": float operands");
   return {vs[2], qs[3], vs[3]};
 }
@@ -538,8 +538,8 @@ Value GraphBuilder::paged_gated_delta_rule(Value q, Value k, Value v, Value g, V
                                            Value pool, Value slots, Value pos,
                                            const std::string& name) {
   const Shape& vs = type(v).shape;
-  check_paged_recurrent_operands(pool, delta_state_shape(q, k, v, g, beta, name), slots, pos,
-                                 vs[0], vs[1], name);
+  check_paged_recurrent_operands(pool, delta_state_shape(q, k, v, g, beta, name), slots, pos, vs[0],
+                                 vs[1], name);
   return add_node(Op::kPagedGatedDeltaRule, {q, k, v, g, beta, pool, slots, pos},
                   {activation(), vs}, name);
 }

@@ -100,19 +100,19 @@ enum class Op : uint8_t {
                    // on a leading dim of E; LinearIdAttrs
 
   // Linear attention (Gated DeltaNet: Qwen3.5, Qwen3-Next) over a recurrent state instead of a
-  // KV cache. Each op computes its value and also writes its state operand in place (the ops whose value
-  // is not the state they update: side_written_operand). The state belongs to
-  // the static cache's rows; at start == 0 a row's state counts as zeros (a new sequence). A
-  // token whose key_mask slot (start + t) is 0 (padding, before a prompt or between a kept cache
-  // and a continuation) is skipped: its output is zeros and the state is as if it were absent.
-  kCausalConv1d,   // (x (B,T,C), w (C,K), state f32 (B,K-1,C), start (), key_mask (B,S)) -> (B,T,C):
-                   // y[t,c] = sum_j w[c,j] * u[t+j,c] over u = the state's K-1 rows then the
-                   // real tokens' x; the state becomes u's last K-1 rows
-  kGatedDeltaRule, // (q (B,T,Hk,Dk), k (B,T,Hk,Dk), v (B,T,H,Dv), g (B,T,H), beta (B,T,H),
-                   // state f32 (B,H,Dk,Dv), start (), key_mask (B,S)) -> (B,T,H,Dv): per token
-                   // and value head h (reading key head h / (H / Hk)), S = exp(g) S;
-                   // S += k (beta (v - S^T k))^T; y = S^T q (q and k as given: normalised and
-                   // scaled by the caller)
+  // KV cache. Each op computes its value and also writes its state operand in place (the ops whose
+  // value is not the state they update: side_written_operand). The state belongs to the static
+  // cache's rows; at start == 0 a row's state counts as zeros (a new sequence). A token whose
+  // key_mask slot (start + t) is 0 (padding, before a prompt or between a kept cache and a
+  // continuation) is skipped: its output is zeros and the state is as if it were absent.
+  kCausalConv1d,  // (x (B,T,C), w (C,K), state f32 (B,K-1,C), start (), key_mask (B,S)) -> (B,T,C):
+                  // y[t,c] = sum_j w[c,j] * u[t+j,c] over u = the state's K-1 rows then the
+                  // real tokens' x; the state becomes u's last K-1 rows
+  kGatedDeltaRule,  // (q (B,T,Hk,Dk), k (B,T,Hk,Dk), v (B,T,H,Dv), g (B,T,H), beta (B,T,H),
+                    // state f32 (B,H,Dk,Dv), start (), key_mask (B,S)) -> (B,T,H,Dv): per token
+                    // and value head h (reading key head h / (H / Hk)), S = exp(g) S;
+                    // S += k (beta (v - S^T k))^T; y = S^T q (q and k as given: normalised and
+                    // scaled by the caller)
   // The same over the paged cache of continuous batching: row b reads its state from
   // pool[slots[b,0]] and writes the new one to pool[slots[b,1]] (slots (B,2) int32; the same slot
   // to go on in place, another to keep the state at a prompt's block end as a prefix cache entry,

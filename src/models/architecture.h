@@ -162,7 +162,7 @@ class Architecture {
   virtual std::vector<WeightSpec> weights(const ArchConfig& config) const = 0;
   // What each layer keeps between steps (tp: this rank's layout, or null for a whole model).
   virtual std::vector<LayerState> states(const ArchConfig& config,
-                                          const distributed::TpModel* tp) const = 0;
+                                         const distributed::TpModel* tp) const = 0;
   // Checkpoint tensors that are known and deliberately not used (cached RoPE tables, the
   // multi-token-prediction layers some checkpoints append).
   virtual bool ignorable(const ArchConfig& config, const std::string& name) const = 0;
@@ -187,7 +187,7 @@ class ArchitectureFor : public Architecture {
   virtual void read(const io::Json& json, const std::string& where, Config& config) const = 0;
   virtual std::vector<WeightSpec> weights(const Config& config) const = 0;
   virtual std::vector<LayerState> states(const Config& config,
-                                          const distributed::TpModel* tp) const = 0;
+                                         const distributed::TpModel* tp) const = 0;
   virtual void build(graph::GraphBuilder& b, Params& params, const Config& config,
                      const StepShape& shape, DType cache_dtype) const = 0;
   virtual void validate_tp(const Config& config, const distributed::TpModel& tp) const {

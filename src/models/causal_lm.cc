@@ -761,17 +761,16 @@ void CausalLM::reset_cache(int64_t batch, int64_t max_cache_len) {
                        double(impl_->recurrent_bytes_per_sequence()));
   const uint64_t limit = memory_limit_bytes();
   if (impl_->state_on_host() && bytes > double(limit))
-    throw ResourceError(detail::str_cat(
-        "reset_cache: a KV cache of batch ", batch, " x max_cache_len ", max_cache_len, " x ",
-        impl_->kv_bytes_per_position(), " bytes per position",
-        impl_->recurrent_bytes_per_sequence() > 0
-            ? detail::str_cat(" (plus ", impl_->recurrent_bytes_per_sequence(),
-                              " bytes of recurrent state per row)")
-            : std::string(),
-        " needs ", planned_bytes(bytes),
-        " bytes, more than the ", limit,
-        " bytes this process can have (memory, ulimit, cgroup); lower the batch or "
-        "max_cache_len"));
+    throw ResourceError(
+        detail::str_cat("reset_cache: a KV cache of batch ", batch, " x max_cache_len ",
+                        max_cache_len, " x ", impl_->kv_bytes_per_position(), " bytes per position",
+                        impl_->recurrent_bytes_per_sequence() > 0
+                            ? detail::str_cat(" (plus ", impl_->recurrent_bytes_per_sequence(),
+                                              " bytes of recurrent state per row)")
+                            : std::string(),
+                        " needs ", planned_bytes(bytes), " bytes, more than the ", limit,
+                        " bytes this process can have (memory, ulimit, cgroup); lower the batch or "
+                        "max_cache_len"));
   const models::ExclusiveCall exclusive(*impl_);
   impl_->reset_cache(batch, max_cache_len);
 }

@@ -72,8 +72,7 @@ struct CausalLM::Impl {
   int64_t pool_state_slots = 0;
   std::map<std::string, std::shared_ptr<backends::Buffer>> kv_pool;
   // Allocates the pools (or keeps them if the sizes match); paged steps bind to them.
-  void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks,
-                     int64_t state_slots);
+  void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks, int64_t state_slots);
   // Bytes of keys and values one position takes over all layers, in the cache dtype.
   int64_t kv_bytes_per_position() const;
   // Bytes of the linear-attention layers' recurrent state one sequence holds (0 for a model of

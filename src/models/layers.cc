@@ -523,9 +523,10 @@ std::vector<WeightSpec> DecoderModel::weights() const {
 std::vector<LayerState> DecoderModel::states(const distributed::TpModel* tp) const {
   std::vector<LayerState> out;
   for (size_t l = 0; l < blocks.size(); ++l)
-    out.push_back(blocks[l].linear_attn
-                      ? blocks[l].linear_attn->state()
-                      : blocks[l].attn.cache(tp, base + ".layers." + std::to_string(l) + ".self_attn"));
+    out.push_back(
+        blocks[l].linear_attn
+            ? blocks[l].linear_attn->state()
+            : blocks[l].attn.cache(tp, base + ".layers." + std::to_string(l) + ".self_attn"));
   return out;
 }
 

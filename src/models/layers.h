@@ -205,10 +205,10 @@ struct SparseMoE {
   int64_t hidden = 0, intermediate = 0, experts = 0, top_k = 0;
   bool norm_topk_prob = false;
   Scoring scoring = Scoring::kSoftmax;
-  bool score_bias = false;               // kSigmoid: e_score_correction_bias
-  int64_t groups = 1, topk_groups = 1;   // group-limited choice (n_group, topk_group)
-  float scaling = 1;                     // routed_scaling_factor
-  std::optional<GatedMLP> shared;        // "<prefix>.<shared_name>"
+  bool score_bias = false;              // kSigmoid: e_score_correction_bias
+  int64_t groups = 1, topk_groups = 1;  // group-limited choice (n_group, topk_group)
+  float scaling = 1;                    // routed_scaling_factor
+  std::optional<GatedMLP> shared;       // "<prefix>.<shared_name>"
   std::string shared_name = "shared_experts";
   // The shared expert's output times sigmoid("<prefix>.shared_expert_gate" (1, hidden) x)
   // (Qwen3-Next, Qwen3.5-MoE).

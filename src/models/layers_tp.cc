@@ -181,7 +181,8 @@ void DecoderModel::validate_tp(const TpModel& tp) const {
       std::vector<WeightSpec> weights;
       blk.linear_attn->declare(weights, n + "linear_attn");
       for (const WeightSpec& w : weights)
-        ck.whole(w.name, "a Gated DeltaNet weight (tformers runs those layers whole on every rank)");
+        ck.whole(w.name,
+                 "a Gated DeltaNet weight (tformers runs those layers whole on every rank)");
     } else {
       blk.attn.validate_tp(tp, n + "self_attn");
     }

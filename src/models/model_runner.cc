@@ -121,10 +121,10 @@ void ModelRunner::run_paged(Step& step, std::span<const SequenceChunk> seqs, Ten
       const int32_t read = c.read_slot < 0 ? c.state_slot : c.read_slot;
       if (c.state_slot < 0 || c.state_slot >= step.shape.state_slots ||
           read >= step.shape.state_slots)
-        throw InvalidArgumentError(
-            "run_paged: sequence " + std::to_string(r) + " has state slots " +
-            std::to_string(read) + " and " + std::to_string(c.state_slot) +
-            ", outside the pools' " + std::to_string(step.shape.state_slots));
+        throw InvalidArgumentError("run_paged: sequence " + std::to_string(r) +
+                                   " has state slots " + std::to_string(read) + " and " +
+                                   std::to_string(c.state_slot) + ", outside the pools' " +
+                                   std::to_string(step.shape.state_slots));
       slots.data<int32_t>()[2 * r] = read;
       slots.data<int32_t>()[2 * r + 1] = c.state_slot;
     }

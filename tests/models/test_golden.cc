@@ -56,8 +56,8 @@ TEST_P(Golden, Bfloat16LogitsMatchTransformers) {
   // carries on through the recurrent state) from the exact model, and Transformers' own bf16 run
   // is 0.12 to 0.56 from its float32 one (measured 2026-12-07). The float32 test holds them to
   // 1e-4.
-  const bool hybrid = name.find("qwen3-next") != std::string::npos ||
-                      name.find("qwen3-5") != std::string::npos;
+  const bool hybrid =
+      name.find("qwen3-next") != std::string::npos || name.find("qwen3-5") != std::string::npos;
   const bool routed = gpt_oss || hybrid || name.find("moe") != std::string::npos;
   const double exact_bound = hybrid ? 0.4 : gpt_oss ? 3e-2 : 2e-2;
   for (size_t i = 0; i < f32.size(); ++i) {

@@ -7,8 +7,8 @@
 #include <random>
 
 #include "golden_util.h"
-#include "tformers/generation.h"
 #include "tformers/error.h"
+#include "tformers/generation.h"
 #include "tformers/model.h"
 
 namespace tformers {
@@ -56,9 +56,9 @@ TEST_P(Hybrid, PrefillInOneStepEqualsChunksOf7AndTokenByToken) {
     ASSERT_EQ(cut.size(), whole.size());
     double worst = 0;
     for (int64_t t = 0; t < T; ++t)
-      worst = std::max(worst, row_error(cut.data() + t * V,
-                                        std::vector<float>(whole.begin() + t * V,
-                                                           whole.begin() + (t + 1) * V)));
+      worst = std::max(
+          worst, row_error(cut.data() + t * V,
+                           std::vector<float>(whole.begin() + t * V, whole.begin() + (t + 1) * V)));
     EXPECT_LT(worst, 1e-4) << GetParam() << " in chunks of " << chunk;
   }
 }

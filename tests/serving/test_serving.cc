@@ -152,18 +152,17 @@ TEST_P(BatchInvariant, AndNoCompilesAfterWarmUp) {
   EXPECT_GT(s.computed_tokens, s.padded_tokens);
 }
 
-INSTANTIATE_TEST_SUITE_P(Serving, BatchInvariant,
-                         ::testing::Values(kShipped,
-                                           std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-moe",
-                                           std::string(TFORMERS_TEST_DATA) + "/models/hf-glm4-moe",
-                                           std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-next",
-                                           std::string(TFORMERS_TEST_DATA) +
-                                               "/models/hf-qwen3-5-moe"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = std::filesystem::path(info.param).filename();
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Serving, BatchInvariant,
+    ::testing::Values(kShipped, std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-moe",
+                      std::string(TFORMERS_TEST_DATA) + "/models/hf-glm4-moe",
+                      std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-next",
+                      std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-5-moe"),
+    [](const ::testing::TestParamInfo<std::string>& info) {
+      std::string name = std::filesystem::path(info.param).filename();
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
 
 // The sequences of a decode step choose their tokens on the pool's threads; one whose sampling
 // fails there ends alone with the sampler's error, and the step's other sequences go on with the
