@@ -205,11 +205,14 @@ class CausalLM:
         """The parameters of the checkpoint read (a tied output head counted once, as Transformers
         counts it); exclude_embeddings leaves out the input embeddings. All are trainable. Left out
         as Transformers leaves them out: the layers after num_hidden_layers (GLM-4.5's
-        multi-token-prediction layers, which neither loads) and e_score_correction_bias (a buffer
-        of GLM-4.5's router there)."""
+        multi-token-prediction layers, which neither loads), the multi-token-prediction module of
+        Qwen3.5 and Qwen3-Next ("mtp."), the vision tower of a multimodal checkpoint run as its
+        text model ("model.visual.") and e_score_correction_bias (a buffer of GLM-4.5's router
+        there)."""
         layers = self.config.to_dict().get("num_hidden_layers", 0)
         sizes = {name: size for name, size in _checkpoint_sizes(self._core.folder).items()
-                 if not name.endswith(".e_score_correction_bias") and _layer_of(name) < layers}
+                 if not name.endswith(".e_score_correction_bias") and _layer_of(name) < layers
+                 and not name.startswith(("mtp.", "model.visual."))}
         if self.config.to_dict().get("tie_word_embeddings", False) and any(n.endswith("embed_tokens.weight")
                                                                            for n in sizes):
             sizes.pop("lm_head.weight", None)
