@@ -333,6 +333,17 @@ void rope(float* x, const int32_t* pos, const float* inv_freq, int64_t M, int64_
 void silu_mul(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool) {
   table().silu_mul(gate, up, y, n, pool);
 }
+void causal_conv1d(const float* x, const float* w, const RecurrentRows& rows, float* y, int64_t B,
+                   int64_t T, int64_t C, int64_t K, ThreadPool& pool) {
+  table().causal_conv1d(x, w, rows.state.data(), rows.fresh.data(), rows.real.data(), y, B, T, C, K,
+                        pool);
+}
+void gated_delta_rule(const float* q, const float* k, const float* v, const float* g,
+                      const float* beta, const RecurrentRows& rows, float* y, int64_t B, int64_t T,
+                      int64_t Hk, int64_t H, int64_t Dk, int64_t Dv, ThreadPool& pool) {
+  table().gated_delta_rule(q, k, v, g, beta, rows.state.data(), rows.fresh.data(), rows.real.data(),
+                           y, B, T, Hk, H, Dk, Dv, pool);
+}
 void gelu_tanh_mul(const float* gate, const float* up, float* y, int64_t n, ThreadPool& pool) {
   table().gelu_tanh_mul(gate, up, y, n, pool);
 }

@@ -175,8 +175,12 @@ struct RecurrentRows {
   std::vector<uint8_t> real;   // B * T
 };
 // x (B,T,C), w (C,K), a row's state (K-1,C); q, k (B,T,Hk,Dk), v (B,T,H,Dv), g and beta (B,T,H),
-// a row's state (H,Dk,Dv), y (B,T,H,Dv). Plain loops, their own reference: the states are
-// written in place.
+// a row's state (H,Dk,Dv), y (B,T,H,Dv). The states are written in place. Both run the recurrent
+// form token by token, on every target (plain loops that each target's compiler vectorizes; the
+// scalar table's are the reference): a value head's state is Dk x Dv floats, read and written
+// twice a token while it sits in the core's cache, and its arithmetic (about 6 Dk Dv flops a
+// token) is small beside the layer's projections, so the chunked form that GPUs use (fla's) buys
+// a CPU little at these sizes.
 void causal_conv1d(const float* x, const float* w, const RecurrentRows& rows, float* y, int64_t B,
                    int64_t T, int64_t C, int64_t K, ThreadPool& pool);
 void gated_delta_rule(const float* q, const float* k, const float* v, const float* g,

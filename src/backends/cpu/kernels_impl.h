@@ -70,6 +70,14 @@ struct KernelTable {
                     int64_t Hkv, int64_t S, int64_t D, int64_t start, float scale, int64_t window,
                     float softcap, const float* sinks, const int32_t* pos, const KvPages* pages,
                     ThreadPool& pool);
+  // kernels.h's causal_conv1d and gated_delta_rule, their RecurrentRows as arrays.
+  void (*causal_conv1d)(const float* x, const float* w, float* const* state, const uint8_t* fresh,
+                        const uint8_t* real, float* y, int64_t B, int64_t T, int64_t C, int64_t K,
+                        ThreadPool& pool);
+  void (*gated_delta_rule)(const float* q, const float* k, const float* v, const float* g,
+                           const float* beta, float* const* state, const uint8_t* fresh,
+                           const uint8_t* real, float* y, int64_t B, int64_t T, int64_t Hk,
+                           int64_t H, int64_t Dk, int64_t Dv, ThreadPool& pool);
 };
 
 // paged_attention (kernels.h) through a given target's attention kernel (the op tests run every
@@ -127,6 +135,8 @@ enum class Scratch {
   kRowPointers,
   kShiftedProbabilities,
   kWidenedRow,
+  kConvWindow,
+  kDeltaRow,
   kCount
 };
 void* thread_scratch(Scratch slot, size_t bytes);
@@ -294,6 +304,102 @@ void scale_impl(const float* x, float factor, float* y, int64_t n, ThreadPool& p
         for (int64_t i = lo; i < hi; ++i) y[i] = x[i] * factor;
       },
       kElementwiseGrain);
+}
+
+// The causal convolution token by token, per batch row and block of channels, so that each token's
+// channels are contiguous: a window of the last K-1 real inputs per channel (the state's rows, or
+// zeros for a new sequence), padding tokens skipped. A token's y sums w[K-1] x, then w[j] win[j]
+// for j < K-1 (the order the StableHLO lowering follows).
+template <class Ops>
+void causal_conv1d_impl(const float* x, const float* w, float* const* state, const uint8_t* fresh,
+                        const uint8_t* real, float* y, int64_t B, int64_t T, int64_t C, int64_t K,
+                        ThreadPool& pool) {
+  constexpr int64_t kChannels = 64;
+  const int64_t keep = K - 1, blocks = (C + kChannels - 1) / kChannels;
+  pool.parallel_for(B * blocks, [&](int64_t lo, int64_t hi, int) {
+    // The window's rows (keep of them, a ring) and the taps, both channel-contiguous.
+    float* scratch = thread_scratch<float>(Scratch::kConvWindow, size_t((keep + K) * kChannels));
+    float* win = scratch;
+    float* taps = scratch + keep * kChannels;
+    for (int64_t u = lo; u < hi; ++u) {
+      const int64_t b = u / blocks, c0 = u % blocks * kChannels, n = std::min(kChannels, C - c0);
+      float* st = state[b] ? state[b] + c0 : nullptr;
+      for (int64_t i = 0; i < keep; ++i)
+        for (int64_t c = 0; c < n; ++c)
+          win[i * kChannels + c] = fresh[b] || !st ? 0.0f : st[i * C + c];
+      for (int64_t j = 0; j < K; ++j)
+        for (int64_t c = 0; c < n; ++c) taps[j * kChannels + c] = w[(c0 + c) * K + j];
+      int64_t oldest = 0;  // the ring's first row
+      for (int64_t t = 0; t < T; ++t) {
+        float* out = y + (b * T + t) * C + c0;
+        if (!real[b * T + t]) {
+          std::fill(out, out + n, 0.0f);
+          continue;
+        }
+        const float* xt = x + (b * T + t) * C + c0;
+        for (int64_t c = 0; c < n; ++c) out[c] = taps[keep * kChannels + c] * xt[c];
+        for (int64_t j = 0; j < keep; ++j) {
+          const float* row = win + (oldest + j) % keep * kChannels;
+          const float* tap = taps + j * kChannels;
+          for (int64_t c = 0; c < n; ++c) out[c] += tap[c] * row[c];
+        }
+        std::copy(xt, xt + n, win + oldest * kChannels);  // the newest replaces the oldest
+        oldest = (oldest + 1) % keep;
+      }
+      if (st)
+        for (int64_t i = 0; i < keep; ++i)
+          std::copy(win + (oldest + i) % keep * kChannels,
+                    win + (oldest + i) % keep * kChannels + n, st + i * C);
+    }
+  });
+}
+
+// The gated delta rule token by token, per (row, value head): the head's Dk x Dv state read and
+// written twice a token, its rows Dv contiguous values.
+template <class Ops>
+void gated_delta_rule_impl(const float* q, const float* k, const float* v, const float* g,
+                           const float* beta, float* const* state, const uint8_t* fresh,
+                           const uint8_t* real, float* y, int64_t B, int64_t T, int64_t Hk,
+                           int64_t H, int64_t Dk, int64_t Dv, ThreadPool& pool) {
+  const int64_t group = H / Hk;
+  pool.parallel_for(B * H, [&](int64_t lo, int64_t hi, int) {
+    float* delta = thread_scratch<float>(Scratch::kDeltaRow, size_t(Dv));
+    for (int64_t bh = lo; bh < hi; ++bh) {
+      const int64_t b = bh / H, h = bh % H, hk = h / group;
+      float* st = state[b] ? state[b] + h * Dk * Dv : nullptr;
+      if (st && fresh[b]) std::fill(st, st + Dk * Dv, 0.0f);
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t row = b * T + t;
+        float* out = y + (row * H + h) * Dv;
+        std::fill(out, out + Dv, 0.0f);
+        if (!real[row] || !st) continue;
+        const float* qt = q + (row * Hk + hk) * Dk;
+        const float* kt = k + (row * Hk + hk) * Dk;
+        const float* vt = v + (row * H + h) * Dv;
+        const float decay = std::exp(g[row * H + h]), b_t = beta[row * H + h];
+        // Decay the state and read what it holds for k: delta = (decay S)^T k, then
+        // beta (v - delta); S += k delta^T; y = S^T q.
+        std::fill(delta, delta + Dv, 0.0f);
+        for (int64_t i = 0; i < Dk; ++i) {
+          float* s = st + i * Dv;
+          const float ki = kt[i];
+          for (int64_t j = 0; j < Dv; ++j) {
+            s[j] *= decay;
+            delta[j] += ki * s[j];
+          }
+        }
+        for (int64_t j = 0; j < Dv; ++j) delta[j] = b_t * (vt[j] - delta[j]);
+        for (int64_t i = 0; i < Dk; ++i) {
+          float* s = st + i * Dv;
+          const float ki = kt[i], qi = qt[i];
+          for (int64_t j = 0; j < Dv; ++j) {
+            s[j] += ki * delta[j];
+            out[j] += qi * s[j];
+          }
+        }
+      }
+    }
+  });
 }
 
 template <class Ops>
@@ -1113,7 +1219,9 @@ KernelTable make_table(decltype(KernelTable::linear) linear,
                      &softcap_impl<Ops>,
                      &add_impl<Ops>,
                      &cache_write_impl<Ops>,
-                     attention};
+                     attention,
+                     &causal_conv1d_impl<Ops>,
+                     &gated_delta_rule_impl<Ops>};
 }
 
 }  // namespace
