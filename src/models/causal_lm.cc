@@ -586,7 +586,6 @@ void CausalLM::Impl::run(Step& s, std::span<const Tensor* const> inputs,
 void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks,
                                    int64_t state_slots) {
   pool_table_blocks = table_blocks;
-  const std::vector<models::LayerState> layers = arch->states(*arch_config, tp.get());
   if (recurrent_bytes_per_sequence() == 0) state_slots = 0;
   if (blocks == pool_blocks && block_size == pool_block_size && state_slots == pool_state_slots)
     return;
@@ -594,25 +593,32 @@ void CausalLM::Impl::allocate_pool(int64_t blocks, int64_t block_size, int64_t t
            "a model with linear-attention layers needs recurrent state slots in its pools");
   kv_pool.clear();
   std::erase_if(steps, [](const auto& s) { return s.first.paged(); });  // bound to the old pools
-  for (size_t l = 0; l < layers.size(); ++l) {
-    const models::LayerState& st = layers[l];
-    if (st.recurrent()) {
-      // A slot per sequence a step may hold; never cleared (a sequence's first step zeroes it).
-      const std::string name = "recurrent_pool." + std::to_string(l);
-      kv_pool[name + ".conv"] =
-          backend->allocate({DType::f32, {state_slots, st.conv_width - 1, st.conv_channels}});
-      kv_pool[name + ".delta"] =
-          backend->allocate({DType::f32, {state_slots, st.heads, st.key_dim, st.value_dim}});
-      continue;
-    }
-    const graph::TensorType t = graph::kv_cache_type(backend->kv_layout(), cache_dtype, blocks,
-                                                     st.kv_heads, block_size, st.head_dim);
-    for (const char* kv : {".key", ".value"})
-      kv_pool["kv_pool." + std::to_string(l) + kv] = backend->allocate(t);
-  }
+  // A recurrent state slot per sequence a step may hold; never cleared (a sequence's first step
+  // zeroes its slot).
+  allocate_states(kv_pool, "kv_pool", blocks, block_size, "recurrent_pool", state_slots);
   pool_blocks = blocks;
   pool_block_size = block_size;
   pool_state_slots = state_slots;
+}
+
+void CausalLM::Impl::allocate_states(std::map<std::string, std::shared_ptr<backends::Buffer>>& into,
+                                     const char* kv, int64_t rows, int64_t positions,
+                                     const char* recurrent, int64_t sequences) {
+  const std::vector<models::LayerState> layers = arch->states(*arch_config, tp.get());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const models::LayerState& st = layers[l];
+    const std::string layer = "." + std::to_string(l);
+    if (st.recurrent()) {
+      into[recurrent + layer + ".conv"] =
+          backend->allocate({DType::f32, {sequences, st.conv_width - 1, st.conv_channels}});
+      into[recurrent + layer + ".delta"] =
+          backend->allocate({DType::f32, {sequences, st.heads, st.key_dim, st.value_dim}});
+      continue;
+    }
+    const graph::TensorType t = graph::kv_cache_type(backend->kv_layout(), cache_dtype, rows,
+                                                     st.kv_heads, positions, st.head_dim);
+    for (const char* part : {".key", ".value"}) into[kv + layer + part] = backend->allocate(t);
+  }
 }
 
 int64_t CausalLM::Impl::kv_bytes_per_position() const {
@@ -782,23 +788,8 @@ void CausalLM::Impl::reset_cache(int64_t batch, int64_t max_cache_len) {
   cache.clear();
   // Static steps' state bindings point at the old slots.
   std::erase_if(steps, [](const auto& s) { return !s.first.paged(); });
-  const std::vector<models::LayerState> layers = arch->states(*arch_config, tp.get());
-  for (size_t l = 0; l < layers.size(); ++l) {
-    const models::LayerState& st = layers[l];
-    if (st.recurrent()) {
-      // Never cleared: a step at cache position 0 counts them as zeros (graph.h).
-      const std::string name = "recurrent_state." + std::to_string(l);
-      cache[name + ".conv"] =
-          backend->allocate({DType::f32, {batch, st.conv_width - 1, st.conv_channels}});
-      cache[name + ".delta"] =
-          backend->allocate({DType::f32, {batch, st.heads, st.key_dim, st.value_dim}});
-      continue;
-    }
-    const graph::TensorType t = graph::kv_cache_type(backend->kv_layout(), cache_dtype, batch,
-                                                     st.kv_heads, max_cache_len, st.head_dim);
-    for (const char* kv : {".key", ".value"})
-      cache["past_key_values." + std::to_string(l) + kv] = backend->allocate(t);
-  }
+  // The recurrent states are never cleared: a step at cache position 0 counts them as zeros.
+  allocate_states(cache, "past_key_values", batch, max_cache_len, "recurrent_state", batch);
   // Every key masked until a step's caller sets the mask (ModelRunner::set_attention_mask).
   cache["attention_mask"] = backend->allocate({DType::i32, {batch, max_cache_len}});
   ++cache_writes;

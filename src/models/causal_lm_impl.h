@@ -73,6 +73,13 @@ struct CausalLM::Impl {
   std::map<std::string, std::shared_ptr<backends::Buffer>> kv_pool;
   // Allocates the pools (or keeps them if the sizes match); paged steps bind to them.
   void allocate_pool(int64_t blocks, int64_t block_size, int64_t table_blocks, int64_t state_slots);
+  // Allocates every layer's state into `into`: an attention layer's keys and values as
+  // "<kv>.{i}.key" and ".value", `rows` (sequences, or pool blocks) of `positions` slots; a
+  // linear-attention layer's as "<recurrent>.{i}.conv" and ".delta", one per sequence of
+  // `sequences`.
+  void allocate_states(std::map<std::string, std::shared_ptr<backends::Buffer>>& into,
+                       const char* kv, int64_t rows, int64_t positions, const char* recurrent,
+                       int64_t sequences);
   // Bytes of keys and values one position takes over all layers, in the cache dtype.
   int64_t kv_bytes_per_position() const;
   // Bytes of the linear-attention layers' recurrent state one sequence holds (0 for a model of

@@ -16,6 +16,12 @@
 
 namespace tformers::testing {
 
+// A test name for a model's folder name: its dashes as underscores (gtest's names take no '-').
+inline std::string test_name_of(std::string model) {
+  std::replace(model.begin(), model.end(), '-', '_');
+  return model;
+}
+
 inline std::string model_dir(const std::string& name) {
   return std::string(TFORMERS_TEST_DATA) + "/models/" + name;
 }

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "golden_util.h"
 #include "graph/graph.h"
 #include "models/causal_lm_impl.h"
 #include "tformers/model.h"
@@ -80,12 +81,7 @@ TEST(ModelCacheDtype, Float16ModelsKeepFloat32CachesOnTheCpu) {
 // windows, softcaps), GLM (partial interleaved rotary, fused gate/up).
 INSTANTIATE_TEST_SUITE_P(TinyModels, ModelActivationDtype,
                          ::testing::Values("tiny-qwen3", "tiny-gemma3", "tiny-glm"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           for (char& c : s)
-                             if (c == '-') c = '_';
-                           return s;
-                         });
+                         [](const auto& info) { return testing::test_name_of(info.param); });
 
 }  // namespace
 }  // namespace tformers

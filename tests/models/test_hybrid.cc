@@ -100,12 +100,7 @@ TEST_P(Hybrid, KeptCacheContinuesOnlyFromEverythingItHolds) {
 INSTANTIATE_TEST_SUITE_P(Models, Hybrid,
                          ::testing::Values("hf-qwen3-next", "hf-qwen3-5", "hf-qwen3-5-moe",
                                            "hf-qwen3-5-vl"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         [](const auto& info) { return testing::test_name_of(info.param); });
 
 }  // namespace
 }  // namespace tformers

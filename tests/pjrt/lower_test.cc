@@ -739,6 +739,21 @@ TEST_P(LowerOps, CompositesThroughTheirDecompositions) {
                  tol(24, 4), "CPU output " + std::to_string(i));
 }
 
+// The per-token inputs of a step of the linear-attention ops: x (B,T,C) for the convolution and
+// q, k (B,T,Hk,Dk), v (B,T,H,Dv), g (a log decay) and beta (B,T,H) for the delta rule.
+struct RecurrentInputs {
+  Value x, q, k, v, g, beta;
+};
+RecurrentInputs recurrent_inputs(Case& c, std::mt19937& rng, DType act, int64_t B, int64_t T,
+                                 int64_t C, int64_t Hk, int64_t H, int64_t Dk, int64_t Dv) {
+  return {c.input("x", random(rng, {B, T, C}, act, -2.0f, 2.0f)),
+          c.input("q", random(rng, {B, T, Hk, Dk}, act)),
+          c.input("k", random(rng, {B, T, Hk, Dk}, act, -0.6f, 0.6f)),
+          c.input("v", random(rng, {B, T, H, Dv}, act, -2.0f, 2.0f)),
+          c.input("g", random(rng, {B, T, H}, act, -1.0f, -0.05f)),
+          c.input("beta", random(rng, {B, T, H}, act, 0.1f, 0.9f))};
+}
+
 // Gated DeltaNet's ops over their recurrent states (Hk = 2 key heads read by H = 4 value heads):
 // an 8-token prefill at start 0, whose states hold old nonzero values that must count as zeros,
 // then a 3-token continuation at 8 and a decode step at 11 from the states each call left. Row 0
@@ -760,16 +775,12 @@ TEST_P(LowerOps, CausalConv1dAndGatedDeltaRule) {
     Case c(act());
     const Value conv_state = c.state("conv_state", states[0]);
     const Value recurrent_state = c.state("recurrent_state", states[1]);
-    const Value x = c.input("x", random(rng, {B, T, C}, act(), -2.0f, 2.0f));
-    const Value q = c.input("q", random(rng, {B, T, Hk, Dk}, act()));
-    const Value k = c.input("k", random(rng, {B, T, Hk, Dk}, act(), -0.6f, 0.6f));
-    const Value v = c.input("v", random(rng, {B, T, H, Dv}, act(), -2.0f, 2.0f));
-    const Value g = c.input("g", random(rng, {B, T, H}, act(), -1.0f, -0.05f));  // log decay
-    const Value beta = c.input("beta", random(rng, {B, T, H}, act(), 0.1f, 0.9f));
+    const RecurrentInputs in = recurrent_inputs(c, rng, act(), B, T, C, Hk, H, Dk, Dv);
     const Value at = c.input("start", ints({}, {start}));
     const Value key_mask = c.input("mask", mask);
-    c.b.output(c.b.causal_conv1d(x, c.param("w", w), conv_state, at, key_mask, "conv"));
-    c.b.output(c.b.gated_delta_rule(q, k, v, g, beta, recurrent_state, at, key_mask, "delta_rule"));
+    c.b.output(c.b.causal_conv1d(in.x, c.param("w", w), conv_state, at, key_mask, "conv"));
+    c.b.output(c.b.gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, recurrent_state, at, key_mask,
+                                    "delta_rule"));
     const graph::Graph graph = c.b.finish();
     // Each y sums a handful of products per step over up to 12 steps of the recurrence; the
     // states are f32 on both sides, and y is rounded once to the activation dtype.
@@ -807,16 +818,12 @@ TEST_P(LowerOps, PagedCausalConv1dAndGatedDeltaRule) {
     Case c(act());
     const Value conv_pool = c.state("conv_pool", pools[0]);
     const Value delta_pool = c.state("delta_pool", pools[1]);
-    const Value x = c.input("x", random(rng, {B, T, C}, act(), -2.0f, 2.0f));
-    const Value q = c.input("q", random(rng, {B, T, Hk, Dk}, act()));
-    const Value k = c.input("k", random(rng, {B, T, Hk, Dk}, act(), -0.6f, 0.6f));
-    const Value v = c.input("v", random(rng, {B, T, H, Dv}, act(), -2.0f, 2.0f));
-    const Value g = c.input("g", random(rng, {B, T, H}, act(), -1.0f, -0.05f));
-    const Value beta = c.input("beta", random(rng, {B, T, H}, act(), 0.1f, 0.9f));
+    const RecurrentInputs in = recurrent_inputs(c, rng, act(), B, T, C, Hk, H, Dk, Dv);
     const Value slots = c.input("slots", ints({B, 2}, st.slots));
     const Value pos = c.input("pos", ints({B, T}, st.pos));
-    c.b.output(c.b.paged_causal_conv1d(x, c.param("w", w), conv_pool, slots, pos, "conv"));
-    c.b.output(c.b.paged_gated_delta_rule(q, k, v, g, beta, delta_pool, slots, pos, "delta_rule"));
+    c.b.output(c.b.paged_causal_conv1d(in.x, c.param("w", w), conv_pool, slots, pos, "conv"));
+    c.b.output(c.b.paged_gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, delta_pool, slots, pos,
+                                          "delta_rule"));
     const graph::Graph graph = c.b.finish();
     expect_consistent(graph, c, tol(12 * Dk * Dv));
     const Results cpu = run_cpu(graph, c);

@@ -272,36 +272,34 @@ class Emitter {
   // (StableHLO leaves it to the implementation), and the paged write relies on that for its
   // padding tokens.
   Val scatter_rows(const Val& operand, const Val& at, const Val& update, int second) {
-    const std::string scalar = "tensor<" + operand.elem + ">";
-    return def(
-        operand.elem, operand.shape,
-        str_cat("\"stablehlo.scatter\"(", operand.ssa, ", ", at.ssa, ", ", update.ssa,
-                ") ({\n    ^bb0(%old: ", scalar, ", %new: ", scalar,
-                "):\n      stablehlo.return %new : ", scalar,
-                "\n    }) {scatter_dimension_numbers = #stablehlo.scatter<update_window_dims "
-                "= [1, 2], inserted_window_dims = [0, ",
-                second, "], scatter_dims_to_operand_dims = [0, ", second,
-                "], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false} : (",
-                operand.type(), ", ", at.type(), ", ", update.type(), ") -> ", operand.type()));
+    return replace_at(operand, at, update, "[1, 2]", str_cat("[0, ", second, "]"));
   }
 
   // operand (R, ...) with row idx[i] made update[i] (n, ...) for each i of idx (n) i32. A row
   // out of range is skipped, as scatter_rows' are; where two updates name the same row, either
   // may win.
   Val set_rows(const Val& operand, const Val& idx, const Val& update) {
-    const Val at = reshape(idx, {idx.shape[0], 1});
     std::vector<int64_t> window;
     for (int64_t d = 1; d < operand.rank(); ++d) window.push_back(d);
+    return replace_at(operand, reshape(idx, {idx.shape[0], 1}), update, "[" + join(window) + "]",
+                      "[0]");
+  }
+
+  // A stablehlo.scatter that replaces the operand's values at `at` (n, index) with update's:
+  // `window` its update_window_dims, `dims` both its inserted_window_dims and its
+  // scatter_dims_to_operand_dims.
+  Val replace_at(const Val& operand, const Val& at, const Val& update, const std::string& window,
+                 const std::string& dims) {
     const std::string scalar = "tensor<" + operand.elem + ">";
     return def(
         operand.elem, operand.shape,
         str_cat("\"stablehlo.scatter\"(", operand.ssa, ", ", at.ssa, ", ", update.ssa,
                 ") ({\n    ^bb0(%old: ", scalar, ", %new: ", scalar,
                 "):\n      stablehlo.return %new : ", scalar,
-                "\n    }) {scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [",
-                join(window),
-                "], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], "
-                "index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false} : (",
+                "\n    }) {scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = ",
+                window, ", inserted_window_dims = ", dims,
+                ", scatter_dims_to_operand_dims = ", dims,
+                ", index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false} : (",
                 operand.type(), ", ", at.type(), ", ", update.type(), ") -> ", operand.type()));
   }
   // The inclusive running sums of a along `axis`, in a's type: a reduce_window whose window
