@@ -7,6 +7,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distributed/launcher.h"
+#include "io/file.h"
 #include "terminal.h"
 #include "tformers/error.h"
 
@@ -74,9 +76,13 @@ constexpr double kMaxTimeoutSeconds = 1e8;
 
 // The flags that say which model to load and how, with the same meaning in every command;
 // --use-kernels where the command runs the model (use_kernels not null).
+// `positional`: the model may also come as the first bare argument (vLLM's `vllm serve MODEL`).
 void add_model_flags(CLI::App* sub, std::string& model, std::string& revision, std::string& dtype,
-                     std::string& quantize, std::string& load_mode, bool* use_kernels) {
-  sub->add_option("--model,-m", model, "Model folder or Hub id in the local cache")->required();
+                     std::string& quantize, std::string& load_mode, bool* use_kernels,
+                     bool positional = false) {
+  sub->add_option(positional ? "model,--model,-m" : "--model,-m", model,
+                  "Model folder or Hub id in the local cache")
+      ->required();
   sub->add_option("--revision", revision, "Hub revision (branch, tag or commit) of a cached model")
       ->capture_default_str();
   sub->add_option("--dtype", dtype,
@@ -96,8 +102,17 @@ void add_model_flags(CLI::App* sub, std::string& model, std::string& revision, s
                 "tformers-community/fused-norms v1 (kernel cache, pinned by kernels.lock)");
 }
 
-void add_model_flags(CLI::App* sub, ModelFlags& m) {
-  add_model_flags(sub, m.model, m.revision, m.dtype, m.quantize, m.load_mode, &m.use_kernels);
+void add_model_flags(CLI::App* sub, ModelFlags& m, bool positional = false) {
+  add_model_flags(sub, m.model, m.revision, m.dtype, m.quantize, m.load_mode, &m.use_kernels,
+                  positional);
+}
+
+// vLLM's and llama.cpp's --chat-template: the tokenizer's template replaced by a file's or by
+// the text given.
+void add_chat_template_flag(CLI::App* sub, std::string& chat_template) {
+  sub->add_option("--chat-template", chat_template,
+                  "A Jinja chat template to use instead of the tokenizer's: a file, or the "
+                  "template itself");
 }
 
 void add_tp_flags(CLI::App* sub, int64_t& tp, std::string& tp_plan) {
@@ -110,7 +125,8 @@ void add_tp_flags(CLI::App* sub, int64_t& tp, std::string& tp_plan) {
 }
 
 void add_serve_flags(CLI::App* s, ServeArgs& a) {
-  add_model_flags(s, a.model);
+  add_model_flags(s, a.model, /*positional=*/true);
+  add_chat_template_flag(s, a.chat_template);
   add_tp_flags(s, a.tp, a.tp_plan);
   s->add_option("--device", a.device, "cpu, auto, tpu, cuda or xla-cpu")->capture_default_str();
   s->add_option("--served-model-name", a.served_model_name,
@@ -309,6 +325,7 @@ CommandLine parse_command_line(int raw_argc, const char* const* raw_argv, std::o
     sub->add_option("--threads,-t", threads, threads_help)->check(int_in(1, kMaxThreads));
   for (CLI::App* sub : {gen, chat}) {
     add_model_flags(sub, g.model, g.revision, g.dtype, g.quantize, g.load_mode, &g.use_kernels);
+    add_chat_template_flag(sub, g.chat_template);
     sub->add_option("--system", g.system, "System message");
     sub->add_option("--max-new-tokens,--n-predict,-n", g.max_new_tokens,
                     "Tokens to generate (generate: default from generation_config.json, else up "
@@ -612,6 +629,15 @@ void check_perplexity_args(const PerplexityArgs& a) {
   if (a.ctx && *a.ctx < 2)
     throw UsageError("perplexity: --ctx " + std::to_string(*a.ctx) +
                      ": a window must hold at least 2 tokens");
+}
+
+std::string chat_template_from(const std::string& arg) {
+  std::error_code ec;
+  if (std::filesystem::exists(arg, ec))
+    return io::RegularFile(arg, uint64_t(1) << 20, "--chat-template file").read_all();
+  if (arg.find("{{") != std::string::npos || arg.find("{%") != std::string::npos) return arg;
+  throw InvalidArgumentError("--chat-template: '" + arg +
+                             "' is neither a file nor a Jinja template (which holds {{ or {%)");
 }
 
 uint64_t random_seed() {

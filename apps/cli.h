@@ -36,6 +36,7 @@ struct UsageError : tformers::InvalidArgumentError {
 struct GenerateArgs {
   std::string model, revision = "main", prompt, prompt_file, prompt_ids, system, dtype,
                      device = "auto", quantize, early_stopping, load_mode = "copy";
+  std::string chat_template;  // --chat-template: a file or the template; "": the tokenizer's
   bool chat = false, verbose = false, verbose_all_ranks = false, do_sample = false,
        ignore_eos = false, json = false, use_kernels = false;
   bool hide_reasoning = false;  // chat: a reasoning model's reasoning is not shown
@@ -94,6 +95,7 @@ struct ServeArgs {
   ModelFlags model;
   std::string device = "auto";
   std::string served_model_name;  // the `model` requests name; default: --model as given
+  std::string chat_template;      // --chat-template: a file or the template; "": the tokenizer's
   std::string host = "127.0.0.1";
   int port = 8080;      // 0: any free port (the one taken is printed)
   std::string api_key;  // default: TFORMERS_API_KEY; empty: no key needed
@@ -156,6 +158,10 @@ std::optional<DistributedConfig> distributed_config(int64_t tp, const std::strin
 // --dtype: "auto" or nothing is none (the checkpoint's torch_dtype, as dtype="auto" in
 // Transformers); else a float dtype name (parse_dtype). UsageError naming the accepted ones.
 std::optional<DType> parse_dtype_flag(const std::string& s);
+
+// --chat-template's template: the file it names (at most 1 MiB), or the text itself when it is
+// Jinja (holds "{{" or "{%"), as vLLM reads it; InvalidArgumentError otherwise.
+std::string chat_template_from(const std::string& arg);
 
 // Checks what can be checked without the model, so that a bad flag fails before loading.
 void check_args(const GenerateArgs& a);

@@ -61,6 +61,7 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using tformers::cli::chat_template_from;
 using tformers::cli::check_args;
 using tformers::cli::escape_for_terminal;
 using tformers::cli::GenerateArgs;
@@ -209,6 +210,7 @@ int cmd_generate(const GenerateArgs& a) {
     prompt_file.emplace(a.prompt_file, kMaxPromptFileBytes, "--file prompt");
   auto t0 = Clock::now();
   std::optional<tformers::Tokenizer> tok = maybe_tokenizer(a.model, a.revision);
+  if (tok && !a.chat_template.empty()) tok->set_chat_template(chat_template_from(a.chat_template));
   if (a.prompt_ids.empty() && !tok)
     throw tformers::NotFoundError("generate: " + a.model +
                                   " has no tokenizer.json, so a text prompt cannot be encoded; "
@@ -545,6 +547,7 @@ int cmd_chat(const GenerateArgs& a) {
   check_args(a);
   quiet_other_ranks(a);
   tformers::Tokenizer tok = tformers::AutoTokenizer::from_pretrained(a.model, a.revision);
+  if (!a.chat_template.empty()) tok.set_chat_template(chat_template_from(a.chat_template));
   if (tok.chat_template().empty())
     throw tformers::InvalidArgumentError("chat: " + a.model +
                                          " has no chat template (neither chat_template.jinja "

@@ -30,6 +30,7 @@
 
 namespace tformers::serve {
 
+using cli::chat_template_from;
 using cli::ServeArgs;
 
 namespace {
@@ -855,6 +856,8 @@ int run_serve(const ServeArgs& args, const ModelLoader& load_model) {
     return 0;
   }
   Tokenizer tokenizer = AutoTokenizer::from_pretrained(args.model.model, args.model.revision);
+  if (!args.chat_template.empty())
+    tokenizer.set_chat_template(chat_template_from(args.chat_template));
   ServingEngine engine(model,
                        {.max_num_seqs = args.max_num_seqs,
                         .max_model_len = args.max_model_len,

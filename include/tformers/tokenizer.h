@@ -107,8 +107,10 @@ class Tokenizer {
   void set_padding_side(const std::string& side);  // "left" or "right"
   void set_pad_token(const std::string& token);    // tokenizer.pad_token = token
   const std::string& chat_template() const;        // empty when the config has none
-  const nlohmann::json& config() const;            // tokenizer_config.json as read
-  const std::string& folder() const;  // the folder from_pretrained read; empty from a file
+  // Replaces the chat template (Transformers: tokenizer.chat_template = ...).
+  void set_chat_template(std::string chat_template);
+  const nlohmann::json& config() const;  // tokenizer_config.json as read
+  const std::string& folder() const;     // the folder from_pretrained read; empty from a file
 
   // Renders the chat template (tokenizer_config.json's, or `chat_template` when given) like
   // Transformers' apply_chat_template(tokenize=False): messages, tools (null for none),

@@ -670,6 +670,9 @@ void Tokenizer::set_pad_token(const std::string& token) {
   impl_->pad_token = token;
 }
 const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
+void Tokenizer::set_chat_template(std::string chat_template) {
+  impl_->chat_template = std::move(chat_template);
+}
 const nlohmann::json& Tokenizer::config() const { return impl_->config; }
 const std::string& Tokenizer::folder() const { return impl_->folder; }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -79,6 +80,15 @@ TEST(CommandLine, ReadsLlamaCppFlags) {
   EXPECT_EQ(parse({"perplexity", "-m", "DIR", "-f", "FILE", "-t", "3"}).cl.threads, 3);
   EXPECT_EQ(parse({"serve", "-m", "DIR", "-t", "3"}).cl.threads, 3);
   EXPECT_EQ(parse({"serve", "-m", "DIR", "-c", "2048"}).cl.serve.max_model_len, 2048);
+  // vLLM's `vllm serve MODEL` and --chat-template.
+  p = parse({"serve", "Qwen/Qwen3-0.6B", "--chat-template", "t.jinja", "--port", "0"});
+  EXPECT_EQ(p.cl.exit_code, 0) << p.err;
+  EXPECT_EQ(p.cl.serve.model.model, "Qwen/Qwen3-0.6B");
+  EXPECT_EQ(p.cl.serve.chat_template, "t.jinja");
+  EXPECT_NE(parse({"serve", "A", "-m", "B"}).cl.exit_code, 0) << "two models";
+  EXPECT_NE(parse({"serve", "--port", "0"}).cl.exit_code, 0) << "no model";
+  EXPECT_EQ(parse({"chat", "-m", "DIR", "--chat-template", "{{ x }}"}).cl.generate.chat_template,
+            "{{ x }}");
   EXPECT_EQ(parse({"-t", "3", "env"}).cl.threads, 3);
   for (const std::vector<std::string>& gpu :
        {std::vector<std::string>{"-ngl", "99"}, {"--n-gpu-layers=99"}, {"--gpu-layers", "99"}}) {
@@ -350,6 +360,20 @@ TEST(CommandLine, ChecksBeforeTheModelLoads) {
   const GenerationConfig gc = generation_config(a, nullptr);
   EXPECT_EQ(gc.do_sample, false);
   EXPECT_FALSE(gc.temperature);
+}
+
+// --chat-template takes a file, or Jinja text as it is; anything else is refused by name.
+TEST(CommandLine, ChatTemplateIsAFileOrTheTemplateItself) {
+  const std::string path = ::testing::TempDir() + "/chat_template_flag.jinja";
+  { std::ofstream(path) << "{% for m in messages %}{{ m.content }}{% endfor %}"; }
+  EXPECT_EQ(chat_template_from(path), "{% for m in messages %}{{ m.content }}{% endfor %}");
+  EXPECT_EQ(chat_template_from("{{ bos_token }}"), "{{ bos_token }}");
+  try {
+    chat_template_from("no-such-template.jinja");
+    FAIL() << "a missing file that is no template";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("no-such-template.jinja"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
