@@ -19,6 +19,10 @@
 # `tformers bench` (its decode steps follow an 8-token prompt, llama.cpp's a 128-token one: the
 # attention over either is small beside the weights). Only --weights bf16, the weights as stored:
 # the GGUF keeps the experts in GGML's MXFP4 (the same blocks and bytes) and the rest in bf16.
+# --shape qwen3.5-9b-4l: four of Qwen3.5-9B's 32 layers (bench/model_shapes.h: three Gated DeltaNet
+# layers and one of gated attention, random bf16), made and timed the same way, written as
+# llama.cpp's qwen35 GGUF as its own converter lays it out (its (1 + w) norms stored as 1 + w,
+# ssm_a = -exp(A_log), the value heads in ggml's tiled order); only --weights bf16.
 # --load-modes times llama.cpp on the GGUF's mapping (mmap, its default) and on weights it reads
 # into memory of its own (none: the like of tformers' default load, a copy, which bench_model and
 # `tformers bench` use).
@@ -31,7 +35,7 @@
 # x64 binaries only, no GPU packages, no install scripts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: $0 [--shape qwen3-0.6b|gpt-oss-20b-2l] [--threads 1,2] [--decode 32] [--prefill 512] [--dir /tmp] [--weights bf16,int8,int4] [--load-modes mmap,none] [--rounds 1]"
+usage="usage: $0 [--shape qwen3-0.6b|gpt-oss-20b-2l|qwen3.5-9b-4l] [--threads 1,2] [--decode 32] [--prefill 512] [--dir /tmp] [--weights bf16,int8,int4] [--load-modes mmap,none] [--rounds 1]"
 shape=qwen3-0.6b threads=1,2 decode=32 prefill=512 dir=/tmp weights= load_modes=mmap,none rounds=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -50,10 +54,10 @@ done
 # Checked before anything runs, so that a typo does not cost the tformers run first.
 case "$shape" in
   qwen3-0.6b) weights=${weights:-bf16,int8,int4} ;;
-  gpt-oss-20b-2l)
+  gpt-oss-20b-2l|qwen3.5-9b-4l)
     weights=${weights:-bf16}
-    [ "$weights" = bf16 ] || { echo "$0: --shape gpt-oss-20b-2l: only --weights bf16 (the weights as stored)" >&2; exit 2; } ;;
-  *) echo "$0: --shape $shape: use qwen3-0.6b or gpt-oss-20b-2l" >&2; exit 2 ;;
+    [ "$weights" = bf16 ] || { echo "$0: --shape $shape: only --weights bf16 (the weights as stored)" >&2; exit 2; } ;;
+  *) echo "$0: --shape $shape: use qwen3-0.6b, gpt-oss-20b-2l or qwen3.5-9b-4l" >&2; exit 2 ;;
 esac
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "$0: --rounds $rounds: use a positive count" >&2; exit 2; }
 for w in ${weights//,/ }; do
@@ -62,11 +66,13 @@ done
 for m in ${load_modes//,/ }; do
   case "$m" in mmap|none) ;; *) echo "$0: --load-modes $m: use mmap or none" >&2; exit 2 ;; esac
 done
-if [ "$shape" = gpt-oss-20b-2l ]; then
+# The shapes that make_shape writes and `tformers bench` times; the others are bench_model's.
+case "$shape" in gpt-oss-20b-2l|qwen3.5-9b-4l) made=1 ;; *) made= ;; esac
+if [ -n "$made" ]; then
   [ -x build/release/tformers ] && [ -x build/release/bench/make_shape ] ||
     { echo "$0: build/release/tformers or bench/make_shape is missing: run scripts/setup.sh" >&2; exit 1; }
   .venv/bin/python -c "import numpy" 2>/dev/null ||
-    { echo "$0: the gpt-oss GGUF needs numpy in .venv/: scripts/setup.sh --tests" >&2; exit 1; }
+    { echo "$0: the $shape GGUF needs numpy in .venv/: scripts/setup.sh --tests" >&2; exit 1; }
 else
   [ -x build/release/bench/bench_model ] || { echo "$0: build/release/bench/bench_model is missing: run scripts/setup.sh" >&2; exit 1; }
 fi
@@ -85,7 +91,7 @@ llama_cpp() {
   done
 }
 
-if [ "$shape" = gpt-oss-20b-2l ]; then
+if [ -n "$made" ]; then
   ckpt=$dir/tformers-bench-$shape
   build/release/bench/make_shape "$shape" "$ckpt"  # leaves a checkpoint that is there as it is
   gguf=$ckpt.gguf
@@ -95,7 +101,7 @@ if [ "$shape" = gpt-oss-20b-2l ]; then
   for ((r = 1; r <= rounds; ++r)); do
     echo "== tformers (tformers bench), round $r of $rounds"
     build/release/tformers bench -m "$ckpt" -t "$threads" -n "$decode" -p "$prefill" -r 3
-    llama_cpp "bf16 and MXFP4" "$gguf"
+    if [ "$shape" = gpt-oss-20b-2l ]; then llama_cpp "bf16 and MXFP4" "$gguf"; else llama_cpp bf16 "$gguf"; fi
   done
   exit 0
 fi

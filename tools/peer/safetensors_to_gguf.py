@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Writes a Qwen3, Qwen3-MoE or gpt-oss checkpoint folder (config.json + model.safetensors) as one
-GGUF file that llama.cpp loads, so that tools/peer/llama_cpp_bench.mjs can time llama.cpp on the
+"""Writes a Qwen3, Qwen3-MoE, Qwen3.5 or gpt-oss checkpoint folder (config.json + model.safetensors)
+as one GGUF file that llama.cpp loads, so that tools/peer/llama_cpp_bench.mjs can time llama.cpp on the
 very weights that bench/bench_model and `tformers bench` time tformers on (bench/RESULTS.md,
 "Peer").
 
@@ -48,6 +48,31 @@ range rounded to whole dimensions (Transformers' truncate: true; gpt-oss's confi
 llama.cpp's frequencies of a few dimensions in the ramp differ from Transformers' and tformers').
 Values other than llama.cpp's are reported on stderr and written as llama.cpp computes them.
 
+Qwen3.5 (model_type qwen3_5_text, Qwen3_5ForCausalLM; llama.cpp's qwen35; needs NumPy), the
+dense hybrid of Gated DeltaNet and gated attention, laid out as llama.cpp's own converter lays it
+out (convert_hf_to_gguf.py: Qwen3_5TextModel over _LinearAttentionVReorderBase and
+Qwen3NextModel, conversion/qwen.py in the llama.cpp that node-llama-cpp 3.21.1 bundles). The
+matrices stay in their stored type, the rest is written in f32:
+- the (1 + w) RMSNorms (input_layernorm, post_attention_layernorm, q_norm, k_norm, model.norm)
+  are stored as 1 + w (llama.cpp multiplies by the weight as it is); the DeltaNet's gated norm
+  linear_attn.norm multiplies by w itself and is stored as it is (ssm_norm);
+- A_log becomes ssm_a = -exp(A_log), dt_bias ssm_dt.bias, conv1d.weight (channels, 1, kernel)
+  ssm_conv1d (channels, kernel), in f32 as the converter forces it;
+- in_proj_qkv is attn_qkv, in_proj_z attn_gate, in_proj_b ssm_beta, in_proj_a ssm_alpha,
+  out_proj ssm_out, post_attention_layernorm post_attention_norm;
+- with fewer key heads than value heads, the value heads are reordered from the checkpoint's
+  grouped order (the r value heads of key head 0, then of key head 1, ...) to ggml's tiled one
+  (value head j of every key head in turn: new head j * key_heads + g is old head g * r + j), so
+  that ggml_repeat broadcasts the key heads: the V rows of in_proj_qkv and their conv1d channels,
+  the rows of in_proj_z, in_proj_b and in_proj_a, A_log and dt_bias, and the columns of out_proj;
+- the attention's q_proj, each head's query then its gate, is attn_q as it is (llama.cpp splits
+  it per head); the tied head is token_embd alone (llama.cpp's qwen35 falls back to it).
+The hyperparameters are those of Qwen3NextModel.set_gguf_parameters (ssm.conv_kernel,
+ssm.state_size, ssm.group_count, ssm.time_step_rank, ssm.inner_size, full_attention_interval,
+rope.dimension_count of head_dim x partial_rotary_factor) and rope.dimension_sections, Qwen3.5's
+interleaved MRoPE sections, [11, 11, 10, 0] when config.json has no mrope_section (text positions
+are equal in every section, so this is the plain rotary of the first 64 of 256 dimensions).
+
 With --q8_0 or --q4_0 the 2-D float tensors are written in one of llama.cpp's block formats
 instead, each block 32 consecutive values of a row, as llama.cpp's reference quantizers
 (ggml-quants.c) round them (MXFP4 experts stay MXFP4, routers stay as stored):
@@ -74,7 +99,7 @@ import sys
 GGUF_VERSION = 3
 ALIGNMENT = 32
 # GGUF metadata value types and GGML tensor types (gguf.md of the ggml repository).
-T_UINT32, T_FLOAT32, T_STRING, T_ARRAY = 4, 6, 8, 9
+T_UINT32, T_INT32, T_FLOAT32, T_STRING, T_ARRAY = 4, 5, 6, 8, 9
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0, GGML_BF16, GGML_MXFP4 = 0, 1, 2, 8, 30, 39
 BLOCK = 32  # values per Q8_0, Q4_0 or MXFP4 block
 # Bytes per block of 32 values, by GGML type: a 2-byte f16 scale then the codes (Q8_0, Q4_0),
@@ -114,6 +139,33 @@ GPT_OSS_LAYER_NAMES = {
     "mlp.router.bias": "ffn_gate_inp.bias",
     "mlp.experts.down_proj_bias": "ffn_down_exps.bias",
 }
+# Qwen3.5's tensors by their names in a layer (the transforms are in qwen35_tensors).
+QWEN35_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",  # per head: query, then gate
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "linear_attn.in_proj_qkv.weight": "attn_qkv.weight",
+    "linear_attn.in_proj_z.weight": "attn_gate.weight",
+    "linear_attn.in_proj_b.weight": "ssm_beta.weight",
+    "linear_attn.in_proj_a.weight": "ssm_alpha.weight",
+    "linear_attn.conv1d.weight": "ssm_conv1d.weight",
+    "linear_attn.dt_bias": "ssm_dt.bias",
+    "linear_attn.A_log": "ssm_a",
+    "linear_attn.norm.weight": "ssm_norm.weight",
+    "linear_attn.out_proj.weight": "ssm_out.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+# Qwen3.5's RMSNorms that scale by 1 + w (all but the DeltaNet's gated linear_attn.norm).
+QWEN35_PLUS_ONE = {"model.norm.weight", "input_layernorm.weight",
+                   "post_attention_layernorm.weight", "self_attn.q_norm.weight",
+                   "self_attn.k_norm.weight"}
 # Tensors that stay as stored when the others are quantized.
 UNQUANTIZED = {"ffn_gate_inp.weight"}
 # NumPy's dtype of each safetensors dtype read here (bf16 as its bits).
@@ -141,8 +193,8 @@ def gguf_name(name, layer_names):
         layer, _, rest = name[len(prefix):].partition(".")
         if rest in layer_names:
             return f"blk.{int(layer)}.{layer_names[rest]}"
-    fail(f"tensor {name!r} has no GGUF name here (only Qwen3, Qwen3-MoE and gpt-oss checkpoints "
-         "are supported)")
+    fail(f"tensor {name!r} has no GGUF name here (only Qwen3, Qwen3-MoE, Qwen3.5 and gpt-oss "
+         "checkpoints are supported)")
 
 
 def string(s):
@@ -158,7 +210,9 @@ def kv(key, vtype, value):
         return out + struct.pack("<f", value)
     if vtype == T_STRING:
         return out + string(value)
-    elem, items = value  # T_ARRAY of strings
+    elem, items = value  # T_ARRAY of strings or of int32
+    if elem == T_INT32:
+        return out + struct.pack(f"<IQ{len(items)}i", T_INT32, len(items), *items)
     assert elem == T_STRING
     return out + struct.pack("<IQ", T_STRING, len(items)) + b"".join(string(s) for s in items)
 
@@ -452,6 +506,130 @@ def gpt_oss_meta(cfg, a):
     return meta, theta, head_dim
 
 
+def qwen35_tensors(cfg, st_path, header, data_start):
+    """The GGUF tensors of a Qwen3.5 checkpoint (Qwen3_5ForCausalLM), read with NumPy, as
+    llama.cpp's converter transforms them (see the module's docstring)."""
+    try:
+        import numpy as np
+    except ImportError:
+        fail("Qwen3.5 checkpoints need NumPy (Debian's python3-numpy, or the project's .venv/)")
+    mm = np.memmap(st_path, dtype=np.uint8, mode="r")
+    kh, vh = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    kd, vd = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    if vh % kh:
+        fail(f"{st_path}: {vh} value heads are no multiple of {kh} key heads")
+    per_key = vh // kh
+
+    def tiled(a, axis, head_dim):
+        """a with its value heads along axis (vh x head_dim entries) in ggml's tiled order:
+        new head j * kh + g is old head g * per_key + j (_LinearAttentionVReorderBase)."""
+        if per_key == 1:
+            return a
+        shape = a.shape
+        a = a.reshape(shape[:axis] + (kh, per_key, head_dim) + shape[axis + 1:])
+        return np.swapaxes(a, axis, axis + 1).reshape(shape)
+
+    def f32(a, dtype):
+        if dtype == "BF16":
+            return (a.astype(np.uint32) << 16).view(np.float32)
+        return a.astype(np.float32)
+
+    tensors = []  # (gguf name, ggml type, dims outermost first, pieces: () -> iterable of bytes)
+
+    def add_matrix(gname, shape, dtype, rows):
+        """A matrix in its stored type; rows() gives it, whole or in blocks of rows."""
+        tensors.append((gname, STORED_TYPES[dtype], shape,
+                        lambda: (np.ascontiguousarray(r).tobytes() for r in rows())))
+
+    def add_f32(gname, shape, values):
+        """values() gives the tensor in f32, whole."""
+        tensors.append((gname, GGML_F32, shape,
+                        lambda: [np.ascontiguousarray(values(), dtype=np.float32).tobytes()]))
+
+    keys = 2 * kh * kd  # the q and k channels of in_proj_qkv and conv1d, before the v ones
+    for name in sorted(header, key=lambda n: header[n]["data_offsets"][0]):
+        info = header[name]
+        dtype, shape = info["dtype"], info["shape"]
+        if name.startswith(("mtp.", "model.mtp.")):
+            warn(f"{name} is not written (multi-token prediction; the converter's --no-mtp)")
+            continue
+        if dtype not in STORED_TYPES:
+            fail(f"{st_path}: tensor {name} is {dtype}, not one of {sorted(STORED_TYPES)}")
+        begin, end = info["data_offsets"]
+        a = mm[data_start + begin:data_start + end].view(NP_DTYPES[dtype]).reshape(shape)
+        rest = name
+        if name.startswith("model.layers."):
+            rest = name[len("model.layers."):].partition(".")[2]
+        gname = gguf_name(name, QWEN35_LAYER_NAMES)
+        if rest in QWEN35_PLUS_ONE:
+            add_f32(gname, shape, lambda a=a, d=dtype: f32(a, d) + np.float32(1))
+        elif rest == "linear_attn.A_log":
+            # -exp(A_log), rounded once (NumPy's f32 exp is off by up to 2 units in the last
+            # place; the converter's, torch's, agrees with this within 1).
+            add_f32(gname, shape, lambda a=a, d=dtype: (
+                -np.exp(tiled(f32(a, d), 0, 1).astype(np.float64))).astype(np.float32))
+        elif rest == "linear_attn.dt_bias":
+            add_f32(gname, shape, lambda a=a, d=dtype: tiled(f32(a, d), 0, 1))
+        elif rest == "linear_attn.conv1d.weight":  # (channels, 1, kernel) -> (channels, kernel)
+            if len(shape) != 3 or shape[1] != 1 or shape[0] != keys + vh * vd:
+                fail(f"{st_path}: {name} is {shape}, expected {[keys + vh * vd, 1, 'kernel']}")
+            add_f32(gname, [shape[0], shape[2]], lambda a=a, d=dtype: np.concatenate(
+                [f32(a[:keys, 0], d), tiled(f32(a[keys:, 0], d), 0, vd)]))
+        elif len(shape) == 1:  # linear_attn.norm: w as it is
+            add_f32(gname, shape, lambda a=a, d=dtype: f32(a, d))
+        elif rest == "linear_attn.in_proj_qkv.weight":
+            add_matrix(gname, shape, dtype, lambda a=a: (a[:keys], tiled(a[keys:], 0, vd)))
+        elif rest == "linear_attn.in_proj_z.weight":
+            add_matrix(gname, shape, dtype, lambda a=a: [tiled(a, 0, vd)])
+        elif rest in ("linear_attn.in_proj_b.weight", "linear_attn.in_proj_a.weight"):
+            add_matrix(gname, shape, dtype, lambda a=a: [tiled(a, 0, 1)])
+        elif rest == "linear_attn.out_proj.weight":  # its columns are the value heads'
+            add_matrix(gname, shape, dtype, lambda a=a: [tiled(a, 1, vd)])
+        else:
+            step = max(1, (1 << 24) // (shape[-1] * a.itemsize))
+            add_matrix(gname, shape, dtype,
+                       lambda a=a, step=step: (a[r:r + step] for r in range(0, len(a), step)))
+    return tensors
+
+
+def qwen35_meta(cfg, a):
+    """The hyperparameters llama.cpp's qwen35 reads (src/models/qwen35.cpp), as
+    Qwen3NextModel.set_gguf_parameters and _Qwen35MRopeMixin write them."""
+    n = cfg["num_hidden_layers"]
+    interval = cfg.get("full_attention_interval", 4)
+    types = cfg.get("layer_types") or [
+        "linear_attention" if (l + 1) % interval else "full_attention" for l in range(n)]
+    if any((t == "linear_attention") != bool((l + 1) % interval) for l, t in enumerate(types)):
+        fail(f"config.json: layer_types {types} is not one full-attention layer in every "
+             f"{interval}, the only pattern llama.cpp's qwen35 takes from the converter")
+    if cfg["linear_key_head_dim"] != cfg["linear_value_head_dim"]:
+        fail("config.json: linear_key_head_dim and linear_value_head_dim differ; llama.cpp's "
+             "qwen35 takes both from ssm.state_size")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kind = rope.get("rope_type") or rope.get("type")
+    if kind not in (None, "default"):
+        fail(f"config.json: rope type {kind!r}; only the default rotary is written for Qwen3.5")
+    theta = rope.get("rope_theta") or cfg.get("rope_theta")
+    if theta is None:
+        fail("config.json: no rope_theta")
+    partial = rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 0.25
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    sections = list(rope.get("mrope_section") or [11, 11, 10])
+    sections = (sections + [0] * 4)[:4]
+    meta = [
+        kv(f"{a}.ssm.conv_kernel", T_UINT32, cfg["linear_conv_kernel_dim"]),
+        kv(f"{a}.ssm.state_size", T_UINT32, cfg["linear_key_head_dim"]),
+        kv(f"{a}.ssm.group_count", T_UINT32, cfg["linear_num_key_heads"]),
+        kv(f"{a}.ssm.time_step_rank", T_UINT32, cfg["linear_num_value_heads"]),
+        kv(f"{a}.ssm.inner_size", T_UINT32,
+           cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"]),
+        kv(f"{a}.full_attention_interval", T_UINT32, interval),
+        kv(f"{a}.rope.dimension_count", T_UINT32, int(head_dim * partial)),
+        kv(f"{a}.rope.dimension_sections", T_ARRAY, (T_INT32, sections)),
+    ]
+    return meta, theta, head_dim
+
+
 def main():
     args = sys.argv[1:]
     flags = [a for a in args if a in QUANTS]
@@ -462,10 +640,11 @@ def main():
     src, dst = args
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
-    archs = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+    archs = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen3_5_text": "qwen35",
+             "gpt_oss": "gpt-oss"}
     if cfg.get("model_type") not in archs:
         fail(f"{src}/config.json: model_type {cfg.get('model_type')!r}, only 'qwen3', "
-             "'qwen3_moe' and 'gpt_oss' are supported")
+             "'qwen3_moe', 'qwen3_5_text' and 'gpt_oss' are supported")
     st_path = os.path.join(src, "model.safetensors")
     header, data_start = read_header(st_path)
     a = archs[cfg["model_type"]]
@@ -477,6 +656,12 @@ def main():
         tensors = gpt_oss_tensors(cfg, st_path, header, data_start, quant, quantize)
         extra, theta, head_dim = gpt_oss_meta(cfg, a)
         pre = "gpt-4o"  # gpt-oss's o200k pretokenizer in llama.cpp; unused for token ids
+    elif a == "qwen35":
+        if quant:
+            fail("Qwen3.5 checkpoints are written as stored only (no --q8_0 or --q4_0)")
+        tensors = qwen35_tensors(cfg, st_path, header, data_start)
+        extra, theta, head_dim = qwen35_meta(cfg, a)
+        pre = "qwen35"
     else:
         tensors = qwen_tensors(st_path, header, data_start, quant, quantize, fin)
         if a == "qwen3moe":
