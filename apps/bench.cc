@@ -9,8 +9,10 @@
 // threads, core/stream_read.h; on a PJRT device, a reduction over a buffer in device memory),
 // measured just before the generation tests of that thread count, divided by those bytes. On a
 // PJRT device the thread count is the host's, which only feeds the device. Attention's K and V
-// reads are left out: after a short prompt they are a small fraction of the weights. A model small
-// enough to stay in the caches can run above its roofline (ratio > 1).
+// reads are left out: after a short prompt they are a small fraction of the weights. A
+// linear-attention layer's recurrent state (Qwen3.5, Qwen3-Next) is read and written whole every
+// token whatever the length, so its bytes count twice. A model small enough to stay in the caches
+// can run above its roofline (ratio > 1).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -128,6 +130,7 @@ int run_bench(const BenchArgs& a) {
   const models::ModelRunner runner(lm);
   int64_t weight_bytes = 0;
   for (const auto& span : runner.decode_weight_spans()) weight_bytes += span.bytes;
+  weight_bytes += 2 * runner.recurrent_bytes_per_sequence();
   const std::vector<int64_t> threads =
       a.threads.empty() ? std::vector<int64_t>{ThreadPool::global().num_threads()} : a.threads;
   const std::string name = model_name(a.model.model), dtype(dtype_name(lm.dtype())),
