@@ -351,6 +351,11 @@ CommandLine parse_command_line(int raw_argc, const char* const* raw_argv, std::o
     sub->add_option("--no-repeat-ngram-size", g.no_repeat_ngram_size,
                     "Never repeat an n-gram of this size (0: off)")
         ->check(int_in(0, kInt64Max));
+    sub->add_option("--prompt-lookup,--prompt-lookup-num-tokens", g.prompt_lookup,
+                    "Prompt lookup decoding: check up to N tokens that followed an earlier "
+                    "occurrence of the output's last words in one step (greedy; the same tokens, "
+                    "fewer steps where the output repeats its prompt)")
+        ->check(int_in(0, 64));
     sub->add_option("--seed,-s", g.seed,
                     "Sampling seed: the same seed gives the same text; -1 draws a fresh one "
                     "(shown with --verbose)")
@@ -664,6 +669,7 @@ GenerationConfig generation_config(const GenerateArgs& a, std::FILE* notes) {
   gc.typical_p = a.typical_p;
   gc.repetition_penalty = a.repetition_penalty;
   gc.no_repeat_ngram_size = a.no_repeat_ngram_size;
+  gc.prompt_lookup_num_tokens = a.prompt_lookup;
   gc.num_beams = a.num_beams;
   // Beam sampling is not implemented: a model whose generation_config.json samples would refuse
   // --num-beams without this.

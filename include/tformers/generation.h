@@ -59,6 +59,12 @@ struct GenerationConfig {
   // prefill and decode step; at most twice the KV memory of the exact length.
   std::optional<int64_t> max_cache_len;
   std::optional<bool> disable_compile;  // run without the compile cache
+  // Prompt lookup decoding (Transformers' names): up to prompt_lookup_num_tokens tokens that
+  // followed an earlier occurrence of the output's last n-gram (n up to max_matching_ngram_size,
+  // default 2) are checked in one forward, and those greedy search would choose are kept: the
+  // same tokens as without it, fewer steps. Greedy search of one sequence, attention-only models.
+  std::optional<int64_t> prompt_lookup_num_tokens;
+  std::optional<int64_t> max_matching_ngram_size;
   // What tformers::generate() returns besides the sequences (GenerateOutput): each step's
   // scores after the logits processors, and each step's raw logits. Only the config passed to
   // generate() turns them on, not generation_config.json, so that callers that read only the
@@ -105,6 +111,8 @@ struct ResolvedGenerationConfig {
   uint64_t seed = 0;
   int64_t max_cache_len = 0;
   bool disable_compile = false;
+  int64_t prompt_lookup_num_tokens = 0;  // 0: off
+  int64_t max_matching_ngram_size = 2;
   bool output_scores = false;  // set by generate() from its call's config, not by resolve()
   bool output_logits = false;
   // OpenAI's presence_penalty, frequency_penalty and logit_bias (token id, bias), which

@@ -10,6 +10,7 @@
 #include "generation/beam_search.h"
 #include "generation/logits_process.h"
 #include "generation/padding.h"
+#include "generation/prompt_lookup.h"
 #include "generation/sampling.h"
 #include "generation/stop_strings.h"
 #include "models/causal_lm_impl.h"
@@ -96,6 +97,14 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
     throw InvalidArgumentError(
         "generate: a KeptCache holds one row: pass one prompt, with num_return_sequences 1 and "
         "no beam search (num_beams 1)");
+  if (rc.prompt_lookup_num_tokens > 0 && (prompts.size() != 1 || rc.num_return_sequences != 1))
+    throw InvalidArgumentError(
+        "generate: prompt_lookup_num_tokens checks one sequence's proposals: pass one prompt "
+        "with num_return_sequences 1");
+  if (rc.prompt_lookup_num_tokens > 0 && m.recurrent_bytes_per_sequence() > 0)
+    throw UnsupportedError(
+        "generate: prompt_lookup_num_tokens needs the cache of tokens it rejects taken back, "
+        "which a linear-attention layer's recurrent state cannot be; leave it off for this model");
   if (rc.num_beams > 1) {
     if (on_token)
       throw InvalidArgumentError(
@@ -243,14 +252,49 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   Tensor step_ids = Tensor::zeros({B, 1}, DType::i32), step_pos = Tensor::zeros({B, 1}, DType::i32);
   // One decode executable for every step; with disable_compile, a fresh compile each step.
   models::ModelRunner::Step* decode = uncached ? nullptr : &m.prepare_static(1, 1);
-  for (int64_t i = 1; i < new_tokens; ++i) {
-    for (int64_t b = 0; b < B; ++b) {
-      step_ids.data<int32_t>()[b] = seqs[b].back();
-      step_pos.data<int32_t>()[b] = row_pos[b]++;
-    }
+  // Prompt lookup: a step of the token chosen last and K proposals (one row), its logits at
+  // every position; each is chosen from in turn, as a decode step's would be, while the choice
+  // is the proposal. A rejected proposal's keys and values lie past the positions computed, where
+  // the next step writes over them before any query reads them.
+  const int64_t K = rc.prompt_lookup_num_tokens;
+  Tensor check_ids = Tensor::zeros({1, K + 1}, DType::i32),
+         check_pos = Tensor::zeros({1, K + 1}, DType::i32),
+         check_logits = Tensor::zeros({1, K + 1, V}, DType::f32);
+  for (int64_t i = 1; i < new_tokens;) {
     const int64_t slot = first_slot + P + i - 1;  // cache slot of the token chosen last
-    m.run_static(decode ? *decode : m.prepare_static(1, 1, true), step_ids, step_pos, slot, logits);
-    if (choose()) break;
+    const std::vector<int32_t> proposed =
+        K > 0 && slot + K + 1 <= S
+            ? generation::prompt_lookup(seqs[0], std::min(K, new_tokens - i - 1),
+                                        rc.max_matching_ngram_size)
+            : std::vector<int32_t>{};
+    if (proposed.empty()) {
+      for (int64_t b = 0; b < B; ++b) {
+        step_ids.data<int32_t>()[b] = seqs[b].back();
+        step_pos.data<int32_t>()[b] = row_pos[b]++;
+      }
+      m.run_static(decode ? *decode : m.prepare_static(1, 1, uncached), step_ids, step_pos, slot,
+                   logits);
+      ++i;
+      if (choose()) break;
+      continue;
+    }
+    for (int64_t t = 0; t <= K; ++t) {  // padded past the proposals: read by no kept choice
+      check_ids.data<int32_t>()[t] = t == 0                          ? seqs[0].back()
+                                     : t <= int64_t(proposed.size()) ? proposed[size_t(t - 1)]
+                                                                     : proposed.back();
+      check_pos.data<int32_t>()[t] = row_pos[0] + int32_t(t);
+    }
+    m.run_static(m.prepare_static(K + 1, K + 1, uncached), check_ids, check_pos, slot,
+                 check_logits);
+    bool ended = false;
+    for (int64_t t = 0; t <= int64_t(proposed.size()); ++t) {
+      std::copy_n(check_logits.data<float>() + t * V, V, logits.data<float>());
+      ++row_pos[0];
+      ++i;
+      ended = choose();
+      if (ended || t == int64_t(proposed.size()) || seqs[0].back() != proposed[size_t(t)]) break;
+    }
+    if (ended) break;
   }
   // Finished rows were filled with pad at every later step, so all rows have equal length.
   record();

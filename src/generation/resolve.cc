@@ -150,6 +150,19 @@ ResolvedGenerationConfig resolve(const GenerationConfig& c, int64_t prompt_len, 
     invalid(
         str_cat("no_repeat_ngram_size must be >= 0 (0 disables it), got ", r.no_repeat_ngram_size));
 
+  // Prompt lookup decoding checks its proposals against greedy choices of one sequence.
+  r.prompt_lookup_num_tokens = c.prompt_lookup_num_tokens.value_or(0);
+  if (r.prompt_lookup_num_tokens < 0 || r.prompt_lookup_num_tokens > 64)
+    invalid(str_cat("prompt_lookup_num_tokens must be in [0, 64] (0 disables it), got ",
+                    r.prompt_lookup_num_tokens));
+  r.max_matching_ngram_size = c.max_matching_ngram_size.value_or(2);
+  if (r.max_matching_ngram_size < 1 || r.max_matching_ngram_size > 64)
+    invalid(str_cat("max_matching_ngram_size must be in [1, 64], got ", r.max_matching_ngram_size));
+  if (r.prompt_lookup_num_tokens > 0 && (r.do_sample || r.num_beams > 1))
+    throw UnsupportedError(
+        "generate: prompt_lookup_num_tokens checks its proposals against greedy search; set "
+        "do_sample=false and num_beams=1, or leave prompt lookup off");
+
   // Token ids.
   r.eos_token_id = c.eos_token_id.value_or(std::vector<int64_t>{});
   check_token_ids(r.eos_token_id, "eos_token_id", vocab_size);

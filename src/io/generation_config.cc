@@ -102,8 +102,6 @@ const std::pair<const char*, Json> kUnimplemented[] = {
     {"num_assistant_tokens", 20},
     {"num_assistant_tokens_schedule", "constant"},
     {"assistant_confidence_threshold", 0.4},
-    {"prompt_lookup_num_tokens", nullptr},
-    {"max_matching_ngram_size", nullptr},
     {"assistant_early_exit", nullptr},
     {"assistant_lookbehind", 10},
     {"target_lookbehind", 10},
@@ -148,6 +146,8 @@ GenerationConfig read_config(const Json& j, const std::string& w) {
   c.typical_p = get_optional<double>(j, "typical_p", w);
   c.repetition_penalty = get_optional<double>(j, "repetition_penalty", w);
   c.no_repeat_ngram_size = get_optional<int64_t>(j, "no_repeat_ngram_size", w);
+  c.prompt_lookup_num_tokens = get_optional<int64_t>(j, "prompt_lookup_num_tokens", w);
+  c.max_matching_ngram_size = get_optional<int64_t>(j, "max_matching_ngram_size", w);
   c.bad_words_ids = get_bad_words(j, w);
   c.suppress_tokens = get_optional<std::vector<int64_t>>(j, "suppress_tokens", w);
   c.eos_token_id = get_optional<std::vector<int64_t>>(j, "eos_token_id", w);
@@ -219,6 +219,8 @@ GenerationConfig GenerationConfig::merged_with(const GenerationConfig& o) const 
   take(c.typical_p, o.typical_p);
   take(c.repetition_penalty, o.repetition_penalty);
   take(c.no_repeat_ngram_size, o.no_repeat_ngram_size);
+  take(c.prompt_lookup_num_tokens, o.prompt_lookup_num_tokens);
+  take(c.max_matching_ngram_size, o.max_matching_ngram_size);
   take(c.bad_words_ids, o.bad_words_ids);
   take(c.suppress_tokens, o.suppress_tokens);
   take(c.eos_token_id, o.eos_token_id);

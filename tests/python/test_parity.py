@@ -70,6 +70,22 @@ def test_greedy_ids_equal(pair):
     assert got.tolist() == expected.tolist()
 
 
+def test_prompt_lookup_ids_equal(pair, request):
+    """Prompt lookup decoding gives greedy search's ids, as Transformers' does; a hybrid model,
+    whose recurrent state cannot take back a rejected proposal, refuses it."""
+    ref, ours = pair
+    ids = torch.tensor([PROMPT + PROMPT[:4]])
+    settings = dict(do_sample=False, max_new_tokens=16, min_new_tokens=16, prompt_lookup_num_tokens=4)
+    if "linear_attention" in (ref.config.to_dict().get("layer_types") or []):
+        with pytest.raises(ValueError, match="recurrent state"):
+            ours.generate(ids, **settings)
+        return
+    with torch.no_grad():
+        expected = ref.generate(ids, attention_mask=torch.ones_like(ids), **settings)
+    got = ours.generate(ids, **settings)
+    assert got.tolist() == expected.tolist()
+
+
 def test_four_beam_ids_equal(pair):
     ref, ours = pair
     settings = dict(do_sample=False, num_beams=4, num_return_sequences=2, max_new_tokens=8)
