@@ -160,13 +160,15 @@ TEST_F(ConfigFile, FromJsonStringReadsFieldsAndRefusesUnknownKeys) {
 TEST_F(ConfigFile, UnimplementedFieldsAreNamedInAWarning) {
   ::testing::internal::CaptureStderr();
   GenerationConfig::from_file(write(R"({"num_beam_groups": 2, "diversity_penalty": 0.5,
-    "constraints": [1], "penalty_alpha": 0.6, "prompt_lookup_num_tokens": 10,
-    "num_assistant_tokens": 20, "renormalize_logits": false, "top_k": 5})"));
+    "constraints": [1], "penalty_alpha": 0.6, "assistant_lookbehind": 4,
+    "prompt_lookup_num_tokens": 10, "num_assistant_tokens": 20, "renormalize_logits": false,
+    "top_k": 5})"));
   const std::string err = ::testing::internal::GetCapturedStderr();
   for (const char* name : {"num_beam_groups = 2", "diversity_penalty = 0.5", "constraints",
-                           "penalty_alpha", "prompt_lookup_num_tokens"})
+                           "penalty_alpha", "assistant_lookbehind"})
     EXPECT_NE(err.find(name), std::string::npos) << name << " missing from:\n" << err;
   // Defaults (as Transformers writes them) and implemented fields are not warned about.
+  EXPECT_EQ(err.find("prompt_lookup_num_tokens"), std::string::npos) << err;
   EXPECT_EQ(err.find("num_assistant_tokens"), std::string::npos) << err;
   EXPECT_EQ(err.find("renormalize_logits"), std::string::npos) << err;
   EXPECT_EQ(err.find("top_k"), std::string::npos) << err;
