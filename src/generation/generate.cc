@@ -257,9 +257,12 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   // is the proposal. A rejected proposal's keys and values lie past the positions computed, where
   // the next step writes over them before any query reads them.
   const int64_t K = rc.prompt_lookup_num_tokens;
-  Tensor check_ids = Tensor::zeros({1, K + 1}, DType::i32),
-         check_pos = Tensor::zeros({1, K + 1}, DType::i32),
-         check_logits = Tensor::zeros({1, K + 1, V}, DType::f32);
+  Tensor check_ids, check_pos, check_logits;  // allocated only when prompt lookup is on
+  if (K > 0) {
+    check_ids = Tensor::zeros({1, K + 1}, DType::i32);
+    check_pos = Tensor::zeros({1, K + 1}, DType::i32);
+    check_logits = Tensor::zeros({1, K + 1, V}, DType::f32);
+  }
   for (int64_t i = 1; i < new_tokens;) {
     const int64_t slot = first_slot + P + i - 1;  // cache slot of the token chosen last
     const std::vector<int32_t> proposed =

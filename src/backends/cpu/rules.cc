@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <type_traits>
+#include <utility>
 
 #include "backends/cpu/kernels.h"
 #include "core/thread_pool.h"
@@ -707,12 +708,11 @@ cpu::RecurrentRows recurrent_rows(const OpCall& c, int64_t B, int64_t T) {
     const int32_t read = slots[2 * b], write = slots[2 * b + 1];
     TF_CHECK(read < N && write < N, c.n.name, ": state slots ", read, " and ", write,
              " of a pool of ", N);
-    bool first = true;
+    bool seen = false;  // a real token: the first one says whether the row starts fresh
     for (int64_t t = 0; t < T; ++t) {
       const int32_t p = pos[b * T + t];
       r.real[size_t(b * T + t)] = p >= 0;
-      if (p >= 0 && first) r.fresh[size_t(b)] = p == 0;
-      if (p >= 0) first = false;
+      if (p >= 0 && !std::exchange(seen, true)) r.fresh[size_t(b)] = p == 0;
     }
     if (write < 0) continue;  // a padding row: no state
     r.state[size_t(b)] = state + write * each;
