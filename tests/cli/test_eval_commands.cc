@@ -201,9 +201,11 @@ TEST(Perplexity, PrintsOneLineAndASummary) {
 
 // Runs `command`, sends it SIGINT (Ctrl-C) after `seconds` (timeout(1)) and returns what it did;
 // its own exit status is kept, so a command killed by the signal reads 130 too, and only what
-// it wrote tells a clean stop.
+// it wrote tells a clean stop. --foreground: otherwise timeout signals the command and then its
+// whole process group, and that second SIGINT is a second Ctrl-C, which ends it at once.
 Streams interrupted(const std::string& command, double seconds) {
-  return run("timeout -s INT --preserve-status " + std::to_string(seconds) + " " + command);
+  return run("timeout --foreground -s INT --preserve-status " + std::to_string(seconds) + " " +
+             command);
 }
 
 // Ctrl-C stops a long perplexity run at the next window: what was scored is reported, the
