@@ -78,13 +78,15 @@ struct WeightSpec {
 // kv_heads is this rank's share. A linear-attention layer's recurrent state instead (Gated
 // DeltaNet), a fixed size per sequence whatever its length: recurrent_state.{layer}.conv
 // (B, conv_width - 1, conv_channels), the last inputs of its causal convolution, and
-// recurrent_state.{layer}.delta (B, heads, key_dim, value_dim), both float32.
+// recurrent_state.{layer}.delta (B, heads, key_dim, value_dim), both float32. A layer that reads
+// another layer's KV cache (Gemma 4's KV-shared layers) keeps nothing (kShared).
 struct LayerState {
-  enum class Kind : uint8_t { kAttention, kRecurrent };
+  enum class Kind : uint8_t { kAttention, kRecurrent, kShared };
   Kind kind = Kind::kAttention;
   int64_t kv_heads = 0, head_dim = 0;
   int64_t conv_channels = 0, conv_width = 0, heads = 0, key_dim = 0, value_dim = 0;
   bool recurrent() const { return kind == Kind::kRecurrent; }
+  bool attention() const { return kind == Kind::kAttention; }
   // Bytes of one sequence's recurrent state (0 for attention, whose cache grows per position).
   int64_t recurrent_bytes() const {
     return recurrent() ? 4 * ((conv_width - 1) * conv_channels + heads * key_dim * value_dim) : 0;

@@ -615,6 +615,7 @@ void CausalLM::Impl::allocate_states(std::map<std::string, std::shared_ptr<backe
           backend->allocate({DType::f32, {sequences, st.heads, st.key_dim, st.value_dim}});
       continue;
     }
+    if (!st.attention()) continue;
     const graph::TensorType t = graph::kv_cache_type(backend->kv_layout(), cache_dtype, rows,
                                                      st.kv_heads, positions, st.head_dim);
     for (const char* part : {".key", ".value"}) into[kv + layer + part] = backend->allocate(t);
@@ -624,7 +625,7 @@ void CausalLM::Impl::allocate_states(std::map<std::string, std::shared_ptr<backe
 int64_t CausalLM::Impl::kv_bytes_per_position() const {
   int64_t bytes = 0;
   for (const models::LayerState& l : arch->states(*arch_config, tp.get()))
-    if (!l.recurrent()) bytes += 2 * l.kv_heads * l.head_dim * int64_t(dtype_size(cache_dtype));
+    if (l.attention()) bytes += 2 * l.kv_heads * l.head_dim * int64_t(dtype_size(cache_dtype));
   return bytes;
 }
 

@@ -80,6 +80,19 @@ std::pair<int64_t, int64_t> read_expert_counts(const io::Json& j, const std::str
   return {experts, io::get_int_in(j, "num_experts_per_tok", 1, experts, where)};
 }
 
+io::Json nested_text_config(const io::Json& j, const std::string& where) {
+  const auto it = j.find("text_config");
+  if (it == j.end() || !it->is_object())
+    throw FormatError(where + ": the config of a multimodal checkpoint (" +
+                      io::get_or<std::string>(j, "model_type", "?", where) +
+                      ") needs a text_config object");
+  io::Json text = *it;
+  for (const char* key : {"tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id",
+                          "torch_dtype", "dtype"})
+    if (j.contains(key) && !text.contains(key)) text[key] = j[key];
+  return text;
+}
+
 std::vector<int64_t> read_layer_windows(const io::Json& j, const std::string& where,
                                         std::vector<std::string> types, int64_t window) {
   const size_t layers = types.size();

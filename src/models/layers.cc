@@ -147,11 +147,12 @@ std::vector<Value> split(Ctx& c, Value y, const std::vector<int64_t>& parts,
 // ---- Norm, rotary, activation ----
 
 void RMSNorm::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
-  w.push_back({prefix + ".weight", {dim}, WeightRole::kNorm});
+  if (weighted) w.push_back({prefix + ".weight", {dim}, WeightRole::kNorm});
 }
 
 Value RMSNorm::operator()(Ctx& c, Value x, const std::string& prefix) const {
-  Value w = c.p(prefix + ".weight");
+  // Times ones without a weight: exact, and one op for every backend and hub kernel.
+  Value w = weighted ? c.p(prefix + ".weight") : c.b.constant(1, {DType::f32, {dim}}, prefix);
   return layer_op(c, !unit_offset, "RMSNorm", {x, w}, c.b.type(x).shape, {eps}, prefix,
                   [&] { return c.b.rms_norm(x, w, eps, {.unit_offset = unit_offset}, prefix); });
 }
@@ -173,6 +174,14 @@ Activation parse_activation(const std::string& name, const std::string& where) {
                          "' is not supported; supported: silu, gelu_pytorch_tanh");
 }
 
+Value activation_mul(Ctx& c, Activation act, Value gate, Value up, const std::string& name) {
+  return layer_op(c, act == Activation::kSilu, "SiLUAndMul", {gate, up}, c.b.type(gate).shape, {},
+                  name, [&] {
+                    return act == Activation::kSilu ? c.b.silu_mul(gate, up, name)
+                                                    : c.b.gelu_tanh_mul(gate, up, name);
+                  });
+}
+
 // ---- Attention ----
 
 void Attention::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
@@ -181,36 +190,80 @@ void Attention::declare(std::vector<WeightSpec>& w, const std::string& prefix) c
     Linear{hidden, q + 2 * kv, qkv_bias, ""}.declare(w, prefix + ".qkv_proj");
   } else {
     Linear{hidden, output_gate ? 2 * q : q, qkv_bias, "colwise"}.declare(w, prefix + ".q_proj");
-    Linear{hidden, kv, qkv_bias, "colwise"}.declare(w, prefix + ".k_proj");
-    Linear{hidden, kv, qkv_bias, "colwise"}.declare(w, prefix + ".v_proj");
+    if (kv_source < 0) Linear{hidden, kv, qkv_bias, "colwise"}.declare(w, prefix + ".k_proj");
+    if (kv_source < 0 && !k_eq_v)
+      Linear{hidden, kv, qkv_bias, "colwise"}.declare(w, prefix + ".v_proj");
   }
   Linear{q, hidden, o_bias, packed_qkv ? "" : "rowwise"}.declare(w, prefix + ".o_proj");
   if (qk_norm) {
     qk_norm->declare(w, prefix + ".q_norm");
-    qk_norm->declare(w, prefix + ".k_norm");
+    if (kv_source < 0) qk_norm->declare(w, prefix + ".k_norm");
   }
+  if (v_norm && kv_source < 0) v_norm->declare(w, prefix + ".v_norm");
   // Whole on every rank; a rank that holds some of the heads takes their sinks (operator()).
   if (sinks) w.push_back({prefix + ".sinks", {heads}, WeightRole::kNorm});
 }
 
+std::pair<Value, Value> Attention::keys_values(Ctx& c, Value k, Value v,
+                                               const std::string& prefix) const {
+  GraphBuilder& b = c.b;
+  const int64_t B = c.s.batch, T = c.s.new_tokens, D = head_dim;
+  // A rank of a tensor-parallel model holds only its heads.
+  const int64_t Hkv = b.type(k).shape.back() / D;
+  k = b.reshape(k, {B, T, Hkv, D});
+  v = b.reshape(v, {B, T, Hkv, D});
+  if (qk_norm) k = (*qk_norm)(c, k, prefix + ".k_norm");
+  if (v_norm) v = (*v_norm)(c, v, prefix + ".v_norm");
+  return {rotary(c, k, prefix + ".rope_k"), v};
+}
+
+std::pair<Value, Value> Attention::caches(Ctx& c, Value k_proj, Value v_proj,
+                                          const std::string& prefix, int64_t layer) const {
+  if (kv_source >= 0) {
+    const auto it = c.kv.find(kv_source);
+    TF_CHECK(it != c.kv.end(), prefix, " reads layer ", kv_source, "'s cache, written after it");
+    return it->second;
+  }
+  GraphBuilder& b = c.b;
+  const auto [k, v] = keys_values(c, k_proj, v_proj, prefix);
+  const Shape ks = b.type(k).shape;  // (B,T,Hkv,D)
+  std::pair<Value, Value> out;
+  if (c.s.paged()) {
+    const std::string pool = "kv_pool." + std::to_string(layer);
+    const TensorType pt = graph::kv_cache_type(b.kv_layout(), c.cache_dtype, c.s.kv_blocks, ks[2],
+                                               c.s.block_size, ks[3]);
+    out = {
+        b.paged_cache_write(b.state(pool + ".key", pt), k, c.table, c.pos, pool + ".key", c.rows),
+        b.paged_cache_write(b.state(pool + ".value", pt), v, c.table, c.pos, pool + ".value",
+                            c.rows)};
+  } else {
+    const std::string cache = "past_key_values." + std::to_string(layer);
+    const TensorType ct =
+        graph::kv_cache_type(b.kv_layout(), c.cache_dtype, ks[0], ks[2], c.s.cache_len, ks[3]);
+    out = {b.cache_write(b.state(cache + ".key", ct), k, c.start, cache + ".key"),
+           b.cache_write(b.state(cache + ".value", ct), v, c.start, cache + ".value")};
+  }
+  return c.kv[layer] = out;
+}
+
 Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t layer) const {
   GraphBuilder& b = c.b;
-  const int64_t B = c.s.batch, T = c.s.new_tokens, S = c.s.cache_len, D = head_dim;
-  Value q, k, v;
+  const int64_t B = c.s.batch, T = c.s.new_tokens, D = head_dim;
+  Value q, k = -1, v = -1;
   if (packed_qkv) {
     const int64_t nq = heads * D, nkv = kv_heads * D;
-    Value qkv = linear(c, x, prefix + ".qkv_proj");
-    auto parts = split(c, qkv, {nq, nkv, nkv}, prefix + ".qkv_proj");
+    auto parts = split(c, linear(c, x, prefix + ".qkv_proj"), {nq, nkv, nkv}, prefix + ".qkv_proj");
     q = parts[0], k = parts[1], v = parts[2];
   } else {
     q = linear(c, x, prefix + ".q_proj");
-    k = linear(c, x, prefix + ".k_proj");
-    v = linear(c, x, prefix + ".v_proj");
+    if (kv_source < 0) {
+      k = linear(c, x, prefix + ".k_proj");
+      v = k_eq_v ? k : linear(c, x, prefix + ".v_proj");
+    }
   }
   // Head counts follow the projections' outputs: a rank of a tensor-parallel model holds only
   // its heads.
-  const int64_t Hq = b.type(q).shape.back() / (output_gate ? 2 * D : D),
-                Hkv = b.type(k).shape.back() / D;
+  const int64_t Hq = b.type(q).shape.back() / (output_gate ? 2 * D : D);
   Value gate = -1;
   if (output_gate) {
     const Value per_head = b.reshape(q, {B, T, Hq, 2 * D});
@@ -218,14 +271,9 @@ Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t 
     q = b.slice_last(per_head, 0, D, prefix + ".query");
   }
   q = b.reshape(q, {B, T, Hq, D});
-  k = b.reshape(k, {B, T, Hkv, D});
-  v = b.reshape(v, {B, T, Hkv, D});
-  if (qk_norm) {
-    q = (*qk_norm)(c, q, prefix + ".q_norm");
-    k = (*qk_norm)(c, k, prefix + ".k_norm");
-  }
+  if (qk_norm) q = (*qk_norm)(c, q, prefix + ".q_norm");
   q = rotary(c, q, prefix + ".rope_q");
-  k = rotary(c, k, prefix + ".rope_k");
+  const auto [kc, vc] = caches(c, k, v, prefix, layer);
   // yarn scales cos and sin by attention_factor, so q.k grows by its square.
   const float f = rotary.rope.attention_factor;
   const float s = (scale > 0 ? scale : float(1.0 / std::sqrt(double(D)))) * f * f;
@@ -239,19 +287,8 @@ Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t 
   if (c.s.paged()) {
     // Hub kernels take a static cache (their layer contract), so paged steps use the built-in
     // op.
-    const std::string pool = "kv_pool." + std::to_string(layer);
-    const TensorType pt =
-        graph::kv_cache_type(b.kv_layout(), c.cache_dtype, c.s.kv_blocks, Hkv, c.s.block_size, D);
-    Value kc =
-        b.paged_cache_write(b.state(pool + ".key", pt), k, c.table, c.pos, pool + ".key", c.rows);
-    Value vc = b.paged_cache_write(b.state(pool + ".value", pt), v, c.table, c.pos, pool + ".value",
-                                   c.rows);
     att = b.paged_attention(q, kc, vc, c.table, c.pos, s, options, name, c.rows);
   } else {
-    const std::string cache = "past_key_values." + std::to_string(layer);
-    const TensorType ct = graph::kv_cache_type(b.kv_layout(), c.cache_dtype, B, Hkv, S, D);
-    Value kc = b.cache_write(b.state(cache + ".key", ct), k, c.start, cache + ".key");
-    Value vc = b.cache_write(b.state(cache + ".value", ct), v, c.start, cache + ".value");
     // Hub kernels' attention contract takes head-major caches.
     const bool plain = sliding_window == 0 && softcap == 0 && !sinks &&
                        b.kv_layout() == graph::KvLayout::kHeadMajor;
@@ -267,6 +304,7 @@ Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t 
 }
 
 LayerState Attention::cache(const distributed::TpModel* tp, const std::string& prefix) const {
+  if (kv_source >= 0) return {.kind = LayerState::Kind::kShared};
   const std::string k = prefix + (packed_qkv ? ".qkv_proj.weight" : ".k_proj.weight");
   const bool split = tp && tp->size() > 1 && tp->shard(k).style == TpStyle::kColwise;
   return {.kv_heads = split ? kv_heads / tp->size() : kv_heads, .head_dim = head_dim};
@@ -294,13 +332,7 @@ Value GatedMLP::operator()(Ctx& c, Value x, const std::string& prefix) const {
     gate = linear(c, x, prefix + ".gate_proj");
     up = linear(c, x, prefix + ".up_proj");
   }
-  const std::string name = prefix + ".act";
-  Value act = layer_op(c, this->act == Activation::kSilu, "SiLUAndMul", {gate, up},
-                       c.b.type(gate).shape, {}, name, [&] {
-                         return this->act == Activation::kSilu ? c.b.silu_mul(gate, up, name)
-                                                               : c.b.gelu_tanh_mul(gate, up, name);
-                       });
-  return linear(c, act, prefix + ".down_proj");
+  return linear(c, activation_mul(c, act, gate, up, prefix + ".act"), prefix + ".down_proj");
 }
 
 // ---- Mixture of experts ----
@@ -308,10 +340,14 @@ Value GatedMLP::operator()(Ctx& c, Value x, const std::string& prefix) const {
 void SparseMoE::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
   const std::string hub =
       hub_module.empty() ? prefix : prefix.substr(0, prefix.rfind('.') + 1) + hub_module;
-  const std::string gate = prefix + "." + router;
-  WeightSpec scorer{gate + ".weight", {experts, hidden}, WeightRole::kRouter};
-  if (hub != prefix) scorer.stacked_from = {hub + "." + router + ".weight"};
-  w.push_back(std::move(scorer));
+  const std::string gate = scorer(prefix);
+  WeightSpec scores{gate + ".weight", {experts, hidden}, WeightRole::kRouter};
+  if (hub != prefix) scores.stacked_from = {hub + "." + router + ".weight"};
+  w.push_back(std::move(scores));
+  if (scaled_router) {
+    w.push_back({prefix + "." + router + ".scale", {hidden}, WeightRole::kRouter});
+    w.push_back({prefix + "." + router + ".per_expert_scale", {experts}, WeightRole::kRouter});
+  }
   if (router_bias) w.push_back({gate + ".bias", {experts}, WeightRole::kRouter});
   if (score_bias) w.push_back({gate + ".e_score_correction_bias", {experts}, WeightRole::kRouter});
   // Under tensor parallelism the experts are split over the ranks (expert parallelism).
@@ -371,9 +407,18 @@ Value SparseMoE::keep_top_groups(Ctx& c, Value choice, const std::string& prefix
                    cs);
 }
 
+Value SparseMoE::scaled_router_input(Ctx& c, Value x, const std::string& prefix) const {
+  GraphBuilder& b = c.b;
+  const std::string name = prefix + "." + router;
+  const Value normed = RMSNorm{hidden, 1e-6f, false, false}(c, x, name + ".norm");
+  return b.scale(b.binary(graph::BinaryFn::kMul, normed, c.p(name + ".scale")),
+                 float(1.0 / std::sqrt(double(hidden))), name + ".scaled");
+}
+
 std::pair<Value, Value> SparseMoE::route(Ctx& c, Value x, const std::string& prefix) const {
   GraphBuilder& b = c.b;
-  const std::string gate = prefix + "." + router;
+  const std::string gate = scorer(prefix);
+  if (scaled_router) x = scaled_router_input(c, x, prefix);
   const Value logits = linear(c, x, gate);  // (B,T,E)
   if (scoring == Scoring::kTopKSoftmax) {
     const Value idx = b.top_k(logits, top_k, gate + ".top_k");
@@ -397,6 +442,12 @@ std::pair<Value, Value> SparseMoE::route(Ctx& c, Value x, const std::string& pre
     weights = b.binary(graph::BinaryFn::kDiv, weights, b.reduce(graph::ReduceFn::kSum, weights, 2),
                        gate + ".norm");
   if (scaling != 1) weights = b.scale(weights, scaling, gate + ".scaling");
+  if (scaled_router) {
+    const Value per_expert = c.p(prefix + "." + router + ".per_expert_scale");
+    const Shape ls = b.type(logits).shape;
+    weights = b.binary(graph::BinaryFn::kMul, weights,
+                       b.take_along(b.broadcast(per_expert, ls), idx), gate + ".per_expert_scale");
+  }
   return {idx, weights};
 }
 
@@ -420,7 +471,8 @@ Value SparseMoE::activation(Ctx& c, Value gate_up, const std::string& prefix) co
   const std::string name = prefix + ".experts.act";
   const Value gate = b.slice_last(gate_up, 0, intermediate);
   const Value up = b.slice_last(gate_up, intermediate, 2 * intermediate);
-  if (!clamped) return b.silu_mul(gate, up, name);
+  if (!clamped)
+    return act == Activation::kSilu ? b.silu_mul(gate, up, name) : b.gelu_tanh_mul(gate, up, name);
   using graph::BinaryFn;
   auto constant = [&](float v) { return b.constant(v, {b.activation(), {}}); };
   const Value g = b.binary(BinaryFn::kMin, gate, constant(clamped->limit), name + ".gate");
@@ -432,10 +484,10 @@ Value SparseMoE::activation(Ctx& c, Value gate_up, const std::string& prefix) co
   return b.binary(BinaryFn::kMul, b.binary(BinaryFn::kAdd, u, constant(1)), glu, name);
 }
 
-Value SparseMoE::operator()(Ctx& c, Value x, const std::string& prefix) const {
+Value SparseMoE::operator()(Ctx& c, Value x, const std::string& prefix, Value route_x) const {
   GraphBuilder& b = c.b;
   const Shape xs = b.type(x).shape;  // (B,T,H)
-  const auto [idx, weights] = route(c, x, prefix);
+  const auto [idx, weights] = route(c, route_x >= 0 ? route_x : x, prefix);
   // Expert parallelism: each rank runs its own experts (the others' give zero rows) and the
   // ranks' sums are added.
   const distributed::TpModel* tp = c.p.tp();
@@ -492,23 +544,100 @@ Value Embedding::operator()(Ctx& c, const std::string& prefix) const {
   return b.scale(h, s, prefix + ".scale");
 }
 
+void PerLayerEmbedding::declare(std::vector<WeightSpec>& w, const std::string& base) const {
+  if (dim == 0) return;
+  Embedding{vocab, layers * dim}.declare(w, base + ".embed_tokens_per_layer");
+  Linear{hidden, layers * dim}.declare(w, base + ".per_layer_model_projection");
+  RMSNorm{dim, eps}.declare(w, base + ".per_layer_projection_norm");
+}
+
+Value PerLayerEmbedding::operator()(Ctx& c, Value embedded, const std::string& base) const {
+  GraphBuilder& b = c.b;
+  const Shape es = b.type(embedded).shape;  // (B,T,H)
+  const Shape all{es[0], es[1], layers * dim}, per_layer{es[0], es[1], layers, dim};
+  const Value tokens = Embedding{vocab, layers * dim, float(std::sqrt(double(dim)))}(
+      c, base + ".embed_tokens_per_layer");
+  const std::string proj = base + ".per_layer_model_projection";
+  const Value projected =
+      b.scale(linear(c, embedded, proj), float(1.0 / std::sqrt(double(hidden))), proj + ".scale");
+  const Value normed = b.reshape(
+      RMSNorm{dim, eps}(c, b.reshape(projected, per_layer), base + ".per_layer_projection_norm"),
+      all);
+  return b.scale(b.add(normed, tokens, base + ".per_layer_inputs"), float(1.0 / std::sqrt(2.0)),
+                 base + ".per_layer_inputs.scale");
+}
+
+void DecoderBlock::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
+  const std::string n = prefix + ".";
+  for (const std::string* name : {&pre_attn, &post_attn, &pre_mlp, &post_mlp})
+    if (!name->empty()) norm.declare(w, n + *name);
+  if (linear_attn)
+    linear_attn->declare(w, n + "linear_attn");
+  else
+    attn.declare(w, n + "self_attn");
+  if (moe)
+    moe->declare(w, n + "mlp");
+  else
+    mlp.declare(w, n + "mlp");
+  if (moe_beside) {
+    moe_beside->declare(w, prefix);
+    for (const char* name : {"pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
+                             "post_feedforward_layernorm_2"})
+      norm.declare(w, n + name);
+  }
+  if (per_layer_input) {
+    Linear{norm.dim, per_layer_input}.declare(w, n + "per_layer_input_gate");
+    Linear{per_layer_input, norm.dim}.declare(w, n + "per_layer_projection");
+    norm.declare(w, n + "post_per_layer_input_norm");
+  }
+  if (layer_scalar) w.push_back({n + "layer_scalar", {1}, WeightRole::kNorm});
+}
+
+Value DecoderBlock::feed_forward(Ctx& c, Value h, const std::string& prefix) const {
+  const std::string n = prefix + ".";
+  const Value x = norm(c, h, n + pre_mlp);
+  Value y = moe ? (*moe)(c, x, n + "mlp") : mlp(c, x, n + "mlp");
+  if (moe_beside) {
+    const Value experts =
+        (*moe_beside)(c, norm(c, h, n + "pre_feedforward_layernorm_2"), prefix, h);
+    y = c.b.add(norm(c, y, n + "post_feedforward_layernorm_1"),
+                norm(c, experts, n + "post_feedforward_layernorm_2"), n + "mlp_and_experts");
+  }
+  return post_mlp.empty() ? y : norm(c, y, n + post_mlp);
+}
+
+Value DecoderBlock::add_per_layer_input(Ctx& c, Value h, Value input,
+                                        const std::string& prefix) const {
+  const std::string n = prefix + ".";
+  const Value gated = activation_mul(c, per_layer_act, linear(c, h, n + "per_layer_input_gate"),
+                                     input, n + "per_layer_input");
+  const Value y =
+      norm(c, linear(c, gated, n + "per_layer_projection"), n + "post_per_layer_input_norm");
+  return c.b.add(h, y, n + "residual_per_layer");
+}
+
+Value DecoderBlock::operator()(Ctx& c, Value h, Value per_layer, const std::string& prefix,
+                               int64_t layer) const {
+  GraphBuilder& b = c.b;
+  const std::string n = prefix + ".";
+  const Value x = norm(c, h, n + pre_attn);
+  Value y = linear_attn ? (*linear_attn)(c, x, n + "linear_attn", layer)
+                        : attn(c, x, n + "self_attn", layer);
+  if (!post_attn.empty()) y = norm(c, y, n + post_attn);
+  h = b.add(h, y, n + "residual_attn");
+  h = b.add(h, feed_forward(c, h, prefix), n + "residual_mlp");
+  if (per_layer_input) h = add_per_layer_input(c, h, per_layer, prefix);
+  if (layer_scalar)
+    h = b.binary(graph::BinaryFn::kMul, h, c.p(n + "layer_scalar"), n + "layer_scalar");
+  return h;
+}
+
 std::vector<WeightSpec> DecoderModel::weights() const {
   std::vector<WeightSpec> w;
   embed.declare(w, base + ".embed_tokens");
-  for (size_t l = 0; l < blocks.size(); ++l) {
-    const DecoderBlock& blk = blocks[l];
-    const std::string n = base + ".layers." + std::to_string(l) + ".";
-    for (const std::string* norm : {&blk.pre_attn, &blk.post_attn, &blk.pre_mlp, &blk.post_mlp})
-      if (!norm->empty()) blk.norm.declare(w, n + *norm);
-    if (blk.linear_attn)
-      blk.linear_attn->declare(w, n + "linear_attn");
-    else
-      blk.attn.declare(w, n + "self_attn");
-    if (blk.moe)
-      blk.moe->declare(w, n + "mlp");
-    else
-      blk.mlp.declare(w, n + "mlp");
-  }
+  per_layer.declare(w, base);
+  for (size_t l = 0; l < blocks.size(); ++l)
+    blocks[l].declare(w, base + ".layers." + std::to_string(l));
   norm.declare(w, base + ".norm");
   WeightSpec head{
       "lm_head.weight", {embed.vocab, embed.hidden}, WeightRole::kLinear, "colwise_gather_output"};
@@ -533,29 +662,12 @@ std::vector<LayerState> DecoderModel::states(const distributed::TpModel* tp) con
 void DecoderModel::build(GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype) const {
   Ctx c = begin_step(b, p, s, cache_dtype);
   Value h = embed(c, base + ".embed_tokens");  // (B,T,H)
+  const Value per_layer_inputs = per_layer.dim ? per_layer(c, h, base) : -1;
   for (size_t l = 0; l < blocks.size(); ++l) {
-    const DecoderBlock& blk = blocks[l];
-    const std::string n = base + ".layers." + std::to_string(l) + ".";
-    auto sublayer = [&](const std::string& pre, const std::string& post, auto&& body,
-                        const std::string& residual) {
-      Value y = body(blk.norm(c, h, n + pre));
-      if (!post.empty()) y = blk.norm(c, y, n + post);
-      h = b.add(h, y, n + residual);
-    };
-    sublayer(
-        blk.pre_attn, blk.post_attn,
-        [&](Value x) {
-          return blk.linear_attn ? (*blk.linear_attn)(c, x, n + "linear_attn", int64_t(l))
-                                 : blk.attn(c, x, n + "self_attn", int64_t(l));
-        },
-        "residual_attn");
-    sublayer(
-        blk.pre_mlp, blk.post_mlp,
-        [&](Value x) {
-          const std::string mlp = n + "mlp";
-          return blk.moe ? (*blk.moe)(c, x, mlp) : blk.mlp(c, x, mlp);
-        },
-        "residual_mlp");
+    const int64_t dim = per_layer.dim;
+    const Value input =
+        dim ? b.slice_last(per_layer_inputs, int64_t(l) * dim, int64_t(l + 1) * dim) : -1;
+    h = blocks[l](c, h, input, base + ".layers." + std::to_string(l), int64_t(l));
   }
   // Only the kept positions go through the final norm and lm_head: (B,keep,H). A packed step
   // keeps its row's last `sequences` positions, where its sequences' last tokens lie (model

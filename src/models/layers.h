@@ -7,6 +7,7 @@
 // overrides (hub kernels) where one can take its inputs.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -33,6 +34,11 @@ struct RopeConfig {
 // llama3, yarn, longrope, proportional) of a config.json; UnsupportedError for other types.
 RopeConfig read_rope(const io::Json& j, const std::string& where, int64_t head_dim, double theta,
                      bool interleaved);
+
+// The text model's config of a multimodal checkpoint (Qwen3.5's, Gemma 4's): config.json's
+// text_config object, where the fields such a config keeps at the top (tie_word_embeddings, the
+// special token ids, dtype) fill what text_config lacks.
+io::Json nested_text_config(const io::Json& j, const std::string& where);
 
 // The fields every decoder-only transformer shares.
 struct DecoderConfig : ArchConfig {
@@ -73,11 +79,20 @@ struct Ctx {
   Value table = -1;             // paged cache: block_table (B or sequences, table_blocks)
   Value rows = -1;              // a packed paged step: sequence_index (B,T), each token's table row
   Value slots = -1;             // a paged step's state_slots (B,2), with linear attention
+  // Each attention layer's caches as written this step (static) or its pools (paged), for the
+  // layers that read another layer's cache (Attention::kv_source).
+  std::map<int64_t, std::pair<Value, Value>> kv;
 };
 // Declares the step's inputs.
 Ctx begin_step(graph::GraphBuilder& b, Params& p, const StepShape& s, DType cache_dtype);
 
 // ---- Layers ----
+
+enum class Activation : uint8_t { kSilu, kGeluTanh };
+// "silu" or "gelu_pytorch_tanh" (also "gelu_new"), else UnsupportedError naming the field.
+Activation parse_activation(const std::string& name, const std::string& where);
+// act(gate) * up, one op.
+Value activation_mul(Ctx& c, Activation act, Value gate, Value up, const std::string& name);
 
 // A linear layer's weights: "<prefix>.weight" (out, in) and, with bias, "<prefix>.bias". A
 // packed or fused weight ([gate; up], [q; k; v]) is one Linear whose output is cut with split();
@@ -96,11 +111,13 @@ Value linear(Ctx& c, Value x, const std::string& prefix);
 std::vector<Value> split(Ctx& c, Value y, const std::vector<int64_t>& parts,
                          const std::string& prefix);
 
-// "<prefix>.weight" (dim). Gemma's variant scales by (1 + w), in float32.
+// "<prefix>.weight" (dim). Gemma's variant scales by (1 + w), in float32; Gemma 4 has norms
+// without a weight (`weighted` false: the value per feature is 1).
 struct RMSNorm {
   int64_t dim = 0;
   float eps = 1e-6f;
   bool unit_offset = false;
+  bool weighted = true;
   void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
   Value operator()(Ctx& c, Value x, const std::string& prefix) const;
 };
@@ -128,12 +145,25 @@ struct Attention {
   // q_proj gives each head its query and then a gate of head_dim: the heads' outputs are
   // multiplied by sigmoid(gate) before o_proj (Qwen3-Next, Qwen3.5).
   bool output_gate = false;
+  std::optional<RMSNorm> v_norm;  // over head_dim, on the values (Gemma 4: without weight)
+  bool k_eq_v = false;            // the values are k_proj's output, before k_norm and RoPE
+  // Gemma 4's KV-shared layers: keys and values are this earlier layer's cache, as it wrote it
+  // this step; the layer has no k/v projections or norms and keeps no cache of its own.
+  int64_t kv_source = -1;
   void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
   // x (B,T,hidden) -> (B,T,hidden), writing keys and values into past_key_values.{layer}.
   Value operator()(Ctx& c, Value x, const std::string& prefix, int64_t layer) const;
   // This rank's KV heads: all of them unless the plan splits the heads.
   LayerState cache(const distributed::TpModel* tp, const std::string& prefix) const;
   void validate_tp(const distributed::TpModel& tp, const std::string& prefix) const;
+
+ private:
+  // The projections' keys and values (B,T,Hkv * D) as heads (B,T,Hkv,D), normed and rotated.
+  std::pair<Value, Value> keys_values(Ctx& c, Value k, Value v, const std::string& prefix) const;
+  // The caches or pools holding this step's keys and values: written here from the projections
+  // k and v, or by kv_source.
+  std::pair<Value, Value> caches(Ctx& c, Value k, Value v, const std::string& prefix,
+                                 int64_t layer) const;
 };
 
 // Gated DeltaNet (Qwen3-Next, Qwen3.5), linear attention over a recurrent state: projections give
@@ -165,10 +195,6 @@ struct GatedDeltaNet {
   };
   Projected project(Ctx& c, Value x, const std::string& prefix) const;
 };
-
-enum class Activation : uint8_t { kSilu, kGeluTanh };
-// "silu" or "gelu_pytorch_tanh" (also "gelu_new"), else UnsupportedError naming the field.
-Activation parse_activation(const std::string& name, const std::string& where);
 
 // down(act(gate(x)) * up(x)), with gate and up separate or fused in one gate_up_proj.
 struct GatedMLP {
@@ -218,17 +244,30 @@ struct SparseMoE {
   bool expert_bias = false;              // the experts' biases
   std::optional<ClampedSwiGlu> clamped;  // else silu(gate) * up
   bool gpt_oss_layout = false;           // the experts stored as gpt-oss stores them
+  Activation act = Activation::kSilu;    // the experts' act(gate) * up, unless clamped
+  // Gemma 4's router ("<prefix>.router" with .proj, .scale and .per_expert_scale): its input is
+  // RMS-normed without weight, times .scale and hidden^-1/2, before .proj; the softmax's top k,
+  // renormalised, are then times .per_expert_scale of their experts.
+  bool scaled_router = false;
   // The module and each expert's projections as Hub checkpoints name them, where Transformers 5
   // renamed them (Mixtral's block_sparse_moe with w1, w3, w2; its "mlp" holds gate and experts).
   std::string hub_module;  // "": the module's own name
   std::string gate_proj = "gate_proj", up_proj = "up_proj", down_proj = "down_proj";
   void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
-  Value operator()(Ctx& c, Value x, const std::string& prefix) const;
+  // The experts run on x; the router reads `route_x` when given (Gemma 4 routes by the block's
+  // input, not by the experts' normed one), else x.
+  Value operator()(Ctx& c, Value x, const std::string& prefix, Value route_x = -1) const;
   void validate_tp(const distributed::TpModel& tp, const std::string& prefix) const;
 
  private:
   // (B,T,k) int32 experts and (B,T,k) weights of each token.
   std::pair<Value, Value> route(Ctx& c, Value x, const std::string& prefix) const;
+  // Gemma 4's router input (scaled_router).
+  Value scaled_router_input(Ctx& c, Value x, const std::string& prefix) const;
+  // The router's projection: "<prefix>.<router>", or its ".proj" with scaled_router.
+  std::string scorer(const std::string& prefix) const {
+    return prefix + "." + router + (scaled_router ? ".proj" : "");
+  }
   // gate_up (B,T,k,2I) of the experts idx (with their biases added) -> (B,T,k,I).
   Value activation(Ctx& c, Value gate_up, const std::string& prefix) const;
   // `choice` (B,T,E) f32 with the experts outside each token's best topk_groups groups at -1e30.
@@ -253,9 +292,39 @@ struct DecoderBlock {
   std::optional<GatedDeltaNet> linear_attn;  // instead of attn, under "linear_attn"
   GatedMLP mlp;
   std::optional<SparseMoE> moe;  // instead of mlp, under the same prefix
-  RMSNorm norm;                  // all of the block's norms are alike
+  // Gemma 4's MoE layers: a mixture beside the MLP, under the layer's own prefix ("router",
+  // "experts"), on pre_feedforward_layernorm_2(h) and routed by h; the MLP's output normed by
+  // post_feedforward_layernorm_1 and the mixture's by post_feedforward_layernorm_2 are summed
+  // before post_mlp.
+  std::optional<SparseMoE> moe_beside;
+  // Gemma 4's per-layer input (DecoderModel::per_layer) of this many features: after the MLP,
+  // h += post_per_layer_input_norm(per_layer_projection(act(per_layer_input_gate(h)) * input)).
+  int64_t per_layer_input = 0;
+  Activation per_layer_act = Activation::kGeluTanh;
+  bool layer_scalar = false;  // h is multiplied by "<layer>.layer_scalar" (1) at the end (Gemma 4)
+  RMSNorm norm;               // all of the block's norms are alike
   std::string pre_attn = "input_layernorm", post_attn;
   std::string pre_mlp = "post_attention_layernorm", post_mlp;
+  void declare(std::vector<WeightSpec>& w, const std::string& prefix) const;
+  // h after the block at `prefix` ("<base>.layers.<layer>"); `per_layer` its per-layer input.
+  Value operator()(Ctx& c, Value h, Value per_layer, const std::string& prefix,
+                   int64_t layer) const;
+
+ private:
+  Value feed_forward(Ctx& c, Value h, const std::string& prefix) const;
+  Value add_per_layer_input(Ctx& c, Value h, Value input, const std::string& prefix) const;
+};
+
+// Gemma 4's per-layer embeddings: every layer's input of `dim` features, from a table of all
+// layers' ("<base>.embed_tokens_per_layer", vocab by layers * dim, times sqrt(dim)) and from the
+// embedded tokens (per_layer_model_projection times hidden^-1/2, RMS-normed per layer by
+// per_layer_projection_norm), summed and times 2^-1/2.
+struct PerLayerEmbedding {
+  int64_t vocab = 0, hidden = 0, layers = 0, dim = 0;  // dim 0: none
+  float eps = 1e-6f;
+  void declare(std::vector<WeightSpec>& w, const std::string& base) const;
+  // (B,T,layers * dim) from the embedded tokens `embedded` (B,T,hidden).
+  Value operator()(Ctx& c, Value embedded, const std::string& base) const;
 };
 
 // embed_tokens, the blocks, the final norm and lm_head (tied to the embedding when
@@ -265,6 +334,7 @@ struct DecoderModel {
   // multimodal checkpoint (Qwen3.5's).
   std::string base = "model";
   Embedding embed;
+  PerLayerEmbedding per_layer;
   std::vector<DecoderBlock> blocks;
   RMSNorm norm;
   bool tie_word_embeddings = false;

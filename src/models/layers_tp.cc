@@ -75,13 +75,26 @@ struct Checker {
   }
 };
 
+// Gemma 4's per-layer embeddings: the table may be split by rows, as embed_tokens.
+void validate_per_layer(const Checker& ck, const PerLayerEmbedding& per_layer,
+                        const std::string& base) {
+  if (per_layer.dim == 0) return;
+  const std::string table = base + ".embed_tokens_per_layer.weight";
+  if (!replicated(ck.style(table)) && ck.style(table) != TpStyle::kEmbeddingRowwise)
+    ck.bad(table, "does not apply to an embedding; use embedding_rowwise or replicate");
+  ck.whole(base + ".per_layer_model_projection.weight", "the per-layer inputs' projection");
+  ck.whole(base + ".per_layer_projection_norm.weight", "a norm over features");
+}
+
 }  // namespace
 
 void SparseMoE::validate_tp(const TpModel& tp, const std::string& prefix) const {
   Checker ck{tp};
   // Every rank routes every token: the router and its bias are whole.
-  const std::string gate = prefix + "." + router;
+  const std::string gate = scorer(prefix);
   ck.whole(gate + ".weight", "a router, which scores every expert");
+  for (const char* w : {".scale", ".per_expert_scale"})
+    ck.whole(prefix + "." + router + w, "a router's scale");
   ck.whole(gate + ".bias", "a router's bias");
   ck.whole(gate + ".e_score_correction_bias", "a router's bias");
   for (const char* w : {".experts.gate_up_proj", ".experts.down_proj"}) {
@@ -112,12 +125,17 @@ void Attention::validate_tp(const TpModel& tp, const std::string& prefix) const 
     ck.output_linear(o, false, "qkv_proj");
     return;
   }
-  const std::string q = prefix + ".q_proj.weight", k = prefix + ".k_proj.weight",
-                    v = prefix + ".v_proj.weight";
-  for (const auto& w : {q, k, v}) ck.input_linear(w, false);
+  // A KV-shared layer projects only queries (its keys are another layer's), and k_eq_v has no
+  // v_proj: those take k_proj's split.
+  const std::string q = prefix + ".q_proj.weight",
+                    k = prefix + (kv_source < 0 ? ".k_proj.weight" : ".q_proj.weight"),
+                    v = prefix + (kv_source < 0 && !k_eq_v ? ".v_proj.weight" : ".k_proj.weight");
+  for (const auto& w : {q, k, v})
+    if (tp.has(w)) ck.input_linear(w, false);
   // q, k and v split their heads alike, and o_proj takes what they give.
   const bool split_heads = splits_output(ck.style(q));
-  if (splits_output(ck.style(k)) != split_heads || splits_output(ck.style(v)) != split_heads)
+  if (splits_output(ck.style(k)) != split_heads ||
+      (tp.has(v) && splits_output(ck.style(v)) != split_heads))
     throw InvalidArgumentError("tp_plan: " + prefix +
                                ".{q,k,v}_proj must all split their heads (colwise) or all keep "
                                "them whole; got q_proj " +
@@ -170,7 +188,7 @@ void DecoderModel::validate_tp(const TpModel& tp) const {
     ck.bad(head,
            "would leave the logits split or expect a split input; use colwise_gather_output, "
            "rowwise_split_input or replicate");
-  int64_t kv_local = -1;
+  int kv_split = -1;
   for (size_t l = 0; l < blocks.size(); ++l) {
     const DecoderBlock& blk = blocks[l];
     const std::string n = base + ".layers." + std::to_string(l) + ".";
@@ -190,14 +208,20 @@ void DecoderModel::validate_tp(const TpModel& tp) const {
       blk.moe->validate_tp(tp, n + "mlp");
     else
       blk.mlp.validate_tp(tp, n + "mlp");
-    // One cache layout for every attention layer (the generation loop allocates them alike).
-    if (blk.linear_attn) continue;
-    const int64_t kv = blk.attn.cache(&tp, n + "self_attn").kv_heads;
-    if (kv_local >= 0 && kv != kv_local)
+    if (blk.moe_beside) blk.moe_beside->validate_tp(tp, base + ".layers." + std::to_string(l));
+    for (const char* w : {"per_layer_input_gate.weight", "per_layer_projection.weight",
+                          "post_per_layer_input_norm.weight", "layer_scalar"})
+      ck.whole(n + w, "a per-layer input's weights (tformers keeps them whole)");
+    // Every attention layer splits its heads, or none does (a KV-shared layer reads another's
+    // cache as that layer split it).
+    if (blk.linear_attn || blk.attn.kv_source >= 0) continue;
+    const int split = blk.attn.cache(&tp, n + "self_attn").kv_heads != blk.attn.kv_heads;
+    if (kv_split >= 0 && split != kv_split)
       throw InvalidArgumentError("tp_plan: layers must all split attention heads the same way (" +
                                  n + "self_attn differs from layer 0)");
-    kv_local = kv;
+    kv_split = split;
   }
+  validate_per_layer(ck, per_layer, base);
 }
 
 }  // namespace tformers::models

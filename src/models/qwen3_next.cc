@@ -33,20 +33,6 @@ struct Qwen3NextConfig : DecoderConfig {
   std::vector<int64_t> mlp_only_layers;
 };
 
-// The text model's config: config.json itself, or its text_config when `nested` (the fields a
-// multimodal config keeps at the top, such as tie_word_embeddings, fill what text_config lacks).
-io::Json text_config(const io::Json& j, const std::string& where, bool nested) {
-  if (!nested) return j;
-  const auto it = j.find("text_config");
-  if (it == j.end() || !it->is_object())
-    throw FormatError(where + ": a Qwen3.5 checkpoint's config needs a text_config object");
-  io::Json text = *it;
-  for (const char* key : {"tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id",
-                          "torch_dtype", "dtype"})
-    if (j.contains(key) && !text.contains(key)) text[key] = j[key];
-  return text;
-}
-
 // layer_types, or every full_attention_interval-th layer full attention as Qwen3-Next's config
 // derives them when absent.
 std::vector<bool> read_linear_layers(const io::Json& j, const std::string& where, int64_t layers) {
@@ -76,7 +62,7 @@ class Qwen3NextFamily : public DecoderArchitecture<Qwen3NextConfig> {
  public:
   void read(const io::Json& outer, const std::string& where, Qwen3NextConfig& c) const override {
     const std::string w = kNested ? where + ": text_config" : where;
-    const io::Json j = text_config(outer, where, kNested);
+    const io::Json j = kNested ? nested_text_config(outer, where) : outer;
     if (kNested) c.base = "model.language_model";
     read_decoder_config(j, w, c, 256);
     c.rope = read_rope(j, w, c.head_dim, 10000.0, false);

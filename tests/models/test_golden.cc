@@ -58,8 +58,12 @@ TEST_P(Golden, Bfloat16LogitsMatchTransformers) {
   // 1e-4.
   const bool hybrid =
       name.find("qwen3-next") != std::string::npos || name.find("qwen3-5") != std::string::npos;
+  // Gemma 4 rounds at more points (per-layer inputs, a norm on every q, k and v head, unscaled
+  // scores): ours 0.028 from the exact model, Transformers' own bf16 run 0.041 from its float32
+  // one (hf-gemma4, measured 2026-12-08).
+  const bool gemma4 = name.find("gemma4") != std::string::npos;
   const bool routed = gpt_oss || hybrid || name.find("moe") != std::string::npos;
-  const double exact_bound = hybrid ? 0.4 : gpt_oss ? 3e-2 : 2e-2;
+  const double exact_bound = hybrid ? 0.4 : gemma4 ? 4e-2 : gpt_oss ? 3e-2 : 2e-2;
   for (size_t i = 0; i < f32.size(); ++i) {
     Tensor logits = prefill_logits(lm, f32[i].input_ids);
     const int64_t V = lm.config().vocab_size;
@@ -97,8 +101,12 @@ TEST_P(Golden, Float16LogitsMatchFloat32) {
                                                       {.dtype = float16, .device_map = "cpu"});
   EXPECT_EQ(lm.dtype(), float16);
   const int64_t V = lm.config().vocab_size;
-  // The hybrids' rounding sensitivity (above): 6.3e-3 measured on hf-qwen3-5.
-  const double bound = name.find("qwen3-5") != std::string::npos ? 1e-2 : kF16Tolerance;
+  // The hybrids' and Gemma 4's rounding sensitivity (above): 6.3e-3 measured on hf-qwen3-5,
+  // 3.0e-3 on hf-gemma4.
+  const bool sensitive =
+      name.find("qwen3-5") != std::string::npos ||
+      (name.find("gemma4") != std::string::npos && name.find("moe") == std::string::npos);
+  const double bound = sensitive ? 1e-2 : kF16Tolerance;
   for (const auto& c : load_goldens(name, "float32")) {
     const Tensor logits = prefill_logits(lm, c.input_ids);
     for (size_t t = 0; t < c.logits.size(); ++t)
@@ -139,7 +147,8 @@ INSTANTIATE_TEST_SUITE_P(HfModels, Golden,
                                            "hf-glm", "hf-glm4", "hf-gemma3", "hf-qwen3-moe",
                                            "hf-mixtral", "hf-glm4-moe", "hf-gpt-oss",
                                            "hf-gpt-oss-mxfp4", "hf-qwen3-next", "hf-qwen3-5",
-                                           "hf-qwen3-5-moe", "hf-qwen3-5-vl"),
+                                           "hf-qwen3-5-moe", "hf-qwen3-5-vl", "hf-gemma4",
+                                           "hf-gemma4-moe", "hf-gemma4-vl"),
                          param_name);
 
 }  // namespace

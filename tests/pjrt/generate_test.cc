@@ -161,7 +161,8 @@ TEST_P(XlaCpuRoutedModel, Float32MatchesTransformersAndTheCpuBackend) {
 INSTANTIATE_TEST_SUITE_P(HfModels, XlaCpuRoutedModel,
                          ::testing::Values("hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe",
                                            "hf-gpt-oss", "hf-gpt-oss-mxfp4", "hf-qwen3-next",
-                                           "hf-qwen3-5", "hf-qwen3-5-moe", "hf-qwen3-5-vl"),
+                                           "hf-qwen3-5", "hf-qwen3-5-moe", "hf-qwen3-5-vl",
+                                           "hf-gemma4", "hf-gemma4-moe", "hf-gemma4-vl"),
                          param_name);
 
 // AWQ and GPTQ checkpoints: XLA multiplies the dequantized f32 weights, so the goldens computed

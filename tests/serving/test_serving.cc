@@ -106,7 +106,8 @@ INSTANTIATE_TEST_SUITE_P(Serving, PagedMatchesStatic,
                          ::testing::Values("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral",
                                            "tiny-gemma3", "tiny-glm", "tiny-glm4", "hf-qwen3-moe",
                                            "hf-mixtral", "hf-glm4-moe", "hf-gpt-oss",
-                                           "hf-qwen3-next", "hf-qwen3-5"));
+                                           "hf-qwen3-next", "hf-qwen3-5", "hf-gemma4",
+                                           "hf-gemma4-moe"));
 
 // A request's greedy tokens alone equal its tokens among others of other lengths, submitted
 // together and at staggered times, with the decode batch growing and shrinking around it; and
@@ -157,7 +158,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(kShipped, std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-moe",
                       std::string(TFORMERS_TEST_DATA) + "/models/hf-glm4-moe",
                       std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-next",
-                      std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-5-moe"),
+                      std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-5-moe",
+                      std::string(TFORMERS_TEST_DATA) + "/models/hf-gemma4"),
     [](const ::testing::TestParamInfo<std::string>& info) {
       std::string name = std::filesystem::path(info.param).filename();
       std::replace(name.begin(), name.end(), '-', '_');
@@ -313,7 +315,8 @@ INSTANTIATE_TEST_SUITE_P(Serving, PrefixHits,
                                            std::string(TFORMERS_TEST_DATA) + "/models/tiny-mistral",
                                            std::string(TFORMERS_TEST_DATA) + "/models/tiny-gemma3",
                                            std::string(TFORMERS_TEST_DATA) + "/models/tiny-glm",
-                                           std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-5"));
+                                           std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-5",
+                                           std::string(TFORMERS_TEST_DATA) + "/models/hf-gemma4"));
 
 // A pool with room for one full-length sequence and four sequences growing in it at once,
 // arriving at staggered times: the newest are preempted and computed again, with and without
@@ -380,7 +383,8 @@ TEST_P(Preempted, SequencesResumeWithTheSameOutput) {
 
 INSTANTIATE_TEST_SUITE_P(Serving, Preempted,
                          ::testing::Values(kShipped,
-                                           std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-5"),
+                                           std::string(TFORMERS_TEST_DATA) + "/models/hf-qwen3-5",
+                                           std::string(TFORMERS_TEST_DATA) + "/models/hf-gemma4"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = std::filesystem::path(info.param).filename();
                            std::replace(name.begin(), name.end(), '-', '_');

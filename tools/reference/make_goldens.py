@@ -37,7 +37,8 @@ TINY_MODELS = [
 ]
 HF_MODELS = ["hf-llama", "hf-qwen2", "hf-qwen3", "hf-mistral", "hf-glm", "hf-glm4", "hf-gemma3",
              "hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe", "hf-gpt-oss", "hf-gpt-oss-mxfp4",
-             "hf-qwen3-next", "hf-qwen3-5", "hf-qwen3-5-moe", "hf-qwen3-5-vl"]
+             "hf-qwen3-next", "hf-qwen3-5", "hf-qwen3-5-moe", "hf-qwen3-5-vl", "hf-gemma4",
+             "hf-gemma4-moe", "hf-gemma4-vl"]
 MODELS = TINY_MODELS + HF_MODELS
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MAX_NEW_TOKENS = 16

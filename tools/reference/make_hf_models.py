@@ -41,6 +41,15 @@ heads on 2 KV heads, head_dim 32 != 64 / 4), each with the features of its archi
 |            | model.language_model.*, a 1-block vision tower (model.visual.*),     |        |
 |            | lm_head.weight; goldens of the text path (AutoModelForCausalLM loads |        |
 |            | it as Qwen3_5ForCausalLM)                                             |        |
+| hf-gemma4  | 5 layers: sliding (window 4, head_dim 32) and full (proportional RoPE | f32    |
+|            | 0.25 over head_dim 48, 1 KV head, values = keys' projection), the last |        |
+|            | 2 KV-shared with double-wide MLPs, per-layer inputs of 16, final      |        |
+|            | soft-capping 30 (as released), untied                                 |        |
+| hf-gemma4-moe | 3 layers, 8 experts of 32 (top 2) beside each MLP, no per-layer    | bf16   |
+|            | inputs, untied                                                        |        |
+| hf-gemma4-vl | Gemma4ForConditionalGeneration as the Hub's Gemma 4 checkpoints:    | f32    |
+|            | hf-gemma4's text model under text_config and model.language_model.*, |        |
+|            | a 1-layer vision tower (model.vision_tower.*, model.embed_vision.*)   |        |
 
 Weights: Transformers' initialisation (std 0.02) makes the logits nearly flat and greedy a
 sequence of near-ties, so every parameter is redrawn: normal with std 0.3 for embeddings and an
@@ -99,6 +108,35 @@ QWEN3_5 = dict(
     LINEAR, tie_word_embeddings=True,
     rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
                          mrope_section=[2, 1, 1], mrope_interleaved=True))
+
+
+# Gemma 4 as its small checkpoints are made (E2B, E4B): five sliding layers to one full one (here
+# two of five), the full layers with their own head_dim (global_head_dim) and, with
+# attention_k_eq_v, one KV head whose values are the keys' projection; the last layers reuse
+# earlier layers' caches (num_kv_shared_layers); per-layer inputs (hidden_size_per_layer_input).
+GEMMA4 = dict(
+    num_hidden_layers=5, tie_word_embeddings=False, sliding_window=4,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                 "full_attention"],
+    global_head_dim=48, attention_k_eq_v=True, num_global_key_value_heads=1,
+    num_kv_shared_layers=2, use_double_wide_mlp=True, final_logit_softcapping=30.0,
+    hidden_size_per_layer_input=16, vocab_size_per_layer_input=512,
+    rope_parameters={
+        "sliding_attention": dict(rope_type="default", rope_theta=10000.0),
+        "full_attention": dict(rope_type="proportional", partial_rotary_factor=0.25,
+                               rope_theta=1000000.0)})
+
+
+def gemma4_vl_config(**text):
+    """Gemma 4 as the Hub's checkpoints are saved: Gemma4Config with the text model under
+    text_config and a vision tower (1 layer of width 32, patches of 4, pooled 2 x 2), no audio
+    tower. The image token ids are in the tiny vocabulary but in none of the golden prompts."""
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16, patch_size=4, position_embedding_size=64,
+                  pooling_kernel_size=2)
+    return T.Gemma4Config(text_config=text, vision_config=vision, audio_config=None,
+                          tie_word_embeddings=text["tie_word_embeddings"], boi_token_id=503,
+                          eoi_token_id=504, image_token_id=505)
 
 
 def qwen3_5_vl_config(**text):
@@ -179,11 +217,21 @@ MODELS = {
         moe_intermediate_size=32, shared_expert_intermediate_size=48), torch.bfloat16),
     "hf-qwen3-5-vl": (2016, qwen3_5_vl_config, T.Qwen3_5ForConditionalGeneration, dict(
         QWEN3_5, tie_word_embeddings=False), torch.float32),
+    "hf-gemma4": (2017, T.Gemma4TextConfig, T.Gemma4ForCausalLM, GEMMA4, torch.float32),
+    "hf-gemma4-moe": (2018, T.Gemma4TextConfig, T.Gemma4ForCausalLM, dict(
+        num_hidden_layers=3, tie_word_embeddings=False, sliding_window=4,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        global_head_dim=48, hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=8,
+        top_k_experts=2, moe_intermediate_size=32, rope_parameters=GEMMA4["rope_parameters"]),
+        torch.bfloat16),
+    "hf-gemma4-vl": (2019, gemma4_vl_config, T.Gemma4ForConditionalGeneration, GEMMA4,
+                     torch.float32),
 }
 
 # Mixtures of experts, and those saved as Transformers 5 holds them in memory (one gate_up_proj and
 # one down_proj per layer) rather than in the per-expert layout save_pretrained converts them to.
-MOE_MODELS = {"hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe", "hf-qwen3-next", "hf-qwen3-5-moe"}
+MOE_MODELS = {"hf-qwen3-moe", "hf-mixtral", "hf-glm4-moe", "hf-qwen3-next", "hf-qwen3-5-moe",
+              "hf-gemma4-moe"}
 FUSED_EXPERTS = {"hf-glm4-moe"}
 # Experts stored as MXFP4 blocks and scales, as the released gpt-oss checkpoints are.
 MXFP4_EXPERTS = {"hf-gpt-oss-mxfp4"}
@@ -194,6 +242,11 @@ E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
 
 def redraw(model, seed, tied, offset_norms):
     """Every parameter drawn again, in named_parameters order, from one seeded generator."""
+    # Gemma 4 scores attention by q.k unscaled, its q and k RMS-normed per head: with norm weights
+    # near 1 the tiny model's scores spread by sqrt(head_dim) and its softmax is nearly one-hot,
+    # so bf16 rounding moves Transformers' own logits by 0.18. Its q_norm and k_norm weights are
+    # drawn near 0.4 (scores spread by about 1, as a trained model's are).
+    unscaled_scores = type(model).__name__.startswith("Gemma4")
     torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -206,6 +259,14 @@ def redraw(model, seed, tied, offset_norms):
                 # The gated RMSNorm of a Gated DeltaNet multiplies by its weight itself (ones at
                 # init), unlike the offset norms of the rest of Qwen3-Next and Qwen3.5.
                 p.copy_(torch.randn_like(p) * 0.1 + 1.0)
+            elif name.endswith(("router.scale", "router.per_expert_scale")):
+                # Gemma 4's router scales (ones at init): spread around 1.
+                p.copy_(torch.randn_like(p) * 0.1 + 1.0)
+            elif name.endswith("router.proj.weight"):
+                # Its router's input is RMS-normed: logits of a few units separate the experts.
+                p.copy_(torch.randn_like(p) * 0.3)
+            elif unscaled_scores and name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(torch.randn_like(p) * 0.04 + 0.4)
             elif name.endswith("norm.weight") or "layernorm" in name:
                 p.copy_(torch.randn_like(p) * 0.1 + (0.0 if offset_norms else 1.0))
             elif name.endswith("linear_attn.A_log"):
@@ -232,10 +293,13 @@ def redraw(model, seed, tied, offset_norms):
                 p.copy_(torch.randn_like(p) * 0.4)
             else:
                 p.copy_(torch.randn_like(p) * 0.1)
-        # GLM-4.5's correction bias is a buffer: drawn too, so that it changes which experts win.
+        # GLM-4.5's correction bias is a buffer: drawn too, so that it changes which experts win;
+        # and Gemma 4's layer_scalar (ones at init), so that a model ignoring it is seen.
         for name, buf in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 buf.copy_(torch.randn_like(buf) * 0.1)
+            elif name.endswith("layer_scalar"):
+                buf.copy_(torch.empty_like(buf).uniform_(0.5, 1.5))
 
 
 def save_fused(model, out, mtp):
