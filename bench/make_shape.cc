@@ -2,8 +2,8 @@
 // `tformers bench` and the peers to load: scripts/device_check.sh makes its models with it.
 //   build/release/bench/make_shape SHAPE DIR
 // SHAPE is qwen3-0.6b, llama-3.2-1b, llama-3.1-8b, qwen3-30b-a3b-2l, gpt-oss-20b-2l,
-// gpt-oss-20b, qwen3.5-9b-4l or qwen3-8b-4l; DIR gets config.json and model.safetensors, unless
-// it already holds them.
+// gpt-oss-20b, qwen3.5-9b-4l, qwen3-8b-4l or gemma-4-e4b-12l; DIR gets config.json and
+// model.safetensors, unless it already holds them.
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -18,7 +18,8 @@ const char* kUsage =
     "  Writes SHAPE (qwen3-0.6b, llama-3.2-1b, llama-3.1-8b, qwen3-30b-a3b-2l: two of\n"
     "  Qwen3-30B-A3B's layers, gpt-oss-20b-2l: two of gpt-oss-20b's, its experts MXFP4, or\n"
     "  gpt-oss-20b: all 24, qwen3.5-9b-4l: four of Qwen3.5-9B's (three Gated DeltaNet, one\n"
-    "  attention), qwen3-8b-4l: four of Qwen3-8B's)\n"
+    "  attention), qwen3-8b-4l: four of Qwen3-8B's, gemma-4-e4b-12l: twelve of\n"
+    "  Gemma-4-E4B's text layers, six of them KV-shared)\n"
     "  with random bf16 weights into\n"
     "  DIR as config.json and model.safetensors; a DIR that holds them is left as it is.\n";
 

@@ -207,17 +207,19 @@ class CausalLM:
         as Transformers leaves them out: the layers after num_hidden_layers (GLM-4.5's
         multi-token-prediction layers, which neither loads), the multi-token-prediction module of
         Qwen3.5 and Qwen3-Next ("mtp."), the vision tower of a multimodal checkpoint run as its
-        text model ("model.visual.") and e_score_correction_bias (a buffer of GLM-4.5's router
-        there)."""
+        text model ("model.visual."), and the buffers saved with the weights there
+        (e_score_correction_bias of GLM-4.5's router, Gemma 4's layer_scalar). Gemma 4's table of
+        per-layer embeddings is an embedding too."""
         layers = self.config.to_dict().get("num_hidden_layers", 0)
         sizes = {name: size for name, size in _checkpoint_sizes(self._core.folder).items()
-                 if not name.endswith(".e_score_correction_bias") and _layer_of(name) < layers
-                 and not name.startswith(("mtp.", "model.visual."))}
+                 if not name.endswith((".e_score_correction_bias", ".layer_scalar"))
+                 and _layer_of(name) < layers and not name.startswith(("mtp.", "model.visual."))}
         if self.config.to_dict().get("tie_word_embeddings", False) and any(n.endswith("embed_tokens.weight")
                                                                            for n in sizes):
             sizes.pop("lm_head.weight", None)
         return sum(size for name, size in sizes.items()
-                   if not (exclude_embeddings and name.endswith("embed_tokens.weight")))
+                   if not (exclude_embeddings
+                           and name.endswith(("embed_tokens.weight", "embed_tokens_per_layer.weight"))))
 
     def compute_transition_scores(self, sequences, scores, beam_indices=None, normalize_logits: bool = False):
         """Each generated token's score, as Transformers computes it: sequences and scores from

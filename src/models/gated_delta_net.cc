@@ -14,20 +14,23 @@ using graph::UnaryFn;
 
 void GatedDeltaNet::declare(std::vector<WeightSpec>& w, const std::string& prefix) const {
   const int64_t keys = key_heads * key_dim, values = value_heads * value_dim;
+  // Transformers' tp_plan: each rank projects its share of the features and the ranks gather
+  // them, so every rank runs the convolution and the delta rule whole on the whole state.
+  const char* gathered = "colwise_gather_output";
   if (grouped) {
-    Linear{hidden, 2 * keys + 2 * values}.declare(w, prefix + ".in_proj_qkvz");
-    Linear{hidden, 2 * value_heads}.declare(w, prefix + ".in_proj_ba");
+    Linear{hidden, 2 * keys + 2 * values, false, gathered}.declare(w, prefix + ".in_proj_qkvz");
+    Linear{hidden, 2 * value_heads, false, gathered}.declare(w, prefix + ".in_proj_ba");
   } else {
-    Linear{hidden, 2 * keys + values}.declare(w, prefix + ".in_proj_qkv");
-    Linear{hidden, values}.declare(w, prefix + ".in_proj_z");
-    Linear{hidden, value_heads}.declare(w, prefix + ".in_proj_b");
-    Linear{hidden, value_heads}.declare(w, prefix + ".in_proj_a");
+    Linear{hidden, 2 * keys + values, false, gathered}.declare(w, prefix + ".in_proj_qkv");
+    Linear{hidden, values, false, gathered}.declare(w, prefix + ".in_proj_z");
+    Linear{hidden, value_heads, false, gathered}.declare(w, prefix + ".in_proj_b");
+    Linear{hidden, value_heads, false, gathered}.declare(w, prefix + ".in_proj_a");
   }
   w.push_back({prefix + ".conv1d.weight", {conv_channels(), 1, conv_width}, WeightRole::kConv});
   w.push_back({prefix + ".dt_bias", {value_heads}, WeightRole::kNorm});
   w.push_back({prefix + ".A_log", {value_heads}, WeightRole::kNorm});
   w.push_back({prefix + ".norm.weight", {value_dim}, WeightRole::kNorm});
-  Linear{values, hidden}.declare(w, prefix + ".out_proj");
+  Linear{values, hidden, false, gathered}.declare(w, prefix + ".out_proj");
 }
 
 GatedDeltaNet::Projected GatedDeltaNet::project(Ctx& c, Value x, const std::string& prefix) const {

@@ -195,12 +195,20 @@ void DecoderModel::validate_tp(const TpModel& tp) const {
     for (const std::string* norm : {&blk.pre_attn, &blk.post_attn, &blk.pre_mlp, &blk.post_mlp})
       if (!norm->empty()) ck.whole(n + *norm + ".weight", "a norm over features");
     if (blk.linear_attn) {
-      // Whole on every rank: each rank runs the layer and keeps its whole recurrent state.
+      // Each rank runs the layer and keeps its whole recurrent state: its projections may be
+      // split only with their outputs gathered (Transformers' plan for them), the rest is whole.
       std::vector<WeightSpec> weights;
       blk.linear_attn->declare(weights, n + "linear_attn");
-      for (const WeightSpec& w : weights)
-        ck.whole(w.name,
-                 "a Gated DeltaNet weight (tformers runs those layers whole on every rank)");
+      for (const WeightSpec& w : weights) {
+        if (w.role != WeightRole::kLinear) {
+          ck.whole(w.name, "a Gated DeltaNet weight other than a projection");
+        } else if (tp.has(w.name) && !replicated(ck.style(w.name)) &&
+                   ck.style(w.name) != TpStyle::kColwiseGatherOutput) {
+          ck.bad(w.name,
+                 "does not apply to a Gated DeltaNet projection; use colwise_gather_output (each "
+                 "rank keeps the layer's whole state) or replicate");
+        }
+      }
     } else {
       blk.attn.validate_tp(tp, n + "self_attn");
     }

@@ -302,10 +302,26 @@ TEST_F(TpMpi, ExpertsSplitTwoRanksGlm4Moe) { expect_ok(run_worker(2, "hf-glm4-mo
 // read from the transposed float layout and from MXFP4.
 TEST_F(TpMpi, ExpertsSplitTwoRanksGptOss) { expect_ok(run_worker(2, "hf-gpt-oss")); }
 TEST_F(TpMpi, ExpertsSplitTwoRanksGptOssMxfp4) { expect_ok(run_worker(2, "hf-gpt-oss-mxfp4")); }
-// The hybrids: their Gated DeltaNet layers whole on every rank (each keeps the whole recurrent
-// state), the gated attention's heads (each head's query and gate together) and the experts split.
+// The hybrids: their Gated DeltaNet projections split with their outputs gathered (each rank keeps
+// the whole recurrent state), the gated attention's heads (each head's query and gate together)
+// and the experts split.
 TEST_F(TpMpi, HybridTwoRanksQwen3Next) { expect_ok(run_worker(2, "hf-qwen3-next")); }
 TEST_F(TpMpi, HybridTwoRanksQwen35Nested) { expect_ok(run_worker(2, "hf-qwen3-5-vl")); }
+// Gemma 4: the mixture beside each MLP split by experts, its scaled router whole; the per-layer
+// embeddings split by rows as embed_tokens. hf-gemma4's full layers have one KV head, which two
+// ranks cannot split: its attention replicated (KV-shared layers reading the caches of layers
+// their rank holds whole), the MLPs split.
+TEST_F(TpMpi, Gemma4TwoRanksMoe) { expect_ok(run_worker(2, "hf-gemma4-moe")); }
+TEST_F(TpMpi, Gemma4TwoRanksOneKvHeadIsAClearError) {
+  expect_ok(run_worker(2, "hf-gemma4", "", "does not divide num_key_value_heads 1"));
+}
+TEST_F(TpMpi, Gemma4TwoRanksSharedKvAttentionReplicated) {
+  expect_ok(run_worker(2, "hf-gemma4",
+                       R"({"layers.*.self_attn.q_proj": "replicate", )"
+                       R"("layers.*.self_attn.k_proj": "replicate", )"
+                       R"("layers.*.self_attn.v_proj": "replicate", )"
+                       R"("layers.*.self_attn.o_proj": "replicate"})"));
+}
 TEST_F(TpMpi, ExpertsSplitThreeRanksUneven) {
   // 3 ranks do not divide the 2 KV heads: attention replicated, as the error for it advises.
   expect_ok(run_worker(3, "hf-glm4-moe",

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,15 @@ inline Tensor prefill_logits(CausalLM& lm, const std::vector<int32_t>& ids) {
   a.input_ids = Tensor::from_vector<int32_t>({1, T}, DType::i32, ids);
   a.logits_to_keep = 0;
   return lm.forward(a);
+}
+
+// `n` token ids drawn uniformly from [3, vocab), seeded.
+inline std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> id(3, int32_t(vocab - 1));
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int32_t& t : ids) t = id(gen);
+  return ids;
 }
 
 }  // namespace tformers::testing
