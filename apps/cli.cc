@@ -389,6 +389,13 @@ CommandLine parse_command_line(int raw_argc, const char* const* raw_argv, std::o
                   "Beam search: stop at num_beams finished (true), when no beam is likely to "
                   "improve (false, default) or when none can (never)")
       ->check(CLI::IsMember({"true", "false", "never"}));
+  gen->add_option("--assistant-model,--model-draft", g.assistant_model,
+                  "Assisted generation: a smaller model of the same vocabulary (folder or Hub id) "
+                  "proposes tokens that the model checks several at a time (greedy; the same "
+                  "tokens, fewer steps of the model)");
+  gen->add_option("--draft-max,--num-assistant-tokens", g.num_assistant_tokens,
+                  "Assisted generation: tokens the assistant proposes per step (default 20)")
+      ->check(int_in(1, 64));
   add_tp_flags(gen, g.tp, g.tp_plan);
 
   chat->add_flag("--hide-reasoning", g.hide_reasoning,
@@ -606,6 +613,9 @@ void check_args(const GenerateArgs& a) {
                      ": the context must hold at least 2 tokens");
   for (const std::string& s : a.stop)
     if (s.empty()) throw UsageError("--stop: give a non-empty string");
+  if (!a.assistant_model.empty() && a.tp > 0)
+    throw UsageError(
+        "--assistant-model with --tp: assisted generation runs in one process; drop --tp");
 }
 
 void check_bench_args(const BenchArgs& a) {
@@ -670,6 +680,7 @@ GenerationConfig generation_config(const GenerateArgs& a, std::FILE* notes) {
   gc.repetition_penalty = a.repetition_penalty;
   gc.no_repeat_ngram_size = a.no_repeat_ngram_size;
   gc.prompt_lookup_num_tokens = a.prompt_lookup;
+  gc.num_assistant_tokens = a.num_assistant_tokens;
   gc.num_beams = a.num_beams;
   // Beam sampling is not implemented: a model whose generation_config.json samples would refuse
   // --num-beams without this.

@@ -44,6 +44,8 @@ struct GenerateArgs {
   std::string tp_plan;  // JSON object for DistributedConfig.tp_plan; "": the default plan
   std::optional<int64_t> max_new_tokens, top_k, seed, no_repeat_ngram_size, ctx_size, num_beams;
   std::optional<int64_t> prompt_lookup;  // --prompt-lookup: prompt_lookup_num_tokens
+  std::string assistant_model;           // --assistant-model: assisted generation's assistant
+  std::optional<int64_t> num_assistant_tokens;
   std::optional<double> temperature, top_p, min_p, typical_p, repetition_penalty, length_penalty;
   std::vector<std::string> stop;
 };

@@ -220,6 +220,13 @@ int cmd_generate(const GenerateArgs& a) {
         "generate: --stop needs the model's tokenizer.json to read the text; " + a.model +
         " has none");
   tformers::CausalLM lm = load_model(a);
+  std::optional<tformers::CausalLM> assistant;
+  if (!a.assistant_model.empty()) {
+    GenerateArgs draft = a;
+    draft.model = a.assistant_model;
+    draft.revision = "main";
+    assistant.emplace(load_model(draft));
+  }
   auto t1 = Clock::now();
   const std::string prompt =
       prompt_file ? read_prompt_file(*prompt_file, lm.config().max_position_embeddings) : a.prompt;
@@ -274,7 +281,7 @@ int cmd_generate(const GenerateArgs& a) {
       return true;
     };
     out = tformers::generate(lm, {ids}, gc, beams ? tformers::TokenCallback{} : on_token,
-                             tok ? &*tok : nullptr);
+                             tok ? &*tok : nullptr, {}, nullptr, assistant ? &*assistant : nullptr);
     if (streaming) {
       if (streamer) put(streamer->end());
       g_out.end_line();

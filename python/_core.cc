@@ -140,7 +140,8 @@ nb::object steps_array(const std::vector<std::vector<float>>& steps, int64_t voc
 // dict: sequences, sequences_scores (None without beam search), finish_reasons, and scores and
 // logits (steps, rows, vocab), None unless output_scores / output_logits.
 nb::dict generate(tformers::CausalLM& model, const Ids& input_ids, const std::string& config_json,
-                  nb::object streamer, const tformers::Tokenizer* tokenizer) {
+                  nb::object streamer, const tformers::Tokenizer* tokenizer,
+                  tformers::CausalLM* assistant) {
   const auto config =
       tformers::GenerationConfig::from_json_string(config_json, "generate() arguments");
   const bool beams = model.generation_config().merged_with(config).num_beams.value_or(1) > 1;
@@ -173,7 +174,8 @@ nb::dict generate(tformers::CausalLM& model, const Ids& input_ids, const std::st
   tformers::GenerateOutput out;
   {
     nb::gil_scoped_release unlocked;
-    out = tformers::generate(model, input_ids, config, on_token, tokenizer, on_step);
+    out = tformers::generate(model, input_ids, config, on_token, tokenizer, on_step, nullptr,
+                             assistant);
   }
   if (failed) throw nb::python_error();
   nb::dict d;
@@ -349,7 +351,7 @@ NB_MODULE(_core, m) {
                   "distributed"_a, "tp_size"_a, "tp_plan"_a, "tp_timeout"_a, "quantize"_a,
                   "load_mode"_a)
       .def("generate", &generate, "input_ids"_a, "config_json"_a, "streamer"_a.none(),
-           "tokenizer"_a.none(),
+           "tokenizer"_a.none(), "assistant"_a.none() = nb::none(),
            "Prompts (rows of any lengths) followed by their new tokens, with scores, as a dict.")
       .def("forward", &forward, "input_ids"_a, "attention_mask"_a = nb::none(),
            "Logits (B, T, V) of every position of a fresh cache.")

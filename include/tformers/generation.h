@@ -65,6 +65,11 @@ struct GenerationConfig {
   // same tokens as without it, fewer steps. Greedy search of one sequence, attention-only models.
   std::optional<int64_t> prompt_lookup_num_tokens;
   std::optional<int64_t> max_matching_ngram_size;
+  // Assisted generation (generate()'s assistant_model): the assistant proposes up to
+  // num_assistant_tokens tokens (default 20, Transformers' "constant" schedule), stopping early
+  // once it gives its own choice less than assistant_confidence_threshold (default 0.4).
+  std::optional<int64_t> num_assistant_tokens;
+  std::optional<double> assistant_confidence_threshold;
   // What tformers::generate() returns besides the sequences (GenerateOutput): each step's
   // scores after the logits processors, and each step's raw logits. Only the config passed to
   // generate() turns them on, not generation_config.json, so that callers that read only the
@@ -113,6 +118,8 @@ struct ResolvedGenerationConfig {
   bool disable_compile = false;
   int64_t prompt_lookup_num_tokens = 0;  // 0: off
   int64_t max_matching_ngram_size = 2;
+  int64_t num_assistant_tokens = 20;
+  double assistant_confidence_threshold = 0.4;
   bool output_scores = false;  // set by generate() from its call's config, not by resolve()
   bool output_logits = false;
   // OpenAI's presence_penalty, frequency_penalty and logit_bias (token id, bias), which
@@ -175,10 +182,13 @@ struct KeptCache {
 // model.generate() with Transformers' return_dict_in_generate=True: the same sequences, plus
 // beam scores, per-step scores and logits when asked, and why each row ended. With num_beams > 1
 // (beam search) nothing is streamed, so `on_token` must be empty, as Transformers refuses a
-// streamer there; `on_step` may cancel any search.
+// streamer there; `on_step` may cancel any search. `assistant_model` (assisted generation, as
+// Transformers' argument of that name): another model of the same vocabulary whose greedy
+// proposals `model` checks several at a time; greedy search of one sequence, the same tokens as
+// without it, models without recurrent state.
 GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>& input_ids,
                         const GenerationConfig& config = {}, const TokenCallback& on_token = {},
                         const Tokenizer* tokenizer = nullptr, const StepCallback& on_step = {},
-                        KeptCache* kept = nullptr);
+                        KeptCache* kept = nullptr, CausalLM* assistant_model = nullptr);
 
 }  // namespace tformers

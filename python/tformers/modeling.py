@@ -108,8 +108,10 @@ class CausalLM:
         filled with pad_token_id), a torch tensor when input_ids is one, else numpy.
         return_dict_in_generate=True returns a GenerateDecoderOnlyOutput (or, with num_beams > 1,
         a GenerateBeamDecoderOnlyOutput) with .sequences, and .scores / .logits per step with
-        output_scores / output_logits. `tokenizer` is needed for stop_strings. Ctrl-C raises
-        KeyboardInterrupt at the next token, or the next step of a beam search."""
+        output_scores / output_logits. `tokenizer` is needed for stop_strings. `assistant_model`,
+        another tformers model of the same vocabulary, proposes tokens that this model checks
+        several at a time (assisted generation: greedy search of one sequence, the same tokens).
+        Ctrl-C raises KeyboardInterrupt at the next token, or the next step of a beam search."""
         if input_ids is None:
             raise ValueError("generate() needs input_ids (model.generate(**tokenizer(text, return_tensors=\"pt\")))")
         return_tensors = "pt" if is_torch_tensor(input_ids) else "np"
@@ -120,6 +122,10 @@ class CausalLM:
         prompts = [_prompt(ids[b], None if mask is None else mask[b], b) for b in range(len(ids))]
         changed = {k: v for k, v in self.generation_config.to_dict().items()
                    if k not in self._file_generation_fields or self._file_generation_fields[k] != v}
+        assistant = kwargs.pop("assistant_model", None)
+        if assistant is not None and not isinstance(assistant, CausalLM):
+            raise TypeError("assistant_model must be a tformers model (AutoModelForCausalLM.from_pretrained), "
+                            f"got {type(assistant).__name__}")
         fields = {**changed, **(generation_config.to_dict() if generation_config is not None else {}), **kwargs}
         # The output's form is the Python layer's choice; the library computes scores only when
         # they are returned (a generation_config.json that asks for them without the dict would
@@ -137,7 +143,8 @@ class CausalLM:
         try:
             with self._exclusive():
                 result = self._core.generate(prompts, config.to_json_string(), on_token,
-                                             None if tokenizer is None else tokenizer._core)
+                                             None if tokenizer is None else tokenizer._core,
+                                             None if assistant is None else assistant._core)
         finally:
             if streamer is not None:
                 streamer.end()

@@ -8,6 +8,7 @@
 
 #include "core/memory.h"
 #include "generation/beam_search.h"
+#include "generation/draft_model.h"
 #include "generation/logits_process.h"
 #include "generation/padding.h"
 #include "generation/prompt_lookup.h"
@@ -59,6 +60,51 @@ void check_plan_memory(const models::ModelRunner& m, int64_t prompts,
       field, ", the number of prompts, max_new_tokens or max_cache_len"));
 }
 
+// What checking proposals needs (prompt lookup or an assistant's): one greedy sequence whose
+// rejected tokens' cache entries can be taken back, and an assistant of the same vocabulary.
+void check_drafts(const models::ModelRunner& m, const std::vector<std::vector<int32_t>>& prompts,
+                  const ResolvedGenerationConfig& rc, const std::string& drafter,
+                  CausalLM* assistant, const CausalLM& model) {
+  if (assistant && rc.prompt_lookup_num_tokens > 0)
+    throw InvalidArgumentError(
+        "generate: assistant_model and prompt_lookup_num_tokens both propose tokens; use one");
+  if (prompts.size() != 1 || rc.num_return_sequences != 1)
+    throw InvalidArgumentError("generate: " + drafter +
+                               " checks one sequence's proposals: pass one prompt with "
+                               "num_return_sequences 1");
+  if (rc.do_sample || rc.num_beams > 1)
+    throw UnsupportedError("generate: " + drafter +
+                           " checks its proposals against greedy search; set do_sample=false "
+                           "and num_beams=1");
+  const models::ModelRunner* other = nullptr;
+  std::optional<models::ModelRunner> runner;
+  if (assistant) {
+    if (assistant == &model)
+      throw InvalidArgumentError(
+          "generate: assistant_model is the model itself; pass a smaller model of its vocabulary");
+    runner.emplace(*assistant);
+    other = &*runner;
+    if (other->vocab_size() != m.vocab_size())
+      throw UnsupportedError("generate: assistant_model has a vocabulary of " +
+                             std::to_string(other->vocab_size()) + " tokens and the model " +
+                             std::to_string(m.vocab_size()) +
+                             "; an assistant must share the model's tokenizer");
+    const int64_t need = int64_t(prompts[0].size()) + rc.max_new_tokens;
+    if (need > other->config().max_position_embeddings)
+      throw InvalidArgumentError(
+          "generate: the prompt and max_new_tokens need " + std::to_string(need) +
+          " positions, more than assistant_model's " +
+          std::to_string(other->config().max_position_embeddings) +
+          " (max_position_embeddings); lower max_new_tokens or use another assistant");
+  }
+  for (const models::ModelRunner* r : {&m, other})
+    if (r && r->recurrent_bytes_per_sequence() > 0)
+      throw UnsupportedError("generate: " + drafter +
+                             " needs the cache of the tokens it rejects taken back, which a "
+                             "linear-attention layer's recurrent state cannot be; " +
+                             (r == &m ? "leave it off for this model" : "use another assistant"));
+}
+
 }  // namespace
 
 std::vector<std::vector<int32_t>> CausalLM::generate(
@@ -69,7 +115,8 @@ std::vector<std::vector<int32_t>> CausalLM::generate(
 
 GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts,
                         const GenerationConfig& call, const TokenCallback& on_token,
-                        const Tokenizer* tokenizer, const StepCallback& on_step, KeptCache* kept) {
+                        const Tokenizer* tokenizer, const StepCallback& on_step, KeptCache* kept,
+                        CausalLM* assistant) {
   const models::ExclusiveCall exclusive(models::state_of(model));
   models::ModelRunner m(model);
   const int64_t V = m.vocab_size();
@@ -97,14 +144,12 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
     throw InvalidArgumentError(
         "generate: a KeptCache holds one row: pass one prompt, with num_return_sequences 1 and "
         "no beam search (num_beams 1)");
-  if (rc.prompt_lookup_num_tokens > 0 && (prompts.size() != 1 || rc.num_return_sequences != 1))
-    throw InvalidArgumentError(
-        "generate: prompt_lookup_num_tokens checks one sequence's proposals: pass one prompt "
-        "with num_return_sequences 1");
-  if (rc.prompt_lookup_num_tokens > 0 && m.recurrent_bytes_per_sequence() > 0)
-    throw UnsupportedError(
-        "generate: prompt_lookup_num_tokens needs the cache of tokens it rejects taken back, "
-        "which a linear-attention layer's recurrent state cannot be; leave it off for this model");
+  const char* drafter = assistant                         ? "assistant_model"
+                        : rc.prompt_lookup_num_tokens > 0 ? "prompt_lookup_num_tokens"
+                                                          : nullptr;
+  if (drafter) check_drafts(m, prompts, rc, drafter, assistant, model);
+  std::optional<models::ExclusiveCall> assistant_exclusive;
+  if (assistant) assistant_exclusive.emplace(models::state_of(*assistant));
   if (rc.num_beams > 1) {
     if (on_token)
       throw InvalidArgumentError(
@@ -252,12 +297,20 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   Tensor step_ids = Tensor::zeros({B, 1}, DType::i32), step_pos = Tensor::zeros({B, 1}, DType::i32);
   // One decode executable for every step; with disable_compile, a fresh compile each step.
   models::ModelRunner::Step* decode = uncached ? nullptr : &m.prepare_static(1, 1);
-  // Prompt lookup: a step of the token chosen last and K proposals (one row), its logits at
-  // every position; each is chosen from in turn, as a decode step's would be, while the choice
-  // is the proposal. A rejected proposal's keys and values lie past the positions computed, where
-  // the next step writes over them before any query reads them.
-  const int64_t K = rc.prompt_lookup_num_tokens;
-  Tensor check_ids, check_pos, check_logits;  // allocated only when prompt lookup is on
+  // Prompt lookup or an assistant's proposals: a step of the token chosen last and K proposals
+  // (one row), its logits at every position; each is chosen from in turn, as a decode step's
+  // would be, while the choice is the proposal. A rejected proposal's keys and values lie past the
+  // positions computed, where the next step writes over them before any query reads them.
+  const int64_t K = assistant ? rc.num_assistant_tokens : rc.prompt_lookup_num_tokens;
+  // The assistant's cache holds the sequence and its proposals, at most S positions (a proposal
+  // is never past max_new_tokens).
+  std::optional<generation::DraftModel> draft;
+  if (assistant) draft.emplace(*assistant, S, rc.assistant_confidence_threshold);
+  auto propose = [&](int64_t count) {
+    return draft ? draft->propose(seqs[0], count)
+                 : generation::prompt_lookup(seqs[0], count, rc.max_matching_ngram_size);
+  };
+  Tensor check_ids, check_pos, check_logits;  // allocated only when proposals are checked
   if (K > 0) {
     check_ids = Tensor::zeros({1, K + 1}, DType::i32);
     check_pos = Tensor::zeros({1, K + 1}, DType::i32);
@@ -265,11 +318,9 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   }
   for (int64_t i = 1; i < new_tokens;) {
     const int64_t slot = first_slot + P + i - 1;  // cache slot of the token chosen last
-    const std::vector<int32_t> proposed =
-        K > 0 && slot + K + 1 <= S
-            ? generation::prompt_lookup(seqs[0], std::min(K, new_tokens - i - 1),
-                                        rc.max_matching_ngram_size)
-            : std::vector<int32_t>{};
+    const std::vector<int32_t> proposed = K > 0 && slot + K + 1 <= S && i + 1 < new_tokens
+                                              ? propose(std::min(K, new_tokens - i - 1))
+                                              : std::vector<int32_t>{};
     if (proposed.empty()) {
       for (int64_t b = 0; b < B; ++b) {
         step_ids.data<int32_t>()[b] = seqs[b].back();

@@ -158,10 +158,13 @@ ResolvedGenerationConfig resolve(const GenerationConfig& c, int64_t prompt_len, 
   r.max_matching_ngram_size = c.max_matching_ngram_size.value_or(2);
   if (r.max_matching_ngram_size < 1 || r.max_matching_ngram_size > 64)
     invalid(str_cat("max_matching_ngram_size must be in [1, 64], got ", r.max_matching_ngram_size));
-  if (r.prompt_lookup_num_tokens > 0 && (r.do_sample || r.num_beams > 1))
-    throw UnsupportedError(
-        "generate: prompt_lookup_num_tokens checks its proposals against greedy search; set "
-        "do_sample=false and num_beams=1, or leave prompt lookup off");
+  r.num_assistant_tokens = c.num_assistant_tokens.value_or(20);
+  if (r.num_assistant_tokens < 1 || r.num_assistant_tokens > 64)
+    invalid(str_cat("num_assistant_tokens must be in [1, 64], got ", r.num_assistant_tokens));
+  r.assistant_confidence_threshold = c.assistant_confidence_threshold.value_or(0.4);
+  if (!(r.assistant_confidence_threshold >= 0 && r.assistant_confidence_threshold <= 1))
+    invalid(str_cat("assistant_confidence_threshold must be in [0, 1] (0: never stop early), got ",
+                    r.assistant_confidence_threshold));
 
   // Token ids.
   r.eos_token_id = c.eos_token_id.value_or(std::vector<int64_t>{});

@@ -99,9 +99,7 @@ const std::pair<const char*, Json> kUnimplemented[] = {
     {"watermarking_config", nullptr},
     {"max_time", nullptr},
     {"assistant_model", nullptr},
-    {"num_assistant_tokens", 20},
     {"num_assistant_tokens_schedule", "constant"},
-    {"assistant_confidence_threshold", 0.4},
     {"assistant_early_exit", nullptr},
     {"assistant_lookbehind", 10},
     {"target_lookbehind", 10},
@@ -148,6 +146,8 @@ GenerationConfig read_config(const Json& j, const std::string& w) {
   c.no_repeat_ngram_size = get_optional<int64_t>(j, "no_repeat_ngram_size", w);
   c.prompt_lookup_num_tokens = get_optional<int64_t>(j, "prompt_lookup_num_tokens", w);
   c.max_matching_ngram_size = get_optional<int64_t>(j, "max_matching_ngram_size", w);
+  c.num_assistant_tokens = get_optional<int64_t>(j, "num_assistant_tokens", w);
+  c.assistant_confidence_threshold = get_optional<double>(j, "assistant_confidence_threshold", w);
   c.bad_words_ids = get_bad_words(j, w);
   c.suppress_tokens = get_optional<std::vector<int64_t>>(j, "suppress_tokens", w);
   c.eos_token_id = get_optional<std::vector<int64_t>>(j, "eos_token_id", w);
@@ -221,6 +221,8 @@ GenerationConfig GenerationConfig::merged_with(const GenerationConfig& o) const 
   take(c.no_repeat_ngram_size, o.no_repeat_ngram_size);
   take(c.prompt_lookup_num_tokens, o.prompt_lookup_num_tokens);
   take(c.max_matching_ngram_size, o.max_matching_ngram_size);
+  take(c.num_assistant_tokens, o.num_assistant_tokens);
+  take(c.assistant_confidence_threshold, o.assistant_confidence_threshold);
   take(c.bad_words_ids, o.bad_words_ids);
   take(c.suppress_tokens, o.suppress_tokens);
   take(c.eos_token_id, o.eos_token_id);

@@ -267,6 +267,26 @@ TEST(Cli, PromptFileIsBoundByTheContext) {
   EXPECT_NE(r.err.find("/dev/zero"), std::string::npos) << r.err;
 }
 
+// --assistant-model (assisted generation) gives greedy search's tokens; an assistant of another
+// vocabulary is an error that says so, and --tp is refused with it.
+TEST(Cli, AssistantModelGivesGreedyTokens) {
+  const std::string base = kCli +
+                           " generate -m tests/data/models/hf-llama --prompt-ids 1,93,211,7 "
+                           "-n 16 --json";
+  auto ids = [](const Streams& r) { return tformers::io::Json::parse(r.out)["ids"]; };
+  const Streams plain = run(base);
+  const Streams assisted =
+      run(base + " --assistant-model tests/data/models/tiny-llama --draft-max 4");
+  ASSERT_EQ(assisted.status, 0) << assisted.err;
+  EXPECT_EQ(ids(assisted), ids(plain));
+  const Streams other = run(base + " --assistant-model models/kjv-fortunes-tiny");
+  EXPECT_NE(other.status, 0);
+  EXPECT_CONTAINS(other.err, "must share the model's tokenizer");
+  const Streams tp = run(base + " --assistant-model tests/data/models/tiny-llama --tp 2");
+  EXPECT_NE(tp.status, 0);
+  EXPECT_CONTAINS(tp.err, "assisted generation runs in one process");
+}
+
 TEST(Cli, FileStopIgnoreEosAndJson) {
   const std::string file = std::filesystem::temp_directory_path() /
                            ("tformers_prompt_" + std::to_string(::getpid()) + ".txt");

@@ -70,6 +70,25 @@ def test_greedy_ids_equal(pair):
     assert got.tolist() == expected.tolist()
 
 
+@pytest.mark.parametrize("name", ["hf-llama", "hf-gemma4", "hf-qwen3-moe"])
+def test_assisted_ids_equal(name):
+    """Assisted generation with another tiny model of the vocabulary as the assistant: the ids of
+    Transformers' assisted generation (which are its greedy search's)."""
+    models = REPO / "tests" / "data" / "models"
+
+    def both(folder):
+        ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        return ref, tformers.AutoModelForCausalLM.from_pretrained(folder, dtype="float32")
+
+    (ref, ours), (ref_assistant, our_assistant) = both(models / name), both(models / "tiny-llama")
+    ids = torch.tensor([PROMPT])
+    settings = dict(do_sample=False, max_new_tokens=16, min_new_tokens=16, num_assistant_tokens=4)
+    with torch.no_grad():
+        expected = ref.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=ref_assistant, **settings)
+    got = ours.generate(ids, assistant_model=our_assistant, **settings)
+    assert got.tolist() == expected.tolist()
+
+
 def test_prompt_lookup_ids_equal(pair, request):
     """Prompt lookup decoding gives greedy search's ids, as Transformers' does; a hybrid model,
     whose recurrent state cannot take back a rejected proposal, refuses it."""
