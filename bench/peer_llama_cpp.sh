@@ -23,6 +23,10 @@
 # layers and one of gated attention, random bf16), made and timed the same way, written as
 # llama.cpp's qwen35 GGUF as its own converter lays it out (its (1 + w) norms stored as 1 + w,
 # ssm_a = -exp(A_log), the value heads in ggml's tiled order); only --weights bf16.
+# --shape gemma-4-e4b-12l: twelve of Gemma-4-E4B's 42 text layers (bench/model_shapes.h: two groups
+# of five sliding layers and a full one, the second group KV-shared, per-layer inputs of 256 from a
+# 262144-token table, random bf16), made and timed the same way, written as llama.cpp's gemma4
+# GGUF (the full layers' proportional RoPE as its rope_freqs); only --weights bf16.
 # --load-modes times llama.cpp on the GGUF's mapping (mmap, its default) and on weights it reads
 # into memory of its own (none: the like of tformers' default load, a copy, which bench_model and
 # `tformers bench` use).
@@ -35,7 +39,7 @@
 # x64 binaries only, no GPU packages, no install scripts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: $0 [--shape qwen3-0.6b|gpt-oss-20b-2l|qwen3.5-9b-4l] [--threads 1,2] [--decode 32] [--prefill 512] [--dir /tmp] [--weights bf16,int8,int4] [--load-modes mmap,none] [--rounds 1]"
+usage="usage: $0 [--shape qwen3-0.6b|gpt-oss-20b-2l|qwen3.5-9b-4l|gemma-4-e4b-12l] [--threads 1,2] [--decode 32] [--prefill 512] [--dir /tmp] [--weights bf16,int8,int4] [--load-modes mmap,none] [--rounds 1]"
 shape=qwen3-0.6b threads=1,2 decode=32 prefill=512 dir=/tmp weights= load_modes=mmap,none rounds=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -54,10 +58,10 @@ done
 # Checked before anything runs, so that a typo does not cost the tformers run first.
 case "$shape" in
   qwen3-0.6b) weights=${weights:-bf16,int8,int4} ;;
-  gpt-oss-20b-2l|qwen3.5-9b-4l)
+  gpt-oss-20b-2l|qwen3.5-9b-4l|gemma-4-e4b-12l)
     weights=${weights:-bf16}
     [ "$weights" = bf16 ] || { echo "$0: --shape $shape: only --weights bf16 (the weights as stored)" >&2; exit 2; } ;;
-  *) echo "$0: --shape $shape: use qwen3-0.6b, gpt-oss-20b-2l or qwen3.5-9b-4l" >&2; exit 2 ;;
+  *) echo "$0: --shape $shape: use qwen3-0.6b, gpt-oss-20b-2l, qwen3.5-9b-4l or gemma-4-e4b-12l" >&2; exit 2 ;;
 esac
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "$0: --rounds $rounds: use a positive count" >&2; exit 2; }
 for w in ${weights//,/ }; do
@@ -67,7 +71,7 @@ for m in ${load_modes//,/ }; do
   case "$m" in mmap|none) ;; *) echo "$0: --load-modes $m: use mmap or none" >&2; exit 2 ;; esac
 done
 # The shapes that make_shape writes and `tformers bench` times; the others are bench_model's.
-case "$shape" in gpt-oss-20b-2l|qwen3.5-9b-4l) made=1 ;; *) made= ;; esac
+case "$shape" in gpt-oss-20b-2l|qwen3.5-9b-4l|gemma-4-e4b-12l) made=1 ;; *) made= ;; esac
 if [ -n "$made" ]; then
   [ -x build/release/tformers ] && [ -x build/release/bench/make_shape ] ||
     { echo "$0: build/release/tformers or bench/make_shape is missing: run scripts/setup.sh" >&2; exit 1; }

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Writes a Qwen3, Qwen3-MoE, Qwen3.5 or gpt-oss checkpoint folder (config.json + model.safetensors)
-as one GGUF file that llama.cpp loads, so that tools/peer/llama_cpp_bench.mjs can time llama.cpp on the
-very weights that bench/bench_model and `tformers bench` time tformers on (bench/RESULTS.md,
-"Peer").
+"""Writes a Qwen3, Qwen3-MoE, Qwen3.5, gpt-oss or Gemma 4 checkpoint folder (config.json +
+model.safetensors) as one GGUF file that llama.cpp loads, so that tools/peer/llama_cpp_bench.mjs
+can time llama.cpp on the very weights that bench/bench_model and `tformers bench` time tformers on
+(bench/RESULTS.md, "Peer").
 
 Only what a timing needs is written: the weights, the hyperparameters, and a placeholder BPE
 vocabulary of vocab_size tokens ("<t0>", "<t1>", ...) with no merges, because llama.cpp refuses a
@@ -73,6 +73,56 @@ rope.dimension_count of head_dim x partial_rotary_factor) and rope.dimension_sec
 interleaved MRoPE sections, [11, 11, 10, 0] when config.json has no mrope_section (text positions
 are equal in every section, so this is the plain rotary of the first 64 of 256 dimensions).
 
+Gemma 4's text model (model_type gemma4_text, Gemma4ForCausalLM as Transformers 5.23 writes it;
+llama.cpp's gemma4; needs NumPy), dense or with enable_moe_block's experts beside each MLP, laid
+out as llama.cpp's own converter lays it out (convert_hf_to_gguf.py: Gemma4Model,
+conversion/gemma.py in the llama.cpp that node-llama-cpp 3.21.1 bundles). The matrices stay in
+their stored type (or --q8_0 / --q4_0, per_layer_token_embd and the experts included, the router
+excepted), the rest is written in f32:
+- the RMSNorms multiply by w itself (unlike Gemma 3's 1 + w) and are stored as they are (v_norm
+  has no weight); layer_scalar is layer_output_scale, router.scale ffn_gate_inp.scale (llama.cpp
+  multiplies the router's normed input by it and by 1 / sqrt(hidden_size) as Transformers does),
+  router.per_expert_scale ffn_down_exps.scale (each chosen expert's output times its scale, which
+  is Transformers' scaling of that expert's weight);
+- experts.gate_up_proj (experts, 2 x moe_intermediate_size, hidden), each expert's gate rows then
+  its up rows, is ffn_gate_up_exps as it is (llama.cpp takes the fused tensor's first half as the
+  gate), experts.down_proj ffn_down_exps; router.proj is ffn_gate_inp;
+- the per-layer inputs: embed_tokens_per_layer (vocab, layers x hidden_size_per_layer_input) is
+  per_layer_token_embd, per_layer_model_projection per_layer_model_proj,
+  per_layer_projection_norm per_layer_proj_norm, and in each layer per_layer_input_gate inp_gate,
+  per_layer_projection proj, post_per_layer_input_norm post_norm;
+- pre_feedforward_layernorm is ffn_norm, post_feedforward_layernorm post_ffw_norm (and _1, _2
+  with the experts), pre_feedforward_layernorm_2 pre_ffw_norm_2;
+- a tied head is token_embd alone (an lm_head.weight beside it is dropped, as Transformers ties
+  it); KV-shared layers have no k/v weights, full layers with attention_k_eq_v no v_proj (llama.cpp
+  then takes the keys' projection as values, as Transformers does);
+- rope_freqs (head_dim / 2 values of the full layers) is generated: the full layers' proportional
+  RoPE rotates the first partial_rotary_factor x head_dim / 2 frequency pairs with the periods of
+  the whole head, theta^(2i / head_dim), and leaves the rest as it is; ggml's rope computes that
+  with rope.dimension_count = head_dim and rope_freqs 1 for the rotated pairs and 1e30 (no
+  rotation) for the others. (Gemma 4's default RoPE, that of the sliding layers, rotates the whole
+  head.)
+The hyperparameters are those of Gemma4Model.set_gguf_parameters: key_length, value_length and
+rope.dimension_count of the full layers and their *_swa of the sliding ones, attention.head_count_kv
+(an array where full and sliding layers differ), sliding_window and sliding_window_pattern (one
+bool a layer), rope.freq_base (full) and rope.freq_base_swa, attention.shared_kv_layers,
+embedding_length_per_layer_input (0 without per-layer inputs), feed_forward_length (an array with
+use_double_wide_mlp: twice intermediate_size in the KV-shared layers), the expert counts and
+expert_feed_forward_length with enable_moe_block. final_logit_softcapping is written as 0 when
+config.json has none, because llama.cpp caps at 30 without the key (llama.cpp's converter leaves it
+out). The full layers' head size and KV heads are read as Gemma4TextConfig resolves them: from
+per_layer_config (Transformers 5.23), or from global_head_dim (512 when absent) and
+num_global_key_value_heads (only with attention_k_eq_v) as the released configs say.
+A layout llama.cpp computes differently is refused: its gemma4 gives each KV-shared layer the
+keys and values of the last unshared layer if full and of the one before if sliding, where
+Transformers takes the last unshared layer of the same type, so the last unshared layer must be
+full and the one before it sliding (true of the released E2B and E4B, not of every config: the
+unshared layers of tests/data/models/hf-gemma4 end full, sliding, and llama.cpp aborts on it,
+GGML_ASSERT(map_layer_ids.find(il_reuse) != ...) in llama-kv-cache.cpp).
+llama.cpp's CPU GELU reads a table of f16 values at the input rounded to f16 (GGML_GELU_FP16), so
+its log-probabilities differ from Transformers' float32 ones by 1e-3 to 1e-2 on small random
+checkpoints (Transformers with that GELU comes within 1e-5 until one rounding falls the other way).
+
 With --q8_0 or --q4_0 the 2-D float tensors are written in one of llama.cpp's block formats
 instead, each block 32 consecutive values of a row, as llama.cpp's reference quantizers
 (ggml-quants.c) round them (MXFP4 experts stay MXFP4, routers stay as stored):
@@ -99,7 +149,7 @@ import sys
 GGUF_VERSION = 3
 ALIGNMENT = 32
 # GGUF metadata value types and GGML tensor types (gguf.md of the ggml repository).
-T_UINT32, T_INT32, T_FLOAT32, T_STRING, T_ARRAY = 4, 5, 6, 8, 9
+T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY = 4, 5, 6, 7, 8, 9
 GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0, GGML_BF16, GGML_MXFP4 = 0, 1, 2, 8, 30, 39
 BLOCK = 32  # values per Q8_0, Q4_0 or MXFP4 block
 # Bytes per block of 32 values, by GGML type: a 2-byte f16 scale then the codes (Q8_0, Q4_0),
@@ -166,6 +216,42 @@ QWEN35_LAYER_NAMES = {
 QWEN35_PLUS_ONE = {"model.norm.weight", "input_layernorm.weight",
                    "post_attention_layernorm.weight", "self_attn.q_norm.weight",
                    "self_attn.k_norm.weight"}
+# Gemma 4's tensors in a layer by their GGUF names in llama.cpp's gemma4 (gguf-py's
+# tensor_mapping.py; what is transformed, in gemma4_tensors).
+GEMMA4_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "layer_scalar": "layer_output_scale.weight",
+    # enable_moe_block: the experts beside the MLP, with norms of their own
+    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
+    "router.proj.weight": "ffn_gate_inp.weight",
+    "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
+    "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "experts.down_proj": "ffn_down_exps.weight",
+    # per-layer inputs (hidden_size_per_layer_input > 0)
+    "per_layer_input_gate.weight": "inp_gate.weight",
+    "per_layer_projection.weight": "proj.weight",
+    "post_per_layer_input_norm.weight": "post_norm.weight",
+}
+GEMMA4_MODEL_NAMES = {
+    "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
+    "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
+    "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
+}
 # Tensors that stay as stored when the others are quantized.
 UNQUANTIZED = {"ffn_gate_inp.weight"}
 # NumPy's dtype of each safetensors dtype read here (bf16 as its bits).
@@ -193,8 +279,8 @@ def gguf_name(name, layer_names):
         layer, _, rest = name[len(prefix):].partition(".")
         if rest in layer_names:
             return f"blk.{int(layer)}.{layer_names[rest]}"
-    fail(f"tensor {name!r} has no GGUF name here (only Qwen3, Qwen3-MoE, Qwen3.5 and gpt-oss "
-         "checkpoints are supported)")
+    fail(f"tensor {name!r} has no GGUF name here (only Qwen3, Qwen3-MoE, Qwen3.5, gpt-oss and "
+         "Gemma 4 checkpoints are supported)")
 
 
 def string(s):
@@ -210,9 +296,11 @@ def kv(key, vtype, value):
         return out + struct.pack("<f", value)
     if vtype == T_STRING:
         return out + string(value)
-    elem, items = value  # T_ARRAY of strings or of int32
+    elem, items = value  # T_ARRAY of strings, int32 or bools
     if elem == T_INT32:
         return out + struct.pack(f"<IQ{len(items)}i", T_INT32, len(items), *items)
+    if elem == T_BOOL:  # one byte each
+        return out + struct.pack("<IQ", T_BOOL, len(items)) + bytes(bool(x) for x in items)
     assert elem == T_STRING
     return out + struct.pack("<IQ", T_STRING, len(items)) + b"".join(string(s) for s in items)
 
@@ -630,6 +718,222 @@ def qwen35_meta(cfg, a):
     return meta, theta, head_dim
 
 
+
+def gemma4_layers(cfg):
+    """Per layer: (sliding, head_dim, KV heads), as Gemma4TextConfig resolves them. Transformers
+    5.23 writes per_layer_config (overrides by layer index); the released configs say
+    global_head_dim (512 when absent) and num_global_key_value_heads (taken only with
+    attention_k_eq_v) for every full layer instead."""
+    n = cfg["num_hidden_layers"]
+    types = list(cfg.get("layer_types") or
+                 ["sliding_attention" if (l + 1) % 6 else "full_attention" for l in range(n)])
+    if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
+        fail(f"config.json: layer_types {types} is not {n} sliding_attention or full_attention")
+    types[-1] = "full_attention"  # Gemma4TextConfig forces it
+    if cfg.get("per_layer_config") is not None:
+        per = {int(l): c for l, c in cfg["per_layer_config"].items()}
+    else:
+        full = {"head_dim": cfg.get("global_head_dim", 512)}
+        if cfg.get("attention_k_eq_v") and cfg.get("num_global_key_value_heads") is not None:
+            full["num_key_value_heads"] = cfg["num_global_key_value_heads"]
+        per = {l: full for l, t in enumerate(types) if t == "full_attention"}
+    layers = []
+    for l, t in enumerate(types):
+        c = per.get(l, {})
+        if set(c) - {"head_dim", "num_key_value_heads"}:
+            fail(f"config.json: per_layer_config of layer {l} sets {sorted(c)}; only head_dim and "
+                 "num_key_value_heads are read")
+        layers.append((t == "sliding_attention", c.get("head_dim") or cfg["head_dim"],
+                       c.get("num_key_value_heads") or cfg["num_key_value_heads"]))
+    return layers
+
+
+def gemma4_check_kv_sharing(sliding, shared):
+    """Fails unless llama.cpp gives each KV-shared layer the keys and values Transformers gives it.
+    Transformers reads the last unshared layer of the same type; llama.cpp (the reuse callback of
+    gemma4's KV cache in llama-model.cpp) reads, with f the first shared layer, layer f - 1 for a
+    full layer and f - 2 for a sliding one: the same layers only when f - 1 is full and f - 2
+    sliding, as in the released E2B and E4B (shared layers from just after a full one)."""
+    if shared == 0:
+        return
+    n = len(sliding)
+    first = n - shared
+    if first < 2:
+        fail(f"num_kv_shared_layers {shared} of {n} layers: llama.cpp needs 2 unshared layers")
+    for l in range(first, n):
+        same = [j for j in range(first) if sliding[j] == sliding[l]]
+        if not same:
+            fail(f"KV-shared layer {l} has no unshared layer of its type (Transformers refuses it)")
+        llama_cpp = first - (2 if sliding[l] else 1)
+        if same[-1] != llama_cpp:
+            kind = "sliding" if sliding[l] else "full"
+            fail(f"KV-shared {kind} layer {l} reads layer {same[-1]}'s keys and values in "
+                 f"Transformers, but llama.cpp's gemma4 gives it layer {llama_cpp}'s (the last "
+                 f"unshared layer, {first - 1}, for a full layer and the one before, {first - 2}, "
+                 "for a sliding one), so no GGUF computes this model in llama.cpp: it needs "
+                 "layer_types with a full layer just before the shared ones and a sliding one "
+                 "before that")
+
+
+def gemma4_hparams(cfg):
+    """What llama.cpp's gemma4 needs from config.json, checked against what it computes."""
+    if cfg.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        fail(f"config.json: hidden_activation {cfg['hidden_activation']!r}; llama.cpp's gemma4 "
+             "computes gelu_pytorch_tanh")
+    if cfg.get("attention_bias"):
+        fail("config.json: attention_bias true; llama.cpp's gemma4 has no attention biases")
+    if cfg.get("use_bidirectional_attention") == "all":
+        fail("config.json: use_bidirectional_attention 'all'; llama.cpp's gemma4 is causal")
+    layers = gemma4_layers(cfg)
+    sliding = [s for s, _, _ in layers]
+    dims = {s: {d for t, d, _ in layers if t == s} for s in (True, False)}
+    if len(dims[True]) > 1 or len(dims[False]) > 1:
+        fail(f"config.json: head sizes {sorted(dims[True])} (sliding) and {sorted(dims[False])} "
+             "(full); llama.cpp's gemma4 has one of each")
+    head_dim = dims[False].pop()
+    shared = cfg.get("num_kv_shared_layers") or 0
+    gemma4_check_kv_sharing(sliding, shared)
+    inter, first_shared = cfg["intermediate_size"], len(layers) - shared
+    n_ff = inter
+    if cfg.get("use_double_wide_mlp") and shared:  # twice as wide in the KV-shared layers
+        n_ff = [inter * (2 if l >= first_shared else 1) for l in range(len(layers))]
+    kv_heads = [k for _, _, k in layers]
+    if len(set(kv_heads)) == 1:
+        kv_heads = kv_heads[0]
+
+    rope = cfg.get("rope_parameters") or {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                           "rope_theta": 1000000.0}}
+    local, full = rope["sliding_attention"], rope["full_attention"]
+    if local.get("rope_type", "default") != "default":
+        fail(f"config.json: sliding layers' rope type {local['rope_type']!r}; only default")
+    # Transformers' default rope of Gemma 4 rotates the whole head (no partial_rotary_factor);
+    # proportional rotates the first partial_rotary_factor x head_dim / 2 frequency pairs, with
+    # the periods theta^(2i / head_dim) of the whole head, and leaves the other dimensions as
+    # they are. ggml's rope computes that over rope.dimension_count = head_dim when rope_freqs
+    # divides the frequencies of the unrotated pairs by 1e30.
+    kind = full.get("rope_type", "default")
+    factor = 1.0
+    if kind == "proportional":
+        rotated = int(full.get("partial_rotary_factor", 1.0) * head_dim // 2)
+        factor = float(full.get("factor", 1.0))  # divides the frequencies (linear scaling)
+    elif kind == "default":
+        rotated = head_dim // 2
+    else:
+        fail(f"config.json: full layers' rope type {kind!r}; only proportional or default")
+    return {
+        "sliding": sliding, "head_dim": head_dim,
+        "head_dim_swa": dims[True].pop() if dims[True] else cfg["head_dim"],
+        "kv_heads": kv_heads, "n_ff": n_ff, "shared": shared,
+        "theta": full["rope_theta"], "theta_swa": local["rope_theta"],
+        "factor": factor,
+        "rope_freqs": [1.0] * rotated + [1e30] * (head_dim // 2 - rotated),
+    }
+
+
+def gemma4_tensors(cfg, g, st_path, header, data_start, quant, quantize):
+    """The GGUF tensors of a Gemma 4 checkpoint (Gemma4ForCausalLM), read with NumPy, as
+    llama.cpp's converter writes them (see the module's docstring), and rope_freqs."""
+    try:
+        import numpy as np
+    except ImportError:
+        fail("Gemma 4 checkpoints need NumPy (Debian's python3-numpy, or the project's .venv/)")
+    mm = np.memmap(st_path, dtype=np.uint8, mode="r")
+    tied = cfg.get("tie_word_embeddings", True)
+    if not tied and "lm_head.weight" not in header:
+        fail(f"{st_path}: no lm_head.weight, and config.json does not tie the head")
+    per_layer = cfg.get("hidden_size_per_layer_input", 256) or 0
+    if per_layer and cfg.get("vocab_size_per_layer_input", 262144) != cfg["vocab_size"]:
+        fail(f"config.json: vocab_size_per_layer_input {cfg.get('vocab_size_per_layer_input')} "
+             f"is not vocab_size {cfg['vocab_size']}; llama.cpp's per_layer_token_embd has a row "
+             "for each token of the vocabulary")
+
+    def f32(a, dtype):
+        if dtype == "BF16":
+            return (a.astype(np.uint32) << 16).view(np.float32)
+        return a.astype(np.float32)
+
+    tensors = []  # (gguf name, ggml type, dims outermost first, pieces: () -> iterable of bytes)
+
+    def add_matrix(gname, shape, dtype, a):
+        """A weight (2-D, or 3-D for the experts) in its stored type, or quantized, in blocks of
+        rows of about 16 MB."""
+        rows = a.reshape(-1, shape[-1])
+        step = max(1, (1 << 24) // (shape[-1] * rows.itemsize))
+
+        def chunks():
+            return (np.ascontiguousarray(rows[r:r + step]) for r in range(0, len(rows), step))
+
+        if quant and gname.split(".", 2)[-1] not in UNQUANTIZED:
+            if shape[-1] % BLOCK:
+                fail(f"{st_path}: tensor {gname} has rows of {shape[-1]} values, "
+                     f"not a multiple of {BLOCK} as {quant_name(quant)} needs")
+            tensors.append((gname, quant, shape, lambda: (
+                quantize(f32(c, dtype).reshape(-1, BLOCK)) for c in chunks())))
+        else:
+            tensors.append((gname, STORED_TYPES[dtype], shape,
+                            lambda: (c.tobytes() for c in chunks())))
+
+    for name in sorted(header, key=lambda n: header[n]["data_offsets"][0]):
+        info = header[name]
+        dtype, shape = info["dtype"], info["shape"]
+        if dtype not in STORED_TYPES:
+            fail(f"{st_path}: tensor {name} is {dtype}, not one of {sorted(STORED_TYPES)}")
+        if name == "lm_head.weight" and tied:
+            warn("lm_head.weight is not written: config.json ties the head to the embedding, as "
+                 "Transformers does (llama.cpp's gemma4 then multiplies by token_embd)")
+            continue
+        begin, end = info["data_offsets"]
+        a = mm[data_start + begin:data_start + end].view(NP_DTYPES[dtype]).reshape(shape)
+        gname = GEMMA4_MODEL_NAMES.get(name) or gguf_name(name, GEMMA4_LAYER_NAMES)
+        if len(shape) == 1:  # norms (w as it is), layer_scalar, the router's scales: f32
+            tensors.append((gname, GGML_F32, shape,
+                            lambda a=a, d=dtype: [f32(np.asarray(a), d).tobytes()]))
+        else:
+            add_matrix(gname, shape, dtype, a)
+    factors = np.array(g["rope_freqs"], dtype="<f4")
+    tensors.append(("rope_freqs.weight", GGML_F32, [len(factors)], lambda: [factors.tobytes()]))
+    return tensors
+
+
+def gemma4_meta(cfg, g, a):
+    """The hyperparameters llama.cpp's gemma4 reads (src/models/gemma4.cpp and the common ones of
+    llama_model_base::load_hparams) beyond main's, as Gemma4Model.set_gguf_parameters writes
+    them."""
+    meta = [
+        kv(f"{a}.attention.sliding_window", T_UINT32, cfg.get("sliding_window", 512)),
+        kv(f"{a}.attention.sliding_window_pattern", T_ARRAY, (T_BOOL, g["sliding"])),
+        kv(f"{a}.attention.key_length_swa", T_UINT32, g["head_dim_swa"]),
+        kv(f"{a}.attention.value_length_swa", T_UINT32, g["head_dim_swa"]),
+        kv(f"{a}.attention.shared_kv_layers", T_UINT32, g["shared"]),
+        kv(f"{a}.rope.dimension_count", T_UINT32, g["head_dim"]),
+        kv(f"{a}.rope.dimension_count_swa", T_UINT32, g["head_dim_swa"]),
+        kv(f"{a}.rope.freq_base_swa", T_FLOAT32, float(g["theta_swa"])),
+        kv(f"{a}.embedding_length_per_layer_input", T_UINT32,
+           cfg.get("hidden_size_per_layer_input", 256) or 0),
+        # Written even without soft-capping (0, none): llama.cpp caps at 30 when the key is
+        # absent, where llama.cpp's converter leaves it out.
+        kv(f"{a}.final_logit_softcapping", T_FLOAT32,
+           float(cfg.get("final_logit_softcapping") or 0.0)),
+    ]
+    if g["factor"] != 1.0:  # llama.cpp's linear scaling: of the full layers only
+        meta += [kv(f"{a}.rope.scaling.type", T_STRING, "linear"),
+                 kv(f"{a}.rope.scaling.factor", T_FLOAT32, g["factor"])]
+    if cfg.get("enable_moe_block"):
+        meta += [kv(f"{a}.expert_count", T_UINT32, cfg["num_experts"]),
+                 kv(f"{a}.expert_used_count", T_UINT32, cfg["top_k_experts"]),
+                 kv(f"{a}.expert_feed_forward_length", T_UINT32, cfg["moe_intermediate_size"])]
+    return meta
+
+
+def uint_or_array(key, value):
+    """A uint32 key, or an int32 array of one value a layer."""
+    if isinstance(value, list):
+        return kv(key, T_ARRAY, (T_INT32, value))
+    return kv(key, T_UINT32, value)
+
+
 def main():
     args = sys.argv[1:]
     flags = [a for a in args if a in QUANTS]
@@ -641,10 +945,10 @@ def main():
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
     archs = {"qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen3_5_text": "qwen35",
-             "gpt_oss": "gpt-oss"}
+             "gpt_oss": "gpt-oss", "gemma4_text": "gemma4"}
     if cfg.get("model_type") not in archs:
         fail(f"{src}/config.json: model_type {cfg.get('model_type')!r}, only 'qwen3', "
-             "'qwen3_moe', 'qwen3_5_text' and 'gpt_oss' are supported")
+             "'qwen3_moe', 'qwen3_5_text', 'gpt_oss' and 'gemma4_text' are supported")
     st_path = os.path.join(src, "model.safetensors")
     header, data_start = read_header(st_path)
     a = archs[cfg["model_type"]]
@@ -652,6 +956,8 @@ def main():
 
     extra, pre = [], "qwen2"
     theta, head_dim = cfg.get("rope_theta"), cfg.get("head_dim")
+    # A family may give these per layer (a list, written as an array).
+    n_ff, n_kv = cfg["intermediate_size"], cfg["num_key_value_heads"]
     if a == "gpt-oss":
         tensors = gpt_oss_tensors(cfg, st_path, header, data_start, quant, quantize)
         extra, theta, head_dim = gpt_oss_meta(cfg, a)
@@ -662,6 +968,12 @@ def main():
         tensors = qwen35_tensors(cfg, st_path, header, data_start)
         extra, theta, head_dim = qwen35_meta(cfg, a)
         pre = "qwen35"
+    elif a == "gemma4":
+        g = gemma4_hparams(cfg)
+        tensors = gemma4_tensors(cfg, g, st_path, header, data_start, quant, quantize)
+        extra = gemma4_meta(cfg, g, a)
+        theta, head_dim, n_ff, n_kv = g["theta"], g["head_dim"], g["n_ff"], g["kv_heads"]
+        pre = "default"  # llama.cpp's plain BPE pretokenizer; unused for token ids
     else:
         tensors = qwen_tensors(st_path, header, data_start, quant, quantize, fin)
         if a == "qwen3moe":
@@ -674,9 +986,9 @@ def main():
         kv(f"{a}.block_count", T_UINT32, cfg["num_hidden_layers"]),
         kv(f"{a}.context_length", T_UINT32, cfg["max_position_embeddings"]),
         kv(f"{a}.embedding_length", T_UINT32, cfg["hidden_size"]),
-        kv(f"{a}.feed_forward_length", T_UINT32, cfg["intermediate_size"]),
+        uint_or_array(f"{a}.feed_forward_length", n_ff),
         kv(f"{a}.attention.head_count", T_UINT32, cfg["num_attention_heads"]),
-        kv(f"{a}.attention.head_count_kv", T_UINT32, cfg["num_key_value_heads"]),
+        uint_or_array(f"{a}.attention.head_count_kv", n_kv),
         kv(f"{a}.attention.key_length", T_UINT32, head_dim),
         kv(f"{a}.attention.value_length", T_UINT32, head_dim),
         kv(f"{a}.rope.freq_base", T_FLOAT32, float(theta)),
