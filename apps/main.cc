@@ -287,6 +287,11 @@ int cmd_generate(const GenerateArgs& a) {
       g_out.end_line();
     }
   }
+  if (a.verbose && out.draft_tokens > 0)
+    std::fprintf(stderr, "tformers: %s: kept %lld of %lld proposed tokens (%.0f %%)\n",
+                 assistant ? "assistant" : "prompt lookup", (long long)out.accepted_draft_tokens,
+                 (long long)out.draft_tokens,
+                 100.0 * double(out.accepted_draft_tokens) / double(out.draft_tokens));
   auto t2 = Clock::now();
   if (beams) first_token = t2;
   const std::vector<int32_t> generated(out.sequences[0].begin() + int64_t(ids.size()),
@@ -302,6 +307,10 @@ int cmd_generate(const GenerateArgs& a) {
                                 {"finish_reason", out.finish_reasons[0]},
                                 {"seed", seed}};
     if (beams) j["sequences_score"] = out.sequences_scores[0];
+    if (out.draft_tokens > 0) {
+      j["draft_tokens"] = out.draft_tokens;
+      j["accepted_draft_tokens"] = out.accepted_draft_tokens;
+    }
     j["timings"] = {{"load_s", seconds(t0, t1)},
                     {"time_to_first_token_s", seconds(t1, first_token)},
                     {"generated_tokens", generated.size()},

@@ -160,6 +160,9 @@ struct GenerateOutput {
   std::vector<std::vector<float>> logits;
   // With a KeptCache: the prompt's leading tokens found in the cache, which were not computed.
   int64_t cached_prompt_tokens = 0;
+  // With prompt lookup or an assistant: the tokens proposed, and those of them kept (vLLM's
+  // num_draft_tokens and num_accepted_tokens).
+  int64_t draft_tokens = 0, accepted_draft_tokens = 0;
 };
 
 // What one row's generate() call left in the model's static cache, for the next call of a

@@ -174,8 +174,11 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   // share their compiled steps (on an accelerator a compile costs seconds). The unused slots cost
   // memory only: attention reads the slots written so far.
   int64_t P = bucketed(m.prompt_buckets(), longest);
-  int64_t S =
-      merged.max_cache_len ? rc.max_cache_len : bucketed(m.prompt_buckets(), P + rc.max_new_tokens);
+  // A step that checks proposals writes K of them past the token chosen last: room for them to
+  // the end (else the last steps decode one token each).
+  const int64_t K = assistant ? rc.num_assistant_tokens : rc.prompt_lookup_num_tokens;
+  int64_t S = merged.max_cache_len ? rc.max_cache_len
+                                   : bucketed(m.prompt_buckets(), P + rc.max_new_tokens + K);
   // A bucket that overflows the cache falls back to the longest prompt the cache allows: still
   // one shape for every such prompt.
   if (P + rc.max_new_tokens > S) P = std::max(longest, S - rc.max_new_tokens);
@@ -301,7 +304,6 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   // (one row), its logits at every position; each is chosen from in turn, as a decode step's
   // would be, while the choice is the proposal. A rejected proposal's keys and values lie past the
   // positions computed, where the next step writes over them before any query reads them.
-  const int64_t K = assistant ? rc.num_assistant_tokens : rc.prompt_lookup_num_tokens;
   // The assistant's cache holds the sequence and its proposals, at most S positions (a proposal
   // is never past max_new_tokens).
   std::optional<generation::DraftModel> draft;
@@ -341,12 +343,14 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
     m.run_static(m.prepare_static(K + 1, K + 1, uncached), check_ids, check_pos, slot,
                  check_logits);
     bool ended = false;
+    out.draft_tokens += int64_t(proposed.size());
     for (int64_t t = 0; t <= int64_t(proposed.size()); ++t) {
       std::copy_n(check_logits.data<float>() + t * V, V, logits.data<float>());
       ++row_pos[0];
       ++i;
       ended = choose();
       if (ended || t == int64_t(proposed.size()) || seqs[0].back() != proposed[size_t(t)]) break;
+      ++out.accepted_draft_tokens;
     }
     if (ended) break;
   }

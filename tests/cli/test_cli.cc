@@ -279,6 +279,9 @@ TEST(Cli, AssistantModelGivesGreedyTokens) {
       run(base + " --assistant-model tests/data/models/tiny-llama --draft-max 4");
   ASSERT_EQ(assisted.status, 0) << assisted.err;
   EXPECT_EQ(ids(assisted), ids(plain));
+  const tformers::io::Json counts = tformers::io::Json::parse(assisted.out);
+  EXPECT_GT(counts["draft_tokens"].get<int64_t>(), 0);
+  EXPECT_LE(counts["accepted_draft_tokens"], counts["draft_tokens"]);
   const Streams other = run(base + " --assistant-model models/kjv-fortunes-tiny");
   EXPECT_NE(other.status, 0);
   EXPECT_CONTAINS(other.err, "must share the model's tokenizer");

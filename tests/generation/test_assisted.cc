@@ -47,6 +47,9 @@ TEST(Assisted, GreedyOutputIsUnchangedWhateverTheAssistantProposes) {
     const uint64_t steps = steps_of(
         lm, [&] { got = generate(lm, {prompt}, config, {}, nullptr, {}, nullptr, assistant); });
     EXPECT_EQ(got.sequences, want.sequences);
+    EXPECT_GT(got.draft_tokens, 0);
+    EXPECT_LE(got.accepted_draft_tokens, got.draft_tokens);
+    if (assistant == &twin) EXPECT_GT(got.accepted_draft_tokens, 0);
     // The tiny model's choices are seldom 0.4 likely: by default its twin stops at its first
     // proposal, and the step takes two tokens; without the threshold it proposes three.
     const bool threshold = !config.assistant_confidence_threshold;
