@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <tuple>
 
 #include "distributed/tp_model.h"
 #include "tformers/error.h"
@@ -273,7 +274,9 @@ Value Attention::operator()(Ctx& c, Value x, const std::string& prefix, int64_t 
   q = b.reshape(q, {B, T, Hq, D});
   if (qk_norm) q = (*qk_norm)(c, q, prefix + ".q_norm");
   q = rotary(c, q, prefix + ".rope_q");
-  const auto [kc, vc] = caches(c, k, v, prefix, layer);
+  // Named values, not a structured binding: the hub-kernel lambda below captures them.
+  Value kc, vc;
+  std::tie(kc, vc) = caches(c, k, v, prefix, layer);
   // yarn scales cos and sin by attention_factor, so q.k grows by its square.
   const float f = rotary.rope.attention_factor;
   const float s = (scale > 0 ? scale : float(1.0 / std::sqrt(double(D)))) * f * f;
