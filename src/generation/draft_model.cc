@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "generation/sampling.h"
 #include "tformers/error.h"
 
 namespace tformers::generation {
@@ -27,7 +26,8 @@ void DraftModel::feed(std::span<const int32_t> tokens) {
   cached_.insert(cached_.end(), tokens.begin(), tokens.end());
 }
 
-std::vector<int32_t> DraftModel::propose(std::span<const int32_t> sequence, int64_t count) {
+std::vector<int32_t> DraftModel::propose(std::span<const int32_t> sequence, int64_t count,
+                                         const Pick& pick) {
   TF_CHECK(!sequence.empty(), "DraftModel::propose: an empty sequence");
   // The cache's tokens that the sequence still begins with stay; the last token is computed
   // again when nothing follows them, for its logits. A rejected proposal's keys and values lie
@@ -37,20 +37,21 @@ std::vector<int32_t> DraftModel::propose(std::span<const int32_t> sequence, int6
   const size_t keep = std::min(size_t(diverge.first - cached_.begin()), sequence.size() - 1);
   cached_.resize(keep);
   feed(sequence.subspan(keep));
-  std::vector<int32_t> out;
+  std::vector<int32_t> context(sequence.begin(), sequence.end());
+  const size_t proposed = context.size();
   const int64_t V = m_.vocab_size();
-  while (int64_t(out.size()) < count) {
-    const std::span<const float> scores(logits_.data<float>(), size_t(V));
-    const int32_t next = Sampler::greedy(scores);
-    out.push_back(next);
+  while (int64_t(context.size() - proposed) < count) {
+    const std::span<float> scores(logits_.data<float>(), size_t(V));
+    const int32_t next = pick(context, scores);
+    context.push_back(next);
     // softmax(scores)[next] = 1 / sum(exp(scores - scores[next])).
     double sum = 0;
     for (float s : scores) sum += std::exp(double(s) - double(scores[size_t(next)]));
-    if (int64_t(out.size()) == count || 1.0 / sum < confidence_) break;
+    if (int64_t(context.size() - proposed) == count || 1.0 / sum < confidence_) break;
     const int32_t last[] = {next};
     feed(last);
   }
-  return out;
+  return {context.begin() + int64_t(proposed), context.end()};
 }
 
 }  // namespace tformers::generation

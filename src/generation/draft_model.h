@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -19,9 +20,12 @@ class DraftModel {
   // stops early once the assistant gives its own choice less than this probability
   // (assistant_confidence_threshold; 0 never stops early).
   DraftModel(CausalLM& assistant, int64_t cache_len, double confidence);
-  // Up to `count` tokens after `sequence`. The assistant's cache keeps what it computed: a later
-  // sequence that shares a prefix with it computes only the rest.
-  std::vector<int32_t> propose(std::span<const int32_t> sequence, int64_t count);
+  // Chooses the assistant's next token after `context` from its scores, which it may process in
+  // place first (the model's logits processors, so that sampling draws from what it processed).
+  using Pick = std::function<int32_t(std::span<const int32_t> context, std::span<float> scores)>;
+  // Up to `count` tokens after `sequence`, each picked by `pick`. The assistant's cache keeps what
+  // it computed: a later sequence that shares a prefix with it computes only the rest.
+  std::vector<int32_t> propose(std::span<const int32_t> sequence, int64_t count, const Pick& pick);
 
  private:
   // Runs `tokens` at positions from cached_.size() and leaves the last one's logits in logits_.

@@ -13,6 +13,7 @@
 #include "generation/padding.h"
 #include "generation/prompt_lookup.h"
 #include "generation/sampling.h"
+#include "generation/speculative.h"
 #include "generation/stop_strings.h"
 #include "models/causal_lm_impl.h"
 #include "models/model_runner.h"
@@ -72,10 +73,12 @@ void check_drafts(const models::ModelRunner& m, const std::vector<std::vector<in
     throw InvalidArgumentError("generate: " + drafter +
                                " checks one sequence's proposals: pass one prompt with "
                                "num_return_sequences 1");
-  if (rc.do_sample || rc.num_beams > 1)
+  if (rc.num_beams > 1)
+    throw UnsupportedError("generate: " + drafter + " with beam search; set num_beams=1");
+  if (rc.do_sample && !assistant)
     throw UnsupportedError("generate: " + drafter +
-                           " checks its proposals against greedy search; set do_sample=false "
-                           "and num_beams=1");
+                           " checks its proposals against greedy search; set do_sample=false, "
+                           "or sample with an assistant_model (speculative sampling)");
   const models::ModelRunner* other = nullptr;
   std::optional<models::ModelRunner> runner;
   if (assistant) {
@@ -250,8 +253,9 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   std::vector<bool> done(size_t(B), false);
   Tensor logits = Tensor::zeros({B, 1, V}, DType::f32);
   bool stop = false;
-  // Chooses each unfinished row's next token from the logits just computed.
-  auto choose = [&] {
+  // Chooses each unfinished row's next token from the logits just computed: by `pick` from its
+  // processed scores when given, else greedily or by sampling.
+  auto choose_with = [&](const std::function<int32_t(std::span<const float>)>& pick) {
     if (rc.output_logits)
       out.logits.emplace_back(logits.data<float>(), logits.data<float>() + B * V);
     bool all_done = true;
@@ -265,7 +269,7 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
         seqs[b].push_back(int32_t(*pad));
         continue;
       }
-      int32_t next = sampler.next_token(scores, rc.do_sample);
+      const int32_t next = pick ? pick(scores) : sampler.next_token(scores, rc.do_sample);
       seqs[b].push_back(next);
       if (std::find(rc.eos_token_id.begin(), rc.eos_token_id.end(), next) !=
               rc.eos_token_id.end() ||
@@ -284,6 +288,7 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
         if (!done[b]) out.finish_reasons[b] = "callback";
     return all_done || stop;
   };
+  auto choose = [&] { return choose_with({}); };
 
   // What the cache holds when generation ends: the prompt and every chosen token but the last,
   // which no step has read.
@@ -308,8 +313,18 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
   // is never past max_new_tokens).
   std::optional<generation::DraftModel> draft;
   if (assistant) draft.emplace(*assistant, S, rc.assistant_confidence_threshold);
+  // Sampling: each proposal's processed scores, its q for speculative sampling.
+  std::vector<std::vector<float>> drafted;
+  const int64_t prompt_len = int64_t(rows[0]->size());
+  auto pick_draft = [&](std::span<const int32_t> context, std::span<float> scores) {
+    processors.process(context, prompt_len, scores);
+    if (!rc.do_sample) return generation::Sampler::greedy(scores);
+    drafted.emplace_back(scores.begin(), scores.end());
+    return sampler.sample(scores);
+  };
   auto propose = [&](int64_t count) {
-    return draft ? draft->propose(seqs[0], count)
+    drafted.clear();
+    return draft ? draft->propose(seqs[0], count, pick_draft)
                  : generation::prompt_lookup(seqs[0], count, rc.max_matching_ngram_size);
   };
   Tensor check_ids, check_pos, check_logits;  // allocated only when proposals are checked
@@ -348,7 +363,12 @@ GenerateOutput generate(CausalLM& model, const std::vector<std::vector<int32_t>>
       std::copy_n(check_logits.data<float>() + t * V, V, logits.data<float>());
       ++row_pos[0];
       ++i;
-      ended = choose();
+      // Sampling keeps a proposal by speculative sampling, and after the last one draws a token
+      // of the model's own.
+      const bool speculative = rc.do_sample && t < int64_t(proposed.size());
+      ended = choose_with(speculative ? [&](std::span<const float> p) {
+        return generation::speculative_choice(p, drafted[size_t(t)], proposed[size_t(t)], sampler);
+      } : std::function<int32_t(std::span<const float>)>{});
       if (ended || t == int64_t(proposed.size()) || seqs[0].back() != proposed[size_t(t)]) break;
       ++out.accepted_draft_tokens;
     }
