@@ -112,8 +112,10 @@ TEST(Assisted, GreedyOutputIsUnchangedWhateverTheAssistantProposes) {
   GenerationConfig few = kPlain;
   few.num_assistant_tokens = 3;
   few.assistant_confidence_threshold = 0.0;
-  for (const auto& [assistant, config] : {std::pair{&twin, kPlain}, std::pair{&other, kPlain},
-                                          std::pair{&twin, few}, std::pair{&other, few}}) {
+  for (const auto& run : {std::pair{&twin, kPlain}, std::pair{&other, kPlain},
+                          std::pair{&twin, few}, std::pair{&other, few}}) {
+    CausalLM* assistant = run.first;
+    const GenerationConfig& config = run.second;
     GenerateOutput got;
     const uint64_t steps = steps_of(
         lm, [&] { got = generate(lm, {prompt}, config, {}, nullptr, {}, nullptr, assistant); });
