@@ -356,6 +356,13 @@ CommandLine parse_command_line(int raw_argc, const char* const* raw_argv, std::o
                     "occurrence of the output's last words in one step (greedy; the same tokens, "
                     "fewer steps where the output repeats its prompt)")
         ->check(int_in(0, 64));
+    sub->add_option("--assistant-model,--model-draft", g.assistant_model,
+                    "Assisted generation: a smaller model of the same vocabulary (folder or Hub "
+                    "id) proposes tokens that the model checks several at a time (the same tokens "
+                    "greedily, the same distribution sampling; fewer steps of the model)");
+    sub->add_option("--draft-max,--num-assistant-tokens", g.num_assistant_tokens,
+                    "Assisted generation: tokens the assistant proposes per step (default 20)")
+        ->check(int_in(1, 64));
     sub->add_option("--seed,-s", g.seed,
                     "Sampling seed: the same seed gives the same text; -1 draws a fresh one "
                     "(shown with --verbose)")
@@ -389,13 +396,6 @@ CommandLine parse_command_line(int raw_argc, const char* const* raw_argv, std::o
                   "Beam search: stop at num_beams finished (true), when no beam is likely to "
                   "improve (false, default) or when none can (never)")
       ->check(CLI::IsMember({"true", "false", "never"}));
-  gen->add_option("--assistant-model,--model-draft", g.assistant_model,
-                  "Assisted generation: a smaller model of the same vocabulary (folder or Hub id) "
-                  "proposes tokens that the model checks several at a time (greedy; the same "
-                  "tokens, fewer steps of the model)");
-  gen->add_option("--draft-max,--num-assistant-tokens", g.num_assistant_tokens,
-                  "Assisted generation: tokens the assistant proposes per step (default 20)")
-      ->check(int_in(1, 64));
   add_tp_flags(gen, g.tp, g.tp_plan);
 
   chat->add_flag("--hide-reasoning", g.hide_reasoning,

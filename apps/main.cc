@@ -179,6 +179,15 @@ tformers::CausalLM load_model(const GenerateArgs& a) {
   return lm;
 }
 
+// --assistant-model's model, loaded as the model is (dtype, device, quantization).
+std::optional<tformers::CausalLM> load_assistant(const GenerateArgs& a) {
+  if (a.assistant_model.empty()) return std::nullopt;
+  GenerateArgs draft = a;
+  draft.model = a.assistant_model;
+  draft.revision = "main";
+  return load_model(draft);
+}
+
 double seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
@@ -220,13 +229,7 @@ int cmd_generate(const GenerateArgs& a) {
         "generate: --stop needs the model's tokenizer.json to read the text; " + a.model +
         " has none");
   tformers::CausalLM lm = load_model(a);
-  std::optional<tformers::CausalLM> assistant;
-  if (!a.assistant_model.empty()) {
-    GenerateArgs draft = a;
-    draft.model = a.assistant_model;
-    draft.revision = "main";
-    assistant.emplace(load_model(draft));
-  }
+  std::optional<tformers::CausalLM> assistant = load_assistant(a);
   auto t1 = Clock::now();
   const std::string prompt =
       prompt_file ? read_prompt_file(*prompt_file, lm.config().max_position_embeddings) : a.prompt;
@@ -526,7 +529,8 @@ struct Reply {
 // while it streams and let out whenever stdout is at the start of a line.
 Reply stream_reply(tformers::CausalLM& lm, const tformers::Tokenizer& tok,
                    const std::vector<int32_t>& ids, const tformers::GenerationConfig& gc,
-                   const ReplyFormat& format, tformers::KeptCache& kept) {
+                   const ReplyFormat& format, tformers::KeptCache& kept,
+                   tformers::CausalLM* assistant) {
   const bool think_open = format.reasoning == tformers::serve::ReasoningFormat::kThink &&
                           tformers::serve::prompt_opens_think(ids, tok);
   tformers::serve::OutputText text(tok, {}, format.kept);
@@ -545,7 +549,7 @@ Reply stream_reply(tformers::CausalLM& lm, const tformers::Tokenizer& tok,
         reply.put(text.put(id));
         return !g_interrupted;
       },
-      &tok, {}, &kept);
+      &tok, {}, &kept, assistant);
   reply.put(text.finish());
   reply.finish();
   g_out.end_line();
@@ -571,6 +575,7 @@ int cmd_chat(const GenerateArgs& a) {
                                          "`tformers generate` for plain text");
   const ReplyFormat format = reply_format(tok, a.hide_reasoning);
   tformers::CausalLM lm = load_model(a);
+  std::optional<tformers::CausalLM> assistant = load_assistant(a);
   const int64_t positions = lm.config().max_position_embeddings;
   const int64_t ctx = a.ctx_size.value_or(std::min<int64_t>(positions, 4096));
   if (ctx > positions)
@@ -663,7 +668,7 @@ int cmd_chat(const GenerateArgs& a) {
     }
     gc.seed = session_seed + turn;
     const tformers::CompileStats before = lm.compile_stats();
-    Reply reply = stream_reply(lm, tok, ids, gc, format, kept);
+    Reply reply = stream_reply(lm, tok, ids, gc, format, kept, assistant ? &*assistant : nullptr);
     if (g_interrupted) std::fprintf(stderr, "tformers: chat: reply stopped (Ctrl-C)\n");
     messages.push_back(std::move(reply.message));
     if (a.verbose) {

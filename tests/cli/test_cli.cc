@@ -288,6 +288,14 @@ TEST(Cli, AssistantModelGivesGreedyTokens) {
   const Streams tp = run(base + " --assistant-model tests/data/models/tiny-llama --tp 2");
   EXPECT_NE(tp.status, 0);
   EXPECT_CONTAINS(tp.err, "assisted generation runs in one process");
+  // A chat of three turns, its cache kept between them: the same replies with the model's own
+  // weights assisting.
+  const std::string chat = kCli + " chat" + kKjv + " -n 24 --temperature 0";
+  const std::string turns = "And the LORD said\nHow long\nBlessed are\n";
+  const Streams alone = run(chat, turns);
+  const Streams assisted_chat = run(chat + " --assistant-model models/kjv-fortunes-tiny", turns);
+  ASSERT_EQ(assisted_chat.status, 0) << assisted_chat.err;
+  EXPECT_EQ(assisted_chat.out, alone.out);
 }
 
 TEST(Cli, FileStopIgnoreEosAndJson) {
