@@ -50,7 +50,7 @@ std::vector<int64_t> read_windows(const io::Json& j, const std::string& w, int64
 // Each layer's head_dim and KV heads: per_layer_config's overrides by layer index (what
 // Transformers 5.23 writes), else global_head_dim (512 unless set) and, with attention_k_eq_v,
 // num_global_key_value_heads on the full-attention layers.
-void read_layer_heads(const io::Json& j, const std::string& w, Gemma4Config& c) {
+void read_head_overrides(const io::Json& j, const std::string& w, Gemma4Config& c) {
   const int64_t layers = c.num_hidden_layers;
   c.layer_head_dim.assign(size_t(layers), c.head_dim);
   c.layer_kv_heads.assign(size_t(layers), c.num_key_value_heads);
@@ -83,6 +83,17 @@ void read_layer_heads(const io::Json& j, const std::string& w, Gemma4Config& c) 
     c.layer_kv_heads[size_t(l)] =
         io::get_int_in_or(overrides, "num_key_value_heads", c.num_key_value_heads, 1, 1 << 16, at);
   }
+}
+
+// The overrides above, each layer's query heads shared evenly by its KV heads.
+void read_layer_heads(const io::Json& j, const std::string& w, Gemma4Config& c) {
+  read_head_overrides(j, w, c);
+  for (size_t l = 0; l < c.layer_kv_heads.size(); ++l)
+    if (c.num_attention_heads % c.layer_kv_heads[l])
+      throw FormatError(w + ": layer " + std::to_string(l) + " has " +
+                        std::to_string(c.layer_kv_heads[l]) +
+                        " KV heads, which do not divide num_attention_heads " +
+                        std::to_string(c.num_attention_heads));
 }
 
 // Gemma4TextConfig.kv_sharing_modes: each of the last `shared` layers reads the cache of the last
@@ -158,8 +169,8 @@ class Gemma4Family : public DecoderArchitecture<Gemma4Config> {
 
   bool ignorable(const Gemma4Config& c, const std::string& name) const override {
     if (kNested)
-      for (const char* tower :
-           {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio."})
+      for (const char* tower : {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
+                                "model.embed_audio."})
         if (name.starts_with(tower)) return true;
     // The released checkpoints keep k/v projections and norms for the KV-shared layers, unused.
     const std::string layers = c.base + ".layers.";

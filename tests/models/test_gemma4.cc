@@ -65,6 +65,8 @@ TEST(Gemma4, ImpossibleConfigsNameTheField) {
       {[](io::Json& j) { j["use_bidirectional_attention"] = "all"; },
        "use_bidirectional_attention \"all\""},
       {[](io::Json& j) { j["enable_moe_block"] = true; }, "num_experts"},
+      {[](io::Json& j) { j["per_layer_config"]["1"]["num_key_value_heads"] = 3; },
+       "layer 1 has 3 KV heads, which do not divide num_attention_heads 4"},
   };
   for (const auto& [edit, message] : cases) {
     io::Json j = tiny_config();
