@@ -255,6 +255,13 @@ class TpMpi : public ::testing::Test {
   }
 };
 
+// Attention whole on every rank (its KV heads not split), the rest as the default plan says.
+const char* kReplicateAttention =
+    R"({"layers.*.self_attn.q_proj": "replicated_with_grad_allreduce",)"
+    R"( "layers.*.self_attn.k_proj": "replicated_with_grad_allreduce",)"
+    R"( "layers.*.self_attn.v_proj": "replicated_with_grad_allreduce",)"
+    R"( "layers.*.self_attn.o_proj": "replicated_with_grad_allreduce"})";
+
 TEST_F(TpMpi, DefaultPlanTwoRanksLlamaUntied) { expect_ok(run_worker(2, "tiny-llama")); }
 
 TEST_F(TpMpi, DefaultPlanTwoRanksQwen3TiedEmbeddings) { expect_ok(run_worker(2, "tiny-qwen3")); }
@@ -316,19 +323,11 @@ TEST_F(TpMpi, Gemma4TwoRanksOneKvHeadIsAClearError) {
   expect_ok(run_worker(2, "hf-gemma4", "", "does not divide num_key_value_heads 1"));
 }
 TEST_F(TpMpi, Gemma4TwoRanksSharedKvAttentionReplicated) {
-  expect_ok(run_worker(2, "hf-gemma4",
-                       R"({"layers.*.self_attn.q_proj": "replicate", )"
-                       R"("layers.*.self_attn.k_proj": "replicate", )"
-                       R"("layers.*.self_attn.v_proj": "replicate", )"
-                       R"("layers.*.self_attn.o_proj": "replicate"})"));
+  expect_ok(run_worker(2, "hf-gemma4", kReplicateAttention));
 }
 TEST_F(TpMpi, ExpertsSplitThreeRanksUneven) {
   // 3 ranks do not divide the 2 KV heads: attention replicated, as the error for it advises.
-  expect_ok(run_worker(3, "hf-glm4-moe",
-                       R"({"layers.*.self_attn.q_proj": "replicate", )"
-                       R"("layers.*.self_attn.k_proj": "replicate", )"
-                       R"("layers.*.self_attn.v_proj": "replicate", )"
-                       R"("layers.*.self_attn.o_proj": "replicate"})"));
+  expect_ok(run_worker(3, "hf-glm4-moe", kReplicateAttention));
 }
 // Each rank quantizes its own experts, which are whole experts: the blocks of the one-process
 // model (hf-qwen3-moe: its dense layer's 128 hidden units split on a block edge too).
@@ -380,12 +379,6 @@ TEST_F(TpMpi, UserOverridesTwoRanks) {
                        R"( "layers.1.mlp.up_proj": "replicate",)"
                        R"( "layers.1.mlp.down_proj": "rowwise_split_input"})"));
 }
-
-const char* kReplicateAttention =
-    R"({"layers.*.self_attn.q_proj": "replicated_with_grad_allreduce",)"
-    R"( "layers.*.self_attn.k_proj": "replicated_with_grad_allreduce",)"
-    R"( "layers.*.self_attn.v_proj": "replicated_with_grad_allreduce",)"
-    R"( "layers.*.self_attn.o_proj": "replicated_with_grad_allreduce"})";
 
 // tiny-qwen3 has 2 KV heads: four ranks cannot split them, and the error names the override.
 TEST_F(TpMpi, KvHeadsNotDivisibleFailsAtLoadNamingTheOverride) {

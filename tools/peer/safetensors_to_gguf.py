@@ -312,6 +312,14 @@ def tensor_bytes(ggml_type, shape):
     return n * VALUE_BYTES[ggml_type]
 
 
+def f32(a, dtype):
+    """A tensor read as stored (bf16 as its uint16 bits) as float32 values."""
+    import numpy as np
+    if dtype == "BF16":
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)
+
+
 def bf16_blocks(raw):
     """bf16 bytes (whole rows) -> f32 array of blocks of BLOCK values, one block a row."""
     import numpy as np  # only to quantize
@@ -439,11 +447,6 @@ def gpt_oss_tensors(cfg, st_path, header, data_start, quant, quantize):
         begin, end = info["data_offsets"]
         return mm[data_start + begin:data_start + end].view(NP_DTYPES[info["dtype"]]).reshape(
             info["shape"])
-
-    def f32(a, dtype):
-        if dtype == "BF16":
-            return (a.astype(np.uint32) << 16).view(np.float32)
-        return a.astype(np.float32)
 
     def row_chunks(a):
         """A tensor's rows (its last dimension) in blocks of about 16 MB."""
@@ -616,11 +619,6 @@ def qwen35_tensors(cfg, st_path, header, data_start):
         shape = a.shape
         a = a.reshape(shape[:axis] + (kh, per_key, head_dim) + shape[axis + 1:])
         return np.swapaxes(a, axis, axis + 1).reshape(shape)
-
-    def f32(a, dtype):
-        if dtype == "BF16":
-            return (a.astype(np.uint32) << 16).view(np.float32)
-        return a.astype(np.float32)
 
     tensors = []  # (gguf name, ggml type, dims outermost first, pieces: () -> iterable of bytes)
 
@@ -848,11 +846,6 @@ def gemma4_tensors(cfg, g, st_path, header, data_start, quant, quantize):
         fail(f"config.json: vocab_size_per_layer_input {cfg.get('vocab_size_per_layer_input')} "
              f"is not vocab_size {cfg['vocab_size']}; llama.cpp's per_layer_token_embd has a row "
              "for each token of the vocabulary")
-
-    def f32(a, dtype):
-        if dtype == "BF16":
-            return (a.astype(np.uint32) << 16).view(np.float32)
-        return a.astype(np.float32)
 
     tensors = []  # (gguf name, ggml type, dims outermost first, pieces: () -> iterable of bytes)
 
