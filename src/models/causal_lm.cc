@@ -318,11 +318,17 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
   for (const auto& s : specs)
     if (prepared_copy(s) && ckpt.has(s.tied_to))
       bytes_total += int64_t(ckpt.info(s.tied_to).nbytes);
-  // Host tensors of the targets of those copies, kept from their load until the copy is made.
-  std::map<std::string, Tensor> host_copies;
-  std::set<std::string> copied_targets;
+  // Tables that are only gathered from, a few rows a token (an untied embed_tokens, Gemma 4's
+  // per-layer table of 2.7 GB in E4B): "copy" leaves them in the mapping, since the copy's
+  // streaming speed buys them nothing; only the rows of the tokens seen become resident. A table
+  // that a tied head multiplies as it is is read whole every token, and is copied; a tied head
+  // prepared apart (quantized) leaves its table gathered only, and is made from the mapping.
+  std::set<std::string> multiplied;
   for (const auto& s : specs)
-    if (prepared_copy(s)) copied_targets.insert(s.tied_to);
+    if (!s.tied_to.empty() && !ckpt.has(s.name) && !prepared_copy(s)) multiplied.insert(s.tied_to);
+  auto gathered_only = [&](const models::WeightSpec& s) {
+    return s.role == models::WeightRole::kEmbedding && !multiplied.count(s.name);
+  };
   auto advance = [&](const std::string& source) {
     bytes_done += int64_t(ckpt.info(source).nbytes);
     if (opt.progress) opt.progress(stage, bytes_done, bytes_total);
@@ -493,11 +499,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
       // Weights in the requested dtype are used straight from the mapping; others converted.
       const DType want = bias_of_quantized(s) ? DType::f32 : impl->dtype;
       Tensor t = impl->tp ? impl->tp->load(ckpt, s.name, s.name, want) : ckpt.get(s.name).to(want);
-      t = resident(t, s.name);
-      // A copy of the stored values that a tied head quantizes below: read from it rather than
-      // from the mapping, whose pages would otherwise count a second time at the peak.
-      if (copied_targets.count(s.name) && t.dtype() == info.dtype && !in_mapping(t, s.name))
-        host_copies[s.name] = t;
+      if (!gathered_only(s)) t = resident(t, s.name);
       bind(s.name, impl->backend->upload(t));
     }
     advance(s.name);
@@ -509,12 +511,8 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     const bool own_slice = tp && (tp->shard(s.name).dim != tp->shard(s.tied_to).dim ||
                                   tp->shard(s.name).ranges != tp->shard(s.tied_to).ranges);
     if (prepared_copy(s)) {
-      // The embedding stays as stored for the gather; the head multiplies its own prepared
-      // copy, quantized from the embedding's copy under "copy" when that is the head's slice,
-      // else from the mapping.
-      auto it = own_slice ? host_copies.end() : host_copies.find(s.tied_to);
-      add_prepared(s, it != host_copies.end() ? it->second : quantizer_source(s, s.tied_to),
-                   s.tied_to);
+      // The embedding stays as stored for the gather; the head multiplies its own prepared copy.
+      add_prepared(s, quantizer_source(s, s.tied_to), s.tied_to);
       advance(s.tied_to);
     } else if (own_slice) {
       bind(s.name, impl->backend->upload(

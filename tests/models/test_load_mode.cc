@@ -49,17 +49,28 @@ TEST(LoadMode, CopyAndMmapGiveTheSameLogits) {
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << i;
 }
 
-// A tied head quantized at load: under "copy" it is quantized from the embedding's own copy (so
-// the embedding's mapped pages are not resident a second time at the peak), under "mmap" from
-// the mapping. Both give the same head, byte for byte, and the same logits; the embedding's copy
-// is intact after the head is made from it.
-TEST(LoadMode, TiedHeadQuantizedFromTheCopyIsTheSame) {
+// Tables only gathered from stay in the mapping under "copy" too (an untied embedding, Gemma 4's
+// per-layer table); a tied head's embedding, read whole every token, is copied.
+TEST(LoadMode, CopyLeavesGatheredTablesMapped) {
+  CausalLM gemma4 =
+      AutoModelForCausalLM::from_pretrained(model_dir("hf-gemma4"), {.dtype = float32});
+  for (const std::string w : {"model.embed_tokens.weight", "model.embed_tokens_per_layer.weight"})
+    EXPECT_FALSE(own_memory(gemma4, w)) << w;
+  EXPECT_TRUE(own_memory(gemma4, "lm_head.weight"));
+  EXPECT_TRUE(own_memory(gemma4, "model.per_layer_model_projection.weight"));
+  CausalLM tied = AutoModelForCausalLM::from_pretrained(model_dir("tiny-qwen3"));  // as stored
+  EXPECT_TRUE(own_memory(tied, "model.embed_tokens.weight"));
+}
+
+// A tied head quantized at load leaves its embedding gathered only, in the mapping under "copy"
+// as under "mmap": both give the same head, byte for byte, and the same logits.
+TEST(LoadMode, TiedHeadQuantizedIsTheSameInBothModes) {
   const std::string dir = model_dir("tiny-qwen3");  // bfloat16, tied embeddings
   for (const std::string quantize : {"int8", "int4"}) {
     CausalLM copy = AutoModelForCausalLM::from_pretrained(dir, {.quantize = quantize});
     CausalLM mapped =
         AutoModelForCausalLM::from_pretrained(dir, {.quantize = quantize, .load_mode = "mmap"});
-    EXPECT_TRUE(own_memory(copy, "model.embed_tokens.weight")) << quantize;
+    EXPECT_FALSE(own_memory(copy, "model.embed_tokens.weight")) << quantize;
     for (const std::string w : {"lm_head.weight", "lm_head.weight_scale"}) {
       const backends::Buffer& a = *models::state_of(copy).weights.at(w);
       const backends::Buffer& b = *models::state_of(mapped).weights.at(w);
