@@ -618,6 +618,27 @@ void check_args(const GenerateArgs& a) {
         "--assistant-model with --tp: assisted generation runs in one process; drop --tp");
 }
 
+std::string over_hbm_advice(const std::vector<StepPeak>& steps, int64_t hbm,
+                            const std::string& topology) {
+  std::string over;
+  int64_t most = 0;
+  for (const StepPeak& s : steps) {
+    if (s.peak_bytes <= hbm) continue;
+    over += (over.empty() ? "" : ", ") + s.step + " " + std::to_string(s.tokens);
+    most = std::max(most, s.peak_bytes);
+  }
+  if (over.empty()) return "";
+  char line[640];
+  std::snprintf(line, sizeof line,
+                "does not fit: %s (peak up to %.0f MiB) need more than one %s chip's %.0f MiB of "
+                "HBM; a smaller --max-cache-len or --batch shrinks the KV cache and the longest "
+                "prefills, --quantize int8 or int4 the weights, and a chip of a later generation "
+                "holds more",
+                over.c_str(), double(most) / (1 << 20),
+                topology.substr(0, topology.find(':')).c_str(), double(hbm) / (1 << 20));
+  return line;
+}
+
 void check_bench_args(const BenchArgs& a) {
   auto check_lengths = [](const std::vector<int64_t>& values, const char* flag) {
     for (int64_t v : values)

@@ -173,6 +173,15 @@ void check_bench_args(const BenchArgs& a);
 // perplexity: a --ctx of at least 2 tokens.
 void check_perplexity_args(const PerplexityArgs& a);
 
+// compile: a step's peak device memory, and what to change when steps need more than one chip's
+// `hbm` bytes at their peak, naming them ("" when every step fits).
+struct StepPeak {
+  std::string step;
+  int64_t tokens = 0, peak_bytes = 0;
+};
+std::string over_hbm_advice(const std::vector<StepPeak>& steps, int64_t hbm,
+                            const std::string& topology);
+
 // A fresh 63-bit seed (it must read back through --seed, which is signed).
 uint64_t random_seed();
 

@@ -3,6 +3,7 @@
 // here is what a TPU host would compile: the same graphs, lowered the same way.
 #include "compile.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -78,6 +79,11 @@ int run_compile(const CompileArgs& a) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   const backends::pjrt::Plugin& plugin = backend.topology().plugin();
+  const int64_t hbm = backends::pjrt::chip_hbm_bytes(a.topology);
+  std::vector<StepPeak> peaks;
+  for (const StepRow& r : rows)
+    peaks.push_back({r.step, r.tokens, r.compiled->program.memory.peak_bytes});
+  const std::string advice = over_hbm_advice(peaks, hbm, a.topology);
   if (a.output == "json") {
     nlohmann::ordered_json out;
     out["topology"] = a.topology;
@@ -88,6 +94,7 @@ int run_compile(const CompileArgs& a) {
     out["batch"] = a.batch;
     out["cache_len"] = cache_len;
     out["seconds"] = seconds;
+    out["hbm_bytes_per_chip"] = hbm;
     for (const StepRow& r : rows) {
       const backends::pjrt::CompiledMemoryStats& m = r.compiled->program.memory;
       nlohmann::ordered_json s{{"step", r.step},
@@ -98,32 +105,37 @@ int run_compile(const CompileArgs& a) {
                                {"alias_bytes", m.alias_bytes},
                                {"temp_bytes", m.temp_bytes},
                                {"peak_bytes", m.peak_bytes},
+                               {"fits", m.peak_bytes <= hbm},
                                {"generated_code_bytes", m.generated_code_bytes}};
       for (const auto& [key, value] : r.compiled->program.cost) s["cost"][key] = value;
       out["steps"].push_back(s);
     }
     std::printf("%s\n", out.dump(2).c_str());
+    if (!advice.empty()) std::fprintf(stderr, "tformers: compile: %s\n", advice.c_str());
     return 0;
   }
   std::printf(
       "%s (%s) compiled for TPU topology %s by %s (PJRT C API %d.%d): batch %lld, cache %lld "
-      "positions, %zu steps in %.1f s\n\n",
+      "positions, %zu steps in %.1f s; one chip has %.0f MiB of HBM\n\n",
       lm.config().architecture.c_str(), std::string(dtype_name(lm.dtype())).c_str(),
       a.topology.c_str(), plugin.path().c_str(), plugin.api_major(), plugin.api_minor(),
-      static_cast<long long>(a.batch), static_cast<long long>(cache_len), rows.size(), seconds);
+      static_cast<long long>(a.batch), static_cast<long long>(cache_len), rows.size(), seconds,
+      mib(hbm));
   std::printf(
       "| step | tokens | arguments MiB | outputs MiB | donated MiB | temporaries MiB | peak MiB | "
-      "code MiB | GFLOP |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+      "fits | code MiB | GFLOP |\n|---|--:|--:|--:|--:|--:|--:|---|--:|--:|\n");
   for (const StepRow& r : rows) {
     const backends::pjrt::CompiledMemoryStats& m = r.compiled->program.memory;
-    std::printf("| %s | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f |\n", r.step.c_str(),
-                static_cast<long long>(r.tokens), mib(m.argument_bytes), mib(m.output_bytes),
-                mib(m.alias_bytes), mib(m.temp_bytes), mib(m.peak_bytes),
-                mib(m.generated_code_bytes), cost(r.compiled->program, "flops") / 1e9);
+    std::printf("| %s | %lld | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %.2f | %.3f |\n",
+                r.step.c_str(), static_cast<long long>(r.tokens), mib(m.argument_bytes),
+                mib(m.output_bytes), mib(m.alias_bytes), mib(m.temp_bytes), mib(m.peak_bytes),
+                m.peak_bytes <= hbm ? "yes" : "no", mib(m.generated_code_bytes),
+                cost(r.compiled->program, "flops") / 1e9);
   }
   std::printf(
       "\narguments: weights, KV cache and step inputs; donated: the KV cache and key mask, "
-      "updated in place; GFLOP: libtpu's cost analysis\n");
+      "updated in place; fits: the peak within one chip's HBM; GFLOP: libtpu's cost analysis\n");
+  if (!advice.empty()) std::printf("\n%s\n", advice.c_str());
   return 0;
 }
 

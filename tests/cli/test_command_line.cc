@@ -376,5 +376,21 @@ TEST(CommandLine, ChatTemplateIsAFileOrTheTemplateItself) {
   }
 }
 
+// compile's verdict: the steps over one chip's HBM named, with their largest peak and what to
+// change; nothing when all fit.
+TEST(CommandLine, CompileNamesTheStepsOverOneChipsHbm) {
+  const int64_t gib = int64_t(1) << 30;
+  const std::vector<StepPeak> steps = {
+      {"prefill", 16, 10 * gib}, {"prefill", 4096, 20 * gib}, {"decode", 1, 17 * gib}};
+  EXPECT_EQ(over_hbm_advice(steps, 32 * gib, "v6e:1x1"), "");
+  const std::string advice = over_hbm_advice(steps, 16 * gib, "v5e:2x2");
+  EXPECT_NE(advice.find("does not fit: prefill 4096, decode 1 (peak up to 20480 MiB) need more "
+                        "than one v5e chip's 16384 MiB of HBM"),
+            std::string::npos)
+      << advice;
+  EXPECT_NE(advice.find("--max-cache-len"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("--quantize"), std::string::npos) << advice;
+}
+
 }  // namespace
 }  // namespace tformers::cli

@@ -131,6 +131,7 @@ TEST_F(TpuTopology, CompilesEveryStepOfAModelWithTheMemoryEachNeeds) {
   const nlohmann::json out = nlohmann::json::parse(r.out);
   EXPECT_EQ(out["topology"], "v5e:1x1");
   EXPECT_EQ(out["cache_len"], 128);
+  EXPECT_EQ(out["hbm_bytes_per_chip"], int64_t(16) << 30);  // one v5e chip
   // The prompt buckets up to the cache, then the decode step.
   std::vector<std::pair<std::string, int64_t>> steps;
   for (const auto& s : out["steps"]) steps.emplace_back(s["step"], s["tokens"]);
@@ -140,6 +141,7 @@ TEST_F(TpuTopology, CompilesEveryStepOfAModelWithTheMemoryEachNeeds) {
   for (const auto& s : out["steps"]) {
     SCOPED_TRACE(s.dump());
     const int64_t tokens = s["tokens"];
+    EXPECT_EQ(s["fits"], true);
     // Donated: every layer's K and V cache, float32 (1, 2 heads, 128 positions, 64), and the
     // key mask, int32 (1, 128); the weights are only read. (A cache of 64 positions would take
     // as much: TPU layouts pad a dimension to 128.)

@@ -698,9 +698,15 @@ std::vector<Buffer> LoadedExecutable::execute(const std::vector<const Buffer*>& 
 
 // ---- Topology ----
 
+namespace {
+
+// The TPU generations libtpu knows, with one chip's HBM in GiB (chip_hbm_bytes).
+constexpr std::pair<std::string_view, int64_t> kGenerations[] = {
+    {"v2", 16}, {"v3", 32}, {"v4", 32}, {"v5e", 16}, {"v5p", 95}, {"v6e", 32}, {"tpu7x", 192}};
+
+}  // namespace
+
 void check_topology_name(const std::string& name) {
-  static constexpr std::string_view kGenerations[] = {"v2",  "v3",  "v4",   "v5e",
-                                                      "v5p", "v6e", "tpu7x"};
   const size_t colon = name.find(':');
   const std::string_view generation = std::string_view(name).substr(0, colon);
   auto refuse = [&](const std::string& why) {
@@ -708,7 +714,8 @@ void check_topology_name(const std::string& name) {
                                        "; give GENERATION:CHIPS, e.g. v5e:2x2 or v4:2x2x1"));
   };
   if (colon == std::string::npos) refuse("no ':' between the TPU generation and the chips");
-  if (std::ranges::find(kGenerations, generation) == std::end(kGenerations))
+  if (std::ranges::find(kGenerations, generation, &std::pair<std::string_view, int64_t>::first) ==
+      std::end(kGenerations))
     refuse(str_cat("'", generation,
                    "' is not a TPU generation: use v2, v3, v4, v5e, v5p, v6e or tpu7x"));
   std::string_view rest = std::string_view(name).substr(colon + 1);
@@ -726,6 +733,14 @@ void check_topology_name(const std::string& name) {
     rest.remove_prefix(x + 1);
   }
   if (dims != 2 && dims != 3) refuse(str_cat(dims, " dimensions; a slice has 2 or 3"));
+}
+
+int64_t chip_hbm_bytes(const std::string& topology) {
+  check_topology_name(topology);
+  const std::string_view generation = std::string_view(topology).substr(0, topology.find(':'));
+  for (const auto& [name, gib] : kGenerations)
+    if (name == generation) return gib << 30;
+  throw InternalError("chip_hbm_bytes: no HBM size for " + std::string(generation));
 }
 
 Topology::Topology(const Plugin& plugin, const std::string& name,

@@ -216,6 +216,11 @@ struct CompiledProgram {
 // libtpu knows and every dimension from 1 to 4096. InvalidArgumentError naming the part at fault.
 void check_topology_name(const std::string& name);
 
+// The HBM of one chip of a topology's TPU generation (a checked name), as Google's Cloud TPU
+// documentation gives it: 16 GiB for v2 and v5e, 32 GiB for v3, v4 and v6e, 95 GiB for v5p, 192
+// GiB for tpu7x (Ironwood). What a one-chip program may use at its peak.
+int64_t chip_hbm_bytes(const std::string& topology);
+
 // Devices described by name rather than found: compiling for a topology needs no device, which
 // is how libtpu compiles for a TPU slice ("v5e:2x2") on any x86 host, as JAX's ahead-of-time
 // compilation does. Move-only.
