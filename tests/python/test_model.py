@@ -106,6 +106,21 @@ def test_sampling_with_a_seed_repeats_and_beams_run(kjv_model, kjv_tokenizer):
     assert beams.shape[0] == 2 and (beams[:, :n] == inputs["input_ids"]).all()
 
 
+def test_an_assistant_model_keeps_greedy_ids_and_must_be_a_tformers_model(kjv_model, kjv_tokenizer):
+    from tformers import AutoModelForCausalLM
+
+    inputs = kjv_tokenizer("And the LORD said", return_tensors="np")
+    assistant = AutoModelForCausalLM.from_pretrained(KJV, dtype="float32")
+    plain = kjv_model.generate(**inputs, do_sample=False, max_new_tokens=24)
+    assisted = kjv_model.generate(**inputs, do_sample=False, max_new_tokens=24, assistant_model=assistant,
+                                  num_assistant_tokens=4)
+    assert (plain == assisted).all()
+    sampled = kjv_model.generate(**inputs, do_sample=True, seed=3, max_new_tokens=8, assistant_model=assistant)
+    assert sampled.shape == (1, inputs["input_ids"].shape[1] + 8)
+    with pytest.raises(TypeError, match="assistant_model must be a tformers model"):
+        kjv_model.generate(**inputs, assistant_model="a path")
+
+
 def test_return_dict_in_generate_gives_sequences_and_per_step_scores(kjv_model, kjv_tokenizer):
     inputs = kjv_tokenizer(["And the LORD said", "Blessed"], padding=True, padding_side="left", return_tensors="np")
     plain = kjv_model.generate(**inputs, **GREEDY)
