@@ -284,7 +284,8 @@ TEST(Cli, ChatTypeAheadDuringAReply) {
 std::string think_model() {
   namespace fs = std::filesystem;
   const fs::path kjv = fs::path(TFORMERS_SOURCE_DIR) / "models/kjv-fortunes-tiny";
-  const fs::path dir = fs::path(::testing::TempDir()) / "kjv-think";
+  // One folder per process (tests run side by side; see test_reasoning.cc's harmony tokenizer).
+  const fs::path dir = fs::path(::testing::TempDir()) / ("kjv-think-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   for (const char* file : {"config.json", "generation_config.json", "model.safetensors"})
     fs::copy_file(kjv / file, dir / file, fs::copy_options::overwrite_existing);

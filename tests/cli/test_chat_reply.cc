@@ -3,6 +3,7 @@
 // markup never; and the assistant message the history keeps. No small model writes harmony or
 // <think>, so the output text is written here, in the shapes the server's parser reads.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -200,7 +201,9 @@ TEST(ChatReply, QwenTemplateTakesTheMessageBack) {
 // reasoning_content) and shows a past turn's final message alone.
 TEST(ChatReply, GptOssTemplateTakesTheMessageBack) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(::testing::TempDir()) / "chat_reply_gpt_oss";
+  // One folder per process (tests run side by side; see test_reasoning.cc's harmony tokenizer).
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("chat_reply_gpt_oss_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   for (const char* file : {"tokenizer.json", "tokenizer_config.json"})
     fs::copy_file(fs::path(TFORMERS_SOURCE_DIR "/models/kjv-fortunes-tiny") / file, dir / file,

@@ -4,6 +4,7 @@
 // the harmony outputs below are written in the shapes OpenAI's harmony guide gives. Each must
 // parse the same whole, byte by byte and in random pieces.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -66,7 +67,10 @@ const std::vector<std::string> kHarmonyTokens = {"<|start|>",   "<|end|>",      
 // on) and gpt-oss's chat template: a vocabulary that speaks harmony, small enough to build here.
 const Tokenizer& harmony_tokenizer() {
   static const Tokenizer tok = [] {
-    const fs::path dir = fs::path(::testing::TempDir()) / "harmony_tokenizer";
+    // One folder per process: ctest runs this file's tests side by side, and rewriting a file
+    // that another process has mapped ends that process with SIGBUS.
+    const fs::path dir =
+        fs::path(::testing::TempDir()) / ("harmony_tokenizer_" + std::to_string(::getpid()));
     fs::create_directories(dir);
     Json tokenizer =
         Json::parse(read_file(TFORMERS_SOURCE_DIR "/models/kjv-fortunes-tiny/tokenizer.json"));
