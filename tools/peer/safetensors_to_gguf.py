@@ -157,7 +157,8 @@ BLOCK = 32  # values per Q8_0, Q4_0 or MXFP4 block
 BLOCK_BYTES = {GGML_Q8_0: 2 + BLOCK, GGML_Q4_0: 2 + BLOCK // 2, GGML_MXFP4: 1 + BLOCK // 2}
 VALUE_BYTES = {GGML_F32: 4, GGML_F16: 2, GGML_BF16: 2}
 
-QWEN_LAYER_NAMES = {
+# The attention block and the MLP, as every family here names them.
+ATTENTION_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
@@ -165,10 +166,16 @@ QWEN_LAYER_NAMES = {
     "self_attn.o_proj.weight": "attn_output.weight",
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
+}
+MLP_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+}
+QWEN_LAYER_NAMES = {
+    **ATTENTION_NAMES,
+    **MLP_NAMES,
+    "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate.weight": "ffn_gate_inp.weight",
     "mlp.experts.down_proj": "ffn_down_exps.weight",
 }
@@ -219,19 +226,11 @@ QWEN35_PLUS_ONE = {"model.norm.weight", "input_layernorm.weight",
 # Gemma 4's tensors in a layer by their GGUF names in llama.cpp's gemma4 (gguf-py's
 # tensor_mapping.py; what is transformed, in gemma4_tensors).
 GEMMA4_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    **ATTENTION_NAMES,
+    **MLP_NAMES,
     "post_attention_layernorm.weight": "post_attention_norm.weight",
     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
     "layer_scalar": "layer_output_scale.weight",
     # enable_moe_block: the experts beside the MLP, with norms of their own
     "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
