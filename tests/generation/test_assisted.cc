@@ -130,6 +130,25 @@ TEST(Assisted, GreedyOutputIsUnchangedWhateverTheAssistantProposes) {
   }
 }
 
+// Rejected proposals leave no trace: after an assisted turn whose proposals were mostly
+// rejected, the next turn of the conversation, continued on the kept cache, equals the same turn
+// computed fresh.
+TEST(Assisted, RejectedProposalsLeaveNoTraceInAKeptCache) {
+  CausalLM lm = load(kData + "hf-llama"), other = load(kData + "tiny-llama");
+  GenerationConfig config = kPlain;
+  config.max_new_tokens = 12;
+  config.max_cache_len = 96;
+  KeptCache kept;
+  const GenerateOutput turn1 =
+      generate(lm, {V{1, 93, 211, 7}}, config, {}, nullptr, {}, &kept, &other);
+  ASSERT_GT(turn1.draft_tokens, turn1.accepted_draft_tokens);
+  V second = turn1.sequences[0];
+  second.insert(second.end(), {5, 77, 301});
+  const GenerateOutput turn2 = generate(lm, {second}, config, {}, nullptr, {}, &kept);
+  EXPECT_GT(turn2.cached_prompt_tokens, 0);
+  EXPECT_EQ(turn2.sequences, generate(lm, {second}, config).sequences);
+}
+
 TEST(Assisted, RefusesWhatItCannotCheck) {
   CausalLM lm = load(kData + "tiny-qwen3"), assistant = load(kData + "tiny-llama");
   const GenerationConfig config{.max_new_tokens = 4};

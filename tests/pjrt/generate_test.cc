@@ -22,6 +22,7 @@
 #include "io/json.h"
 #include "models/model_runner.h"
 #include "test_device.h"
+#include "tformers/generation.h"
 #include "tformers/model.h"
 #include "tformers/serving.h"
 
@@ -394,6 +395,24 @@ TEST_F(XlaCpuGenerate, TheServingEngineGivesGenerateTokens) {
     SCOPED_TRACE(name);
     expect_serving_gives_generate_tokens(name);
   }
+}
+
+// Assisted generation on the device (both models there, the assistant's steps compiled per catch-up
+// length) and prompt lookup: greedy search's tokens, with some proposals kept.
+TEST_F(XlaCpuGenerate, ProposalsCheckedOnTheDeviceKeepGreedyTokens) {
+  CausalLM lm = load("hf-llama", float32, device()), twin = load("hf-llama", float32, device());
+  const std::vector<int32_t> prompt = {1, 93, 211, 7, 93, 211};
+  const GenerationConfig plain = greedy(12);
+  const GenerateOutput want = generate(lm, {prompt}, plain);
+  GenerationConfig assisted = plain;
+  assisted.num_assistant_tokens = 3;
+  assisted.assistant_confidence_threshold = 0.0;
+  const GenerateOutput got = generate(lm, {prompt}, assisted, {}, nullptr, {}, nullptr, &twin);
+  EXPECT_EQ(got.sequences, want.sequences);
+  EXPECT_GT(got.accepted_draft_tokens, 0);
+  GenerationConfig lookup = plain;
+  lookup.prompt_lookup_num_tokens = 3;
+  EXPECT_EQ(generate(lm, {prompt}, lookup).sequences, want.sequences);
 }
 
 TEST_F(XlaCpuGenerate, TheSameShapesCompileOnce) {
