@@ -319,7 +319,7 @@ CausalLM AutoModelForCausalLM::from_pretrained(const std::string& path, const Lo
     if (prepared_copy(s) && ckpt.has(s.tied_to))
       bytes_total += int64_t(ckpt.info(s.tied_to).nbytes);
   // Tables that are only gathered from, a few rows a token (an untied embed_tokens, Gemma 4's
-  // per-layer table of 2.7 GB in E4B): "copy" leaves them in the mapping, since the copy's
+  // per-layer table of 5.6 GB in E4B): "copy" leaves them in the mapping, since the copy's
   // streaming speed buys them nothing; only the rows of the tokens seen become resident. A table
   // that a tied head multiplies as it is is read whole every token, and is copied; a tied head
   // prepared apart (quantized) leaves its table gathered only, and is made from the mapping.
