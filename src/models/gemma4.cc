@@ -234,7 +234,8 @@ class Gemma4Family : public DecoderArchitecture<Gemma4Config> {
                                  .norm_topk_prob = true,
                                  .router = "router",
                                  .act = c.act,
-                                 .scaled_router = true};
+                                 .scaled_router = true,
+                                 .router_eps = eps};
     blk.per_layer_input = c.per_layer_dim;
     blk.per_layer_act = c.act;
     blk.layer_scalar = true;

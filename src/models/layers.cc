@@ -413,7 +413,7 @@ Value SparseMoE::keep_top_groups(Ctx& c, Value choice, const std::string& prefix
 Value SparseMoE::scaled_router_input(Ctx& c, Value x, const std::string& prefix) const {
   GraphBuilder& b = c.b;
   const std::string name = prefix + "." + router;
-  const Value normed = RMSNorm{hidden, 1e-6f, false, false}(c, x, name + ".norm");
+  const Value normed = RMSNorm{hidden, router_eps, false, false}(c, x, name + ".norm");
   return b.scale(b.binary(graph::BinaryFn::kMul, normed, c.p(name + ".scale")),
                  float(1.0 / std::sqrt(double(hidden))), name + ".scaled");
 }

@@ -249,6 +249,7 @@ struct SparseMoE {
   // RMS-normed without weight, times .scale and hidden^-1/2, before .proj; the softmax's top k,
   // renormalised, are then times .per_expert_scale of their experts.
   bool scaled_router = false;
+  float router_eps = 1e-6f;  // scaled_router's norm (rms_norm_eps)
   // The module and each expert's projections as Hub checkpoints name them, where Transformers 5
   // renamed them (Mixtral's block_sparse_moe with w1, w3, w2; its "mlp" holds gate and experts).
   std::string hub_module;  // "": the module's own name

@@ -52,6 +52,32 @@ TEST(Gemma4, GlobalHeadFieldsEqualPerLayerConfig) {
   }
 }
 
+// Every RMSNorm of the model takes rms_norm_eps, the router's weightless one and the per-layer
+// inputs' too: a graph built from a config with another eps holds no norm with the default.
+TEST(Gemma4, EveryNormTakesTheConfigsEps) {
+  for (const char* name : {"hf-gemma4", "hf-gemma4-moe"}) {
+    io::Json j = io::load_json_file(model_dir(name) + "/config.json");
+    j["rms_norm_eps"] = 0.25;
+    const auto* arch = models::find_architecture(j["architectures"][0].get<std::string>());
+    const auto config = arch->config(j, "config.json");
+    std::map<std::string, graph::TensorType> types;
+    for (const models::WeightSpec& w : arch->weights(*config))
+      types[w.name] = {DType::f32, w.shape};
+    graph::GraphBuilder b(DType::f32);
+    models::Params params(b, types);
+    arch->build(b, params, *config, models::StepShape{.batch = 1, .new_tokens = 2, .cache_len = 8},
+                DType::f32);
+    int64_t norms = 0;
+    const graph::Graph g = b.finish();
+    for (const graph::Node& n : g.nodes())
+      if (n.op == graph::Op::kRMSNorm) {
+        EXPECT_EQ(n.attrs_as<graph::RMSNormAttrs>().eps, 0.25f) << name << " " << n.name;
+        ++norms;
+      }
+    EXPECT_GT(norms, 20) << name;
+  }
+}
+
 TEST(Gemma4, ImpossibleConfigsNameTheField) {
   const std::vector<std::pair<std::function<void(io::Json&)>, std::string>> cases = {
       {[](io::Json& j) {
